@@ -1,0 +1,362 @@
+//! Every knob of a pool, its default, and validation that names the fix.
+//!
+//! A [`PoolConfig`] is plain data: build it, call [`PoolConfig::validate`],
+//! then hand it to the supervisor. Nothing here touches a process or socket.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How a new connection reaches a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DispatchMode {
+    /// The supervisor accepts and passes the connection's descriptor to the
+    /// lowest-numbered idle child over its back-channel (`SCM_RIGHTS`).
+    #[default]
+    Handoff,
+    /// Children hold the listeners; the supervisor orders the lowest-numbered
+    /// idle child to accept one connection (SpamAssassin spamd's scheme).
+    Order,
+    /// Children wait on the listeners themselves, one woken per connection
+    /// (`EPOLLEXCLUSIVE`); the supervisor only scales. No hot-child ordering.
+    Shared,
+    /// Like `Shared` but every child polls the listeners non-exclusively, so
+    /// every connection wakes every idle child. Exists only so the benchmark
+    /// can show the thundering herd the other modes avoid.
+    Herd,
+}
+
+impl DispatchMode {
+    /// The name used on the command line and in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            DispatchMode::Handoff => "handoff",
+            DispatchMode::Order => "order",
+            DispatchMode::Shared => "shared",
+            DispatchMode::Herd => "herd",
+        }
+    }
+
+    /// Whether children receive the listening sockets.
+    pub fn children_hold_listeners(self) -> bool {
+        !matches!(self, DispatchMode::Handoff)
+    }
+}
+
+impl fmt::Display for DispatchMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DispatchMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "handoff" => Ok(DispatchMode::Handoff),
+            "order" => Ok(DispatchMode::Order),
+            "shared" => Ok(DispatchMode::Shared),
+            "herd" => Ok(DispatchMode::Herd),
+            other => Err(format!(
+                "unknown dispatch mode '{other}': use handoff, order or shared"
+            )),
+        }
+    }
+}
+
+/// The settings of one pool.
+///
+/// The defaults suit a modern machine running a blocking handler: two warm
+/// children at rest, room to grow to 64 under load (each child is one
+/// process, so the ceiling is a memory budget, not a CPU count), and spare
+/// bounds wide enough that a steady load does not cause spawn/retire churn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Never fewer children than this, even when all are idle. Default 2.
+    pub min_children: u32,
+    /// Never more live children than this; beyond it connections wait in the
+    /// kernel's listen backlog. Default 64.
+    pub max_children: u32,
+    /// Spawn children while fewer than this many are idle. Default 2.
+    pub min_spare: u32,
+    /// Retire the highest-numbered idle children while more than this many
+    /// have been idle for `retire_grace`. Default 8.
+    pub max_spare: u32,
+    /// A child that has served this many connections is replaced after its
+    /// current one; 0 means never. Default 0.
+    pub max_requests_per_child: u64,
+    /// How often an idle child is pinged. Default 5 s.
+    #[serde(with = "humantime_serde_compat")]
+    pub ping_interval: Duration,
+    /// A child that has not answered a ping after this long is killed and
+    /// replaced. Default 2 s.
+    #[serde(with = "humantime_serde_compat")]
+    pub ping_timeout: Duration,
+    /// On shutdown, busy children get this long to finish before SIGKILL.
+    /// Default 30 s.
+    #[serde(with = "humantime_serde_compat")]
+    pub shutdown_timeout: Duration,
+    /// Surplus idle children must last this long before any is retired, so a
+    /// bursty load does not make the pool flap. Default 1 s.
+    #[serde(with = "humantime_serde_compat")]
+    pub retire_grace: Duration,
+    /// At most this many children are started per scaling round; the rate
+    /// doubles each round the pool is still short, from 1 up to this cap
+    /// (Apache's idle-spawn-rate ramp). Default 32.
+    pub max_spawn_rate: u32,
+    /// How connections reach children. Default `handoff`.
+    pub dispatch: DispatchMode,
+    /// The `listen()` backlog of sockets the pool binds. Default 1024.
+    pub backlog: u32,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            min_children: 2,
+            max_children: 64,
+            min_spare: 2,
+            max_spare: 8,
+            max_requests_per_child: 0,
+            ping_interval: Duration::from_secs(5),
+            ping_timeout: Duration::from_secs(2),
+            shutdown_timeout: Duration::from_secs(30),
+            retire_grace: Duration::from_secs(1),
+            max_spawn_rate: 32,
+            dispatch: DispatchMode::Handoff,
+            backlog: 1024,
+        }
+    }
+}
+
+/// The largest pool forkpool manages; a guard against a typo like
+/// `max_children = 1000000` forking the machine to death.
+pub const MAX_CHILDREN_LIMIT: u32 = 4096;
+
+/// A configuration value that cannot work, with the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The offending field, as spelled in config files (`max_spare`).
+    pub field: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn error(field: &'static str, message: String) -> Result<(), ConfigError> {
+    Err(ConfigError { field, message })
+}
+
+impl PoolConfig {
+    /// Checks that the settings can work together; the error names the field
+    /// and what to change.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_children == 0 {
+            return error(
+                "max_children",
+                "max_children must be at least 1".to_string(),
+            );
+        }
+        if self.max_children > MAX_CHILDREN_LIMIT {
+            return error(
+                "max_children",
+                format!(
+                    "max_children {} is above the limit of {MAX_CHILDREN_LIMIT}; lower it",
+                    self.max_children
+                ),
+            );
+        }
+        if self.min_children > self.max_children {
+            return error(
+                "min_children",
+                format!(
+                    "min_children {} is above max_children {}; lower min_children or raise max_children",
+                    self.min_children, self.max_children
+                ),
+            );
+        }
+        if self.min_spare > self.max_spare {
+            return error(
+                "min_spare",
+                format!(
+                    "min_spare {} is above max_spare {}; lower min_spare or raise max_spare",
+                    self.min_spare, self.max_spare
+                ),
+            );
+        }
+        if self.min_spare > self.max_children {
+            return error(
+                "min_spare",
+                format!(
+                    "min_spare {} is above max_children {}; the pool could never keep that many idle",
+                    self.min_spare, self.max_children
+                ),
+            );
+        }
+        if self.max_spawn_rate == 0 {
+            return error(
+                "max_spawn_rate",
+                "max_spawn_rate must be at least 1, or the pool could never grow".to_string(),
+            );
+        }
+        if self.ping_interval.is_zero() {
+            return error(
+                "ping_interval",
+                "ping_interval must be longer than 0 (try 5s)".to_string(),
+            );
+        }
+        if self.ping_timeout.is_zero() {
+            return error(
+                "ping_timeout",
+                "ping_timeout must be longer than 0 (try 2s)".to_string(),
+            );
+        }
+        if self.backlog == 0 {
+            return error(
+                "backlog",
+                "backlog must be at least 1 (try 1024)".to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Parses a human duration such as `250ms`, `5s` or `1m 30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("'{text}' is not a duration ({e}); write it like 500ms, 5s or 2m"))
+}
+
+/// Serde glue so config files write durations as `"5s"`.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*value).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(change: impl FnOnce(&mut PoolConfig)) -> ConfigError {
+        let mut config = PoolConfig::default();
+        change(&mut config);
+        config.validate().expect_err("config should be rejected")
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        PoolConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn spare_bounds_inverted() {
+        let err = invalid(|c| {
+            c.min_spare = 8;
+            c.max_spare = 4;
+        });
+        assert_eq!(err.field, "min_spare");
+        assert!(err.to_string().contains("min_spare 8 is above max_spare 4"));
+    }
+
+    #[test]
+    fn zero_max_children() {
+        let err = invalid(|c| c.max_children = 0);
+        assert_eq!(err.to_string(), "max_children must be at least 1");
+    }
+
+    #[test]
+    fn max_children_above_limit() {
+        let err = invalid(|c| c.max_children = MAX_CHILDREN_LIMIT + 1);
+        assert_eq!(err.field, "max_children");
+    }
+
+    #[test]
+    fn min_children_above_max() {
+        let err = invalid(|c| {
+            c.min_children = 10;
+            c.max_children = 4;
+        });
+        assert_eq!(err.field, "min_children");
+        assert!(err
+            .to_string()
+            .contains("min_children 10 is above max_children 4"));
+    }
+
+    #[test]
+    fn min_spare_above_max_children() {
+        let err = invalid(|c| {
+            c.max_children = 2;
+            c.min_children = 1;
+            c.min_spare = 3;
+            c.max_spare = 3;
+        });
+        assert_eq!(err.field, "min_spare");
+        assert!(err.to_string().contains("above max_children 2"));
+    }
+
+    #[test]
+    fn zero_spawn_rate() {
+        assert_eq!(invalid(|c| c.max_spawn_rate = 0).field, "max_spawn_rate");
+    }
+
+    #[test]
+    fn zero_ping_interval_and_timeout() {
+        assert_eq!(
+            invalid(|c| c.ping_interval = Duration::ZERO).field,
+            "ping_interval"
+        );
+        assert_eq!(
+            invalid(|c| c.ping_timeout = Duration::ZERO).field,
+            "ping_timeout"
+        );
+    }
+
+    #[test]
+    fn zero_backlog() {
+        assert_eq!(invalid(|c| c.backlog = 0).field, "backlog");
+    }
+
+    #[test]
+    fn durations_parse_and_name_the_format() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("soon").unwrap_err().contains("500ms"));
+    }
+
+    #[test]
+    fn dispatch_names_round_trip() {
+        for mode in [
+            DispatchMode::Handoff,
+            DispatchMode::Order,
+            DispatchMode::Shared,
+            DispatchMode::Herd,
+        ] {
+            assert_eq!(mode.name().parse::<DispatchMode>().unwrap(), mode);
+        }
+        assert!("fast"
+            .parse::<DispatchMode>()
+            .unwrap_err()
+            .contains("handoff"));
+    }
+}

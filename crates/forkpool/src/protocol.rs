@@ -1,0 +1,310 @@
+//! The back-channel wire format between the supervisor and each child.
+//!
+//! The channel is an `AF_UNIX` `SOCK_SEQPACKET` socketpair, so one message is
+//! one datagram: there is no framing to get wrong and no partial read. Every
+//! message starts with two bytes, the protocol version and a one-letter kind,
+//! followed by a fixed-size payload in network byte order. Fixed sizes make a
+//! worker in any language a few lines of `struct.pack` away.
+//!
+//! This module only encodes and decodes; it performs no I/O. Anything that is
+//! not exactly one of the messages below decodes to a [`ProtocolError`], never
+//! a panic: the supervisor kills a child that sends one and carries on.
+//! `docs/protocol.md` is the language-neutral description of the same format.
+
+use std::fmt;
+
+/// The protocol version carried in the first byte of every message.
+pub const VERSION: u8 = 1;
+
+/// The largest encoded message, in bytes. A datagram longer than this is
+/// malformed whatever it starts with.
+pub const MAX_MESSAGE_LEN: usize = 10;
+
+/// A message from a child to the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildMessage {
+    /// The child has started and waits for work. Sent once, first.
+    Ready {
+        /// The child's process id, so the supervisor can check who speaks.
+        pid: u32,
+    },
+    /// The child finished its connection (or was never busy) and waits again.
+    Idle,
+    /// The child accepted a connection itself (`order` and `shared` dispatch).
+    Busy,
+    /// The child was woken or ordered to accept but found no connection
+    /// waiting: a futile wake-up, counted by the supervisor.
+    Missed,
+    /// The answer to [`ParentMessage::Ping`], carrying the same sequence number.
+    Pong {
+        /// The sequence number of the ping being answered.
+        seq: u32,
+    },
+    /// A many-connection child's current load.
+    Load {
+        /// Connections the child holds open now.
+        open: u32,
+        /// Connections the child is willing to hold at most.
+        capacity: u32,
+    },
+}
+
+/// A message from the supervisor to a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentMessage {
+    /// Serve the connection whose descriptor travels with this message as
+    /// `SCM_RIGHTS` ancillary data (`handoff` dispatch).
+    Connection {
+        /// Index of the listener the connection arrived on.
+        listener: u16,
+    },
+    /// Accept one connection from the inherited listener with this index
+    /// (`order` dispatch).
+    Accept {
+        /// Index of the listener to accept from.
+        listener: u16,
+    },
+    /// Liveness check: answer with [`ChildMessage::Pong`] and the same `seq`.
+    Ping {
+        /// Sequence number to echo back.
+        seq: u32,
+    },
+    /// Finish the current connection, if any, then exit with status 0.
+    Quit,
+}
+
+/// Why a datagram is not a valid message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// A zero-length datagram.
+    Empty,
+    /// The first byte names a protocol version this side does not speak.
+    UnsupportedVersion(u8),
+    /// The kind byte is not one this direction of the channel knows.
+    UnknownKind(u8),
+    /// The kind is known but the datagram has the wrong length for it.
+    WrongLength {
+        /// The kind byte.
+        kind: u8,
+        /// The length that kind must have.
+        expected: usize,
+        /// The length that arrived.
+        got: usize,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Empty => write!(f, "empty message"),
+            ProtocolError::UnsupportedVersion(v) => write!(
+                f,
+                "protocol version {v} is not supported (this supervisor speaks version {VERSION})"
+            ),
+            ProtocolError::UnknownKind(k) => write!(f, "unknown message kind {}", show_kind(*k)),
+            ProtocolError::WrongLength {
+                kind,
+                expected,
+                got,
+            } => write!(
+                f,
+                "message kind {} must be {expected} bytes long, got {got}",
+                show_kind(*kind)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+fn show_kind(kind: u8) -> String {
+    if kind.is_ascii_graphic() {
+        format!("'{}'", kind as char)
+    } else {
+        format!("0x{kind:02x}")
+    }
+}
+
+/// A buffer large enough for any encoded message.
+pub type MessageBuf = [u8; MAX_MESSAGE_LEN];
+
+impl ChildMessage {
+    /// Writes the message into `buf` and returns the bytes to send.
+    pub fn encode(self, buf: &mut MessageBuf) -> &[u8] {
+        buf[0] = VERSION;
+        let len = match self {
+            ChildMessage::Ready { pid } => put_u32(buf, b'R', pid),
+            ChildMessage::Idle => put_bare(buf, b'I'),
+            ChildMessage::Busy => put_bare(buf, b'B'),
+            ChildMessage::Missed => put_bare(buf, b'M'),
+            ChildMessage::Pong { seq } => put_u32(buf, b'P', seq),
+            ChildMessage::Load { open, capacity } => {
+                buf[1] = b'L';
+                buf[2..6].copy_from_slice(&open.to_be_bytes());
+                buf[6..10].copy_from_slice(&capacity.to_be_bytes());
+                10
+            }
+        };
+        &buf[..len]
+    }
+
+    /// Decodes one datagram received from a child.
+    pub fn decode(bytes: &[u8]) -> Result<ChildMessage, ProtocolError> {
+        let (kind, payload) = split_header(bytes)?;
+        let msg = match kind {
+            b'R' => ChildMessage::Ready {
+                pid: get_u32(kind, payload)?,
+            },
+            b'I' => bare(kind, payload, ChildMessage::Idle)?,
+            b'B' => bare(kind, payload, ChildMessage::Busy)?,
+            b'M' => bare(kind, payload, ChildMessage::Missed)?,
+            b'P' => ChildMessage::Pong {
+                seq: get_u32(kind, payload)?,
+            },
+            b'L' => {
+                let p = fixed::<8>(kind, payload)?;
+                ChildMessage::Load {
+                    open: u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
+                    capacity: u32::from_be_bytes([p[4], p[5], p[6], p[7]]),
+                }
+            }
+            other => return Err(ProtocolError::UnknownKind(other)),
+        };
+        Ok(msg)
+    }
+}
+
+impl ParentMessage {
+    /// Writes the message into `buf` and returns the bytes to send.
+    pub fn encode(self, buf: &mut MessageBuf) -> &[u8] {
+        buf[0] = VERSION;
+        let len = match self {
+            ParentMessage::Connection { listener } => put_u16(buf, b'C', listener),
+            ParentMessage::Accept { listener } => put_u16(buf, b'A', listener),
+            ParentMessage::Ping { seq } => put_u32(buf, b'p', seq),
+            ParentMessage::Quit => put_bare(buf, b'Q'),
+        };
+        &buf[..len]
+    }
+
+    /// Decodes one datagram received from the supervisor.
+    pub fn decode(bytes: &[u8]) -> Result<ParentMessage, ProtocolError> {
+        let (kind, payload) = split_header(bytes)?;
+        let msg = match kind {
+            b'C' => ParentMessage::Connection {
+                listener: get_u16(kind, payload)?,
+            },
+            b'A' => ParentMessage::Accept {
+                listener: get_u16(kind, payload)?,
+            },
+            b'p' => ParentMessage::Ping {
+                seq: get_u32(kind, payload)?,
+            },
+            b'Q' => bare(kind, payload, ParentMessage::Quit)?,
+            other => return Err(ProtocolError::UnknownKind(other)),
+        };
+        Ok(msg)
+    }
+
+    /// Whether this message carries a file descriptor as ancillary data.
+    pub fn carries_fd(self) -> bool {
+        matches!(self, ParentMessage::Connection { .. })
+    }
+}
+
+fn split_header(bytes: &[u8]) -> Result<(u8, &[u8]), ProtocolError> {
+    match bytes {
+        [] => Err(ProtocolError::Empty),
+        [VERSION, kind, payload @ ..] => Ok((*kind, payload)),
+        [VERSION] => Err(ProtocolError::WrongLength {
+            kind: 0,
+            expected: 2,
+            got: 1,
+        }),
+        [version, ..] => Err(ProtocolError::UnsupportedVersion(*version)),
+    }
+}
+
+fn fixed<const N: usize>(kind: u8, payload: &[u8]) -> Result<[u8; N], ProtocolError> {
+    payload.try_into().map_err(|_| ProtocolError::WrongLength {
+        kind,
+        expected: 2 + N,
+        got: 2 + payload.len(),
+    })
+}
+
+fn bare<T>(kind: u8, payload: &[u8], value: T) -> Result<T, ProtocolError> {
+    fixed::<0>(kind, payload).map(|_| value)
+}
+
+fn get_u16(kind: u8, payload: &[u8]) -> Result<u16, ProtocolError> {
+    fixed::<2>(kind, payload).map(u16::from_be_bytes)
+}
+
+fn get_u32(kind: u8, payload: &[u8]) -> Result<u32, ProtocolError> {
+    fixed::<4>(kind, payload).map(u32::from_be_bytes)
+}
+
+fn put_bare(buf: &mut MessageBuf, kind: u8) -> usize {
+    buf[1] = kind;
+    2
+}
+
+fn put_u16(buf: &mut MessageBuf, kind: u8, value: u16) -> usize {
+    buf[1] = kind;
+    buf[2..4].copy_from_slice(&value.to_be_bytes());
+    4
+}
+
+fn put_u32(buf: &mut MessageBuf, kind: u8, value: u32) -> usize {
+    buf[1] = kind;
+    buf[2..6].copy_from_slice(&value.to_be_bytes());
+    6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_has_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let bytes = ChildMessage::Ready { pid: 0x01020304 }.encode(&mut buf);
+        assert_eq!(bytes, &[1, b'R', 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn connection_has_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let bytes = ParentMessage::Connection { listener: 2 }.encode(&mut buf);
+        assert_eq!(bytes, &[1, b'C', 0, 2]);
+    }
+
+    #[test]
+    fn wrong_version_is_named() {
+        let err = ChildMessage::decode(&[2, b'I']).unwrap_err();
+        assert_eq!(err, ProtocolError::UnsupportedVersion(2));
+        assert!(err.to_string().contains("version 2"));
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let err = ChildMessage::decode(&[1, b'I', 0]).unwrap_err();
+        assert_eq!(
+            err,
+            ProtocolError::WrongLength {
+                kind: b'I',
+                expected: 2,
+                got: 3
+            }
+        );
+    }
+
+    #[test]
+    fn a_parent_kind_is_unknown_to_the_child_direction() {
+        assert_eq!(
+            ChildMessage::decode(&[1, b'Q']).unwrap_err(),
+            ProtocolError::UnknownKind(b'Q')
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! The scaling policy: how many children there should be.
+//!
+//! [`decide`] is a pure function of the pool's counts, its config, the time
+//! and a little memory ([`ScalingMemory`]) that carries the spawn-rate ramp
+//! and the start of a surplus from one call to the next. It does no I/O; the
+//! supervisor calls it after every state change and on a timer and carries
+//! out what it returns.
+//!
+//! The rules, after Apache prefork's idle-server maintenance:
+//! - fewer than `min_children` live children: start the missing ones at once;
+//! - fewer spare children (idle plus starting) than `min_spare` plus the
+//!   connections already waiting in the listen backlog: spawn, at most the
+//!   current spawn rate, which doubles each round the pool stays short
+//!   (1, 2, 4, ... `max_spawn_rate`) and falls back to 1 once it is not;
+//! - never more than `max_children` live; short at the ceiling is
+//!   [`Decision::Saturated`], which the supervisor logs once per interval;
+//! - more than `max_spare` idle with nothing queued, continuously for
+//!   `retire_grace`: retire the surplus (never below `min_children`), then
+//!   start timing a fresh grace period.
+//!
+//! Unlike Apache, rounds are not once a second: a round is every call, so a
+//! burst of load grows the pool in milliseconds, and the grace period alone
+//! keeps a bursty load from making it flap.
+
+use std::time::{Duration, Instant};
+
+use crate::config::PoolConfig;
+
+/// What the pool looks like now, as far as scaling cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    /// Children forked but not yet ready.
+    pub starting: u32,
+    /// Children waiting for work.
+    pub idle: u32,
+    /// Children serving a connection.
+    pub busy: u32,
+    /// Connections waiting in the listen backlog (0 when unknown).
+    pub queued: u32,
+}
+
+impl PoolCounts {
+    /// Children that count against `max_children`.
+    pub fn live(&self) -> u32 {
+        self.starting + self.idle + self.busy
+    }
+}
+
+/// What the supervisor should do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing.
+    Hold,
+    /// Start this many children.
+    Spawn(u32),
+    /// Retire this many idle children, highest-numbered first.
+    Retire(u32),
+    /// The pool is short of spare children but already at `max_children`.
+    Saturated,
+}
+
+/// What [`decide`] remembers between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScalingMemory {
+    /// Children to start in the next round when short.
+    pub spawn_rate: u32,
+    /// When the current surplus of idle children began, if there is one.
+    pub surplus_since: Option<Instant>,
+}
+
+impl Default for ScalingMemory {
+    fn default() -> Self {
+        ScalingMemory {
+            spawn_rate: 1,
+            surplus_since: None,
+        }
+    }
+}
+
+impl ScalingMemory {
+    /// How long until a pending retirement could happen, if one could; the
+    /// supervisor sets its timer by this so a grace period ends on time.
+    pub fn retire_due_in(&self, config: &PoolConfig, now: Instant) -> Option<Duration> {
+        self.surplus_since
+            .map(|since| (since + config.retire_grace).saturating_duration_since(now))
+    }
+}
+
+/// Decides what the pool should do now. See the module docs for the rules.
+pub fn decide(
+    counts: PoolCounts,
+    config: &PoolConfig,
+    memory: &mut ScalingMemory,
+    now: Instant,
+) -> Decision {
+    let live = counts.live();
+    let room = config.max_children.saturating_sub(live);
+
+    if live < config.min_children {
+        memory.surplus_since = None;
+        return Decision::Spawn(config.min_children.min(config.max_children) - live);
+    }
+
+    let spare = counts.idle + counts.starting;
+    let wanted = config.min_spare.saturating_add(counts.queued);
+    if spare < wanted {
+        memory.surplus_since = None;
+        if room == 0 {
+            return Decision::Saturated;
+        }
+        let n = (wanted - spare).min(memory.spawn_rate).min(room);
+        memory.spawn_rate = (memory.spawn_rate * 2).min(config.max_spawn_rate);
+        return Decision::Spawn(n);
+    }
+    memory.spawn_rate = 1;
+
+    let surplus = counts
+        .idle
+        .saturating_sub(config.max_spare)
+        .min(live.saturating_sub(config.min_children));
+    if surplus == 0 || counts.queued > 0 {
+        memory.surplus_since = None;
+        return Decision::Hold;
+    }
+    let since = *memory.surplus_since.get_or_insert(now);
+    if now.saturating_duration_since(since) < config.retire_grace {
+        return Decision::Hold;
+    }
+    memory.surplus_since = None;
+    Decision::Retire(surplus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PoolConfig {
+        PoolConfig {
+            min_children: 2,
+            max_children: 10,
+            min_spare: 2,
+            max_spare: 4,
+            ..PoolConfig::default()
+        }
+    }
+
+    fn counts(starting: u32, idle: u32, busy: u32, queued: u32) -> PoolCounts {
+        PoolCounts {
+            starting,
+            idle,
+            busy,
+            queued,
+        }
+    }
+
+    #[test]
+    fn empty_pool_starts_min_children_at_once() {
+        let mut memory = ScalingMemory::default();
+        let d = decide(counts(0, 0, 0, 0), &config(), &mut memory, Instant::now());
+        assert_eq!(d, Decision::Spawn(2));
+    }
+
+    #[test]
+    fn spawn_rate_doubles_while_short_and_resets() {
+        let config = PoolConfig {
+            max_children: 100,
+            ..config()
+        };
+        let mut memory = ScalingMemory::default();
+        let now = Instant::now();
+        let busy_with_queue = counts(0, 0, 10, 50);
+        let mut spawned = vec![];
+        for _ in 0..7 {
+            match decide(busy_with_queue, &config, &mut memory, now) {
+                Decision::Spawn(n) => spawned.push(n),
+                other => panic!("expected a spawn, got {other:?}"),
+            }
+        }
+        assert_eq!(spawned, vec![1, 2, 4, 8, 16, 32, 32]);
+        decide(counts(0, 3, 10, 0), &config, &mut memory, now);
+        assert_eq!(memory.spawn_rate, 1);
+    }
+
+    #[test]
+    fn starting_children_count_as_spare() {
+        let mut memory = ScalingMemory::default();
+        let d = decide(counts(2, 0, 4, 0), &config(), &mut memory, Instant::now());
+        assert_eq!(d, Decision::Hold);
+    }
+
+    #[test]
+    fn short_at_the_ceiling_is_saturated() {
+        let mut memory = ScalingMemory::default();
+        let d = decide(counts(0, 0, 10, 3), &config(), &mut memory, Instant::now());
+        assert_eq!(d, Decision::Saturated);
+    }
+
+    #[test]
+    fn surplus_waits_for_the_grace_period() {
+        let config = config();
+        let mut memory = ScalingMemory::default();
+        let t0 = Instant::now();
+        let c = counts(0, 7, 0, 0);
+        assert_eq!(decide(c, &config, &mut memory, t0), Decision::Hold);
+        let almost = t0 + config.retire_grace - Duration::from_millis(1);
+        assert_eq!(decide(c, &config, &mut memory, almost), Decision::Hold);
+        let after = t0 + config.retire_grace;
+        assert_eq!(decide(c, &config, &mut memory, after), Decision::Retire(3));
+    }
+
+    #[test]
+    fn a_dip_restarts_the_grace_period() {
+        let config = config();
+        let mut memory = ScalingMemory::default();
+        let t0 = Instant::now();
+        decide(counts(0, 7, 0, 0), &config, &mut memory, t0);
+        decide(
+            counts(0, 3, 4, 0),
+            &config,
+            &mut memory,
+            t0 + config.retire_grace / 2,
+        );
+        let d = decide(
+            counts(0, 7, 0, 0),
+            &config,
+            &mut memory,
+            t0 + config.retire_grace,
+        );
+        assert_eq!(d, Decision::Hold);
+    }
+
+    #[test]
+    fn retirement_never_goes_below_min_children() {
+        let config = PoolConfig {
+            min_children: 6,
+            ..config()
+        };
+        let mut memory = ScalingMemory::default();
+        let t0 = Instant::now();
+        decide(counts(0, 7, 0, 0), &config, &mut memory, t0);
+        let d = decide(
+            counts(0, 7, 0, 0),
+            &config,
+            &mut memory,
+            t0 + config.retire_grace,
+        );
+        assert_eq!(d, Decision::Retire(1));
+    }
+}
