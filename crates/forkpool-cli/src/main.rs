@@ -1,5 +1,50 @@
-//! The `forkpool` command.
+//! The `forkpool` command: run preforked pools, the demo server, benchmarks.
+
+mod demo;
+mod pool_args;
+
+use std::io::IsTerminal;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Preforked server pools: adaptive size, directed dispatch, no thundering herd.
+#[derive(Debug, Parser)]
+#[command(name = "forkpool", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a pool serving the built-in demo HTTP handler
+    /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`).
+    Demo(demo::DemoArgs),
+}
 
 fn main() {
-    println!("forkpool {}", env!("CARGO_PKG_VERSION"));
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("forkpool: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Logs go to stderr; `FORKPOOL_LOG` (or `RUST_LOG`) sets the filter,
+/// `info` by default.
+fn init_logging() {
+    let filter = std::env::var("FORKPOOL_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
 }

@@ -40,6 +40,11 @@ impl DispatchMode {
         }
     }
 
+    /// Whether the supervisor watches the listeners (`handoff`, `order`).
+    pub fn parent_watches_listeners(self) -> bool {
+        matches!(self, DispatchMode::Handoff | DispatchMode::Order)
+    }
+
     /// Whether children receive the listening sockets.
     pub fn children_hold_listeners(self) -> bool {
         !matches!(self, DispatchMode::Handoff)
