@@ -163,60 +163,62 @@ proptest! {
 // The exact bytes documented in docs/protocol.md
 // ---------------------------------------------------------------------------
 
-/// One row of the message table in docs/protocol.md.
-fn assert_child(msg: ChildMessage, documented: &[u8]) {
-    assert_eq!(child_bytes(msg), documented, "{msg:?}");
-    assert_eq!(ChildMessage::decode(documented), Ok(msg));
+const PROTOCOL_DOC: &str = include_str!("../../../docs/protocol.md");
+
+/// The bytes of an example as written in the doc's tables (`01 52 ...`),
+/// after checking the doc really shows it.
+fn documented(hex: &str) -> Vec<u8> {
+    assert!(
+        PROTOCOL_DOC.contains(&format!("`{hex}`")),
+        "docs/protocol.md does not show the example `{hex}`"
+    );
+    hex.split(' ')
+        .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+        .collect()
 }
 
-fn assert_parent(msg: ParentMessage, documented: &[u8]) {
-    assert_eq!(parent_bytes(msg), documented, "{msg:?}");
-    assert_eq!(ParentMessage::decode(documented), Ok(msg));
+fn assert_child(msg: ChildMessage, hex: &str) {
+    let bytes = documented(hex);
+    assert_eq!(child_bytes(msg), bytes, "{msg:?}");
+    assert_eq!(ChildMessage::decode(&bytes), Ok(msg));
+}
+
+fn assert_parent(msg: ParentMessage, hex: &str) {
+    let bytes = documented(hex);
+    assert_eq!(parent_bytes(msg), bytes, "{msg:?}");
+    assert_eq!(ParentMessage::decode(&bytes), Ok(msg));
 }
 
 #[test]
 fn the_header_is_version_1() {
     assert_eq!(VERSION, 1);
     assert_eq!(MAX_MESSAGE_LEN, 10);
+    assert!(PROTOCOL_DOC.contains("`0x01` for this version"));
+    assert!(PROTOCOL_DOC.contains("Messages are at most 10 bytes long"));
 }
 
 #[test]
 fn child_messages_have_the_documented_bytes() {
-    assert_child(
-        ChildMessage::Ready { pid: 0x0001_E240 },
-        &[0x01, b'R', 0x00, 0x01, 0xE2, 0x40],
-    );
-    assert_child(ChildMessage::Idle, &[0x01, b'I']);
-    assert_child(ChildMessage::Busy, &[0x01, b'B']);
-    assert_child(ChildMessage::Missed, &[0x01, b'M']);
-    assert_child(
-        ChildMessage::Pong { seq: 0xDEAD_BEEF },
-        &[0x01, b'P', 0xDE, 0xAD, 0xBE, 0xEF],
-    );
+    assert_child(ChildMessage::Ready { pid: 123_456 }, "01 52 00 01 e2 40");
+    assert_child(ChildMessage::Idle, "01 49");
+    assert_child(ChildMessage::Busy, "01 42");
+    assert_child(ChildMessage::Missed, "01 4d");
+    assert_child(ChildMessage::Pong { seq: 0xdead_beef }, "01 50 de ad be ef");
     assert_child(
         ChildMessage::Load {
             open: 3,
-            capacity: 0x0100,
+            capacity: 256,
         },
-        &[0x01, b'L', 0, 0, 0, 3, 0, 0, 0x01, 0x00],
+        "01 4c 00 00 00 03 00 00 01 00",
     );
 }
 
 #[test]
 fn parent_messages_have_the_documented_bytes() {
-    assert_parent(
-        ParentMessage::Connection { listener: 0x0102 },
-        &[0x01, b'C', 0x01, 0x02],
-    );
-    assert_parent(
-        ParentMessage::Accept { listener: 0 },
-        &[0x01, b'A', 0x00, 0x00],
-    );
-    assert_parent(
-        ParentMessage::Ping { seq: 7 },
-        &[0x01, b'p', 0x00, 0x00, 0x00, 0x07],
-    );
-    assert_parent(ParentMessage::Quit, &[0x01, b'Q']);
+    assert_parent(ParentMessage::Connection { listener: 258 }, "01 43 01 02");
+    assert_parent(ParentMessage::Accept { listener: 0 }, "01 41 00 00");
+    assert_parent(ParentMessage::Ping { seq: 7 }, "01 70 00 00 00 07");
+    assert_parent(ParentMessage::Quit, "01 51");
 }
 
 #[test]
