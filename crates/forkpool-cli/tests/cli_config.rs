@@ -18,18 +18,65 @@ fn demo_error(args: &[&str]) -> String {
 #[test]
 fn every_validation_error_is_reported() {
     let cases: &[(&[&str], &str)] = &[
-        (&["--min-spare", "8", "--max-spare", "4"], "min_spare 8 is above max_spare 4"),
-        (&["--max-children", "0", "--min-children", "0", "--min-spare", "0"], "max_children must be at least 1"),
-        (&["--max-children", "5000"], "max_children 5000 is above the limit"),
-        (&["--min-children", "10", "--max-children", "4", "--min-spare", "1"], "min_children 10 is above max_children 4"),
-        (&["--max-children", "2", "--min-children", "1", "--min-spare", "3", "--max-spare", "3"], "min_spare 3 is above max_children 2"),
-        (&["--ping-interval", "0s"], "ping_interval must be longer than 0"),
-        (&["--ping-timeout", "0s"], "ping_timeout must be longer than 0"),
+        (
+            &["--min-spare", "8", "--max-spare", "4"],
+            "min_spare 8 is above max_spare 4",
+        ),
+        (
+            &[
+                "--max-children",
+                "0",
+                "--min-children",
+                "0",
+                "--min-spare",
+                "0",
+            ],
+            "max_children must be at least 1",
+        ),
+        (
+            &["--max-children", "5000"],
+            "max_children 5000 is above the limit",
+        ),
+        (
+            &[
+                "--min-children",
+                "10",
+                "--max-children",
+                "4",
+                "--min-spare",
+                "1",
+            ],
+            "min_children 10 is above max_children 4",
+        ),
+        (
+            &[
+                "--max-children",
+                "2",
+                "--min-children",
+                "1",
+                "--min-spare",
+                "3",
+                "--max-spare",
+                "3",
+            ],
+            "min_spare 3 is above max_children 2",
+        ),
+        (
+            &["--ping-interval", "0s"],
+            "ping_interval must be longer than 0",
+        ),
+        (
+            &["--ping-timeout", "0s"],
+            "ping_timeout must be longer than 0",
+        ),
         (&["--backlog", "0"], "backlog must be at least 1"),
     ];
     for (args, expected) in cases {
         let stderr = demo_error(args);
-        assert!(stderr.contains(expected), "{args:?}: expected '{expected}' in:\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected '{expected}' in:\n{stderr}"
+        );
     }
 }
 

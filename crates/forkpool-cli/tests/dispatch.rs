@@ -9,7 +9,14 @@ use std::time::Duration;
 use common::{parse_response, DemoPool};
 
 fn sequential_requests_go_to_slot_zero(mode: &str) {
-    let pool = DemoPool::start(&["--dispatch", mode, "--min-children", "4", "--min-spare", "2"]);
+    let pool = DemoPool::start(&[
+        "--dispatch",
+        mode,
+        "--min-children",
+        "4",
+        "--min-spare",
+        "2",
+    ]);
     assert!(pool.wait_children(Duration::from_secs(5), |n| n == 4));
     let mut slots = Vec::new();
     for _ in 0..20 {
@@ -20,7 +27,8 @@ fn sequential_requests_go_to_slot_zero(mode: &str) {
     }
     assert!(
         slots.iter().all(|s| *s == 0),
-        "{mode}: sequential requests should all go to slot 0, got {slots:?}"
+        "{mode}: sequential requests should all go to slot 0, got {slots:?}\n{}",
+        pool.stderr.dump()
     );
 }
 
@@ -75,7 +83,10 @@ fn keep_alive_serves_several_requests_on_one_connection() {
         assert_eq!(r.body, "hello\n");
         pids.push(r.pid.unwrap());
     }
-    assert!(pids.windows(2).all(|w| w[0] == w[1]), "one child serves the connection: {pids:?}");
+    assert!(
+        pids.windows(2).all(|w| w[0] == w[1]),
+        "one child serves the connection: {pids:?}"
+    );
 }
 
 #[test]
@@ -85,6 +96,9 @@ fn unix_listener_serves() {
     let path = dir.join("demo.sock");
     let listen = format!("unix:{}", path.display());
     let pool = DemoPool::start(&["--listen", &listen]);
+    assert!(pool
+        .stdout
+        .wait_for(&format!("listening on {listen}"), Duration::from_secs(5)));
     let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -105,7 +119,11 @@ fn bad_requests_get_clear_errors() {
     let pool = DemoPool::start(&[]);
     let r = pool.get("/?work_ms=soon").unwrap();
     assert_eq!(r.status, 400);
-    assert!(r.body.contains("work_ms must be a whole number"), "{}", r.body);
+    assert!(
+        r.body.contains("work_ms must be a whole number"),
+        "{}",
+        r.body
+    );
     let mut stream = TcpStream::connect(pool.addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -42,8 +42,9 @@ fn killed_busy_child_is_replaced_and_backlog_is_not_lost() {
     }
     let slow = slow.join().unwrap();
     assert_eq!(slow.iter().filter(|r| r.is_ok()).count(), 1, "{slow:?}");
-    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 2));
-    assert!(!pool.children().contains(&victim));
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 2 && !pids.contains(&victim)
+    }));
 }
 
 #[test]
@@ -55,9 +56,12 @@ fn killed_idle_child_is_replaced() {
     assert!(pool
         .stderr
         .wait_for("child died unexpectedly", Duration::from_secs(5)));
-    assert!(pool.stderr.wait_for_count("child spawned", 4, Duration::from_secs(5)));
-    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 3));
-    assert!(!pool.children().contains(&before[1]));
+    assert!(pool
+        .stderr
+        .wait_for_count("child spawned", 4, Duration::from_secs(5)));
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 3 && !pids.contains(&before[1])
+    }));
     assert_eq!(pool.get("/").unwrap().status, 200);
 }
 
@@ -70,8 +74,10 @@ fn child_writing_garbage_is_killed_and_replaced() {
         "sent a malformed message: unknown message kind 'Z'",
         Duration::from_secs(5)
     ));
-    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 2));
-    assert!(!pool.children().contains(&r.pid.unwrap()));
+    let victim = r.pid.unwrap();
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 2 && !pids.contains(&victim)
+    }));
     for _ in 0..5 {
         assert_eq!(pool.get("/").unwrap().status, 200);
     }
@@ -80,11 +86,20 @@ fn child_writing_garbage_is_killed_and_replaced() {
 #[test]
 fn child_that_exits_or_panics_mid_request_is_replaced() {
     let pool = DemoPool::start(&["--chaos", "--min-children", "2"]);
-    assert!(pool.get("/?chaos=exit").is_err(), "the request dies with its child");
-    assert!(pool.stderr.wait_for("exit status 3", Duration::from_secs(5)));
+    assert!(
+        pool.get("/?chaos=exit").is_err(),
+        "the request dies with its child"
+    );
+    assert!(pool
+        .stderr
+        .wait_for("exit status 3", Duration::from_secs(5)));
     assert!(pool.get("/?chaos=panic").is_err());
-    assert!(pool.stderr.wait_for("the handler panicked", Duration::from_secs(5)));
-    assert!(pool.stderr.wait_for_count("child died unexpectedly", 2, Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for("the handler panicked", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for_count("child died unexpectedly", 2, Duration::from_secs(5)));
     assert_eq!(pool.get("/").unwrap().status, 200);
 }
 
@@ -107,8 +122,9 @@ fn hung_child_is_killed_after_missing_a_ping() {
         "{}",
         pool.stderr.dump()
     );
-    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 2));
-    assert!(!pool.children().contains(&victim));
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 2 && !pids.contains(&victim)
+    }));
     assert_eq!(pool.get("/").unwrap().status, 200);
 }
 
@@ -127,7 +143,9 @@ fn max_requests_per_child_recycles_children() {
     for pid in &distinct {
         assert!(pids.iter().filter(|p| *p == pid).count() <= 3, "{pids:?}");
     }
-    assert!(pool.stderr.wait_for("(max_requests_per_child)", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for("(max_requests_per_child)", Duration::from_secs(5)));
 }
 
 #[test]
@@ -138,12 +156,14 @@ fn children_exit_when_the_supervisor_dies() {
     kill9(pool.pid);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| !s.contains(") Z "))
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
     };
     while children.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let survivors: Vec<_> = children.iter().filter(|p| alive(**p)).collect();
-    assert!(survivors.is_empty(), "orphaned children still running: {survivors:?}");
+    assert!(
+        survivors.is_empty(),
+        "orphaned children still running: {survivors:?}"
+    );
 }

@@ -19,9 +19,13 @@ fn graceful_stop_finishes_in_flight_requests(signal: i32) {
     for r in &results {
         assert_eq!(r.as_ref().expect("in-flight request completes").status, 200);
     }
-    let status = pool.wait_exit(Duration::from_secs(10)).expect("supervisor exits");
+    let status = pool
+        .wait_exit(Duration::from_secs(10))
+        .expect("supervisor exits");
     assert!(status.success(), "{status:?}");
-    assert!(pool.stdout.wait_for("forkpool: totals", Duration::from_secs(2)));
+    assert!(pool
+        .stdout
+        .wait_for("forkpool: totals", Duration::from_secs(2)));
     for pid in children {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
@@ -50,12 +54,19 @@ fn second_sigint_stops_at_once() {
         .wait_for("connection handed off", Duration::from_secs(5)));
     let started = Instant::now();
     pool.signal(2);
-    assert!(pool.stderr.wait_for("shutting down", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for("shutting down", Duration::from_secs(5)));
     pool.signal(2);
-    let status = pool.wait_exit(Duration::from_secs(5)).expect("exits quickly");
+    let status = pool
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits quickly");
     assert!(status.success());
     assert!(started.elapsed() < Duration::from_secs(4));
-    assert!(load.join().unwrap()[0].is_err(), "the in-flight request was cut");
+    assert!(
+        load.join().unwrap()[0].is_err(),
+        "the in-flight request was cut"
+    );
 }
 
 #[test]
@@ -67,8 +78,14 @@ fn shutdown_timeout_kills_stragglers() {
         .stderr
         .wait_for("connection handed off", Duration::from_secs(5)));
     pool.signal(15);
-    let status = pool.wait_exit(Duration::from_secs(5)).expect("exits after the timeout");
+    let status = pool
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits after the timeout");
     assert!(status.success());
-    assert!(pool.stderr.count("did not exit within") >= 1, "{}", pool.stderr.dump());
+    assert!(
+        pool.stderr.count("did not exit within") >= 1,
+        "{}",
+        pool.stderr.dump()
+    );
     assert!(load.join().unwrap()[0].is_err());
 }

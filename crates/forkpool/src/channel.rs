@@ -191,6 +191,9 @@ mod tests {
             Incoming::WouldBlock
         ));
         drop(child);
-        assert!(matches!(parent.recv_from_child().unwrap(), Incoming::Closed));
+        assert!(matches!(
+            parent.recv_from_child().unwrap(),
+            Incoming::Closed
+        ));
     }
 }

@@ -93,7 +93,9 @@ impl Listener {
                 socket
             }
         };
-        socket.listen(backlog).map_err(|e| context(e, "listen on"))?;
+        socket
+            .listen(backlog)
+            .map_err(|e| context(e, "listen on"))?;
         socket
             .set_nonblocking(true)
             .map_err(|e| context(e, "set O_NONBLOCK on"))?;
@@ -121,8 +123,9 @@ impl Listener {
     /// (TCP); 0 otherwise.
     pub fn queued(&self) -> u32 {
         match self.addr {
-            ListenAddr::Tcp(_) => crate::sys::socket::tcp_accept_queue_len(self.fd.as_fd())
-                .unwrap_or(0),
+            ListenAddr::Tcp(_) => {
+                crate::sys::socket::tcp_accept_queue_len(self.fd.as_fd()).unwrap_or(0)
+            }
             ListenAddr::Unix(_) => 0,
         }
     }
@@ -263,8 +266,14 @@ mod tests {
             "unix:/tmp/x.sock".parse::<ListenAddr>().unwrap(),
             ListenAddr::Unix("/tmp/x.sock".into())
         );
-        assert!("unix:".parse::<ListenAddr>().unwrap_err().contains("needs a path"));
-        assert!("nonsense".parse::<ListenAddr>().unwrap_err().contains("HOST:PORT"));
+        assert!("unix:"
+            .parse::<ListenAddr>()
+            .unwrap_err()
+            .contains("needs a path"));
+        assert!("nonsense"
+            .parse::<ListenAddr>()
+            .unwrap_err()
+            .contains("HOST:PORT"));
     }
 
     #[test]

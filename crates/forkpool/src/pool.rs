@@ -134,7 +134,7 @@ mod tests {
     fn refuses_to_fork_from_a_threaded_process() {
         // The test harness runs tests on threads, so this process has
         // several: exactly the situation the check exists for.
-        let _keep = std::thread::spawn(|| std::thread::park());
+        let _keep = std::thread::spawn(std::thread::park);
         let mut pool = Pool::new(PoolConfig::default());
         pool.listen(&"127.0.0.1:0".parse().unwrap()).unwrap();
         let err = pool.run(|_c: crate::Connection<'_>| {}).unwrap_err();
@@ -149,7 +149,9 @@ mod tests {
             max_spare: 4,
             ..PoolConfig::default()
         };
-        let err = Pool::new(config).run(|_c: crate::Connection<'_>| {}).unwrap_err();
+        let err = Pool::new(config)
+            .run(|_c: crate::Connection<'_>| {})
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid configuration: min_spare 8 is above max_spare 4; \

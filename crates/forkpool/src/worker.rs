@@ -160,8 +160,7 @@ impl Worker<'_> {
             .map_err(|e| format!("cannot read from the supervisor: {e}"))?;
         match incoming {
             Incoming::Message(ParentMessage::Connection { listener }, Some(fd)) => {
-                self.serve(fd, listener)?;
-                self.report(ChildMessage::Idle)?;
+                self.serve_then_idle(fd, listener)?;
             }
             Incoming::Message(ParentMessage::Accept { listener }, _) => {
                 self.accept_ordered(listener)?;
@@ -196,8 +195,7 @@ impl Worker<'_> {
         match sys::socket::accept(l.as_fd()) {
             Ok(fd) => {
                 self.report(ChildMessage::Busy)?;
-                self.serve(fd, listener)?;
-                self.report(ChildMessage::Idle)
+                self.serve_then_idle(fd, listener)
             }
             Err(Errno::EAGAIN | Errno::ECONNABORTED) => self.report(ChildMessage::Missed),
             Err(e) => {
@@ -252,8 +250,7 @@ impl Worker<'_> {
         match sys::socket::accept(self.listeners[index].as_fd()) {
             Ok(fd) => {
                 self.report(ChildMessage::Busy)?;
-                self.serve(fd, index as u16)?;
-                self.report(ChildMessage::Idle)
+                self.serve_then_idle(fd, index as u16)
             }
             Err(Errno::EAGAIN | Errno::ECONNABORTED) => self.report(ChildMessage::Missed),
             Err(e) => {
@@ -263,12 +260,20 @@ impl Worker<'_> {
         }
     }
 
-    fn serve(&mut self, fd: OwnedFd, listener: u16) -> Stop {
+    /// Runs the handler on one connection, then reports `Idle`.
+    ///
+    /// The child keeps its own duplicate of the descriptor until the report
+    /// is sent, so the client cannot see the connection close (and come
+    /// back with the next request) before the supervisor knows this child
+    /// is free again: otherwise a strictly sequential client would hop to
+    /// the next slot now and then, and the lowest child would not stay hot.
+    fn serve_then_idle(&mut self, fd: OwnedFd, listener: u16) -> Stop {
         let index = usize::from(listener);
         let tcp = *self
             .listener_is_tcp
             .get(index)
             .ok_or_else(|| format!("connection from unknown listener {index}"))?;
+        let held_open = fd.try_clone().ok();
         let conn = Connection {
             stream: Stream::from_fd(fd, tcp),
             listener: index,
@@ -278,6 +283,8 @@ impl Worker<'_> {
         if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
             return Err("the handler panicked; the supervisor will start a fresh child".into());
         }
+        self.report(ChildMessage::Idle)?;
+        drop(held_open);
         Ok(())
     }
 }

@@ -14,7 +14,11 @@ pub fn inject(what: &str, worker: &WorkerInfo) {
     match what {
         "garbage" => {
             // Version 1, kind 'Z': no such message.
-            let _ = send(worker.channel_fd().as_raw_fd(), b"\x01Zjunk", MsgFlags::empty());
+            let _ = send(
+                worker.channel_fd().as_raw_fd(),
+                b"\x01Zjunk",
+                MsgFlags::empty(),
+            );
         }
         "exit" => std::process::exit(3),
         "panic" => panic!("chaos=panic requested"),

@@ -73,7 +73,10 @@ pub fn parse_request(buf: &[u8]) -> Parsed {
                 keep_alive = true;
             }
         } else if h.name.eq_ignore_ascii_case("content-length") {
-            match std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse().ok()) {
+            match std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+            {
                 Some(n) => body_len = n,
                 None => return Parsed::Invalid("bad Content-Length".into()),
             }
@@ -119,7 +122,13 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
             match parse_request(&buf) {
                 Parsed::Complete(req, n) => break (req, n),
                 Parsed::Invalid(why) => {
-                    let _ = respond(&mut stream, 400, &format!("bad request: {why}\n"), false, worker);
+                    let _ = respond(
+                        &mut stream,
+                        400,
+                        &format!("bad request: {why}\n"),
+                        false,
+                        worker,
+                    );
                     return;
                 }
                 Parsed::Partial if buf.len() >= MAX_HEAD => {
@@ -186,7 +195,11 @@ fn answer(
     if work > 0 {
         std::thread::sleep(Duration::from_millis(work));
     }
-    let body = if request.method == "HEAD" { "" } else { "hello\n" };
+    let body = if request.method == "HEAD" {
+        ""
+    } else {
+        "hello\n"
+    };
     respond_with_body(stream, 200, body, BODY.len(), request.keep_alive, worker)
 }
 
@@ -240,7 +253,8 @@ mod tests {
 
     #[test]
     fn parses_a_keep_alive_get_with_query() {
-        let Parsed::Complete(req, n) = parse_request(b"GET /?work_ms=5 HTTP/1.1\r\nHost: x\r\n\r\nrest")
+        let Parsed::Complete(req, n) =
+            parse_request(b"GET /?work_ms=5 HTTP/1.1\r\nHost: x\r\n\r\nrest")
         else {
             panic!("should parse");
         };
@@ -267,7 +281,10 @@ mod tests {
     #[test]
     fn partial_and_invalid_heads() {
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Parsed::Partial);
-        assert!(matches!(parse_request(b"\x00\x01garbage\r\n\r\n"), Parsed::Invalid(_)));
+        assert!(matches!(
+            parse_request(b"\x00\x01garbage\r\n\r\n"),
+            Parsed::Invalid(_)
+        ));
         assert!(matches!(
             parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
             Parsed::Invalid(_)

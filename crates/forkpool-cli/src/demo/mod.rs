@@ -30,7 +30,9 @@ pub struct DemoArgs {
 /// Runs the demo pool until it is stopped.
 pub fn run(args: DemoArgs) -> Result<(), String> {
     let config = args.pool.apply(PoolConfig::default());
-    config.validate().map_err(|e| format!("invalid configuration: {e}"))?;
+    config
+        .validate()
+        .map_err(|e| format!("invalid configuration: {e}"))?;
     let mut pool = Pool::new(config);
     let mut out = std::io::stdout().lock();
     for addr in &args.listen {

@@ -154,9 +154,14 @@ impl DemoPool {
 
     /// Polls the child count (there is no event for it) until `cond` holds.
     pub fn wait_children(&self, timeout: Duration, cond: impl Fn(usize) -> bool) -> bool {
+        self.wait_child_pids(timeout, |pids| cond(pids.len()))
+    }
+
+    /// Polls the list of child pids until `cond` holds.
+    pub fn wait_child_pids(&self, timeout: Duration, cond: impl Fn(&[i32]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            if cond(self.children().len()) {
+            if cond(&self.children()) {
                 return true;
             }
             if Instant::now() >= deadline {

@@ -1,8 +1,8 @@
 //! `handoff`: the supervisor accepts, then passes each connection's
 //! descriptor to the lowest-numbered idle child with `SCM_RIGHTS`.
 //!
-//! It accepts in a batch, until the listener says `EAGAIN` or no child is
-//! idle, marks the child busy as it sends, and never waits for an answer.
+//! It accepts in a batch (the connections waiting when the turn began, or
+//! until `EAGAIN`) while a child is idle, marks the child busy as it sends, and never waits for an answer.
 //! A connection whose child turns out to be dead goes to the next idle
 //! child, or is parked until one is free: an accepted connection is never
 //! dropped because a child died.
@@ -22,7 +22,14 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 impl Supervisor {
     pub(crate) fn accept_and_hand_off(&mut self, listener: usize, now: Instant) {
-        loop {
+        // On TCP, take only the connections already waiting when this turn
+        // began. Ones that arrive meanwhile fire the listener's event again
+        // and are taken next turn, after the children's reports: a child
+        // that has just finished is then known to be idle, and gets them.
+        let l = &self.listeners[listener].listener;
+        let mut budget = if l.is_tcp() { l.queued() } else { u32::MAX };
+        while budget > 0 {
+            budget -= 1;
             let Some(slot) = self.board.lowest_idle() else {
                 // Back-pressure: the rest wait in the kernel's backlog.
                 self.unwatch_listener(listener);
@@ -46,7 +53,10 @@ impl Supervisor {
                     return;
                 }
                 Err(e) => {
-                    error!(listener, "accept failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}");
+                    error!(
+                        listener,
+                        "accept failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}"
+                    );
                     self.pause_listener(listener, now + ACCEPT_BACKOFF);
                     return;
                 }

@@ -47,7 +47,7 @@ impl Supervisor {
 
     /// A child answered its accept order (`Busy` or `Missed`): the listener
     /// may hold more connections than orders now outstanding.
-    pub(crate) fn order_answered(&mut self, slot: usize, now: Instant) {
+    pub(crate) fn order_answered(&mut self, slot: usize) {
         let ordered = self
             .links
             .get_mut(slot)
@@ -56,9 +56,9 @@ impl Supervisor {
         if let Some(listener) = ordered {
             let l = &mut self.listeners[listener];
             l.orders_out = l.orders_out.saturating_sub(1);
-            if l.watched {
-                self.order_accepts(listener, now);
-            }
+            // Decided after all of this turn's reports are read, so an
+            // `Idle` queued behind this report is seen first.
+            l.recheck = true;
         }
     }
 }

@@ -54,6 +54,7 @@ impl Supervisor {
                 self.links[slot] = Some(ChildLink {
                     channel: ours,
                     ping: None,
+                    late_pong: None,
                     ordered_on: None,
                     leaving: None,
                     leave_deadline: None,

@@ -58,7 +58,9 @@ impl Supervisor {
                     self.start_timeout()
                 )))
             }
-            SlotState::Idle if now.duration_since(entry.last_heard) >= self.config.ping_interval => {
+            SlotState::Idle
+                if now.duration_since(entry.last_heard) >= self.config.ping_interval =>
+            {
                 Some(Verdict::Ping)
             }
             _ => None,
@@ -76,7 +78,10 @@ impl Supervisor {
         let Some(link) = self.links[slot].as_mut() else {
             return;
         };
-        match link.channel.send_to_child(ParentMessage::Ping { seq }, None) {
+        match link
+            .channel
+            .send_to_child(ParentMessage::Ping { seq }, None)
+        {
             Ok(()) => {
                 debug!(slot, seq, "ping");
                 link.ping = Some((seq, now));

@@ -53,6 +53,8 @@ pub(crate) struct ChildLink {
     pub channel: Channel,
     /// The ping we are waiting on: its sequence number and when it was sent.
     pub ping: Option<(u32, Instant)>,
+    /// A ping that crossed a `Busy` report; its pong is still welcome.
+    pub late_pong: Option<u32>,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
     /// Why the child is on its way out, once it is.
@@ -73,6 +75,8 @@ pub(crate) struct WatchedListener {
     pub resume_at: Option<Instant>,
     /// `order` dispatch: accept orders sent and not yet answered.
     pub orders_out: u32,
+    /// Look at this listener in this turn's dispatch pass.
+    pub recheck: bool,
 }
 
 /// How the loop ended.
@@ -108,7 +112,8 @@ pub(crate) struct Supervisor {
     pub ping_seq: u32,
     spawn_blocked_until: Option<Instant>,
     last_saturated_log: Option<Instant>,
-    last_scoreboard_log: Option<(Instant, String)>,
+    /// When the scoreboard line was last logged, and at which change count.
+    scoreboard_logged: (Option<Instant>, u64),
 }
 
 impl Supervisor {
@@ -128,6 +133,7 @@ impl Supervisor {
                 watched: false,
                 resume_at: None,
                 orders_out: 0,
+                recheck: false,
             })
             .collect();
         Ok(Supervisor {
@@ -146,7 +152,7 @@ impl Supervisor {
             ping_seq: 0,
             spawn_blocked_until: None,
             last_saturated_log: None,
-            last_scoreboard_log: None,
+            scoreboard_logged: (None, 0),
         })
     }
 
@@ -165,7 +171,9 @@ impl Supervisor {
                 info!(totals = ?self.totals, "all children gone, supervisor exiting");
                 return Ok(Exit::Done(self.totals));
             }
-            let timeout = self.next_deadline(now).map(|d| d.saturating_duration_since(now));
+            let timeout = self
+                .next_deadline(now)
+                .map(|d| d.saturating_duration_since(now));
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -174,13 +182,25 @@ impl Supervisor {
             ready.clear();
             ready.extend(events.iter().map(|e| e.token()));
             let now = Instant::now();
+            // Reports first: a child that just became idle should take the
+            // connection that woke us in the same turn.
             for token in ready.iter().copied() {
                 match token {
                     SIGNAL_TOKEN => self.handle_signals(now)?,
                     Token(t) if t >= CHILD_TOKEN_BASE => {
                         self.read_reports(t - CHILD_TOKEN_BASE, now)
                     }
-                    Token(i) => self.dispatch(i, now),
+                    Token(_) => {}
+                }
+            }
+            for token in ready.iter().copied() {
+                if token.0 < self.listeners.len() {
+                    self.listeners[token.0].recheck = true;
+                }
+            }
+            for i in 0..self.listeners.len() {
+                if std::mem::take(&mut self.listeners[i].recheck) && self.listeners[i].watched {
+                    self.dispatch(i, now);
                 }
             }
             let now = Instant::now();
@@ -325,10 +345,15 @@ impl Supervisor {
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
             }
         };
-        consider(self.memory.retire_due_in(&self.config, now).map(|d| now + d));
+        consider(
+            self.memory
+                .retire_due_in(&self.config, now)
+                .map(|d| now + d),
+        );
         consider(self.spawn_blocked_until);
         consider(self.shutdown.map(|s| s.deadline));
         consider(self.listeners.iter().filter_map(|l| l.resume_at).min());
+        consider(self.scoreboard_log_due());
         if self.board.counts().idle == 0 && self.board.counts().live() > 0 {
             // Saturated or starting: look at the backlog again soon.
             consider(Some(now + Duration::from_millis(50)));
@@ -336,18 +361,24 @@ impl Supervisor {
         next
     }
 
+    /// Logs the "child states" line when it changed, at most once per
+    /// interval; a change held back is logged when the interval ends.
     fn log_scoreboard(&mut self, now: Instant) {
-        let due = self
-            .last_scoreboard_log
-            .as_ref()
-            .is_none_or(|(t, _)| now.duration_since(*t) >= SCOREBOARD_LOG_INTERVAL);
-        if !due {
+        let changes = self.board.changes();
+        if changes == self.scoreboard_logged.1 || self.scoreboard_log_due().is_some_and(|t| now < t)
+        {
             return;
         }
-        let line = self.board.line();
-        if self.last_scoreboard_log.as_ref().map(|(_, l)| l) != Some(&line) {
-            info!("child states: {line}");
-            self.last_scoreboard_log = Some((now, line));
+        info!("child states: {}", self.board.line());
+        self.scoreboard_logged = (Some(now), changes);
+    }
+
+    fn scoreboard_log_due(&self) -> Option<Instant> {
+        match self.scoreboard_logged {
+            (Some(at), changes) if changes != self.board.changes() => {
+                Some(at + SCOREBOARD_LOG_INTERVAL)
+            }
+            _ => None,
         }
     }
 

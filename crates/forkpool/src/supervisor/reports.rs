@@ -74,29 +74,38 @@ impl Supervisor {
             ChildMessage::Busy => {
                 self.board.busy(slot, now).map_err(illegal)?;
                 debug!(slot, "child accepted a connection");
+                // In `shared` mode a ping can cross this report: the child
+                // answers it after its connection. Stop the clock, but still
+                // accept that answer.
+                let link = self.links[slot].as_mut().expect("checked by caller");
+                if let Some((seq, _)) = link.ping.take() {
+                    link.late_pong = Some(seq);
+                }
                 self.totals.accepted += 1;
-                self.order_answered(slot, now);
+                self.order_answered(slot);
             }
             ChildMessage::Missed => {
                 self.board.missed(slot, now).map_err(illegal)?;
                 self.totals.futile_wakeups += 1;
-                self.order_answered(slot, now);
+                self.order_answered(slot);
                 self.child_available(now);
             }
             ChildMessage::Pong { seq } => {
                 let link = self.links[slot].as_mut().expect("checked by caller");
-                match link.ping {
-                    Some((expected, _)) if expected == seq => link.ping = None,
-                    Some((expected, _)) => {
+                match (link.ping, link.late_pong) {
+                    (Some((expected, _)), _) if expected == seq => link.ping = None,
+                    (None, Some(late)) if late == seq => link.late_pong = None,
+                    (Some((expected, _)), _) => {
                         return Err(format!("answered ping {expected} with pong {seq}"));
                     }
-                    None => return Err(format!("sent pong {seq} without a ping")),
+                    (None, _) => return Err(format!("sent pong {seq} without a ping")),
                 }
             }
             ChildMessage::Load { open, capacity } => {
                 debug!(slot, open, capacity, "load report");
-                return Err("sent a load report, but this pool runs one connection per child"
-                    .to_string());
+                return Err(
+                    "sent a load report, but this pool runs one connection per child".to_string(),
+                );
             }
         }
         Ok(())
@@ -107,7 +116,11 @@ impl Supervisor {
         let limit = self.config.max_requests_per_child;
         let served = self.board.get(slot).map_or(0, |s| s.served);
         if limit > 0 && served >= limit {
-            self.retire(slot, &format!("served {served} connections (max_requests_per_child)"), now);
+            self.retire(
+                slot,
+                &format!("served {served} connections (max_requests_per_child)"),
+                now,
+            );
         }
     }
 
