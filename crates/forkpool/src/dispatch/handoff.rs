@@ -14,6 +14,7 @@ use nix::errno::Errno;
 use tracing::{debug, error, warn};
 
 use crate::protocol::ParentMessage;
+use crate::status::KillReason;
 use crate::supervisor::Supervisor;
 use crate::sys;
 
@@ -83,7 +84,12 @@ impl Supervisor {
                     return;
                 }
                 Err(e) => {
-                    self.kill(slot, format!("cannot hand it a connection: {e}"), now);
+                    self.kill(
+                        slot,
+                        KillReason::ChannelFailed,
+                        format!("cannot hand it a connection: {e}"),
+                        now,
+                    );
                     match self.board.lowest_idle() {
                         Some(next) => slot = next,
                         None => {

@@ -11,6 +11,7 @@ use std::os::fd::AsFd;
 use std::time::Instant;
 
 use crate::protocol::ParentMessage;
+use crate::status::KillReason;
 use crate::supervisor::Supervisor;
 use crate::sys;
 
@@ -35,7 +36,12 @@ impl Supervisor {
                 return;
             };
             if let Err(e) = link.channel.send_to_child(msg, None) {
-                self.kill(slot, format!("cannot send an accept order: {e}"), now);
+                self.kill(
+                    slot,
+                    KillReason::ChannelFailed,
+                    format!("cannot send an accept order: {e}"),
+                    now,
+                );
                 continue;
             }
             link.ordered_on = Some(listener);

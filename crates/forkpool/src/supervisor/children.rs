@@ -10,6 +10,7 @@ use super::{ChildLink, Supervisor, RESOURCE_BACKOFF};
 use crate::channel::Channel;
 use crate::protocol::ParentMessage;
 use crate::scoreboard::SlotState;
+use crate::status::KillReason;
 use crate::sys::process::{self, Forked};
 use crate::worker::ChildStart;
 
@@ -137,12 +138,12 @@ impl Supervisor {
         let pid = self.board.get(slot).map_or(0, |s| s.pid);
         debug!(slot, pid, "retiring child: {reason}");
         if let Err(e) = sent {
-            self.kill(slot, format!("cannot send quit: {e}"), now);
+            self.kill(slot, KillReason::ChannelFailed, format!("cannot send quit: {e}"), now);
         }
     }
 
     /// SIGKILLs a child and marks its slot; it is reaped by the loop.
-    pub(crate) fn kill(&mut self, slot: usize, reason: String, now: Instant) {
+    pub(crate) fn kill(&mut self, slot: usize, why: KillReason, detail: String, now: Instant) {
         let Some(entry) = self.board.get(slot) else {
             return;
         };
@@ -150,14 +151,15 @@ impl Supervisor {
             return;
         }
         let pid = entry.pid;
-        warn!(slot, pid, "killing child: {reason}");
+        warn!(slot, pid, reason = why.key(), "killing child: {detail}");
         if let Err(e) = process::send_signal(pid, Signal::SIGKILL) {
             warn!(slot, pid, "kill failed: {e}");
         }
         let _ = self.board.kill(slot, now);
         self.totals.killed += 1;
+        self.totals.killed_by.add(why);
         if let Some(link) = self.links[slot].as_mut() {
-            link.leaving = Some(reason);
+            link.leaving = Some(detail);
             link.leave_deadline = None;
             link.ping = None;
             let ordered = link.ordered_on.take();

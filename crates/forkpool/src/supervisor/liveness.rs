@@ -1,4 +1,4 @@
-//! Deadlines: pings for idle children, start-up and stop limits.
+//! Deadlines: pings for idle children, start-up, busy and stop limits.
 
 use std::time::Instant;
 
@@ -7,6 +7,7 @@ use tracing::debug;
 use super::Supervisor;
 use crate::protocol::ParentMessage;
 use crate::scoreboard::SlotState;
+use crate::status::KillReason;
 
 impl Supervisor {
     /// Pings idle children that have been quiet for `ping_interval`, and
@@ -20,7 +21,7 @@ impl Supervisor {
             };
             match verdict {
                 Verdict::Ping => self.ping(slot, now),
-                Verdict::Kill(reason) => self.kill(slot, reason, now),
+                Verdict::Kill(why, detail) => self.kill(slot, why, detail, now),
             }
         }
     }
@@ -38,30 +39,46 @@ impl Supervisor {
                         self.config.shutdown_timeout
                     )
                 };
-                return Some(Verdict::Kill(reason));
+                return Some(Verdict::Kill(KillReason::StopTimeout, reason));
             }
             return None;
         }
         if let Some((_, sent)) = link.ping {
             if now.duration_since(sent) >= self.config.ping_timeout {
-                return Some(Verdict::Kill(format!(
+                return Some(Verdict::Kill(
+                    KillReason::PingTimeout,
+                    format!(
                     "did not answer a ping within {:?}",
                     self.config.ping_timeout
-                )));
+                ),
+                ));
             }
             return None;
         }
         match entry.state {
             SlotState::Starting if now.duration_since(entry.since) >= self.start_timeout() => {
-                Some(Verdict::Kill(format!(
-                    "did not report ready within {:?}",
-                    self.start_timeout()
-                )))
+                Some(Verdict::Kill(
+                    KillReason::StartTimeout,
+                    format!("did not report ready within {:?}", self.start_timeout()),
+                ))
             }
             SlotState::Idle
                 if now.duration_since(entry.last_heard) >= self.config.ping_interval =>
             {
                 Some(Verdict::Ping)
+            }
+            SlotState::Busy | SlotState::Ordered
+                if !self.config.busy_timeout.is_zero()
+                    && now.duration_since(entry.since) >= self.config.busy_timeout =>
+            {
+                Some(Verdict::Kill(
+                    KillReason::BusyTimeout,
+                    format!(
+                        "busy on one connection for {:?} (busy_timeout {:?})",
+                        now.duration_since(entry.since),
+                        self.config.busy_timeout
+                    ),
+                ))
             }
             _ => None,
         }
@@ -86,7 +103,12 @@ impl Supervisor {
                 debug!(slot, seq, "ping");
                 link.ping = Some((seq, now));
             }
-            Err(e) => self.kill(slot, format!("cannot send a ping: {e}"), now),
+            Err(e) => self.kill(
+                slot,
+                KillReason::ChannelFailed,
+                format!("cannot send a ping: {e}"),
+                now,
+            ),
         }
     }
 
@@ -105,6 +127,9 @@ impl Supervisor {
                 match entry.state {
                     SlotState::Starting => Some(entry.since + self.start_timeout()),
                     SlotState::Idle => Some(entry.last_heard + self.config.ping_interval),
+                    SlotState::Busy | SlotState::Ordered if !self.config.busy_timeout.is_zero() => {
+                        Some(entry.since + self.config.busy_timeout)
+                    }
                     _ => None,
                 }
             };
@@ -118,5 +143,5 @@ impl Supervisor {
 
 enum Verdict {
     Ping,
-    Kill(String),
+    Kill(KillReason, String),
 }

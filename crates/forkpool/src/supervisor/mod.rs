@@ -15,8 +15,11 @@
 
 mod children;
 mod liveness;
+mod reload;
 mod reports;
 mod signals;
+
+pub use reload::ReloadSource;
 
 use std::collections::VecDeque;
 use std::io;
@@ -32,7 +35,7 @@ use crate::config::PoolConfig;
 use crate::listener::Listener;
 use crate::scaling::{self, Decision, PoolCounts, ScalingMemory};
 use crate::scoreboard::Scoreboard;
-use crate::status::Totals;
+use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
 
 use signals::{SignalPipe, Signals};
@@ -111,6 +114,10 @@ pub(crate) struct Supervisor {
     shutdown: Option<Shutdown>,
     pub ping_seq: u32,
     spawn_blocked_until: Option<Instant>,
+    /// Reads the configuration again on SIGHUP.
+    pub reload_source: Option<ReloadSource>,
+    /// Since when the pool has been at `max_children` with no idle child.
+    saturated_since: Option<Instant>,
     last_saturated_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -151,6 +158,8 @@ impl Supervisor {
             shutdown: None,
             ping_seq: 0,
             spawn_blocked_until: None,
+            reload_source: None,
+            saturated_since: None,
             last_saturated_log: None,
             scoreboard_logged: (None, 0),
         })
@@ -218,6 +227,13 @@ impl Supervisor {
         if self.signals.take_child_exited() {
             self.reap_children(now)?;
         }
+        if self.signals.take_reload() && self.shutdown.is_none() {
+            self.reload(now);
+        }
+        let spare_change = self.signals.take_spare_change();
+        if spare_change != 0 {
+            self.adjust_spare(spare_change);
+        }
         if self.signals.take_quit() {
             info!("SIGQUIT: stopping now");
             self.stop_now(now);
@@ -269,7 +285,7 @@ impl Supervisor {
         self.begin_shutdown(now);
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
-            self.kill(slot, "immediate stop".into(), now);
+            self.kill(slot, KillReason::ImmediateStop, "immediate stop".into(), now);
         }
     }
 
@@ -292,6 +308,8 @@ impl Supervisor {
             busy: counts.busy,
             queued,
         };
+        let at_ceiling = counts.idle == 0 && counts.live() >= self.config.max_children;
+        self.account_saturation(at_ceiling, now);
         match scaling::decide(pool, &self.config, &mut self.memory, now) {
             Decision::Hold => {}
             Decision::Spawn(n) => {
@@ -330,6 +348,16 @@ impl Supervisor {
             }
         }
         Ok(None)
+    }
+
+    /// Adds the time spent at the ceiling to the totals.
+    fn account_saturation(&mut self, at_ceiling: bool, now: Instant) {
+        if let Some(since) = self.saturated_since.take() {
+            self.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
+        }
+        if at_ceiling {
+            self.saturated_since = Some(now);
+        }
     }
 
     /// Connections waiting in the listen backlogs, where the kernel says.
@@ -449,7 +477,7 @@ impl Supervisor {
         }
     }
 
-    fn unwatch_listeners(&mut self) {
+    pub(crate) fn unwatch_listeners(&mut self) {
         for i in 0..self.listeners.len() {
             self.unwatch_listener(i);
         }

@@ -10,6 +10,7 @@ use super::Supervisor;
 use crate::channel::Incoming;
 use crate::protocol::ChildMessage;
 use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::status::KillReason;
 
 /// How many reports to take from one child per loop turn, so one chatty
 /// child cannot starve the others.
@@ -28,7 +29,12 @@ impl Supervisor {
             let incoming = match link.channel.recv_from_child() {
                 Ok(incoming) => incoming,
                 Err(e) => {
-                    self.kill(slot, format!("back-channel read failed: {e}"), now);
+                    self.kill(
+                        slot,
+                        KillReason::ChannelFailed,
+                        format!("back-channel read failed: {e}"),
+                        now,
+                    );
                     return;
                 }
             };
@@ -36,7 +42,7 @@ impl Supervisor {
                 Incoming::Message(msg, _) => {
                     self.board.heard_from(slot, now);
                     if let Err(why) = self.apply_report(slot, msg, now) {
-                        self.kill(slot, why, now);
+                        self.kill(slot, KillReason::Misbehaved, why, now);
                         return;
                     }
                 }
@@ -46,7 +52,12 @@ impl Supervisor {
                     return;
                 }
                 Incoming::Malformed(why) => {
-                    self.kill(slot, format!("sent a malformed message: {why}"), now);
+                    self.kill(
+                        slot,
+                        KillReason::Misbehaved,
+                        format!("sent a malformed message: {why}"),
+                        now,
+                    );
                     return;
                 }
             }

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use signal_hook::consts::{SIGCHLD, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTTIN, SIGTTOU, SIGUSR2};
 
 /// The flags the handlers set.
 pub(crate) struct Signals {
@@ -16,6 +16,10 @@ pub(crate) struct Signals {
     interrupts: Arc<AtomicUsize>,
     quit: Arc<AtomicBool>,
     child_exited: Arc<AtomicBool>,
+    reload: Arc<AtomicBool>,
+    upgrade: Arc<AtomicBool>,
+    more_spare: Arc<AtomicUsize>,
+    fewer_spare: Arc<AtomicUsize>,
     wake_write: Option<OwnedFd>,
     wake_read: Option<UnixStream>,
 }
@@ -37,22 +41,25 @@ impl Signals {
             interrupts: Arc::new(AtomicUsize::new(0)),
             quit: Arc::new(AtomicBool::new(false)),
             child_exited: Arc::new(AtomicBool::new(false)),
+            reload: Arc::new(AtomicBool::new(false)),
+            upgrade: Arc::new(AtomicBool::new(false)),
+            more_spare: Arc::new(AtomicUsize::new(0)),
+            fewer_spare: Arc::new(AtomicUsize::new(0)),
             wake_write: Some(write),
             wake_read: Some(read),
         };
         signal_hook::flag::register(SIGTERM, Arc::clone(&signals.terminate))?;
         signal_hook::flag::register(SIGQUIT, Arc::clone(&signals.quit))?;
         signal_hook::flag::register(SIGCHLD, Arc::clone(&signals.child_exited))?;
-        let interrupts = Arc::clone(&signals.interrupts);
-        // SAFETY: the closure only does an atomic add, which is
-        // async-signal-safe.
-        unsafe {
-            signal_hook::low_level::register(SIGINT, move || {
-                interrupts.fetch_add(1, Ordering::SeqCst);
-            })
-        }?;
+        signal_hook::flag::register(SIGHUP, Arc::clone(&signals.reload))?;
+        signal_hook::flag::register(SIGUSR2, Arc::clone(&signals.upgrade))?;
+        count_signal(SIGINT, &signals.interrupts)?;
+        count_signal(SIGTTIN, &signals.more_spare)?;
+        count_signal(SIGTTOU, &signals.fewer_spare)?;
         let write = signals.wake_write.as_ref().expect("set above");
-        for sig in [SIGTERM, SIGINT, SIGQUIT, SIGCHLD] {
+        for sig in [
+            SIGTERM, SIGINT, SIGQUIT, SIGCHLD, SIGHUP, SIGUSR2, SIGTTIN, SIGTTOU,
+        ] {
             signal_hook::low_level::pipe::register_raw(sig, write.try_clone()?)?;
         }
         Ok(signals)
@@ -83,10 +90,40 @@ impl Signals {
         self.interrupts.swap(0, Ordering::SeqCst)
     }
 
+    /// SIGHUP arrived since the last call.
+    pub fn take_reload(&self) -> bool {
+        self.reload.swap(false, Ordering::SeqCst)
+    }
+
+    /// SIGUSR2 arrived since the last call.
+    pub fn take_upgrade(&self) -> bool {
+        self.upgrade.swap(false, Ordering::SeqCst)
+    }
+
+    /// SIGTTIN count minus SIGTTOU count since the last call.
+    pub fn take_spare_change(&self) -> i64 {
+        let up = self.more_spare.swap(0, Ordering::SeqCst) as i64;
+        let down = self.fewer_spare.swap(0, Ordering::SeqCst) as i64;
+        up - down
+    }
+
     /// SIGCHLD arrived since the last call.
     pub fn take_child_exited(&self) -> bool {
         self.child_exited.swap(false, Ordering::SeqCst)
     }
+}
+
+/// Counts deliveries of `sig` in `counter`.
+fn count_signal(sig: i32, counter: &Arc<AtomicUsize>) -> io::Result<()> {
+    let counter = Arc::clone(counter);
+    // SAFETY: the closure only does an atomic add, which is
+    // async-signal-safe.
+    unsafe {
+        signal_hook::low_level::register(sig, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+    }?;
+    Ok(())
 }
 
 impl SignalPipe {
