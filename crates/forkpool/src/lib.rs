@@ -9,10 +9,13 @@
 //! - [`config`]: every knob and its validation;
 //! - [`scaling`]: the policy that decides how many children there are (pure);
 //! - [`scoreboard`]: which child is in which slot, doing what (plain data);
-//! - [`protocol`]: the back-channel wire format (pure codec).
+//! - [`protocol`]: the back-channel wire format (pure codec);
+//! - [`sessions`]: many long connections served by a few threads inside one
+//!   process (a dispatcher and a fixed crew of workers).
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod protocol;
 pub mod scaling;
 pub mod scoreboard;
+pub mod sessions;
