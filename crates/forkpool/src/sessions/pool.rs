@@ -65,6 +65,9 @@ impl<S: Session> SessionPool<S> {
         let load = Arc::new(Load::new(config.max_sessions, config.on_load.clone()));
         let context = Arc::new(context);
 
+        // Every thread reports once it runs, so that `start` returns with the
+        // whole crew up (and named, for anyone reading /proc).
+        let (started_tx, started_rx) = mpsc::channel();
         let mut threads = spawn_workers(
             config.workers,
             Crew {
@@ -74,6 +77,7 @@ impl<S: Session> SessionPool<S> {
                 load: Arc::clone(&load),
                 context: Arc::clone(&context),
             },
+            &started_tx,
         )?;
         let dispatcher = Dispatcher {
             name: config.name.clone(),
@@ -96,13 +100,21 @@ impl<S: Session> SessionPool<S> {
         // dropped, so the workers already started see the end and exit.
         let spawned = thread::Builder::new()
             .name(format!("{}-disp", config.name))
-            .spawn(move || dispatcher.run());
+            .spawn(move || {
+                let _ = started_tx.send(());
+                dispatcher.run()
+            });
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(err) => {
                 join_all(&config.name, threads);
                 return Err(err);
             }
+        }
+        for _ in 0..threads.len() {
+            // Fails only if a thread died before reporting; it is joined
+            // (and its panic logged) at shutdown.
+            let _ = started_rx.recv();
         }
         info!(
             pool = %config.name,

@@ -11,7 +11,7 @@
 use std::any::Any;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
@@ -32,18 +32,25 @@ pub(crate) struct Crew<S: Session> {
     pub(crate) context: Arc<S::Context>,
 }
 
-/// Starts `count` workers named `<name>-w<i>`.
+/// Starts `count` workers named `<name>-w<i>`; each sends on `started` once
+/// it runs.
 pub(crate) fn spawn_workers<S: Session>(
     count: usize,
     crew: Crew<S>,
+    started: &Sender<()>,
 ) -> io::Result<Vec<JoinHandle<()>>> {
     let crew = Arc::new(crew);
     (0..count)
         .map(|index| {
             let crew = Arc::clone(&crew);
+            let started = started.clone();
             thread::Builder::new()
                 .name(format!("{}-w{index}", crew.name))
-                .spawn(move || crew.work())
+                .spawn(move || {
+                    let _ = started.send(());
+                    drop(started);
+                    crew.work()
+                })
         })
         .collect()
 }
