@@ -657,6 +657,13 @@ fn the_load_hook_hears_every_change_in_order() {
 }
 
 #[test]
+fn the_pool_handle_can_be_shared_between_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<SessionPool<LineSession>>();
+    shareable::<SessionPool<Probe>>();
+}
+
+#[test]
 fn a_bad_config_is_refused_with_the_field_named() {
     let err = SessionPool::<LineSession>::start(config("t-bad", 0), ()).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::InvalidInput);

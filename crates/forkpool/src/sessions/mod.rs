@@ -56,6 +56,56 @@
 //! preforked child, one received from the parent. [`SessionPool::serve`]
 //! lets the dispatcher accept from a listener itself.
 //!
+//! # Example
+//!
+//! An echo service: the session's state is empty, each step echoes what has
+//! arrived and waits for more.
+//!
+//! ```
+//! use std::io::{self, Read, Write};
+//! use std::net::{TcpListener, TcpStream};
+//! use std::sync::Arc;
+//!
+//! use forkpool::sessions::{Session, SessionConfig, SessionPool, SessionStream, Step};
+//!
+//! struct Echo;
+//!
+//! impl Session for Echo {
+//!     type Context = ();
+//!
+//!     fn open(_context: &Arc<()>, _stream: &SessionStream) -> Self {
+//!         Echo
+//!     }
+//!
+//!     fn step(&mut self, stream: &mut SessionStream) -> io::Result<Step> {
+//!         let mut buf = [0; 4096];
+//!         loop {
+//!             match stream.read(&mut buf) {
+//!                 Ok(0) => return Ok(Step::Close),
+//!                 // Short replies fit the socket's buffer; a real protocol
+//!                 // keeps what it could not write (see `line_demo`).
+//!                 Ok(n) => stream.write_all(&buf[..n])?,
+//!                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Wait),
+//!                 Err(e) => return Err(e),
+//!             }
+//!         }
+//!     }
+//! }
+//!
+//! let pool = SessionPool::<Echo>::start(SessionConfig::default(), ())?;
+//! let listener = TcpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! pool.serve(listener)?;
+//!
+//! let mut client = TcpStream::connect(addr)?;
+//! client.write_all(b"hello")?;
+//! let mut reply = [0; 5];
+//! client.read_exact(&mut reply)?;
+//! assert_eq!(&reply, b"hello");
+//! pool.shutdown();
+//! # Ok::<(), io::Error>(())
+//! ```
+//!
 //! # Differences from the libmilter design
 //!
 //! The slides' first version started a worker per ready session when none

@@ -211,7 +211,8 @@ impl<S: Session> SessionPool<S> {
     /// fails), lets steps already running finish, closes every session
     /// (`on_close` with [`CloseReason::Shutdown`](super::CloseReason)), and
     /// joins every thread. Sessions that wait for input are not stepped
-    /// again.
+    /// again. It returns once the longest running step has returned: a step
+    /// that never returns keeps it waiting.
     pub fn shutdown(mut self) {
         self.stop();
     }
