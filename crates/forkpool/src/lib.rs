@@ -14,6 +14,8 @@
 //! - [`protocol`] and [`channel`]: the back-channel wire format and its I/O;
 //! - `supervisor`: the parent's event loop, carrying out the policy;
 //! - [`worker`]: the child side;
+//! - [`sessions`]: many long connections served by a few threads inside one
+//!   process (a dispatcher and a fixed crew of workers);
 //! - [`listener`]: binding sockets and the stream a handler gets;
 //! - [`status`]: the supervisor's totals.
 #![deny(missing_docs)]
@@ -26,6 +28,7 @@ pub mod pool;
 pub mod protocol;
 pub mod scaling;
 pub mod scoreboard;
+pub mod sessions;
 pub mod status;
 mod supervisor;
 mod sys;
