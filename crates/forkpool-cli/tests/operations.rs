@@ -6,11 +6,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{forkpool_bin, get, kill9, temp_path, DemoPool};
+use common::{continuous_load, forkpool_bin, get, kill9, temp_path, DemoPool};
 
 #[test]
 fn status_reports_true_counts_after_a_scripted_sequence() {
@@ -187,36 +187,6 @@ fn busy_timeout_kills_exactly_the_stuck_child() {
     let now = pool.children();
     let gone = others_before.iter().filter(|p| !now.contains(p)).count();
     assert_eq!(gone, 1, "before {others_before:?}, after {now:?}");
-}
-
-/// Runs requests back to back from `threads` threads until `stop`.
-fn continuous_load(
-    addr: std::net::SocketAddr,
-    threads: usize,
-    stop: Arc<AtomicBool>,
-) -> (Arc<AtomicUsize>, Vec<std::thread::JoinHandle<Vec<String>>>) {
-    let ok = Arc::new(AtomicUsize::new(0));
-    let handles = (0..threads)
-        .map(|_| {
-            let stop = Arc::clone(&stop);
-            let ok = Arc::clone(&ok);
-            std::thread::spawn(move || {
-                let mut failures = Vec::new();
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    match get(addr, "/?work_ms=5") {
-                        Ok(r) if r.status == 200 => {
-                            ok.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(r) => failures.push(format!("status {}", r.status)),
-                        Err(e) => failures.push(e),
-                    }
-                }
-                failures
-            })
-        })
-        .collect();
-    (ok, handles)
 }
 
 #[test]

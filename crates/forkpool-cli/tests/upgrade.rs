@@ -4,11 +4,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{forkpool_bin, get, kill9, temp_path, DemoPool};
+use common::{continuous_load, forkpool_bin, get, kill9, temp_path, DemoPool};
 
 /// A private copy of the binary, so a test can replace it on disk.
 fn binary_copy() -> PathBuf {
@@ -38,27 +38,7 @@ fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
     let mut pool = DemoPool::start_from(&binary, &["--min-children", "3"], &[]);
     let old_pid = pool.pid;
     let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicUsize::new(0));
-    let addr = pool.addr;
-    let load: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, ok) = (Arc::clone(&stop), Arc::clone(&ok));
-            std::thread::spawn(move || {
-                let mut failures = Vec::new();
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    match get(addr, "/?work_ms=5") {
-                        Ok(r) if r.status == 200 => {
-                            ok.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(r) => failures.push(format!("status {}", r.status)),
-                        Err(e) => failures.push(e),
-                    }
-                }
-                failures
-            })
-        })
-        .collect();
+    let (ok, load) = continuous_load(pool.addr, 4, Arc::clone(&stop));
     while ok.load(Ordering::SeqCst) < 50 {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -90,7 +70,7 @@ fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
     );
     assert!(ok.load(Ordering::SeqCst) >= target);
     // Only the new supervisor's children serve now.
-    let r = get(addr, "/").unwrap();
+    let r = get(pool.addr, "/").unwrap();
     let parent = std::fs::read_to_string(format!("/proc/{}/stat", r.pid.unwrap())).unwrap();
     let ppid: i32 = parent
         .rsplit(") ")

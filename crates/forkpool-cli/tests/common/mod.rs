@@ -357,3 +357,36 @@ pub fn concurrent_gets(addr: SocketAddr, path: &str, n: usize) -> Vec<Result<Res
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
+
+/// Runs requests back to back from `threads` threads until `stop`.
+pub fn continuous_load(
+    addr: std::net::SocketAddr,
+    threads: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    Arc<std::sync::atomic::AtomicUsize>,
+    Vec<std::thread::JoinHandle<Vec<String>>>,
+) {
+    let ok = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handles = (0..threads)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            let ok = Arc::clone(&ok);
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                    match get(addr, "/?work_ms=5") {
+                        Ok(r) if r.status == 200 => {
+                            ok.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Ok(r) => failures.push(format!("status {}", r.status)),
+                        Err(e) => failures.push(e),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    (ok, handles)
+}
