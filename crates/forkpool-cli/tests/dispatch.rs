@@ -133,3 +133,22 @@ fn bad_requests_get_clear_errors() {
     stream.read_to_string(&mut raw).unwrap();
     assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
 }
+
+#[test]
+fn a_kept_alive_connection_gives_way_after_its_share() {
+    let pool = DemoPool::start(&["--keepalive-requests", "3"]);
+    let mut stream = TcpStream::connect(pool.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Three requests pipelined: the third answer says close, then EOF.
+    stream
+        .write_all(b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    assert_eq!(raw.matches("HTTP/1.1 200 OK").count(), 3, "{raw}");
+    assert_eq!(raw.matches("Connection: keep-alive").count(), 2, "{raw}");
+    assert!(raw.trim_end().ends_with("hello"), "{raw}");
+    assert_eq!(raw.matches("Connection: close").count(), 1, "{raw}");
+}

@@ -167,3 +167,24 @@ fn children_exit_when_the_supervisor_dies() {
         "orphaned children still running: {survivors:?}"
     );
 }
+
+#[test]
+fn a_burst_of_reports_is_read_in_full() {
+    let pool = DemoPool::start(&["--chaos", "--dispatch", "shared", "--min-children", "2"]);
+    let started = std::time::Instant::now();
+    let r = pool
+        .get("/?chaos=flood")
+        .expect("the flooding child still answers");
+    assert_eq!(r.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = pool.status();
+        if status["totals"]["futile_wakeups"] == 500 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(pool.status()["totals"]["killed"], 0);
+}

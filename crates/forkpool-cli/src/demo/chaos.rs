@@ -1,27 +1,49 @@
-//! Fault injection for tests, enabled only by `forkpool demo --chaos`:
-//! `?chaos=garbage` makes the serving child write a malformed message on
-//! its back-channel, `?chaos=exit` makes it exit abruptly mid-request,
-//! `?chaos=panic` makes the handler panic. The supervisor must survive all
-//! three and replace the child.
+//! Fault injection for tests, enabled only by `forkpool demo --chaos`.
+//!
+//! Before the response (the request dies with its child):
+//! - `?chaos=exit`: the child exits abruptly with status 3;
+//! - `?chaos=panic`: the handler panics.
+//!
+//! After the response is written (the client has its answer first):
+//! - `?chaos=garbage`: the child writes a malformed message on its
+//!   back-channel;
+//! - `?chaos=flood` (in `shared` dispatch): the child sends a burst of 502
+//!   legal reports, `Idle`, 500 × `Missed`, `Busy`, which the supervisor must
+//!   read in full however it paces itself.
+//!
+//! The supervisor must survive all of them and replace a child that broke.
 
 use std::os::fd::AsRawFd;
 
+use forkpool::protocol::{ChildMessage, MessageBuf};
 use forkpool::WorkerInfo;
 use nix::sys::socket::{send, MsgFlags};
 
-/// Carries out one `chaos=` request inside the child.
-pub fn inject(what: &str, worker: &WorkerInfo) {
+/// Faults that hit before the response.
+pub fn before_response(what: &str) {
     match what {
-        "garbage" => {
-            // Version 1, kind 'Z': no such message.
-            let _ = send(
-                worker.channel_fd().as_raw_fd(),
-                b"\x01Zjunk",
-                MsgFlags::empty(),
-            );
-        }
         "exit" => std::process::exit(3),
         "panic" => panic!("chaos=panic requested"),
+        _ => {}
+    }
+}
+
+/// Faults that hit after the response is written.
+pub fn after_response(what: &str, worker: &WorkerInfo) {
+    let fd = worker.channel_fd().as_raw_fd();
+    match what {
+        // Version 1, kind 'Z': no such message.
+        "garbage" => {
+            let _ = send(fd, b"\x01Zjunk", MsgFlags::empty());
+        }
+        "flood" => {
+            let mut buf = MessageBuf::default();
+            let _ = send(fd, ChildMessage::Idle.encode(&mut buf), MsgFlags::empty());
+            for _ in 0..500 {
+                let _ = send(fd, ChildMessage::Missed.encode(&mut buf), MsgFlags::empty());
+            }
+            let _ = send(fd, ChildMessage::Busy.encode(&mut buf), MsgFlags::empty());
+        }
         _ => {}
     }
 }

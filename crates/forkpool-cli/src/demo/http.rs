@@ -20,10 +20,21 @@ const MAX_HEAD: usize = 8 * 1024;
 const MAX_SIMULATED_MS: u64 = 60_000;
 
 /// Options of the demo handler.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DemoOptions {
     /// Honour `?chaos=...` (fault injection for tests). Off by default.
     pub chaos: bool,
+    /// Requests served on one kept-alive connection before it is closed.
+    pub keepalive_requests: u32,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            chaos: false,
+            keepalive_requests: 100,
+        }
+    }
 }
 
 /// A parsed request: just what the demo needs.
@@ -117,6 +128,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
     let _ = stream.set_read_timeout(Some(KEEPALIVE_TIMEOUT));
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
+    let mut served = 0u32;
     loop {
         let (request, head_len) = loop {
             match parse_request(&buf) {
@@ -154,8 +166,11 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         consumed = consumed.min(buf.len());
         buf.drain(..consumed);
 
-        let keep_alive = request.keep_alive;
-        if answer(&mut stream, &request, worker, options).is_err() || !keep_alive {
+        served += 1;
+        // Like Apache's MaxKeepAliveRequests: a connection that has had its
+        // share gives way, so clients beyond the pool's size get a turn.
+        let keep_alive = request.keep_alive && served < options.keepalive_requests;
+        if answer(&mut stream, &request, keep_alive, worker, options).is_err() || !keep_alive {
             return;
         }
     }
@@ -164,6 +179,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
 fn answer(
     stream: &mut forkpool::Stream,
     request: &Request,
+    keep_alive: bool,
     worker: &forkpool::WorkerInfo,
     options: &DemoOptions,
 ) -> io::Result<()> {
@@ -184,10 +200,9 @@ fn answer(
         (Ok(w), Ok(c)) => (w, c),
         (Err(why), _) | (_, Err(why)) => return respond(stream, 400, &why, false, worker),
     };
-    if options.chaos {
-        if let Some(what) = query_value(query, "chaos") {
-            super::chaos::inject(what, worker);
-        }
+    let chaos = query_value(query, "chaos").filter(|_| options.chaos);
+    if let Some(what) = chaos {
+        super::chaos::before_response(what);
     }
     if cpu > 0 {
         burn_cpu(Duration::from_millis(cpu));
@@ -200,7 +215,11 @@ fn answer(
     } else {
         "hello\n"
     };
-    respond_with_body(stream, 200, body, BODY.len(), request.keep_alive, worker)
+    respond_with_body(stream, 200, body, BODY.len(), keep_alive, worker)?;
+    if let Some(what) = chaos {
+        super::chaos::after_response(what, worker);
+    }
+    Ok(())
 }
 
 fn burn_cpu(duration: Duration) {

@@ -16,9 +16,13 @@ pub struct DemoArgs {
     /// to show copy-on-write sharing (benchmarks).
     #[arg(long, value_name = "MIB", default_value_t = 0)]
     pub preload_mib: usize,
-    /// Honour `?chaos=garbage|exit|panic` (fault-injection tests only).
+    /// Honour `?chaos=garbage|flood|exit|panic` (fault-injection tests only).
     #[arg(long)]
     pub chaos: bool,
+    /// Requests served on one kept-alive connection before closing it, so
+    /// that clients beyond the pool's size get a turn.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub keepalive_requests: u32,
 }
 
 /// Runs the demo pool until it is stopped.
@@ -27,7 +31,10 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let pool = crate::serve::prepare(&args.serve, &settings)?;
 
     let table = preload(args.preload_mib);
-    let options = http::DemoOptions { chaos: args.chaos };
+    let options = http::DemoOptions {
+        chaos: args.chaos,
+        keepalive_requests: args.keepalive_requests,
+    };
     let totals = pool
         .run(move |conn: forkpool::Connection<'_>| {
             std::hint::black_box(&table);

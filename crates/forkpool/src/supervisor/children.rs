@@ -61,7 +61,7 @@ impl Supervisor {
                 self.links[slot] = Some(ChildLink {
                     channel: ours,
                     ping: None,
-                    late_pong: None,
+                    pinged_up_to: 0,
                     ordered_on: None,
                     leaving: None,
                     leave_deadline: None,

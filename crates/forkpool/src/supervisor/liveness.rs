@@ -102,6 +102,7 @@ impl Supervisor {
             Ok(()) => {
                 debug!(slot, seq, "ping");
                 link.ping = Some((seq, now));
+                link.pinged_up_to = seq;
             }
             Err(e) => self.kill(
                 slot,

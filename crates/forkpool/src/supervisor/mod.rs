@@ -61,8 +61,8 @@ pub(crate) struct ChildLink {
     pub channel: Channel,
     /// The ping we are waiting on: its sequence number and when it was sent.
     pub ping: Option<(u32, Instant)>,
-    /// A ping that crossed a `Busy` report; its pong is still welcome.
-    pub late_pong: Option<u32>,
+    /// The sequence number of the last ping sent to this child.
+    pub pinged_up_to: u32,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
     /// Why the child is on its way out, once it is.
@@ -108,6 +108,8 @@ pub(crate) struct Supervisor {
     pub listeners: Vec<WatchedListener>,
     pub board: Scoreboard,
     pub links: Vec<Option<ChildLink>>,
+    /// Children with reports left unread last turn.
+    unread: Vec<usize>,
     /// Connections accepted whose child died before it could take them;
     /// the next idle child gets them first.
     pub parked: VecDeque<(usize, OwnedFd)>,
@@ -170,6 +172,7 @@ impl Supervisor {
             listeners,
             board: Scoreboard::new(),
             links: Vec::new(),
+            unread: Vec::new(),
             parked: VecDeque::new(),
             totals: Totals::default(),
             generation: 1,
@@ -213,15 +216,23 @@ impl Supervisor {
                 self.endpoints.remove_control_file();
                 return Ok(Exit::Done(self.totals));
             }
-            let timeout = self
-                .next_deadline(now)
-                .map(|d| d.saturating_duration_since(now));
+            let timeout = if self.unread.is_empty() {
+                self.next_deadline(now)
+                    .map(|d| d.saturating_duration_since(now))
+            } else {
+                Some(Duration::ZERO)
+            };
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
             ready.clear();
+            ready.extend(
+                self.unread
+                    .drain(..)
+                    .map(|slot| Token(CHILD_TOKEN_BASE + slot)),
+            );
             ready.extend(events.iter().map(|e| e.token()));
             let now = Instant::now();
             // Reports first: a child that just became idle should take the

@@ -13,13 +13,20 @@ use crate::scoreboard::{IllegalTransition, SlotState};
 use crate::status::KillReason;
 
 /// How many reports to take from one child per loop turn, so one chatty
-/// child cannot starve the others.
+/// child cannot starve the others. A child with more waiting is read again
+/// next turn: the channel is edge-triggered, so stopping short of
+/// `WouldBlock` without noting it would leave those reports unread until
+/// the child sent another, and a child whose channel is full sends nothing.
 const REPORTS_PER_TURN: usize = 64;
 
 impl Supervisor {
     /// Reads what the child in `slot` has sent.
     pub(super) fn read_reports(&mut self, slot: usize, now: Instant) {
-        for _ in 0..REPORTS_PER_TURN {
+        for read in 0..=REPORTS_PER_TURN {
+            if read == REPORTS_PER_TURN {
+                self.unread.push(slot);
+                return;
+            }
             let Some(link) = self.links.get(slot).and_then(Option::as_ref) else {
                 return;
             };
@@ -89,9 +96,7 @@ impl Supervisor {
                 // answers it after its connection. Stop the clock, but still
                 // accept that answer.
                 let link = self.links[slot].as_mut().expect("checked by caller");
-                if let Some((seq, _)) = link.ping.take() {
-                    link.late_pong = Some(seq);
-                }
+                link.ping = None;
                 self.totals.accepted += 1;
                 self.order_answered(slot);
             }
@@ -103,13 +108,15 @@ impl Supervisor {
             }
             ChildMessage::Pong { seq } => {
                 let link = self.links[slot].as_mut().expect("checked by caller");
-                match (link.ping, link.late_pong) {
-                    (Some((expected, _)), _) if expected == seq => link.ping = None,
-                    (None, Some(late)) if late == seq => link.late_pong = None,
-                    (Some((expected, _)), _) => {
-                        return Err(format!("answered ping {expected} with pong {seq}"));
-                    }
-                    (None, _) => return Err(format!("sent pong {seq} without a ping")),
+                // Sequence numbers only grow, so any pong up to the last
+                // ping sent is a real answer, possibly a late one (in
+                // `shared` mode a ping can cross a `Busy`); a pong for a
+                // ping never sent is a lie.
+                if seq == 0 || seq > link.pinged_up_to {
+                    return Err(format!("sent pong {seq} for a ping it never got"));
+                }
+                if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
+                    link.ping = None;
                 }
             }
             ChildMessage::Load { open, capacity } => {
