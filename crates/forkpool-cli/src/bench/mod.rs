@@ -1,0 +1,8 @@
+//! `forkpool bench`: measuring pools and other servers (work in progress).
+
+mod http;
+mod latency;
+mod loadgen;
+mod target;
+#[cfg(test)]
+mod test_server;
