@@ -3,6 +3,8 @@
 mod http;
 mod latency;
 mod loadgen;
+mod pool_process;
+mod procstat;
 mod target;
 #[cfg(test)]
 mod test_server;
