@@ -5,6 +5,7 @@ mod latency;
 mod loadgen;
 mod pool_process;
 mod procstat;
+mod simulate;
 mod target;
 #[cfg(test)]
 mod test_server;
