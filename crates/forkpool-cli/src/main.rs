@@ -1,25 +1,55 @@
-//! The `forkpool` command.
+//! The `forkpool` command: run preforked pools, the demo server, benchmarks.
 
 mod bench;
+mod demo;
+mod pool_args;
 
-// --- Temporary wiring of `forkpool bench` (branch `bench`) -----------------
-// Only so the benchmark can be run and tested before the real command line
-// lands on main; replace this block with main's subcommand enum, which calls
-// `bench::run(&args)` for `Bench(bench::BenchArgs)`.
-use clap::Parser;
+use std::io::IsTerminal;
 
-#[derive(Parser)]
-#[command(name = "forkpool", version)]
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Preforked server pools: adaptive size, directed dispatch, no thundering herd.
+#[derive(Debug, Parser)]
+#[command(name = "forkpool", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
 enum Command {
-    /// Measure forkpool's dispatch modes and compare with other servers.
+    /// Run a pool serving the built-in demo HTTP handler
+    /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`).
+    Demo(demo::DemoArgs),
+    /// Measure the pool's dispatch modes side by side, and against other
+    /// servers (see docs/benchmarks.md).
     Bench(bench::BenchArgs),
 }
 
 fn main() {
-    let Command::Bench(args) = Command::parse();
-    if let Err(e) = bench::run(&args) {
-        eprintln!("forkpool bench: {e}");
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Bench(args) => bench::run(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("forkpool: {e}");
         std::process::exit(1);
     }
 }
-// --- End of temporary wiring ------------------------------------------------
+
+/// Logs go to stderr; `FORKPOOL_LOG` (or `RUST_LOG`) sets the filter,
+/// `info` by default.
+fn init_logging() {
+    let filter = std::env::var("FORKPOOL_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}

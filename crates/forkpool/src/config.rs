@@ -40,6 +40,11 @@ impl DispatchMode {
         }
     }
 
+    /// Whether the supervisor watches the listeners (`handoff`, `order`).
+    pub fn parent_watches_listeners(self) -> bool {
+        matches!(self, DispatchMode::Handoff | DispatchMode::Order)
+    }
+
     /// Whether children receive the listening sockets.
     pub fn children_hold_listeners(self) -> bool {
         !matches!(self, DispatchMode::Handoff)
@@ -101,6 +106,12 @@ pub struct PoolConfig {
     /// Default 30 s.
     #[serde(with = "humantime_serde_compat")]
     pub shutdown_timeout: Duration,
+    /// A child busy on one connection longer than this is killed and
+    /// replaced; zero means no limit. Default 0 (off): a keep-alive or
+    /// long-polling handler is legitimately busy for long, so only the
+    /// operator knows the right bound.
+    #[serde(with = "humantime_serde_compat")]
+    pub busy_timeout: Duration,
     /// Surplus idle children must last this long before any is retired, so a
     /// bursty load does not make the pool flap. Default 1 s.
     #[serde(with = "humantime_serde_compat")]
@@ -126,6 +137,7 @@ impl Default for PoolConfig {
             ping_interval: Duration::from_secs(5),
             ping_timeout: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(30),
+            busy_timeout: Duration::ZERO,
             retire_grace: Duration::from_secs(1),
             max_spawn_rate: 32,
             dispatch: DispatchMode::Handoff,

@@ -6,13 +6,36 @@
 //! crash, hang or misbehave, and shuts down without cutting a request short.
 //!
 //! Where things live:
+//! - [`pool`]: the entry point, [`Pool`];
 //! - [`config`]: every knob and its validation;
-//! - [`scaling`]: the policy that decides how many children there are (pure);
+//! - [`scaling`]: **who decides how many children there are** (a pure policy);
+//! - `dispatch`: **where a connection goes** (lowest idle child; handoff or order);
 //! - [`scoreboard`]: which child is in which slot, doing what (plain data);
-//! - [`protocol`]: the back-channel wire format (pure codec).
+//! - [`protocol`] and [`channel`]: the back-channel wire format and its I/O;
+//! - `supervisor`: the parent's event loop, carrying out the policy;
+//! - [`worker`]: the child side;
+//! - [`sessions`]: many long connections served by a few threads inside one
+//!   process (a dispatcher and a fixed crew of workers);
+//! - [`listener`]: binding sockets and the stream a handler gets;
+//! - [`status`]: the supervisor's totals.
 #![deny(missing_docs)]
 
+pub mod channel;
 pub mod config;
+mod dispatch;
+pub mod listener;
+pub mod pool;
 pub mod protocol;
 pub mod scaling;
 pub mod scoreboard;
+pub mod sessions;
+pub mod status;
+mod supervisor;
+mod sys;
+pub mod worker;
+
+pub use config::{DispatchMode, PoolConfig};
+pub use listener::{ListenAddr, Listener, Stream};
+pub use pool::{Pool, PoolError};
+pub use status::Totals;
+pub use worker::{Connection, Handler, WorkerInfo};

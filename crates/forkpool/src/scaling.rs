@@ -108,8 +108,12 @@ pub fn decide(
         if room == 0 {
             return Decision::Saturated;
         }
-        let n = (wanted - spare).min(memory.spawn_rate).min(room);
-        memory.spawn_rate = (memory.spawn_rate * 2).min(config.max_spawn_rate);
+        // The memory may come from before a reload that lowered the cap, and
+        // the ramp must neither wrap (to 0, which would stall the pool for
+        // good) nor overflow when the cap is near u32::MAX.
+        let rate = memory.spawn_rate.clamp(1, config.max_spawn_rate);
+        let n = (wanted - spare).min(rate).min(room);
+        memory.spawn_rate = rate.saturating_mul(2).min(config.max_spawn_rate);
         return Decision::Spawn(n);
     }
     memory.spawn_rate = 1;
@@ -179,6 +183,42 @@ mod tests {
         assert_eq!(spawned, vec![1, 2, 4, 8, 16, 32, 32]);
         decide(counts(0, 3, 10, 0), &config, &mut memory, now);
         assert_eq!(memory.spawn_rate, 1);
+    }
+
+    #[test]
+    fn the_ramp_survives_a_huge_spawn_rate_cap() {
+        // Found by tests/scaling_properties.rs: with a cap above 2^31 the
+        // 32nd short round doubled the rate past u32::MAX.
+        let config = PoolConfig {
+            max_children: 100,
+            max_spawn_rate: u32::MAX,
+            ..config()
+        };
+        let mut memory = ScalingMemory::default();
+        let now = Instant::now();
+        let short = counts(0, 0, 2, 1);
+        for round in 0..40 {
+            let wanted = 3u32.min(1 << round.min(31));
+            let d = decide(short, &config, &mut memory, now);
+            assert_eq!(d, Decision::Spawn(wanted), "round {round}");
+        }
+        assert_eq!(memory.spawn_rate, u32::MAX);
+    }
+
+    #[test]
+    fn a_lowered_spawn_rate_cap_applies_at_once() {
+        let mut memory = ScalingMemory {
+            spawn_rate: 32,
+            surplus_since: None,
+        };
+        let config = PoolConfig {
+            max_children: 100,
+            max_spawn_rate: 4,
+            ..config()
+        };
+        let d = decide(counts(0, 0, 10, 50), &config, &mut memory, Instant::now());
+        assert_eq!(d, Decision::Spawn(4));
+        assert_eq!(memory.spawn_rate, 4);
     }
 
     #[test]

@@ -122,6 +122,7 @@ pub struct Scoreboard {
     slots: Vec<Option<Slot>>,
     idle_bits: Vec<u64>,
     counts: StateCounts,
+    changes: u64,
 }
 
 impl Scoreboard {
@@ -197,6 +198,12 @@ impl Scoreboard {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+    }
+
+    /// A number that changes whenever any slot changes state, so a reader
+    /// can tell cheaply whether the scoreboard line needs printing again.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Counts by state.
@@ -335,6 +342,7 @@ impl Scoreboard {
     }
 
     fn count(&mut self, slot: usize, state: SlotState) {
+        self.changes += 1;
         match state {
             SlotState::Starting => self.counts.starting += 1,
             SlotState::Idle => {
@@ -347,6 +355,7 @@ impl Scoreboard {
     }
 
     fn uncount(&mut self, slot: usize, state: SlotState) {
+        self.changes += 1;
         match state {
             SlotState::Starting => self.counts.starting -= 1,
             SlotState::Idle => {

@@ -1,0 +1,300 @@
+//! The demo handler: a tiny HTTP/1.1 server for one connection at a time.
+//!
+//! `GET /` answers `hello`. `?work_ms=N` sleeps N ms first (a slow, blocking
+//! handler), `?cpu_ms=N` burns N ms of CPU. Every response names the child
+//! that served it in `X-Forkpool-Slot` and `X-Forkpool-Pid`. Keep-alive is
+//! the HTTP/1.1 default; `Connection: close` and HTTP/1.0 close.
+
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+use forkpool::Connection;
+
+/// The body every successful response carries.
+pub const BODY: &[u8] = b"hello\n";
+/// How long a kept-alive connection may sit idle before the child drops it.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest request head accepted.
+const MAX_HEAD: usize = 8 * 1024;
+/// The longest `work_ms` / `cpu_ms` honoured, so a typo cannot wedge a child.
+const MAX_SIMULATED_MS: u64 = 60_000;
+
+/// Options of the demo handler.
+#[derive(Debug, Clone, Default)]
+pub struct DemoOptions {
+    /// Honour `?chaos=...` (fault injection for tests). Off by default.
+    pub chaos: bool,
+}
+
+/// A parsed request: just what the demo needs.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The request method.
+    pub method: String,
+    /// The path without the query.
+    pub path: String,
+    /// The raw query string, if any.
+    pub query: Option<String>,
+    /// Whether the connection stays open after the response.
+    pub keep_alive: bool,
+    /// Bytes of body that follow the head (Content-Length).
+    pub body_len: usize,
+}
+
+/// The outcome of parsing a buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A full head of this many bytes.
+    Complete(Request, usize),
+    /// More bytes needed.
+    Partial,
+    /// Not HTTP, with the reason.
+    Invalid(String),
+}
+
+/// Parses one request head at the start of `buf`.
+pub fn parse_request(buf: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(e) => return Parsed::Invalid(e.to_string()),
+    };
+    let version = req.version.unwrap_or(1);
+    let mut keep_alive = version >= 1;
+    let mut body_len = 0;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("connection") {
+            let value = String::from_utf8_lossy(h.value).to_ascii_lowercase();
+            if value.contains("close") {
+                keep_alive = false;
+            } else if value.contains("keep-alive") {
+                keep_alive = true;
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            match std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+            {
+                Some(n) => body_len = n,
+                None => return Parsed::Invalid("bad Content-Length".into()),
+            }
+        }
+    }
+    let target = req.path.unwrap_or("/");
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), Some(q.to_string())),
+        None => (target.to_string(), None),
+    };
+    Parsed::Complete(
+        Request {
+            method: req.method.unwrap_or("").to_string(),
+            path,
+            query,
+            keep_alive,
+            body_len,
+        },
+        head_len,
+    )
+}
+
+/// The value of `key` in a query string such as `work_ms=50&cpu_ms=2`.
+pub fn query_value<'q>(query: Option<&'q str>, key: &str) -> Option<&'q str> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// Serves one connection: requests until the client closes, asks to close,
+/// or stays quiet for [`KEEPALIVE_TIMEOUT`].
+pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
+    let Connection {
+        mut stream, worker, ..
+    } = conn;
+    let _ = stream.set_read_timeout(Some(KEEPALIVE_TIMEOUT));
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let (request, head_len) = loop {
+            match parse_request(&buf) {
+                Parsed::Complete(req, n) => break (req, n),
+                Parsed::Invalid(why) => {
+                    let _ = respond(
+                        &mut stream,
+                        400,
+                        &format!("bad request: {why}\n"),
+                        false,
+                        worker,
+                    );
+                    return;
+                }
+                Parsed::Partial if buf.len() >= MAX_HEAD => {
+                    let _ = respond(&mut stream, 431, "request head too large\n", false, worker);
+                    return;
+                }
+                Parsed::Partial => {}
+            }
+            match stream.read(&mut chunk) {
+                // Closed, timed out or reset: nothing more to answer.
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        // Skip the body, reading it if it has not all arrived.
+        let mut consumed = head_len + request.body_len;
+        while buf.len() < consumed {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        consumed = consumed.min(buf.len());
+        buf.drain(..consumed);
+
+        let keep_alive = request.keep_alive;
+        if answer(&mut stream, &request, worker, options).is_err() || !keep_alive {
+            return;
+        }
+    }
+}
+
+fn answer(
+    stream: &mut forkpool::Stream,
+    request: &Request,
+    worker: &forkpool::WorkerInfo,
+    options: &DemoOptions,
+) -> io::Result<()> {
+    if request.method != "GET" && request.method != "HEAD" {
+        return respond(stream, 405, "only GET and HEAD are served\n", false, worker);
+    }
+    let query = request.query.as_deref();
+    let millis = |key| -> Result<u64, String> {
+        match query_value(query, key) {
+            None => Ok(0),
+            Some(v) => v
+                .parse::<u64>()
+                .map(|n| n.min(MAX_SIMULATED_MS))
+                .map_err(|_| format!("{key} must be a whole number of milliseconds, got '{v}'\n")),
+        }
+    };
+    let (work, cpu) = match (millis("work_ms"), millis("cpu_ms")) {
+        (Ok(w), Ok(c)) => (w, c),
+        (Err(why), _) | (_, Err(why)) => return respond(stream, 400, &why, false, worker),
+    };
+    if options.chaos {
+        if let Some(what) = query_value(query, "chaos") {
+            super::chaos::inject(what, worker);
+        }
+    }
+    if cpu > 0 {
+        burn_cpu(Duration::from_millis(cpu));
+    }
+    if work > 0 {
+        std::thread::sleep(Duration::from_millis(work));
+    }
+    let body = if request.method == "HEAD" {
+        ""
+    } else {
+        "hello\n"
+    };
+    respond_with_body(stream, 200, body, BODY.len(), request.keep_alive, worker)
+}
+
+fn burn_cpu(duration: Duration) {
+    let start = Instant::now();
+    let mut x: u64 = 1;
+    while start.elapsed() < duration {
+        for _ in 0..1000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
+fn respond(
+    stream: &mut forkpool::Stream,
+    status: u16,
+    body: &str,
+    keep_alive: bool,
+    worker: &forkpool::WorkerInfo,
+) -> io::Result<()> {
+    respond_with_body(stream, status, body, body.len(), keep_alive, worker)
+}
+
+fn respond_with_body(
+    stream: &mut forkpool::Stream,
+    status: u16,
+    body: &str,
+    content_length: usize,
+    keep_alive: bool,
+    worker: &forkpool::WorkerInfo,
+) -> io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let connection = if keep_alive { "keep-alive" } else { "close" };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {content_length}\r\n\
+         X-Forkpool-Slot: {}\r\nX-Forkpool-Pid: {}\r\nConnection: {connection}\r\n\r\n{body}",
+        worker.slot, worker.pid
+    );
+    stream.write_all(response.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_keep_alive_get_with_query() {
+        let Parsed::Complete(req, n) =
+            parse_request(b"GET /?work_ms=5 HTTP/1.1\r\nHost: x\r\n\r\nrest")
+        else {
+            panic!("should parse");
+        };
+        assert_eq!(n, 37);
+        assert_eq!(req.path, "/");
+        assert_eq!(req.query.as_deref(), Some("work_ms=5"));
+        assert!(req.keep_alive);
+    }
+
+    #[test]
+    fn http10_and_connection_close_do_not_keep_alive() {
+        let Parsed::Complete(req, _) = parse_request(b"GET / HTTP/1.0\r\n\r\n") else {
+            panic!()
+        };
+        assert!(!req.keep_alive);
+        let Parsed::Complete(req, _) =
+            parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        else {
+            panic!()
+        };
+        assert!(!req.keep_alive);
+    }
+
+    #[test]
+    fn partial_and_invalid_heads() {
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Parsed::Partial);
+        assert!(matches!(
+            parse_request(b"\x00\x01garbage\r\n\r\n"),
+            Parsed::Invalid(_)
+        ));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
+            Parsed::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn query_values() {
+        assert_eq!(query_value(Some("a=1&work_ms=20"), "work_ms"), Some("20"));
+        assert_eq!(query_value(Some("a=1"), "work_ms"), None);
+        assert_eq!(query_value(None, "work_ms"), None);
+    }
+}

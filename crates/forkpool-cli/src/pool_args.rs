@@ -1,0 +1,73 @@
+//! The pool options shared by every subcommand that runs a pool.
+
+use std::time::Duration;
+
+use clap::Args;
+use forkpool::config::parse_duration;
+use forkpool::{DispatchMode, PoolConfig};
+
+/// Pool sizing, liveness and shutdown options. Unset options keep
+/// [`PoolConfig::default`]'s values.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PoolArgs {
+    /// How connections reach children: handoff, order or shared.
+    #[arg(long, value_name = "MODE")]
+    pub dispatch: Option<DispatchMode>,
+    /// Never fewer children than this [default: 2].
+    #[arg(long, value_name = "N")]
+    pub min_children: Option<u32>,
+    /// Never more children than this [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_children: Option<u32>,
+    /// Spawn while fewer children than this are idle [default: 2].
+    #[arg(long, value_name = "N")]
+    pub min_spare: Option<u32>,
+    /// Retire while more children than this are idle [default: 8].
+    #[arg(long, value_name = "N")]
+    pub max_spare: Option<u32>,
+    /// Replace a child after this many connections; 0 = never [default: 0].
+    #[arg(long, value_name = "N")]
+    pub max_requests_per_child: Option<u64>,
+    /// Ping idle children this often [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ping_interval: Option<Duration>,
+    /// Kill a child that does not answer a ping within this [default: 2s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ping_timeout: Option<Duration>,
+    /// On shutdown, give busy children this long [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub shutdown_timeout: Option<Duration>,
+    /// Surplus idle children must last this long before retiring [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub retire_grace: Option<Duration>,
+    /// The listen backlog [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub backlog: Option<u32>,
+}
+
+impl PoolArgs {
+    /// Applies the options that were given on top of `config`.
+    pub fn apply(&self, mut config: PoolConfig) -> PoolConfig {
+        macro_rules! set {
+            ($($field:ident),*) => {$(
+                if let Some(value) = self.$field {
+                    config.$field = value;
+                }
+            )*};
+        }
+        set!(
+            dispatch,
+            min_children,
+            max_children,
+            min_spare,
+            max_spare,
+            max_requests_per_child,
+            ping_interval,
+            ping_timeout,
+            shutdown_timeout,
+            retire_grace,
+            backlog
+        );
+        config
+    }
+}

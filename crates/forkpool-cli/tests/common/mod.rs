@@ -1,0 +1,301 @@
+//! Test harness: runs the real `forkpool` binary as a subprocess on
+//! loopback, reads its logs as they come, and cleans up every process it
+//! started, by pid, whatever happens to the test.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Lines a process printed, with a condition variable to wait on new ones.
+#[derive(Default)]
+pub struct Lines {
+    lines: Mutex<Vec<String>>,
+    grew: Condvar,
+}
+
+impl Lines {
+    fn push(&self, line: String) {
+        self.lines.lock().unwrap().push(line);
+        self.grew.notify_all();
+    }
+
+    /// Waits until `count` lines contain `needle`; false on timeout.
+    pub fn wait_for_count(&self, needle: &str, count: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut lines = self.lines.lock().unwrap();
+        loop {
+            if lines.iter().filter(|l| l.contains(needle)).count() >= count {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            lines = self.grew.wait_timeout(lines, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Waits for one line containing `needle`.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        self.wait_for_count(needle, 1, timeout)
+    }
+
+    /// How many lines so far contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Everything so far, for failure messages.
+    pub fn dump(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+fn collect(stream: impl Read + Send + 'static, into: Arc<Lines>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            match line {
+                Ok(line) => into.push(line),
+                Err(_) => break,
+            }
+        }
+    });
+}
+
+/// A running `forkpool demo`.
+pub struct DemoPool {
+    child: Option<Child>,
+    pub pid: i32,
+    pub addr: SocketAddr,
+    pub stdout: Arc<Lines>,
+    pub stderr: Arc<Lines>,
+    /// Every child pid ever seen, so Drop can kill leftovers.
+    seen_children: Mutex<Vec<i32>>,
+}
+
+pub fn forkpool_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_forkpool")
+}
+
+impl DemoPool {
+    /// Starts `forkpool demo --listen 127.0.0.1:0 ARGS` with debug logs.
+    pub fn start(args: &[&str]) -> DemoPool {
+        let mut child = Command::new(forkpool_bin())
+            .arg("demo")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("FORKPOOL_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start forkpool");
+        let pid = child.id() as i32;
+        let stdout = Arc::new(Lines::default());
+        let stderr = Arc::new(Lines::default());
+        collect(child.stdout.take().unwrap(), Arc::clone(&stdout));
+        collect(child.stderr.take().unwrap(), Arc::clone(&stderr));
+        let mut pool = DemoPool {
+            child: Some(child),
+            pid,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            stdout,
+            stderr,
+            seen_children: Mutex::new(Vec::new()),
+        };
+        assert!(
+            pool.stdout
+                .wait_for("forkpool: listening on", Duration::from_secs(10)),
+            "pool did not start; stderr:\n{}",
+            pool.stderr.dump()
+        );
+        let line = pool
+            .stdout
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("listening on"))
+            .cloned()
+            .unwrap();
+        pool.addr = line
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .expect("listening address");
+        pool
+    }
+
+    /// The supervisor's current children, from /proc.
+    pub fn children(&self) -> Vec<i32> {
+        let path = format!("/proc/{0}/task/{0}/children", self.pid);
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let pids: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        let mut seen = self.seen_children.lock().unwrap();
+        for p in &pids {
+            if !seen.contains(p) {
+                seen.push(*p);
+            }
+        }
+        pids
+    }
+
+    /// Polls the child count (there is no event for it) until `cond` holds.
+    pub fn wait_children(&self, timeout: Duration, cond: impl Fn(usize) -> bool) -> bool {
+        self.wait_child_pids(timeout, |pids| cond(pids.len()))
+    }
+
+    /// Polls the list of child pids until `cond` holds.
+    pub fn wait_child_pids(&self, timeout: Duration, cond: impl Fn(&[i32]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if cond(&self.children()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends a signal to the supervisor.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY-free: nix is not a dev-dependency here; use the kill command.
+        let status = Command::new("kill")
+            .args([format!("-{sig}"), self.pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the supervisor to exit; returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A `GET` with `Connection: close`.
+    pub fn get(&self, path: &str) -> Result<Response, String> {
+        get(self.addr, path)
+    }
+}
+
+impl Drop for DemoPool {
+    fn drop(&mut self) {
+        let _ = self.children();
+        for pid in self.seen_children.lock().unwrap().iter() {
+            kill9(*pid);
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// SIGKILL by pid, ignoring a process that is already gone.
+pub fn kill9(pid: i32) {
+    let _ = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Sends a signal by name or number to any pid.
+pub fn signal_pid(pid: i32, sig: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+/// A parsed response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub slot: Option<usize>,
+    pub pid: Option<i32>,
+    pub body: String,
+}
+
+/// One `GET` on a fresh connection, with a 20 s bound.
+pub fn get(addr: SocketAddr, path: &str) -> Result<Response, String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = String::new();
+    stream
+        .read_to_string(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    parse_response(&raw)
+}
+
+pub fn parse_response(raw: &str) -> Result<Response, String> {
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("incomplete response: {raw:?}"))?;
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line: {raw:?}"))?;
+    let mut slot = None;
+    let mut pid = None;
+    for line in lines {
+        if let Some((name, value)) = line.split_once(':') {
+            match name.to_ascii_lowercase().as_str() {
+                "x-forkpool-slot" => slot = value.trim().parse().ok(),
+                "x-forkpool-pid" => pid = value.trim().parse().ok(),
+                _ => {}
+            }
+        }
+    }
+    Ok(Response {
+        status,
+        slot,
+        pid,
+        body: body.to_string(),
+    })
+}
+
+/// Runs `n` requests at once on threads and returns their results.
+pub fn concurrent_gets(addr: SocketAddr, path: &str, n: usize) -> Vec<Result<Response, String>> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let path = path.to_string();
+            std::thread::spawn(move || get(addr, &path))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}

@@ -1,0 +1,169 @@
+//! Children that crash, hang, lie or wear out are replaced; the supervisor
+//! keeps serving.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{concurrent_gets, kill9, signal_pid, DemoPool};
+
+#[test]
+fn killed_busy_child_is_replaced_and_backlog_is_not_lost() {
+    let pool = DemoPool::start(&[
+        "--min-children",
+        "2",
+        "--max-children",
+        "2",
+        "--min-spare",
+        "0",
+        "--max-spare",
+        "2",
+    ]);
+    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 2));
+    let addr = pool.addr;
+    // Two slow requests occupy both children...
+    let slow = std::thread::spawn(move || concurrent_gets(addr, "/?work_ms=1500", 2));
+    assert!(pool
+        .stderr
+        .wait_for_count("connection handed off", 2, Duration::from_secs(5)));
+    // ...so these four wait in the kernel backlog.
+    let queued = std::thread::spawn(move || concurrent_gets(addr, "/?work_ms=10", 4));
+    let victim = pool.children()[0];
+    kill9(victim);
+    assert!(pool
+        .stderr
+        .wait_for("child died unexpectedly", Duration::from_secs(5)));
+    let queued = queued.join().unwrap();
+    for r in &queued {
+        let r = r.as_ref().expect("a backlog connection was lost");
+        assert_eq!(r.status, 200);
+        assert_ne!(r.pid, Some(victim));
+    }
+    let slow = slow.join().unwrap();
+    assert_eq!(slow.iter().filter(|r| r.is_ok()).count(), 1, "{slow:?}");
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 2 && !pids.contains(&victim)
+    }));
+}
+
+#[test]
+fn killed_idle_child_is_replaced() {
+    let pool = DemoPool::start(&["--min-children", "3"]);
+    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 3));
+    let before = pool.children();
+    kill9(before[1]);
+    assert!(pool
+        .stderr
+        .wait_for("child died unexpectedly", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for_count("child spawned", 4, Duration::from_secs(5)));
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 3 && !pids.contains(&before[1])
+    }));
+    assert_eq!(pool.get("/").unwrap().status, 200);
+}
+
+#[test]
+fn child_writing_garbage_is_killed_and_replaced() {
+    let pool = DemoPool::start(&["--chaos", "--min-children", "2"]);
+    let r = pool.get("/?chaos=garbage").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(pool.stderr.wait_for(
+        "sent a malformed message: unknown message kind 'Z'",
+        Duration::from_secs(5)
+    ));
+    let victim = r.pid.unwrap();
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 2 && !pids.contains(&victim)
+    }));
+    for _ in 0..5 {
+        assert_eq!(pool.get("/").unwrap().status, 200);
+    }
+}
+
+#[test]
+fn child_that_exits_or_panics_mid_request_is_replaced() {
+    let pool = DemoPool::start(&["--chaos", "--min-children", "2"]);
+    assert!(
+        pool.get("/?chaos=exit").is_err(),
+        "the request dies with its child"
+    );
+    assert!(pool
+        .stderr
+        .wait_for("exit status 3", Duration::from_secs(5)));
+    assert!(pool.get("/?chaos=panic").is_err());
+    assert!(pool
+        .stderr
+        .wait_for("the handler panicked", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for_count("child died unexpectedly", 2, Duration::from_secs(5)));
+    assert_eq!(pool.get("/").unwrap().status, 200);
+}
+
+#[test]
+fn hung_child_is_killed_after_missing_a_ping() {
+    let pool = DemoPool::start(&[
+        "--min-children",
+        "2",
+        "--ping-interval",
+        "200ms",
+        "--ping-timeout",
+        "300ms",
+    ]);
+    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 2));
+    let victim = pool.children()[1];
+    signal_pid(victim, "STOP");
+    assert!(
+        pool.stderr
+            .wait_for("did not answer a ping within", Duration::from_secs(5)),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
+        pids.len() == 2 && !pids.contains(&victim)
+    }));
+    assert_eq!(pool.get("/").unwrap().status, 200);
+}
+
+#[test]
+fn max_requests_per_child_recycles_children() {
+    let pool = DemoPool::start(&["--min-children", "1", "--max-requests-per-child", "3"]);
+    let mut pids = Vec::new();
+    for _ in 0..9 {
+        let r = pool.get("/").unwrap();
+        assert_eq!(r.status, 200);
+        pids.push(r.pid.unwrap());
+    }
+    let distinct: BTreeSet<i32> = pids.iter().copied().collect();
+    assert!(distinct.len() >= 3, "children should be recycled: {pids:?}");
+    // No child served more than three connections.
+    for pid in &distinct {
+        assert!(pids.iter().filter(|p| *p == pid).count() <= 3, "{pids:?}");
+    }
+    assert!(pool
+        .stderr
+        .wait_for("(max_requests_per_child)", Duration::from_secs(5)));
+}
+
+#[test]
+fn children_exit_when_the_supervisor_dies() {
+    let pool = DemoPool::start(&["--min-children", "3"]);
+    assert!(pool.wait_children(Duration::from_secs(5), |n| n == 3));
+    let children = pool.children();
+    kill9(pool.pid);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    while children.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survivors: Vec<_> = children.iter().filter(|p| alive(**p)).collect();
+    assert!(
+        survivors.is_empty(),
+        "orphaned children still running: {survivors:?}"
+    );
+}

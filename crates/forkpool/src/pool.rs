@@ -1,0 +1,169 @@
+//! The library's entry point: listeners + config + handler, then [`Pool::run`].
+//!
+//! ```no_run
+//! use std::io::Write;
+//! use forkpool::{Pool, PoolConfig};
+//!
+//! let mut pool = Pool::new(PoolConfig::default());
+//! pool.listen(&"127.0.0.1:8080".parse().unwrap()).unwrap();
+//! let totals = pool
+//!     .run(|mut conn: forkpool::Connection<'_>| {
+//!         let _ = conn.stream.write_all(b"hello from a child\n");
+//!     })
+//!     .unwrap();
+//! println!("served {} connections", totals.accepted);
+//! ```
+
+use std::fmt;
+use std::io;
+
+use crate::config::{ConfigError, PoolConfig};
+use crate::listener::{ListenAddr, Listener};
+use crate::status::Totals;
+use crate::supervisor::{Exit, Supervisor};
+use crate::sys::process;
+use crate::worker::{self, Handler};
+
+/// A pool that has not started yet.
+#[derive(Debug)]
+pub struct Pool {
+    config: PoolConfig,
+    listeners: Vec<Listener>,
+}
+
+/// Why a pool could not run.
+#[derive(Debug)]
+pub enum PoolError {
+    /// The configuration cannot work.
+    Config(ConfigError),
+    /// The pool has no listener to serve.
+    NoListeners,
+    /// The process has more than one thread, so it must not fork.
+    NotSingleThreaded(usize),
+    /// A system call failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::Config(e) => write!(f, "invalid configuration: {e}"),
+            PoolError::NoListeners => {
+                write!(f, "the pool has no listener: add one with Pool::listen")
+            }
+            PoolError::NotSingleThreaded(n) => write!(
+                f,
+                "the process has {n} threads, but a pool can only fork from a \
+                 single-threaded process (a child would inherit locks held by \
+                 threads that do not exist in it): start no threads before Pool::run, \
+                 or start them inside the handler"
+            ),
+            PoolError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+impl From<io::Error> for PoolError {
+    fn from(e: io::Error) -> Self {
+        PoolError::Io(e)
+    }
+}
+
+impl Pool {
+    /// A pool with this configuration and no listeners yet.
+    pub fn new(config: PoolConfig) -> Pool {
+        Pool {
+            config,
+            listeners: Vec::new(),
+        }
+    }
+
+    /// Binds a listener now (so a port of 0 resolves) and returns the
+    /// address actually bound. Listeners are numbered in the order added.
+    pub fn listen(&mut self, addr: &ListenAddr) -> io::Result<ListenAddr> {
+        let listener = Listener::bind(addr, self.config.backlog)?;
+        let bound = listener.local_addr().clone();
+        self.listeners.push(listener);
+        Ok(bound)
+    }
+
+    /// Adds a listener bound elsewhere (inherited, for instance).
+    pub fn add_listener(&mut self, listener: Listener) {
+        self.listeners.push(listener);
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// Runs the pool until it is told to stop (SIGTERM, SIGINT, SIGQUIT) and
+    /// returns the supervisor's totals.
+    ///
+    /// Children are forked from this process, so everything loaded before
+    /// this call is shared copy-on-write; the process must be
+    /// single-threaded. In a child this function never returns: the child
+    /// serves connections with `handler` and exits.
+    pub fn run<H: Handler>(self, mut handler: H) -> Result<Totals, PoolError> {
+        self.config.validate().map_err(PoolError::Config)?;
+        if self.listeners.is_empty() {
+            return Err(PoolError::NoListeners);
+        }
+        let threads = process::thread_count()?;
+        if threads != 1 {
+            return Err(PoolError::NotSingleThreaded(threads));
+        }
+        let supervisor = Supervisor::new(self.config, self.listeners)?;
+        match supervisor.run()? {
+            Exit::Done(totals) => Ok(totals),
+            Exit::Child(start) => {
+                let code = worker::run_child(start, &mut handler);
+                std::process::exit(code)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_to_fork_from_a_threaded_process() {
+        // The test harness runs tests on threads, so this process has
+        // several: exactly the situation the check exists for.
+        let _keep = std::thread::spawn(std::thread::park);
+        let mut pool = Pool::new(PoolConfig::default());
+        pool.listen(&"127.0.0.1:0".parse().unwrap()).unwrap();
+        let err = pool.run(|_c: crate::Connection<'_>| {}).unwrap_err();
+        assert!(matches!(err, PoolError::NotSingleThreaded(n) if n > 1));
+        assert!(err.to_string().contains("single-threaded"));
+    }
+
+    #[test]
+    fn refuses_an_invalid_config_before_anything_else() {
+        let config = PoolConfig {
+            min_spare: 8,
+            max_spare: 4,
+            ..PoolConfig::default()
+        };
+        let err = Pool::new(config)
+            .run(|_c: crate::Connection<'_>| {})
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: min_spare 8 is above max_spare 4; \
+             lower min_spare or raise max_spare"
+        );
+    }
+
+    #[test]
+    fn refuses_to_run_without_listeners() {
+        let err = Pool::new(PoolConfig::default())
+            .run(|_c: crate::Connection<'_>| {})
+            .unwrap_err();
+        assert!(matches!(err, PoolError::NoListeners));
+    }
+}

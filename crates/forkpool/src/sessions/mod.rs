@@ -1,0 +1,135 @@
+//! Many long conversations, few threads: libmilter's "pool of workers".
+//!
+//! # The model
+//!
+//! A mail filter or a line protocol spends almost all of a connection's life
+//! waiting for the peer's next command, and only a few milliseconds working.
+//! Giving each connection its own thread keeps a thread (and its stack)
+//! asleep per connection. Here instead:
+//!
+//! - The state of a conversation lives in the user's own struct, a
+//!   [`Session`], not on a thread's stack.
+//! - One *dispatcher* thread watches the sockets of every waiting session
+//!   with a single `mio` poll. When a socket becomes readable, that session
+//!   is *ready*.
+//! - A fixed crew of *worker* threads ([`SessionConfig::workers`]) runs ready
+//!   sessions one [`Session::step`] at a time. A step reads what has
+//!   arrived, answers, and returns a [`Step`] saying what next: wait for more
+//!   input, run again, or close.
+//! - A worker hands the session back to the dispatcher and wakes it through
+//!   a `mio::Waker`, so the socket is watched again at once: the dispatcher
+//!   never polls with a timeout to notice returns, and sleeps for good while
+//!   nothing happens (unless an idle timeout is due).
+//!
+//! ```text
+//!   add(stream) ─┐                          ┌──────────────┐
+//!   listener ────┴─> dispatcher ─ job ─────>│ worker 0..N  │── hook runs
+//!                    (poll, ledger) <─ back ─│ (fixed crew) │   one step
+//!                       ^   waker           └──────────────┘
+//!                       └─ socket readable: session ready
+//! ```
+//!
+//! Each session is in exactly one place at a time: parked in the
+//! dispatcher's ledger, queued as ready, or held by one worker. It moves by
+//! value, so two workers can never run it at once. At most `workers` jobs
+//! are handed out at a time; further ready sessions wait in the dispatcher's
+//! ready queue (oldest first), which is bounded by
+//! [`SessionConfig::max_sessions`] since a session is queued at most once.
+//!
+//! # Guarantees
+//!
+//! - [`Session::on_close`] runs exactly once per opened session, whatever
+//!   ended it: its own [`Step::Close`], an I/O error, a panic in one of its
+//!   hooks, the idle timeout, or shutdown.
+//! - A panic in a hook closes that session only; the worker thread catches
+//!   it and goes on, so the crew keeps its size.
+//! - The number of open sessions never exceeds the cap. What happens to one
+//!   more is the [`CapPolicy`]: leave it in the kernel's backlog (or block
+//!   [`SessionPool::add`]), or refuse it with a line written by
+//!   [`Session::refuse`].
+//! - [`SessionPool::open_sessions`] and [`SessionConfig::on_load`] report the
+//!   load, for a preforked child to pass on to its supervisor.
+//!
+//! # Feeding the pool
+//!
+//! [`SessionPool::add`] takes a connection accepted elsewhere — in a
+//! preforked child, one received from the parent. [`SessionPool::serve`]
+//! lets the dispatcher accept from a listener itself.
+//!
+//! # Example
+//!
+//! An echo service: the session's state is empty, each step echoes what has
+//! arrived and waits for more.
+//!
+//! ```
+//! use std::io::{self, Read, Write};
+//! use std::net::{TcpListener, TcpStream};
+//! use std::sync::Arc;
+//!
+//! use forkpool::sessions::{Session, SessionConfig, SessionPool, SessionStream, Step};
+//!
+//! struct Echo;
+//!
+//! impl Session for Echo {
+//!     type Context = ();
+//!
+//!     fn open(_context: &Arc<()>, _stream: &SessionStream) -> Self {
+//!         Echo
+//!     }
+//!
+//!     fn step(&mut self, stream: &mut SessionStream) -> io::Result<Step> {
+//!         let mut buf = [0; 4096];
+//!         loop {
+//!             match stream.read(&mut buf) {
+//!                 Ok(0) => return Ok(Step::Close),
+//!                 // Short replies fit the socket's buffer; a real protocol
+//!                 // keeps what it could not write (see `line_demo`).
+//!                 Ok(n) => stream.write_all(&buf[..n])?,
+//!                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Wait),
+//!                 Err(e) => return Err(e),
+//!             }
+//!         }
+//!     }
+//! }
+//!
+//! let pool = SessionPool::<Echo>::start(SessionConfig::default(), ())?;
+//! let listener = TcpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! pool.serve(listener)?;
+//!
+//! let mut client = TcpStream::connect(addr)?;
+//! client.write_all(b"hello")?;
+//! let mut reply = [0; 5];
+//! client.read_exact(&mut reply)?;
+//! assert_eq!(&reply, b"hello");
+//! pool.shutdown();
+//! # Ok::<(), io::Error>(())
+//! ```
+//!
+//! # Differences from the libmilter design
+//!
+//! The slides' first version started a worker per ready session when none
+//! was idle, so the thread count was unbounded; the second bounded it with a
+//! semaphore-guarded queue. This pool keeps the bound and adds what the
+//! slides left open: the dispatcher is interrupted by a waker instead of a
+//! 200–500 ms poll timeout, and ready sessions beyond the crew wait in the
+//! dispatcher's own queue rather than a second, blocking one.
+//!
+//! [`line_demo`] is a small protocol built on all this, the one `forkpool
+//! demo --sessions` serves.
+
+mod config;
+mod dispatcher;
+pub mod line_demo;
+mod load;
+mod messages;
+mod pool;
+mod session;
+mod stream;
+mod table;
+mod workers;
+
+pub use config::{CapPolicy, LoadHook, SessionConfig, MAX_NAME_LEN, MAX_WORKERS};
+pub use pool::{Admission, SessionPool};
+pub use session::{CloseReason, Session, Step};
+pub use stream::{SessionListener, SessionStream};

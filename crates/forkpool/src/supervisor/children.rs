@@ -1,0 +1,177 @@
+//! The verbs that change which children exist: spawn, reap, retire, kill.
+
+use std::io;
+use std::time::Instant;
+
+use nix::sys::signal::Signal;
+use tracing::{debug, info, warn};
+
+use super::{ChildLink, Supervisor, RESOURCE_BACKOFF};
+use crate::channel::Channel;
+use crate::protocol::ParentMessage;
+use crate::scoreboard::SlotState;
+use crate::status::KillReason;
+use crate::sys::process::{self, Forked};
+use crate::worker::ChildStart;
+
+impl Supervisor {
+    /// Forks one child into the lowest free slot. In the child, returns what
+    /// the worker needs; in the parent, `None`.
+    pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
+        let (ours, theirs) = match Channel::pair() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
+                return Ok(None);
+            }
+        };
+        let slot = self.board.lowest_free();
+        let parent_pid = std::process::id() as i32;
+        // Anything buffered would be written twice, once by each process.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        match process::fork() {
+            Ok(Forked::Child) => {
+                drop(ours);
+                process::reset_child_signals()?;
+                process::die_with_parent(parent_pid)?;
+                Ok(Some(ChildStart {
+                    slot,
+                    generation: self.generation,
+                    channel: theirs,
+                    mode: self.config.dispatch,
+                    listener_is_tcp: Vec::new(),
+                    listeners: Vec::new(),
+                }))
+            }
+            Ok(Forked::Parent(pid)) => {
+                drop(theirs);
+                self.register_channel(slot, &ours)?;
+                self.board.occupy(slot, pid, self.generation, now);
+                if self.links.len() <= slot {
+                    self.links.resize_with(slot + 1, || None);
+                }
+                self.links[slot] = Some(ChildLink {
+                    channel: ours,
+                    ping: None,
+                    late_pong: None,
+                    ordered_on: None,
+                    leaving: None,
+                    leave_deadline: None,
+                    channel_closed: false,
+                });
+                self.totals.spawned += 1;
+                info!(slot, pid, generation = self.generation, "child spawned");
+                Ok(None)
+            }
+            Err(e) => {
+                let hint = match e.raw_os_error() {
+                    Some(libc::EAGAIN) => {
+                        "; the process limit is reached: raise `ulimit -u` (or TasksMax) \
+                         or lower max_children"
+                    }
+                    Some(libc::ENOMEM) => "; out of memory: lower max_children",
+                    _ => "",
+                };
+                self.resource_backoff(now, format!("fork failed: {e}{hint}"));
+                Ok(None)
+            }
+        }
+    }
+
+    fn resource_backoff(&mut self, now: Instant, why: String) {
+        warn!("{why}; trying again in {RESOURCE_BACKOFF:?}");
+        self.spawn_blocked_until = Some(now + RESOURCE_BACKOFF);
+    }
+
+    /// Collects every child that has exited and frees its slot.
+    pub(super) fn reap_children(&mut self, _now: Instant) -> io::Result<()> {
+        while let Some((pid, status)) = process::reap_one()? {
+            let Some(slot) = self.board.slot_of_pid(pid) else {
+                debug!(pid, %status, "reaped a process that held no slot");
+                continue;
+            };
+            let link = self.links[slot].take();
+            let state = self.board.get(slot).map(|s| s.state);
+            let served = self.board.get(slot).map_or(0, |s| s.served);
+            match link.as_ref().and_then(|l| l.leaving.as_deref()) {
+                Some(reason) if state == Some(SlotState::Killed) => {
+                    info!(slot, pid, %status, served, "killed child reaped ({reason})");
+                }
+                Some(reason) => {
+                    info!(slot, pid, %status, served, "child exited ({reason})");
+                }
+                None => {
+                    self.totals.died += 1;
+                    warn!(
+                        slot,
+                        pid,
+                        %status,
+                        served,
+                        "child died unexpectedly; a replacement will be started"
+                    );
+                }
+            }
+            if let Some(link) = link {
+                self.release_order(&link);
+                self.deregister_channel(&link.channel);
+            }
+            self.board.vacate(slot);
+        }
+        Ok(())
+    }
+
+    /// Tells a child to finish its connection, if any, and exit.
+    pub(crate) fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
+        let Some(link) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if link.leaving.is_some() {
+            return;
+        }
+        link.leaving = Some(reason.to_string());
+        link.leave_deadline = Some(now + self.config.shutdown_timeout);
+        let sent = link.channel.send_to_child(ParentMessage::Quit, None);
+        let _ = self.board.retire(slot, now);
+        self.totals.retired += 1;
+        let pid = self.board.get(slot).map_or(0, |s| s.pid);
+        debug!(slot, pid, "retiring child: {reason}");
+        if let Err(e) = sent {
+            self.kill(slot, KillReason::ChannelFailed, format!("cannot send quit: {e}"), now);
+        }
+    }
+
+    /// SIGKILLs a child and marks its slot; it is reaped by the loop.
+    pub(crate) fn kill(&mut self, slot: usize, why: KillReason, detail: String, now: Instant) {
+        let Some(entry) = self.board.get(slot) else {
+            return;
+        };
+        if entry.state == SlotState::Killed {
+            return;
+        }
+        let pid = entry.pid;
+        warn!(slot, pid, reason = why.key(), "killing child: {detail}");
+        if let Err(e) = process::send_signal(pid, Signal::SIGKILL) {
+            warn!(slot, pid, "kill failed: {e}");
+        }
+        let _ = self.board.kill(slot, now);
+        self.totals.killed += 1;
+        self.totals.killed_by.add(why);
+        if let Some(link) = self.links[slot].as_mut() {
+            link.leaving = Some(detail);
+            link.leave_deadline = None;
+            link.ping = None;
+            let ordered = link.ordered_on.take();
+            if let Some(i) = ordered {
+                self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
+            }
+        }
+    }
+
+    fn release_order(&mut self, link: &ChildLink) {
+        if let Some(i) = link.ordered_on {
+            self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
+        }
+    }
+}

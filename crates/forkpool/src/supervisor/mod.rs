@@ -1,0 +1,500 @@
+//! The parent: one thread, one event loop, never blocked on a child.
+//!
+//! [`Supervisor::run`] is the whole life of the parent. Each turn it waits
+//! for something to happen (a listener readable, a child's report, a signal,
+//! or the next deadline), handles it, then lets the scaling policy look at
+//! the pool and carries out what it says. Every step is a named verb in one
+//! of the files beside this one:
+//! - `children.rs`: spawn, reap, retire, kill;
+//! - `reports.rs`: what a child's message means for its slot;
+//! - `liveness.rs`: pings, start and stop deadlines;
+//! - `signals.rs`: signal flags and the self-pipe that wakes the loop.
+//!
+//! How a connection reaches a child is in [`crate::dispatch`]; how many
+//! children there should be is [`crate::scaling::decide`].
+
+mod children;
+mod liveness;
+mod reload;
+mod reports;
+mod signals;
+
+pub use reload::ReloadSource;
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use tracing::{info, warn};
+
+use crate::channel::Channel;
+use crate::config::PoolConfig;
+use crate::listener::Listener;
+use crate::scaling::{self, Decision, PoolCounts, ScalingMemory};
+use crate::scoreboard::Scoreboard;
+use crate::status::{KillReason, Totals};
+use crate::worker::ChildStart;
+
+use signals::{SignalPipe, Signals};
+
+const SIGNAL_TOKEN: Token = Token(usize::MAX - 1);
+const CHILD_TOKEN_BASE: usize = 1 << 20;
+
+/// How often, at most, the "child states" line and the max-children warning
+/// are logged.
+const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
+const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// After a failed fork or accept for lack of resources, wait this long.
+const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The supervisor's side of one child.
+#[derive(Debug)]
+pub(crate) struct ChildLink {
+    pub channel: Channel,
+    /// The ping we are waiting on: its sequence number and when it was sent.
+    pub ping: Option<(u32, Instant)>,
+    /// A ping that crossed a `Busy` report; its pong is still welcome.
+    pub late_pong: Option<u32>,
+    /// In `order` dispatch, the listener the child was told to accept from.
+    pub ordered_on: Option<usize>,
+    /// Why the child is on its way out, once it is.
+    pub leaving: Option<String>,
+    /// When to SIGKILL a leaving child that has not exited.
+    pub leave_deadline: Option<Instant>,
+    /// The channel closed; the process should be reaped soon.
+    pub channel_closed: bool,
+}
+
+/// A listener and whether the loop is watching it.
+#[derive(Debug)]
+pub(crate) struct WatchedListener {
+    pub listener: Listener,
+    /// Registered with the poll (handoff and order dispatch only).
+    pub watched: bool,
+    /// Accept paused until this time after running out of descriptors.
+    pub resume_at: Option<Instant>,
+    /// `order` dispatch: accept orders sent and not yet answered.
+    pub orders_out: u32,
+    /// Look at this listener in this turn's dispatch pass.
+    pub recheck: bool,
+}
+
+/// How the loop ended.
+pub(crate) enum Exit {
+    /// The pool shut down; these are its totals.
+    Done(Totals),
+    /// This process is a freshly forked child and must run the worker.
+    Child(ChildStart),
+}
+
+/// The shutdown in progress, if any.
+#[derive(Debug, Clone, Copy)]
+struct Shutdown {
+    deadline: Instant,
+}
+
+/// The parent process's state.
+pub(crate) struct Supervisor {
+    pub config: PoolConfig,
+    poll: Poll,
+    pub listeners: Vec<WatchedListener>,
+    pub board: Scoreboard,
+    pub links: Vec<Option<ChildLink>>,
+    /// Connections accepted whose child died before it could take them;
+    /// the next idle child gets them first.
+    pub parked: VecDeque<(usize, OwnedFd)>,
+    pub totals: Totals,
+    pub generation: u32,
+    memory: ScalingMemory,
+    signals: Signals,
+    signal_pipe: SignalPipe,
+    shutdown: Option<Shutdown>,
+    pub ping_seq: u32,
+    spawn_blocked_until: Option<Instant>,
+    /// Reads the configuration again on SIGHUP.
+    pub reload_source: Option<ReloadSource>,
+    /// Since when the pool has been at `max_children` with no idle child.
+    saturated_since: Option<Instant>,
+    last_saturated_log: Option<Instant>,
+    /// When the scoreboard line was last logged, and at which change count.
+    scoreboard_logged: (Option<Instant>, u64),
+}
+
+impl Supervisor {
+    pub fn new(config: PoolConfig, listeners: Vec<Listener>) -> io::Result<Supervisor> {
+        let poll = Poll::new()?;
+        let signals = Signals::register()?;
+        let signal_pipe = signals.pipe()?;
+        poll.registry().register(
+            &mut SourceFd(&signal_pipe.as_raw_fd()),
+            SIGNAL_TOKEN,
+            Interest::READABLE,
+        )?;
+        let listeners = listeners
+            .into_iter()
+            .map(|listener| WatchedListener {
+                listener,
+                watched: false,
+                resume_at: None,
+                orders_out: 0,
+                recheck: false,
+            })
+            .collect();
+        Ok(Supervisor {
+            config,
+            poll,
+            listeners,
+            board: Scoreboard::new(),
+            links: Vec::new(),
+            parked: VecDeque::new(),
+            totals: Totals::default(),
+            generation: 1,
+            memory: ScalingMemory::default(),
+            signals,
+            signal_pipe,
+            shutdown: None,
+            ping_seq: 0,
+            spawn_blocked_until: None,
+            reload_source: None,
+            saturated_since: None,
+            last_saturated_log: None,
+            scoreboard_logged: (None, 0),
+        })
+    }
+
+    /// The parent's life: returns when the pool has shut down, or, in a
+    /// freshly forked child, at once with what the child needs.
+    pub fn run(mut self) -> io::Result<Exit> {
+        self.watch_listeners(Instant::now())?;
+        let mut events = Events::with_capacity(256);
+        let mut ready: Vec<Token> = Vec::with_capacity(256);
+        loop {
+            let now = Instant::now();
+            if let Some(start) = self.maintain_pool(now)? {
+                return Ok(Exit::Child(self.into_child(start)));
+            }
+            if self.finished() {
+                info!(totals = ?self.totals, "all children gone, supervisor exiting");
+                return Ok(Exit::Done(self.totals));
+            }
+            let timeout = self
+                .next_deadline(now)
+                .map(|d| d.saturating_duration_since(now));
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            ready.clear();
+            ready.extend(events.iter().map(|e| e.token()));
+            let now = Instant::now();
+            // Reports first: a child that just became idle should take the
+            // connection that woke us in the same turn.
+            for token in ready.iter().copied() {
+                match token {
+                    SIGNAL_TOKEN => self.handle_signals(now)?,
+                    Token(t) if t >= CHILD_TOKEN_BASE => {
+                        self.read_reports(t - CHILD_TOKEN_BASE, now)
+                    }
+                    Token(_) => {}
+                }
+            }
+            for token in ready.iter().copied() {
+                if token.0 < self.listeners.len() {
+                    self.listeners[token.0].recheck = true;
+                }
+            }
+            for i in 0..self.listeners.len() {
+                if std::mem::take(&mut self.listeners[i].recheck) && self.listeners[i].watched {
+                    self.dispatch(i, now);
+                }
+            }
+            let now = Instant::now();
+            if self.board.counts().idle > 0 {
+                self.rewatch_listeners(now);
+            }
+            self.check_liveness(now);
+            self.log_scoreboard(now);
+        }
+    }
+
+    /// Signals set flags in handlers; here is where they take effect.
+    fn handle_signals(&mut self, now: Instant) -> io::Result<()> {
+        self.signal_pipe.drain();
+        if self.signals.take_child_exited() {
+            self.reap_children(now)?;
+        }
+        if self.signals.take_reload() && self.shutdown.is_none() {
+            self.reload(now);
+        }
+        let spare_change = self.signals.take_spare_change();
+        if spare_change != 0 {
+            self.adjust_spare(spare_change);
+        }
+        if self.signals.take_quit() {
+            info!("SIGQUIT: stopping now");
+            self.stop_now(now);
+        }
+        let interrupts = self.signals.take_interrupts();
+        if interrupts > 0 && self.shutdown.is_some() {
+            info!("second interrupt: stopping now");
+            self.stop_now(now);
+        } else if interrupts > 1 {
+            info!("interrupted twice: stopping now");
+            self.stop_now(now);
+        } else if interrupts == 1 || self.signals.take_terminate() {
+            self.begin_shutdown(now);
+        }
+        Ok(())
+    }
+
+    /// Graceful stop: no new connections, idle children quit now, busy ones
+    /// after their connection, SIGKILL for stragglers at the deadline.
+    fn begin_shutdown(&mut self, now: Instant) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        let deadline = now + self.config.shutdown_timeout;
+        info!(
+            timeout = ?self.config.shutdown_timeout,
+            "shutting down: no new connections, waiting for busy children"
+        );
+        self.shutdown = Some(Shutdown { deadline });
+        self.unwatch_listeners();
+        if !self.parked.is_empty() {
+            warn!(
+                count = self.parked.len(),
+                "closing connections that were waiting for a child"
+            );
+            self.parked.clear();
+        }
+        let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
+        for slot in slots {
+            self.retire(slot, "shutdown", now);
+            if let Some(link) = self.links[slot].as_mut() {
+                link.leave_deadline = Some(deadline);
+            }
+        }
+    }
+
+    /// Immediate stop: SIGKILL every child; the loop reaps them and exits.
+    fn stop_now(&mut self, now: Instant) {
+        self.begin_shutdown(now);
+        let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
+        for slot in slots {
+            self.kill(slot, KillReason::ImmediateStop, "immediate stop".into(), now);
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.shutdown.is_some() && self.board.occupied() == 0
+    }
+
+    /// Asks the policy what to do and does it.
+    fn maintain_pool(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
+        if self.shutdown.is_some() {
+            return Ok(None);
+        }
+        let counts = self.board.counts();
+        // The backlog only matters when no child is idle: otherwise every
+        // waiting connection is about to be dispatched.
+        let queued = if counts.idle == 0 { self.queued() } else { 0 };
+        let pool = PoolCounts {
+            starting: counts.starting,
+            idle: counts.idle,
+            busy: counts.busy,
+            queued,
+        };
+        let at_ceiling = counts.idle == 0 && counts.live() >= self.config.max_children;
+        self.account_saturation(at_ceiling, now);
+        match scaling::decide(pool, &self.config, &mut self.memory, now) {
+            Decision::Hold => {}
+            Decision::Spawn(n) => {
+                if self.spawn_blocked_until.is_some_and(|t| now < t) {
+                    return Ok(None);
+                }
+                for _ in 0..n {
+                    if let Some(start) = self.spawn_child(now)? {
+                        return Ok(Some(start));
+                    }
+                    if self.spawn_blocked_until.is_some_and(|t| now < t) {
+                        break;
+                    }
+                }
+            }
+            Decision::Retire(n) => {
+                for _ in 0..n {
+                    if let Some(slot) = self.board.highest_idle() {
+                        self.retire(slot, "surplus idle child", now);
+                    }
+                }
+            }
+            Decision::Saturated => {
+                self.totals.saturated += 1;
+                let due = self
+                    .last_saturated_log
+                    .is_none_or(|t| now.duration_since(t) >= SATURATED_LOG_INTERVAL);
+                if due {
+                    self.last_saturated_log = Some(now);
+                    warn!(
+                        "reached max-children={}; connections are queuing in the backlog \
+                         (raise --max-children if the machine has room)",
+                        self.config.max_children
+                    );
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Adds the time spent at the ceiling to the totals.
+    fn account_saturation(&mut self, at_ceiling: bool, now: Instant) {
+        if let Some(since) = self.saturated_since.take() {
+            self.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
+        }
+        if at_ceiling {
+            self.saturated_since = Some(now);
+        }
+    }
+
+    /// Connections waiting in the listen backlogs, where the kernel says.
+    fn queued(&self) -> u32 {
+        self.listeners.iter().map(|l| l.listener.queued()).sum()
+    }
+
+    /// The earliest moment the loop must wake without an event.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let mut next = self.liveness_deadline();
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
+            }
+        };
+        consider(
+            self.memory
+                .retire_due_in(&self.config, now)
+                .map(|d| now + d),
+        );
+        consider(self.spawn_blocked_until);
+        consider(self.shutdown.map(|s| s.deadline));
+        consider(self.listeners.iter().filter_map(|l| l.resume_at).min());
+        consider(self.scoreboard_log_due());
+        if self.board.counts().idle == 0 && self.board.counts().live() > 0 {
+            // Saturated or starting: look at the backlog again soon.
+            consider(Some(now + Duration::from_millis(50)));
+        }
+        next
+    }
+
+    /// Logs the "child states" line when it changed, at most once per
+    /// interval; a change held back is logged when the interval ends.
+    fn log_scoreboard(&mut self, now: Instant) {
+        let changes = self.board.changes();
+        if changes == self.scoreboard_logged.1 || self.scoreboard_log_due().is_some_and(|t| now < t)
+        {
+            return;
+        }
+        info!("child states: {}", self.board.line());
+        self.scoreboard_logged = (Some(now), changes);
+    }
+
+    fn scoreboard_log_due(&self) -> Option<Instant> {
+        match self.scoreboard_logged {
+            (Some(at), changes) if changes != self.board.changes() => {
+                Some(at + SCOREBOARD_LOG_INTERVAL)
+            }
+            _ => None,
+        }
+    }
+
+    /// In a freshly forked child: keep what the worker needs, close the rest.
+    fn into_child(mut self, mut start: ChildStart) -> ChildStart {
+        let listeners = std::mem::take(&mut self.listeners);
+        start.listener_is_tcp = listeners.iter().map(|l| l.listener.is_tcp()).collect();
+        if start.mode.children_hold_listeners() {
+            start.listeners = listeners.into_iter().map(|l| l.listener).collect();
+        }
+        // Dropping the rest closes the poll, the signal pipe and every other
+        // child's channel, which this child must not hold open.
+        drop(self);
+        start
+    }
+
+    fn register_channel(&self, slot: usize, channel: &Channel) -> io::Result<()> {
+        self.poll.registry().register(
+            &mut SourceFd(&channel.as_raw_fd()),
+            Token(CHILD_TOKEN_BASE + slot),
+            Interest::READABLE,
+        )
+    }
+
+    fn deregister_channel(&self, channel: &Channel) {
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&channel.as_raw_fd()));
+    }
+
+    /// Starts watching listeners the supervisor accepts or orders for.
+    pub(crate) fn watch_listeners(&mut self, now: Instant) -> io::Result<()> {
+        for i in 0..self.listeners.len() {
+            self.watch_listener(i, now)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn watch_listener(&mut self, i: usize, now: Instant) -> io::Result<()> {
+        let l = &mut self.listeners[i];
+        if l.watched
+            || self.shutdown.is_some()
+            || !self.config.dispatch.parent_watches_listeners()
+            || l.resume_at.is_some_and(|t| now < t)
+        {
+            return Ok(());
+        }
+        l.resume_at = None;
+        self.poll.registry().register(
+            &mut SourceFd(&l.listener.as_raw_fd()),
+            Token(i),
+            Interest::READABLE,
+        )?;
+        l.watched = true;
+        Ok(())
+    }
+
+    /// Stops watching a listener: its connections wait in the backlog.
+    pub(crate) fn unwatch_listener(&mut self, i: usize) {
+        let l = &mut self.listeners[i];
+        if l.watched {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&l.listener.as_raw_fd()));
+            l.watched = false;
+        }
+    }
+
+    pub(crate) fn unwatch_listeners(&mut self) {
+        for i in 0..self.listeners.len() {
+            self.unwatch_listener(i);
+        }
+    }
+
+    /// Resumes listeners paused for lack of idle children or descriptors.
+    pub(crate) fn rewatch_listeners(&mut self, now: Instant) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        for i in 0..self.listeners.len() {
+            let paused = !self.listeners[i].watched;
+            if paused {
+                if let Err(e) = self.watch_listener(i, now) {
+                    warn!(listener = i, "cannot watch listener again: {e}");
+                }
+            }
+        }
+    }
+}

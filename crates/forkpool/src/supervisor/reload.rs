@@ -1,0 +1,75 @@
+//! Changing the pool while it runs: SIGHUP rolls the children to a new
+//! generation under a freshly read configuration; SIGTTIN and SIGTTOU move
+//! the spare-children target by one.
+
+use std::time::Instant;
+
+use tracing::{error, info};
+
+use super::Supervisor;
+use crate::config::PoolConfig;
+
+/// Where a reload reads the new configuration from.
+pub type ReloadSource = Box<dyn FnMut() -> Result<PoolConfig, String>>;
+
+impl Supervisor {
+    /// SIGHUP: read the configuration again and start a new generation.
+    /// Old idle children quit at once, old busy ones after their connection;
+    /// the policy starts new ones under the new settings. The listeners stay
+    /// open throughout, so connections wait in the backlog for the few
+    /// milliseconds the pool has no idle child. A configuration that cannot
+    /// be read or does not validate is logged and nothing changes.
+    pub(super) fn reload(&mut self, now: Instant) {
+        let config = match self.reload_source.as_mut() {
+            Some(read) => match read() {
+                Ok(config) => config,
+                Err(e) => {
+                    error!("reload failed, keeping the running configuration: {e}");
+                    return;
+                }
+            },
+            None => self.config.clone(),
+        };
+        if let Err(e) = config.validate() {
+            error!("reload refused, keeping the running configuration: {e}");
+            return;
+        }
+        if config.backlog != self.config.backlog {
+            info!("backlog changes apply to new listeners only; restart or upgrade (USR2) to apply");
+        }
+        let watching_before = self.config.dispatch.parent_watches_listeners();
+        self.config = config;
+        self.generation += 1;
+        self.totals.reloads += 1;
+        self.memory = Default::default();
+        info!(generation = self.generation, "reloading: rolling children to a new generation");
+        let old: Vec<usize> = self
+            .board
+            .iter()
+            .filter(|(_, s)| s.generation < self.generation)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in old {
+            self.retire(slot, "reload", now);
+        }
+        if watching_before && !self.config.dispatch.parent_watches_listeners() {
+            self.unwatch_listeners();
+        }
+        if let Err(e) = self.watch_listeners(now) {
+            error!("cannot watch the listeners after reload: {e}");
+        }
+    }
+
+    /// SIGTTIN (+1) and SIGTTOU (-1): move the spare target at run time.
+    pub(super) fn adjust_spare(&mut self, delta: i64) {
+        let min_spare = (i64::from(self.config.min_spare) + delta)
+            .clamp(0, i64::from(self.config.max_children)) as u32;
+        self.config.min_spare = min_spare;
+        self.config.max_spare = self.config.max_spare.max(min_spare);
+        info!(
+            min_spare = self.config.min_spare,
+            max_spare = self.config.max_spare,
+            "spare-children target changed (until the next reload)"
+        );
+    }
+}

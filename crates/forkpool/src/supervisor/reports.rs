@@ -1,0 +1,160 @@
+//! What a child's report means for its slot. A report that does not fit
+//! the child's state, or does not decode, gets the child killed; nothing a
+//! child writes can stop the supervisor.
+
+use std::time::Instant;
+
+use tracing::debug;
+
+use super::Supervisor;
+use crate::channel::Incoming;
+use crate::protocol::ChildMessage;
+use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::status::KillReason;
+
+/// How many reports to take from one child per loop turn, so one chatty
+/// child cannot starve the others.
+const REPORTS_PER_TURN: usize = 64;
+
+impl Supervisor {
+    /// Reads what the child in `slot` has sent.
+    pub(super) fn read_reports(&mut self, slot: usize, now: Instant) {
+        for _ in 0..REPORTS_PER_TURN {
+            let Some(link) = self.links.get(slot).and_then(Option::as_ref) else {
+                return;
+            };
+            if link.channel_closed {
+                return;
+            }
+            let incoming = match link.channel.recv_from_child() {
+                Ok(incoming) => incoming,
+                Err(e) => {
+                    self.kill(
+                        slot,
+                        KillReason::ChannelFailed,
+                        format!("back-channel read failed: {e}"),
+                        now,
+                    );
+                    return;
+                }
+            };
+            match incoming {
+                Incoming::Message(msg, _) => {
+                    self.board.heard_from(slot, now);
+                    if let Err(why) = self.apply_report(slot, msg, now) {
+                        self.kill(slot, KillReason::Misbehaved, why, now);
+                        return;
+                    }
+                }
+                Incoming::WouldBlock => return,
+                Incoming::Closed => {
+                    self.channel_closed(slot, now);
+                    return;
+                }
+                Incoming::Malformed(why) => {
+                    self.kill(
+                        slot,
+                        KillReason::Misbehaved,
+                        format!("sent a malformed message: {why}"),
+                        now,
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
+        let illegal = |e: IllegalTransition| format!("sent an out-of-order message: {e}");
+        match msg {
+            ChildMessage::Ready { pid } => {
+                let expected = self.board.get(slot).map_or(0, |s| s.pid);
+                if i64::from(pid) != i64::from(expected) {
+                    return Err(format!("said it is pid {pid}, but it is pid {expected}"));
+                }
+                self.board.ready(slot, now).map_err(illegal)?;
+                self.child_available(now);
+            }
+            ChildMessage::Idle => {
+                let finished = self.board.idle(slot, now).map_err(illegal)?;
+                if finished {
+                    self.after_connection(slot, now);
+                }
+                self.child_available(now);
+            }
+            ChildMessage::Busy => {
+                self.board.busy(slot, now).map_err(illegal)?;
+                debug!(slot, "child accepted a connection");
+                // In `shared` mode a ping can cross this report: the child
+                // answers it after its connection. Stop the clock, but still
+                // accept that answer.
+                let link = self.links[slot].as_mut().expect("checked by caller");
+                if let Some((seq, _)) = link.ping.take() {
+                    link.late_pong = Some(seq);
+                }
+                self.totals.accepted += 1;
+                self.order_answered(slot);
+            }
+            ChildMessage::Missed => {
+                self.board.missed(slot, now).map_err(illegal)?;
+                self.totals.futile_wakeups += 1;
+                self.order_answered(slot);
+                self.child_available(now);
+            }
+            ChildMessage::Pong { seq } => {
+                let link = self.links[slot].as_mut().expect("checked by caller");
+                match (link.ping, link.late_pong) {
+                    (Some((expected, _)), _) if expected == seq => link.ping = None,
+                    (None, Some(late)) if late == seq => link.late_pong = None,
+                    (Some((expected, _)), _) => {
+                        return Err(format!("answered ping {expected} with pong {seq}"));
+                    }
+                    (None, _) => return Err(format!("sent pong {seq} without a ping")),
+                }
+            }
+            ChildMessage::Load { open, capacity } => {
+                debug!(slot, open, capacity, "load report");
+                return Err(
+                    "sent a load report, but this pool runs one connection per child".to_string(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A child finished a connection: recycle it if it has served enough.
+    fn after_connection(&mut self, slot: usize, now: Instant) {
+        let limit = self.config.max_requests_per_child;
+        let served = self.board.get(slot).map_or(0, |s| s.served);
+        if limit > 0 && served >= limit {
+            self.retire(
+                slot,
+                &format!("served {served} connections (max_requests_per_child)"),
+                now,
+            );
+        }
+    }
+
+    /// The child's end closed. The process is normally about to be reaped;
+    /// stop talking to it and give the reaper a moment before SIGKILL.
+    fn channel_closed(&mut self, slot: usize, now: Instant) {
+        let grace = self.config.ping_timeout;
+        let Some(link) = self.links[slot].as_mut() else {
+            return;
+        };
+        link.channel_closed = true;
+        link.ping = None;
+        if link.leave_deadline.is_none_or(|t| t > now + grace) {
+            link.leave_deadline = Some(now + grace);
+        }
+        if let Some(link) = self.links[slot].as_ref() {
+            self.deregister_channel(&link.channel);
+        }
+        // No more work can reach it: take it out of the idle set. Its
+        // `leaving` reason stays empty, so the reaper reports a death.
+        let state = self.board.get(slot).map(|s| s.state);
+        if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
+            let _ = self.board.retire(slot, now);
+        }
+    }
+}

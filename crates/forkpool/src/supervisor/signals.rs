@@ -1,0 +1,141 @@
+//! Signals: handlers only set a flag and write a byte to a pipe; the loop
+//! reads the pipe, looks at the flags and does the real work. Nothing in a
+//! handler touches the scoreboard (the lesson of spamd's bug 5422).
+
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTTIN, SIGTTOU, SIGUSR2};
+
+/// The flags the handlers set.
+pub(crate) struct Signals {
+    terminate: Arc<AtomicBool>,
+    interrupts: Arc<AtomicUsize>,
+    quit: Arc<AtomicBool>,
+    child_exited: Arc<AtomicBool>,
+    reload: Arc<AtomicBool>,
+    upgrade: Arc<AtomicBool>,
+    more_spare: Arc<AtomicUsize>,
+    fewer_spare: Arc<AtomicUsize>,
+    wake_write: Option<OwnedFd>,
+    wake_read: Option<UnixStream>,
+}
+
+/// The read end of the self-pipe, watched by the event loop.
+pub(crate) struct SignalPipe {
+    read: UnixStream,
+}
+
+impl Signals {
+    /// Installs the handlers.
+    pub fn register() -> io::Result<Signals> {
+        let (read, write) = UnixStream::pair()?;
+        read.set_nonblocking(true)?;
+        write.set_nonblocking(true)?;
+        let write: OwnedFd = write.into();
+        let signals = Signals {
+            terminate: Arc::new(AtomicBool::new(false)),
+            interrupts: Arc::new(AtomicUsize::new(0)),
+            quit: Arc::new(AtomicBool::new(false)),
+            child_exited: Arc::new(AtomicBool::new(false)),
+            reload: Arc::new(AtomicBool::new(false)),
+            upgrade: Arc::new(AtomicBool::new(false)),
+            more_spare: Arc::new(AtomicUsize::new(0)),
+            fewer_spare: Arc::new(AtomicUsize::new(0)),
+            wake_write: Some(write),
+            wake_read: Some(read),
+        };
+        signal_hook::flag::register(SIGTERM, Arc::clone(&signals.terminate))?;
+        signal_hook::flag::register(SIGQUIT, Arc::clone(&signals.quit))?;
+        signal_hook::flag::register(SIGCHLD, Arc::clone(&signals.child_exited))?;
+        signal_hook::flag::register(SIGHUP, Arc::clone(&signals.reload))?;
+        signal_hook::flag::register(SIGUSR2, Arc::clone(&signals.upgrade))?;
+        count_signal(SIGINT, &signals.interrupts)?;
+        count_signal(SIGTTIN, &signals.more_spare)?;
+        count_signal(SIGTTOU, &signals.fewer_spare)?;
+        let write = signals.wake_write.as_ref().expect("set above");
+        for sig in [
+            SIGTERM, SIGINT, SIGQUIT, SIGCHLD, SIGHUP, SIGUSR2, SIGTTIN, SIGTTOU,
+        ] {
+            signal_hook::low_level::pipe::register_raw(sig, write.try_clone()?)?;
+        }
+        Ok(signals)
+    }
+
+    /// The pipe to watch; callable once.
+    pub fn pipe(&self) -> io::Result<SignalPipe> {
+        let read = self
+            .wake_read
+            .as_ref()
+            .ok_or_else(|| io::Error::other("signal pipe already taken"))?
+            .try_clone()?;
+        Ok(SignalPipe { read })
+    }
+
+    /// SIGTERM arrived since the last call.
+    pub fn take_terminate(&self) -> bool {
+        self.terminate.swap(false, Ordering::SeqCst)
+    }
+
+    /// SIGQUIT arrived since the last call.
+    pub fn take_quit(&self) -> bool {
+        self.quit.swap(false, Ordering::SeqCst)
+    }
+
+    /// How many SIGINTs arrived since the last call.
+    pub fn take_interrupts(&self) -> usize {
+        self.interrupts.swap(0, Ordering::SeqCst)
+    }
+
+    /// SIGHUP arrived since the last call.
+    pub fn take_reload(&self) -> bool {
+        self.reload.swap(false, Ordering::SeqCst)
+    }
+
+    /// SIGUSR2 arrived since the last call.
+    pub fn take_upgrade(&self) -> bool {
+        self.upgrade.swap(false, Ordering::SeqCst)
+    }
+
+    /// SIGTTIN count minus SIGTTOU count since the last call.
+    pub fn take_spare_change(&self) -> i64 {
+        let up = self.more_spare.swap(0, Ordering::SeqCst) as i64;
+        let down = self.fewer_spare.swap(0, Ordering::SeqCst) as i64;
+        up - down
+    }
+
+    /// SIGCHLD arrived since the last call.
+    pub fn take_child_exited(&self) -> bool {
+        self.child_exited.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// Counts deliveries of `sig` in `counter`.
+fn count_signal(sig: i32, counter: &Arc<AtomicUsize>) -> io::Result<()> {
+    let counter = Arc::clone(counter);
+    // SAFETY: the closure only does an atomic add, which is
+    // async-signal-safe.
+    unsafe {
+        signal_hook::low_level::register(sig, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+    }?;
+    Ok(())
+}
+
+impl SignalPipe {
+    /// Empties the pipe so the next signal wakes the loop again.
+    pub fn drain(&mut self) {
+        let mut buf = [0u8; 64];
+        while matches!(self.read.read(&mut buf), Ok(n) if n > 0) {}
+    }
+}
+
+impl AsRawFd for SignalPipe {
+    fn as_raw_fd(&self) -> RawFd {
+        self.read.as_raw_fd()
+    }
+}

@@ -1,0 +1,122 @@
+//! Processes: forking, reaping, killing, and the child's signal set-up.
+
+use std::io;
+
+use nix::errno::Errno;
+use nix::sys::signal::{self, SigHandler, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+
+/// Which side of a fork we are on.
+pub enum Forked {
+    /// The parent, with the child's pid.
+    Parent(i32),
+    /// The new child.
+    Child,
+}
+
+/// Number of threads in this process, from `/proc/self/task`.
+pub fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// Forks. The caller must have checked that the process is single-threaded
+/// (see [`thread_count`]): the child of a multi-threaded parent may only
+/// call async-signal-safe functions, and forkpool's children run arbitrary
+/// code.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: callers check that this process has exactly one thread, so no
+    // lock can be held by a thread that does not exist in the child.
+    match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Parent { child }) => Ok(Forked::Parent(child.as_raw())),
+        Ok(ForkResult::Child) => Ok(Forked::Child),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Signals the supervisor handles; a child resets or ignores them.
+pub const SUPERVISOR_SIGNALS: [Signal; 8] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGHUP,
+    Signal::SIGUSR2,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+    Signal::SIGCHLD,
+];
+
+/// In a freshly forked child: drop the supervisor's signal handlers (they
+/// write to descriptors the child is about to close) and ignore the signals
+/// a terminal sends to the whole process group, so that Ctrl-C reaches the
+/// supervisor alone and it decides how children stop. SIGTERM keeps its
+/// default action: it is the parent-death signal and the way to stop one
+/// child by hand.
+pub fn reset_child_signals() -> io::Result<()> {
+    for sig in SUPERVISOR_SIGNALS {
+        let handler = match sig {
+            Signal::SIGINT | Signal::SIGQUIT | Signal::SIGHUP => SigHandler::SigIgn,
+            Signal::SIGUSR2 | Signal::SIGTTIN | Signal::SIGTTOU => SigHandler::SigIgn,
+            _ => SigHandler::SigDfl,
+        };
+        // SAFETY: installing SIG_DFL or SIG_IGN runs no code of ours in
+        // signal context.
+        unsafe { signal::signal(sig, handler) }?;
+    }
+    Ok(())
+}
+
+/// Ask the kernel to send SIGTERM to this process when its parent dies, and
+/// exit at once if the parent is already gone (it may have died between the
+/// fork and this call).
+pub fn die_with_parent(parent: i32) -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+    if nix::unistd::getppid().as_raw() != parent {
+        std::process::exit(0);
+    }
+    Ok(())
+}
+
+/// Sends `sig` to `pid`; a process that is already gone is not an error.
+pub fn send_signal(pid: i32, sig: Signal) -> io::Result<()> {
+    match signal::kill(Pid::from_raw(pid), sig) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How a reaped child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Exited with this status code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(Signal),
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exit status {c}"),
+            ExitStatus::Signal(s) => write!(f, "signal {}", s.as_str()),
+        }
+    }
+}
+
+/// One exited child, without blocking; `None` when no child has exited.
+pub fn reap_one() -> io::Result<Option<(i32, ExitStatus)>> {
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => {
+                return Ok(Some((pid.as_raw(), ExitStatus::Code(code))))
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                return Ok(Some((pid.as_raw(), ExitStatus::Signal(sig))))
+            }
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return Ok(None),
+            Ok(_) => continue,
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Socket calls the standard library does not offer.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{accept4, SockFlag};
+
+/// Accepts one connection, close-on-exec and blocking (children use plain
+/// blocking I/O). Errors come back as they are, `EAGAIN` included.
+pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    loop {
+        match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+            // SAFETY: accept4 returned a new descriptor that nothing else owns.
+            Ok(raw) => return Ok(unsafe { OwnedFd::from_raw_fd(raw) }),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connections waiting in a TCP listener's accept queue. Linux reports it
+/// in `tcpi_unacked` of `TCP_INFO` on a listening socket. `None` for sockets
+/// that are not TCP listeners.
+pub fn tcp_accept_queue_len(listener: BorrowedFd<'_>) -> Option<u32> {
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is a writable buffer of `len` bytes and `len` points to
+    // its size; the kernel writes at most that much.
+    let rc = unsafe {
+        libc::getsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: getsockopt succeeded and the struct was zeroed first, so any
+    // field the kernel did not write is a valid zero.
+    let info = unsafe { info.assume_init() };
+    Some(info.tcpi_unacked)
+}
+
+/// Sets or clears `O_NONBLOCK`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    let flags = if nonblocking {
+        flags | OFlag::O_NONBLOCK
+    } else {
+        flags & !OFlag::O_NONBLOCK
+    };
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
+/// Whether `fd` is readable right now (a zero-timeout `poll`).
+pub fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}

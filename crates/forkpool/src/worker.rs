@@ -1,0 +1,290 @@
+//! The child side: wait for work, report busy and idle, run the handler.
+//!
+//! A child speaks the back-channel protocol ([`crate::protocol`]) with its
+//! supervisor. Which loop it runs depends on the dispatch mode:
+//! - `handoff`: block on the channel; a `Connection` message brings the
+//!   connection's descriptor; serve it, report `Idle`.
+//! - `order`: block on the channel; an `Accept` order names a listener the
+//!   child inherited; accept one connection (report `Busy`) or find none
+//!   (report `Missed`).
+//! - `shared` / `herd`: wait on the listeners and the channel at once and
+//!   accept whatever arrives, reporting `Busy`, `Idle` and `Missed`.
+//!
+//! In every mode the child answers pings, exits on `Quit` once its current
+//! connection is done, and exits when the channel closes (the supervisor is
+//! gone). A handler that panics takes its child down with it: the process
+//! is the isolation boundary, and the supervisor replaces it.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use tracing::{debug, error};
+
+use crate::channel::{Channel, Incoming};
+use crate::config::DispatchMode;
+use crate::listener::{Listener, Stream};
+use crate::protocol::{ChildMessage, ParentMessage};
+use crate::sys;
+
+/// Who this child is, for handlers that want to say so (logs, headers).
+#[derive(Debug)]
+pub struct WorkerInfo {
+    /// The child's slot number (0 is the lowest, the hottest).
+    pub slot: usize,
+    /// The pool generation the child belongs to.
+    pub generation: u32,
+    /// The child's process id.
+    pub pid: u32,
+    channel: Channel,
+}
+
+impl WorkerInfo {
+    /// The child's end of its back-channel. Handlers have no business
+    /// writing to it; it is exposed for diagnostics and for fault-injection
+    /// tests that must make a child misbehave on purpose.
+    pub fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+}
+
+/// One connection for a handler to serve.
+#[derive(Debug)]
+pub struct Connection<'a> {
+    /// The connected client.
+    pub stream: Stream,
+    /// Index of the listener it arrived on, in the order listeners were added.
+    pub listener: usize,
+    /// The child serving it.
+    pub worker: &'a WorkerInfo,
+}
+
+/// Serves connections, one at a time, inside a child process.
+///
+/// Any `FnMut(Connection)` is a handler. The handler value is created in the
+/// supervisor before it forks, so whatever it captured (a loaded model, a
+/// parsed rule set) is shared copy-on-write by every child.
+pub trait Handler {
+    /// Serves one connection; dropping the stream closes it.
+    fn handle(&mut self, conn: Connection<'_>);
+}
+
+impl<F: FnMut(Connection<'_>)> Handler for F {
+    fn handle(&mut self, conn: Connection<'_>) {
+        self(conn)
+    }
+}
+
+/// What a freshly forked child needs to start working.
+#[derive(Debug)]
+pub(crate) struct ChildStart {
+    pub slot: usize,
+    pub generation: u32,
+    pub channel: Channel,
+    pub mode: DispatchMode,
+    /// Whether each listener (by index) carries TCP connections.
+    pub listener_is_tcp: Vec<bool>,
+    /// The listeners themselves, in modes where children accept.
+    pub listeners: Vec<Listener>,
+}
+
+/// Runs a forked child to completion and returns its exit status.
+pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
+    let mut worker = Worker {
+        info: WorkerInfo {
+            slot: start.slot,
+            generation: start.generation,
+            pid: std::process::id(),
+            channel: start.channel,
+        },
+        listener_is_tcp: start.listener_is_tcp,
+        listeners: start.listeners,
+        handler,
+    };
+    let result = worker.report(ChildMessage::Ready {
+        pid: worker.info.pid,
+    });
+    let result = result.and_then(|()| match start.mode {
+        DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),
+        DispatchMode::Shared => worker.accept_shared(true),
+        DispatchMode::Herd => worker.accept_shared(false),
+    });
+    match result {
+        Ok(()) => 0,
+        Err(reason) => {
+            error!(slot = worker.info.slot, "child stopping: {reason}");
+            1
+        }
+    }
+}
+
+struct Worker<'h> {
+    info: WorkerInfo,
+    listener_is_tcp: Vec<bool>,
+    listeners: Vec<Listener>,
+    handler: &'h mut dyn Handler,
+}
+
+/// Why a child stops on its own. `Ok(())` from a loop means a clean stop
+/// (quit or supervisor gone).
+type Stop = Result<(), String>;
+
+enum Next {
+    Continue,
+    Exit,
+}
+
+impl Worker<'_> {
+    fn report(&self, msg: ChildMessage) -> Stop {
+        self.info
+            .channel
+            .send_to_parent(msg)
+            .map_err(|e| format!("cannot write to the supervisor: {e}"))
+    }
+
+    /// `handoff` and `order`: every piece of work arrives as a message.
+    fn obey_orders(&mut self) -> Stop {
+        loop {
+            if let Next::Exit = self.take_one_message()? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn take_one_message(&mut self) -> Result<Next, String> {
+        let incoming = self
+            .info
+            .channel
+            .recv_from_parent()
+            .map_err(|e| format!("cannot read from the supervisor: {e}"))?;
+        match incoming {
+            Incoming::Message(ParentMessage::Connection { listener }, Some(fd)) => {
+                self.serve_then_idle(fd, listener)?;
+            }
+            Incoming::Message(ParentMessage::Accept { listener }, _) => {
+                self.accept_ordered(listener)?;
+            }
+            Incoming::Message(ParentMessage::Ping { seq }, _) => {
+                self.report(ChildMessage::Pong { seq })?;
+            }
+            Incoming::Message(ParentMessage::Quit, _) => {
+                debug!(slot = self.info.slot, "told to quit");
+                return Ok(Next::Exit);
+            }
+            Incoming::Message(ParentMessage::Connection { .. }, None) => {
+                return Err("connection message without a descriptor".into());
+            }
+            Incoming::Closed => {
+                debug!(slot = self.info.slot, "supervisor gone, exiting");
+                return Ok(Next::Exit);
+            }
+            Incoming::WouldBlock => {}
+            Incoming::Malformed(why) => {
+                return Err(format!("malformed message from the supervisor: {why}"));
+            }
+        }
+        Ok(Next::Continue)
+    }
+
+    fn accept_ordered(&mut self, listener: u16) -> Stop {
+        let index = usize::from(listener);
+        let Some(l) = self.listeners.get(index) else {
+            return Err(format!("ordered to accept on unknown listener {index}"));
+        };
+        match sys::socket::accept(l.as_fd()) {
+            Ok(fd) => {
+                self.report(ChildMessage::Busy)?;
+                self.serve_then_idle(fd, listener)
+            }
+            Err(Errno::EAGAIN | Errno::ECONNABORTED) => self.report(ChildMessage::Missed),
+            Err(e) => {
+                // Out of descriptors and the like: say so and stay available.
+                error!(slot = self.info.slot, "accept failed: {e}");
+                self.report(ChildMessage::Missed)
+            }
+        }
+    }
+
+    /// `shared` (exclusive wake-ups) and `herd` (everyone wakes): the child
+    /// waits on the listeners itself.
+    fn accept_shared(&mut self, exclusive: bool) -> Stop {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| format!("epoll_create failed: {e}"))?;
+        let channel_token = u64::MAX;
+        epoll
+            .add(
+                self.info.channel.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, channel_token),
+            )
+            .map_err(|e| format!("epoll_ctl on the channel failed: {e}"))?;
+        let mut flags = EpollFlags::EPOLLIN;
+        if exclusive {
+            flags |= EpollFlags::EPOLLEXCLUSIVE;
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            epoll
+                .add(l.as_fd(), EpollEvent::new(flags, i as u64))
+                .map_err(|e| format!("epoll_ctl on listener {i} failed: {e}"))?;
+        }
+        let mut events = [EpollEvent::empty(); 8];
+        loop {
+            let n = match epoll.wait(&mut events, EpollTimeout::NONE) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(format!("epoll_wait failed: {e}")),
+            };
+            for event in &events[..n] {
+                if event.data() == channel_token {
+                    if let Next::Exit = self.take_one_message()? {
+                        return Ok(());
+                    }
+                } else {
+                    self.accept_woken(event.data() as usize)?;
+                }
+            }
+        }
+    }
+
+    fn accept_woken(&mut self, index: usize) -> Stop {
+        match sys::socket::accept(self.listeners[index].as_fd()) {
+            Ok(fd) => {
+                self.report(ChildMessage::Busy)?;
+                self.serve_then_idle(fd, index as u16)
+            }
+            Err(Errno::EAGAIN | Errno::ECONNABORTED) => self.report(ChildMessage::Missed),
+            Err(e) => {
+                error!(slot = self.info.slot, "accept failed: {e}");
+                self.report(ChildMessage::Missed)
+            }
+        }
+    }
+
+    /// Runs the handler on one connection, then reports `Idle`.
+    ///
+    /// The child keeps its own duplicate of the descriptor until the report
+    /// is sent, so the client cannot see the connection close (and come
+    /// back with the next request) before the supervisor knows this child
+    /// is free again: otherwise a strictly sequential client would hop to
+    /// the next slot now and then, and the lowest child would not stay hot.
+    fn serve_then_idle(&mut self, fd: OwnedFd, listener: u16) -> Stop {
+        let index = usize::from(listener);
+        let tcp = *self
+            .listener_is_tcp
+            .get(index)
+            .ok_or_else(|| format!("connection from unknown listener {index}"))?;
+        let held_open = fd.try_clone().ok();
+        let conn = Connection {
+            stream: Stream::from_fd(fd, tcp),
+            listener: index,
+            worker: &self.info,
+        };
+        let handler = &mut *self.handler;
+        if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
+            return Err("the handler panicked; the supervisor will start a fresh child".into());
+        }
+        self.report(ChildMessage::Idle)?;
+        drop(held_open);
+        Ok(())
+    }
+}
