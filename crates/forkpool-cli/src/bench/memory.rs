@@ -8,7 +8,7 @@
 //! read from `/proc/PID/smaps_rollup` once its child count has been steady
 //! for half a second.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -44,7 +44,11 @@ pub fn measure(preload_mib: u64) -> Result<MemoryRow, String> {
         CHILDREN.to_string(),
     ];
     let pool = PoolProcess::start_demo(&args, POOL_START)?;
-    let children = wait_for_children(pool.pid())?;
+    let children = pool.settle(
+        CHILDREN,
+        Duration::from_millis(500),
+        Duration::from_secs(10),
+    )?;
     let read = |pid: i32| {
         procstat::memory_of(pid).map_err(|e| format!("cannot read memory of pid {pid}: {e}"))
     };
@@ -65,33 +69,6 @@ pub fn measure(preload_mib: u64) -> Result<MemoryRow, String> {
         row.child_mean.uss_kib, row.child_mean.pss_kib, row.child_mean.rss_kib
     ));
     Ok(row)
-}
-
-/// The children's pids once there are at least [`CHILDREN`] and the count
-/// has not changed for half a second.
-fn wait_for_children(pid: i32) -> Result<Vec<i32>, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut last: Vec<i32> = Vec::new();
-    let mut steady_since = Instant::now();
-    while Instant::now() < deadline {
-        let mut now: Vec<i32> = procstat::children_of(pid)
-            .map_err(|e| format!("cannot list children: {e}"))?
-            .iter()
-            .map(|c| c.pid)
-            .collect();
-        now.sort_unstable();
-        if now != last {
-            last = now;
-            steady_since = Instant::now();
-        } else if last.len() >= CHILDREN && steady_since.elapsed() >= Duration::from_millis(500) {
-            return Ok(last);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(format!(
-        "the pool did not settle at {CHILDREN} children within 10 s (has {})",
-        last.len()
-    ))
 }
 
 fn mean(all: &[Memory]) -> Memory {

@@ -146,6 +146,38 @@ impl PoolProcess {
         self.addr
     }
 
+    /// Waits until the pool has at least `at_least` children and the same
+    /// ones for `steady`; returns their pids. Fails after `timeout`.
+    pub fn settle(
+        &self,
+        at_least: usize,
+        steady: Duration,
+        timeout: Duration,
+    ) -> Result<Vec<i32>, String> {
+        let deadline = Instant::now() + timeout;
+        let mut last: Vec<i32> = Vec::new();
+        let mut since = Instant::now();
+        while Instant::now() < deadline {
+            let mut now: Vec<i32> = procstat::children_of(self.pid())
+                .map_err(|e| format!("cannot list the pool's children: {e}"))?
+                .iter()
+                .map(|c| c.pid)
+                .collect();
+            now.sort_unstable();
+            if now != last {
+                last = now;
+                since = Instant::now();
+            } else if last.len() >= at_least && since.elapsed() >= steady {
+                return Ok(last);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Err(format!(
+            "the pool did not settle at {at_least} or more children within {timeout:?} (it has {})",
+            last.len()
+        ))
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for the totals line and a
     /// clean exit. Children still alive after the parent has gone are
     /// killed and reported as an error.

@@ -145,7 +145,12 @@ fn measure(mode: DispatchMode, args: &BenchArgs) -> Result<ScaleupRun, String> {
         "64",
     ];
     let pool = PoolProcess::start_demo(&pool_args(mode, &extra), POOL_START)?;
-    wait_for_rest(pool.pid())?;
+    let resting = pool.settle(
+        AT_REST as usize,
+        Duration::from_millis(200),
+        Duration::from_secs(5),
+    )?;
+    let resting = (Instant::now(), resting.len() as u32);
     let target = Target::at(pool.addr(), &format!("/?work_ms={WORK_MS}"));
     let mut spec = args.load(target, ConnectionMode::Close, CLIENTS as usize);
     spec.warmup = Duration::ZERO;
@@ -154,7 +159,7 @@ fn measure(mode: DispatchMode, args: &BenchArgs) -> Result<ScaleupRun, String> {
     let stop = AtomicBool::new(false);
     let pid = pool.pid();
     let (outcome, counts) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| watch_children(pid, &stop));
+        let watcher = scope.spawn(|| watch_children(pid, resting, &stop));
         let outcome = loadgen::run(&spec, &mut |_| {});
         stop.store(true, Ordering::Relaxed);
         (outcome, watcher.join().unwrap_or_default())
@@ -186,37 +191,15 @@ fn measure(mode: DispatchMode, args: &BenchArgs) -> Result<ScaleupRun, String> {
     })
 }
 
-/// Waits until the pool has its resting number of children for a while.
-fn wait_for_rest(pid: i32) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut steady_since = None;
-    while Instant::now() < deadline {
-        let n = procstat::children_of(pid)
-            .map_err(|e| format!("cannot list children: {e}"))?
-            .len();
-        if n == AT_REST as usize {
-            let since = *steady_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= Duration::from_millis(200) {
-                return Ok(());
-            }
-        } else {
-            steady_since = None;
-        }
-        std::thread::sleep(POLL);
-    }
-    Err(format!(
-        "the pool did not settle at {AT_REST} children within 5 s"
-    ))
-}
-
-/// The child count of `pid` at each change, until `stop`.
-fn watch_children(pid: i32, stop: &AtomicBool) -> Vec<(Instant, u32)> {
-    let mut counts: Vec<(Instant, u32)> = Vec::new();
+/// The child count of `pid` at each change, from the `resting` count taken
+/// before the load until `stop`.
+fn watch_children(pid: i32, resting: (Instant, u32), stop: &AtomicBool) -> Vec<(Instant, u32)> {
+    let mut counts = vec![resting];
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if let Ok(children) = procstat::children_of(pid) {
             let n = children.len() as u32;
-            if counts.last().map(|&(_, last)| last) != Some(n) {
+            if counts.last().is_some_and(|&(_, last)| last != n) {
                 counts.push((now, n));
             }
         }
