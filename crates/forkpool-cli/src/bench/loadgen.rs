@@ -69,6 +69,8 @@ pub struct LoadSpec {
     /// A request not answered this long after it started is a `timeout`
     /// error; its connection is dropped and a new one opened.
     pub timeout: Duration,
+    /// A request unanswered this long when the window closes is `stalled`.
+    pub stall: Duration,
     /// Client threads (at least 1, at most `concurrency`).
     pub threads: usize,
     /// Keep every completed response as a [`Sample`] (for the scale-up run).
@@ -93,6 +95,7 @@ impl LoadSpec {
             warmup,
             duration,
             timeout: Duration::from_secs(5),
+            stall: Duration::from_secs(1),
             threads: cores.min(concurrency).max(1),
             trace: false,
         }
@@ -108,6 +111,10 @@ pub struct ErrorCounts {
     pub reset: u64,
     /// No whole response within the timeout.
     pub timeout: u64,
+    /// Still unanswered when the window closed, after more than
+    /// [`LoadSpec::stall`]: a request stuck for longer than the rest of the
+    /// window would otherwise leave no trace.
+    pub stalled: u64,
     /// A whole response whose status was not 200.
     pub bad_status: u64,
     /// Bytes that are not an HTTP response we can frame.
@@ -119,13 +126,20 @@ pub struct ErrorCounts {
 impl ErrorCounts {
     /// All errors.
     pub fn total(&self) -> u64 {
-        self.refused + self.reset + self.timeout + self.bad_status + self.malformed + self.other
+        self.refused
+            + self.reset
+            + self.timeout
+            + self.stalled
+            + self.bad_status
+            + self.malformed
+            + self.other
     }
 
     fn add(&mut self, other: &ErrorCounts) {
         self.refused += other.refused;
         self.reset += other.reset;
         self.timeout += other.timeout;
+        self.stalled += other.stalled;
         self.bad_status += other.bad_status;
         self.malformed += other.malformed;
         self.other += other.other;
@@ -136,6 +150,7 @@ impl ErrorCounts {
             Failure::Refused => &mut self.refused,
             Failure::Reset => &mut self.reset,
             Failure::Timeout => &mut self.timeout,
+            Failure::Stalled => &mut self.stalled,
             Failure::BadStatus => &mut self.bad_status,
             Failure::Malformed => &mut self.malformed,
             Failure::Other => &mut self.other,
@@ -281,6 +296,7 @@ enum Failure {
     Refused,
     Reset,
     Timeout,
+    Stalled,
     BadStatus,
     Malformed,
     Other,
@@ -385,6 +401,7 @@ impl<'a> Client<'a> {
         loop {
             let now = Instant::now();
             if now >= self.clock.window_end {
+                self.count_stalled(now);
                 return Ok(self.tally);
             }
             if now >= next_housekeeping {
@@ -415,6 +432,21 @@ impl<'a> Client<'a> {
                 self.fail(i, Failure::Timeout);
                 self.open(i);
             }
+        }
+    }
+
+    /// Counts the requests left unanswered for long at the window's end.
+    fn count_stalled(&mut self, now: Instant) {
+        let stall = self.spec.stall;
+        let stalled = self
+            .conns
+            .iter()
+            .filter(|c| {
+                c.stage != Stage::Backoff && now.saturating_duration_since(c.sent_at) >= stall
+            })
+            .count();
+        for _ in 0..stalled {
+            self.tally.errors.count(Failure::Stalled);
         }
     }
 
@@ -688,6 +720,17 @@ mod tests {
         spec.duration = Duration::from_millis(200);
         let outcome = run(&spec, &mut |_| {}).unwrap();
         assert!(outcome.errors.timeout >= 2, "{:?}", outcome.errors);
+
+        spec.target = Target::at(server.addr(), "/?work_ms=5000");
+        spec.timeout = Duration::from_secs(5);
+        spec.stall = Duration::from_millis(150);
+        spec.duration = Duration::from_millis(100);
+        let outcome = run(&spec, &mut |_| {}).unwrap();
+        assert_eq!(outcome.errors.stalled, 0, "{:?}", outcome.errors);
+        spec.duration = Duration::from_millis(200);
+        let outcome = run(&spec, &mut |_| {}).unwrap();
+        assert_eq!(outcome.errors.stalled, 2, "{:?}", outcome.errors);
+        assert_eq!(outcome.errors.total(), 2, "{:?}", outcome.errors);
 
         spec.target = Target::at(server.addr(), "/truncate");
         spec.timeout = Duration::from_secs(5);

@@ -235,6 +235,7 @@ fn errors(e: &ErrorCounts) -> String {
         ("refused", e.refused),
         ("reset", e.reset),
         ("timeout", e.timeout),
+        ("stalled", e.stalled),
         ("status", e.bad_status),
         ("malformed", e.malformed),
         ("other", e.other),
