@@ -1,8 +1,12 @@
 //! The `forkpool` command: run preforked pools, the demo server, benchmarks.
 
 mod bench;
+mod check;
 mod demo;
 mod pool_args;
+mod serve;
+mod settings;
+mod status;
 
 use std::io::IsTerminal;
 
@@ -22,6 +26,10 @@ enum Command {
     /// Run a pool serving the built-in demo HTTP handler
     /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`).
     Demo(demo::DemoArgs),
+    /// Print a running pool's scoreboard and totals.
+    Status(status::StatusArgs),
+    /// Validate settings (a --config file and flags) without starting.
+    Check(check::CheckArgs),
     /// Measure the pool's dispatch modes side by side, and against other
     /// servers (see docs/benchmarks.md).
     Bench(bench::BenchArgs),
@@ -32,6 +40,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(&args),
     };
     if let Err(e) = result {

@@ -37,6 +37,9 @@ pub struct PoolArgs {
     /// On shutdown, give busy children this long [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub shutdown_timeout: Option<Duration>,
+    /// Kill a child busy on one connection longer than this; 0 = never [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub busy_timeout: Option<Duration>,
     /// Surplus idle children must last this long before retiring [default: 1s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub retire_grace: Option<Duration>,
@@ -65,6 +68,7 @@ impl PoolArgs {
             ping_interval,
             ping_timeout,
             shutdown_timeout,
+            busy_timeout,
             retire_grace,
             backlog
         );

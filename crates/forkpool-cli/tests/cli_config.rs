@@ -107,3 +107,23 @@ fn a_busy_port_is_reported() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("cannot bind {addr}")), "{stderr}");
 }
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../dist/systemd/forkpool.toml"
+    );
+    // The example names www-data; not every machine has it.
+    let out = Command::new(common::forkpool_bin())
+        .args(["check", "--config", file, "--user", "nobody"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("children 4..64"), "{stdout}");
+}

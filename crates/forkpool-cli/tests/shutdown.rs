@@ -83,7 +83,8 @@ fn shutdown_timeout_kills_stragglers() {
         .expect("exits after the timeout");
     assert!(status.success());
     assert!(
-        pool.stderr.count("did not exit within") >= 1,
+        pool.stderr
+            .wait_for("did not exit within", Duration::from_secs(2)),
         "{}",
         pool.stderr.dump()
     );

@@ -24,6 +24,7 @@ pub mod channel;
 pub mod config;
 mod dispatch;
 pub mod listener;
+mod metrics;
 pub mod pool;
 pub mod protocol;
 pub mod scaling;
@@ -36,6 +37,6 @@ pub mod worker;
 
 pub use config::{DispatchMode, PoolConfig};
 pub use listener::{ListenAddr, Listener, Stream};
-pub use pool::{Pool, PoolError};
+pub use pool::{Credentials, Pool, PoolError};
 pub use status::Totals;
 pub use worker::{Connection, Handler, WorkerInfo};

@@ -59,6 +59,7 @@ impl fmt::Display for ListenAddr {
 pub struct Listener {
     fd: OwnedFd,
     addr: ListenAddr,
+    name: String,
 }
 
 impl Listener {
@@ -82,6 +83,11 @@ impl Listener {
                         .map_err(|e| context(e, "set IPV6_V6ONLY on"))?;
                 }
                 socket.bind(&(*sa).into()).map_err(|e| context(e, "bind"))?;
+                // Accepted sockets inherit TCP_NODELAY from the listener on
+                // Linux: set once here instead of once per connection.
+                socket
+                    .set_tcp_nodelay(true)
+                    .map_err(|e| context(e, "set TCP_NODELAY on"))?;
                 socket
             }
             ListenAddr::Unix(path) => {
@@ -111,7 +117,64 @@ impl Listener {
         Ok(Listener {
             fd: socket.into(),
             addr,
+            name: String::new(),
         })
+    }
+
+    /// Takes the listening sockets passed by systemd socket activation or
+    /// by a supervisor upgrading itself (`LISTEN_FDS`, `LISTEN_PID`,
+    /// `LISTEN_FDNAMES`), in order, and removes those variables so that
+    /// children do not see them. Empty when none were passed to this process.
+    pub fn inherited() -> io::Result<Vec<Listener>> {
+        let passed = crate::sys::socket::take_listen_fds()?;
+        passed
+            .into_iter()
+            .map(|(fd, name)| {
+                let socket = Socket::from(fd);
+                socket.set_nonblocking(true)?;
+                let local = socket.local_addr()?;
+                let addr = if let Some(sa) = local.as_socket() {
+                    socket.set_tcp_nodelay(true)?;
+                    ListenAddr::Tcp(sa)
+                } else if let Some(path) = local.as_pathname() {
+                    ListenAddr::Unix(path.to_path_buf())
+                } else {
+                    return Err(io::Error::other(
+                        "an inherited socket is neither TCP nor a Unix socket with a path",
+                    ));
+                };
+                let name = if name == "unknown" {
+                    String::new()
+                } else {
+                    name
+                };
+                Ok(Listener {
+                    fd: socket.into(),
+                    addr,
+                    name,
+                })
+            })
+            .collect()
+    }
+
+    /// Names the listener (in logs, status and `LISTEN_FDNAMES`).
+    pub fn with_name(mut self, name: impl Into<String>) -> Listener {
+        self.name = name.into();
+        self
+    }
+
+    /// The listener's name; empty when it has none.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sets the permission bits of a Unix listener's socket file.
+    pub fn set_unix_mode(&self, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if let ListenAddr::Unix(path) = &self.addr {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        }
+        Ok(())
     }
 
     /// The address actually bound (with the real port when 0 was asked).
@@ -150,7 +213,7 @@ impl AsRawFd for Listener {
 
 /// Removes a socket file left behind by a server that is gone, and refuses
 /// to touch a path that is not a socket or that a live server answers on.
-fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
+pub(crate) fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -190,10 +253,8 @@ impl Stream {
     /// Wraps an accepted descriptor; `tcp` says which kind it is.
     pub fn from_fd(fd: OwnedFd, tcp: bool) -> Stream {
         if tcp {
-            let stream = TcpStream::from(fd);
-            // Small responses should not wait for Nagle's algorithm.
-            let _ = stream.set_nodelay(true);
-            Stream::Tcp(stream)
+            // TCP_NODELAY came with the socket from the listener.
+            Stream::Tcp(TcpStream::from(fd))
         } else {
             Stream::Unix(UnixStream::from(fd))
         }
@@ -295,6 +356,17 @@ mod tests {
         let _a = TcpStream::connect(addr).unwrap();
         let _b = TcpStream::connect(addr).unwrap();
         assert_eq!(l.queued(), 2);
+    }
+
+    #[test]
+    fn accepted_connections_inherit_nodelay() {
+        let l = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let ListenAddr::Tcp(addr) = *l.local_addr() else {
+            unreachable!()
+        };
+        let _client = TcpStream::connect(addr).unwrap();
+        let fd = crate::sys::socket::accept(l.as_fd()).unwrap();
+        assert!(TcpStream::from(fd).nodelay().unwrap());
     }
 
     #[test]

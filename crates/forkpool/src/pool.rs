@@ -16,19 +16,45 @@
 
 use std::fmt;
 use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
 
 use crate::config::{ConfigError, PoolConfig};
 use crate::listener::{ListenAddr, Listener};
 use crate::status::Totals;
-use crate::supervisor::{Exit, Supervisor};
+use crate::supervisor::{Endpoints, Exit, ReloadSource, Supervisor, UpgradeCommand};
 use crate::sys::process;
 use crate::worker::{self, Handler};
 
+pub use crate::supervisor::UPGRADE_FROM_ENV;
+
 /// A pool that has not started yet.
-#[derive(Debug)]
 pub struct Pool {
     config: PoolConfig,
     listeners: Vec<Listener>,
+    endpoints: Endpoints,
+    reload: Option<ReloadSource>,
+    credentials: Option<Credentials>,
+    upgrade: Option<UpgradeCommand>,
+}
+
+/// The user and group children run as (see [`Pool::run_children_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user id.
+    pub uid: u32,
+    /// The group id (also the only supplementary group).
+    pub gid: u32,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("config", &self.config)
+            .field("listeners", &self.listeners)
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a pool could not run.
@@ -77,7 +103,56 @@ impl Pool {
         Pool {
             config,
             listeners: Vec::new(),
+            endpoints: Endpoints::default(),
+            reload: None,
+            credentials: None,
+            upgrade: None,
         }
+    }
+
+    /// Serves the status snapshot (JSON) on a Unix socket at `path`, mode
+    /// 0600, bound now. A stale socket file is replaced; a live one is an
+    /// error. `take_over` replaces even a live one (a binary upgrade taking
+    /// its predecessor's place). The file is removed when the pool stops.
+    pub fn control_socket(&mut self, path: &Path, take_over: bool) -> io::Result<()> {
+        self.endpoints.bind_control(path, take_over)
+    }
+
+    /// Serves Prometheus metrics over HTTP at `addr`, bound now; returns
+    /// the address bound (port 0 picks one).
+    pub fn metrics(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        self.endpoints.bind_metrics(addr)
+    }
+
+    /// How SIGHUP reads the configuration again. Without one, SIGHUP rolls
+    /// the children to a new generation under the same configuration.
+    pub fn on_reload(&mut self, read: impl FnMut() -> Result<PoolConfig, String> + 'static) {
+        self.reload = Some(Box::new(read));
+    }
+
+    /// Lets SIGUSR2 replace this process with a fresh run of the same
+    /// binary and arguments, handing over the listeners (see the
+    /// `supervisor::upgrade` docs in `docs/operations.md`). The program must
+    /// adopt inherited listeners with [`Listener::inherited`] instead of
+    /// binding when `LISTEN_FDS` is set, as `forkpool` itself does.
+    pub fn enable_upgrades(&mut self) -> io::Result<()> {
+        self.upgrade = Some(UpgradeCommand::current()?);
+        Ok(())
+    }
+
+    /// Children switch to this user and group right after they are forked.
+    /// The supervisor keeps its own identity (root, typically): it must be
+    /// able to signal every child and to re-bind privileged ports for an
+    /// upgrade, and it never runs the handler. Requires root.
+    pub fn run_children_as(&mut self, credentials: Credentials) -> Result<(), PoolError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(PoolError::Io(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "running children as another user needs the supervisor to start as root",
+            )));
+        }
+        self.credentials = Some(credentials);
+        Ok(())
     }
 
     /// Binds a listener now (so a port of 0 resolves) and returns the
@@ -115,7 +190,11 @@ impl Pool {
         if threads != 1 {
             return Err(PoolError::NotSingleThreaded(threads));
         }
-        let supervisor = Supervisor::new(self.config, self.listeners)?;
+        let mut supervisor = Supervisor::new(self.config, self.listeners)?;
+        supervisor.endpoints = self.endpoints;
+        supervisor.reload_source = self.reload;
+        supervisor.credentials = self.credentials;
+        supervisor.upgrade_command = self.upgrade;
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => {

@@ -1,6 +1,7 @@
-//! What the supervisor counts over its life.
+//! What the supervisor knows about itself: totals counted over its life,
+//! and the snapshot it serves on its control socket.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why the supervisor killed a child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +49,7 @@ impl KillReason {
 }
 
 /// Kills counted by reason.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KilledBy {
     /// See [`KillReason::PingTimeout`].
     pub ping_timeout: u64,
@@ -92,7 +93,7 @@ impl KilledBy {
 }
 
 /// Running totals since the supervisor started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Totals {
     /// Connections dispatched to children (accepted by the supervisor in
     /// `handoff`, accepted by a child in `order`, `shared` and `herd`).
@@ -115,4 +116,52 @@ pub struct Totals {
     pub saturated_ms: u64,
     /// Reloads (SIGHUP) applied.
     pub reloads: u64,
+}
+
+/// One slot as the control socket reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotStatus {
+    /// The slot number.
+    pub slot: usize,
+    /// The child's process id.
+    pub pid: i32,
+    /// `starting`, `idle`, `ordered`, `busy`, `retiring` or `killed`.
+    pub state: String,
+    /// The generation the child was started in.
+    pub generation: u32,
+    /// Connections it has finished serving.
+    pub served: u64,
+    /// How long it has been busy on its current connection, if busy.
+    pub busy_for_ms: Option<u64>,
+    /// How long since it last sent anything.
+    pub last_heard_ms: u64,
+}
+
+/// Everything `forkpool status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The supervisor's process id.
+    pub pid: u32,
+    /// The current generation (1, plus one per reload).
+    pub generation: u32,
+    /// The dispatch mode.
+    pub dispatch: String,
+    /// How long the supervisor has run.
+    pub uptime_ms: u64,
+    /// The scoreboard line, one letter per slot.
+    pub line: String,
+    /// Children starting, idle, busy and leaving.
+    pub starting: u32,
+    /// See `starting`.
+    pub idle: u32,
+    /// See `starting`.
+    pub busy: u32,
+    /// See `starting`.
+    pub leaving: u32,
+    /// `min_children`, `max_children`, `min_spare`, `max_spare` in force.
+    pub bounds: [u32; 4],
+    /// Every occupied slot.
+    pub slots: Vec<SlotStatus>,
+    /// Totals since start.
+    pub totals: Totals,
 }

@@ -3,21 +3,15 @@
 pub mod chaos;
 pub mod http;
 
-use std::io::Write;
-
 use clap::Args;
-use forkpool::{ListenAddr, Pool, PoolConfig};
 
-use crate::pool_args::PoolArgs;
+use crate::settings::ServeArgs;
 
 /// Options of `forkpool demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Address to listen on (HOST:PORT, [IPv6]:PORT or unix:PATH); repeatable.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
-    pub listen: Vec<ListenAddr>,
     #[command(flatten)]
-    pub pool: PoolArgs,
+    pub serve: ServeArgs,
     /// Allocate and touch this many MiB in the supervisor before forking,
     /// to show copy-on-write sharing (benchmarks).
     #[arg(long, value_name = "MIB", default_value_t = 0)]
@@ -29,18 +23,8 @@ pub struct DemoArgs {
 
 /// Runs the demo pool until it is stopped.
 pub fn run(args: DemoArgs) -> Result<(), String> {
-    let config = args.pool.apply(PoolConfig::default());
-    config
-        .validate()
-        .map_err(|e| format!("invalid configuration: {e}"))?;
-    let mut pool = Pool::new(config);
-    let mut out = std::io::stdout().lock();
-    for addr in &args.listen {
-        let bound = pool.listen(addr).map_err(|e| e.to_string())?;
-        writeln!(out, "forkpool: listening on {bound}").map_err(|e| e.to_string())?;
-    }
-    out.flush().map_err(|e| e.to_string())?;
-    drop(out);
+    let settings = args.serve.resolve()?;
+    let pool = crate::serve::prepare(&args.serve, &settings)?;
 
     let table = preload(args.preload_mib);
     let options = http::DemoOptions { chaos: args.chaos };

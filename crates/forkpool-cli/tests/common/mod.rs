@@ -79,6 +79,16 @@ pub struct DemoPool {
     pub stderr: Arc<Lines>,
     /// Every child pid ever seen, so Drop can kill leftovers.
     seen_children: Mutex<Vec<i32>>,
+    /// The control socket `forkpool status` reads.
+    pub control: std::path::PathBuf,
+}
+
+/// A fresh path in the temp dir, unique to this test process.
+pub fn temp_path(what: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    std::env::temp_dir().join(format!("forkpool-test-{}-{n}-{what}", std::process::id()))
 }
 
 pub fn forkpool_bin() -> &'static str {
@@ -88,16 +98,44 @@ pub fn forkpool_bin() -> &'static str {
 impl DemoPool {
     /// Starts `forkpool demo --listen 127.0.0.1:0 ARGS` with debug logs.
     pub fn start(args: &[&str]) -> DemoPool {
-        let mut child = Command::new(forkpool_bin())
-            .arg("demo")
-            .args(["--listen", "127.0.0.1:0"])
+        Self::start_with(args, &[])
+    }
+
+    /// Like [`DemoPool::start`], with extra environment variables.
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> DemoPool {
+        Self::start_from(std::path::Path::new(forkpool_bin()), args, env)
+    }
+
+    /// Like [`DemoPool::start_with`], running the binary at `program`.
+    pub fn start_from(program: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> DemoPool {
+        let control = temp_path("control.sock");
+        let mut command = Command::new(program);
+        command.arg("demo");
+        if !args.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
+        if !args.contains(&"--control") {
+            command.arg("--control").arg(&control);
+        }
+        command
             .args(args)
+            .envs(env.iter().copied())
             .env("FORKPOOL_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start forkpool");
+            .stderr(Stdio::piped());
+        // A binary copied a moment ago may still be open for writing in a
+        // process another test thread is forking (ETXTBSY until it execs).
+        let mut attempts = 0;
+        let mut child = loop {
+            match command.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 50 => {
+                    attempts += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other.expect("start forkpool"),
+            }
+        };
         let pid = child.id() as i32;
         let stdout = Arc::new(Lines::default());
         let stderr = Arc::new(Lines::default());
@@ -110,6 +148,7 @@ impl DemoPool {
             stdout,
             stderr,
             seen_children: Mutex::new(Vec::new()),
+            control,
         };
         assert!(
             pool.stdout
@@ -117,21 +156,25 @@ impl DemoPool {
             "pool did not start; stderr:\n{}",
             pool.stderr.dump()
         );
-        let line = pool
+        // Signals sent before the supervisor's handlers exist would take
+        // their default action: wait until it says the pool is ready.
+        assert!(
+            pool.stderr.wait_for("pool ready", Duration::from_secs(10)),
+            "pool never became ready; stderr:\n{}",
+            pool.stderr.dump()
+        );
+        // The first TCP listener, if any, is the one `get` talks to.
+        let tcp = pool
             .stdout
             .lines
             .lock()
             .unwrap()
             .iter()
-            .find(|l| l.contains("listening on"))
-            .cloned()
-            .unwrap();
-        pool.addr = line
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .expect("listening address");
+            .filter_map(|l| l.strip_prefix("forkpool: listening on "))
+            .find_map(|rest| rest.split(' ').next()?.parse().ok());
+        if let Some(addr) = tcp {
+            pool.addr = addr;
+        }
         pool
     }
 
@@ -194,6 +237,21 @@ impl DemoPool {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// `forkpool status --json` for this pool, parsed.
+    pub fn status(&self) -> serde_json::Value {
+        let out = Command::new(forkpool_bin())
+            .args(["status", "--json", "--control"])
+            .arg(&self.control)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
     /// A `GET` with `Connection: close`.
@@ -298,4 +356,37 @@ pub fn concurrent_gets(addr: SocketAddr, path: &str, n: usize) -> Vec<Result<Res
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Runs requests back to back from `threads` threads until `stop`.
+pub fn continuous_load(
+    addr: std::net::SocketAddr,
+    threads: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    Arc<std::sync::atomic::AtomicUsize>,
+    Vec<std::thread::JoinHandle<Vec<String>>>,
+) {
+    let ok = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handles = (0..threads)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            let ok = Arc::clone(&ok);
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                    match get(addr, "/?work_ms=5") {
+                        Ok(r) if r.status == 200 => {
+                            ok.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Ok(r) => failures.push(format!("status {}", r.status)),
+                        Err(e) => failures.push(e),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    (ok, handles)
 }

@@ -80,6 +80,7 @@ impl Supervisor {
                 Ok(()) => {
                     // The child has its own copy now; ours closes on drop.
                     let _ = self.board.hand_connection(slot, now);
+                    self.dispatch_latency.observe(now.elapsed().as_secs_f64());
                     debug!(slot, listener, "connection handed off");
                     return;
                 }

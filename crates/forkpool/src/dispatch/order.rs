@@ -46,6 +46,7 @@ impl Supervisor {
             }
             link.ordered_on = Some(listener);
             let _ = self.board.order_accept(slot, now);
+            self.dispatch_latency.observe(now.elapsed().as_secs_f64());
             self.listeners[listener].orders_out += 1;
             wanted -= 1;
         }

@@ -36,6 +36,12 @@ impl Supervisor {
                 drop(ours);
                 process::reset_child_signals()?;
                 process::die_with_parent(parent_pid)?;
+                if let Some(c) = self.credentials {
+                    if let Err(e) = process::become_user(c.uid, c.gid) {
+                        tracing::error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
+                        std::process::exit(1);
+                    }
+                }
                 Ok(Some(ChildStart {
                     slot,
                     generation: self.generation,
@@ -89,7 +95,9 @@ impl Supervisor {
     pub(super) fn reap_children(&mut self, _now: Instant) -> io::Result<()> {
         while let Some((pid, status)) = process::reap_one()? {
             let Some(slot) = self.board.slot_of_pid(pid) else {
-                debug!(pid, %status, "reaped a process that held no slot");
+                if !self.reaped_successor(pid, status) {
+                    debug!(pid, %status, "reaped a process that held no slot");
+                }
                 continue;
             };
             let link = self.links[slot].take();
@@ -138,7 +146,12 @@ impl Supervisor {
         let pid = self.board.get(slot).map_or(0, |s| s.pid);
         debug!(slot, pid, "retiring child: {reason}");
         if let Err(e) = sent {
-            self.kill(slot, KillReason::ChannelFailed, format!("cannot send quit: {e}"), now);
+            self.kill(
+                slot,
+                KillReason::ChannelFailed,
+                format!("cannot send quit: {e}"),
+                now,
+            );
         }
     }
 

@@ -48,9 +48,9 @@ impl Supervisor {
                 return Some(Verdict::Kill(
                     KillReason::PingTimeout,
                     format!(
-                    "did not answer a ping within {:?}",
-                    self.config.ping_timeout
-                ),
+                        "did not answer a ping within {:?}",
+                        self.config.ping_timeout
+                    ),
                 ));
             }
             return None;

@@ -14,12 +14,17 @@
 //! children there should be is [`crate::scaling::decide`].
 
 mod children;
+mod endpoints;
 mod liveness;
+mod notify;
 mod reload;
 mod reports;
 mod signals;
+mod upgrade;
 
+pub(crate) use endpoints::Endpoints;
 pub use reload::ReloadSource;
+pub use upgrade::{UpgradeCommand, READY_FD_ENV, UPGRADE_FROM_ENV};
 
 use std::collections::VecDeque;
 use std::io;
@@ -121,6 +126,22 @@ pub(crate) struct Supervisor {
     last_saturated_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
+    pub(crate) endpoints: endpoints::Endpoints,
+    /// Who children run as, if not the supervisor's own user.
+    pub(crate) credentials: Option<crate::pool::Credentials>,
+    /// How to re-exec for a binary upgrade (SIGUSR2), if enabled.
+    pub(crate) upgrade_command: Option<UpgradeCommand>,
+    /// The upgrade in progress, if any.
+    upgrade: Option<upgrade::Upgrade>,
+    /// In a supervisor started by an upgrade: the pipe to report ready on.
+    predecessor: Option<OwnedFd>,
+    pid: u32,
+    /// This supervisor is draining because a successor took over.
+    handed_over: bool,
+    /// Whether systemd has been told the pool is ready.
+    told_ready: bool,
+    pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
+    started: Instant,
 }
 
 impl Supervisor {
@@ -162,6 +183,16 @@ impl Supervisor {
             saturated_since: None,
             last_saturated_log: None,
             scoreboard_logged: (None, 0),
+            endpoints: endpoints::Endpoints::default(),
+            credentials: None,
+            upgrade_command: None,
+            upgrade: None,
+            predecessor: crate::sys::process::take_fd_from_env(READY_FD_ENV)?,
+            pid: std::process::id(),
+            handed_over: false,
+            told_ready: false,
+            dispatch_latency: crate::metrics::dispatch_latency_histogram(),
+            started: Instant::now(),
         })
     }
 
@@ -169,6 +200,7 @@ impl Supervisor {
     /// freshly forked child, at once with what the child needs.
     pub fn run(mut self) -> io::Result<Exit> {
         self.watch_listeners(Instant::now())?;
+        self.endpoints.register(self.poll.registry())?;
         let mut events = Events::with_capacity(256);
         let mut ready: Vec<Token> = Vec::with_capacity(256);
         loop {
@@ -178,6 +210,7 @@ impl Supervisor {
             }
             if self.finished() {
                 info!(totals = ?self.totals, "all children gone, supervisor exiting");
+                self.endpoints.remove_control_file();
                 return Ok(Exit::Done(self.totals));
             }
             let timeout = self
@@ -196,6 +229,13 @@ impl Supervisor {
             for token in ready.iter().copied() {
                 match token {
                     SIGNAL_TOKEN => self.handle_signals(now)?,
+                    upgrade::UPGRADE_TOKEN => self.upgrade_progress(now),
+                    endpoints::CONTROL_TOKEN | endpoints::METRICS_TOKEN => {
+                        self.accept_endpoint_clients(token, now)
+                    }
+                    Token(t) if t >= endpoints::CLIENT_TOKEN_BASE => {
+                        self.serve_client(t - endpoints::CLIENT_TOKEN_BASE)
+                    }
                     Token(t) if t >= CHILD_TOKEN_BASE => {
                         self.read_reports(t - CHILD_TOKEN_BASE, now)
                     }
@@ -217,6 +257,9 @@ impl Supervisor {
                 self.rewatch_listeners(now);
             }
             self.check_liveness(now);
+            self.notify_ready_once();
+            self.expire_clients(now);
+            self.check_upgrade(now);
             self.log_scoreboard(now);
         }
     }
@@ -228,7 +271,12 @@ impl Supervisor {
             self.reap_children(now)?;
         }
         if self.signals.take_reload() && self.shutdown.is_none() {
+            notify::reloading();
             self.reload(now);
+            notify::ready();
+        }
+        if self.signals.take_upgrade() && self.shutdown.is_none() {
+            self.begin_upgrade(now);
         }
         let spare_change = self.signals.take_spare_change();
         if spare_change != 0 {
@@ -263,6 +311,9 @@ impl Supervisor {
             "shutting down: no new connections, waiting for busy children"
         );
         self.shutdown = Some(Shutdown { deadline });
+        if !self.handed_over {
+            notify::stopping();
+        }
         self.unwatch_listeners();
         if !self.parked.is_empty() {
             warn!(
@@ -285,7 +336,12 @@ impl Supervisor {
         self.begin_shutdown(now);
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
-            self.kill(slot, KillReason::ImmediateStop, "immediate stop".into(), now);
+            self.kill(
+                slot,
+                KillReason::ImmediateStop,
+                "immediate stop".into(),
+                now,
+            );
         }
     }
 
@@ -382,6 +438,8 @@ impl Supervisor {
         consider(self.shutdown.map(|s| s.deadline));
         consider(self.listeners.iter().filter_map(|l| l.resume_at).min());
         consider(self.scoreboard_log_due());
+        consider(self.endpoints.deadline());
+        consider(self.upgrade_deadline());
         if self.board.counts().idle == 0 && self.board.counts().live() > 0 {
             // Saturated or starting: look at the backlog again soon.
             consider(Some(now + Duration::from_millis(50)));
@@ -397,7 +455,9 @@ impl Supervisor {
         {
             return;
         }
-        info!("child states: {}", self.board.line());
+        let line = self.board.line();
+        info!("child states: {line}");
+        notify::status(&line);
         self.scoreboard_logged = (Some(now), changes);
     }
 

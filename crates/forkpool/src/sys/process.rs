@@ -1,6 +1,7 @@
 //! Processes: forking, reaping, killing, and the child's signal set-up.
 
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::sys::signal::{self, SigHandler, Signal};
@@ -66,6 +67,16 @@ pub fn reset_child_signals() -> io::Result<()> {
     Ok(())
 }
 
+/// Before exec'ing a new supervisor: every signal the old one handles or
+/// ignores goes back to its default, as a freshly started program expects.
+pub fn default_signals() -> io::Result<()> {
+    for sig in SUPERVISOR_SIGNALS {
+        // SAFETY: installing SIG_DFL runs no code of ours in signal context.
+        unsafe { signal::signal(sig, SigHandler::SigDfl) }?;
+    }
+    Ok(())
+}
+
 /// Ask the kernel to send SIGTERM to this process when its parent dies, and
 /// exit at once if the parent is already gone (it may have died between the
 /// fork and this call).
@@ -75,6 +86,75 @@ pub fn die_with_parent(parent: i32) -> io::Result<()> {
         std::process::exit(0);
     }
     Ok(())
+}
+
+/// Drops root: the only group becomes `gid`, then the user `uid`. Order
+/// matters: after `setuid` the process may no longer change its groups.
+pub fn become_user(uid: u32, gid: u32) -> io::Result<()> {
+    use nix::unistd::{setgid, setgroups, setuid, Gid, Uid};
+    setgroups(&[Gid::from_raw(gid)])?;
+    setgid(Gid::from_raw(gid))?;
+    setuid(Uid::from_raw(uid))?;
+    Ok(())
+}
+
+/// In a forked child about to exec: puts `fds` at descriptors `first`,
+/// `first + 1`, ... without close-on-exec, so the new program finds them
+/// there (the systemd `LISTEN_FDS` convention). Everything else the
+/// supervisor opened is close-on-exec and vanishes at exec.
+pub fn place_fds(fds: &[BorrowedFd<'_>], first: RawFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let above = first + fds.len() as RawFd;
+    // Move every source above the target range first, so placing one
+    // cannot overwrite another that is still to be placed.
+    let mut high = Vec::with_capacity(fds.len());
+    for fd in fds {
+        let raw = fcntl(*fd, FcntlArg::F_DUPFD_CLOEXEC(above))?;
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor nothing else owns.
+        high.push(unsafe { OwnedFd::from_raw_fd(raw) });
+    }
+    for (i, fd) in high.iter().enumerate() {
+        // SAFETY: dup2 on two valid descriptor numbers; the target, if open,
+        // is closed atomically, and the copy it makes has no close-on-exec
+        // flag, which is the point.
+        if unsafe { libc::dup2(fd.as_raw_fd(), first + i as RawFd) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Takes ownership of a descriptor number passed in an environment
+/// variable by our predecessor (binary upgrade), and removes the variable.
+pub fn take_fd_from_env(var: &str) -> io::Result<Option<OwnedFd>> {
+    let Some(text) = std::env::var_os(var) else {
+        return Ok(None);
+    };
+    std::env::remove_var(var);
+    let raw: RawFd = text
+        .to_str()
+        .and_then(|t| t.parse().ok())
+        .filter(|fd| *fd > 2)
+        .ok_or_else(|| io::Error::other(format!("{var} is not a descriptor number")))?;
+    if nix::fcntl::fcntl(
+        // SAFETY: only used to ask whether the number is an open descriptor.
+        unsafe { BorrowedFd::borrow_raw(raw) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .is_err()
+    {
+        return Err(io::Error::other(format!(
+            "{var}={raw} is not an open descriptor"
+        )));
+    }
+    // SAFETY: the variable names a descriptor our predecessor opened for us
+    // and that is open (checked); the variable is gone, so it is taken once.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    nix::fcntl::fcntl(
+        fd.as_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(Some(fd))
 }
 
 /// Sends `sig` to `pid`; a process that is already gone is not an error.

@@ -1,7 +1,7 @@
 //! Socket calls the standard library does not offer.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::sys::socket::{accept4, SockFlag};
@@ -43,6 +43,43 @@ pub fn tcp_accept_queue_len(listener: BorrowedFd<'_>) -> Option<u32> {
     // field the kernel did not write is a valid zero.
     let info = unsafe { info.assume_init() };
     Some(info.tcpi_unacked)
+}
+
+/// The descriptors systemd-style socket activation passed to this process,
+/// with their names; the `LISTEN_*` variables are removed so nothing after
+/// us (children, exec'd workers) takes them for its own.
+pub fn take_listen_fds() -> io::Result<Vec<(OwnedFd, String)>> {
+    let passed: Vec<(i32, String)> = match sd_notify::listen_fds_with_names() {
+        Ok(fds) => fds.collect(),
+        Err(e) if std::env::var_os("LISTEN_FDS").is_none() => {
+            let _ = e;
+            Vec::new()
+        }
+        Err(e) => {
+            return Err(io::Error::other(format!(
+                "LISTEN_FDS is set but unusable: {e}"
+            )))
+        }
+    };
+    for var in ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
+        std::env::remove_var(var);
+    }
+    let mut owned = Vec::with_capacity(passed.len());
+    for (raw, name) in passed {
+        // SAFETY: LISTEN_FDS names descriptors the parent left open for this
+        // process (LISTEN_PID matched our pid); each is taken exactly once
+        // and the variables are gone, so nothing else will claim them.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        set_cloexec(fd.as_fd())?;
+        owned.push((fd, name));
+    }
+    Ok(owned)
+}
+
+fn set_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    Ok(())
 }
 
 /// Sets or clears `O_NONBLOCK`.

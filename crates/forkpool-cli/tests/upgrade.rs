@@ -1,0 +1,118 @@
+//! SIGUSR2: a new supervisor takes over the listeners without refusing a
+//! connection; a broken new binary leaves the old one serving.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{continuous_load, forkpool_bin, get, kill9, temp_path, DemoPool};
+
+/// A private copy of the binary, so a test can replace it on disk.
+fn binary_copy() -> PathBuf {
+    let path = temp_path("forkpool-bin");
+    std::fs::copy(forkpool_bin(), &path).unwrap();
+    path
+}
+
+/// Kills a supervisor the harness does not know about, and its children.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let pid = self.0;
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        kill9(pid);
+        for c in children.split_whitespace() {
+            kill9(c.parse().unwrap());
+        }
+    }
+}
+
+#[test]
+fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
+    let binary = binary_copy();
+    let mut pool = DemoPool::start_from(&binary, &["--min-children", "3"], &[]);
+    let old_pid = pool.pid;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, load) = continuous_load(pool.addr, 4, Arc::clone(&stop));
+    while ok.load(Ordering::SeqCst) < 50 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    pool.signal(12); // USR2
+    assert!(pool.stderr.wait_for(
+        "upgrade: the new supervisor is ready; this one drains and exits",
+        Duration::from_secs(10)
+    ));
+    let status = pool
+        .wait_exit(Duration::from_secs(10))
+        .expect("old supervisor exits");
+    assert!(status.success());
+    assert!(pool.stdout.wait_for("(inherited)", Duration::from_secs(2)));
+    let new = pool.status();
+    let new_pid = new["pid"].as_i64().unwrap() as i32;
+    let _cleanup = KillOnDrop(new_pid);
+    assert_ne!(new_pid, old_pid);
+    // Keep the load on the new supervisor for a while.
+    let target = ok.load(Ordering::SeqCst) + 100;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ok.load(Ordering::SeqCst) < target && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let failures: Vec<String> = load.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    assert!(
+        failures.is_empty(),
+        "failed requests across the upgrade: {failures:?}"
+    );
+    assert!(ok.load(Ordering::SeqCst) >= target);
+    // Only the new supervisor's children serve now.
+    let r = get(pool.addr, "/").unwrap();
+    let parent = std::fs::read_to_string(format!("/proc/{}/stat", r.pid.unwrap())).unwrap();
+    let ppid: i32 = parent
+        .rsplit(") ")
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(ppid, new_pid);
+    let _ = std::fs::remove_file(&binary);
+}
+
+#[test]
+fn a_broken_new_binary_leaves_the_old_supervisor_serving() {
+    let binary = binary_copy();
+    let pool = DemoPool::start_from(&binary, &["--min-children", "2"], &[]);
+    // Replace the binary on disk, as a bad deploy would.
+    let broken = temp_path("broken");
+    std::fs::write(
+        &broken,
+        "#!/bin/sh\necho 'new build is broken' >&2\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&broken, &binary).unwrap();
+    pool.signal(12);
+    assert!(
+        pool.stderr
+            .wait_for("upgrade failed", Duration::from_secs(10)),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert!(pool
+        .stderr
+        .wait_for("new build is broken", Duration::from_secs(2)));
+    assert!(pool.stderr.dump().contains("this supervisor keeps serving"));
+    assert_eq!(pool.status()["pid"].as_i64().unwrap() as i32, pool.pid);
+    for _ in 0..5 {
+        assert_eq!(pool.get("/").unwrap().status, 200);
+    }
+    let _ = std::fs::remove_file(&binary);
+}

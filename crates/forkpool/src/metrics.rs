@@ -1,0 +1,155 @@
+//! The Prometheus text exposition of a [`Snapshot`], rendered on each scrape.
+//!
+//! Counters are the supervisor's totals, so rendering from a snapshot gives
+//! the same numbers `forkpool status` shows. Only the dispatch-latency
+//! histogram lives between scrapes (it is fed on the dispatch path).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::status::{KillReason, Snapshot};
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// A histogram of dispatch latency in seconds: from the supervisor waking
+/// for a connection to the connection (or the order to accept it) reaching
+/// a child. Buckets from 1 µs to about 1 s.
+pub fn dispatch_latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-6, 4.0, 11))
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(value);
+    registry.register(name, help, c);
+}
+
+/// Renders every metric.
+pub fn render(snapshot: &Snapshot, dispatch_latency: &Histogram) -> String {
+    let mut registry = Registry::with_prefix("forkpool");
+    let t = &snapshot.totals;
+
+    let children = Family::<Labels, Gauge>::default();
+    for (state, n) in [
+        ("starting", snapshot.starting),
+        ("idle", snapshot.idle),
+        ("busy", snapshot.busy),
+        ("leaving", snapshot.leaving),
+    ] {
+        children
+            .get_or_create(&vec![("state", state)])
+            .set(i64::from(n));
+    }
+    registry.register("children", "Children by state", children);
+
+    let kills = Family::<Labels, Counter>::default();
+    for reason in KillReason::ALL {
+        kills
+            .get_or_create(&vec![("reason", reason.key())])
+            .inc_by(t.killed_by.get(reason));
+    }
+    registry.register(
+        "kills",
+        "Children killed by the supervisor, by reason",
+        kills,
+    );
+
+    counter(
+        &mut registry,
+        "connections_accepted",
+        "Connections dispatched to children",
+        t.accepted,
+    );
+    counter(&mut registry, "spawns", "Children started", t.spawned);
+    counter(
+        &mut registry,
+        "retirements",
+        "Children told to quit",
+        t.retired,
+    );
+    counter(
+        &mut registry,
+        "deaths",
+        "Children that exited without being asked",
+        t.died,
+    );
+    counter(
+        &mut registry,
+        "futile_wakeups",
+        "Children woken or ordered to accept that found no connection",
+        t.futile_wakeups,
+    );
+    counter(
+        &mut registry,
+        "backlog_full_events",
+        "Times the pool was short of idle children at max_children",
+        t.saturated,
+    );
+    counter(&mut registry, "reloads", "Reloads applied", t.reloads);
+    let saturated = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    saturated.inc_by(t.saturated_ms as f64 / 1000.0);
+    registry.register(
+        "saturated_seconds",
+        "Time spent at max_children with no idle child",
+        saturated,
+    );
+    let generation = Gauge::<i64>::default();
+    generation.set(i64::from(snapshot.generation));
+    registry.register("generation", "Current pool generation", generation);
+    registry.register(
+        "dispatch_latency_seconds",
+        "From the supervisor waking for a connection to a child getting it",
+        dispatch_latency.clone(),
+    );
+
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Totals;
+
+    #[test]
+    fn renders_totals_and_states() {
+        let mut totals = Totals {
+            accepted: 42,
+            spawned: 5,
+            ..Totals::default()
+        };
+        totals.killed_by.add(KillReason::PingTimeout);
+        let snapshot = Snapshot {
+            pid: 1,
+            generation: 3,
+            dispatch: "handoff".into(),
+            uptime_ms: 10,
+            line: "IB".into(),
+            starting: 0,
+            idle: 1,
+            busy: 1,
+            leaving: 0,
+            bounds: [1, 4, 1, 2],
+            slots: vec![],
+            totals,
+        };
+        let h = dispatch_latency_histogram();
+        h.observe(0.00002);
+        let text = render(&snapshot, &h);
+        assert!(
+            text.contains("forkpool_connections_accepted_total 42"),
+            "{text}"
+        );
+        assert!(text.contains("forkpool_spawns_total 5"));
+        assert!(text.contains("forkpool_children{state=\"idle\"} 1"));
+        assert!(text.contains("forkpool_kills_total{reason=\"ping_timeout\"} 1"));
+        assert!(text.contains("forkpool_generation 3"));
+        assert!(text.contains("forkpool_dispatch_latency_seconds_count 1"));
+    }
+}

@@ -1,0 +1,346 @@
+//! The supervisor's own small servers, run from its event loop (no thread):
+//! the control socket, which writes a JSON [`Snapshot`] to whoever connects,
+//! and the Prometheus metrics endpoint, which answers any HTTP request with
+//! the text exposition. Both write without blocking; a client that does not
+//! read is dropped after [`CLIENT_TIMEOUT`].
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use mio::{Interest, Token};
+use nix::sys::stat::{umask, Mode};
+use tracing::warn;
+
+use super::Supervisor;
+use crate::status::{SlotStatus, Snapshot};
+
+pub(super) const CONTROL_TOKEN: Token = Token(usize::MAX - 2);
+pub(super) const METRICS_TOKEN: Token = Token(usize::MAX - 3);
+pub(super) const CLIENT_TOKEN_BASE: usize = 1 << 28;
+
+/// How long a status or metrics client may take.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest HTTP request head read from a metrics client.
+const MAX_REQUEST: usize = 8 * 1024;
+
+/// The bound control socket and metrics listener, and their clients.
+#[derive(Default)]
+pub(crate) struct Endpoints {
+    control: Option<ControlSocket>,
+    metrics: Option<TcpListener>,
+    clients: Vec<Option<Client>>,
+}
+
+struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    inode: u64,
+}
+
+enum ClientStream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+struct Client {
+    stream: ClientStream,
+    /// Metrics clients send a request first; the answer follows its end.
+    request: Option<Vec<u8>>,
+    out: Vec<u8>,
+    written: usize,
+    since: Instant,
+}
+
+impl Endpoints {
+    /// Binds the control socket at `path`, mode 0600. A stale socket file
+    /// is replaced; one a live supervisor answers on is an error, unless
+    /// `take_over` (a binary upgrade replacing its predecessor's socket).
+    pub fn bind_control(&mut self, path: &Path, take_over: bool) -> io::Result<()> {
+        if take_over && path.exists() {
+            std::fs::remove_file(path)?;
+        }
+        crate::listener::remove_stale_socket(path)?;
+        // Create the socket file owner-only from the start, not chmod it
+        // after: nobody else may connect in between.
+        let old = umask(Mode::from_bits_truncate(0o177));
+        let bound = UnixListener::bind(path);
+        umask(old);
+        let listener = bound.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot bind the control socket {}: {e}", path.display()),
+            )
+        })?;
+        let inode = std::fs::metadata(path)?.ino();
+        self.control = Some(ControlSocket {
+            listener,
+            path: path.to_path_buf(),
+            inode,
+        });
+        Ok(())
+    }
+
+    /// Binds the metrics endpoint.
+    pub fn bind_metrics(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot bind the metrics endpoint {addr}: {e}"),
+            )
+        })?;
+        let local = listener.local_addr()?;
+        self.metrics = Some(listener);
+        Ok(local)
+    }
+
+    /// Registers the bound listeners with the loop.
+    pub fn register(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        if let Some(c) = self.control.as_mut() {
+            registry.register(&mut c.listener, CONTROL_TOKEN, Interest::READABLE)?;
+        }
+        if let Some(m) = self.metrics.as_mut() {
+            registry.register(m, METRICS_TOKEN, Interest::READABLE)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the control socket file, unless a successor replaced it.
+    pub fn remove_control_file(&self) {
+        if let Some(c) = &self.control {
+            let ours = std::fs::metadata(&c.path).is_ok_and(|m| m.ino() == c.inode);
+            if ours {
+                let _ = std::fs::remove_file(&c.path);
+            }
+        }
+    }
+
+    /// The earliest client deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.clients
+            .iter()
+            .flatten()
+            .map(|c| c.since + CLIENT_TIMEOUT)
+            .min()
+    }
+}
+
+impl Supervisor {
+    /// A client connected to the control socket or the metrics endpoint.
+    pub(super) fn accept_endpoint_clients(&mut self, token: Token, now: Instant) {
+        loop {
+            let accepted = match token {
+                CONTROL_TOKEN => match self.endpoints.control.as_ref() {
+                    Some(c) => c.listener.accept().map(|(s, _)| ClientStream::Unix(s)),
+                    None => return,
+                },
+                _ => match self.endpoints.metrics.as_ref() {
+                    Some(m) => m.accept().map(|(s, _)| ClientStream::Tcp(s)),
+                    None => return,
+                },
+            };
+            let stream = match accepted {
+                Ok(stream) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    warn!("status client accept failed: {e}");
+                    return;
+                }
+            };
+            let (request, out) = match stream {
+                ClientStream::Unix(_) => (None, self.status_json()),
+                ClientStream::Tcp(_) => (Some(Vec::new()), Vec::new()),
+            };
+            let client = Client {
+                stream,
+                request,
+                out,
+                written: 0,
+                since: now,
+            };
+            let index = match self.endpoints.clients.iter().position(Option::is_none) {
+                Some(i) => i,
+                None => {
+                    self.endpoints.clients.push(None);
+                    self.endpoints.clients.len() - 1
+                }
+            };
+            self.endpoints.clients[index] = Some(client);
+            if self.register_client(index).is_err() {
+                self.endpoints.clients[index] = None;
+                continue;
+            }
+            self.serve_client(index);
+        }
+    }
+
+    fn register_client(&mut self, index: usize) -> io::Result<()> {
+        let token = Token(CLIENT_TOKEN_BASE + index);
+        let registry = self.poll.registry();
+        let client = self.endpoints.clients[index].as_mut().expect("just set");
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        match &mut client.stream {
+            ClientStream::Unix(s) => registry.register(s, token, interest),
+            ClientStream::Tcp(s) => registry.register(s, token, interest),
+        }
+    }
+
+    /// Moves a client along: read its request, write the answer, close.
+    pub(super) fn serve_client(&mut self, index: usize) {
+        let done = self.advance_client(index).unwrap_or(true);
+        if done {
+            self.close_client(index);
+        }
+    }
+
+    fn advance_client(&mut self, index: usize) -> io::Result<bool> {
+        let Some(client) = self
+            .endpoints
+            .clients
+            .get_mut(index)
+            .and_then(Option::as_mut)
+        else {
+            return Ok(false);
+        };
+        if let Some(request) = client.request.as_mut() {
+            let mut buf = [0u8; 1024];
+            loop {
+                match client.stream.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        request.extend_from_slice(&buf[..n]);
+                        if request.windows(4).any(|w| w == b"\r\n\r\n")
+                            || request.len() > MAX_REQUEST
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                    Err(e) => return Err(e),
+                }
+            }
+            client.request = None;
+            let body = self.metrics_text();
+            let client = self.endpoints.clients[index].as_mut().expect("checked");
+            client.out = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            client.out.extend_from_slice(body.as_bytes());
+        }
+        let client = self.endpoints.clients[index].as_mut().expect("checked");
+        while client.written < client.out.len() {
+            match client.stream.write(&client.out[client.written..]) {
+                Ok(0) => return Ok(true),
+                Ok(n) => client.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn close_client(&mut self, index: usize) {
+        if let Some(mut client) = self.endpoints.clients.get_mut(index).and_then(Option::take) {
+            let registry = self.poll.registry();
+            let _ = match &mut client.stream {
+                ClientStream::Unix(s) => registry.deregister(s),
+                ClientStream::Tcp(s) => registry.deregister(s),
+            };
+        }
+    }
+
+    /// Drops clients that have taken too long.
+    pub(super) fn expire_clients(&mut self, now: Instant) {
+        for index in 0..self.endpoints.clients.len() {
+            let late = self.endpoints.clients[index]
+                .as_ref()
+                .is_some_and(|c| now.duration_since(c.since) >= CLIENT_TIMEOUT);
+            if late {
+                self.close_client(index);
+            }
+        }
+    }
+
+    /// The scoreboard and totals as the control socket reports them.
+    pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {
+        let counts = self.board.counts();
+        let slots = self
+            .board
+            .iter()
+            .map(|(slot, s)| SlotStatus {
+                slot,
+                pid: s.pid,
+                state: s.state.name().to_string(),
+                generation: s.generation,
+                served: s.served,
+                busy_for_ms: matches!(
+                    s.state,
+                    crate::scoreboard::SlotState::Busy | crate::scoreboard::SlotState::Ordered
+                )
+                .then(|| now.duration_since(s.since).as_millis() as u64),
+                last_heard_ms: now.duration_since(s.last_heard).as_millis() as u64,
+            })
+            .collect();
+        let mut totals = self.totals;
+        if let Some(since) = self.saturated_since {
+            totals.saturated_ms += now.duration_since(since).as_millis() as u64;
+        }
+        Snapshot {
+            pid: std::process::id(),
+            generation: self.generation,
+            dispatch: self.config.dispatch.name().to_string(),
+            uptime_ms: now.duration_since(self.started).as_millis() as u64,
+            line: self.board.line(),
+            starting: counts.starting,
+            idle: counts.idle,
+            busy: counts.busy,
+            leaving: counts.leaving,
+            bounds: [
+                self.config.min_children,
+                self.config.max_children,
+                self.config.min_spare,
+                self.config.max_spare,
+            ],
+            slots,
+            totals,
+        }
+    }
+
+    fn status_json(&self) -> Vec<u8> {
+        let mut json = serde_json::to_vec(&self.snapshot(Instant::now())).unwrap_or_default();
+        json.push(b'\n');
+        json
+    }
+
+    fn metrics_text(&self) -> String {
+        crate::metrics::render(&self.snapshot(Instant::now()), &self.dispatch_latency)
+    }
+}
+
+impl Read for ClientStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ClientStream::Unix(s) => s.read(buf),
+            ClientStream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for ClientStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            ClientStream::Unix(s) => s.write(buf),
+            ClientStream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

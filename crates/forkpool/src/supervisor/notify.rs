@@ -1,0 +1,64 @@
+//! systemd's readiness protocol (`sd_notify`), when `NOTIFY_SOCKET` is set:
+//! `READY=1` once the first children are ready, `STATUS=` with the
+//! scoreboard line, `RELOADING=1` around a SIGHUP, `STOPPING=1` on shutdown.
+//! Without `NOTIFY_SOCKET` every call here does nothing.
+
+use sd_notify::NotifyState;
+use tracing::debug;
+
+use super::Supervisor;
+
+fn send(states: &[NotifyState]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(states) {
+        debug!("sd_notify failed: {e}");
+    }
+}
+
+/// `READY=1`.
+pub fn ready() {
+    send(&[NotifyState::Ready]);
+}
+
+/// `MAINPID=` this process: a new supervisor taking over after an upgrade.
+pub fn main_pid() {
+    send(&[NotifyState::MainPid(std::process::id())]);
+}
+
+/// `RELOADING=1` with the monotonic timestamp systemd asks for.
+pub fn reloading() {
+    match sd_notify::NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now]),
+        Err(_) => send(&[NotifyState::Reloading]),
+    }
+}
+
+/// `STOPPING=1`.
+pub fn stopping() {
+    send(&[NotifyState::Stopping]);
+}
+
+/// `STATUS=child states: ...`.
+pub fn status(line: &str) {
+    send(&[NotifyState::Status(&format!("child states: {line}"))]);
+}
+
+impl Supervisor {
+    /// Tells systemd the service is up once `min_children` are ready (or at
+    /// least one, for a pool that may start empty).
+    pub(super) fn notify_ready_once(&mut self) {
+        if self.told_ready {
+            return;
+        }
+        let counts = self.board.counts();
+        let wanted = self.config.min_children.max(1);
+        if counts.idle + counts.busy >= wanted {
+            self.told_ready = true;
+            ready();
+            self.tell_predecessor_ready();
+            tracing::info!("pool ready");
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! SIGUSR2: replace the running supervisor with a fresh copy of its binary
+//! (possibly a new version) without closing the listeners.
+//!
+//! 1. The old supervisor forks; the child places the listeners at
+//!    descriptors 3.. (`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`) and a
+//!    pipe's write end after them (`FORKPOOL_UPGRADE_READY_FD`), then execs
+//!    the binary with the original arguments.
+//! 2. The new supervisor adopts the listeners, starts its own children and,
+//!    once they are ready, writes `ready` to the pipe.
+//! 3. The old supervisor then shuts down gracefully: it stops accepting
+//!    (the new one is already accepting on the same sockets), lets busy
+//!    children finish, and exits. No connection is refused at any point.
+//!
+//! If the new supervisor exits, or is not ready within [`UPGRADE_TIMEOUT`],
+//! the old one says why and keeps serving as if nothing happened.
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use nix::sys::signal::Signal;
+use tracing::{error, info, warn};
+
+use super::Supervisor;
+use crate::sys::process::{self, ExitStatus, Forked};
+
+pub(super) const UPGRADE_TOKEN: Token = Token(usize::MAX - 4);
+/// The variable naming the pipe a new supervisor reports readiness on.
+pub const READY_FD_ENV: &str = "FORKPOOL_UPGRADE_READY_FD";
+/// The variable telling a new supervisor which pid it replaces.
+pub const UPGRADE_FROM_ENV: &str = "FORKPOOL_UPGRADE_FROM";
+/// How long a new supervisor may take to become ready.
+pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to start the new supervisor: the binary's path as it was when this
+/// one started (so a binary replaced on disk is picked up) and the original
+/// arguments.
+#[derive(Debug, Clone)]
+pub struct UpgradeCommand {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments, without the program name.
+    pub args: Vec<OsString>,
+}
+
+impl UpgradeCommand {
+    /// The command this process was started with.
+    pub fn current() -> io::Result<UpgradeCommand> {
+        let program = std::env::current_exe()?;
+        Ok(UpgradeCommand {
+            program,
+            args: std::env::args_os().skip(1).collect(),
+        })
+    }
+}
+
+/// An upgrade in progress.
+pub(crate) struct Upgrade {
+    pid: i32,
+    ready: UnixStream,
+    deadline: Instant,
+}
+
+impl Supervisor {
+    /// SIGUSR2: start the new supervisor.
+    pub(super) fn begin_upgrade(&mut self, now: Instant) {
+        let Some(command) = self.upgrade_command.clone() else {
+            warn!("SIGUSR2 ignored: this pool was not built with binary upgrades enabled");
+            return;
+        };
+        if let Some(upgrade) = &self.upgrade {
+            warn!(
+                pid = upgrade.pid,
+                "SIGUSR2 ignored: an upgrade is already under way"
+            );
+            return;
+        }
+        match self.spawn_successor(&command) {
+            Ok((pid, ready)) => {
+                info!(pid, program = %command.program.display(), "upgrade: started a new supervisor");
+                if let Err(e) = self.poll.registry().register(
+                    &mut SourceFd(&ready.as_raw_fd()),
+                    UPGRADE_TOKEN,
+                    Interest::READABLE,
+                ) {
+                    error!("upgrade: cannot watch the new supervisor: {e}");
+                }
+                self.upgrade = Some(Upgrade {
+                    pid,
+                    ready,
+                    deadline: now + UPGRADE_TIMEOUT,
+                });
+            }
+            Err(e) => error!("upgrade failed, this supervisor keeps serving: {e}"),
+        }
+    }
+
+    fn spawn_successor(&mut self, command: &UpgradeCommand) -> io::Result<(i32, UnixStream)> {
+        let (ours, theirs) = UnixStream::pair()?;
+        ours.set_nonblocking(true)?;
+        let _ = io::stdout().flush();
+        let _ = io::stderr().flush();
+        match process::fork()? {
+            Forked::Parent(pid) => Ok((pid, ours)),
+            Forked::Child => {
+                let err = self.exec_successor(command, theirs);
+                eprintln!(
+                    "forkpool: cannot start {} for the upgrade: {err}",
+                    command.program.display()
+                );
+                // Exit without running the supervisor's destructors: they
+                // belong to the parent.
+                std::process::exit(127)
+            }
+        }
+    }
+
+    /// In the forked child: descriptors in place, then exec. Returns only
+    /// on failure.
+    fn exec_successor(&self, command: &UpgradeCommand, ready: UnixStream) -> io::Error {
+        if let Err(e) = process::default_signals() {
+            return e;
+        }
+        let mut fds: Vec<std::os::fd::BorrowedFd<'_>> =
+            self.listeners.iter().map(|l| l.listener.as_fd()).collect();
+        let ready_fd: OwnedFd = ready.into();
+        fds.push(ready_fd.as_fd());
+        if let Err(e) = process::place_fds(&fds, 3) {
+            return e;
+        }
+        let n = self.listeners.len();
+        let names: Vec<&str> = self
+            .listeners
+            .iter()
+            .map(|l| match l.listener.name() {
+                "" => "unknown",
+                name => name,
+            })
+            .collect();
+        std::process::Command::new(&command.program)
+            .args(&command.args)
+            .env("LISTEN_FDS", n.to_string())
+            .env("LISTEN_PID", std::process::id().to_string())
+            .env("LISTEN_FDNAMES", names.join(":"))
+            .env(READY_FD_ENV, (3 + n).to_string())
+            .env(UPGRADE_FROM_ENV, self.pid.to_string())
+            .exec()
+    }
+
+    /// The new supervisor wrote to, or closed, the readiness pipe.
+    pub(super) fn upgrade_progress(&mut self, now: Instant) {
+        let Some(upgrade) = self.upgrade.as_mut() else {
+            return;
+        };
+        let mut buf = [0u8; 16];
+        match upgrade.ready.read(&mut buf) {
+            Ok(n) if n > 0 && buf[..n].starts_with(b"ready") => {
+                let pid = upgrade.pid;
+                self.end_upgrade();
+                self.handed_over = true;
+                info!(
+                    pid,
+                    "upgrade: the new supervisor is ready; this one drains and exits"
+                );
+                self.begin_shutdown(now);
+            }
+            Ok(_) => {
+                let pid = upgrade.pid;
+                self.end_upgrade();
+                error!(
+                    pid,
+                    "upgrade failed: the new supervisor stopped before it was ready; \
+                     this supervisor keeps serving (see its messages above)"
+                );
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                self.end_upgrade();
+                error!("upgrade failed: {e}; this supervisor keeps serving");
+            }
+        }
+    }
+
+    /// Kills a new supervisor that did not become ready in time.
+    pub(super) fn check_upgrade(&mut self, now: Instant) {
+        if let Some(upgrade) = &self.upgrade {
+            if now >= upgrade.deadline {
+                let pid = upgrade.pid;
+                let _ = process::send_signal(pid, Signal::SIGKILL);
+                self.end_upgrade();
+                error!(
+                    pid,
+                    "upgrade failed: the new supervisor was not ready within {UPGRADE_TIMEOUT:?}; \
+                     killed it, this supervisor keeps serving"
+                );
+            }
+        }
+    }
+
+    pub(super) fn upgrade_deadline(&self) -> Option<Instant> {
+        self.upgrade.as_ref().map(|u| u.deadline)
+    }
+
+    /// A process that held no slot was reaped: it may be the new supervisor.
+    pub(super) fn reaped_successor(&mut self, pid: i32, status: ExitStatus) -> bool {
+        if self.upgrade.as_ref().is_some_and(|u| u.pid == pid) {
+            self.end_upgrade();
+            error!(
+                pid,
+                %status,
+                "upgrade failed: the new supervisor exited; this supervisor keeps serving"
+            );
+            return true;
+        }
+        false
+    }
+
+    fn end_upgrade(&mut self) {
+        if let Some(upgrade) = self.upgrade.take() {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&upgrade.ready.as_raw_fd()));
+        }
+    }
+
+    /// In a new supervisor: tell the old one we are ready (once).
+    pub(super) fn tell_predecessor_ready(&mut self) {
+        if let Some(fd) = self.predecessor.take() {
+            super::notify::main_pid();
+            let mut pipe = UnixStream::from(fd);
+            match pipe.write_all(b"ready\n") {
+                Ok(()) => info!("told the previous supervisor to drain and exit"),
+                Err(e) => warn!("cannot tell the previous supervisor we are ready: {e}"),
+            }
+        }
+    }
+}
