@@ -723,11 +723,11 @@ mod tests {
 
         spec.target = Target::at(server.addr(), "/?work_ms=5000");
         spec.timeout = Duration::from_secs(5);
-        spec.stall = Duration::from_millis(150);
-        spec.duration = Duration::from_millis(100);
+        spec.duration = Duration::from_millis(300);
+        spec.stall = Duration::from_secs(1);
         let outcome = run(&spec, &mut |_| {}).unwrap();
         assert_eq!(outcome.errors.stalled, 0, "{:?}", outcome.errors);
-        spec.duration = Duration::from_millis(200);
+        spec.stall = Duration::from_millis(100);
         let outcome = run(&spec, &mut |_| {}).unwrap();
         assert_eq!(outcome.errors.stalled, 2, "{:?}", outcome.errors);
         assert_eq!(outcome.errors.total(), 2, "{:?}", outcome.errors);

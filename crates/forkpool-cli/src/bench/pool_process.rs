@@ -339,9 +339,10 @@ mod tests {
 
     /// A shell pretending to be the demo: `$1` is what it does on SIGTERM.
     fn fake_pool(on_term: &str) -> Result<PoolProcess, String> {
+        // The trap comes first: SIGTERM may follow the listening line at once.
         let script = format!(
-            "echo starting >&2; echo 'forkpool: listening on 127.0.0.1:4321'; \
-             trap '{on_term}' TERM; while :; do sleep 0.05; done"
+            "trap '{on_term}' TERM; echo starting >&2; \
+             echo 'forkpool: listening on 127.0.0.1:4321'; while :; do sleep 0.05; done"
         );
         PoolProcess::start(
             Path::new("/bin/sh"),
