@@ -1,5 +1,6 @@
 //! The `forkpool` command: run preforked pools, the demo server, benchmarks.
 
+mod bench;
 mod check;
 mod demo;
 mod pool_args;
@@ -29,6 +30,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Validate settings (a --config file and flags) without starting.
     Check(check::CheckArgs),
+    /// Measure the pool's dispatch modes side by side, and against other
+    /// servers (see docs/benchmarks.md).
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -38,6 +42,7 @@ fn main() {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
         Command::Check(args) => check::run(args),
+        Command::Bench(args) => bench::run(&args),
     };
     if let Err(e) = result {
         eprintln!("forkpool: {e}");
