@@ -168,6 +168,14 @@ impl Listener {
         &self.name
     }
 
+    /// Sets `SO_RCVTIMEO` on the listening socket. Linux copies it to every
+    /// accepted TCP connection, so a handler's reads time out without a
+    /// `setsockopt` per connection. Unix-socket connections are created
+    /// afresh on accept and do not inherit it: set it on those streams.
+    pub fn set_read_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
+        socket2::SockRef::from(&self.fd).set_read_timeout(Some(timeout))
+    }
+
     /// Sets the permission bits of a Unix listener's socket file.
     pub fn set_unix_mode(&self, mode: u32) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
@@ -367,6 +375,19 @@ mod tests {
         let _client = TcpStream::connect(addr).unwrap();
         let fd = crate::sys::socket::accept(l.as_fd()).unwrap();
         assert!(TcpStream::from(fd).nodelay().unwrap());
+    }
+
+    #[test]
+    fn accepted_connections_inherit_the_read_timeout() {
+        let l = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        l.set_read_timeout(std::time::Duration::from_secs(7)).unwrap();
+        let ListenAddr::Tcp(addr) = *l.local_addr() else {
+            unreachable!()
+        };
+        let _client = TcpStream::connect(addr).unwrap();
+        let fd = crate::sys::socket::accept(l.as_fd()).unwrap();
+        let timeout = TcpStream::from(fd).read_timeout().unwrap();
+        assert_eq!(timeout, Some(std::time::Duration::from_secs(7)));
     }
 
     #[test]

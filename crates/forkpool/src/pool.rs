@@ -169,6 +169,11 @@ impl Pool {
         self.listeners.push(listener);
     }
 
+    /// The listeners added so far, in order.
+    pub fn listeners(&self) -> &[Listener] {
+        &self.listeners
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
         &self.config

@@ -125,7 +125,11 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
     let Connection {
         mut stream, worker, ..
     } = conn;
-    let _ = stream.set_read_timeout(Some(KEEPALIVE_TIMEOUT));
+    // A TCP connection got its read timeout (KEEPALIVE_TIMEOUT) from the
+    // listener (see demo::run); a Unix-socket one does not inherit it.
+    if let forkpool::Stream::Unix(_) = stream {
+        let _ = stream.set_read_timeout(Some(KEEPALIVE_TIMEOUT));
+    }
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let mut served = 0u32;

@@ -29,6 +29,13 @@ pub struct DemoArgs {
 pub fn run(args: DemoArgs) -> Result<(), String> {
     let settings = args.serve.resolve()?;
     let pool = crate::serve::prepare(&args.serve, &settings)?;
+    // Accepted connections inherit the listener's read timeout: the
+    // keep-alive limit costs no system call per connection.
+    for listener in pool.listeners() {
+        listener
+            .set_read_timeout(http::KEEPALIVE_TIMEOUT)
+            .map_err(|e| format!("cannot set a read timeout on {}: {e}", listener.local_addr()))?;
+    }
 
     let table = preload(args.preload_mib);
     let options = http::DemoOptions {
