@@ -43,15 +43,8 @@ $worker->serve(sub {
     my ($target) = $head =~ m{^\S+\s+(\S+)};
     my %query = map { split /=/, $_, 2 } grep { /=/ } split /&/,
         ((($target // '/') =~ /\?(.*)$/)[0] // '');
-    if ($chaos) {
-        my $what = $query{chaos} // '';
-        if ($what eq 'garbage') {
-            send($worker->channel, "\x01Zjunk", 0);    # version 1, no kind 'Z'
-        }
-        elsif ($what eq 'exit') {
-            POSIX::_exit(3);
-        }
-    }
+    my $what = $chaos ? $query{chaos} // '' : '';
+    POSIX::_exit(3) if $what eq 'exit';
     my $work_ms = ($query{work_ms} // '') =~ /^(\d+)$/ ? $1 : 0;
     $work_ms = MAX_WORK_MS if $work_ms > MAX_WORK_MS;
     Time::HiRes::sleep($work_ms / 1000) if $work_ms;
@@ -61,6 +54,9 @@ $worker->serve(sub {
         . 'X-Forkpool-Slot: ' . $worker->slot . "\r\n"
         . 'X-Forkpool-Pid: ' . $worker->pid . "\r\n"
         . "Connection: close\r\n\r\n$body";
+    # After the response, so the client gets it before the supervisor
+    # kills this worker for what follows.
+    send($worker->channel, "\x01Zjunk", 0) if $what eq 'garbage';    # no kind 'Z'
 });
 exit 0;
 

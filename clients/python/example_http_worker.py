@@ -49,12 +49,9 @@ def main():
         parts = head.split(b"\r\n", 1)[0].split(b" ")
         target = parts[1].decode("latin-1") if len(parts) > 1 else "/"
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
-        if chaos:
-            what = query.get("chaos", [""])[0]
-            if what == "garbage":
-                worker.channel.send(b"\x01Zjunk")  # version 1, no kind 'Z'
-            elif what == "exit":
-                os._exit(3)
+        what = query.get("chaos", [""])[0] if chaos else ""
+        if what == "exit":
+            os._exit(3)
         try:
             work_ms = min(int(query.get("work_ms", ["0"])[0]), MAX_WORK_MS)
         except ValueError:
@@ -68,6 +65,10 @@ def main():
             + b"Connection: close\r\n\r\n"
             + body
         )
+        if what == "garbage":
+            # After the response, so the client gets it before the
+            # supervisor kills this worker for what follows.
+            worker.channel.send(b"\x01Zjunk")  # version 1, no kind 'Z'
 
     worker.serve(handle)
 

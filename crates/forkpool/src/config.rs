@@ -83,7 +83,8 @@ impl FromStr for DispatchMode {
             "herd" => Ok(DispatchMode::Herd),
             "none" => Ok(DispatchMode::None),
             other => Err(format!(
-                "unknown dispatch mode '{other}': use handoff, order, shared or none"
+                "unknown dispatch mode '{other}': use handoff, order or shared \
+                 (or none, for `forkpool run` programs that speak no protocol)"
             )),
         }
     }

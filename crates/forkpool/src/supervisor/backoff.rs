@@ -86,7 +86,9 @@ impl Supervisor {
             Some(reason) => format!("killed: {reason}"),
             None => status.to_string(),
         };
-        let when = if link.ready {
+        // In `none` mode `ready` is set from the start: the first second
+        // is all the start-up there is.
+        let when = if link.ready && self.config.dispatch.speaks_protocol() {
             format!("within {START_WINDOW:?} of starting")
         } else {
             "during start-up".to_string()
