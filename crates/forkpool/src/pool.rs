@@ -20,6 +20,7 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use crate::config::{ConfigError, DispatchMode, PoolConfig};
@@ -223,7 +224,7 @@ impl Pool {
             // flag only matters to the workers, which expect blocking
             // sockets like systemd gives them.
             for l in &self.listeners {
-                crate::sys::socket::set_nonblocking(std::os::fd::AsFd::as_fd(l), false)?;
+                crate::sys::socket::set_nonblocking(l.as_fd(), false)?;
             }
         }
         let mut supervisor = self.supervisor()?;
