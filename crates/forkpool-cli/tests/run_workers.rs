@@ -596,7 +596,7 @@ fn fd_hygiene_order_worker_gets_the_listeners_then_the_channel() {
             "--dispatch",
             "order",
             "--listen",
-            "127.0.0.1:0",
+            "public=127.0.0.1:0",
             "--listen",
             &unix,
         ],
@@ -619,7 +619,7 @@ fn fd_hygiene_order_worker_gets_the_listeners_then_the_channel() {
     );
     assert_eq!(
         env_of(&report, "LISTEN_FDNAMES").as_deref(),
-        Some("listener0:listener1")
+        Some("public:listener1")
     );
     assert_eq!(env_of(&report, "FORKPOOL_CHANNEL_FD").as_deref(), Some("5"));
     assert_eq!(

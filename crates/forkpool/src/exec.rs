@@ -18,7 +18,7 @@
 //! |-----------------------|---------------------------------------------------------|
 //! | `LISTEN_FDS`          | n, when n > 0 (systemd socket activation)               |
 //! | `LISTEN_PID`          | the worker's own pid, when n > 0                        |
-//! | `LISTEN_FDNAMES`      | `listener0:listener1:…`, when n > 0                     |
+//! | `LISTEN_FDNAMES`      | each listener's name (`--listen NAME=ADDR`), else `listenerI`; when n > 0 |
 //! | `FORKPOOL_CHANNEL_FD` | 3+n, except in `none` mode                              |
 //! | `FORKPOOL_PROTOCOL`   | `1`, the back-channel protocol version, except in `none` mode |
 //! | `FORKPOOL_SLOT`       | the worker's slot number                                |
@@ -132,11 +132,21 @@ impl fmt::Display for WorkerCommand {
     }
 }
 
-/// The listener names in `LISTEN_FDNAMES`: `listener0:listener1:…`. The
-/// number is the index the back-channel's `C` and `A` messages carry.
-pub fn listener_names(n: usize) -> String {
-    (0..n)
-        .map(|i| format!("listener{i}"))
+/// `LISTEN_FDNAMES` for listeners with these names: each name, or
+/// `listenerI` for one without (I is the index the back-channel's `C`
+/// and `A` messages carry), `:`-separated.
+pub fn listener_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            // systemd's separator cannot be part of a name.
+            if name.is_empty() || name.contains(':') {
+                format!("listener{i}")
+            } else {
+                name.to_string()
+            }
+        })
         .collect::<Vec<_>>()
         .join(":")
 }
@@ -178,6 +188,7 @@ fn prepare(start: ChildStart, command: &WorkerCommand) -> io::Result<std::proces
     }
     // Only modes whose children hold listeners were given them.
     let n = start.listeners.len();
+    let names = listener_names(start.listeners.iter().map(|l| l.name()));
     for (i, listener) in start.listeners.into_iter().enumerate() {
         plan.push((listener.into(), FIRST_FD + i as RawFd));
     }
@@ -197,7 +208,7 @@ fn prepare(start: ChildStart, command: &WorkerCommand) -> io::Result<std::proces
     if n > 0 {
         cmd.env(LISTEN_FDS_VAR, n.to_string())
             .env(LISTEN_PID_VAR, std::process::id().to_string())
-            .env(LISTEN_FDNAMES_VAR, listener_names(n));
+            .env(LISTEN_FDNAMES_VAR, names);
     }
     if mode.speaks_protocol() {
         cmd.env(CHANNEL_FD_VAR, channel_fd.to_string())
@@ -215,8 +226,12 @@ mod tests {
 
     #[test]
     fn names_number_the_listeners() {
-        assert_eq!(listener_names(0), "");
-        assert_eq!(listener_names(2), "listener0:listener1");
+        assert_eq!(listener_names([]), "");
+        assert_eq!(listener_names(["", ""]), "listener0:listener1");
+        assert_eq!(
+            listener_names(["public", "", "a:b"]),
+            "public:listener1:listener2"
+        );
     }
 
     #[test]
