@@ -672,3 +672,22 @@ fn run_without_a_command_is_a_usage_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_command_can_come_from_the_config_file() {
+    let scratch = Scratch::new("config-command");
+    let config = scratch.write(
+        "pool.toml",
+        &format!(
+            "command = [\"python3\", \"{PYTHON_WORKER}\"]\n\n[pool]\nmin_children = 1\n\
+             ping_timeout = \"20s\"\n"
+        ),
+    );
+    let mut command = Command::new(forkpool_bin());
+    command.arg("run");
+    let pool = DemoPool::launch(command, &["--config", &config], &[], true);
+    let r = pool.get("/").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "hello\n");
+    assert!(pool.stderr.count("running `python3 ") >= 1);
+}
