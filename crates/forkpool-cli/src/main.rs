@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod demo;
 mod pool_args;
+mod run;
 mod serve;
 mod settings;
 mod status;
@@ -33,6 +34,10 @@ enum Command {
     /// Measure the pool's dispatch modes side by side, and against other
     /// servers (see docs/benchmarks.md).
     Bench(bench::BenchArgs),
+    /// Run a pool of another program: for each slot, fork and exec
+    /// `CMD [ARGS...]` (given after `--`) with the listeners passed the
+    /// systemd way and the back-channel announced in FORKPOOL_CHANNEL_FD.
+    Run(run::RunArgs),
 }
 
 fn main() {
@@ -43,6 +48,7 @@ fn main() {
         Command::Status(args) => status::run(args),
         Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(&args),
+        Command::Run(args) => run::run(args),
     };
     if let Err(e) = result {
         eprintln!("forkpool: {e}");

@@ -10,7 +10,8 @@ use forkpool::{DispatchMode, PoolConfig};
 /// [`PoolConfig::default`]'s values.
 #[derive(Debug, Clone, Default, Args)]
 pub struct PoolArgs {
-    /// How connections reach children: handoff, order or shared.
+    /// How connections reach children: handoff, order or shared; `forkpool
+    /// run` also takes none (unmodified socket-activated programs).
     #[arg(long, value_name = "MODE")]
     pub dispatch: Option<DispatchMode>,
     /// Never fewer children than this [default: 2].

@@ -103,7 +103,6 @@ pub struct Settings {
     /// The pool configuration.
     pub pool: PoolConfig,
     /// The worker command from the file, if any (`forkpool run`).
-    #[allow(dead_code)]
     pub command: Option<Vec<String>>,
 }
 

@@ -27,6 +27,14 @@ pub enum DispatchMode {
     /// every connection wakes every idle child. Exists only so the benchmark
     /// can show the thundering herd the other modes avoid.
     Herd,
+    /// For exec'd programs that speak no protocol and only know systemd
+    /// socket activation: each worker gets the listeners (`LISTEN_FDS`) and
+    /// accepts on them itself; there is no back-channel. The supervisor
+    /// cannot tell an idle worker from a busy one, so the pool is fixed at
+    /// `min_children` and does not scale; it only restarts workers that die
+    /// and stops them with SIGTERM, then SIGKILL after `shutdown_timeout`.
+    /// Only [`Pool::run_command`](crate::Pool::run_command) accepts it.
+    None,
 }
 
 impl DispatchMode {
@@ -37,6 +45,7 @@ impl DispatchMode {
             DispatchMode::Order => "order",
             DispatchMode::Shared => "shared",
             DispatchMode::Herd => "herd",
+            DispatchMode::None => "none",
         }
     }
 
@@ -48,6 +57,12 @@ impl DispatchMode {
     /// Whether children receive the listening sockets.
     pub fn children_hold_listeners(self) -> bool {
         !matches!(self, DispatchMode::Handoff)
+    }
+
+    /// Whether children speak the back-channel protocol (every mode but
+    /// `none`).
+    pub fn speaks_protocol(self) -> bool {
+        !matches!(self, DispatchMode::None)
     }
 }
 
@@ -66,8 +81,10 @@ impl FromStr for DispatchMode {
             "order" => Ok(DispatchMode::Order),
             "shared" => Ok(DispatchMode::Shared),
             "herd" => Ok(DispatchMode::Herd),
+            "none" => Ok(DispatchMode::None),
             other => Err(format!(
-                "unknown dispatch mode '{other}': use handoff, order or shared"
+                "unknown dispatch mode '{other}': use handoff, order or shared \
+                 (or none, for `forkpool run` programs that speak no protocol)"
             )),
         }
     }
@@ -197,6 +214,14 @@ impl PoolConfig {
                     "min_children {} is above max_children {}; lower min_children or raise max_children",
                     self.min_children, self.max_children
                 ),
+            );
+        }
+        if self.dispatch == DispatchMode::None && self.min_children == 0 {
+            return error(
+                "min_children",
+                "dispatch 'none' runs a fixed pool of min_children workers, and \
+                 min_children is 0; set it to the number of workers wanted"
+                    .to_string(),
             );
         }
         if self.min_spare > self.max_spare {
@@ -346,6 +371,16 @@ mod tests {
     }
 
     #[test]
+    fn dispatch_none_needs_workers() {
+        let err = invalid(|c| {
+            c.dispatch = DispatchMode::None;
+            c.min_children = 0;
+        });
+        assert_eq!(err.field, "min_children");
+        assert!(err.to_string().contains("fixed pool of min_children"));
+    }
+
+    #[test]
     fn zero_backlog() {
         assert_eq!(invalid(|c| c.backlog = 0).field, "backlog");
     }
@@ -363,6 +398,7 @@ mod tests {
             DispatchMode::Order,
             DispatchMode::Shared,
             DispatchMode::Herd,
+            DispatchMode::None,
         ] {
             assert_eq!(mode.name().parse::<DispatchMode>().unwrap(), mode);
         }

@@ -14,6 +14,7 @@
 //! - [`protocol`] and [`channel`]: the back-channel wire format and its I/O;
 //! - `supervisor`: the parent's event loop, carrying out the policy;
 //! - [`worker`]: the child side;
+//! - [`exec`]: children that run another program (`forkpool run -- CMD`);
 //! - [`sessions`]: many long connections served by a few threads inside one
 //!   process (a dispatcher and a fixed crew of workers);
 //! - [`listener`]: binding sockets and the stream a handler gets;
@@ -23,6 +24,7 @@
 pub mod channel;
 pub mod config;
 mod dispatch;
+pub mod exec;
 pub mod listener;
 mod metrics;
 pub mod pool;
@@ -36,7 +38,8 @@ mod sys;
 pub mod worker;
 
 pub use config::{DispatchMode, PoolConfig};
+pub use exec::WorkerCommand;
 pub use listener::{ListenAddr, Listener, Stream};
 pub use pool::{Credentials, Pool, PoolError};
 pub use status::Totals;
-pub use worker::{Connection, Handler, WorkerInfo};
+pub use worker::{Connection, ExecWorker, Handler, WorkerInfo};

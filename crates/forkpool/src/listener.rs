@@ -185,6 +185,50 @@ impl Listener {
         Ok(())
     }
 
+    /// Wraps one listening socket an exec'd worker inherited at a known
+    /// descriptor (see [`crate::worker::ExecWorker`]), after checking that
+    /// it is one: a stream socket, TCP or Unix, in the listening state.
+    /// Unlike [`Listener::inherited`], which is for a supervisor started by
+    /// systemd, it leaves the socket's flags alone: the open file is shared
+    /// with the supervisor and every other worker.
+    pub fn from_inherited(fd: OwnedFd) -> io::Result<Listener> {
+        let sock = socket2::SockRef::from(&fd);
+        let not_a_listener = |what: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "descriptor {} is {what}, not a listening socket",
+                    fd.as_raw_fd()
+                ),
+            )
+        };
+        if sock.r#type()? != Type::STREAM {
+            return Err(not_a_listener("not a stream socket".into()));
+        }
+        if !sock.is_listener()? {
+            return Err(not_a_listener("a socket that is not listening".into()));
+        }
+        let local = sock.local_addr()?;
+        let addr = match sock.domain()? {
+            Domain::IPV4 | Domain::IPV6 => ListenAddr::Tcp(
+                local
+                    .as_socket()
+                    .ok_or_else(|| not_a_listener("an IP socket without an address".into()))?,
+            ),
+            Domain::UNIX => ListenAddr::Unix(
+                local
+                    .as_pathname()
+                    .map_or_else(|| PathBuf::from("(unnamed)"), |p| p.to_path_buf()),
+            ),
+            other => return Err(not_a_listener(format!("a socket of domain {other:?}"))),
+        };
+        Ok(Listener {
+            fd,
+            addr,
+            name: String::new(),
+        })
+    }
+
     /// The address actually bound (with the real port when 0 was asked).
     pub fn local_addr(&self) -> &ListenAddr {
         &self.addr
@@ -216,6 +260,12 @@ impl AsFd for Listener {
 impl AsRawFd for Listener {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+impl From<Listener> for OwnedFd {
+    fn from(listener: Listener) -> OwnedFd {
+        listener.fd
     }
 }
 
@@ -388,6 +438,18 @@ mod tests {
         let fd = crate::sys::socket::accept(l.as_fd()).unwrap();
         let timeout = TcpStream::from(fd).read_timeout().unwrap();
         assert_eq!(timeout, Some(std::time::Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn an_inherited_listener_keeps_its_address_and_a_non_listener_is_refused() {
+        let l = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let addr = l.local_addr().clone();
+        let again = Listener::from_inherited(OwnedFd::from(l)).unwrap();
+        assert_eq!(again.local_addr(), &addr);
+        assert!(again.is_tcp());
+        let (a, _b) = UnixStream::pair().unwrap();
+        let err = Listener::from_inherited(OwnedFd::from(a)).unwrap_err();
+        assert!(err.to_string().contains("not a listening socket"), "{err}");
     }
 
     #[test]

@@ -13,13 +13,18 @@
 //!     .unwrap();
 //! println!("served {} connections", totals.accepted);
 //! ```
+//!
+//! Or, with [`Pool::run_command`], each child runs another program, which
+//! finds the listeners and the back-channel where [`crate::exec`] says.
 
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::path::Path;
 
-use crate::config::{ConfigError, PoolConfig};
+use crate::config::{ConfigError, DispatchMode, PoolConfig};
+use crate::exec::{self, WorkerCommand};
 use crate::listener::{ListenAddr, Listener};
 use crate::status::Totals;
 use crate::supervisor::{Endpoints, Exit, ReloadSource, Supervisor, UpgradeCommand};
@@ -66,6 +71,8 @@ pub enum PoolError {
     NoListeners,
     /// The process has more than one thread, so it must not fork.
     NotSingleThreaded(usize),
+    /// The dispatch mode cannot be used this way.
+    UnsupportedDispatch(DispatchMode),
     /// A system call failed.
     Io(io::Error),
 }
@@ -83,6 +90,11 @@ impl fmt::Display for PoolError {
                  single-threaded process (a child would inherit locks held by \
                  threads that do not exist in it): start no threads before Pool::run, \
                  or start them inside the handler"
+            ),
+            PoolError::UnsupportedDispatch(mode) => write!(
+                f,
+                "dispatch '{mode}' is for programs run with Pool::run_command \
+                 (`forkpool run`); a pool of Rust handlers speaks the protocol: use shared"
             ),
             PoolError::Io(e) => write!(f, "{e}"),
         }
@@ -187,6 +199,49 @@ impl Pool {
     /// single-threaded. In a child this function never returns: the child
     /// serves connections with `handler` and exits.
     pub fn run<H: Handler>(self, mut handler: H) -> Result<Totals, PoolError> {
+        if !self.config.dispatch.speaks_protocol() {
+            return Err(PoolError::UnsupportedDispatch(self.config.dispatch));
+        }
+        let supervisor = self.supervisor()?;
+        match supervisor.run()? {
+            Exit::Done(totals) => Ok(totals),
+            Exit::Child(start) => {
+                let code = worker::run_child(start, &mut handler);
+                std::process::exit(code)
+            }
+        }
+    }
+
+    /// Runs the pool like [`Pool::run`], but each child `exec`s `command`
+    /// instead of running a Rust handler: see [`crate::exec`] for what the
+    /// program finds (listeners from fd 3 the systemd way, the back-channel
+    /// after them, `FORKPOOL_*` variables) and `docs/workers.md` for how
+    /// to write one. A worker's standard error is logged line by line with
+    /// its slot; its standard output is the supervisor's.
+    ///
+    /// With [`DispatchMode::None`] the program needs no forkpool support
+    /// at all (any socket-activated server): the listeners are made
+    /// blocking, as systemd passes them, and the pool keeps `min_children`
+    /// of them running.
+    pub fn run_command(self, command: &WorkerCommand) -> Result<Totals, PoolError> {
+        if self.config.dispatch == DispatchMode::None {
+            // The supervisor never accepts in this mode, so the shared
+            // flag only matters to the workers, which expect blocking
+            // sockets like systemd gives them.
+            for l in &self.listeners {
+                crate::sys::socket::set_nonblocking(l.as_fd(), false)?;
+            }
+        }
+        let mut supervisor = self.supervisor()?;
+        supervisor.capture_output = true;
+        match supervisor.run()? {
+            Exit::Done(totals) => Ok(totals),
+            Exit::Child(start) => exec::exec_worker(start, command),
+        }
+    }
+
+    /// Checks that the pool can start and sets up its supervisor.
+    fn supervisor(self) -> Result<Supervisor, PoolError> {
         self.config.validate().map_err(PoolError::Config)?;
         if self.listeners.is_empty() {
             return Err(PoolError::NoListeners);
@@ -200,13 +255,7 @@ impl Pool {
         supervisor.reload_source = self.reload;
         supervisor.credentials = self.credentials;
         supervisor.upgrade_command = self.upgrade;
-        match supervisor.run()? {
-            Exit::Done(totals) => Ok(totals),
-            Exit::Child(start) => {
-                let code = worker::run_child(start, &mut handler);
-                std::process::exit(code)
-            }
-        }
+        Ok(supervisor)
     }
 }
 
@@ -241,6 +290,22 @@ mod tests {
             "invalid configuration: min_spare 8 is above max_spare 4; \
              lower min_spare or raise max_spare"
         );
+    }
+
+    #[test]
+    fn a_rust_handler_pool_refuses_dispatch_none() {
+        let config = PoolConfig {
+            dispatch: DispatchMode::None,
+            ..PoolConfig::default()
+        };
+        let err = Pool::new(config)
+            .run(|_c: crate::Connection<'_>| {})
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            PoolError::UnsupportedDispatch(DispatchMode::None)
+        ));
+        assert!(err.to_string().contains("run_command"));
     }
 
     #[test]

@@ -134,6 +134,17 @@ pub fn decide(
     Decision::Retire(surplus)
 }
 
+/// The policy for a pool whose children do not report (`none` dispatch):
+/// it cannot tell idle from busy, so it keeps exactly `min_children`
+/// and never retires. Restarting the ones that die is all it does.
+pub fn fixed_size(counts: PoolCounts, config: &PoolConfig) -> Decision {
+    let wanted = config.min_children.min(config.max_children);
+    match wanted.checked_sub(counts.live()) {
+        Some(missing) if missing > 0 => Decision::Spawn(missing),
+        _ => Decision::Hold,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +166,15 @@ mod tests {
             busy,
             queued,
         }
+    }
+
+    #[test]
+    fn a_fixed_pool_only_replaces_what_is_missing() {
+        let c = config();
+        assert_eq!(fixed_size(counts(0, 0, 0, 0), &c), Decision::Spawn(2));
+        assert_eq!(fixed_size(counts(0, 0, 1, 50), &c), Decision::Spawn(1));
+        assert_eq!(fixed_size(counts(0, 0, 2, 50), &c), Decision::Hold);
+        assert_eq!(fixed_size(counts(0, 0, 3, 0), &c), Decision::Hold);
     }
 
     #[test]

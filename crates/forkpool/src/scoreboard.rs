@@ -251,6 +251,17 @@ impl Scoreboard {
         })
     }
 
+    /// A child that will never report (`none` dispatch: an unmodified
+    /// program accepting on its own) counts as busy from the start: the
+    /// supervisor cannot know when it is idle, so it never sends it work,
+    /// pings it or retires it as surplus.
+    pub fn assume_busy(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        self.transition(slot, "assume busy", now, |from| match from {
+            SlotState::Starting => Some(SlotState::Busy),
+            _ => None,
+        })
+    }
+
     /// The supervisor handed the child a connection (`handoff`).
     pub fn hand_connection(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
         self.transition(slot, "connection", now, |from| match from {
@@ -442,6 +453,18 @@ mod tests {
         board.hand_connection(0, now).unwrap();
         assert!(board.idle(0, now).unwrap());
         assert_eq!(board.get(0).unwrap().served, 1);
+    }
+
+    #[test]
+    fn a_child_that_never_reports_is_busy_from_the_start() {
+        let now = Instant::now();
+        let mut board = Scoreboard::new();
+        let slot = board.occupy_lowest_free(42, 1, now);
+        board.assume_busy(slot, now).unwrap();
+        assert_eq!(board.line(), "B");
+        assert_eq!(board.lowest_idle(), None);
+        assert_eq!(board.counts().busy, 1);
+        assert!(board.assume_busy(slot, now).is_err());
     }
 
     #[test]

@@ -14,6 +14,13 @@
 //! connection is done, and exits when the channel closes (the supervisor is
 //! gone). A handler that panics takes its child down with it: the process
 //! is the isolation boundary, and the supervisor replaces it.
+//!
+//! The same loops serve a Rust program that `forkpool run` starts as a
+//! separate executable: see [`ExecWorker`].
+
+mod exec_worker;
+
+pub use exec_worker::{ExecWorker, ExecWorkerError};
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -83,10 +90,15 @@ pub(crate) struct ChildStart {
     pub generation: u32,
     pub channel: Channel,
     pub mode: DispatchMode,
-    /// Whether each listener (by index) carries TCP connections.
+    /// Whether each listener (by index) carries TCP connections; empty
+    /// when the child is not told (an exec'd `handoff` worker), in which
+    /// case each connection is asked.
     pub listener_is_tcp: Vec<bool>,
     /// The listeners themselves, in modes where children accept.
     pub listeners: Vec<Listener>,
+    /// For an exec'd worker: the write end of the pipe the supervisor
+    /// reads the worker's standard error from.
+    pub stderr: Option<OwnedFd>,
 }
 
 /// Runs a forked child to completion and returns its exit status.
@@ -109,6 +121,9 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
         DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),
         DispatchMode::Shared => worker.accept_shared(true),
         DispatchMode::Herd => worker.accept_shared(false),
+        DispatchMode::None => {
+            Err("dispatch 'none' has no back-channel; its workers accept on their own".into())
+        }
     });
     match result {
         Ok(()) => 0,
@@ -269,10 +284,16 @@ impl Worker<'_> {
     /// the next slot now and then, and the lowest child would not stay hot.
     fn serve_then_idle(&mut self, fd: OwnedFd, listener: u16) -> Stop {
         let index = usize::from(listener);
-        let tcp = *self
-            .listener_is_tcp
-            .get(index)
-            .ok_or_else(|| format!("connection from unknown listener {index}"))?;
+        let tcp = if self.listener_is_tcp.is_empty() {
+            // An exec'd handoff worker is not told what its pool listens
+            // on; the connection itself says.
+            sys::socket::is_inet(fd.as_fd())
+        } else {
+            *self
+                .listener_is_tcp
+                .get(index)
+                .ok_or_else(|| format!("connection from unknown listener {index}"))?
+        };
         let held_open = fd.try_clone().ok();
         let conn = Connection {
             stream: Stream::from_fd(fd, tcp),

@@ -70,7 +70,7 @@ fn collect(stream: impl Read + Send + 'static, into: Arc<Lines>) {
     });
 }
 
-/// A running `forkpool demo`.
+/// A running `forkpool demo` or `forkpool run`.
 pub struct DemoPool {
     child: Option<Child>,
     pub pid: i32,
@@ -108,18 +108,37 @@ impl DemoPool {
 
     /// Like [`DemoPool::start_with`], running the binary at `program`.
     pub fn start_from(program: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> DemoPool {
-        let control = temp_path("control.sock");
         let mut command = Command::new(program);
-        command.arg("demo");
+        command.arg("demo").envs(env.iter().copied());
+        Self::launch(command, args, &[], true)
+    }
+
+    /// Starts `forkpool run --listen 127.0.0.1:0 ARGS -- CMD` with debug
+    /// logs and waits until the pool is ready.
+    pub fn start_run(args: &[&str], cmd: &[&str]) -> DemoPool {
+        let mut command = Command::new(forkpool_bin());
+        command.arg("run");
+        Self::launch(command, args, cmd, true)
+    }
+
+    /// Runs `command` (a program and its subcommand, or a wrapper that
+    /// `exec`s one) with ARGS, a `--listen` and `--control` unless ARGS
+    /// have their own, then `-- CMD` if CMD is not empty, with debug logs.
+    /// Waits for the listening address and, if `wait_ready`, for the pool
+    /// to say it is ready (workers that never start never make it so).
+    pub fn launch(mut command: Command, args: &[&str], cmd: &[&str], wait_ready: bool) -> DemoPool {
+        let control = temp_path("control.sock");
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
         }
         if !args.contains(&"--control") {
             command.arg("--control").arg(&control);
         }
+        command.args(args);
+        if !cmd.is_empty() {
+            command.arg("--").args(cmd);
+        }
         command
-            .args(args)
-            .envs(env.iter().copied())
             .env("FORKPOOL_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -159,7 +178,7 @@ impl DemoPool {
         // Signals sent before the supervisor's handlers exist would take
         // their default action: wait until it says the pool is ready.
         assert!(
-            pool.stderr.wait_for("pool ready", Duration::from_secs(10)),
+            !wait_ready || pool.stderr.wait_for("pool ready", Duration::from_secs(30)),
             "pool never became ready; stderr:\n{}",
             pool.stderr.dump()
         );
@@ -262,6 +281,19 @@ impl DemoPool {
 
 impl Drop for DemoPool {
     fn drop(&mut self) {
+        // Freeze the supervisor first, so it cannot start a child after
+        // the list is taken; a child that ignores SIGTERM would otherwise
+        // outlive the test.
+        let running = self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        if running {
+            let _ = Command::new("kill")
+                .args(["-STOP", &self.pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.children();
         for pid in self.seen_children.lock().unwrap().iter() {
             kill9(*pid);

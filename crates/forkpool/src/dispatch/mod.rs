@@ -8,7 +8,9 @@
 //! - [`handoff`]: the supervisor accepts and passes the descriptor;
 //! - [`order`]: the supervisor tells the child to accept;
 //! - `shared` and `herd`: the children accept by themselves (see
-//!   [`crate::worker`]); the supervisor only counts and scales.
+//!   [`crate::worker`]); the supervisor only counts and scales;
+//! - `none`: exec'd programs accept by themselves and report nothing; the
+//!   supervisor keeps their number fixed (see [`crate::exec`]).
 //!
 //! When no child is idle the supervisor stops watching the listener, and new
 //! connections wait in the kernel's listen backlog, never in a busy child's
@@ -31,7 +33,7 @@ impl Supervisor {
         match self.config.dispatch {
             DispatchMode::Handoff => self.accept_and_hand_off(listener, now),
             DispatchMode::Order => self.order_accepts(listener, now),
-            DispatchMode::Shared | DispatchMode::Herd => {}
+            DispatchMode::Shared | DispatchMode::Herd | DispatchMode::None => {}
         }
     }
 

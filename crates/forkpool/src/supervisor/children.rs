@@ -6,11 +6,12 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{debug, info, warn};
 
-use super::{ChildLink, Supervisor, RESOURCE_BACKOFF};
+use super::{ChildLink, ChildOutput, Supervisor, RESOURCE_BACKOFF};
 use crate::channel::Channel;
 use crate::protocol::ParentMessage;
 use crate::scoreboard::SlotState;
 use crate::status::KillReason;
+use crate::sys::fds;
 use crate::sys::process::{self, Forked};
 use crate::worker::ChildStart;
 
@@ -25,6 +26,17 @@ impl Supervisor {
                 return Ok(None);
             }
         };
+        let (output_read, output_write) = if self.capture_output {
+            match fds::pipe() {
+                Ok((r, w)) => (Some(r), Some(w)),
+                Err(e) => {
+                    self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
+                    return Ok(None);
+                }
+            }
+        } else {
+            (None, None)
+        };
         let slot = self.board.lowest_free();
         let parent_pid = std::process::id() as i32;
         // Anything buffered would be written twice, once by each process.
@@ -34,6 +46,7 @@ impl Supervisor {
         match process::fork() {
             Ok(Forked::Child) => {
                 drop(ours);
+                drop(output_read);
                 process::reset_child_signals()?;
                 process::die_with_parent(parent_pid)?;
                 if let Some(c) = self.credentials {
@@ -49,12 +62,36 @@ impl Supervisor {
                     mode: self.config.dispatch,
                     listener_is_tcp: Vec::new(),
                     listeners: Vec::new(),
+                    stderr: output_write,
                 }))
             }
             Ok(Forked::Parent(pid)) => {
                 drop(theirs);
-                self.register_channel(slot, &ours)?;
+                drop(output_write);
+                let reports = self.config.dispatch.speaks_protocol();
+                // A child that speaks no protocol never gets its end of the
+                // channel (it is closed at exec), so ours is not watched.
+                // Keeping the pair costs a descriptor per child and spares
+                // every other path a "no channel" case.
+                if reports {
+                    self.register_channel(slot, &ours)?;
+                }
+                let output = match output_read.map(ChildOutput::new).transpose() {
+                    Ok(output) => output,
+                    Err(e) => {
+                        warn!(slot, pid, "cannot read the worker's stderr: {e}");
+                        None
+                    }
+                };
+                if let Some(output) = &output {
+                    if let Err(e) = self.register_output(slot, output) {
+                        warn!(slot, pid, "cannot watch the worker's stderr: {e}");
+                    }
+                }
                 self.board.occupy(slot, pid, self.generation, now);
+                if !reports {
+                    let _ = self.board.assume_busy(slot, now);
+                }
                 if self.links.len() <= slot {
                     self.links.resize_with(slot + 1, || None);
                 }
@@ -66,6 +103,9 @@ impl Supervisor {
                     leaving: None,
                     leave_deadline: None,
                     channel_closed: false,
+                    spawned_at: now,
+                    ready: !reports,
+                    output,
                 });
                 self.totals.spawned += 1;
                 info!(slot, pid, generation = self.generation, "child spawned");
@@ -92,7 +132,7 @@ impl Supervisor {
     }
 
     /// Collects every child that has exited and frees its slot.
-    pub(super) fn reap_children(&mut self, _now: Instant) -> io::Result<()> {
+    pub(super) fn reap_children(&mut self, now: Instant) -> io::Result<()> {
         while let Some((pid, status)) = process::reap_one()? {
             let Some(slot) = self.board.slot_of_pid(pid) else {
                 if !self.reaped_successor(pid, status) {
@@ -100,7 +140,11 @@ impl Supervisor {
                 }
                 continue;
             };
-            let link = self.links[slot].take();
+            let mut link = self.links[slot].take();
+            if let Some(link) = link.as_mut() {
+                // What it said last explains how it ended: log it first.
+                self.drain_output(slot, pid, link);
+            }
             let state = self.board.get(slot).map(|s| s.state);
             let served = self.board.get(slot).map_or(0, |s| s.served);
             match link.as_ref().and_then(|l| l.leaving.as_deref()) {
@@ -122,6 +166,8 @@ impl Supervisor {
                 }
             }
             if let Some(link) = link {
+                let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
+                self.judge_start(&link, status, asked_to_stop, now);
                 self.release_order(&link);
                 self.deregister_channel(&link.channel);
             }
@@ -140,10 +186,16 @@ impl Supervisor {
         }
         link.leaving = Some(reason.to_string());
         link.leave_deadline = Some(now + self.config.shutdown_timeout);
-        let sent = link.channel.send_to_child(ParentMessage::Quit, None);
+        let pid = self.board.get(slot).map_or(0, |s| s.pid);
+        let sent = if self.config.dispatch.speaks_protocol() {
+            link.channel.send_to_child(ParentMessage::Quit, None)
+        } else {
+            // No channel to say quit on: SIGTERM, as systemd and every
+            // init system would; SIGKILL follows at the leave deadline.
+            process::send_signal(pid, Signal::SIGTERM)
+        };
         let _ = self.board.retire(slot, now);
         self.totals.retired += 1;
-        let pid = self.board.get(slot).map_or(0, |s| s.pid);
         debug!(slot, pid, "retiring child: {reason}");
         if let Err(e) = sent {
             self.kill(

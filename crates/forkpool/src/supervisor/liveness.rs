@@ -43,6 +43,10 @@ impl Supervisor {
             }
             return None;
         }
+        if !self.config.dispatch.speaks_protocol() {
+            // Workers that never report have no start, ping or busy limits.
+            return None;
+        }
         if let Some((_, sent)) = link.ping {
             if now.duration_since(sent) >= self.config.ping_timeout {
                 return Some(Verdict::Kill(
@@ -122,6 +126,8 @@ impl Supervisor {
             };
             let due = if let Some(deadline) = link.leave_deadline {
                 (entry.state != SlotState::Killed).then_some(deadline)
+            } else if !self.config.dispatch.speaks_protocol() {
+                None
             } else if let Some((_, sent)) = link.ping {
                 Some(sent + self.config.ping_timeout)
             } else {

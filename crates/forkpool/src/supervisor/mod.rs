@@ -8,15 +8,19 @@
 //! - `children.rs`: spawn, reap, retire, kill;
 //! - `reports.rs`: what a child's message means for its slot;
 //! - `liveness.rs`: pings, start and stop deadlines;
+//! - `backoff.rs`: holding spawns back while workers fail at start-up;
+//! - `output.rs`: exec'd workers' stderr, logged with the slot;
 //! - `signals.rs`: signal flags and the self-pipe that wakes the loop.
 //!
 //! How a connection reaches a child is in [`crate::dispatch`]; how many
 //! children there should be is [`crate::scaling::decide`].
 
+mod backoff;
 mod children;
 mod endpoints;
 mod liveness;
 mod notify;
+mod output;
 mod reload;
 mod reports;
 mod signals;
@@ -43,6 +47,8 @@ use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
 
+use backoff::StartBackoff;
+use output::{ChildOutput, OUTPUT_TOKEN_BASE};
 use signals::{SignalPipe, Signals};
 
 const SIGNAL_TOKEN: Token = Token(usize::MAX - 1);
@@ -71,6 +77,13 @@ pub(crate) struct ChildLink {
     pub leave_deadline: Option<Instant>,
     /// The channel closed; the process should be reaped soon.
     pub channel_closed: bool,
+    /// When the child was forked.
+    pub spawned_at: Instant,
+    /// It said `Ready` (always true in `none` dispatch, which has no
+    /// `Ready` to wait for).
+    pub ready: bool,
+    /// An exec'd worker's stderr, while it is open.
+    pub output: Option<ChildOutput>,
 }
 
 /// A listener and whether the loop is watching it.
@@ -121,6 +134,11 @@ pub(crate) struct Supervisor {
     shutdown: Option<Shutdown>,
     pub ping_seq: u32,
     spawn_blocked_until: Option<Instant>,
+    /// The run of start-up failures, which holds spawns back.
+    start_backoff: StartBackoff,
+    /// Give each child a pipe for its stderr and log what comes out
+    /// (exec'd workers, see `output.rs`).
+    pub capture_output: bool,
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
     /// Since when the pool has been at `max_children` with no idle child.
@@ -182,6 +200,8 @@ impl Supervisor {
             shutdown: None,
             ping_seq: 0,
             spawn_blocked_until: None,
+            start_backoff: StartBackoff::default(),
+            capture_output: false,
             reload_source: None,
             saturated_since: None,
             last_saturated_log: None,
@@ -247,6 +267,7 @@ impl Supervisor {
                     Token(t) if t >= endpoints::CLIENT_TOKEN_BASE => {
                         self.serve_client(t - endpoints::CLIENT_TOKEN_BASE)
                     }
+                    Token(t) if t >= OUTPUT_TOKEN_BASE => self.read_output(t - OUTPUT_TOKEN_BASE),
                     Token(t) if t >= CHILD_TOKEN_BASE => {
                         self.read_reports(t - CHILD_TOKEN_BASE, now)
                     }
@@ -375,9 +396,14 @@ impl Supervisor {
             busy: counts.busy,
             queued,
         };
-        let at_ceiling = counts.idle == 0 && counts.live() >= self.config.max_children;
-        self.account_saturation(at_ceiling, now);
-        match scaling::decide(pool, &self.config, &mut self.memory, now) {
+        let decision = if self.config.dispatch.speaks_protocol() {
+            let at_ceiling = counts.idle == 0 && counts.live() >= self.config.max_children;
+            self.account_saturation(at_ceiling, now);
+            scaling::decide(pool, &self.config, &mut self.memory, now)
+        } else {
+            scaling::fixed_size(pool, &self.config)
+        };
+        match decision {
             Decision::Hold => {}
             Decision::Spawn(n) => {
                 if self.spawn_blocked_until.is_some_and(|t| now < t) {
@@ -445,13 +471,25 @@ impl Supervisor {
                 .retire_due_in(&self.config, now)
                 .map(|d| now + d),
         );
-        consider(self.spawn_blocked_until);
+        // Holds that have passed stay recorded until the next one; a past
+        // instant here would make the loop spin.
+        consider(self.spawn_blocked_until.filter(|t| *t > now));
         consider(self.shutdown.map(|s| s.deadline));
-        consider(self.listeners.iter().filter_map(|l| l.resume_at).min());
+        consider(
+            self.listeners
+                .iter()
+                .filter_map(|l| l.resume_at)
+                .filter(|t| *t > now)
+                .min(),
+        );
         consider(self.scoreboard_log_due());
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
-        if self.board.counts().idle == 0 && self.board.counts().live() > 0 {
+        // (Children that never report are never idle: nothing to look at.)
+        if self.board.counts().idle == 0
+            && self.board.counts().live() > 0
+            && self.config.dispatch.speaks_protocol()
+        {
             // Saturated or starting: look at the backlog again soon.
             consider(Some(now + Duration::from_millis(50)));
         }

@@ -34,6 +34,13 @@ impl Supervisor {
             error!("reload refused, keeping the running configuration: {e}");
             return;
         }
+        let no_protocol = |c: &PoolConfig| !c.dispatch.speaks_protocol();
+        if no_protocol(&config) != no_protocol(&self.config) {
+            // `none` makes the shared listeners blocking, which the
+            // supervisor itself cannot accept from in the other modes.
+            error!("reload refused: switching dispatch to or from 'none' needs a restart");
+            return;
+        }
         if config.backlog != self.config.backlog {
             info!(
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"

@@ -80,6 +80,9 @@ impl Supervisor {
                     return Err(format!("said it is pid {pid}, but it is pid {expected}"));
                 }
                 self.board.ready(slot, now).map_err(illegal)?;
+                if let Some(link) = self.links[slot].as_mut() {
+                    link.ready = true;
+                }
                 self.child_available(now);
             }
             ChildMessage::Idle => {

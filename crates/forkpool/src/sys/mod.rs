@@ -2,5 +2,6 @@
 //! `unsafe` block in the crate lives here, each with a `SAFETY:` note.
 
 pub mod fdpass;
+pub mod fds;
 pub mod process;
 pub mod socket;

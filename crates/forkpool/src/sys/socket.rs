@@ -101,3 +101,12 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> bool {
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
+
+/// Whether `fd` is an IPv4 or IPv6 socket (a TCP connection, for the
+/// streams forkpool handles) rather than a Unix one.
+pub fn is_inet(fd: BorrowedFd<'_>) -> bool {
+    matches!(
+        socket2::SockRef::from(&fd).domain(),
+        Ok(socket2::Domain::IPV4 | socket2::Domain::IPV6)
+    )
+}

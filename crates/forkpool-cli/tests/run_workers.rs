@@ -1,0 +1,693 @@
+//! `forkpool run`: workers that are other programs (Python, Perl, Rust, and
+//! unmodified socket-activated scripts), against the real supervisor.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{concurrent_gets, forkpool_bin, kill9, DemoPool};
+
+const PYTHON_WORKER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/python/example_http_worker.py"
+);
+const PERL_WORKER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/perl/example_http_worker.pl"
+);
+const RUST_WORKER: &str = env!("CARGO_BIN_EXE_forkpool-example-worker");
+
+fn python(extra: &[&'static str]) -> Vec<&'static str> {
+    [&["python3", PYTHON_WORKER][..], extra].concat()
+}
+
+fn perl(extra: &[&'static str]) -> Vec<&'static str> {
+    [&["perl", PERL_WORKER][..], extra].concat()
+}
+
+/// How long to wait for workers to start. Generous: these tests run
+/// beside builds and benchmarks on a small machine, where a Python start
+/// can take seconds; a quiet machine never waits this long.
+const START: Duration = Duration::from_secs(30);
+
+/// `forkpool run ARGS -- CMD`, with a start deadline (ping interval plus
+/// ping timeout) long enough that a slow start on a loaded machine is not
+/// killed as a hung worker.
+fn start_run(args: &[&str], cmd: &[&str]) -> DemoPool {
+    let mut all = vec!["--ping-timeout", "20s"];
+    all.extend_from_slice(args);
+    DemoPool::start_run(&all, cmd)
+}
+
+/// A directory for scripts a test writes, removed when the test ends.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("forkpool-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn write(&self, file: &str, text: &str) -> String {
+        let path = self.0.join(file);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const SCALING: [&str; 10] = [
+    "--min-children",
+    "1",
+    "--max-children",
+    "8",
+    "--min-spare",
+    "1",
+    "--max-spare",
+    "1",
+    "--retire-grace",
+    "200ms",
+];
+
+/// Six slow requests at once make the pool grow to (at least) six workers,
+/// which serve side by side; afterwards the surplus is retired.
+fn grows_under_load_then_shrinks(dispatch: &str, cmd: &[&str]) {
+    let mut args = SCALING.to_vec();
+    args.extend(["--dispatch", dispatch]);
+    let pool = start_run(&args, cmd);
+    assert!(
+        pool.stderr.wait_for("child states: I", START),
+        "the first worker never became ready:\n{}",
+        pool.stderr.dump()
+    );
+    assert_eq!(pool.children().len(), 1);
+    let addr = pool.addr;
+    let load = std::thread::spawn(move || concurrent_gets(addr, "/?work_ms=2500", 6));
+    let grew = pool.wait_children(START, |n| n >= 6);
+    let results = load.join().unwrap();
+    assert!(grew, "the pool did not grow:\n{}", pool.stderr.dump());
+    let mut slots = BTreeSet::new();
+    for r in &results {
+        let r = r
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, "hello\n");
+        slots.insert(r.slot.expect("X-Forkpool-Slot"));
+    }
+    // On a quiet machine all six run side by side, one worker each; a
+    // loaded one may start some workers after others have finished, so
+    // ask only that the new workers really took part.
+    assert!(
+        slots.len() >= 3,
+        "slots used: {slots:?}\n{}",
+        pool.stderr.dump()
+    );
+    assert!(
+        pool.wait_children(START, |n| n <= 2),
+        "pool did not shrink: {} children\n{}",
+        pool.children().len(),
+        pool.stderr.dump()
+    );
+    assert!(pool.stderr.wait_for_count(
+        "child exited (surplus idle child)",
+        4,
+        Duration::from_secs(5)
+    ));
+}
+
+#[test]
+fn python_worker_in_handoff_grows_under_load_and_shrinks_after() {
+    grows_under_load_then_shrinks("handoff", &python(&[]));
+}
+
+#[test]
+fn python_worker_in_order_grows_under_load_and_shrinks_after() {
+    grows_under_load_then_shrinks("order", &python(&[]));
+}
+
+#[test]
+fn perl_worker_in_order_grows_under_load_and_shrinks_after() {
+    grows_under_load_then_shrinks("order", &perl(&[]));
+}
+
+#[test]
+fn rust_worker_in_handoff_grows_under_load_and_shrinks_after() {
+    grows_under_load_then_shrinks("handoff", &[RUST_WORKER]);
+}
+
+/// Three slow requests at once are served by three different workers.
+fn serves_side_by_side(dispatch: &str, cmd: &[&str]) {
+    let pool = start_run(&["--dispatch", dispatch, "--min-children", "3"], cmd);
+    assert!(pool.stderr.wait_for("child states: III", START));
+    let results = concurrent_gets(pool.addr, "/?work_ms=600", 3);
+    let pids: BTreeSet<i32> = results
+        .iter()
+        .map(|r| {
+            let r = r
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+            assert_eq!(r.status, 200);
+            r.pid.expect("X-Forkpool-Pid")
+        })
+        .collect();
+    assert_eq!(pids.len(), 3, "{results:?}");
+}
+
+#[test]
+fn perl_worker_in_shared_serves_side_by_side() {
+    serves_side_by_side("shared", &perl(&[]));
+}
+
+#[test]
+fn python_worker_in_shared_serves_side_by_side() {
+    serves_side_by_side("shared", &python(&[]));
+}
+
+#[test]
+fn rust_worker_in_order_and_shared_serves_side_by_side() {
+    serves_side_by_side("order", &[RUST_WORKER]);
+    serves_side_by_side("shared", &[RUST_WORKER]);
+}
+
+/// `forkpool run ARGS -- CMD` for workers that never become ready.
+fn start_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
+    let mut command = Command::new(forkpool_bin());
+    command.arg("run");
+    DemoPool::launch(command, args, cmd, false)
+}
+
+#[test]
+fn perl_refuses_handoff_with_a_clear_error() {
+    let pool = start_unready(&["--min-children", "1"], &perl(&[]));
+    assert!(
+        pool.stderr.wait_for(
+            "worker stderr: example_http_worker: dispatch 'handoff' passes connections \
+             with SCM_RIGHTS, which needs recvmsg(2), and core Perl has none",
+            START
+        ),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert!(pool.stderr.wait_for(
+        "worker exited during start-up (exit status 2)",
+        Duration::from_secs(5)
+    ));
+}
+
+/// Killing a worker gets it replaced; the pool keeps serving.
+fn killed_worker_is_replaced(dispatch: &str, cmd: &[&str]) {
+    let pool = start_run(&["--dispatch", dispatch, "--min-children", "2"], cmd);
+    assert!(pool.wait_children(START, |n| n == 2));
+    assert!(pool.stderr.wait_for("child states: II", START));
+    let before = pool.children();
+    kill9(before[0]);
+    assert!(pool
+        .stderr
+        .wait_for("child died unexpectedly", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for("signal SIGKILL", Duration::from_secs(5)));
+    assert!(
+        pool.wait_child_pids(START, |pids| {
+            pids.len() == 2 && !pids.contains(&before[0])
+        }),
+        "{}",
+        pool.stderr.dump()
+    );
+    for _ in 0..3 {
+        let r = pool.get("/").unwrap();
+        assert_eq!(r.status, 200);
+        assert_ne!(r.pid, Some(before[0]));
+    }
+}
+
+#[test]
+fn killed_python_worker_is_replaced() {
+    killed_worker_is_replaced("handoff", &python(&[]));
+}
+
+#[test]
+fn killed_perl_worker_is_replaced() {
+    killed_worker_is_replaced("order", &perl(&[]));
+}
+
+/// A worker that writes garbage on its back-channel is killed and
+/// replaced; the supervisor carries on serving.
+fn garbage_writer_is_killed(dispatch: &str, cmd: &[&str]) {
+    let pool = start_run(&["--dispatch", dispatch, "--min-children", "2"], cmd);
+    assert!(pool.stderr.wait_for("child states: II", START));
+    let r = pool.get("/?chaos=garbage").unwrap();
+    assert_eq!(r.status, 200);
+    let victim = r.pid.unwrap();
+    assert!(
+        pool.stderr.wait_for(
+            "sent a malformed message: unknown message kind 'Z'",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert!(pool.wait_child_pids(START, |pids| { pids.len() == 2 && !pids.contains(&victim) }));
+    for _ in 0..4 {
+        let r = pool.get("/").unwrap();
+        assert_eq!(r.status, 200);
+        assert_ne!(r.pid, Some(victim));
+    }
+}
+
+#[test]
+fn python_worker_writing_garbage_is_killed_and_the_supervisor_survives() {
+    garbage_writer_is_killed("handoff", &python(&["--chaos"]));
+}
+
+#[test]
+fn perl_worker_writing_garbage_is_killed_and_the_supervisor_survives() {
+    garbage_writer_is_killed("order", &perl(&["--chaos"]));
+}
+
+/// An unmodified program that only knows socket activation: no helper,
+/// no protocol. It crashes on `GET /crash`, and ignores SIGTERM in slot 1
+/// when asked to.
+const SOCKET_ACTIVATED: &str = r#"
+import os, signal, socket, sys
+
+assert int(os.environ["LISTEN_PID"]) == os.getpid(), "LISTEN_PID is not mine"
+assert os.environ["LISTEN_FDS"] == "1"
+slot = os.environ["FORKPOOL_SLOT"]
+if "--stubborn" in sys.argv and slot == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+listener = socket.socket(fileno=3)
+print(f"socket-activated worker up in slot {slot}", file=sys.stderr, flush=True)
+while True:
+    conn, _ = listener.accept()
+    with conn:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        if head.startswith(b"GET /crash "):
+            os._exit(7)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n"
+            b"X-Forkpool-Pid: %d\r\nX-Forkpool-Slot: %s\r\n\r\nhello\n"
+            % (os.getpid(), slot.encode())
+        )
+"#;
+
+#[test]
+fn dispatch_none_serves_an_unmodified_program_and_restarts_a_crash() {
+    let scratch = Scratch::new("none-serve");
+    let script = scratch.write("activated.py", SOCKET_ACTIVATED);
+    let pool = DemoPool::start_run(
+        &["--dispatch", "none", "--min-children", "2"],
+        &["python3", &script],
+    );
+    assert!(
+        pool.stderr
+            .wait_for_count("worker stderr: socket-activated worker up", 2, START),
+        "{}",
+        pool.stderr.dump()
+    );
+    // The supervisor cannot tell idle from busy: both count as busy.
+    assert!(pool
+        .stderr
+        .wait_for("child states: BB", Duration::from_secs(5)));
+    let results = concurrent_gets(pool.addr, "/", 8);
+    assert!(results
+        .iter()
+        .all(|r| r.as_ref().is_ok_and(|r| r.status == 200)));
+    // A fixed pool: the load did not grow it.
+    assert_eq!(pool.children().len(), 2);
+    assert_eq!(pool.stderr.count("child spawned"), 2);
+
+    let before = pool.children();
+    assert!(pool.get("/crash").is_err(), "the crash takes the request");
+    assert!(pool
+        .stderr
+        .wait_for("child died unexpectedly", Duration::from_secs(5)));
+    assert!(pool
+        .stderr
+        .wait_for("exit status 7", Duration::from_secs(5)));
+    assert!(
+        pool.wait_child_pids(START, |pids| {
+            pids.len() == 2 && pids.iter().any(|p| !before.contains(p))
+        }),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert!(pool
+        .stderr
+        .wait_for_count("worker stderr: socket-activated worker up", 3, START));
+    for _ in 0..4 {
+        assert_eq!(pool.get("/").unwrap().status, 200);
+    }
+}
+
+#[test]
+fn dispatch_none_stops_with_sigterm_then_sigkill_after_the_timeout() {
+    let scratch = Scratch::new("none-stop");
+    let script = scratch.write("activated.py", SOCKET_ACTIVATED);
+    let mut pool = DemoPool::start_run(
+        &[
+            "--dispatch",
+            "none",
+            "--min-children",
+            "2",
+            "--shutdown-timeout",
+            "700ms",
+        ],
+        &["python3", &script, "--stubborn"],
+    );
+    assert!(pool
+        .stderr
+        .wait_for_count("worker stderr: socket-activated worker up", 2, START));
+    let asked = Instant::now();
+    pool.signal(15);
+    // Slot 0 obeys SIGTERM; slot 1 ignores it and is killed at the deadline.
+    assert!(
+        pool.stderr
+            .wait_for("child exited (shutdown) slot=0", Duration::from_secs(5)),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert!(pool
+        .stderr
+        .wait_for("status=signal SIGTERM", Duration::from_secs(5)));
+    assert!(pool.stderr.wait_for(
+        "killing child: did not exit within 700ms of being told to quit",
+        Duration::from_secs(5)
+    ));
+    let status = pool
+        .wait_exit(Duration::from_secs(5))
+        .expect("supervisor exits");
+    assert!(status.success());
+    assert!(asked.elapsed() >= Duration::from_millis(700));
+    assert!(pool
+        .stdout
+        .wait_for("forkpool: totals", Duration::from_secs(2)));
+}
+
+/// A worker that can never start is retried with a growing delay: a
+/// handful of attempts in 3 s, never a fork loop, and a clear error.
+fn backs_off(args: &[&str], cmd: &[&str], status: &str) -> DemoPool {
+    let pool = start_unready(args, cmd);
+    // Without back-off this would be hundreds within the 3 s.
+    assert!(!pool
+        .stderr
+        .wait_for_count("child spawned", 16, Duration::from_secs(3)));
+    let spawned = pool.stderr.count("child spawned");
+    assert!(
+        (3..=10).contains(&spawned),
+        "{spawned} children spawned in 3 s:\n{}",
+        pool.stderr.dump()
+    );
+    for line in [
+        format!("worker exited during start-up ({status}); check the command and its stderr: retrying in 100ms"),
+        "retrying in 200ms".to_string(),
+        "retrying in 400ms".to_string(),
+    ] {
+        assert!(pool.stderr.count(&line) >= 1, "no '{line}' in:\n{}", pool.stderr.dump());
+    }
+    pool
+}
+
+#[test]
+fn a_command_that_cannot_be_executed_backs_off_with_a_clear_error() {
+    let mut pool = backs_off(
+        &["--min-children", "2"],
+        &["/nonexistent/forkpool-worker", "--flag"],
+        "exit status 127",
+    );
+    assert!(
+        pool.stderr.count(
+            "worker stderr: forkpool: slot 0: cannot run `/nonexistent/forkpool-worker --flag`: \
+         No such file or directory (os error 2)"
+        ) >= 1
+    );
+    // The supervisor itself is fine and stops cleanly.
+    pool.signal(15);
+    let status = pool
+        .wait_exit(Duration::from_secs(5))
+        .expect("supervisor exits");
+    assert!(status.success());
+}
+
+#[test]
+fn a_command_that_exits_at_once_backs_off_in_none_mode_too() {
+    backs_off(
+        &["--dispatch", "none", "--min-children", "2"],
+        &["sh", "-c", "echo giving up >&2; exit 3"],
+        "exit status 3",
+    );
+}
+
+/// Reports what the worker process holds: every open descriptor (what it
+/// points to, socket type, listening or not, non-blocking or not) and the
+/// environment forkpool sets. On stderr, so the supervisor logs it with
+/// the slot, and a line on stdout, which must come through as well.
+const FD_REPORT: &str = r#"
+import fcntl, json, os, socket, sys, time
+
+fds = {}
+for name in os.listdir("/proc/self/fd"):
+    fd = int(name)
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue  # the listing's own descriptor, closed by now
+    entry = {"target": target}
+    if target.startswith("socket:"):
+        s = socket.socket(fileno=fd)
+        entry["type"] = s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+        entry["listening"] = bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        s.detach()
+    entry["nonblocking"] = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+    fds[fd] = entry
+names = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "FORKPOOL_CHANNEL_FD",
+         "FORKPOOL_PROTOCOL", "FORKPOOL_SLOT", "FORKPOOL_GENERATION", "FORKPOOL_DISPATCH"]
+report = {"pid": os.getpid(), "fds": fds, "env": {n: os.environ.get(n) for n in names}}
+print("FDREPORT " + json.dumps(report), file=sys.stderr, flush=True)
+print(f"stdout of worker {os.getpid()}", flush=True)
+time.sleep(60)
+"#;
+
+struct FdReport {
+    pid: i64,
+    fds: BTreeMap<i32, serde_json::Value>,
+    env: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Runs the report script as the worker of `forkpool ARGS` (started
+/// through `sh` so the supervisor inherits stray descriptors 7 and 9
+/// without close-on-exec, which must not reach the worker either).
+fn fd_report(name: &str, args: &[&str]) -> (DemoPool, FdReport) {
+    let scratch = Scratch::new(name);
+    let script = scratch.write("report.py", FD_REPORT);
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(r#"exec 7</dev/null 9</dev/null; exec "$0" "$@""#)
+        .arg(forkpool_bin())
+        .args(["run", "--min-children", "1"])
+        .args(["--min-spare", "0", "--max-spare", "0"]);
+    // The script never says ready; in `none` mode there is nothing to say.
+    let none = args.contains(&"none");
+    let pool = DemoPool::launch(command, args, &["python3", &script], none);
+    assert!(
+        pool.stderr.wait_for("worker stderr: FDREPORT ", START),
+        "{}",
+        pool.stderr.dump()
+    );
+    let line = pool
+        .stderr
+        .dump()
+        .lines()
+        .find(|l| l.contains("worker stderr: FDREPORT "))
+        .unwrap()
+        .to_string();
+    // The log line is `... worker stderr: FDREPORT {json} slot=0 pid=N`.
+    let json = line.split_once("FDREPORT ").unwrap().1;
+    let json = json.rsplit_once(" slot=").unwrap().0;
+    let value: serde_json::Value = serde_json::from_str(json).unwrap();
+    let report = FdReport {
+        pid: value["pid"].as_i64().unwrap(),
+        fds: value["fds"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.parse().unwrap(), v.clone()))
+            .collect(),
+        env: value["env"].as_object().unwrap().clone(),
+    };
+    // Logged with the slot and pid of the worker that wrote it.
+    let slot = env_of(&report, "FORKPOOL_SLOT").unwrap();
+    assert!(
+        line.ends_with(&format!(" slot={slot} pid={}", report.pid)),
+        "{line}"
+    );
+    assert!(pool.stdout.wait_for(
+        &format!("stdout of worker {}", report.pid),
+        Duration::from_secs(5)
+    ));
+    (pool, report)
+}
+
+fn env_of(report: &FdReport, name: &str) -> Option<String> {
+    report.env[name].as_str().map(str::to_string)
+}
+
+/// Standard streams: stdin is /dev/null, stderr the supervisor's pipe.
+fn check_std_streams(report: &FdReport) {
+    assert_eq!(report.fds[&0]["target"], "/dev/null");
+    assert!(report.fds[&1]["target"]
+        .as_str()
+        .unwrap()
+        .starts_with("pipe:"));
+    assert!(report.fds[&2]["target"]
+        .as_str()
+        .unwrap()
+        .starts_with("pipe:"));
+    assert_ne!(report.fds[&1]["target"], report.fds[&2]["target"]);
+}
+
+const SOCK_STREAM: i64 = 1;
+const SOCK_SEQPACKET: i64 = 5;
+
+#[test]
+fn fd_hygiene_handoff_worker_gets_only_the_channel() {
+    let (_pool, report) = fd_report("fds-handoff", &[]);
+    let fds: Vec<i32> = report.fds.keys().copied().collect();
+    assert_eq!(fds, [0, 1, 2, 3], "{:?}", report.fds);
+    check_std_streams(&report);
+    assert_eq!(report.fds[&3]["type"], SOCK_SEQPACKET);
+    assert_eq!(report.fds[&3]["listening"], false);
+    assert_eq!(env_of(&report, "FORKPOOL_CHANNEL_FD").as_deref(), Some("3"));
+    assert_eq!(env_of(&report, "FORKPOOL_PROTOCOL").as_deref(), Some("1"));
+    assert_eq!(env_of(&report, "FORKPOOL_SLOT").as_deref(), Some("0"));
+    assert_eq!(env_of(&report, "FORKPOOL_GENERATION").as_deref(), Some("1"));
+    assert_eq!(
+        env_of(&report, "FORKPOOL_DISPATCH").as_deref(),
+        Some("handoff")
+    );
+    assert_eq!(env_of(&report, "LISTEN_FDS"), None);
+    assert_eq!(env_of(&report, "LISTEN_PID"), None);
+    assert_eq!(env_of(&report, "LISTEN_FDNAMES"), None);
+}
+
+#[test]
+fn fd_hygiene_order_worker_gets_the_listeners_then_the_channel() {
+    let dir = Scratch::new("fds-unix");
+    let unix = format!("unix:{}", dir.0.join("second.sock").display());
+    let (_pool, report) = fd_report(
+        "fds-order",
+        &[
+            "--dispatch",
+            "order",
+            "--listen",
+            "public=127.0.0.1:0",
+            "--listen",
+            &unix,
+        ],
+    );
+    let fds: Vec<i32> = report.fds.keys().copied().collect();
+    assert_eq!(fds, [0, 1, 2, 3, 4, 5], "{:?}", report.fds);
+    check_std_streams(&report);
+    for listener in [3, 4] {
+        assert_eq!(report.fds[&listener]["type"], SOCK_STREAM);
+        assert_eq!(report.fds[&listener]["listening"], true);
+        // Shared with the supervisor, which must never block on it.
+        assert_eq!(report.fds[&listener]["nonblocking"], true);
+    }
+    assert_eq!(report.fds[&5]["type"], SOCK_SEQPACKET);
+    assert_eq!(env_of(&report, "LISTEN_FDS").as_deref(), Some("2"));
+    assert_eq!(
+        env_of(&report, "LISTEN_PID"),
+        Some(report.pid.to_string()),
+        "LISTEN_PID must be the worker's own pid"
+    );
+    assert_eq!(
+        env_of(&report, "LISTEN_FDNAMES").as_deref(),
+        Some("public:listener1")
+    );
+    assert_eq!(env_of(&report, "FORKPOOL_CHANNEL_FD").as_deref(), Some("5"));
+    assert_eq!(
+        env_of(&report, "FORKPOOL_DISPATCH").as_deref(),
+        Some("order")
+    );
+}
+
+#[test]
+fn fd_hygiene_none_worker_gets_blocking_listeners_and_no_channel() {
+    let (_pool, report) = fd_report(
+        "fds-none",
+        &[
+            "--dispatch",
+            "none",
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let fds: Vec<i32> = report.fds.keys().copied().collect();
+    assert_eq!(fds, [0, 1, 2, 3, 4], "{:?}", report.fds);
+    check_std_streams(&report);
+    for listener in [3, 4] {
+        assert_eq!(report.fds[&listener]["listening"], true);
+        // As systemd passes them: plain programs accept in blocking mode.
+        assert_eq!(report.fds[&listener]["nonblocking"], false);
+    }
+    assert_eq!(env_of(&report, "LISTEN_FDS").as_deref(), Some("2"));
+    assert_eq!(env_of(&report, "LISTEN_PID"), Some(report.pid.to_string()));
+    assert_eq!(env_of(&report, "FORKPOOL_CHANNEL_FD"), None);
+    assert_eq!(env_of(&report, "FORKPOOL_PROTOCOL"), None);
+    assert_eq!(
+        env_of(&report, "FORKPOOL_DISPATCH").as_deref(),
+        Some("none")
+    );
+}
+
+#[test]
+fn run_without_a_command_is_a_usage_error() {
+    let out = Command::new(forkpool_bin())
+        .args(["run", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no command to run: put it after `--`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_command_can_come_from_the_config_file() {
+    let scratch = Scratch::new("config-command");
+    let config = scratch.write(
+        "pool.toml",
+        &format!(
+            "command = [\"python3\", \"{PYTHON_WORKER}\"]\n\n[pool]\nmin_children = 1\n\
+             ping_timeout = \"20s\"\n"
+        ),
+    );
+    let mut command = Command::new(forkpool_bin());
+    command.arg("run");
+    let pool = DemoPool::launch(command, &["--config", &config], &[], true);
+    let r = pool.get("/").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "hello\n");
+    assert!(pool.stderr.count("running `python3 ") >= 1);
+}

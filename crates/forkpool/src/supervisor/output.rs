@@ -1,0 +1,213 @@
+//! Exec'd workers' standard error, logged line by line with the slot.
+//!
+//! Each exec'd worker's fd 2 is the write end of a pipe; the supervisor
+//! watches the read end in its loop and logs every line as
+//! `worker stderr: …` with the worker's slot and pid, so an error message
+//! (a traceback, "cannot run") sits next to the exit status the reaper
+//! logs. Standard output is not captured: workers share the supervisor's,
+//! and what they print there appears as is.
+//!
+//! When a worker is reaped, whatever it wrote before exiting is read and
+//! logged, and the pipe is closed. A background process the worker left
+//! behind that still writes to it then gets `EPIPE`.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use tracing::{info, warn};
+
+use super::{ChildLink, Supervisor};
+use crate::sys;
+
+/// Token of slot `s`'s output pipe: `OUTPUT_TOKEN_BASE + s`.
+pub(super) const OUTPUT_TOKEN_BASE: usize = 1 << 21;
+/// Longer lines are logged in pieces of this size.
+const MAX_LINE: usize = 8 * 1024;
+/// Bytes read from one pipe per loop turn, so a worker that writes
+/// without pause cannot starve the loop.
+const BYTES_PER_TURN: usize = 64 * 1024;
+
+/// The supervisor's end of one worker's stderr pipe.
+#[derive(Debug)]
+pub(crate) struct ChildOutput {
+    pipe: File,
+    /// The start of a line whose end has not arrived yet.
+    partial: Vec<u8>,
+}
+
+/// Where a read left the pipe.
+#[derive(Debug, PartialEq, Eq)]
+enum Left {
+    /// Nothing more to read for now.
+    Empty,
+    /// The budget ran out with more waiting.
+    More,
+    /// Every writer has closed it.
+    Closed,
+}
+
+impl ChildOutput {
+    /// Wraps the read end, made non-blocking (it is ours alone).
+    pub fn new(read: OwnedFd) -> io::Result<ChildOutput> {
+        sys::socket::set_nonblocking(read.as_fd(), true)?;
+        Ok(ChildOutput {
+            pipe: File::from(read),
+            partial: Vec::new(),
+        })
+    }
+
+    /// Reads up to `budget` bytes and hands each complete line to `line`.
+    fn read_lines(&mut self, budget: usize, mut line: impl FnMut(&str)) -> io::Result<Left> {
+        let mut buf = [0u8; 4096];
+        let mut taken = 0;
+        while taken < budget {
+            let n = match self.pipe.read(&mut buf) {
+                Ok(0) => {
+                    self.flush_partial(&mut line);
+                    return Ok(Left::Closed);
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Left::Empty),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            taken += n;
+            for mut piece in buf[..n].split_inclusive(|b| *b == b'\n') {
+                while !piece.is_empty() {
+                    let room = MAX_LINE - self.partial.len();
+                    let (now, rest) = piece.split_at(piece.len().min(room));
+                    self.partial.extend_from_slice(now);
+                    piece = rest;
+                    if self.partial.ends_with(b"\n") || self.partial.len() >= MAX_LINE {
+                        self.flush_partial(&mut line);
+                    }
+                }
+            }
+        }
+        Ok(Left::More)
+    }
+
+    fn flush_partial(&mut self, line: &mut impl FnMut(&str)) {
+        if self.partial.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.partial);
+        line(text.trim_end_matches(['\n', '\r']));
+        self.partial.clear();
+    }
+}
+
+impl Supervisor {
+    /// Starts watching a new worker's output pipe.
+    pub(super) fn register_output(&self, slot: usize, output: &ChildOutput) -> io::Result<()> {
+        self.poll.registry().register(
+            &mut SourceFd(&output.pipe.as_raw_fd()),
+            Token(OUTPUT_TOKEN_BASE + slot),
+            Interest::READABLE,
+        )
+    }
+
+    /// The worker in `slot` wrote to its stderr.
+    pub(super) fn read_output(&mut self, slot: usize) {
+        let pid = self.board.get(slot).map_or(0, |s| s.pid);
+        let Some(link) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(output) = link.output.as_mut() else {
+            return;
+        };
+        let left = output.read_lines(BYTES_PER_TURN, |line| log_line(slot, pid, line));
+        match left {
+            Ok(Left::Empty) => {}
+            Ok(Left::More) => {
+                // The poll is edge-triggered: re-arm it so the rest is
+                // read in the next turn, after everyone else had theirs.
+                let fd = output.pipe.as_raw_fd();
+                let rearmed = self.poll.registry().reregister(
+                    &mut SourceFd(&fd),
+                    Token(OUTPUT_TOKEN_BASE + slot),
+                    Interest::READABLE,
+                );
+                if let Err(e) = rearmed {
+                    warn!(slot, pid, "cannot watch the worker's stderr any more: {e}");
+                }
+            }
+            Ok(Left::Closed) | Err(_) => {
+                if let Some(output) = link.output.take() {
+                    self.forget_output(&output);
+                }
+            }
+        }
+    }
+
+    /// At reap: log what the worker wrote before it died, then close.
+    pub(super) fn drain_output(&self, slot: usize, pid: i32, link: &mut ChildLink) {
+        if let Some(mut output) = link.output.take() {
+            // The writer is dead, so this ends at once unless it left a
+            // background process holding the pipe, which the budget bounds.
+            let _ = output.read_lines(BYTES_PER_TURN, |line| log_line(slot, pid, line));
+            output.flush_partial(&mut |line| log_line(slot, pid, line));
+            self.forget_output(&output);
+        }
+    }
+
+    fn forget_output(&self, output: &ChildOutput) {
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&output.pipe.as_raw_fd()));
+    }
+}
+
+fn log_line(slot: usize, pid: i32, line: &str) {
+    info!(slot, pid, "worker stderr: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn lines_of(output: &mut ChildOutput, budget: usize) -> (Vec<String>, Left) {
+        let mut got = Vec::new();
+        let left = output
+            .read_lines(budget, |l| got.push(l.to_string()))
+            .unwrap();
+        (got, left)
+    }
+
+    #[test]
+    fn lines_are_split_joined_and_flushed_at_the_end() {
+        let (r, w) = sys::fds::pipe().unwrap();
+        let mut output = ChildOutput::new(r).unwrap();
+        let mut w = File::from(w);
+        w.write_all(b"first\nsecond\r\nthi").unwrap();
+        let (got, left) = lines_of(&mut output, 1 << 20);
+        assert_eq!(got, ["first", "second"]);
+        assert_eq!(left, Left::Empty);
+        w.write_all(b"rd\nunfinished").unwrap();
+        drop(w);
+        let (got, left) = lines_of(&mut output, 1 << 20);
+        assert_eq!(got, ["third", "unfinished"]);
+        assert_eq!(left, Left::Closed);
+    }
+
+    #[test]
+    fn long_lines_come_in_pieces_and_the_budget_holds() {
+        let (r, w) = sys::fds::pipe().unwrap();
+        let mut output = ChildOutput::new(r).unwrap();
+        let mut w = File::from(w);
+        w.write_all(&vec![b'x'; MAX_LINE + 10]).unwrap();
+        w.write_all(b"\n").unwrap();
+        let (got, left) = lines_of(&mut output, 4096);
+        assert!(got.is_empty());
+        assert_eq!(left, Left::More);
+        let (got, _) = lines_of(&mut output, 1 << 20);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].len(), MAX_LINE);
+        assert_eq!(got[1].len(), 10);
+    }
+}

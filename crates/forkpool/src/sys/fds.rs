@@ -1,0 +1,138 @@
+//! Descriptor plumbing for exec'd workers: pipes, putting descriptors at
+//! fixed numbers before `exec`, closing everything else, and taking
+//! ownership of descriptors a worker inherited.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+
+/// A pipe, both ends close-on-exec: `(read, write)`.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
+}
+
+/// Sets or clears `FD_CLOEXEC`.
+pub fn set_cloexec(fd: BorrowedFd<'_>, cloexec: bool) -> io::Result<()> {
+    let flags = if cloexec {
+        FdFlag::FD_CLOEXEC
+    } else {
+        FdFlag::empty()
+    };
+    fcntl(fd, FcntlArg::F_SETFD(flags))?;
+    Ok(())
+}
+
+/// In a forked child about to `exec`: puts each descriptor of `plan` at its
+/// target number, without `FD_CLOEXEC` so it survives the `exec`, and
+/// closes every other descriptor above 2. Descriptors 0, 1 and 2 that are
+/// not in the plan are left as they are.
+///
+/// A source may sit on another entry's target number (a listener opened
+/// as fd 3 that must become fd 4, say), so every source is first moved
+/// above the highest target, and only then copied down.
+pub fn place_for_exec(plan: Vec<(OwnedFd, RawFd)>) -> io::Result<()> {
+    let highest = plan.iter().map(|(_, target)| *target).max().unwrap_or(2);
+    let mut moved = Vec::with_capacity(plan.len());
+    for (fd, target) in plan {
+        let high = fcntl(fd.as_fd(), FcntlArg::F_DUPFD_CLOEXEC(highest + 1))?;
+        // SAFETY: F_DUPFD_CLOEXEC just returned a new descriptor that
+        // nothing else owns.
+        let high = unsafe { OwnedFd::from_raw_fd(high) };
+        drop(fd);
+        moved.push((high, target));
+    }
+    for (high, target) in &moved {
+        // SAFETY: dup2 only changes the descriptor table. `target` is not
+        // owned by any Rust object in this process any more: whatever held
+        // it was moved above `highest` and closed. The copy it makes has
+        // FD_CLOEXEC clear, which is the point. `high` differs from
+        // `target`, so the flag is really cleared.
+        if unsafe { libc::dup2(high.as_raw_fd(), *target) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    drop(moved);
+    close_from(highest + 1)
+}
+
+/// Closes every descriptor numbered `first` or above, so that nothing the
+/// process happened to inherit or open leaks into the program it execs.
+fn close_from(first: RawFd) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors. The caller is a child
+    // about to exec and holds no Rust object owning a descriptor at or
+    // above `first` (all were closed or moved below it).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) };
+    if rc == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.9: list /proc/self/fd first (the directory's own
+    // descriptor is closed when the listing is done), then close.
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= first)
+        .collect();
+    for fd in open {
+        // SAFETY: as above; EBADF (the listing's own descriptor, now closed)
+        // is harmless and ignored.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
+}
+
+/// Takes ownership of a descriptor this process inherited at a number its
+/// environment announced (`FORKPOOL_CHANNEL_FD`, `LISTEN_FDS`), after
+/// checking it is open, and marks it close-on-exec so programs the worker
+/// runs do not inherit it.
+///
+/// The caller must make sure that nothing else in the process owns `fd`;
+/// [`crate::worker::ExecWorker::from_env`] guarantees it by refusing to run
+/// twice.
+pub fn take_inherited(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is a standard stream, not an inherited socket"),
+        ));
+    }
+    // SAFETY: F_GETFD only reads the descriptor's flags; EBADF tells us the
+    // number is not open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("descriptor {fd} is not open: {e}"),
+        ));
+    }
+    // SAFETY: the descriptor is open, and the caller guarantees that no
+    // other object in this process owns it (see above).
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_cloexec(owned.as_fd(), true)?;
+    Ok(owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipe_ends_are_close_on_exec() {
+        let (r, w) = pipe().unwrap();
+        for fd in [r.as_fd(), w.as_fd()] {
+            let flags = fcntl(fd, FcntlArg::F_GETFD).unwrap();
+            assert!(FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
+        }
+        set_cloexec(r.as_fd(), false).unwrap();
+        let flags = fcntl(r.as_fd(), FcntlArg::F_GETFD).unwrap();
+        assert!(!FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
+    }
+
+    #[test]
+    fn taking_a_closed_or_standard_descriptor_fails() {
+        assert!(take_inherited(1).is_err());
+        // Far above any descriptor limit, so no other test thread can have
+        // it open (a number that was just closed could be reused at once).
+        let err = take_inherited(999_999).unwrap_err();
+        assert!(err.to_string().contains("not open"), "{err}");
+    }
+}
