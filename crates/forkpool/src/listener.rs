@@ -430,7 +430,8 @@ mod tests {
     #[test]
     fn accepted_connections_inherit_the_read_timeout() {
         let l = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 16).unwrap();
-        l.set_read_timeout(std::time::Duration::from_secs(7)).unwrap();
+        l.set_read_timeout(std::time::Duration::from_secs(7))
+            .unwrap();
         let ListenAddr::Tcp(addr) = *l.local_addr() else {
             unreachable!()
         };

@@ -34,7 +34,12 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     for listener in pool.listeners() {
         listener
             .set_read_timeout(http::KEEPALIVE_TIMEOUT)
-            .map_err(|e| format!("cannot set a read timeout on {}: {e}", listener.local_addr()))?;
+            .map_err(|e| {
+                format!(
+                    "cannot set a read timeout on {}: {e}",
+                    listener.local_addr()
+                )
+            })?;
     }
 
     let table = preload(args.preload_mib);
