@@ -138,7 +138,12 @@ impl Supervisor {
         let pid = self.board.get(slot).map_or(0, |s| s.pid);
         debug!(slot, pid, "retiring child: {reason}");
         if let Err(e) = sent {
-            self.kill(slot, KillReason::ChannelFailed, format!("cannot send quit: {e}"), now);
+            self.kill(
+                slot,
+                KillReason::ChannelFailed,
+                format!("cannot send quit: {e}"),
+                now,
+            );
         }
     }
 

@@ -15,6 +15,7 @@
 
 mod children;
 mod liveness;
+mod load;
 mod reload;
 mod reports;
 mod signals;
@@ -33,7 +34,7 @@ use tracing::{info, warn};
 use crate::channel::Channel;
 use crate::config::PoolConfig;
 use crate::listener::Listener;
-use crate::scaling::{self, Decision, PoolCounts, ScalingMemory};
+use crate::scaling::{self, Decision, ScalingMemory};
 use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
@@ -213,7 +214,7 @@ impl Supervisor {
                 }
             }
             let now = Instant::now();
-            if self.board.counts().idle > 0 {
+            if self.board.has_room() {
                 self.rewatch_listeners(now);
             }
             self.check_liveness(now);
@@ -285,7 +286,12 @@ impl Supervisor {
         self.begin_shutdown(now);
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
-            self.kill(slot, KillReason::ImmediateStop, "immediate stop".into(), now);
+            self.kill(
+                slot,
+                KillReason::ImmediateStop,
+                "immediate stop".into(),
+                now,
+            );
         }
     }
 
@@ -298,17 +304,9 @@ impl Supervisor {
         if self.shutdown.is_some() {
             return Ok(None);
         }
-        let counts = self.board.counts();
-        // The backlog only matters when no child is idle: otherwise every
-        // waiting connection is about to be dispatched.
-        let queued = if counts.idle == 0 { self.queued() } else { 0 };
-        let pool = PoolCounts {
-            starting: counts.starting,
-            idle: counts.idle,
-            busy: counts.busy,
-            queued,
-        };
-        let at_ceiling = counts.idle == 0 && counts.live() >= self.config.max_children;
+        let pool = self.scaling_counts();
+        let at_ceiling =
+            !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
         self.account_saturation(at_ceiling, now);
         match scaling::decide(pool, &self.config, &mut self.memory, now) {
             Decision::Hold => {}
@@ -382,7 +380,7 @@ impl Supervisor {
         consider(self.shutdown.map(|s| s.deadline));
         consider(self.listeners.iter().filter_map(|l| l.resume_at).min());
         consider(self.scoreboard_log_due());
-        if self.board.counts().idle == 0 && self.board.counts().live() > 0 {
+        if !self.board.has_room() && self.board.counts().live() > 0 {
             // Saturated or starting: look at the backlog again soon.
             consider(Some(now + Duration::from_millis(50)));
         }

@@ -34,15 +34,24 @@ impl Supervisor {
             error!("reload refused, keeping the running configuration: {e}");
             return;
         }
+        if let Err(e) = self.check_reloaded_config(&config) {
+            error!("reload refused, keeping the running configuration: {e}");
+            return;
+        }
         if config.backlog != self.config.backlog {
-            info!("backlog changes apply to new listeners only; restart or upgrade (USR2) to apply");
+            info!(
+                "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"
+            );
         }
         let watching_before = self.config.dispatch.parent_watches_listeners();
         self.config = config;
         self.generation += 1;
         self.totals.reloads += 1;
         self.memory = Default::default();
-        info!(generation = self.generation, "reloading: rolling children to a new generation");
+        info!(
+            generation = self.generation,
+            "reloading: rolling children to a new generation"
+        );
         let old: Vec<usize> = self
             .board
             .iter()
