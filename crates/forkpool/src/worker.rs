@@ -14,6 +14,13 @@
 //! connection is done, and exits when the channel closes (the supervisor is
 //! gone). A handler that panics takes its child down with it: the process
 //! is the isolation boundary, and the supervisor replaces it.
+//!
+//! Children that serve many connections at once run the loop in
+//! `worker/sessions.rs` instead.
+
+mod sessions;
+
+pub(crate) use sessions::run_session_child;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
