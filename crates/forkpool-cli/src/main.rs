@@ -19,7 +19,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a pool serving the built-in demo HTTP handler
-    /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`).
+    /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`), or with `--sessions`
+    /// a line protocol with many sessions per child.
     Demo(demo::DemoArgs),
 }
 
