@@ -123,6 +123,13 @@ impl Slot {
     }
 }
 
+/// The most connections a many-connection child may have on their way to it
+/// (handed, not yet counted in a report). The back-channel holds a few
+/// hundred messages before a send would fail; this keeps well below that,
+/// and a burst waits in the listen backlog for the child to catch up rather
+/// than spilling over to a higher slot.
+pub const MAX_IN_FLIGHT: u32 = 64;
+
 /// How full a many-connection child is, as the supervisor counts it.
 ///
 /// The child's reports (`open`, `received`) can cross connections still on
@@ -409,18 +416,26 @@ impl Scoreboard {
 
     /// The lowest-numbered slot that can take one more connection: the
     /// lowest idle one when children serve one connection at a time, the
-    /// lowest under its capacity when they serve many.
+    /// lowest under its capacity when they serve many. `None` also while
+    /// that child has [`MAX_IN_FLIGHT`] connections on their way to it: the
+    /// next one waits for it rather than going to a higher slot.
     pub fn lowest_with_room(&self) -> Option<usize> {
-        self.room_bits
+        let slot = self
+            .room_bits
             .iter()
             .enumerate()
             .find(|(_, word)| **word != 0)
-            .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)
+            .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)?;
+        match self.get(slot)?.load {
+            Some(load) if load.in_flight() >= MAX_IN_FLIGHT => None,
+            _ => Some(slot),
+        }
     }
 
-    /// Whether any slot can take one more connection.
+    /// Whether a connection can be handed out now
+    /// ([`lowest_with_room`](Scoreboard::lowest_with_room) has a slot).
     pub fn has_room(&self) -> bool {
-        self.room_bits.iter().any(|word| *word != 0)
+        self.lowest_with_room().is_some()
     }
 
     /// Free places (connections that could be handed out now) over every
@@ -889,6 +904,20 @@ mod tests {
         assert_eq!(board.highest_idle(), Some(0));
         assert_eq!(board.get(0).unwrap().served, 3);
         assert_eq!(board.free_places(), 4);
+    }
+
+    #[test]
+    fn a_child_far_behind_holds_the_next_connection_back() {
+        let (mut board, now) = session_board(2, 1000);
+        for _ in 0..MAX_IN_FLIGHT {
+            assert_eq!(board.lowest_with_room(), Some(0));
+            board.hand_connection(0, now).unwrap();
+        }
+        // Slot 0 has room but has not caught up: nothing goes to slot 1.
+        assert_eq!(board.lowest_with_room(), None);
+        assert!(!board.has_room());
+        board.report_load(0, 1, 1000, 1, now).unwrap();
+        assert_eq!(board.lowest_with_room(), Some(0));
     }
 
     #[test]

@@ -61,14 +61,15 @@ impl Supervisor {
 
     /// The pool as the scaling policy sees it. The backlog only matters
     /// when no child has room: otherwise every waiting connection is about
-    /// to be dispatched.
+    /// to be dispatched. (A many-connection child with free places that
+    /// is catching up on connections in flight still has room.)
     pub(super) fn scaling_counts(&self) -> PoolCounts {
         let counts = self.board.counts();
-        let queued = if self.board.has_room() {
-            0
-        } else {
-            self.queued()
+        let room = match self.board.session_capacity() {
+            None => self.board.has_room(),
+            Some(_) => self.board.free_places() > 0,
         };
+        let queued = if room { 0 } else { self.queued() };
         match self.board.session_capacity() {
             None => PoolCounts {
                 starting: counts.starting,
