@@ -96,6 +96,7 @@ impl Signals {
     }
 
     /// SIGUSR2 arrived since the last call.
+    #[allow(dead_code)] // until binary upgrade (USR2) reads it
     pub fn take_upgrade(&self) -> bool {
         self.upgrade.swap(false, Ordering::SeqCst)
     }
