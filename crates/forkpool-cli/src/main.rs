@@ -1,5 +1,6 @@
 //! The `forkpool` command: run preforked pools, the demo server, benchmarks.
 
+mod bench_sessions;
 mod demo;
 mod pool_args;
 
@@ -22,6 +23,11 @@ enum Command {
     /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`), or with `--sessions`
     /// a line protocol with many sessions per child.
     Demo(demo::DemoArgs),
+    /// Many mostly idle sessions against forkpool --sessions, a session
+    /// pool and a thread-per-session baseline (temporary home until
+    /// `forkpool bench` runs it).
+    #[command(hide = true)]
+    BenchSessions(bench_sessions::SessionBenchArgs),
 }
 
 fn main() {
@@ -29,6 +35,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::BenchSessions(args) => bench_sessions::command(args),
     };
     if let Err(e) = result {
         eprintln!("forkpool: {e}");

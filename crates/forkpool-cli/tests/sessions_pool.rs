@@ -37,7 +37,11 @@ impl LineClient {
         };
         let mut greeting = String::new();
         client.reader.read_line(&mut greeting).ok()?;
-        client.reader.get_ref().set_read_timeout(Some(WAIT)).unwrap();
+        client
+            .reader
+            .get_ref()
+            .set_read_timeout(Some(WAIT))
+            .unwrap();
         client.parse_greeting(&greeting);
         Some(client)
     }
@@ -179,10 +183,18 @@ fn grows_when_capacity_runs_short_and_shrinks_when_sessions_close() {
     // a new child is started, and the next sessions go there.
     let mut on_0: Vec<LineClient> = (0..2).map(|_| LineClient::connect(pool.addr)).collect();
     assert!(on_0.iter().all(|c| c.slot == 0));
-    assert!(pool.wait_children(WAIT, |n| n == 2), "{}", pool.stderr.dump());
+    assert!(
+        pool.wait_children(WAIT, |n| n == 2),
+        "{}",
+        pool.stderr.dump()
+    );
     let on_1: Vec<LineClient> = (0..2).map(|_| LineClient::connect(pool.addr)).collect();
     assert!(on_1.iter().all(|c| c.slot == 1), "{}", pool.stderr.dump());
-    assert!(pool.wait_children(WAIT, |n| n == 3), "{}", pool.stderr.dump());
+    assert!(
+        pool.wait_children(WAIT, |n| n == 3),
+        "{}",
+        pool.stderr.dump()
+    );
     wait_ready(&pool, &[2]);
 
     // Slot 1 empties: two children's worth of free places is one too many,
@@ -214,7 +226,11 @@ fn grows_when_capacity_runs_short_and_shrinks_when_sessions_close() {
     );
     assert!(pool.wait_children(WAIT, |n| n == 1));
     assert_eq!(LineClient::connect(pool.addr).slot, 0);
-    assert_eq!(pool.stderr.count("child exited (surplus idle child) slot=0"), 0);
+    assert_eq!(
+        pool.stderr
+            .count("child exited (surplus idle child) slot=0"),
+        0
+    );
 }
 
 #[test]
@@ -296,7 +312,9 @@ fn shutdown_lets_open_sessions_finish() {
     assert_eq!(client.command("NOOP"), "250 ok");
     assert!(pool.wait_exit(Duration::from_millis(300)).is_none());
     client.quit();
-    let status = pool.wait_exit(WAIT).expect("the pool exits once sessions end");
+    let status = pool
+        .wait_exit(WAIT)
+        .expect("the pool exits once sessions end");
     assert!(status.success(), "{status:?}\n{}", pool.stderr.dump());
 }
 
