@@ -136,7 +136,9 @@ impl Pool {
     /// spare capacity: `min_spare` and `max_spare` count in children's worth
     /// of free places (see [`crate::scaling`]), and only a child holding no
     /// connection is retired. `sessions.cap_policy` does not apply: the
-    /// supervisor never sends a child more than its capacity.
+    /// supervisor never sends a child more than its capacity (should one
+    /// come anyway, the child refuses it rather than block). A
+    /// `sessions.on_load` hook is still called, before the report.
     ///
     /// Requires `handoff` dispatch. In a child this function never returns:
     /// on `Quit` the child takes no more connections, waits for its open
