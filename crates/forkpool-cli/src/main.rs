@@ -1,6 +1,7 @@
 //! The `forkpool` command: run preforked pools, the demo server, benchmarks.
 
 mod bench;
+mod bench_sessions;
 mod check;
 mod demo;
 mod pool_args;
@@ -25,7 +26,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a pool serving the built-in demo HTTP handler
-    /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`).
+    /// (`GET /?work_ms=N&cpu_ms=N` answers `hello`), or with `--sessions`
+    /// a line protocol with many sessions per child.
     Demo(demo::DemoArgs),
     /// Print a running pool's scoreboard and totals.
     Status(status::StatusArgs),
@@ -38,6 +40,11 @@ enum Command {
     /// `CMD [ARGS...]` (given after `--`) with the listeners passed the
     /// systemd way and the back-channel announced in FORKPOOL_CHANNEL_FD.
     Run(run::RunArgs),
+    /// Many mostly idle sessions against forkpool --sessions, a session
+    /// pool and a thread-per-session baseline (temporary home until
+    /// `forkpool bench` runs it).
+    #[command(hide = true)]
+    BenchSessions(bench_sessions::SessionBenchArgs),
 }
 
 fn main() {
@@ -49,6 +56,7 @@ fn main() {
         Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(&args),
         Command::Run(args) => run::run(args),
+        Command::BenchSessions(args) => bench_sessions::command(args),
     };
     if let Err(e) = result {
         eprintln!("forkpool: {e}");

@@ -270,6 +270,28 @@ impl PoolConfig {
     }
 }
 
+impl PoolConfig {
+    /// [`validate`](PoolConfig::validate), plus what a pool whose children
+    /// serve many connections at once
+    /// ([`Pool::run_sessions`](crate::Pool::run_sessions)) needs: `handoff`
+    /// dispatch, since the supervisor must count every connection it gives
+    /// a child.
+    pub fn validate_for_sessions(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        if self.dispatch != DispatchMode::Handoff {
+            return error(
+                "dispatch",
+                format!(
+                    "dispatch {} cannot serve children that hold many connections: the \
+                     supervisor must count every connection it gives them; use handoff",
+                    self.dispatch
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Parses a human duration such as `250ms`, `5s` or `1m 30s`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
@@ -378,6 +400,19 @@ mod tests {
         });
         assert_eq!(err.field, "min_children");
         assert!(err.to_string().contains("fixed pool of min_children"));
+    }
+
+    #[test]
+    fn many_connection_children_need_handoff() {
+        PoolConfig::default().validate_for_sessions().unwrap();
+        let err = PoolConfig {
+            dispatch: DispatchMode::Shared,
+            ..PoolConfig::default()
+        }
+        .validate_for_sessions()
+        .unwrap_err();
+        assert_eq!(err.field, "dispatch");
+        assert!(err.to_string().contains("use handoff"));
     }
 
     #[test]

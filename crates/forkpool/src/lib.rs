@@ -6,7 +6,9 @@
 //! crash, hang or misbehave, and shuts down without cutting a request short.
 //!
 //! Where things live:
-//! - [`pool`]: the entry point, [`Pool`];
+//! - [`pool`]: the entry point, [`Pool`]: [`Pool::run`] for children that
+//!   serve one connection at a time, [`Pool::run_sessions`] for children
+//!   that each hold many (a [`sessions::SessionPool`] in every child);
 //! - [`config`]: every knob and its validation;
 //! - [`scaling`]: **who decides how many children there are** (a pure policy);
 //! - `dispatch`: **where a connection goes** (lowest idle child; handoff or order);

@@ -16,6 +16,10 @@
 //!
 //! Or, with [`Pool::run_command`], each child runs another program, which
 //! finds the listeners and the back-channel where [`crate::exec`] says.
+//! Children can also serve many connections each: [`Pool::run_sessions`]
+//! gives every child a [`SessionPool`](crate::sessions::SessionPool) (a few threads for many mostly idle
+//! sessions) and hands each connection to the lowest-numbered child under
+//! its capacity.
 
 use std::fmt;
 use std::io;
@@ -26,10 +30,11 @@ use std::path::Path;
 use crate::config::{ConfigError, DispatchMode, PoolConfig};
 use crate::exec::{self, WorkerCommand};
 use crate::listener::{ListenAddr, Listener};
+use crate::sessions::{Session, SessionConfig};
 use crate::status::Totals;
 use crate::supervisor::{Endpoints, Exit, ReloadSource, Supervisor, UpgradeCommand};
 use crate::sys::process;
-use crate::worker::{self, Handler};
+use crate::worker::{self, Handler, WorkerInfo};
 
 pub use crate::supervisor::UPGRADE_FROM_ENV;
 
@@ -240,7 +245,69 @@ impl Pool {
         }
     }
 
-    /// Checks that the pool can start and sets up its supervisor.
+    /// Runs the pool with children that each serve many connections at
+    /// once, and returns the supervisor's totals when it stops.
+    ///
+    /// Every child runs a [`SessionPool`](crate::sessions::SessionPool) of sessions `S`, started after the
+    /// fork with `sessions` (so its threads exist only in the child) and a
+    /// context that `context` builds in the child from who the child is.
+    /// `sessions.max_sessions` is each child's *capacity*. The supervisor
+    /// hands each new connection to the lowest-numbered child under its
+    /// capacity, so the lowest children fill up first; the children report
+    /// their load on the back-channel, and the pool grows and shrinks by
+    /// spare capacity: `min_spare` and `max_spare` count in children's worth
+    /// of free places (see [`crate::scaling`]), and only a child holding no
+    /// connection is retired. `sessions.cap_policy` does not apply: the
+    /// supervisor never sends a child more than its capacity (should one
+    /// come anyway, the child refuses it rather than block). A
+    /// `sessions.on_load` hook is still called, before the report.
+    ///
+    /// Requires `handoff` dispatch. In a child this function never returns:
+    /// on `Quit` the child takes no more connections, waits for its open
+    /// sessions to end (at most `shutdown_timeout`, after which the
+    /// supervisor kills it) and exits.
+    ///
+    /// ```no_run
+    /// use forkpool::sessions::line_demo::LineSession;
+    /// use forkpool::sessions::SessionConfig;
+    /// use forkpool::{Pool, PoolConfig};
+    ///
+    /// let mut pool = Pool::new(PoolConfig::default());
+    /// pool.listen(&"127.0.0.1:2525".parse().unwrap()).unwrap();
+    /// let sessions = SessionConfig {
+    ///     workers: 4,
+    ///     max_sessions: 256,
+    ///     ..SessionConfig::default()
+    /// };
+    /// pool.run_sessions::<LineSession, _>(sessions, |_child| ()).unwrap();
+    /// ```
+    pub fn run_sessions<S, F>(
+        self,
+        sessions: SessionConfig,
+        context: F,
+    ) -> Result<Totals, PoolError>
+    where
+        S: Session,
+        F: FnOnce(&WorkerInfo) -> S::Context,
+    {
+        sessions.validate().map_err(PoolError::Config)?;
+        self.config
+            .validate_for_sessions()
+            .map_err(PoolError::Config)?;
+        let capacity = u32::try_from(sessions.max_sessions).unwrap_or(u32::MAX);
+        let mut supervisor = self.supervisor()?;
+        supervisor.board.host_sessions(capacity);
+        match supervisor.run()? {
+            Exit::Done(totals) => Ok(totals),
+            Exit::Child(start) => {
+                let code = worker::run_session_child::<S, F>(start, sessions, context);
+                std::process::exit(code)
+            }
+        }
+    }
+
+    /// Checks everything that can be checked before forking and builds the
+    /// supervisor.
     fn supervisor(self) -> Result<Supervisor, PoolError> {
         self.config.validate().map_err(PoolError::Config)?;
         if self.listeners.is_empty() {
@@ -306,6 +373,22 @@ mod tests {
             PoolError::UnsupportedDispatch(DispatchMode::None)
         ));
         assert!(err.to_string().contains("run_command"));
+    }
+
+    #[test]
+    fn many_connection_children_need_handoff() {
+        let config = PoolConfig {
+            dispatch: DispatchMode::Order,
+            ..PoolConfig::default()
+        };
+        let err = Pool::new(config)
+            .run_sessions::<crate::sessions::line_demo::LineSession, _>(
+                SessionConfig::default(),
+                |_| (),
+            )
+            .unwrap_err();
+        assert!(matches!(&err, PoolError::Config(e) if e.field == "dispatch"));
+        assert!(err.to_string().contains("use handoff"), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub const VERSION: u8 = 1;
 
 /// The largest encoded message, in bytes. A datagram longer than this is
 /// malformed whatever it starts with.
-pub const MAX_MESSAGE_LEN: usize = 10;
+pub const MAX_MESSAGE_LEN: usize = 14;
 
 /// A message from a child to the supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +40,20 @@ pub enum ChildMessage {
         /// The sequence number of the ping being answered.
         seq: u32,
     },
-    /// A many-connection child's current load.
+    /// A many-connection child's current load, sent whenever it changes.
+    ///
+    /// `received` lets the supervisor tell which of the connections it
+    /// handed out the report already counts: the ones still travelling
+    /// (`handed - received`) are added to `open`, so a report that crossed
+    /// a handoff never makes a child look emptier than it is.
     Load {
         /// Connections the child holds open now.
         open: u32,
         /// Connections the child is willing to hold at most.
         capacity: u32,
+        /// Connections the child has received from the supervisor so far,
+        /// a running count that wraps at 2^32.
+        received: u32,
     },
 }
 
@@ -138,11 +146,16 @@ impl ChildMessage {
             ChildMessage::Busy => put_bare(buf, b'B'),
             ChildMessage::Missed => put_bare(buf, b'M'),
             ChildMessage::Pong { seq } => put_u32(buf, b'P', seq),
-            ChildMessage::Load { open, capacity } => {
+            ChildMessage::Load {
+                open,
+                capacity,
+                received,
+            } => {
                 buf[1] = b'L';
                 buf[2..6].copy_from_slice(&open.to_be_bytes());
                 buf[6..10].copy_from_slice(&capacity.to_be_bytes());
-                10
+                buf[10..14].copy_from_slice(&received.to_be_bytes());
+                14
             }
         };
         &buf[..len]
@@ -162,10 +175,11 @@ impl ChildMessage {
                 seq: get_u32(kind, payload)?,
             },
             b'L' => {
-                let p = fixed::<8>(kind, payload)?;
+                let p = fixed::<12>(kind, payload)?;
                 ChildMessage::Load {
                     open: u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
                     capacity: u32::from_be_bytes([p[4], p[5], p[6], p[7]]),
+                    received: u32::from_be_bytes([p[8], p[9], p[10], p[11]]),
                 }
             }
             other => return Err(ProtocolError::UnknownKind(other)),

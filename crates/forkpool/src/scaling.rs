@@ -21,6 +21,25 @@
 //! Unlike Apache, rounds are not once a second: a round is every call, so a
 //! burst of load grows the pool in milliseconds, and the grace period alone
 //! keeps a bursty load from making it flap.
+//!
+//! # Children that serve many connections
+//!
+//! When each child holds up to `sessions_per_child` connections, what is
+//! spare is *capacity*, not children. The supervisor counts the free places
+//! of its serving children and [`in_child_equivalents`] turns them into
+//! whole children before asking [`decide`]: `idle` is the free places
+//! divided by `sessions_per_child`, rounded down, and `busy` is the rest of
+//! the serving children, so `live` still counts real processes. So
+//! `min_spare` and `max_spare` keep their meaning, in units of one child's
+//! worth of places:
+//! - `min_spare = 2` with 100 sessions per child keeps at least 200 free
+//!   places: with 199, a child is started;
+//! - `max_spare = 8` allows up to 899 free places; from 900 on, children
+//!   holding no connection at all are retired, highest slot first (a child
+//!   with a connection open is never retired for being surplus, so the
+//!   free places of half-empty children can exceed the band for a while);
+//! - connections queued in the backlog count in whole children too,
+//!   rounded up.
 
 use std::time::{Duration, Instant};
 
@@ -83,6 +102,34 @@ impl ScalingMemory {
     pub fn retire_due_in(&self, config: &PoolConfig, now: Instant) -> Option<Duration> {
         self.surplus_since
             .map(|since| (since + config.retire_grace).saturating_duration_since(now))
+    }
+}
+
+/// A pool of many-connection children counted in connections ("places").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlaceCounts {
+    /// Children forked but not yet ready.
+    pub starting: u32,
+    /// Ready children that are not leaving, whatever their load.
+    pub serving: u32,
+    /// Connections those children could still be handed.
+    pub free: u64,
+    /// Connections waiting in the listen backlog (0 when unknown).
+    pub queued: u32,
+}
+
+/// Counts a pool of many-connection children in whole children, for
+/// [`decide`]: free places become idle children (rounded down), the other
+/// serving children are busy, and queued connections become the children
+/// needed to take them (rounded up). See the module docs.
+pub fn in_child_equivalents(places: PlaceCounts, per_child: u32) -> PoolCounts {
+    let per_child = per_child.max(1);
+    let idle = (places.free / u64::from(per_child)).min(u64::from(places.serving)) as u32;
+    PoolCounts {
+        starting: places.starting,
+        idle,
+        busy: places.serving - idle,
+        queued: places.queued.div_ceil(per_child),
     }
 }
 
@@ -287,6 +334,66 @@ mod tests {
             t0 + config.retire_grace,
         );
         assert_eq!(d, Decision::Hold);
+    }
+
+    #[test]
+    fn free_places_count_as_whole_idle_children() {
+        let places = |serving, free, queued| PlaceCounts {
+            starting: 1,
+            serving,
+            free,
+            queued,
+        };
+        // Three children of 100: 250 free places are two idle children.
+        assert_eq!(
+            in_child_equivalents(places(3, 250, 0), 100),
+            counts(1, 2, 1, 0)
+        );
+        // 199 free with min_spare 2 is short by one child.
+        let c = in_child_equivalents(places(2, 199, 0), 100);
+        assert_eq!(c, counts(1, 1, 1, 0));
+        assert_eq!(c.live(), 3);
+        // 101 queued connections need two children.
+        assert_eq!(
+            in_child_equivalents(places(2, 0, 101), 100),
+            counts(1, 0, 2, 2)
+        );
+        // Never more idle than serving children, even if told otherwise.
+        assert_eq!(
+            in_child_equivalents(places(1, 500, 0), 100),
+            counts(1, 1, 0, 0)
+        );
+        assert_eq!(in_child_equivalents(places(2, 5, 3), 0), counts(1, 2, 0, 3));
+    }
+
+    #[test]
+    fn min_and_max_spare_become_free_places() {
+        let config = PoolConfig {
+            min_children: 1,
+            max_children: 10,
+            min_spare: 2,
+            max_spare: 3,
+            ..PoolConfig::default()
+        };
+        let t0 = Instant::now();
+        let decide_for = |serving, free| {
+            let mut memory = ScalingMemory::default();
+            let c = in_child_equivalents(
+                PlaceCounts {
+                    starting: 0,
+                    serving,
+                    free,
+                    queued: 0,
+                },
+                100,
+            );
+            decide(c, &config, &mut memory, t0);
+            decide(c, &config, &mut memory, t0 + config.retire_grace)
+        };
+        assert_eq!(decide_for(3, 199), Decision::Spawn(1));
+        assert_eq!(decide_for(3, 200), Decision::Hold);
+        assert_eq!(decide_for(5, 399), Decision::Hold);
+        assert_eq!(decide_for(5, 400), Decision::Retire(1));
     }
 
     #[test]

@@ -6,6 +6,13 @@
 //! and every transition is a method that refuses an illegal move, so a child
 //! that reports something out of order is caught here and killed by the
 //! supervisor.
+//!
+//! A pool whose children each serve many connections at once
+//! ([`Scoreboard::host_sessions`]) also keeps each slot's [`SessionLoad`],
+//! and a second bitset of the slots with *room* for one more connection:
+//! [`Scoreboard::lowest_with_room`] is where the next connection goes. For
+//! children that serve one connection at a time, having room is being idle,
+//! so the same lookup serves both kinds of pool.
 
 use std::fmt;
 use std::time::Instant;
@@ -19,6 +26,9 @@ pub enum SlotState {
     Idle,
     /// Ordered to accept (`order` dispatch); has not yet said `Busy` or `Missed`.
     Ordered,
+    /// A many-connection child holding some connections, with room for more.
+    /// (Such a child is `Idle` while it holds none and `Busy` when full.)
+    Partial,
     /// Serving a connection.
     Busy,
     /// Told to quit; finishing its connection, if any, then exiting.
@@ -34,6 +44,7 @@ impl SlotState {
             SlotState::Starting => 'S',
             SlotState::Idle => 'I',
             SlotState::Ordered => 'O',
+            SlotState::Partial => 'P',
             SlotState::Busy => 'B',
             SlotState::Retiring => 'R',
             SlotState::Killed => 'K',
@@ -46,6 +57,7 @@ impl SlotState {
             SlotState::Starting => "starting",
             SlotState::Idle => "idle",
             SlotState::Ordered => "ordered",
+            SlotState::Partial => "partly busy",
             SlotState::Busy => "busy",
             SlotState::Retiring => "retiring",
             SlotState::Killed => "killed",
@@ -94,16 +106,160 @@ pub struct Slot {
     pub since: Instant,
     /// When the child last sent any message.
     pub last_heard: Instant,
+    /// How full the child is, if it serves many connections at once.
+    pub load: Option<SessionLoad>,
 }
+
+impl Slot {
+    /// Whether the supervisor pings this child once it has been quiet for a
+    /// while: an idle child, or a many-connection child in any serving
+    /// state (its channel is read by a thread that serves no connection).
+    pub fn awaits_pings(&self) -> bool {
+        match self.state {
+            SlotState::Idle => true,
+            SlotState::Partial | SlotState::Busy => self.load.is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// The most connections a many-connection child may have on their way to it
+/// (handed, not yet counted in a report). The back-channel holds a few
+/// hundred messages before a send would fail; this keeps well below that,
+/// and a burst waits in the listen backlog for the child to catch up rather
+/// than spilling over to a higher slot.
+pub const MAX_IN_FLIGHT: u32 = 64;
+
+/// How full a many-connection child is, as the supervisor counts it.
+///
+/// The child's reports (`open`, `received`) can cross connections still on
+/// their way to it, so its load is what its last report counted plus what
+/// was handed to it since: `open + (handed - received)`. Both counts wrap
+/// at 2^32; see `docs/protocol.md` for why this never undercounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLoad {
+    /// The most connections the child takes: the lower of what it reported
+    /// and what the pool was configured with.
+    pub capacity: u32,
+    /// Connections open at its last report.
+    pub open: u32,
+    /// Connections handed to it so far (wrapping).
+    pub handed: u32,
+    /// Connections it had received at its last report (wrapping).
+    pub received: u32,
+    /// Every connection it has received, counted without wrapping.
+    pub received_total: u64,
+}
+
+impl SessionLoad {
+    /// A child that has been handed nothing yet.
+    pub fn new(capacity: u32) -> Self {
+        SessionLoad {
+            capacity,
+            open: 0,
+            handed: 0,
+            received: 0,
+            received_total: 0,
+        }
+    }
+
+    /// Connections handed to the child that its last report did not count.
+    pub fn in_flight(&self) -> u32 {
+        self.handed.wrapping_sub(self.received)
+    }
+
+    /// Connections the child holds or is about to hold.
+    pub fn load(&self) -> u32 {
+        self.open.saturating_add(self.in_flight())
+    }
+
+    /// How many more connections it can be handed.
+    pub fn free(&self) -> u32 {
+        self.capacity.saturating_sub(self.load())
+    }
+
+    /// The state its load puts a serving child in.
+    fn state(&self) -> SlotState {
+        if self.load() == 0 {
+            SlotState::Idle
+        } else if self.free() == 0 {
+            SlotState::Busy
+        } else {
+            SlotState::Partial
+        }
+    }
+}
+
+/// A load report the scoreboard refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    /// The slot's child serves one connection at a time and has no load to
+    /// report.
+    NotHosting(usize),
+    /// A report in a state that allows none (before `Ready`).
+    Illegal(IllegalTransition),
+    /// The report counts more connections received than were handed.
+    TooManyReceived {
+        /// The slot concerned.
+        slot: usize,
+        /// Connections newly received according to the report.
+        arrived: u32,
+        /// Connections that were on their way.
+        in_flight: u32,
+    },
+    /// The report holds connections the child was never given.
+    TooManyOpen {
+        /// The slot concerned.
+        slot: usize,
+        /// Connections open according to the report.
+        open: u32,
+        /// The most it could hold: open before plus those on their way.
+        possible: u64,
+    },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::NotHosting(slot) => write!(
+                f,
+                "slot {slot}: sent a load report, but this pool's children serve one \
+                 connection at a time"
+            ),
+            LoadError::Illegal(e) => write!(f, "{e}"),
+            LoadError::TooManyReceived {
+                slot,
+                arrived,
+                in_flight,
+            } => write!(
+                f,
+                "slot {slot}: load report counts {arrived} connections received, \
+                 but only {in_flight} were on their way"
+            ),
+            LoadError::TooManyOpen {
+                slot,
+                open,
+                possible,
+            } => write!(
+                f,
+                "slot {slot}: load report says {open} connections are open, \
+                 but it can hold at most {possible}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
 
 /// Counts of children by state, the input of the scaling policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateCounts {
     /// Children that have not said `Ready` yet.
     pub starting: u32,
-    /// Children waiting for work.
+    /// Children waiting for work (a many-connection child: holding none).
     pub idle: u32,
-    /// Children serving, or ordered to accept.
+    /// Children serving, or ordered to accept (a many-connection child:
+    /// holding any connection, full or not).
     pub busy: u32,
     /// Children on their way out (retiring or killed).
     pub leaving: u32,
@@ -116,11 +272,17 @@ impl StateCounts {
     }
 }
 
-/// Slot table plus an index of idle slots.
+/// Slot table plus an index of idle slots and one of slots with room.
 #[derive(Debug, Default)]
 pub struct Scoreboard {
     slots: Vec<Option<Slot>>,
     idle_bits: Vec<u64>,
+    /// Slots that can take one more connection now.
+    room_bits: Vec<u64>,
+    /// Free places of serving many-connection children, summed.
+    free_places: u64,
+    /// Set when children serve many connections: each one's capacity.
+    session_capacity: Option<u32>,
     counts: StateCounts,
     changes: u64,
 }
@@ -150,11 +312,23 @@ impl Scoreboard {
             .unwrap_or(self.slots.len())
     }
 
+    /// From now on, children placed in slots serve many connections at
+    /// once, each at most `capacity`, and report their load.
+    pub fn host_sessions(&mut self, capacity: u32) {
+        self.session_capacity = Some(capacity);
+    }
+
+    /// The capacity of each many-connection child, if children are such.
+    pub fn session_capacity(&self) -> Option<u32> {
+        self.session_capacity
+    }
+
     /// Puts a freshly forked child into `slot`, which must be free.
     pub fn occupy(&mut self, slot: usize, pid: i32, generation: u32, now: Instant) {
         if slot >= self.slots.len() {
             self.slots.resize(slot + 1, None);
             self.idle_bits.resize(self.slots.len().div_ceil(64), 0);
+            self.room_bits.resize(self.slots.len().div_ceil(64), 0);
         }
         assert!(self.slots[slot].is_none(), "slot {slot} is occupied");
         self.slots[slot] = Some(Slot {
@@ -164,19 +338,23 @@ impl Scoreboard {
             served: 0,
             since: now,
             last_heard: now,
+            load: self.session_capacity.map(SessionLoad::new),
         });
         self.counts.starting += 1;
     }
 
     /// Frees a slot whose child has been reaped; returns what it held.
     pub fn vacate(&mut self, slot: usize) -> Option<Slot> {
-        let old = self.slots.get_mut(slot)?.take()?;
+        self.slots.get(slot)?.as_ref()?;
+        self.unindex_room(slot);
+        let old = self.slots[slot].take()?;
         self.uncount(slot, old.state);
         // Trim trailing free slots so the scoreboard line stays short.
         while matches!(self.slots.last(), Some(None)) {
             self.slots.pop();
         }
         self.idle_bits.truncate(self.slots.len().div_ceil(64));
+        self.room_bits.truncate(self.slots.len().div_ceil(64));
         Some(old)
     }
 
@@ -225,7 +403,8 @@ impl Scoreboard {
             .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)
     }
 
-    /// The highest-numbered idle slot (the one to retire first).
+    /// The highest-numbered idle slot (the one to retire first). A
+    /// many-connection child is idle only while it holds no connection.
     pub fn highest_idle(&self) -> Option<usize> {
         self.idle_bits
             .iter()
@@ -233,6 +412,36 @@ impl Scoreboard {
             .rev()
             .find(|(_, word)| **word != 0)
             .map(|(i, word)| i * 64 + 63 - word.leading_zeros() as usize)
+    }
+
+    /// The lowest-numbered slot that can take one more connection: the
+    /// lowest idle one when children serve one connection at a time, the
+    /// lowest under its capacity when they serve many. `None` also while
+    /// that child has [`MAX_IN_FLIGHT`] connections on their way to it: the
+    /// next one waits for it rather than going to a higher slot.
+    pub fn lowest_with_room(&self) -> Option<usize> {
+        let slot = self
+            .room_bits
+            .iter()
+            .enumerate()
+            .find(|(_, word)| **word != 0)
+            .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)?;
+        match self.get(slot)?.load {
+            Some(load) if load.in_flight() >= MAX_IN_FLIGHT => None,
+            _ => Some(slot),
+        }
+    }
+
+    /// Whether a connection can be handed out now
+    /// ([`lowest_with_room`](Scoreboard::lowest_with_room) has a slot).
+    pub fn has_room(&self) -> bool {
+        self.lowest_with_room().is_some()
+    }
+
+    /// Free places (connections that could be handed out now) over every
+    /// serving many-connection child; 0 when children serve one at a time.
+    pub fn free_places(&self) -> u64 {
+        self.free_places
     }
 
     /// Records that the child said something, for liveness accounting.
@@ -262,16 +471,117 @@ impl Scoreboard {
         })
     }
 
-    /// The supervisor handed the child a connection (`handoff`).
+    /// The supervisor handed the child a connection (`handoff`). A
+    /// many-connection child counts it at once and must have had room.
     pub fn hand_connection(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        if self.get(slot).is_some_and(|s| s.load.is_some()) {
+            return self.hand_session(slot, now);
+        }
         self.transition(slot, "connection", now, |from| match from {
             SlotState::Idle => Some(SlotState::Busy),
             _ => None,
         })
     }
 
+    fn hand_session(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        let entry = self.get(slot).expect("checked by caller");
+        if !self.room_at(slot) {
+            return Err(IllegalTransition {
+                slot,
+                from: entry.state,
+                event: "connection",
+            });
+        }
+        self.change_load(slot, now, |load| {
+            load.handed = load.handed.wrapping_add(1);
+        });
+        Ok(())
+    }
+
+    /// `Load`: a many-connection child reports how many connections it
+    /// holds (`open`), how many it takes (`capacity`) and how many it has
+    /// received so far (`received`). The report is checked against the
+    /// previous one and the connections handed (see [`SessionLoad`]); the
+    /// child's state follows its load.
+    pub fn report_load(
+        &mut self,
+        slot: usize,
+        open: u32,
+        capacity: u32,
+        received: u32,
+        now: Instant,
+    ) -> Result<(), LoadError> {
+        let Some(entry) = self.get(slot) else {
+            return Err(LoadError::Illegal(IllegalTransition {
+                slot,
+                from: SlotState::Killed,
+                event: "load",
+            }));
+        };
+        let Some(before) = entry.load else {
+            return Err(LoadError::NotHosting(slot));
+        };
+        if matches!(entry.state, SlotState::Starting | SlotState::Ordered) {
+            return Err(LoadError::Illegal(IllegalTransition {
+                slot,
+                from: entry.state,
+                event: "load",
+            }));
+        }
+        let arrived = received.wrapping_sub(before.received);
+        let in_flight = before.in_flight();
+        if arrived > in_flight {
+            return Err(LoadError::TooManyReceived {
+                slot,
+                arrived,
+                in_flight,
+            });
+        }
+        let possible = u64::from(before.open) + u64::from(in_flight);
+        if u64::from(open) > possible {
+            return Err(LoadError::TooManyOpen {
+                slot,
+                open,
+                possible,
+            });
+        }
+        let limit = self.session_capacity.unwrap_or(capacity);
+        self.change_load(slot, now, |load| {
+            load.open = open;
+            load.capacity = capacity.min(limit);
+            load.received = received;
+            load.received_total += u64::from(arrived);
+        });
+        // A connection is served once it has been received and is no
+        // longer open. `open` may briefly count one not yet received, so
+        // the count only ever moves up.
+        let entry = self.slots[slot].as_mut().expect("checked above");
+        let load = entry.load.expect("checked above");
+        let finished = load.received_total.saturating_sub(u64::from(load.open));
+        entry.served = entry.served.max(finished);
+        Ok(())
+    }
+
+    /// Applies `change` to a many-connection slot's load and moves a
+    /// serving child to the state its new load puts it in.
+    fn change_load(&mut self, slot: usize, now: Instant, change: impl FnOnce(&mut SessionLoad)) {
+        self.unindex_room(slot);
+        let entry = self.slots[slot].as_mut().expect("callers check the slot");
+        let load = entry.load.as_mut().expect("callers check the load");
+        change(load);
+        let (from, to) = (entry.state, load.state());
+        if matches!(from, SlotState::Idle | SlotState::Partial | SlotState::Busy) && to != from {
+            entry.state = to;
+            entry.since = now;
+            self.uncount(slot, from);
+            self.count(slot, to);
+        }
+        self.index_room(slot);
+    }
+
     /// The supervisor ordered the child to accept (`order`).
     pub fn order_accept(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        self.refuse_for_sessions(slot, "accept order")?;
         self.transition(slot, "accept order", now, |from| match from {
             SlotState::Idle => Some(SlotState::Ordered),
             _ => None,
@@ -280,6 +590,7 @@ impl Scoreboard {
 
     /// `Busy`: the child accepted a connection itself.
     pub fn busy(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        self.refuse_for_sessions(slot, "busy")?;
         self.transition(slot, "busy", now, |from| match from {
             SlotState::Ordered | SlotState::Idle => Some(SlotState::Busy),
             SlotState::Retiring | SlotState::Killed => Some(from),
@@ -289,6 +600,7 @@ impl Scoreboard {
 
     /// `Missed`: the child was woken or ordered but found no connection.
     pub fn missed(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        self.refuse_for_sessions(slot, "missed")?;
         self.transition(slot, "missed", now, |from| match from {
             SlotState::Ordered | SlotState::Idle => Some(SlotState::Idle),
             SlotState::Retiring | SlotState::Killed => Some(from),
@@ -299,6 +611,7 @@ impl Scoreboard {
     /// `Idle`: the child finished its connection. Returns whether it had
     /// been serving one (and so the served count went up).
     pub fn idle(&mut self, slot: usize, now: Instant) -> Result<bool, IllegalTransition> {
+        self.refuse_for_sessions(slot, "idle")?;
         let was_busy = self.get(slot).map(|s| s.state == SlotState::Busy);
         self.transition(slot, "idle", now, |from| match from {
             SlotState::Busy => Some(SlotState::Idle),
@@ -326,6 +639,23 @@ impl Scoreboard {
         self.transition(slot, "kill", now, |_| Some(SlotState::Killed))
     }
 
+    /// Many-connection children report their load instead of `idle`,
+    /// `busy` and `missed`, and are never ordered to accept.
+    fn refuse_for_sessions(
+        &self,
+        slot: usize,
+        event: &'static str,
+    ) -> Result<(), IllegalTransition> {
+        match self.get(slot) {
+            Some(entry) if entry.load.is_some() => Err(IllegalTransition {
+                slot,
+                from: entry.state,
+                event,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn transition(
         &mut self,
         slot: usize,
@@ -341,15 +671,58 @@ impl Scoreboard {
             });
         };
         let from = entry.state;
-        let to = next(from).ok_or(IllegalTransition { slot, from, event })?;
+        let mut to = next(from).ok_or(IllegalTransition { slot, from, event })?;
+        if let (Some(load), SlotState::Idle) = (entry.load, to) {
+            // A many-connection child that becomes ready serves from then
+            // on, in whatever state its load puts it.
+            to = load.state();
+        }
         if to != from {
+            self.unindex_room(slot);
             self.uncount(slot, from);
             self.count(slot, to);
             let entry = self.slots[slot].as_mut().expect("checked above");
             entry.state = to;
             entry.since = now;
+            self.index_room(slot);
         }
         Ok(())
+    }
+
+    /// Whether the occupied `slot` can take one more connection, and how
+    /// many free places it adds to [`Scoreboard::free_places`].
+    fn room(entry: &Slot) -> (bool, u32) {
+        match (entry.load, entry.state) {
+            (None, state) => (state == SlotState::Idle, 0),
+            (Some(load), SlotState::Idle | SlotState::Partial) => (load.free() > 0, load.free()),
+            (Some(_), _) => (false, 0),
+        }
+    }
+
+    fn room_at(&self, slot: usize) -> bool {
+        self.room_bits
+            .get(slot / 64)
+            .is_some_and(|word| word & (1 << (slot % 64)) != 0)
+    }
+
+    /// Takes an occupied slot out of the room index (before it changes).
+    fn unindex_room(&mut self, slot: usize) {
+        if let Some(Some(entry)) = self.slots.get(slot) {
+            let (_, free) = Self::room(entry);
+            self.free_places -= u64::from(free);
+            self.room_bits[slot / 64] &= !(1 << (slot % 64));
+        }
+    }
+
+    /// Puts an occupied slot back into the room index (after it changed).
+    fn index_room(&mut self, slot: usize) {
+        if let Some(Some(entry)) = self.slots.get(slot) {
+            let (room, free) = Self::room(entry);
+            self.free_places += u64::from(free);
+            if room {
+                self.room_bits[slot / 64] |= 1 << (slot % 64);
+            }
+        }
     }
 
     fn count(&mut self, slot: usize, state: SlotState) {
@@ -360,7 +733,7 @@ impl Scoreboard {
                 self.counts.idle += 1;
                 self.idle_bits[slot / 64] |= 1 << (slot % 64);
             }
-            SlotState::Ordered | SlotState::Busy => self.counts.busy += 1,
+            SlotState::Ordered | SlotState::Partial | SlotState::Busy => self.counts.busy += 1,
             SlotState::Retiring | SlotState::Killed => self.counts.leaving += 1,
         }
     }
@@ -373,7 +746,7 @@ impl Scoreboard {
                 self.counts.idle -= 1;
                 self.idle_bits[slot / 64] &= !(1 << (slot % 64));
             }
-            SlotState::Ordered | SlotState::Busy => self.counts.busy -= 1,
+            SlotState::Ordered | SlotState::Partial | SlotState::Busy => self.counts.busy -= 1,
             SlotState::Retiring | SlotState::Killed => self.counts.leaving -= 1,
         }
     }
@@ -465,6 +838,210 @@ mod tests {
         assert_eq!(board.lowest_idle(), None);
         assert_eq!(board.counts().busy, 1);
         assert!(board.assume_busy(slot, now).is_err());
+    }
+
+    #[test]
+    fn room_means_idle_for_one_connection_children() {
+        let (mut board, now) = board_with(3);
+        assert_eq!(board.lowest_with_room(), Some(0));
+        board.hand_connection(0, now).unwrap();
+        board.hand_connection(1, now).unwrap();
+        assert_eq!(board.lowest_with_room(), Some(2));
+        board.hand_connection(2, now).unwrap();
+        assert!(!board.has_room());
+        assert_eq!(board.lowest_with_room(), None);
+        board.idle(1, now).unwrap();
+        assert_eq!(board.lowest_with_room(), Some(1));
+        assert_eq!(board.free_places(), 0);
+    }
+
+    fn session_board(children: usize, capacity: u32) -> (Scoreboard, Instant) {
+        let now = Instant::now();
+        let mut board = Scoreboard::new();
+        board.host_sessions(capacity);
+        for i in 0..children {
+            let slot = board.occupy_lowest_free(2000 + i as i32, 1, now);
+            board.ready(slot, now).unwrap();
+        }
+        (board, now)
+    }
+
+    fn load_of(board: &Scoreboard, slot: usize) -> SessionLoad {
+        board.get(slot).unwrap().load.unwrap()
+    }
+
+    #[test]
+    fn connections_fill_the_lowest_child_first() {
+        let (mut board, now) = session_board(2, 3);
+        assert_eq!(board.line(), "II");
+        assert_eq!(board.free_places(), 6);
+        for _ in 0..3 {
+            let slot = board.lowest_with_room().unwrap();
+            assert_eq!(slot, 0);
+            board.hand_connection(slot, now).unwrap();
+        }
+        assert_eq!(board.line(), "BI");
+        assert_eq!(board.lowest_with_room(), Some(1));
+        board.hand_connection(1, now).unwrap();
+        assert_eq!(board.line(), "BP");
+        assert_eq!(board.free_places(), 2);
+        let c = board.counts();
+        assert_eq!((c.idle, c.busy), (0, 2));
+        // Slot 0 says one of its three ended: it has room again.
+        board.report_load(0, 2, 3, 3, now).unwrap();
+        assert_eq!(board.line(), "PP");
+        assert_eq!(board.lowest_with_room(), Some(0));
+        assert_eq!(board.get(0).unwrap().served, 1);
+    }
+
+    #[test]
+    fn a_full_child_is_refused_a_connection() {
+        let (mut board, now) = session_board(1, 1);
+        board.hand_connection(0, now).unwrap();
+        let err = board.hand_connection(0, now).unwrap_err();
+        assert_eq!(err.from, SlotState::Busy);
+        assert_eq!(load_of(&board, 0).handed, 1);
+    }
+
+    #[test]
+    fn a_report_that_crossed_handoffs_counts_them_as_load() {
+        let (mut board, now) = session_board(1, 4);
+        for _ in 0..3 {
+            board.hand_connection(0, now).unwrap();
+        }
+        // Written after the first connection arrived, before the others:
+        // those two are still counted.
+        board.report_load(0, 1, 4, 1, now).unwrap();
+        let load = load_of(&board, 0);
+        assert_eq!((load.in_flight(), load.load(), load.free()), (2, 3, 1));
+        assert_eq!(board.line(), "P");
+        // The child counts a new connection in `open` before `received`:
+        // for a moment it looks fuller than it is, never emptier.
+        board.report_load(0, 2, 4, 1, now).unwrap();
+        assert_eq!(load_of(&board, 0).load(), 4);
+        assert_eq!(board.line(), "B");
+        board.report_load(0, 2, 4, 2, now).unwrap();
+        assert_eq!(load_of(&board, 0).load(), 3);
+        board.report_load(0, 0, 4, 3, now).unwrap();
+        assert_eq!(board.line(), "I");
+        assert_eq!(board.highest_idle(), Some(0));
+        assert_eq!(board.get(0).unwrap().served, 3);
+        assert_eq!(board.free_places(), 4);
+    }
+
+    #[test]
+    fn a_child_far_behind_holds_the_next_connection_back() {
+        let (mut board, now) = session_board(2, 1000);
+        for _ in 0..MAX_IN_FLIGHT {
+            assert_eq!(board.lowest_with_room(), Some(0));
+            board.hand_connection(0, now).unwrap();
+        }
+        // Slot 0 has room but has not caught up: nothing goes to slot 1.
+        assert_eq!(board.lowest_with_room(), None);
+        assert!(!board.has_room());
+        board.report_load(0, 1, 1000, 1, now).unwrap();
+        assert_eq!(board.lowest_with_room(), Some(0));
+    }
+
+    #[test]
+    fn impossible_load_reports_are_refused() {
+        let (mut board, now) = session_board(1, 4);
+        board.hand_connection(0, now).unwrap();
+        assert_eq!(
+            board.report_load(0, 1, 4, 2, now),
+            Err(LoadError::TooManyReceived {
+                slot: 0,
+                arrived: 2,
+                in_flight: 1
+            })
+        );
+        assert_eq!(
+            board.report_load(0, 2, 4, 1, now),
+            Err(LoadError::TooManyOpen {
+                slot: 0,
+                open: 2,
+                possible: 1
+            })
+        );
+        // `received` going backwards is a huge wrapped step forwards.
+        board.report_load(0, 1, 4, 1, now).unwrap();
+        assert!(matches!(
+            board.report_load(0, 1, 4, 0, now),
+            Err(LoadError::TooManyReceived { .. })
+        ));
+        let (mut plain, now) = board_with(1);
+        assert_eq!(
+            plain.report_load(0, 0, 1, 0, now),
+            Err(LoadError::NotHosting(0))
+        );
+    }
+
+    #[test]
+    fn many_connection_children_report_load_not_idle_or_busy() {
+        let now = Instant::now();
+        let mut board = Scoreboard::new();
+        board.host_sessions(2);
+        board.occupy(0, 10, 1, now);
+        assert!(matches!(
+            board.report_load(0, 0, 2, 0, now),
+            Err(LoadError::Illegal(_))
+        ));
+        board.ready(0, now).unwrap();
+        board.report_load(0, 0, 2, 0, now).unwrap();
+        assert!(board.idle(0, now).is_err());
+        assert!(board.busy(0, now).is_err());
+        assert!(board.missed(0, now).is_err());
+        assert!(board.order_accept(0, now).is_err());
+    }
+
+    #[test]
+    fn reported_capacity_is_capped_and_zero_takes_nothing() {
+        let (mut board, now) = session_board(1, 3);
+        board.report_load(0, 0, 100, 0, now).unwrap();
+        assert_eq!(load_of(&board, 0).capacity, 3);
+        board.report_load(0, 0, 0, 0, now).unwrap();
+        assert_eq!(board.line(), "I");
+        assert!(!board.has_room());
+        assert_eq!(board.free_places(), 0);
+    }
+
+    #[test]
+    fn counts_wrap_without_harm() {
+        let (mut board, now) = session_board(1, 8);
+        let near_end = u32::MAX - 1;
+        board.slots[0].as_mut().unwrap().load = Some(SessionLoad {
+            handed: near_end,
+            received: near_end,
+            ..SessionLoad::new(8)
+        });
+        for _ in 0..4 {
+            board.hand_connection(0, now).unwrap();
+        }
+        assert_eq!(load_of(&board, 0).handed, 2);
+        assert_eq!(load_of(&board, 0).in_flight(), 4);
+        board.report_load(0, 4, 8, 2, now).unwrap();
+        assert_eq!(load_of(&board, 0).load(), 4);
+    }
+
+    #[test]
+    fn room_lookup_crosses_word_boundaries_and_leaving_children_have_none() {
+        let (mut board, now) = session_board(130, 2);
+        for slot in 0..129 {
+            board.hand_connection(slot, now).unwrap();
+            board.hand_connection(slot, now).unwrap();
+        }
+        assert_eq!(board.lowest_with_room(), Some(129));
+        assert_eq!(board.free_places(), 2);
+        board.report_load(70, 1, 2, 2, now).unwrap();
+        assert_eq!(board.lowest_with_room(), Some(70));
+        assert_eq!(board.free_places(), 3);
+        board.retire(70, now).unwrap();
+        assert_eq!(board.lowest_with_room(), Some(129));
+        assert_eq!(board.free_places(), 2);
+        board.kill(129, now).unwrap();
+        board.vacate(129);
+        assert!(!board.has_room());
+        assert_eq!(board.free_places(), 0);
     }
 
     #[test]

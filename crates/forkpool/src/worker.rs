@@ -16,11 +16,14 @@
 //! is the isolation boundary, and the supervisor replaces it.
 //!
 //! The same loops serve a Rust program that `forkpool run` starts as a
-//! separate executable: see [`ExecWorker`].
+//! separate executable: see [`ExecWorker`]. Children that serve many
+//! connections at once run the loop in `worker/sessions.rs` instead.
 
 mod exec_worker;
+mod sessions;
 
 pub use exec_worker::{ExecWorker, ExecWorkerError};
+pub(crate) use sessions::run_session_child;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -13,8 +13,13 @@ fn child_message() -> impl Strategy<Value = ChildMessage> {
         Just(ChildMessage::Busy),
         Just(ChildMessage::Missed),
         any::<u32>().prop_map(|seq| ChildMessage::Pong { seq }),
-        (any::<u32>(), any::<u32>())
-            .prop_map(|(open, capacity)| ChildMessage::Load { open, capacity }),
+        (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(open, capacity, received)| {
+            ChildMessage::Load {
+                open,
+                capacity,
+                received,
+            }
+        }),
     ]
 }
 
@@ -39,7 +44,7 @@ fn parent_bytes(msg: ParentMessage) -> Vec<u8> {
 /// a right version byte and a known kind letter, with any payload.
 fn plausible_datagram() -> impl Strategy<Value = Vec<u8>> {
     let kind = prop_oneof![prop::sample::select(b"RIBMPLCApQ".to_vec()), any::<u8>(),];
-    (kind, prop::collection::vec(any::<u8>(), 0..12)).prop_map(|(kind, payload)| {
+    (kind, prop::collection::vec(any::<u8>(), 0..16)).prop_map(|(kind, payload)| {
         let mut bytes = vec![VERSION, kind];
         bytes.extend(payload);
         bytes
@@ -192,9 +197,9 @@ fn assert_parent(msg: ParentMessage, hex: &str) {
 #[test]
 fn the_header_is_version_1() {
     assert_eq!(VERSION, 1);
-    assert_eq!(MAX_MESSAGE_LEN, 10);
+    assert_eq!(MAX_MESSAGE_LEN, 14);
     assert!(PROTOCOL_DOC.contains("`0x01` for this version"));
-    assert!(PROTOCOL_DOC.contains("Messages are at most 10 bytes long"));
+    assert!(PROTOCOL_DOC.contains("Messages are at most 14 bytes long"));
 }
 
 #[test]
@@ -208,8 +213,9 @@ fn child_messages_have_the_documented_bytes() {
         ChildMessage::Load {
             open: 3,
             capacity: 256,
+            received: 7,
         },
-        "01 4c 00 00 00 03 00 00 01 00",
+        "01 4c 00 00 00 03 00 00 01 00 00 00 00 07",
     );
 }
 

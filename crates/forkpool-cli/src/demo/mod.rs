@@ -1,7 +1,9 @@
-//! `forkpool demo`: a preforked pool serving the built-in HTTP handler.
+//! `forkpool demo`: a preforked pool serving the built-in HTTP handler, or
+//! with `--sessions` a line protocol with many sessions per child.
 
 pub mod chaos;
 pub mod http;
+pub mod sessions;
 
 use clap::Args;
 
@@ -17,17 +19,45 @@ pub struct DemoArgs {
     #[arg(long, value_name = "MIB", default_value_t = 0)]
     pub preload_mib: usize,
     /// Honour `?chaos=garbage|flood|exit|panic` (fault-injection tests only).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sessions")]
     pub chaos: bool,
     /// Requests served on one kept-alive connection before closing it, so
     /// that clients beyond the pool's size get a turn.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub keepalive_requests: u32,
+    /// Serve the demo line protocol (NOOP, WORK <ms>, QUIT) with many
+    /// sessions per child instead of HTTP one connection at a time.
+    #[arg(long)]
+    pub sessions: bool,
+    /// Worker threads in each child's session pool (with --sessions) [default: 4].
+    #[arg(long, value_name = "N", requires = "sessions")]
+    pub session_workers: Option<usize>,
+    /// The most sessions one child holds (with --sessions) [default: 256].
+    #[arg(long, value_name = "N", requires = "sessions")]
+    pub sessions_per_child: Option<usize>,
 }
+
+/// Worker threads per child with `--sessions`, unless told otherwise.
+pub const DEFAULT_SESSION_WORKERS: usize = 4;
+/// Sessions per child with `--sessions`, unless told otherwise.
+pub const DEFAULT_SESSIONS_PER_CHILD: usize = 256;
 
 /// Runs the demo pool until it is stopped.
 pub fn run(args: DemoArgs) -> Result<(), String> {
     let settings = args.serve.resolve()?;
+    let session_options = sessions::SessionOptions {
+        workers: args.session_workers.unwrap_or(DEFAULT_SESSION_WORKERS),
+        per_child: args
+            .sessions_per_child
+            .unwrap_or(DEFAULT_SESSIONS_PER_CHILD),
+    };
+    if args.sessions {
+        settings
+            .pool
+            .validate_for_sessions()
+            .and_then(|()| session_options.config().validate())
+            .map_err(|e| format!("invalid configuration: {e}"))?;
+    }
     let pool = crate::serve::prepare(&args.serve, &settings)?;
     // Accepted connections inherit the listener's read timeout: the
     // keep-alive limit costs no system call per connection.
@@ -43,16 +73,19 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     }
 
     let table = preload(args.preload_mib);
-    let options = http::DemoOptions {
-        chaos: args.chaos,
-        keepalive_requests: args.keepalive_requests,
-    };
-    let totals = pool
-        .run(move |conn: forkpool::Connection<'_>| {
+    let totals = if args.sessions {
+        sessions::run(pool, &session_options, table)
+    } else {
+        let options = http::DemoOptions {
+            chaos: args.chaos,
+            keepalive_requests: args.keepalive_requests,
+        };
+        pool.run(move |conn: forkpool::Connection<'_>| {
             std::hint::black_box(&table);
             http::serve(conn, &options);
         })
-        .map_err(|e| e.to_string())?;
+    }
+    .map_err(|e| e.to_string())?;
     let json = serde_json::to_string(&totals).map_err(|e| e.to_string())?;
     println!("forkpool: totals {json}");
     Ok(())

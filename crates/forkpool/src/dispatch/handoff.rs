@@ -1,8 +1,12 @@
 //! `handoff`: the supervisor accepts, then passes each connection's
-//! descriptor to the lowest-numbered idle child with `SCM_RIGHTS`.
+//! descriptor to the lowest-numbered child with room for it (an idle one,
+//! or, when children serve many connections, one under its capacity) with
+//! `SCM_RIGHTS`.
 //!
 //! It accepts in a batch (the connections waiting when the turn began, or
-//! until `EAGAIN`) while a child is idle, marks the child busy as it sends, and never waits for an answer.
+//! until `EAGAIN`) while a child has room, counts the connection against the
+//! child as it sends (one-connection children are marked busy), and never
+//! waits for an answer.
 //! A connection whose child turns out to be dead goes to the next idle
 //! child, or is parked until one is free: an accepted connection is never
 //! dropped because a child died.
@@ -31,7 +35,7 @@ impl Supervisor {
         let mut budget = if l.is_tcp() { l.queued() } else { u32::MAX };
         while budget > 0 {
             budget -= 1;
-            let Some(slot) = self.board.lowest_idle() else {
+            let Some(slot) = self.board.lowest_with_room() else {
                 // Back-pressure: the rest wait in the kernel's backlog.
                 self.unwatch_listener(listener);
                 return;
@@ -66,7 +70,7 @@ impl Supervisor {
     }
 
     /// Sends `fd` to the child in `slot`; if that child cannot take it, to
-    /// the next idle child; if none is idle, parks it.
+    /// the next child with room; if none has room, parks it.
     pub(crate) fn hand_off(&mut self, mut slot: usize, listener: usize, fd: OwnedFd, now: Instant) {
         loop {
             let msg = ParentMessage::Connection {
@@ -91,7 +95,7 @@ impl Supervisor {
                         format!("cannot hand it a connection: {e}"),
                         now,
                     );
-                    match self.board.lowest_idle() {
+                    match self.board.lowest_with_room() {
                         Some(next) => slot = next,
                         None => {
                             self.parked.push_back((listener, fd));

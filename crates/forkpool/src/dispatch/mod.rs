@@ -3,7 +3,11 @@
 //! The choice is always the same: the **lowest-numbered idle child**
 //! ([`Scoreboard::lowest_idle`](crate::scoreboard::Scoreboard::lowest_idle)),
 //! so the same few children stay hot in cache and memory while the highest
-//! ones idle and can be retired. How the connection gets there depends on
+//! ones idle and can be retired. Children that serve many connections at
+//! once fill up the same way: a connection goes to the lowest-numbered child
+//! under its capacity
+//! ([`Scoreboard::lowest_with_room`](crate::scoreboard::Scoreboard::lowest_with_room)),
+//! in `handoff` dispatch, the only one they use. How the connection gets there depends on
 //! the mode ([`DispatchMode`](crate::config::DispatchMode)):
 //! - [`handoff`]: the supervisor accepts and passes the descriptor;
 //! - [`order`]: the supervisor tells the child to accept;
@@ -37,11 +41,12 @@ impl Supervisor {
         }
     }
 
-    /// A child became idle: it takes a parked connection first, if any.
-    /// Paused listeners are watched again by the loop.
+    /// A child became idle (or has room again): it takes a parked
+    /// connection first, if any. Paused listeners are watched again by the
+    /// loop.
     pub(crate) fn child_available(&mut self, now: Instant) {
         while !self.parked.is_empty() {
-            let Some(slot) = self.board.lowest_idle() else {
+            let Some(slot) = self.board.lowest_with_room() else {
                 return;
             };
             let (listener, fd) = self.parked.pop_front().expect("checked non-empty");

@@ -3,7 +3,8 @@
 //! [`Session`] from end to end and to give tests and benchmarks something
 //! real to talk to.
 //!
-//! - On connect the server sends `220 ...`.
+//! - On connect the server sends `220 ...` ([`GREETING`], or the line given
+//!   to [`LineSession::with_greeting`]).
 //! - Each command line (ending in LF or CRLF) gets exactly one reply line,
 //!   in order, even when several arrive in one packet (pipelining).
 //! - `NOOP` answers `250 ok`.
@@ -55,6 +56,8 @@ pub struct LineSession {
     peer_closed: bool,
     /// Close once `output` is flushed (after `QUIT` or an overlong line).
     closing: bool,
+    /// The greeting line, without its line ending, if not [`GREETING`].
+    greeting: Option<String>,
 }
 
 /// The head of the input buffer.
@@ -75,7 +78,10 @@ impl Session for LineSession {
     }
 
     fn on_open(&mut self, stream: &mut SessionStream) -> io::Result<Step> {
-        self.output.extend_from_slice(GREETING.as_bytes());
+        match self.greeting.take() {
+            Some(greeting) => self.reply(&greeting),
+            None => self.output.extend_from_slice(GREETING.as_bytes()),
+        }
         if self.flush(stream)? {
             Ok(Step::Wait)
         } else {
@@ -132,6 +138,17 @@ impl Session for LineSession {
 }
 
 impl LineSession {
+    /// A session that greets its peer with `greeting` (a line without its
+    /// ending, such as `220 example.org ready`) instead of [`GREETING`]. A
+    /// wrapping session builds it in its own [`Session::open`], from its
+    /// context.
+    pub fn with_greeting(greeting: impl Into<String>) -> Self {
+        LineSession {
+            greeting: Some(greeting.into()),
+            ..LineSession::default()
+        }
+    }
+
     /// Answers one command line.
     fn answer(&mut self, line: &[u8]) {
         let Ok(text) = std::str::from_utf8(line) else {
@@ -299,6 +316,18 @@ mod tests {
         ] {
             assert_eq!(bench.line(), expected);
         }
+    }
+
+    #[test]
+    fn a_custom_greeting_replaces_the_default() {
+        let (server, client) = UnixStream::pair().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let mut server = SessionStream::from(server);
+        let mut session = LineSession::with_greeting("220 slot 3 ready");
+        assert_eq!(session.on_open(&mut server).unwrap(), Step::Wait);
+        let mut line = String::new();
+        io::BufReader::new(client).read_line(&mut line).unwrap();
+        assert_eq!(line, "220 slot 3 ready\r\n");
     }
 
     #[test]

@@ -66,13 +66,14 @@ impl Supervisor {
                     format!("did not report ready within {:?}", self.start_timeout()),
                 ))
             }
-            SlotState::Idle
-                if now.duration_since(entry.last_heard) >= self.config.ping_interval =>
+            _ if entry.awaits_pings()
+                && now.duration_since(entry.last_heard) >= self.config.ping_interval =>
             {
                 Some(Verdict::Ping)
             }
             SlotState::Busy | SlotState::Ordered
-                if !self.config.busy_timeout.is_zero()
+                if entry.load.is_none()
+                    && !self.config.busy_timeout.is_zero()
                     && now.duration_since(entry.since) >= self.config.busy_timeout =>
             {
                 Some(Verdict::Kill(
@@ -133,8 +134,10 @@ impl Supervisor {
             } else {
                 match entry.state {
                     SlotState::Starting => Some(entry.since + self.start_timeout()),
-                    SlotState::Idle => Some(entry.last_heard + self.config.ping_interval),
-                    SlotState::Busy | SlotState::Ordered if !self.config.busy_timeout.is_zero() => {
+                    _ if entry.awaits_pings() => Some(entry.last_heard + self.config.ping_interval),
+                    SlotState::Busy | SlotState::Ordered
+                        if entry.load.is_none() && !self.config.busy_timeout.is_zero() =>
+                    {
                         Some(entry.since + self.config.busy_timeout)
                     }
                     _ => None,

@@ -19,6 +19,7 @@ mod backoff;
 mod children;
 mod endpoints;
 mod liveness;
+mod load;
 mod notify;
 mod output;
 mod reload;
@@ -42,7 +43,7 @@ use tracing::{info, warn};
 use crate::channel::Channel;
 use crate::config::PoolConfig;
 use crate::listener::Listener;
-use crate::scaling::{self, Decision, PoolCounts, ScalingMemory};
+use crate::scaling::{self, Decision, ScalingMemory};
 use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
@@ -285,7 +286,7 @@ impl Supervisor {
                 }
             }
             let now = Instant::now();
-            if self.board.counts().idle > 0 {
+            if self.board.has_room() {
                 self.rewatch_listeners(now);
             }
             self.check_liveness(now);
@@ -386,18 +387,10 @@ impl Supervisor {
         if self.shutdown.is_some() {
             return Ok(None);
         }
-        let counts = self.board.counts();
-        // The backlog only matters when no child is idle: otherwise every
-        // waiting connection is about to be dispatched.
-        let queued = if counts.idle == 0 { self.queued() } else { 0 };
-        let pool = PoolCounts {
-            starting: counts.starting,
-            idle: counts.idle,
-            busy: counts.busy,
-            queued,
-        };
+        let pool = self.scaling_counts();
         let decision = if self.config.dispatch.speaks_protocol() {
-            let at_ceiling = counts.idle == 0 && counts.live() >= self.config.max_children;
+            let at_ceiling =
+                !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
             self.account_saturation(at_ceiling, now);
             scaling::decide(pool, &self.config, &mut self.memory, now)
         } else {
@@ -486,7 +479,7 @@ impl Supervisor {
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
         // (Children that never report are never idle: nothing to look at.)
-        if self.board.counts().idle == 0
+        if !self.board.has_room()
             && self.board.counts().live() > 0
             && self.config.dispatch.speaks_protocol()
         {

@@ -41,6 +41,10 @@ impl Supervisor {
             error!("reload refused: switching dispatch to or from 'none' needs a restart");
             return;
         }
+        if let Err(e) = self.check_reloaded_config(&config) {
+            error!("reload refused, keeping the running configuration: {e}");
+            return;
+        }
         if config.backlog != self.config.backlog {
             info!(
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"

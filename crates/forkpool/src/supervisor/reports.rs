@@ -73,6 +73,7 @@ impl Supervisor {
 
     fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
         let illegal = |e: IllegalTransition| format!("sent an out-of-order message: {e}");
+        self.check_report_kind(&msg)?;
         match msg {
             ChildMessage::Ready { pid } => {
                 let expected = self.board.get(slot).map_or(0, |s| s.pid);
@@ -122,11 +123,13 @@ impl Supervisor {
                     link.ping = None;
                 }
             }
-            ChildMessage::Load { open, capacity } => {
-                debug!(slot, open, capacity, "load report");
-                return Err(
-                    "sent a load report, but this pool runs one connection per child".to_string(),
-                );
+            ChildMessage::Load {
+                open,
+                capacity,
+                received,
+            } => {
+                self.apply_load(slot, open, capacity, received, now)?;
+                self.after_connection(slot, now);
             }
         }
         Ok(())
