@@ -94,6 +94,9 @@ pub enum Benchmark {
     Scaleup,
     /// Memory per idle child.
     Memory,
+    /// Many mostly idle sessions: `forkpool demo --sessions` against a
+    /// session pool and a thread per session (see `bench_sessions`).
+    Sessions,
 }
 
 /// A server to compare with, named for the tables.
@@ -147,6 +150,8 @@ pub struct Report {
     pub scaleup: Option<scaleup::ScaleupReport>,
     /// See [`memory`].
     pub memory: Vec<memory::MemoryRow>,
+    /// See `bench_sessions`.
+    pub sessions: Vec<crate::bench_sessions::SessionBenchRow>,
     /// What could not be measured, and why.
     pub notes: Vec<String>,
 }
@@ -157,6 +162,7 @@ impl Report {
             && self.wakeups.is_empty()
             && self.scaleup.is_none()
             && self.memory.is_empty()
+            && self.sessions.is_empty()
     }
 
     /// Keeps a benchmark's rows, or notes why there are none.
@@ -181,11 +187,17 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     if args.wants(Benchmark::Throughput) {
         run_throughput(args, &mut report);
     }
-    let pool_only = [Benchmark::Wakeups, Benchmark::Scaleup, Benchmark::Memory];
+    let pool_only = [
+        Benchmark::Wakeups,
+        Benchmark::Scaleup,
+        Benchmark::Memory,
+        Benchmark::Sessions,
+    ];
     if args.url.is_some() {
         if pool_only.iter().any(|b| args.wants(*b)) {
             report.notes.push(
-                "wakeups, scaleup and memory need the pool's pid: they do not run with --url"
+                "wakeups, scaleup, memory and sessions start their own servers: \
+                 they do not run with --url"
                     .to_string(),
             );
         }
@@ -198,6 +210,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         }
         if args.wants(Benchmark::Memory) {
             run_memory(&mut report);
+        }
+        if args.wants(Benchmark::Sessions) {
+            run_sessions(&mut report);
         }
     }
     if args.json {
@@ -245,6 +260,26 @@ fn run_wakeups(args: &BenchArgs, report: &mut Report) {
                 report.wakeups.push(row);
             }
         }
+    }
+}
+
+/// The session benchmark with its own defaults (2,000 sessions, 8 busy,
+/// 4 workers); `forkpool bench-sessions` exposes all of its options.
+fn run_sessions(report: &mut Report) {
+    #[derive(clap::Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        args: crate::bench_sessions::SessionBenchArgs,
+    }
+    let defaults = <Defaults as clap::Parser>::try_parse_from(["sessions"])
+        .map(|d| d.args)
+        .map_err(|e| e.to_string());
+    let rows = defaults.and_then(|args| {
+        let bench = crate::bench_sessions::SessionBench::from(&args);
+        crate::bench_sessions::run(&bench, |step| progress(&format!("sessions: {step}")))
+    });
+    if let Some(rows) = report.keep("sessions", rows) {
+        report.sessions = rows;
     }
 }
 

@@ -136,6 +136,11 @@ pub fn render(report: &Report) -> String {
         }
         out += &t.render();
     }
+    if !report.sessions.is_empty() {
+        out += "Many sessions (mostly idle, a few busy)\n";
+        out += &crate::bench_sessions::render(&report.sessions);
+        out += "\n";
+    }
     for note in &report.notes {
         writeln!(out, "note: {note}").expect("writing to a String");
     }
