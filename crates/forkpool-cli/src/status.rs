@@ -74,13 +74,21 @@ pub fn render(s: &Snapshot) -> String {
         s.leaving,
         s.line
     );
+    let sessions = s.slots.iter().any(|slot| slot.sessions.is_some());
     out += &format!(
-        "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}\n",
-        "SLOT", "PID", "STATE", "GEN", "SERVED", "BUSY FOR", "LAST HEARD"
+        "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}{}\n",
+        "SLOT",
+        "PID",
+        "STATE",
+        "GEN",
+        "SERVED",
+        "BUSY FOR",
+        "LAST HEARD",
+        if sessions { "   SESSIONS" } else { "" }
     );
     for slot in &s.slots {
         out += &format!(
-            "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}\n",
+            "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}{}\n",
             slot.slot,
             slot.pid,
             slot.state,
@@ -89,6 +97,10 @@ pub fn render(s: &Snapshot) -> String {
             slot.busy_for_ms
                 .map_or("-".to_string(), |ms| format!("{ms}ms")),
             format!("{}ms ago", slot.last_heard_ms),
+            slot.sessions.map_or(String::new(), |(load, cap)| format!(
+                " {:>10}",
+                format!("{load}/{cap}")
+            )),
         );
     }
     let t = &s.totals;

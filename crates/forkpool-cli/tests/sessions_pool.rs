@@ -140,6 +140,21 @@ fn connections_go_to_the_lowest_child_with_room() {
     for client in first.iter_mut() {
         assert_eq!(client.command("NOOP"), "250 ok");
     }
+
+    // Status shows each child's load against its capacity.
+    wait_load(&pool, 0, 3, 1);
+    let status = pool.status();
+    let slot = |n: usize| {
+        status["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["slot"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(slot(0)["sessions"], serde_json::json!([3, 3]), "{status}");
+    assert_eq!(slot(1)["sessions"], serde_json::json!([2, 3]), "{status}");
 }
 
 #[test]

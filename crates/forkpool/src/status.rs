@@ -135,6 +135,10 @@ pub struct SlotStatus {
     pub busy_for_ms: Option<u64>,
     /// How long since it last sent anything.
     pub last_heard_ms: u64,
+    /// A many-connection child's load: connections held (including those
+    /// on their way to it) and its capacity.
+    #[serde(default)]
+    pub sessions: Option<(u32, u32)>,
 }
 
 /// Everything `forkpool status` shows.

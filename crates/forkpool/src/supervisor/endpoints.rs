@@ -285,6 +285,7 @@ impl Supervisor {
                 )
                 .then(|| now.duration_since(s.since).as_millis() as u64),
                 last_heard_ms: now.duration_since(s.last_heard).as_millis() as u64,
+                sessions: s.load.map(|l| (l.load(), l.capacity)),
             })
             .collect();
         let mut totals = self.totals;
