@@ -92,8 +92,10 @@ impl KilledBy {
     }
 }
 
-/// Running totals since the supervisor started.
+/// Running totals since the supervisor started. Missing fields read as 0,
+/// so a reader of an older or newer supervisor's totals line still works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Totals {
     /// Connections dispatched to children (accepted by the supervisor in
     /// `handoff`, accepted by a child in `order`, `shared` and `herd`).

@@ -26,7 +26,7 @@ mod pool_process;
 mod procstat;
 mod scaleup;
 mod simulate;
-mod table;
+pub(crate) mod table;
 mod target;
 #[cfg(test)]
 mod test_server;

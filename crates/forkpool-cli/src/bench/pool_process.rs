@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 
 use super::procstat;
 
@@ -32,21 +31,7 @@ const TOTALS: &str = "forkpool: totals ";
 const STDERR_TAIL: usize = 20;
 
 /// The pool's own counts, from its `totals` line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Totals {
-    /// Connections accepted.
-    pub accepted: u64,
-    /// Children started.
-    pub spawned: u64,
-    /// Children retired (surplus, or after `max_requests_per_child`).
-    pub retired: u64,
-    /// Children killed (hung, rogue, or at shutdown).
-    pub killed: u64,
-    /// Children that died on their own.
-    pub died: u64,
-    /// Times a child was woken to accept and found nothing.
-    pub futile_wakeups: u64,
-}
+pub use forkpool::Totals;
 
 /// Reads the address from a `forkpool: listening on ADDR` line.
 pub fn parse_listening(line: &str) -> Option<SocketAddr> {

@@ -137,7 +137,6 @@ pub fn render(report: &Report) -> String {
         out += &t.render();
     }
     if !report.sessions.is_empty() {
-        out += "Many sessions (mostly idle, a few busy)\n";
         out += &crate::bench_sessions::render(&report.sessions);
         out += "\n";
     }

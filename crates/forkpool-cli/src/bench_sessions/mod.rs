@@ -306,41 +306,12 @@ pub fn render(rows: &[SessionBenchRow]) -> String {
             ]
         })
         .collect();
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
+    let mut table =
+        crate::bench::table::Table::new("Many sessions: mostly idle, a few busy", &headers);
+    for row in cells {
+        table.row(row);
     }
-    let line = |cells: Vec<&str>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (cell, &w))| match i {
-                0 => format!("{cell:<w$}"),
-                _ => format!("{cell:>w$}"),
-            })
-            .collect();
-        parts.join("  ").trim_end().to_string()
-    };
-    let mut out = String::from("Many sessions: mostly idle, a few busy\n");
-    out += &line(headers.to_vec());
-    out.push('\n');
-    out += &line(
-        widths
-            .iter()
-            .map(|&w| "-".repeat(w))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str)
-            .collect(),
-    );
-    out.push('\n');
-    for row in &cells {
-        out += &line(row.iter().map(String::as_str).collect());
-        out.push('\n');
-    }
+    let mut out = table.render();
     if let Some(r) = rows.first() {
         let _ = writeln!(
             out,
