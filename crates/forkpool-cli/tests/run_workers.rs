@@ -136,6 +136,11 @@ fn python_worker_in_order_grows_under_load_and_shrinks_after() {
 }
 
 #[test]
+fn perl_worker_in_handoff_grows_under_load_and_shrinks_after() {
+    grows_under_load_then_shrinks("handoff", &perl(&[]));
+}
+
+#[test]
 fn perl_worker_in_order_grows_under_load_and_shrinks_after() {
     grows_under_load_then_shrinks("order", &perl(&[]));
 }
@@ -186,13 +191,21 @@ fn start_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
     DemoPool::launch(command, args, cmd, false)
 }
 
+/// Without a usable syscall.ph (here: an empty one, found first on @INC)
+/// the Perl helper cannot call recvmsg(2), and refuses `handoff` naming
+/// the fix.
 #[test]
-fn perl_refuses_handoff_with_a_clear_error() {
-    let pool = start_unready(&["--min-children", "1"], &perl(&[]));
+fn perl_without_syscall_ph_refuses_handoff_with_a_clear_error() {
+    let scratch = Scratch::new("no-syscall-ph");
+    scratch.write("syscall.ph", "1;\n");
+    let dir = scratch.0.to_str().unwrap();
+    let pool = start_unready(&["--min-children", "1"], &["perl", "-I", dir, PERL_WORKER]);
     assert!(
         pool.stderr.wait_for(
             "worker stderr: example_http_worker: dispatch 'handoff' passes connections \
-             with SCM_RIGHTS, which needs recvmsg(2), and core Perl has none",
+             with SCM_RIGHTS, which needs recvmsg(2): core Perl has none, and this helper \
+             calls it with syscall(), but syscall.ph, which numbers the system calls, \
+             is missing or broken (install your system's perl headers",
             START
         ),
         "{}",
@@ -238,6 +251,7 @@ fn killed_python_worker_is_replaced() {
 
 #[test]
 fn killed_perl_worker_is_replaced() {
+    killed_worker_is_replaced("handoff", &perl(&[]));
     killed_worker_is_replaced("order", &perl(&[]));
 }
 
@@ -272,6 +286,7 @@ fn python_worker_writing_garbage_is_killed_and_the_supervisor_survives() {
 
 #[test]
 fn perl_worker_writing_garbage_is_killed_and_the_supervisor_survives() {
+    garbage_writer_is_killed("handoff", &perl(&["--chaos"]));
     garbage_writer_is_killed("order", &perl(&["--chaos"]));
 }
 
