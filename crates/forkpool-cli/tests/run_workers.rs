@@ -217,6 +217,52 @@ fn perl_without_syscall_ph_refuses_handoff_with_a_clear_error() {
     ));
 }
 
+/// Plays the supervisor for one Perl worker in `handoff` mode: waits for
+/// Ready, sends a Connection (`C`) with no descriptor attached, and
+/// prints the worker's exit status and standard error. Bounded: the
+/// worker gets 10 s to die.
+const BARE_CONNECTION: &str = r#"
+import os, socket, subprocess, sys
+
+parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+parent.settimeout(20)
+env = dict(os.environ, FORKPOOL_DISPATCH="handoff", FORKPOOL_PROTOCOL="1",
+           FORKPOOL_CHANNEL_FD="3", FORKPOOL_SLOT="0", FORKPOOL_GENERATION="1")
+env.pop("LISTEN_FDS", None)
+worker = subprocess.Popen(["perl", sys.argv[1]], env=env, stderr=subprocess.PIPE,
+                          close_fds=False, preexec_fn=lambda: os.dup2(child.fileno(), 3))
+child.close()
+ready = parent.recv(16)
+assert ready[:2] == b"\x01R", ready
+parent.send(b"\x01C\x00\x00")
+status = worker.wait(10)
+print(f"status {status}: {worker.stderr.read().decode()}", flush=True)
+"#;
+
+#[test]
+fn perl_worker_in_handoff_exits_on_a_connection_without_a_descriptor() {
+    let scratch = Scratch::new("bare-connection");
+    let script = scratch.write("bare_connection.py", BARE_CONNECTION);
+    let out = Command::new("python3")
+        .args([&script, PERL_WORKER])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.starts_with("status 0:"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "back-channel protocol error: a connection message 'C' came with 0 \
+             descriptors instead of exactly one"
+        ),
+        "{stdout}"
+    );
+}
+
 /// Killing a worker gets it replaced; the pool keeps serving.
 fn killed_worker_is_replaced(dispatch: &str, cmd: &[&str]) {
     let pool = start_run(&["--dispatch", dispatch, "--min-children", "2"], cmd);
