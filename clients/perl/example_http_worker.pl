@@ -1,14 +1,15 @@
 #!/usr/bin/env perl
 # An HTTP worker for `forkpool run`, answering like `forkpool demo`.
 #
-#     forkpool run --dispatch order --listen 127.0.0.1:8080 -- \
+#     forkpool run --listen 127.0.0.1:8080 -- \
 #         perl clients/perl/example_http_worker.pl
 #     curl -i 'http://127.0.0.1:8080/?work_ms=100'
 #
 # Any GET answers `hello`; `?work_ms=N` sleeps N ms first (a slow handler).
 # Every response names the worker in X-Forkpool-Slot and X-Forkpool-Pid and
-# closes the connection. Run the pool with --dispatch order or shared (see
-# Forkpool/Worker.pm for why not handoff).
+# closes the connection. The worker serves whichever dispatch mode the pool
+# runs (FORKPOOL_DISPATCH): `handoff` (the default), `order` or `shared`;
+# `handoff` needs syscall.ph (see Forkpool/Worker.pm).
 #
 # With --chaos (fault-injection tests only), ?chaos=garbage makes the worker
 # write a malformed message on its back-channel and ?chaos=exit makes it

@@ -136,6 +136,11 @@ fn python_worker_in_order_grows_under_load_and_shrinks_after() {
 }
 
 #[test]
+fn perl_worker_in_handoff_grows_under_load_and_shrinks_after() {
+    grows_under_load_then_shrinks("handoff", &perl(&[]));
+}
+
+#[test]
 fn perl_worker_in_order_grows_under_load_and_shrinks_after() {
     grows_under_load_then_shrinks("order", &perl(&[]));
 }
@@ -186,13 +191,21 @@ fn start_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
     DemoPool::launch(command, args, cmd, false)
 }
 
+/// Without a usable syscall.ph (here: an empty one, found first on @INC)
+/// the Perl helper cannot call recvmsg(2), and refuses `handoff` naming
+/// the fix.
 #[test]
-fn perl_refuses_handoff_with_a_clear_error() {
-    let pool = start_unready(&["--min-children", "1"], &perl(&[]));
+fn perl_without_syscall_ph_refuses_handoff_with_a_clear_error() {
+    let scratch = Scratch::new("no-syscall-ph");
+    scratch.write("syscall.ph", "1;\n");
+    let dir = scratch.0.to_str().unwrap();
+    let pool = start_unready(&["--min-children", "1"], &["perl", "-I", dir, PERL_WORKER]);
     assert!(
         pool.stderr.wait_for(
             "worker stderr: example_http_worker: dispatch 'handoff' passes connections \
-             with SCM_RIGHTS, which needs recvmsg(2), and core Perl has none",
+             with SCM_RIGHTS, which needs recvmsg(2): core Perl has none, and this helper \
+             calls it with syscall(), but syscall.ph, which numbers the system calls, \
+             is missing or broken (install your system's perl headers",
             START
         ),
         "{}",
@@ -202,6 +215,52 @@ fn perl_refuses_handoff_with_a_clear_error() {
         "worker exited during start-up (exit status 2)",
         Duration::from_secs(5)
     ));
+}
+
+/// Plays the supervisor for one Perl worker in `handoff` mode: waits for
+/// Ready, sends a Connection (`C`) with no descriptor attached, and
+/// prints the worker's exit status and standard error. Bounded: the
+/// worker gets 10 s to die.
+const BARE_CONNECTION: &str = r#"
+import os, socket, subprocess, sys
+
+parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+parent.settimeout(20)
+env = dict(os.environ, FORKPOOL_DISPATCH="handoff", FORKPOOL_PROTOCOL="1",
+           FORKPOOL_CHANNEL_FD="3", FORKPOOL_SLOT="0", FORKPOOL_GENERATION="1")
+env.pop("LISTEN_FDS", None)
+worker = subprocess.Popen(["perl", sys.argv[1]], env=env, stderr=subprocess.PIPE,
+                          close_fds=False, preexec_fn=lambda: os.dup2(child.fileno(), 3))
+child.close()
+ready = parent.recv(16)
+assert ready[:2] == b"\x01R", ready
+parent.send(b"\x01C\x00\x00")
+status = worker.wait(10)
+print(f"status {status}: {worker.stderr.read().decode()}", flush=True)
+"#;
+
+#[test]
+fn perl_worker_in_handoff_exits_on_a_connection_without_a_descriptor() {
+    let scratch = Scratch::new("bare-connection");
+    let script = scratch.write("bare_connection.py", BARE_CONNECTION);
+    let out = Command::new("python3")
+        .args([&script, PERL_WORKER])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.starts_with("status 0:"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "back-channel protocol error: a connection message 'C' came with 0 \
+             descriptors instead of exactly one"
+        ),
+        "{stdout}"
+    );
 }
 
 /// Killing a worker gets it replaced; the pool keeps serving.
@@ -238,6 +297,7 @@ fn killed_python_worker_is_replaced() {
 
 #[test]
 fn killed_perl_worker_is_replaced() {
+    killed_worker_is_replaced("handoff", &perl(&[]));
     killed_worker_is_replaced("order", &perl(&[]));
 }
 
@@ -272,6 +332,7 @@ fn python_worker_writing_garbage_is_killed_and_the_supervisor_survives() {
 
 #[test]
 fn perl_worker_writing_garbage_is_killed_and_the_supervisor_survives() {
+    garbage_writer_is_killed("handoff", &perl(&["--chaos"]));
     garbage_writer_is_killed("order", &perl(&["--chaos"]));
 }
 
