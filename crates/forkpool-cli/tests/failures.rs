@@ -180,7 +180,10 @@ fn a_burst_of_reports_is_read_in_full() {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let status = pool.status();
-        if status["totals"]["futile_wakeups"] == 500 {
+        // All 500 read; shared mode's exclusive wake-up may add a genuine
+        // futile wake-up of the other child now and then (the bug left the
+        // count stuck near 64).
+        if status["totals"]["futile_wakeups"].as_u64().unwrap() >= 500 {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{status}");
