@@ -12,80 +12,98 @@ use crate::status::KillReason;
 impl Supervisor {
     /// Pings idle children that have been quiet for `ping_interval`, and
     /// kills children that missed a deadline: a ping not answered within
-    /// `ping_timeout`, a start-up that never said `Ready`, a stop that never
-    /// happened.
+    /// `ping_timeout`, a start-up that never said `Ready`, a connection held
+    /// past `busy_timeout`, a stop that never happened.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         for slot in 0..self.links.len() {
-            let Some(verdict) = self.liveness_of(slot, now) else {
-                continue;
-            };
-            match verdict {
-                Verdict::Ping => self.ping(slot, now),
-                Verdict::Kill(why, detail) => self.kill(slot, why, detail, now),
+            match self.next_check(slot) {
+                Some((due, Check::PingDue)) if now >= due => self.ping(slot, now),
+                Some((due, check)) if now >= due => {
+                    let (why, detail) = self.describe(slot, check, now);
+                    self.kill(slot, why, detail, now);
+                }
+                _ => {}
             }
         }
     }
 
-    fn liveness_of(&self, slot: usize, now: Instant) -> Option<Verdict> {
-        let link = self.links[slot].as_ref()?;
+    /// The earliest liveness deadline, for the loop's timer.
+    pub(super) fn liveness_deadline(&self) -> Option<Instant> {
+        (0..self.links.len())
+            .filter_map(|slot| self.next_check(slot).map(|(due, _)| due))
+            .min()
+    }
+
+    /// The one rule that applies to the child in `slot` next, and when.
+    /// Both acting on deadlines and setting the loop's timer use this, so
+    /// the rules are stated once.
+    fn next_check(&self, slot: usize) -> Option<(Instant, Check)> {
+        let link = self.links.get(slot)?.as_ref()?;
         let entry = self.board.get(slot)?;
         if let Some(deadline) = link.leave_deadline {
-            if now >= deadline && entry.state != SlotState::Killed {
-                let reason = if link.channel_closed {
-                    "closed its back-channel but did not exit".to_string()
-                } else {
-                    format!(
-                        "did not exit within {:?} of being told to quit",
-                        self.config.shutdown_timeout
-                    )
-                };
-                return Some(Verdict::Kill(KillReason::StopTimeout, reason));
-            }
-            return None;
+            return (entry.state != SlotState::Killed).then_some((deadline, Check::Stop));
         }
         if !self.config.dispatch.speaks_protocol() {
             // Workers that never report have no start, ping or busy limits.
             return None;
         }
         if let Some((_, sent)) = link.ping {
-            if now.duration_since(sent) >= self.config.ping_timeout {
-                return Some(Verdict::Kill(
-                    KillReason::PingTimeout,
-                    format!(
-                        "did not answer a ping within {:?}",
-                        self.config.ping_timeout
-                    ),
-                ));
-            }
-            return None;
+            return Some((sent + self.config.ping_timeout, Check::PingAnswer));
         }
         match entry.state {
-            SlotState::Starting if now.duration_since(entry.since) >= self.start_timeout() => {
-                Some(Verdict::Kill(
-                    KillReason::StartTimeout,
-                    format!("did not report ready within {:?}", self.start_timeout()),
-                ))
-            }
-            _ if entry.awaits_pings()
-                && now.duration_since(entry.last_heard) >= self.config.ping_interval =>
-            {
-                Some(Verdict::Ping)
+            SlotState::Starting => Some((entry.since + self.start_timeout(), Check::Start)),
+            _ if entry.awaits_pings() => {
+                Some((entry.last_heard + self.config.ping_interval, Check::PingDue))
             }
             SlotState::Busy | SlotState::Ordered
-                if entry.load.is_none()
-                    && !self.config.busy_timeout.is_zero()
-                    && now.duration_since(entry.since) >= self.config.busy_timeout =>
+                if entry.load.is_none() && !self.config.busy_timeout.is_zero() =>
             {
-                Some(Verdict::Kill(
-                    KillReason::BusyTimeout,
-                    format!(
-                        "busy on one connection for {:?} (busy_timeout {:?})",
-                        now.duration_since(entry.since),
-                        self.config.busy_timeout
-                    ),
-                ))
+                Some((entry.since + self.config.busy_timeout, Check::Busy))
             }
             _ => None,
+        }
+    }
+
+    /// Why a child that missed `check` is killed, for the log and totals.
+    fn describe(&self, slot: usize, check: Check, now: Instant) -> (KillReason, String) {
+        let channel_closed = self.links[slot].as_ref().is_some_and(|l| l.channel_closed);
+        match check {
+            Check::Stop if channel_closed => (
+                KillReason::StopTimeout,
+                "closed its back-channel but did not exit".to_string(),
+            ),
+            Check::Stop => (
+                KillReason::StopTimeout,
+                format!(
+                    "did not exit within {:?} of being told to quit",
+                    self.config.shutdown_timeout
+                ),
+            ),
+            Check::PingAnswer => (
+                KillReason::PingTimeout,
+                format!(
+                    "did not answer a ping within {:?}",
+                    self.config.ping_timeout
+                ),
+            ),
+            Check::Start => (
+                KillReason::StartTimeout,
+                format!("did not report ready within {:?}", self.start_timeout()),
+            ),
+            Check::Busy => {
+                let busy_for = self
+                    .board
+                    .get(slot)
+                    .map_or_else(Default::default, |e| now.duration_since(e.since));
+                (
+                    KillReason::BusyTimeout,
+                    format!(
+                        "busy on one connection for {busy_for:?} (busy_timeout {:?})",
+                        self.config.busy_timeout
+                    ),
+                )
+            }
+            Check::PingDue => unreachable!("a due ping is sent, not a kill"),
         }
     }
 
@@ -117,41 +135,19 @@ impl Supervisor {
             ),
         }
     }
-
-    /// The earliest liveness deadline, for the loop's timer.
-    pub(super) fn liveness_deadline(&self) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
-        for (slot, entry) in self.board.iter() {
-            let Some(link) = self.links.get(slot).and_then(Option::as_ref) else {
-                continue;
-            };
-            let due = if let Some(deadline) = link.leave_deadline {
-                (entry.state != SlotState::Killed).then_some(deadline)
-            } else if !self.config.dispatch.speaks_protocol() {
-                None
-            } else if let Some((_, sent)) = link.ping {
-                Some(sent + self.config.ping_timeout)
-            } else {
-                match entry.state {
-                    SlotState::Starting => Some(entry.since + self.start_timeout()),
-                    _ if entry.awaits_pings() => Some(entry.last_heard + self.config.ping_interval),
-                    SlotState::Busy | SlotState::Ordered
-                        if entry.load.is_none() && !self.config.busy_timeout.is_zero() =>
-                    {
-                        Some(entry.since + self.config.busy_timeout)
-                    }
-                    _ => None,
-                }
-            };
-            if let Some(due) = due {
-                next = Some(next.map_or(due, |n| n.min(due)));
-            }
-        }
-        next
-    }
 }
 
-enum Verdict {
-    Ping,
-    Kill(KillReason, String),
+/// What the next liveness deadline of a child is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Told to quit (or its channel closed): it must exit.
+    Stop,
+    /// A ping is outstanding: it must answer.
+    PingAnswer,
+    /// Forked: it must say `Ready`.
+    Start,
+    /// Idle and quiet: time to ping it.
+    PingDue,
+    /// Serving one connection: it must finish within `busy_timeout`.
+    Busy,
 }
