@@ -52,16 +52,7 @@ fn killed_idle_child_is_replaced() {
     let pool = DemoPool::start(&["--min-children", "3"]);
     assert!(pool.wait_children(Duration::from_secs(5), |n| n == 3));
     let before = pool.children();
-    kill9(before[1]);
-    assert!(pool
-        .stderr
-        .wait_for("child died unexpectedly", Duration::from_secs(5)));
-    assert!(pool
-        .stderr
-        .wait_for_count("child spawned", 4, Duration::from_secs(5)));
-    assert!(pool.wait_child_pids(Duration::from_secs(5), |pids| {
-        pids.len() == 3 && !pids.contains(&before[1])
-    }));
+    pool.kill_and_await_replacement(before[1], 4, 3);
     assert_eq!(pool.get("/").unwrap().status, 200);
 }
 

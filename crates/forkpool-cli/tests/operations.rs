@@ -50,17 +50,7 @@ fn status_reports_true_counts_after_a_scripted_sequence() {
     // Kill an idle child: counted as died, and replaced (min_children 3).
     let spawned_before = pool.status()["totals"]["spawned"].as_u64().unwrap();
     let victim = pool.children()[1];
-    kill9(victim);
-    assert!(pool
-        .stderr
-        .wait_for("child died unexpectedly", Duration::from_secs(5)));
-    assert!(pool
-        .stderr
-        .wait_for_count("child spawned", 4, Duration::from_secs(5)));
-    assert!(
-        pool.wait_child_pids(Duration::from_secs(5), |p| !p.contains(&victim)
-            && p.len() == 3)
-    );
+    pool.kill_and_await_replacement(victim, 4, 3);
     let status = pool.status();
     assert_eq!(status["totals"]["died"], 1);
     assert_eq!(

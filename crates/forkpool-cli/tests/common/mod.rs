@@ -233,6 +233,23 @@ impl DemoPool {
         }
     }
 
+    /// SIGKILLs child `victim` and waits until the supervisor has logged its
+    /// death, spawned its `spawned_total`-th child and is back to `live`
+    /// children without the victim.
+    pub fn kill_and_await_replacement(&self, victim: i32, spawned_total: usize, live: usize) {
+        kill9(victim);
+        let wait = Duration::from_secs(5);
+        assert!(self.stderr.wait_for("child died unexpectedly", wait));
+        assert!(self
+            .stderr
+            .wait_for_count("child spawned", spawned_total, wait));
+        assert!(
+            self.wait_child_pids(wait, |p| p.len() == live && !p.contains(&victim)),
+            "no replacement for {victim}\n{}",
+            self.stderr.dump()
+        );
+    }
+
     /// Sends a signal to the supervisor.
     pub fn signal(&self, sig: i32) {
         // SAFETY-free: nix is not a dev-dependency here; use the kill command.
