@@ -110,9 +110,10 @@ pub fn render(s: &Snapshot) -> String {
         .map(|r| format!("{} {}", r.key(), t.killed_by.get(*r)))
         .collect();
     out += &format!(
-        "\ntotals: accepted {}, spawned {}, retired {}, killed {}{}, died unexpectedly {}, \
+        "\ntotals: accepted {} ({} taken next by a finishing child), spawned {}, retired {}, killed {}{}, died unexpectedly {}, \
          futile wake-ups {}, at max-children {} ({} times), reloads {}\n",
         t.accepted,
+        t.taken_next,
         t.spawned,
         t.retired,
         t.killed,

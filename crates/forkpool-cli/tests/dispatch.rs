@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{parse_response, DemoPool};
+use common::{parse_response, send, DemoPool};
 
 fn sequential_requests_go_to_slot_zero(mode: &str) {
     let pool = DemoPool::start(&[
@@ -151,4 +151,102 @@ fn a_kept_alive_connection_gives_way_after_its_share() {
     assert_eq!(raw.matches("Connection: keep-alive").count(), 2, "{raw}");
     assert!(raw.trim_end().ends_with("hello"), "{raw}");
     assert_eq!(raw.matches("Connection: close").count(), 1, "{raw}");
+}
+
+fn answer(mut stream: TcpStream) -> common::Response {
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let r = parse_response(&raw).unwrap();
+    assert_eq!(r.status, 200, "{raw}");
+    r
+}
+
+/// A pool of exactly one child.
+fn one_child_pool(extra: &[&str]) -> DemoPool {
+    let mut args = vec![
+        "--min-children",
+        "1",
+        "--max-children",
+        "1",
+        "--min-spare",
+        "0",
+        "--max-spare",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    DemoPool::start(&args)
+}
+
+/// One child, held busy by a slow request, while three more connections
+/// queue in the backlog behind it: the four connections, in order.
+fn queue_behind_a_slow_request(pool: &DemoPool) -> Vec<TcpStream> {
+    let slow = send(pool.addr, "/?work_ms=1000");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.status()["busy"].as_u64() != Some(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child never got busy"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let queued = (0..3).map(|_| send(pool.addr, "/"));
+    std::iter::once(slow).chain(queued).collect()
+}
+
+#[test]
+fn a_finishing_child_takes_the_waiting_connections_itself() {
+    let pool = one_child_pool(&[]);
+    let answers: Vec<_> = queue_behind_a_slow_request(&pool)
+        .into_iter()
+        .map(answer)
+        .collect();
+    let pids: Vec<_> = answers.iter().map(|r| r.pid).collect();
+    assert!(pids.iter().all(|p| *p == pids[0]), "{pids:?}");
+    // The supervisor handed over the first; the child took the three that
+    // waited in the backlog as it finished each one before.
+    let totals = &pool.status()["totals"];
+    assert_eq!(totals["accepted"], 4, "{totals}");
+    assert_eq!(totals["taken_next"], 3, "{totals}");
+    assert_eq!(pool.status()["slots"][0]["served"], 4);
+}
+
+#[test]
+fn a_child_at_its_request_limit_takes_no_next_connection() {
+    let pool = one_child_pool(&["--max-requests-per-child", "2"]);
+    let answers: Vec<_> = queue_behind_a_slow_request(&pool)
+        .into_iter()
+        .map(answer)
+        .collect();
+    let pids: Vec<_> = answers.iter().map(|r| r.pid.expect("pid header")).collect();
+    // The first child takes the second connection itself, which makes two:
+    // the supervisor retires it, and it leaves the other two in the
+    // backlog for its replacement instead of taking a third.
+    assert_eq!(pids[0], pids[1], "{pids:?}");
+    assert_ne!(pids[2], pids[0], "{pids:?}");
+    assert_eq!(pids[2], pids[3], "{pids:?}");
+    let totals = &pool.status()["totals"];
+    assert_eq!(totals["accepted"], 4, "{totals}");
+    assert_eq!(totals["taken_next"], 2, "{totals}");
+}
+
+#[test]
+fn a_child_told_to_quit_takes_no_next_connection() {
+    let mut pool = one_child_pool(&[]);
+    let mut conns = queue_behind_a_slow_request(&pool).into_iter();
+    pool.signal(libc::SIGTERM);
+    answer(conns.next().unwrap());
+    // The child finishes its connection, finds the quit waiting and takes
+    // none of the queued ones; they are closed with the listener.
+    for mut queued in conns {
+        let mut raw = String::new();
+        let _ = queued.read_to_string(&mut raw);
+        assert!(!raw.contains("200 OK"), "served after quit: {raw}");
+    }
+    assert!(pool.wait_exit(Duration::from_secs(10)).is_some());
+    assert!(
+        pool.stdout
+            .wait_for(r#""taken_next":0"#, Duration::from_secs(5)),
+        "{}",
+        pool.stdout.dump()
+    );
 }

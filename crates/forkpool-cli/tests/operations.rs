@@ -67,7 +67,7 @@ fn status_reports_true_counts_after_a_scripted_sequence() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("child states:"), "{text}");
-    assert!(text.contains("accepted 6,"), "{text}");
+    assert!(text.contains("accepted 6 (0 taken next"), "{text}");
     assert!(text.contains("died unexpectedly 1"), "{text}");
     assert!(text.contains("SLOT"), "{text}");
 }

@@ -64,6 +64,12 @@ pub fn render(snapshot: &Snapshot, dispatch_latency: &Histogram) -> String {
         "Connections dispatched to children",
         t.accepted,
     );
+    counter(
+        &mut registry,
+        "connections_taken_next",
+        "Connections a finishing child took from the backlog itself",
+        t.taken_next,
+    );
     counter(&mut registry, "spawns", "Children started", t.spawned);
     counter(
         &mut registry,
@@ -121,6 +127,7 @@ mod tests {
     fn renders_totals_and_states() {
         let mut totals = Totals {
             accepted: 42,
+            taken_next: 17,
             spawned: 5,
             ..Totals::default()
         };
@@ -146,6 +153,7 @@ mod tests {
             text.contains("forkpool_connections_accepted_total 42"),
             "{text}"
         );
+        assert!(text.contains("forkpool_connections_taken_next_total 17"));
         assert!(text.contains("forkpool_spawns_total 5"));
         assert!(text.contains("forkpool_children{state=\"idle\"} 1"));
         assert!(text.contains("forkpool_kills_total{reason=\"ping_timeout\"} 1"));

@@ -207,7 +207,8 @@ impl Pool {
         if !self.config.dispatch.speaks_protocol() {
             return Err(PoolError::UnsupportedDispatch(self.config.dispatch));
         }
-        let supervisor = self.supervisor()?;
+        let mut supervisor = self.supervisor()?;
+        supervisor.children_take_next = true;
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => {

@@ -32,6 +32,11 @@ pub enum ChildMessage {
     Idle,
     /// The child accepted a connection itself (`order` and `shared` dispatch).
     Busy,
+    /// The child finished its connection and, finding another one waiting
+    /// in the listener's backlog, accepted it at once (`handoff` dispatch,
+    /// forked children): `Idle` and a new connection in one message. It is
+    /// still busy; the new connection's busy clock starts now.
+    Next,
     /// The child was woken or ordered to accept but found no connection
     /// waiting: a futile wake-up, counted by the supervisor.
     Missed,
@@ -145,6 +150,7 @@ impl ChildMessage {
             ChildMessage::Idle => put_bare(buf, b'I'),
             ChildMessage::Busy => put_bare(buf, b'B'),
             ChildMessage::Missed => put_bare(buf, b'M'),
+            ChildMessage::Next => put_bare(buf, b'N'),
             ChildMessage::Pong { seq } => put_u32(buf, b'P', seq),
             ChildMessage::Load {
                 open,
@@ -171,6 +177,7 @@ impl ChildMessage {
             b'I' => bare(kind, payload, ChildMessage::Idle)?,
             b'B' => bare(kind, payload, ChildMessage::Busy)?,
             b'M' => bare(kind, payload, ChildMessage::Missed)?,
+            b'N' => bare(kind, payload, ChildMessage::Next)?,
             b'P' => ChildMessage::Pong {
                 seq: get_u32(kind, payload)?,
             },

@@ -626,6 +626,33 @@ impl Scoreboard {
         Ok(was_busy == Some(true))
     }
 
+    /// `Next`: the child finished its connection and accepted the next one
+    /// itself. It stays busy, its busy clock restarts and the served count
+    /// goes up.
+    pub fn next(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
+        self.refuse_for_sessions(slot, "next")?;
+        let Some(Some(entry)) = self.slots.get_mut(slot) else {
+            return Err(IllegalTransition {
+                slot,
+                from: SlotState::Killed,
+                event: "next",
+            });
+        };
+        match entry.state {
+            SlotState::Busy => {
+                entry.served += 1;
+                entry.since = now;
+                Ok(())
+            }
+            SlotState::Retiring | SlotState::Killed => Ok(()),
+            from => Err(IllegalTransition {
+                slot,
+                from,
+                event: "next",
+            }),
+        }
+    }
+
     /// The supervisor told the child to quit.
     pub fn retire(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
         self.transition(slot, "retire", now, |from| match from {
@@ -826,6 +853,35 @@ mod tests {
         board.hand_connection(0, now).unwrap();
         assert!(board.idle(0, now).unwrap());
         assert_eq!(board.get(0).unwrap().served, 1);
+    }
+
+    #[test]
+    fn next_keeps_a_busy_child_busy_and_restarts_its_clock() {
+        let (mut board, start) = board_with(2);
+        board.hand_connection(0, start).unwrap();
+        let later = start + std::time::Duration::from_secs(3);
+        board.next(0, later).unwrap();
+        let entry = board.get(0).unwrap();
+        assert_eq!(
+            (entry.state, entry.served, entry.since),
+            (SlotState::Busy, 1, later)
+        );
+        assert_eq!(board.lowest_idle(), Some(1));
+        assert_eq!(board.counts().busy, 1);
+        assert!(board.idle(0, later).unwrap());
+        assert_eq!(board.get(0).unwrap().served, 2);
+    }
+
+    #[test]
+    fn next_from_an_idle_child_is_refused() {
+        let (mut board, now) = board_with(1);
+        let err = board.next(0, now).unwrap_err();
+        assert_eq!(err.from, SlotState::Idle);
+        board.retire(0, now).unwrap();
+        assert!(
+            board.next(0, now).is_ok(),
+            "a leaving child may still finish one"
+        );
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub struct Totals {
     /// Connections dispatched to children (accepted by the supervisor in
     /// `handoff`, accepted by a child in `order`, `shared` and `herd`).
     pub accepted: u64,
+    /// Of `accepted`, the connections a child took from the backlog itself
+    /// as it finished the one before (`handoff`, the `Next` report).
+    pub taken_next: u64,
     /// Children started.
     pub spawned: u64,
     /// Children told to quit: surplus idle, recycled, or shutdown.

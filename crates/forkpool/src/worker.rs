@@ -3,7 +3,10 @@
 //! A child speaks the back-channel protocol ([`crate::protocol`]) with its
 //! supervisor. Which loop it runs depends on the dispatch mode:
 //! - `handoff`: block on the channel; a `Connection` message brings the
-//!   connection's descriptor; serve it, report `Idle`.
+//!   connection's descriptor; serve it, report `Idle`. A forked child also
+//!   holds the listeners: finishing a connection, it accepts one still
+//!   waiting in the backlog itself and reports `Next` instead (see
+//!   `take_waiting`).
 //! - `order`: block on the channel; an `Accept` order names a listener the
 //!   child inherited; accept one connection (report `Busy`) or find none
 //!   (report `Missed`).
@@ -99,6 +102,9 @@ pub(crate) struct ChildStart {
     pub listener_is_tcp: Vec<bool>,
     /// The listeners themselves, in modes where children accept.
     pub listeners: Vec<Listener>,
+    /// Connections the child serves before it stops taking the next one
+    /// itself and leaves the supervisor to recycle it (0: no limit).
+    pub max_requests: u64,
     /// For an exec'd worker: the write end of the pipe the supervisor
     /// reads the worker's standard error from.
     pub stderr: Option<OwnedFd>,
@@ -113,6 +119,9 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
             pid: std::process::id(),
             channel: start.channel,
         },
+        mode: start.mode,
+        max_requests: start.max_requests,
+        served: 0,
         listener_is_tcp: start.listener_is_tcp,
         listeners: start.listeners,
         handler,
@@ -139,6 +148,10 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
 
 struct Worker<'h> {
     info: WorkerInfo,
+    mode: DispatchMode,
+    max_requests: u64,
+    /// Connections served so far, counted as the supervisor counts them.
+    served: u64,
     listener_is_tcp: Vec<bool>,
     listeners: Vec<Listener>,
     handler: &'h mut dyn Handler,
@@ -290,14 +303,37 @@ impl Worker<'_> {
         }
     }
 
-    /// Runs the handler on one connection, then reports `Idle`.
+    /// Runs the handler on one connection, then reports `Idle`; or, when
+    /// another connection is already waiting, takes it and reports `Next`
+    /// instead (see [`Worker::take_waiting`]), as many times as that holds.
     ///
-    /// The child keeps its own duplicate of the descriptor until the report
+    /// The child keeps its own duplicate of each descriptor until the report
     /// is sent, so the client cannot see the connection close (and come
     /// back with the next request) before the supervisor knows this child
     /// is free again: otherwise a strictly sequential client would hop to
     /// the next slot now and then, and the lowest child would not stay hot.
     fn serve_then_idle(&mut self, fd: OwnedFd, listener: u16) -> Stop {
+        let mut fd = fd;
+        loop {
+            let held_open = self.serve(fd, listener)?;
+            self.served += 1;
+            let next = self.take_waiting(listener);
+            let report = match next {
+                Some(_) => ChildMessage::Next,
+                None => ChildMessage::Idle,
+            };
+            self.report(report)?;
+            drop(held_open);
+            match next {
+                Some(waiting) => fd = waiting,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Runs the handler on one connection and returns a duplicate of its
+    /// descriptor, for the caller to close after its report.
+    fn serve(&mut self, fd: OwnedFd, listener: u16) -> Result<Option<OwnedFd>, String> {
         let index = usize::from(listener);
         let tcp = if self.listener_is_tcp.is_empty() {
             // An exec'd handoff worker is not told what its pool listens
@@ -319,9 +355,44 @@ impl Worker<'_> {
         if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
             return Err("the handler panicked; the supervisor will start a fresh child".into());
         }
-        self.report(ChildMessage::Idle)?;
-        drop(held_open);
-        Ok(())
+        Ok(held_open)
+    }
+
+    /// `handoff`, forked children: the next connection already waiting in
+    /// the backlog of the listener just served, if there is one.
+    ///
+    /// Handing it over through the supervisor would cost an accept and a
+    /// send there and a wake-up here, only to land on this same child: a
+    /// connection still in the backlog means the supervisor has not got to
+    /// it (it is busy, or no child was idle), and this child, about to say
+    /// `Idle`, is the one that is running. A message from the supervisor
+    /// (a quit, a ping) goes first: the child then reports `Idle` and reads
+    /// it. So does the end of its share of connections
+    /// (`max_requests_per_child`): the supervisor recycles it on `Idle`,
+    /// and must not learn of the limit only after a connection too many.
+    fn take_waiting(&self, listener: u16) -> Option<OwnedFd> {
+        if self.mode != DispatchMode::Handoff
+            || (self.max_requests > 0 && self.served >= self.max_requests)
+        {
+            return None;
+        }
+        let l = self.listeners.get(usize::from(listener))?;
+        if self.info.channel.has_pending().unwrap_or(true) {
+            return None;
+        }
+        match sys::socket::accept(l.as_fd()) {
+            Ok(fd) => Some(fd),
+            Err(Errno::EAGAIN | Errno::ECONNABORTED | Errno::EPROTO) => None,
+            Err(e) => {
+                // Out of descriptors and the like: leave it to the
+                // supervisor, which backs off and says so.
+                debug!(
+                    slot = self.info.slot,
+                    "accepting the next connection failed: {e}"
+                );
+                None
+            }
+        }
     }
 }
 

@@ -12,6 +12,7 @@ fn child_message() -> impl Strategy<Value = ChildMessage> {
         Just(ChildMessage::Idle),
         Just(ChildMessage::Busy),
         Just(ChildMessage::Missed),
+        Just(ChildMessage::Next),
         any::<u32>().prop_map(|seq| ChildMessage::Pong { seq }),
         (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(open, capacity, received)| {
             ChildMessage::Load {
@@ -208,6 +209,7 @@ fn child_messages_have_the_documented_bytes() {
     assert_child(ChildMessage::Idle, "01 49");
     assert_child(ChildMessage::Busy, "01 42");
     assert_child(ChildMessage::Missed, "01 4d");
+    assert_child(ChildMessage::Next, "01 4e");
     assert_child(ChildMessage::Pong { seq: 0xdead_beef }, "01 50 de ad be ef");
     assert_child(
         ChildMessage::Load {

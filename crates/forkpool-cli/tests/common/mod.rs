@@ -350,6 +350,23 @@ pub struct Response {
 
 /// One `GET` on a fresh connection, with a 20 s bound.
 pub fn get(addr: SocketAddr, path: &str) -> Result<Response, String> {
+    let mut stream = try_send(addr, path)?;
+    let mut raw = String::new();
+    stream
+        .read_to_string(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    parse_response(&raw)
+}
+
+/// Connects and sends a `GET` with `Connection: close`, and returns the
+/// connection for the answer to be read later. `connect` returns once the
+/// connection is in the listener's backlog, whether or not anyone has
+/// accepted it yet.
+pub fn send(addr: SocketAddr, path: &str) -> TcpStream {
+    try_send(addr, path).unwrap()
+}
+
+fn try_send(addr: SocketAddr, path: &str) -> Result<TcpStream, String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("connect: {e}"))?;
     stream
@@ -360,11 +377,7 @@ pub fn get(addr: SocketAddr, path: &str) -> Result<Response, String> {
         "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| format!("write: {e}"))?;
-    let mut raw = String::new();
-    stream
-        .read_to_string(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
-    parse_response(&raw)
+    Ok(stream)
 }
 
 pub fn parse_response(raw: &str) -> Result<Response, String> {

@@ -9,7 +9,10 @@
 //! ([`Scoreboard::lowest_with_room`](crate::scoreboard::Scoreboard::lowest_with_room)),
 //! in `handoff` dispatch, the only one they use. How the connection gets there depends on
 //! the mode ([`DispatchMode`](crate::config::DispatchMode)):
-//! - [`handoff`]: the supervisor accepts and passes the descriptor;
+//! - [`handoff`]: the supervisor accepts and passes the descriptor; a
+//!   child finishing a connection takes a connection still waiting in the
+//!   backlog itself (see [`crate::worker`]), since it would be handed to
+//!   the very child that is about to become idle;
 //! - [`order`]: the supervisor tells the child to accept;
 //! - `shared` and `herd`: the children accept by themselves (see
 //!   [`crate::worker`]); the supervisor only counts and scales;

@@ -62,6 +62,7 @@ impl Supervisor {
                     mode: self.config.dispatch,
                     listener_is_tcp: Vec::new(),
                     listeners: Vec::new(),
+                    max_requests: self.config.max_requests_per_child,
                     stderr: output_write,
                 }))
             }

@@ -26,7 +26,9 @@ impl Supervisor {
             ChildMessage::Load { .. } if !hosts => {
                 Err("sent a load report, but this pool runs one connection per child".into())
             }
-            ChildMessage::Idle | ChildMessage::Busy | ChildMessage::Missed if hosts => {
+            ChildMessage::Idle | ChildMessage::Busy | ChildMessage::Missed | ChildMessage::Next
+                if hosts =>
+            {
                 Err(format!(
                     "sent {msg:?}, but this pool's children serve many connections and \
                  report their load instead"

@@ -140,6 +140,11 @@ pub(crate) struct Supervisor {
     /// Give each child a pipe for its stderr and log what comes out
     /// (exec'd workers, see `output.rs`).
     pub capture_output: bool,
+    /// In `handoff` dispatch, give forked children the listeners so that
+    /// one finishing a connection takes the next waiting one itself
+    /// (`Next`, see `worker.rs`). Off for exec'd workers, whose interface
+    /// has no listeners in `handoff`, and for many-connection children.
+    pub children_take_next: bool,
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
     /// Since when the pool has been at `max_children` with no idle child.
@@ -203,6 +208,7 @@ impl Supervisor {
             spawn_blocked_until: None,
             start_backoff: StartBackoff::default(),
             capture_output: false,
+            children_take_next: false,
             reload_source: None,
             saturated_since: None,
             last_saturated_log: None,
@@ -516,7 +522,7 @@ impl Supervisor {
     fn into_child(mut self, mut start: ChildStart) -> ChildStart {
         let listeners = std::mem::take(&mut self.listeners);
         start.listener_is_tcp = listeners.iter().map(|l| l.listener.is_tcp()).collect();
-        if start.mode.children_hold_listeners() {
+        if start.mode.children_hold_listeners() || self.children_take_next {
             start.listeners = listeners.into_iter().map(|l| l.listener).collect();
         }
         // Dropping the rest closes the poll, the signal pipe and every other

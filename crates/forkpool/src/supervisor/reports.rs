@@ -104,6 +104,12 @@ impl Supervisor {
                 self.totals.accepted += 1;
                 self.order_answered(slot);
             }
+            ChildMessage::Next => {
+                self.board.next(slot, now).map_err(illegal)?;
+                self.totals.accepted += 1;
+                self.totals.taken_next += 1;
+                self.after_connection(slot, now);
+            }
             ChildMessage::Missed => {
                 self.board.missed(slot, now).map_err(illegal)?;
                 self.totals.futile_wakeups += 1;

@@ -197,6 +197,7 @@ impl ExecWorker {
                 mode: layout.mode,
                 listener_is_tcp: listeners.iter().map(Listener::is_tcp).collect(),
                 listeners,
+                max_requests: 0,
                 stderr: None,
             },
         })
