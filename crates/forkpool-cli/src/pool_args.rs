@@ -47,6 +47,11 @@ pub struct PoolArgs {
     /// The listen backlog [default: 1024].
     #[arg(long, value_name = "N")]
     pub backlog: Option<u32>,
+    /// TCP_DEFER_ACCEPT: hand a connection over only once the client has
+    /// sent something (or after this many seconds); only for protocols
+    /// where the client speaks first; 0 = off [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub defer_accept: Option<Duration>,
 }
 
 impl PoolArgs {
@@ -71,7 +76,8 @@ impl PoolArgs {
             shutdown_timeout,
             busy_timeout,
             retire_grace,
-            backlog
+            backlog,
+            defer_accept
         );
         config
     }

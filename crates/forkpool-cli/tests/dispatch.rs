@@ -250,3 +250,46 @@ fn a_child_told_to_quit_takes_no_next_connection() {
         pool.stdout.dump()
     );
 }
+
+/// Checks that a connection that has sent nothing is not accepted while
+/// one made after it is served, and that it is served once it speaks.
+fn assert_silent_connection_waits(pool: &DemoPool) {
+    let accepted = || pool.status()["totals"]["accepted"].as_u64().unwrap();
+    let before = accepted();
+    let mut silent = TcpStream::connect(pool.addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // A request made after the silent connection is served first: the
+    // kernel has not reported the silent one to the pool at all. (Without
+    // TCP_DEFER_ACCEPT the supervisor accepts it first and hands it to a
+    // child, where it would sit until the read timeout.)
+    assert_eq!(pool.get("/").unwrap().status, 200);
+    assert_eq!(accepted(), before + 1);
+    // As soon as it speaks, it is served.
+    silent
+        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(answer(silent).status, 200);
+    assert_eq!(accepted(), before + 2);
+}
+
+#[test]
+fn with_defer_accept_a_silent_connection_waits_in_the_kernel() {
+    let pool = DemoPool::start(&["--defer-accept", "30s", "--min-children", "2"]);
+    assert_silent_connection_waits(&pool);
+}
+
+#[test]
+fn a_reload_turns_defer_accept_on() {
+    let file = common::temp_path("defer.toml");
+    std::fs::write(&file, "[pool]\nmin_children = 2\n").unwrap();
+    let pool = DemoPool::start(&["--config", file.to_str().unwrap()]);
+    std::fs::write(&file, "[pool]\nmin_children = 2\ndefer_accept = \"30s\"\n").unwrap();
+    pool.signal(libc::SIGHUP);
+    assert!(pool
+        .stderr
+        .wait_for("reloading: rolling children", Duration::from_secs(5)));
+    assert_silent_connection_waits(&pool);
+    let _ = std::fs::remove_file(&file);
+}

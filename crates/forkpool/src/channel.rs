@@ -103,19 +103,6 @@ impl Channel {
         })
     }
 
-    /// Whether a message is waiting to be read, without reading it.
-    pub fn has_pending(&self) -> io::Result<bool> {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
-        loop {
-            match poll(&mut fds, PollTimeout::ZERO) {
-                Ok(n) => return Ok(n > 0),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
     fn recv_raw<M>(&self) -> io::Result<Raw<M>> {
         // One byte more than the longest message, so an oversized datagram
         // is caught by MSG_TRUNC rather than silently cut to a valid length.

@@ -377,7 +377,7 @@ impl Worker<'_> {
             return None;
         }
         let l = self.listeners.get(usize::from(listener))?;
-        if self.info.channel.has_pending().unwrap_or(true) {
+        if sys::socket::readable_now(self.info.channel.as_fd()) {
             return None;
         }
         match sys::socket::accept(l.as_fd()) {

@@ -292,12 +292,22 @@ fn run_memory(report: &mut Report) {
     }
 }
 
-/// The demo's arguments for `mode` plus `extra`.
+/// The demo's arguments for `mode` plus `extra`. Every pool defers
+/// accepts until the request has arrived (`TCP_DEFER_ACCEPT`), as Apache
+/// httpd does for HTTP on Linux by default (`AcceptFilter http data`).
 fn pool_args(mode: DispatchMode, extra: &[&str]) -> Vec<String> {
-    let mut args = vec!["--dispatch".to_string(), mode.name().to_string()];
+    let mut args = vec![
+        "--dispatch".to_string(),
+        mode.name().to_string(),
+        "--defer-accept".to_string(),
+        DEFER_ACCEPT.to_string(),
+    ];
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
+
+/// `--defer-accept` for the HTTP pools measured.
+pub const DEFER_ACCEPT: &str = "5s";
 
 /// How long the demo gets to start listening, and to exit after SIGTERM.
 const POOL_START: Duration = Duration::from_secs(10);

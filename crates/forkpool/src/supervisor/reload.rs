@@ -50,6 +50,13 @@ impl Supervisor {
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"
             );
         }
+        if config.defer_accept != self.config.defer_accept {
+            let listeners = self.listeners.iter().map(|l| &l.listener);
+            if let Err(e) = super::apply_defer_accept(listeners, config.defer_accept) {
+                error!("reload refused, keeping the running configuration: {e}");
+                return;
+            }
+        }
         let watching_before = self.config.dispatch.parent_watches_listeners();
         self.config = config;
         self.generation += 1;

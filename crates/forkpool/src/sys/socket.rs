@@ -102,6 +102,29 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> bool {
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// Sets `TCP_DEFER_ACCEPT` on a TCP listener: a connection is only
+/// reported (readable listener, `accept`) once the client has sent data,
+/// or after about `seconds` without any. 0 turns it off.
+pub fn set_defer_accept(listener: BorrowedFd<'_>, seconds: u32) -> io::Result<()> {
+    let value = libc::c_int::try_from(seconds).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `value` is a live c_int and the length passed is its size;
+    // the kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Whether `fd` is an IPv4 or IPv6 socket (a TCP connection, for the
 /// streams forkpool handles) rather than a Unix one.
 pub fn is_inet(fd: BorrowedFd<'_>) -> bool {
