@@ -15,8 +15,12 @@
 //! - never more than `max_children` live; short at the ceiling is
 //!   [`Decision::Saturated`], which the supervisor logs once per interval;
 //! - more than `max_spare` idle with nothing queued, continuously for
-//!   `retire_grace`: retire the surplus (never below `min_children`), then
-//!   start timing a fresh grace period.
+//!   `retire_grace`: retire half the surplus, rounded up (never below
+//!   `min_children`), then start timing a fresh grace period. Shedding it
+//!   in halves rather than all at once keeps a load that swings between
+//!   bursts from retiring dozens of children only to fork them again a
+//!   moment later (Apache and php-fpm retire one a second; halving gets a
+//!   large surplus down in a few periods).
 //!
 //! Unlike Apache, rounds are not once a second: a round is every call, so a
 //! burst of load grows the pool in milliseconds, and the grace period alone
@@ -178,7 +182,7 @@ pub fn decide(
         return Decision::Hold;
     }
     memory.surplus_since = None;
-    Decision::Retire(surplus)
+    Decision::Retire(surplus.div_ceil(2))
 }
 
 /// The policy for a pool whose children do not report (`none` dispatch):
@@ -312,7 +316,37 @@ mod tests {
         let almost = t0 + config.retire_grace - Duration::from_millis(1);
         assert_eq!(decide(c, &config, &mut memory, almost), Decision::Hold);
         let after = t0 + config.retire_grace;
-        assert_eq!(decide(c, &config, &mut memory, after), Decision::Retire(3));
+        assert_eq!(decide(c, &config, &mut memory, after), Decision::Retire(2));
+    }
+
+    #[test]
+    fn a_large_surplus_is_shed_in_halves_one_grace_period_apart() {
+        let config = PoolConfig {
+            max_children: 64,
+            ..config()
+        };
+        let mut memory = ScalingMemory::default();
+        let mut idle = 60;
+        let mut t = Instant::now();
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            assert_eq!(
+                decide(counts(0, idle, 0, 0), &config, &mut memory, t),
+                Decision::Hold
+            );
+            t += config.retire_grace;
+            match decide(counts(0, idle, 0, 0), &config, &mut memory, t) {
+                Decision::Retire(n) => {
+                    steps.push(n);
+                    idle -= n;
+                }
+                Decision::Hold => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        // 60 idle against max_spare 4: 56 surplus, halved each period.
+        assert_eq!(steps, [28, 14, 7, 4, 2, 1]);
+        assert_eq!(idle, config.max_spare);
     }
 
     #[test]

@@ -279,9 +279,10 @@ proptest! {
         let mut now = t0;
         let grace = config.retire_grace;
         // Long enough for the spawn ramp (at most max_children rounds) and
-        // for one grace period to pass after it.
+        // for the surplus to be shed after it: halved once per grace
+        // period, 64 children at most take 7 periods.
         let warm_up_steps = 2 * config.max_children as usize + 10;
-        let warm_up_until = t0 + 2 * grace + Duration::from_millis(100);
+        let warm_up_until = t0 + 9 * grace + Duration::from_millis(100);
 
         let mut changes: Vec<(Instant, Decision)> = Vec::new();
         let mut step = 0usize;
@@ -492,7 +493,8 @@ fn a_burst_grows_the_pool_fast_and_it_shrinks_after_the_grace() {
     // The load stops; the last requests finish within service_ms.
     let calm_at = sim.now_ms;
     sim.offered = 0;
-    sim.run_until(calm_at + sim.service_ms + grace_ms + 50);
+    // Half the surplus goes per grace period: a few periods.
+    sim.run_until(calm_at + sim.service_ms + 8 * grace_ms + 50);
     let first_retire = sim
         .first_after(calm_at, is_retire)
         .expect("the idle surplus was retired");
@@ -542,6 +544,9 @@ fn a_burst_beyond_the_ceiling_saturates_and_queues() {
     // The last queued requests finish at about 220 ms; the grace period
     // counts from there, so nothing is retired yet.
     assert_eq!(sim.first_after(10, is_retire), None);
+    // Then the surplus of 8 goes in halves, a second apart: 4, 2, 1, 1.
     sim.run_until(1_500);
+    assert_eq!(sim.live(), 12, "half the surplus is retired first");
+    sim.run_until(4_500);
     assert_eq!(sim.live(), 8, "the surplus over max_spare is retired");
 }
