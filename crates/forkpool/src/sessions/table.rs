@@ -1,9 +1,9 @@
-//! The dispatcher's ledger: where every open session is right now.
+//! The ledger: where every open session is right now.
 //!
-//! A session is in exactly one [`Place`]: parked (the dispatcher holds it and
-//! watches its socket), ready (its next job waits for a worker), or busy (a
-//! worker holds it and the ledger keeps only its number). The ledger is plain
-//! data with no I/O, so the rules below are tested on their own.
+//! A session is in exactly one [`Place`]: parked (the ledger holds it and
+//! the poll watches its socket), ready (its next job waits for a worker), or
+//! busy (a worker holds it and the ledger keeps only its number). The ledger
+//! is plain data with no I/O, so the rules below are tested on their own.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
