@@ -179,32 +179,32 @@ impl<S: Session> Poller<S> {
     /// A worker is done with a session that stays open: park it (its socket
     /// watched again at once) or queue it to run again.
     pub(crate) fn hand_back(&self, mut entry: Entry<S>, next: Next) {
-        let mut ledger = self.lock_ledger();
-        if ledger.stopping {
-            ledger
-                .table
-                .make_ready(Job::Close(entry, CloseReason::Shutdown));
-            return;
-        }
-        let interest = match next {
-            Next::Continue => return ledger.table.make_ready(Job::Step(entry)),
-            Next::Wait(interest) => interest,
+        // Re-arming reports input the step left unread (edge-triggered
+        // epoll would not report it again). It happens before the ledger is
+        // locked, so the poller never waits on a system call for the lock; a
+        // report that comes before the session is parked finds it busy, and
+        // the ledger keeps it (see `Table::park`).
+        let armed = match next {
+            Next::Wait(interest) => {
+                self.registry
+                    .reregister(&mut entry.stream, token_of(entry.id), interest)
+            }
+            Next::Continue => Ok(()),
         };
-        // Re-arming reports readiness that arrived while a worker held the
-        // session (the poller ignored it) and input the step left unread:
-        // with edge-triggered epoll nothing is lost. The ledger is locked,
-        // so an event the re-arm reports finds the session parked.
-        let armed = self
-            .registry
-            .reregister(&mut entry.stream, token_of(entry.id), interest);
-        if let Err(err) = armed {
-            return ledger
-                .table
-                .make_ready(Job::Close(entry, CloseReason::Failed(err)));
-        }
-        // The poller needs no wake-up for this deadline: see `poll_timeout`.
-        let deadline = self.idle_timeout.map(|t| Instant::now() + t);
-        ledger.table.park(entry, deadline);
+        let mut ledger = self.lock_ledger();
+        let job = match (next, armed) {
+            _ if ledger.stopping => Job::Close(entry, CloseReason::Shutdown),
+            (Next::Continue, _) => Job::Step(entry),
+            (Next::Wait(_), Err(err)) => Job::Close(entry, CloseReason::Failed(err)),
+            (Next::Wait(_), Ok(())) => {
+                // The poller needs no wake-up for this deadline: see
+                // `poll_timeout`.
+                let deadline = self.idle_timeout.map(|t| Instant::now() + t);
+                ledger.table.park(entry, deadline);
+                return;
+            }
+        };
+        ledger.table.make_ready(job);
     }
 
     /// A worker closed session `id` (or never opened it); its place in the
