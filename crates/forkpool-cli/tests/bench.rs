@@ -57,6 +57,8 @@ fn every_benchmark_reports_on_a_real_pool() {
             "300ms",
             "--warmup",
             "100ms",
+            "--session-rounds",
+            "1",
             "--json",
         ],
         Duration::from_secs(90),

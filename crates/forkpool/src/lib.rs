@@ -18,7 +18,7 @@
 //! - [`worker`]: the child side;
 //! - [`exec`]: children that run another program (`forkpool run -- CMD`);
 //! - [`sessions`]: many long connections served by a few threads inside one
-//!   process (a dispatcher and a fixed crew of workers);
+//!   process (a fixed crew of workers taking turns at one poll);
 //! - [`listener`]: binding sockets and the stream a handler gets;
 //! - [`status`]: the supervisor's totals.
 #![deny(missing_docs)]

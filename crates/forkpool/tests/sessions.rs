@@ -216,6 +216,16 @@ impl<S: Read + Write> Client<S> {
         self.line()
     }
 
+    /// The server closes the session for idleness, not before `at_least`
+    /// after `since` and well within `PATIENCE`.
+    fn expect_idle_close(&mut self, since: Instant, at_least: Duration) {
+        self.expect("421 idle timeout, closing");
+        let waited = since.elapsed();
+        assert!(waited >= at_least, "closed after {waited:?}");
+        assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
+        self.expect_closed();
+    }
+
     /// The server closed the connection (end of file, or a reset when it
     /// closed with our input unread).
     fn expect_closed(&mut self) {
@@ -298,7 +308,11 @@ fn idle_sessions_hold_no_worker() {
         asked.elapsed()
     );
     assert_eq!(h.pool.open_sessions(), 101);
-    assert_eq!(pool_threads("t-idle").len(), 3, "dispatcher + 2 workers");
+    assert_eq!(
+        pool_threads("t-idle").len(),
+        2,
+        "2 workers and no other thread"
+    );
     drop(idle);
 }
 
@@ -343,7 +357,7 @@ fn with_every_worker_busy_the_next_step_waits() {
     }
     assert_eq!(
         pool_threads("t-bound").len(),
-        3,
+        2,
         "no extra worker was started"
     );
 }
@@ -383,19 +397,23 @@ fn an_idle_session_is_closed_after_the_timeout_and_activity_resets_it() {
         s.spawn(|| {
             // Pacing, not synchronisation: keep talking well within the
             // timeout, for longer than it.
+            let mut answered = Instant::now();
             for _ in 0..8 {
                 thread::sleep(Duration::from_millis(100));
-                assert_eq!(active.command("NOOP"), "250 ok");
+                let sent = Instant::now();
+                let reply = active.command("NOOP");
+                // Says whether this thread was held up or the pool was.
+                assert_eq!(
+                    reply,
+                    "250 ok",
+                    "sent {:?} after the last answer, answered {:?} later",
+                    sent - answered,
+                    sent.elapsed()
+                );
+                answered = Instant::now();
             }
         });
-        idle.expect("421 idle timeout, closing");
-        let waited = greeted.elapsed();
-        assert!(
-            waited >= Duration::from_millis(450),
-            "closed after {waited:?}"
-        );
-        assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
-        idle.expect_closed();
+        idle.expect_idle_close(greeted, Duration::from_millis(450));
     });
     assert_eq!(h.closes(), vec!["idle timeout".to_string()]);
     assert_eq!(active.command("NOOP"), "250 ok");
@@ -519,10 +537,15 @@ fn a_panicking_step_closes_only_its_session() {
     }
     assert_eq!(h.watch.panics_left.load(Ordering::SeqCst), 0);
     assert_eq!(bystander.command("NOOP"), "250 ok");
-    assert_eq!(h.client().command("WORK 1"), "250 worked 1 ms");
+    let mut newcomer = h.client();
+    assert_eq!(newcomer.command("WORK 1"), "250 worked 1 ms");
     h.wait_open(2);
     assert_eq!(h.closes(), vec!["panicked".to_string(); 3]);
-    assert_eq!(pool_threads("t-panic").len(), 3, "dispatcher + 2 workers");
+    assert_eq!(
+        pool_threads("t-panic").len(),
+        2,
+        "2 workers and no other thread"
+    );
 }
 
 /// Per-thread CPU time (ns, from schedstat) and context switches.
@@ -553,7 +576,7 @@ fn an_idle_pool_uses_no_cpu() {
     let clients: Vec<Client> = (0..20).map(|_| h.client()).collect();
     h.wait_open(20);
     let tids = pool_threads("t-cpu");
-    assert_eq!(tids.len(), 3);
+    assert_eq!(tids.len(), 2);
     // A window can catch the last hand-back settling; an idle pool shows a
     // quiet one quickly, a polling or spinning one never does.
     let mut windows = Vec::new();
@@ -574,6 +597,67 @@ fn an_idle_pool_uses_no_cpu() {
     );
 }
 
+/// Times the pool's threads went to sleep (voluntary context switches).
+fn sleeps(tids: &[u32]) -> u64 {
+    tids.iter()
+        .map(|tid| {
+            let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// Round trips of one session against a pool of `workers`: how often the
+/// pool's threads slept, per command.
+fn sleeps_per_command(name: &str, workers: usize) -> f64 {
+    let h = serve(config(name, workers));
+    let mut client = h.client();
+    assert_eq!(client.command("NOOP"), "250 ok");
+    let tids = pool_threads(name);
+    assert_eq!(tids.len(), workers);
+    const COMMANDS: u64 = 200;
+    let before = sleeps(&tids);
+    for _ in 0..COMMANDS {
+        assert_eq!(client.command("NOOP"), "250 ok");
+    }
+    let slept = sleeps(&tids) - before;
+    slept as f64 / COMMANDS as f64
+}
+
+#[test]
+fn a_command_wakes_one_worker_which_answers_it() {
+    // One worker sleeps in the poll, wakes for the command and answers it:
+    // one sleep per command. (A dispatcher handing the step to a worker and
+    // being handed the session back would sleep three times.)
+    let one = sleeps_per_command("t-wake1", 1);
+    assert!(one <= 1.5, "{one:.2} sleeps per command with one worker");
+    // With two, the poller also passes the poll to the other worker before
+    // it steps: two. (A dispatcher and two workers sharing a queue: four.)
+    let two = sleeps_per_command("t-wake2", 2);
+    assert!(two <= 2.5, "{two:.2} sleeps per command with two workers");
+}
+
+#[test]
+fn a_session_parked_while_the_poller_sleeps_still_times_out() {
+    // Two workers: the one that accepts and greets the only session parks
+    // it while the other already sleeps in the poll, which had no deadline
+    // to wake for when it went to sleep.
+    let h = serve(SessionConfig {
+        idle_timeout: Some(Duration::from_millis(300)),
+        ..config("t-late", 2)
+    });
+    let greeted = Instant::now();
+    let mut idle = h.client();
+    idle.expect_idle_close(greeted, Duration::from_millis(250));
+    assert_eq!(h.closes(), vec!["idle timeout".to_string()]);
+}
+
 #[test]
 fn shutdown_finishes_running_steps_closes_sessions_and_joins_threads() {
     let h = serve(config("t-stop", 3));
@@ -583,7 +667,7 @@ fn shutdown_finishes_running_steps_closes_sessions_and_joins_threads() {
     h.wait_steps(1);
     let addr = h.addr;
     let watch = Arc::clone(&h.watch);
-    assert_eq!(pool_threads("t-stop").len(), 4);
+    assert_eq!(pool_threads("t-stop").len(), 3);
 
     let stopping = Instant::now();
     h.pool.shutdown();

@@ -81,6 +81,10 @@ pub struct BenchArgs {
     /// most one per connection).
     #[arg(long)]
     pub client_threads: Option<usize>,
+    /// Rounds of the sessions benchmark (each server measured this many
+    /// times, taking turns; about 45 s a round).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub session_rounds: u32,
 }
 
 /// One of the benchmarks.
@@ -212,7 +216,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             run_memory(&mut report);
         }
         if args.wants(Benchmark::Sessions) {
-            run_sessions(&mut report);
+            run_sessions(args.session_rounds, &mut report);
         }
     }
     if args.json {
@@ -264,8 +268,9 @@ fn run_wakeups(args: &BenchArgs, report: &mut Report) {
 }
 
 /// The session benchmark with its own defaults (2,000 sessions, 8 busy,
-/// 4 workers); `forkpool bench-sessions` exposes all of its options.
-fn run_sessions(report: &mut Report) {
+/// 4 workers) and `rounds`; `forkpool bench-sessions` exposes all of its
+/// options.
+fn run_sessions(rounds: u32, report: &mut Report) {
     #[derive(clap::Parser)]
     struct Defaults {
         #[command(flatten)]
@@ -275,6 +280,7 @@ fn run_sessions(report: &mut Report) {
         .map(|d| d.args)
         .map_err(|e| e.to_string());
     let rows = defaults.and_then(|args| {
+        let args = crate::bench_sessions::SessionBenchArgs { rounds, ..args };
         let bench = crate::bench_sessions::SessionBench::from(&args);
         crate::bench_sessions::run(&bench, |step| progress(&format!("sessions: {step}")))
     });

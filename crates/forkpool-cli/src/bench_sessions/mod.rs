@@ -11,6 +11,12 @@
 //! the load, and the CPU the server used while every session sat idle.
 //! The numbers come from `/proc`; all traffic is on loopback.
 //!
+//! A shared machine's noise comes in bursts that can spoil one server's
+//! 10 seconds and spare the next one's, so the servers can be measured in
+//! several rounds (`--rounds`), taking turns, each round starting with the
+//! next server; a row gives the median over its rounds (idle CPU: the most
+//! any round saw) and lists every round's p99.
+//!
 //! [`run`] is the benchmark as a function (rows out), for `forkpool bench`
 //! to call; [`command`] is the hidden `forkpool bench-sessions` that runs
 //! it on its own, and also runs the `threads` and `pool` servers for it.
@@ -54,6 +60,10 @@ pub struct SessionBenchArgs {
     /// How long every session sits idle while the server's CPU is measured.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub idle: Duration,
+    /// Measure every server this many times, taking turns; rows give the
+    /// median of the rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// Worker threads of the session pools (per child for forkpool).
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
@@ -96,6 +106,8 @@ pub struct SessionBench {
     pub setup: ServerSetup,
     /// The servers, in order.
     pub servers: Vec<ServerKind>,
+    /// How many times each server is measured.
+    pub rounds: usize,
 }
 
 impl From<&SessionBenchArgs> for SessionBench {
@@ -115,6 +127,7 @@ impl From<&SessionBenchArgs> for SessionBench {
                 per_child: args.sessions_per_child,
             },
             servers: args.servers.clone(),
+            rounds: args.rounds as usize,
         }
     }
 }
@@ -157,6 +170,10 @@ pub struct SessionBenchRow {
     pub idle_s: f64,
     /// Time to open every session, s.
     pub connect_s: f64,
+    /// Rounds this row is the median of.
+    pub rounds: usize,
+    /// Each round's p99, ms, in the order they ran.
+    pub p99_rounds_ms: Vec<f64>,
 }
 
 /// Runs the benchmark against every server in `bench.servers`, telling
@@ -168,14 +185,65 @@ pub fn run(
 ) -> Result<Vec<SessionBenchRow>, String> {
     let limit = raise_fd_limit(bench.sessions as u64 + 256)?;
     progress(&format!("open files limit {limit}"));
-    let mut rows = Vec::new();
-    for &server in &bench.servers {
-        progress(&format!("{}: {} sessions", server.label(), bench.sessions));
-        let row = measure(server, bench, &mut progress)
-            .map_err(|e| format!("{}: {e}", server.label()))?;
-        rows.push(row);
+    let count = bench.servers.len();
+    let rounds = bench.rounds.max(1);
+    let mut measured: Vec<Vec<SessionBenchRow>> = vec![Vec::new(); count];
+    for round in 0..rounds {
+        // Each round starts with the next server, so none is always the
+        // one measured right after a teardown.
+        for turn in 0..count {
+            let index = (round + turn) % count;
+            let server = bench.servers[index];
+            progress(&format!(
+                "round {}/{rounds}: {}: {} sessions",
+                round + 1,
+                server.label(),
+                bench.sessions
+            ));
+            let row = measure(server, bench, &mut progress)
+                .map_err(|e| format!("{}: {e}", server.label()))?;
+            measured[index].push(row);
+        }
     }
-    Ok(rows)
+    Ok(measured.into_iter().map(median_row).collect())
+}
+
+/// One row for one server's rounds: medians, except idle CPU (the most
+/// any round used: the claim is zero in every one), errors and commands
+/// (summed), and threads and processes (the most).
+fn median_row(rounds: Vec<SessionBenchRow>) -> SessionBenchRow {
+    let median = |field: fn(&SessionBenchRow) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(field).collect();
+        values.sort_by(f64::total_cmp);
+        let mid = values.len() / 2;
+        if values.len() % 2 == 1 {
+            values[mid]
+        } else {
+            (values[mid - 1] + values[mid]) / 2.0
+        }
+    };
+    let first = &rounds[0];
+    SessionBenchRow {
+        server: first.server,
+        sessions: first.sessions,
+        busy: first.busy,
+        processes: rounds.iter().map(|r| r.processes).max().unwrap_or(0),
+        threads: rounds.iter().map(|r| r.threads).max().unwrap_or(0),
+        rss_mib: median(|r| r.rss_mib),
+        pss_mib: median(|r| r.pss_mib),
+        sessions_pss_mib: median(|r| r.sessions_pss_mib),
+        p50_ms: median(|r| r.p50_ms),
+        p99_ms: median(|r| r.p99_ms),
+        max_ms: median(|r| r.max_ms),
+        commands: rounds.iter().map(|r| r.commands).sum(),
+        busy_per_s: median(|r| r.busy_per_s),
+        errors: rounds.iter().map(|r| r.errors).sum(),
+        idle_cpu_ms: rounds.iter().map(|r| r.idle_cpu_ms).fold(0.0, f64::max),
+        idle_s: first.idle_s,
+        connect_s: median(|r| r.connect_s),
+        rounds: rounds.len(),
+        p99_rounds_ms: rounds.iter().map(|r| r.p99_ms).collect(),
+    }
 }
 
 fn measure(
@@ -242,6 +310,8 @@ fn measure(
         idle_cpu_ms,
         idle_s: bench.idle.as_secs_f64(),
         connect_s,
+        rounds: 1,
+        p99_rounds_ms: vec![ms(0.99)],
     };
     progress(&format!(
         "  {} threads, {:.1} MiB RSS, p99 {:.2} ms, {} errors",
@@ -320,6 +390,21 @@ pub fn render(rows: &[SessionBenchRow]) -> String {
              session. Idle CPU: over {:.0} s with every session open and silent.",
             r.idle_s
         );
+        if r.rounds > 1 {
+            let _ = writeln!(
+                out,
+                "Medians of {} rounds (idle CPU: the most of any round); p99 ms per round:",
+                r.rounds
+            );
+            for row in rows {
+                let p99s: Vec<String> = row
+                    .p99_rounds_ms
+                    .iter()
+                    .map(|v| format!("{v:.2}"))
+                    .collect();
+                let _ = writeln!(out, "  {:<20} {}", row.server.label(), p99s.join("  "));
+            }
+        }
     }
     out
 }

@@ -2,8 +2,8 @@
 //! its own (this same binary) so that its cost can be read apart from the
 //! load generator's:
 //! - `threads`: the baseline, one thread per session, blocking I/O;
-//! - `pool`: one process with a [`SessionPool`] (a dispatcher and a few
-//!   worker threads);
+//! - `pool`: one process with a [`SessionPool`] (a few worker threads that
+//!   take turns at one poll);
 //! - `forkpool`: `forkpool demo --sessions`, preforked children that each
 //!   hold many sessions.
 //!

@@ -11,8 +11,8 @@ use crate::config::ConfigError;
 /// it only catches typos.
 pub const MAX_WORKERS: usize = 1024;
 
-/// The longest pool name: thread names are `<name>-disp` and `<name>-w<i>`,
-/// and Linux keeps only 15 bytes of a thread name.
+/// The longest pool name: thread names are `<name>-w<i>`, and Linux keeps
+/// only 15 bytes of a thread name.
 pub const MAX_NAME_LEN: usize = 9;
 
 /// What the pool does with a new connection while it already holds
@@ -62,8 +62,9 @@ impl fmt::Debug for LoadHook {
 /// Everything a [`SessionPool`](super::SessionPool) needs to know.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Worker threads that run session steps. Fixed for the pool's life: it
-    /// never grows with the number of sessions.
+    /// Worker threads that run session steps and take turns watching the
+    /// waiting sessions; the pool has no other thread. Fixed for the pool's
+    /// life: it never grows with the number of sessions.
     pub workers: usize,
     /// The most sessions open at once, idle or not.
     pub max_sessions: usize,
@@ -72,7 +73,7 @@ pub struct SessionConfig {
     /// Close a session that has waited this long for its peer. `None` lets
     /// idle sessions stay forever.
     pub idle_timeout: Option<Duration>,
-    /// Names the pool's threads (`<name>-disp`, `<name>-w0`, ...) and its log
+    /// Names the pool's threads (`<name>-w0`, `<name>-w1`, ...) and its log
     /// lines. At most [`MAX_NAME_LEN`] bytes.
     pub name: String,
     /// Told the open-session count whenever it changes.

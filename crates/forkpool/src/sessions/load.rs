@@ -83,7 +83,7 @@ impl Load {
     }
 
     /// Takes a place only if `make`, run under the lock, produces something
-    /// to put in it: the dispatcher accepts a connection only when it has a
+    /// to put in it: the poller accepts a connection only when it has a
     /// place for it, so the others stay in the kernel's backlog.
     pub(crate) fn reserve_with<T>(
         &self,

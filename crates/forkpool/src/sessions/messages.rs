@@ -1,17 +1,14 @@
-//! What travels between the pool's threads.
+//! What moves between the ledger and the workers.
 //!
-//! A session moves as a value: the dispatcher hands a [`Job`] to one worker,
-//! and the worker hands a [`Message`] back. Whoever holds the [`Entry`] is
-//! the only one who can touch the session, so two workers can never run the
-//! same session at once.
+//! A session moves as a value: a worker takes a [`Job`] out of the ledger,
+//! and hands the [`Entry`] back with where it goes [`Next`] (or closes it).
+//! Whoever holds the entry is the only one who can touch the session, so two
+//! workers can never run the same session at once.
 
-use std::sync::mpsc::Sender;
-use std::sync::Arc;
-
-use mio::{Interest, Token, Waker};
+use mio::{Interest, Token};
 
 use super::session::CloseReason;
-use super::stream::{SessionListener, SessionStream};
+use super::stream::SessionStream;
 
 /// A session's number within its pool. Numbers are never reused, so an event
 /// that arrives late for a closed session cannot reach a newer one.
@@ -60,54 +57,4 @@ pub(crate) enum Next {
     Wait(Interest),
     /// Queue it to run again.
     Continue,
-}
-
-/// Everything the dispatcher is told.
-#[derive(Debug)]
-pub(crate) enum Message<S> {
-    /// From the pool handle: a connection whose place is already reserved.
-    Add(SessionStream),
-    /// From the pool handle: accept sessions from this listener too.
-    Listen(SessionListener),
-    /// From the pool handle: stop taking sessions, close them all, exit.
-    Shutdown,
-    /// From a worker: the job is done and the session is still open.
-    Back(Entry<S>, Next),
-    /// From a worker: the job is done and the session is closed (or never
-    /// opened); its place is already released.
-    Gone(SessionId),
-}
-
-/// The dispatcher's mailbox: a channel plus the [`Waker`] that interrupts its
-/// poll, so a message is seen at once and the dispatcher never needs a poll
-/// timeout to notice one.
-pub(crate) struct Inbox<S> {
-    tx: Sender<Message<S>>,
-    waker: Arc<Waker>,
-}
-
-impl<S> Clone for Inbox<S> {
-    fn clone(&self) -> Self {
-        Inbox {
-            tx: self.tx.clone(),
-            waker: Arc::clone(&self.waker),
-        }
-    }
-}
-
-impl<S> Inbox<S> {
-    pub(crate) fn new(tx: Sender<Message<S>>, waker: Arc<Waker>) -> Self {
-        Inbox { tx, waker }
-    }
-
-    /// Delivers `message`; gives it back if the dispatcher has exited.
-    pub(crate) fn send(&self, message: Message<S>) -> Result<(), Message<S>> {
-        self.tx.send(message).map_err(|e| e.0)?;
-        if let Err(err) = self.waker.wake() {
-            // The message is queued; the dispatcher reads it on its next
-            // wake-up, which may come later than it should.
-            tracing::warn!(%err, "could not wake the session dispatcher");
-        }
-        Ok(())
-    }
 }

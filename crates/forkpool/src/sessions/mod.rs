@@ -9,32 +9,43 @@
 //!
 //! - The state of a conversation lives in the user's own struct, a
 //!   [`Session`], not on a thread's stack.
-//! - One *dispatcher* thread watches the sockets of every waiting session
-//!   with a single `mio` poll. When a socket becomes readable, that session
-//!   is *ready*.
-//! - A fixed crew of *worker* threads ([`SessionConfig::workers`]) runs ready
-//!   sessions one [`Session::step`] at a time. A step reads what has
-//!   arrived, answers, and returns a [`Step`] saying what next: wait for more
-//!   input, run again, or close.
-//! - A worker hands the session back to the dispatcher and wakes it through
-//!   a `mio::Waker`, so the socket is watched again at once: the dispatcher
-//!   never polls with a timeout to notice returns, and sleeps for good while
-//!   nothing happens (unless an idle timeout is due).
+//! - One `mio` poll watches the sockets of every waiting session. When a
+//!   socket becomes readable, that session is *ready*.
+//! - A fixed crew of *worker* threads ([`SessionConfig::workers`]; the pool
+//!   has no other thread) runs ready sessions one [`Session::step`] at a
+//!   time. A step reads what has arrived, answers, and returns a [`Step`]
+//!   saying what next: wait for more input, run again, or close.
+//! - The workers take turns at the poll (*leader/followers*): exactly one
+//!   free worker, the *poller*, sleeps in it; the other free workers sleep
+//!   until it lets go. The poller that wakes for a ready session passes the
+//!   poll on to one of them and runs the step itself, so a command costs
+//!   one thread wake-up before it is answered, as with a thread per session,
+//!   instead of a hop from a dispatcher thread to a worker.
+//! - A worker that finishes a step re-arms the session's socket in the poll
+//!   itself, so it is watched again at once, with no poll timeout and no
+//!   wake-up. A `mio::Waker` interrupts the poller only for what its sleep
+//!   cannot see: a connection [added](SessionPool::add) from outside, a new
+//!   listener, shutdown, room to accept again. No thread polls on a timer:
+//!   an idle pool sleeps until an idle timeout is due.
 //!
 //! ```text
-//!   add(stream) ─┐                          ┌──────────────┐
-//!   listener ────┴─> dispatcher ─ job ─────>│ worker 0..N  │── hook runs
-//!                    (poll, ledger) <─ back ─│ (fixed crew) │   one step
-//!                       ^   waker           └──────────────┘
-//!                       └─ socket readable: session ready
+//!                 ┌──────────── worker 0..N (fixed crew) ─────────────┐
+//!   add(stream) ─>│ ledger: parked | ready queue | busy               │
+//!   listener ────>│ poll (one at a time) ─ readable ─> step (hook) ─┐ │
+//!                 │     ^  followers wait for the poll              │ │
+//!                 │     └──── re-arm socket, park ──────────────────┘ │
+//!                 └───────────────────────────────────────────────────┘
 //! ```
 //!
-//! Each session is in exactly one place at a time: parked in the
-//! dispatcher's ledger, queued as ready, or held by one worker. It moves by
-//! value, so two workers can never run it at once. At most `workers` jobs
-//! are handed out at a time; further ready sessions wait in the dispatcher's
-//! ready queue (oldest first), which is bounded by
-//! [`SessionConfig::max_sessions`] since a session is queued at most once.
+//! Each session is in exactly one place at a time: parked in the ledger
+//! (its socket watched), queued as ready, or held by one worker. It moves by
+//! value, so two workers can never run it at once. A worker runs one job at
+//! a time, so at most `workers` steps run at once; further ready sessions
+//! wait in the ledger's ready queue (oldest first), which is bounded by
+//! [`SessionConfig::max_sessions`] since a session is queued at most once,
+//! or in the kernel until a worker is free to poll. With every worker busy
+//! nobody polls: nothing could run anyway, and new connections and idle
+//! timeouts wait for the first worker to come free.
 //!
 //! # Guarantees
 //!
@@ -111,18 +122,25 @@
 //! The slides' first version started a worker per ready session when none
 //! was idle, so the thread count was unbounded; the second bounded it with a
 //! semaphore-guarded queue. This pool keeps the bound and adds what the
-//! slides left open: the dispatcher is interrupted by a waker instead of a
-//! 200–500 ms poll timeout, and ready sessions beyond the crew wait in the
-//! dispatcher's own queue rather than a second, blocking one.
+//! slides left open: a handed-back session is watched again at once instead
+//! of after a 200–500 ms poll timeout, and ready sessions beyond the crew
+//! wait in one queue rather than a second, blocking one.
+//!
+//! Where libmilter has one dispatcher thread that hands each ready session
+//! to a worker, here the workers take turns being the dispatcher. A
+//! dedicated dispatcher costs every command two wake-ups in a row (the
+//! dispatcher's, then the worker's) and a third to hand the session back;
+//! with 2,000 mostly idle sessions that made the pool's p99 latency worse
+//! than a thread per session (`docs/benchmarks.md` has the numbers).
 //!
 //! [`line_demo`] is a small protocol built on all this, the one `forkpool
 //! demo --sessions` serves.
 
 mod config;
-mod dispatcher;
 pub mod line_demo;
 mod load;
 mod messages;
+mod poller;
 mod pool;
 mod session;
 mod stream;

@@ -3,19 +3,16 @@
 
 use std::io;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
-use mio::{Poll, Waker};
 use tracing::{error, info};
 
 use super::config::{CapPolicy, SessionConfig};
-use super::dispatcher::{Dispatcher, WAKER};
 use super::load::{Load, Reserve};
-use super::messages::{Inbox, Message};
+use super::poller::{Poller, PollerConfig};
 use super::session::Session;
 use super::stream::{SessionListener, SessionStream};
-use super::table::Table;
 use super::workers::{panic_message, refuse, spawn_workers, Crew};
 
 /// What [`SessionPool::add`] did with a connection.
@@ -29,8 +26,9 @@ pub enum Admission {
     Refused,
 }
 
-/// A dispatcher thread and a fixed crew of worker threads serving many
-/// sessions of type `S`. See the [module documentation](super) for the model.
+/// A fixed crew of worker threads serving many sessions of type `S`, taking
+/// turns at one poll over them all. See the [module documentation](super)
+/// for the model.
 ///
 /// The handle is `Sync`: several threads may [`add`](SessionPool::add)
 /// connections at once. Dropping it shuts the pool down like
@@ -39,14 +37,14 @@ pub struct SessionPool<S: Session> {
     name: String,
     workers: usize,
     policy: CapPolicy,
-    inbox: Inbox<S>,
+    poller: Arc<Poller<S>>,
     load: Arc<Load>,
     context: Arc<S::Context>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl<S: Session> SessionPool<S> {
-    /// Validates `config` and starts the dispatcher and the workers. Every
+    /// Validates `config` and starts the workers. Every
     /// session gets `context` in [`Session::open`].
     ///
     /// Fails with [`io::ErrorKind::InvalidInput`] (wrapping a
@@ -57,60 +55,38 @@ impl<S: Session> SessionPool<S> {
         config
             .validate()
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-        let poll = Poll::new()?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let (inbox_tx, inbox_rx) = mpsc::channel();
-        let inbox = Inbox::new(inbox_tx, waker);
-        let (jobs_tx, jobs_rx) = mpsc::sync_channel(config.workers);
         let load = Arc::new(Load::new(config.max_sessions, config.on_load.clone()));
         let context = Arc::new(context);
+        let poller = Arc::new(Poller::new(
+            PollerConfig {
+                name: config.name.clone(),
+                policy: config.cap_policy,
+                idle_timeout: config.idle_timeout,
+            },
+            Arc::clone(&load),
+            Arc::clone(&context),
+        )?);
 
         // Every thread reports once it runs, so that `start` returns with the
         // whole crew up (and named, for anyone reading /proc).
         let (started_tx, started_rx) = mpsc::channel();
-        let mut threads = spawn_workers(
+        let spawned = spawn_workers(
             config.workers,
             Crew {
-                name: config.name.clone(),
-                jobs: Mutex::new(jobs_rx),
-                inbox: inbox.clone(),
-                load: Arc::clone(&load),
-                context: Arc::clone(&context),
+                poller: Arc::clone(&poller),
             },
             &started_tx,
-        )?;
-        let dispatcher = Dispatcher {
-            name: config.name.clone(),
-            poll,
-            inbox: inbox_rx,
-            jobs: jobs_tx,
-            workers: config.workers,
-            load: Arc::clone(&load),
-            context: Arc::clone(&context),
-            policy: config.cap_policy,
-            idle_timeout: config.idle_timeout,
-            table: Table::default(),
-            listeners: Vec::new(),
-            in_flight: 0,
-            accept_paused: false,
-            accept_retry_at: None,
-            stopping: false,
-        };
-        // If this spawn fails the dispatcher (and with it the job sender) is
-        // dropped, so the workers already started see the end and exit.
-        let spawned = thread::Builder::new()
-            .name(format!("{}-disp", config.name))
-            .spawn(move || {
-                let _ = started_tx.send(());
-                dispatcher.run()
-            });
-        match spawned {
-            Ok(handle) => threads.push(handle),
+        );
+        drop(started_tx);
+        let threads = match spawned {
+            Ok(threads) => threads,
             Err(err) => {
-                join_all(&config.name, threads);
+                // The workers already started exit once the ledger is empty
+                // and the pool stopping.
+                poller.shut_down();
                 return Err(err);
             }
-        }
+        };
         for _ in 0..threads.len() {
             // Fails only if a thread died before reporting; it is joined
             // (and its panic logged) at shutdown.
@@ -128,7 +104,7 @@ impl<S: Session> SessionPool<S> {
             name: config.name,
             workers: config.workers,
             policy: config.cap_policy,
-            inbox,
+            poller,
             load,
             context,
             threads,
@@ -153,9 +129,9 @@ impl<S: Session> SessionPool<S> {
             CapPolicy::Refuse => self.load.try_reserve(),
         };
         match place {
-            Reserve::Taken => match self.inbox.send(Message::Add(stream)) {
+            Reserve::Taken => match self.poller.add(stream) {
                 Ok(()) => Ok(Admission::Accepted),
-                Err(_) => {
+                Err(_stream) => {
                     self.load.release();
                     Err(stopped())
                 }
@@ -168,16 +144,17 @@ impl<S: Session> SessionPool<S> {
         }
     }
 
-    /// Accepts sessions from `listener` too: the dispatcher polls it and
-    /// accepts while the pool is under its cap. With
+    /// Accepts sessions from `listener` too: the worker whose turn it is at
+    /// the poll accepts while the pool is under its cap. With
     /// [`CapPolicy::Backlog`] it stops accepting while full, so new peers
     /// wait in the kernel's listen backlog; with [`CapPolicy::Refuse`] it
     /// accepts and refuses them. May be called several times (up to 64
     /// listeners).
+    ///
+    /// Fails if the listener cannot be made non-blocking or watched, if the
+    /// pool already serves 64 listeners, or once it is shutting down.
     pub fn serve(&self, listener: impl Into<SessionListener>) -> io::Result<()> {
-        self.inbox
-            .send(Message::Listen(listener.into()))
-            .map_err(|_| stopped())
+        self.poller.listen(listener.into())
     }
 
     /// Sessions open right now, idle or running, including connections
@@ -221,9 +198,7 @@ impl<S: Session> SessionPool<S> {
         if self.threads.is_empty() {
             return;
         }
-        self.load.close();
-        // Fails only if the dispatcher has already exited.
-        let _ = self.inbox.send(Message::Shutdown);
+        self.poller.shut_down();
         join_all(&self.name, std::mem::take(&mut self.threads));
         info!(pool = %self.name, "session pool stopped");
     }

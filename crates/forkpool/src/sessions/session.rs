@@ -64,7 +64,7 @@ impl fmt::Display for CloseReason {
 /// One conversation on one connected socket.
 ///
 /// The pool owns each session and hands it to exactly one place at a time:
-/// either the dispatcher, which watches its socket, or a single worker
+/// either the ledger, while the poll watches its socket, or a single worker
 /// thread, which runs one of the hooks below. Hooks therefore get
 /// `&mut self` and never race with each other.
 ///
@@ -121,9 +121,10 @@ pub trait Session: Send + Sized + 'static {
     /// [`Refuse`](super::CapPolicy::Refuse): tell the peer why before the
     /// connection is closed. No session is built for it.
     ///
-    /// Runs on the thread that took the connection (the dispatcher for a
-    /// served listener, the caller of [`add`](super::SessionPool::add)), so it
-    /// must only write a short line and return. The default writes nothing.
+    /// Runs on the thread that took the connection (the worker whose turn it
+    /// was at the poll, for a served listener; the caller of
+    /// [`add`](super::SessionPool::add)), so it must only write a short line
+    /// and return. The default writes nothing.
     fn refuse(context: &Self::Context, stream: &mut SessionStream) {
         let _ = (context, stream);
     }

@@ -1,9 +1,10 @@
-//! The dispatcher's ledger: where every open session is right now.
+//! The ledger: where every open session is right now.
 //!
-//! A session is in exactly one [`Place`]: parked (the dispatcher holds it and
-//! watches its socket), ready (its next job waits for a worker), or busy (a
-//! worker holds it and the ledger keeps only its number). The ledger is plain
-//! data with no I/O, so the rules below are tested on their own.
+//! A session is in exactly one [`Place`]: parked (the ledger holds it and
+//! the poll watches its socket), ready (its next job waits for a worker), or
+//! busy (a worker holds it and the ledger keeps only its number, and whether
+//! its socket became ready meanwhile). The ledger is plain data with no I/O,
+//! so the rules below are tested on their own.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
@@ -21,8 +22,9 @@ enum Place<S> {
     },
     /// Its job sits in the ready queue.
     Ready(Job<S>),
-    /// A worker holds it.
-    Busy,
+    /// A worker holds it. `woken`: its socket was reported ready meanwhile,
+    /// so it is stepped again rather than parked when it comes back.
+    Busy { woken: bool },
 }
 
 #[derive(Debug)]
@@ -67,29 +69,41 @@ impl<S> Table<S> {
         self.ready.push_back(id);
     }
 
-    /// Parks a session until its socket is ready or `deadline` passes.
-    pub(crate) fn park(&mut self, entry: Entry<S>, deadline: Option<Instant>) {
+    /// Parks a session until its socket is ready or `deadline` passes; but
+    /// if its socket was reported ready while a worker held it, the session
+    /// is queued to step again at once instead (that report may be the only
+    /// one). Returns whether it was parked.
+    pub(crate) fn park(&mut self, entry: Entry<S>, deadline: Option<Instant>) -> bool {
         let id = entry.id;
+        if let Some(Place::Busy { woken: true }) = self.places.get(&id) {
+            self.make_ready(Job::Step(entry));
+            return false;
+        }
         if let Some(at) = deadline {
             self.deadlines.insert((at, id));
         }
         self.places.insert(id, Place::Parked { entry, deadline });
+        true
     }
 
-    /// Its socket is ready: a parked session becomes ready to step. Sessions
-    /// elsewhere (busy, already ready, closed) are left alone; they look at
-    /// their socket again when they are next parked.
+    /// Its socket is ready: a parked session becomes ready to step, a busy
+    /// one is marked to step again when it comes back. Sessions already
+    /// ready, or closed, are left alone.
     pub(crate) fn wake(&mut self, id: SessionId) {
-        if let Some(Place::Parked { .. }) = self.places.get(&id) {
-            let entry = self.unpark(id);
-            self.make_ready(Job::Step(entry));
+        match self.places.get_mut(&id) {
+            Some(Place::Parked { .. }) => {
+                let entry = self.unpark(id);
+                self.make_ready(Job::Step(entry));
+            }
+            Some(Place::Busy { woken }) => *woken = true,
+            Some(Place::Ready(_)) | None => {}
         }
     }
 
     /// Takes the oldest ready job and marks its session busy.
     pub(crate) fn next_job(&mut self) -> Option<Job<S>> {
         while let Some(id) = self.ready.pop_front() {
-            match self.places.insert(id, Place::Busy) {
+            match self.places.insert(id, Place::Busy { woken: false }) {
                 Some(Place::Ready(job)) => return Some(job),
                 // Not ready after all (cannot happen: ids are queued only as
                 // they become ready); put back what was there.
@@ -219,16 +233,34 @@ mod tests {
         let mut table: Table<&str> = Table::default();
         let id = table.admit(stream());
         assert!(matches!(table.next_job(), Some(Job::Open { .. })));
-        // Busy: readiness is ignored, nothing is ready.
-        table.wake(id);
-        assert!(table.next_job().is_none());
-        table.park(entry(id), None);
+        assert!(table.park(entry(id), None));
         table.wake(id);
         table.wake(id);
         assert!(matches!(table.next_job(), Some(Job::Step(e)) if e.id == id));
         assert!(table.next_job().is_none(), "woken twice, queued once");
         table.forget(id);
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn readiness_reported_while_busy_steps_the_session_again() {
+        let mut table: Table<&str> = Table::default();
+        let id = table.admit(stream());
+        assert!(matches!(table.next_job(), Some(Job::Open { .. })));
+        // Busy: nothing becomes ready, but the report is kept.
+        table.wake(id);
+        assert!(table.next_job().is_none());
+        let deadline = Instant::now() + Duration::from_secs(1);
+        assert!(
+            !table.park(entry(id), Some(deadline)),
+            "stepped, not parked"
+        );
+        assert_eq!(table.next_deadline(), None);
+        assert!(matches!(table.next_job(), Some(Job::Step(e)) if e.id == id));
+        // The report was used up: the next return parks it.
+        assert!(table.park(entry(id), Some(deadline)));
+        assert!(table.next_job().is_none());
+        assert_eq!(table.next_deadline(), Some(deadline));
     }
 
     #[test]

@@ -1,35 +1,39 @@
-//! The worker threads: take a job, run the session's hook, hand the session
-//! back.
+//! The worker threads: wait for a job (taking a turn at the poll when
+//! nothing is ready), run the session's hook, hand the session back.
 //!
-//! A fixed number of threads share one job channel. The dispatcher never
-//! queues more jobs than there are workers, so a job is picked up as soon as
-//! it is sent, and sessions that are due but find every worker busy wait in
-//! the dispatcher's ready queue where shutdown and timeouts can still see
-//! them. Every hook runs under `catch_unwind`: a panic closes that one
-//! session and the thread goes on serving the others.
+//! A fixed number of threads share one [`Poller`]; there is no other thread.
+//! A worker runs at most one job at a time, so sessions that are due while
+//! every worker is busy wait in the ledger's ready queue (or, unseen yet, in
+//! the kernel) where shutdown and timeouts can still see them. Every hook
+//! runs under `catch_unwind`: a panic closes that one session and the thread
+//! goes on serving the others.
 
 use std::any::Any;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use mio::Interest;
 use tracing::{debug, error};
 
-use super::load::Load;
-use super::messages::{Entry, Inbox, Job, Message, Next};
+use super::messages::{Entry, Job, Next, SessionId};
+use super::poller::{self, Poller};
 use super::session::{CloseReason, Session, Step};
 use super::stream::SessionStream;
 
 /// What every worker of one pool shares.
 pub(crate) struct Crew<S: Session> {
-    pub(crate) name: String,
-    pub(crate) jobs: Mutex<Receiver<Job<S>>>,
-    pub(crate) inbox: Inbox<S>,
-    pub(crate) load: Arc<Load>,
-    pub(crate) context: Arc<S::Context>,
+    pub(crate) poller: Arc<Poller<S>>,
+}
+
+/// What became of a session after a job.
+enum Outcome<S> {
+    /// Still open: it goes where [`Next`] says.
+    Back(Entry<S>, Next),
+    /// Closed (or never opened); its place is already released.
+    Gone(SessionId),
 }
 
 /// Starts `count` workers named `<name>-w<i>`; each sends on `started` once
@@ -45,7 +49,7 @@ pub(crate) fn spawn_workers<S: Session>(
             let crew = Arc::clone(&crew);
             let started = started.clone();
             thread::Builder::new()
-                .name(format!("{}-w{index}", crew.name))
+                .name(format!("{}-w{index}", crew.poller.name))
                 .spawn(move || {
                     let _ = started.send(());
                     drop(started);
@@ -57,42 +61,39 @@ pub(crate) fn spawn_workers<S: Session>(
 
 impl<S: Session> Crew<S> {
     fn work(&self) {
-        while let Some(job) = self.next_job() {
-            let report = self.run(job);
-            // Only fails once the dispatcher has exited, and it waits for
-            // every job it handed out before it exits.
-            let _ = self.inbox.send(report);
+        let mut events = poller::events();
+        while let Some(job) = self.poller.next_job(&mut events) {
+            match self.run(job) {
+                Outcome::Back(entry, next) => self.poller.hand_back(entry, next),
+                Outcome::Gone(id) => self.poller.forget(id),
+            }
         }
     }
 
-    /// Blocks until there is a job; `None` once the dispatcher is gone.
-    fn next_job(&self) -> Option<Job<S>> {
-        let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-        jobs.recv().ok()
-    }
-
-    fn run(&self, job: Job<S>) -> Message<S> {
+    fn run(&self, job: Job<S>) -> Outcome<S> {
         match job {
             Job::Open { id, stream } => {
-                let opened = guarded(&self.name, id, "open", || S::open(&self.context, &stream));
+                let opened = guarded(&self.poller.name, id, "open", || {
+                    S::open(&self.poller.context, &stream)
+                });
                 let Some(session) = opened else {
                     drop(stream);
-                    self.load.release();
-                    return Message::Gone(id);
+                    self.poller.load.release();
+                    return Outcome::Gone(id);
                 };
-                debug!(pool = %self.name, session = id, peer = %stream.peer(), "session opened");
+                debug!(pool = %self.poller.name, session = id, peer = %stream.peer(), "session opened");
                 let mut entry = Entry {
                     id,
                     stream,
                     session,
                 };
-                let outcome = guarded(&self.name, id, "on_open", || {
+                let outcome = guarded(&self.poller.name, id, "on_open", || {
                     entry.session.on_open(&mut entry.stream)
                 });
                 self.settle(entry, outcome)
             }
             Job::Step(mut entry) => {
-                let outcome = guarded(&self.name, entry.id, "step", || {
+                let outcome = guarded(&self.poller.name, entry.id, "step", || {
                     entry.session.step(&mut entry.stream)
                 });
                 self.settle(entry, outcome)
@@ -102,28 +103,28 @@ impl<S: Session> Crew<S> {
     }
 
     /// Turns what a hook returned into where the session goes next.
-    fn settle(&self, entry: Entry<S>, outcome: Option<io::Result<Step>>) -> Message<S> {
+    fn settle(&self, entry: Entry<S>, outcome: Option<io::Result<Step>>) -> Outcome<S> {
         match outcome {
-            Some(Ok(Step::Wait)) => Message::Back(entry, Next::Wait(Interest::READABLE)),
-            Some(Ok(Step::WaitWritable)) => Message::Back(entry, Next::Wait(Interest::WRITABLE)),
-            Some(Ok(Step::Continue)) => Message::Back(entry, Next::Continue),
+            Some(Ok(Step::Wait)) => Outcome::Back(entry, Next::Wait(Interest::READABLE)),
+            Some(Ok(Step::WaitWritable)) => Outcome::Back(entry, Next::Wait(Interest::WRITABLE)),
+            Some(Ok(Step::Continue)) => Outcome::Back(entry, Next::Continue),
             Some(Ok(Step::Close)) => self.close(entry, CloseReason::Finished),
             Some(Err(err)) => self.close(entry, CloseReason::Failed(err)),
             None => self.close(entry, CloseReason::Panicked),
         }
     }
 
-    fn close(&self, mut entry: Entry<S>, reason: CloseReason) -> Message<S> {
+    fn close(&self, mut entry: Entry<S>, reason: CloseReason) -> Outcome<S> {
         let id = entry.id;
-        debug!(pool = %self.name, session = id, %reason, "session closed");
-        guarded(&self.name, id, "on_close", || {
+        debug!(pool = %self.poller.name, session = id, %reason, "session closed");
+        guarded(&self.poller.name, id, "on_close", || {
             entry.session.on_close(&mut entry.stream, &reason)
         });
-        // Closing the descriptor also takes it out of the dispatcher's poll
-        // set: epoll forgets a file once its last descriptor is closed.
+        // Closing the descriptor also takes it out of the poll set: epoll
+        // forgets a file once its last descriptor is closed.
         drop(entry);
-        self.load.release();
-        Message::Gone(id)
+        self.poller.load.release();
+        Outcome::Gone(id)
     }
 }
 
