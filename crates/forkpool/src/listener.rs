@@ -176,6 +176,22 @@ impl Listener {
         socket2::SockRef::from(&self.fd).set_read_timeout(Some(timeout))
     }
 
+    /// Sets `TCP_DEFER_ACCEPT` (whole seconds; zero turns it off): a
+    /// connection is reported only once the client has sent data. Unix
+    /// listeners have no such option and are left alone.
+    pub fn set_defer_accept(&self, defer: std::time::Duration) -> io::Result<()> {
+        if !self.is_tcp() {
+            return Ok(());
+        }
+        let seconds = u32::try_from(defer.as_secs()).unwrap_or(u32::MAX);
+        crate::sys::socket::set_defer_accept(self.fd.as_fd(), seconds).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot set TCP_DEFER_ACCEPT on {}: {e}", self.addr),
+            )
+        })
+    }
+
     /// Sets the permission bits of a Unix listener's socket file.
     pub fn set_unix_mode(&self, mode: u32) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;

@@ -377,7 +377,13 @@ impl Worker<'_> {
             return None;
         }
         let l = self.listeners.get(usize::from(listener))?;
-        if sys::socket::readable_now(self.info.channel.as_fd()) {
+        // One poll says both whether the supervisor has something to say
+        // and whether a connection waits, so a child that finds the
+        // backlog empty (the common case at light load) pays one system
+        // call, not a poll and a failed accept.
+        let [message, waiting] =
+            sys::socket::readable_now_each([self.info.channel.as_fd(), l.as_fd()]);
+        if message || !waiting {
             return None;
         }
         match sys::socket::accept(l.as_fd()) {

@@ -65,7 +65,7 @@
 //!
 //! [`SessionPool::add`] takes a connection accepted elsewhere — in a
 //! preforked child, one received from the parent. [`SessionPool::serve`]
-//! lets the dispatcher accept from a listener itself.
+//! lets the poller accept from a listener itself.
 //!
 //! # Example
 //!

@@ -33,7 +33,7 @@ pub use upgrade::{UpgradeCommand, READY_FD_ENV, UPGRADE_FROM_ENV};
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
@@ -172,7 +172,9 @@ pub(crate) struct Supervisor {
 
 impl Supervisor {
     pub fn new(config: PoolConfig, listeners: Vec<Listener>) -> io::Result<Supervisor> {
-        apply_defer_accept(&listeners, config.defer_accept)?;
+        for listener in &listeners {
+            listener.set_defer_accept(config.defer_accept)?;
+        }
         let poll = Poll::new()?;
         let signals = Signals::register()?;
         let signal_pipe = signals.pipe()?;
@@ -606,22 +608,4 @@ impl Supervisor {
             }
         }
     }
-}
-
-/// Sets `defer_accept` on every TCP listener (Unix sockets have no such
-/// thing), inherited ones included, so a reload can change it too.
-pub(crate) fn apply_defer_accept<'a>(
-    listeners: impl IntoIterator<Item = &'a Listener>,
-    defer: Duration,
-) -> io::Result<()> {
-    let seconds = u32::try_from(defer.as_secs()).unwrap_or(u32::MAX);
-    for l in listeners.into_iter().filter(|l| l.is_tcp()) {
-        crate::sys::socket::set_defer_accept(l.as_fd(), seconds).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot set TCP_DEFER_ACCEPT on {}: {e}", l.local_addr()),
-            )
-        })?;
-    }
-    Ok(())
 }

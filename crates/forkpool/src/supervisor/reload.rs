@@ -51,8 +51,11 @@ impl Supervisor {
             );
         }
         if config.defer_accept != self.config.defer_accept {
-            let listeners = self.listeners.iter().map(|l| &l.listener);
-            if let Err(e) = super::apply_defer_accept(listeners, config.defer_accept) {
+            let applied = self
+                .listeners
+                .iter()
+                .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept));
+            if let Err(e) = applied {
                 error!("reload refused, keeping the running configuration: {e}");
                 return;
             }

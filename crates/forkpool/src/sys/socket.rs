@@ -97,9 +97,19 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> 
 
 /// Whether `fd` is readable right now (a zero-timeout `poll`).
 pub fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    let [readable] = readable_now_each([fd]);
+    readable
+}
+
+/// Which of `fds` are readable right now, in one zero-timeout `poll`
+/// (none, if the call fails).
+pub fn readable_now_each<const N: usize>(fds: [BorrowedFd<'_>; N]) -> [bool; N] {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    let mut polled = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+    if !matches!(poll(&mut polled, PollTimeout::ZERO), Ok(n) if n > 0) {
+        return [false; N];
+    }
+    polled.map(|p| p.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)))
 }
 
 /// Sets `TCP_DEFER_ACCEPT` on a TCP listener: a connection is only
