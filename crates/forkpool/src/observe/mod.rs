@@ -14,4 +14,4 @@ pub mod queue;
 
 pub use capture::{CaptureLimiter, SlowCapture};
 pub use procfs::{CpuSampler, Memory, ProcessSample};
-pub use queue::{listen_queue, ListenQueue};
+pub use queue::{listen_queue, listen_queues_of_process, ListenQueue, Listening};

@@ -15,8 +15,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
 };
-use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, AF_UNIX, IPPROTO_TCP};
 use netlink_packet_sock_diag::inet::{self, ExtensionFlags, InetRequest, SocketId};
+use netlink_packet_sock_diag::unix::nlas::UnixDiagName;
 use netlink_packet_sock_diag::unix::{self, ShowFlags, UnixRequest};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr};
@@ -30,18 +31,31 @@ pub struct ListenQueue {
     pub backlog: u32,
 }
 
+/// One listening socket the kernel reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listening {
+    /// The socket's inode (what `/proc/PID/fd/N` links to as `socket:[N]`).
+    pub inode: u32,
+    /// Its address: `IP:PORT`, or a Unix socket's path (`@name` for an
+    /// abstract one, empty when unnamed).
+    pub address: String,
+    /// Its accept queue.
+    pub queue: ListenQueue,
+}
+
+/// The address families a listener can be in.
+const FAMILIES: [u8; 3] = [AF_INET, AF_INET6, AF_UNIX];
+
 /// The accept queue of the listening socket `fd` (TCP over IPv4 or IPv6,
 /// or Unix stream). Errors name what went wrong: not a socket, not
 /// listening, or netlink refused.
 pub fn listen_queue(fd: BorrowedFd<'_>) -> io::Result<ListenQueue> {
-    let inode = nix::sys::stat::fstat(fd)?.st_ino;
-    let inode = u32::try_from(inode)
-        .map_err(|_| io::Error::other(format!("socket inode {inode} does not fit sock_diag")))?;
+    let inode = socket_inode(nix::sys::stat::fstat(fd)?.st_ino)?;
     let family = socket2::SockRef::from(&fd).local_addr()?.family();
-    let request = match i32::from(family) {
-        f if f == libc::AF_UNIX => unix_listeners(),
-        f if f == libc::AF_INET => inet_listeners(AF_INET),
-        f if f == libc::AF_INET6 => inet_listeners(AF_INET6),
+    let family = match i32::from(family) {
+        libc::AF_UNIX => AF_UNIX,
+        libc::AF_INET => AF_INET,
+        libc::AF_INET6 => AF_INET6,
         other => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -49,24 +63,67 @@ pub fn listen_queue(fd: BorrowedFd<'_>) -> io::Result<ListenQueue> {
             ))
         }
     };
-    find(request, inode)?.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("socket inode {inode} is not a listening TCP or Unix stream socket"),
-        )
-    })
+    listeners(family)?
+        .into_iter()
+        .find(|l| l.inode == inode)
+        .map(|l| l.queue)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("socket inode {inode} is not a listening TCP or Unix stream socket"),
+            )
+        })
 }
 
-fn unix_listeners() -> SockDiagMessage {
-    SockDiagMessage::UnixRequest(UnixRequest {
-        state_flags: unix::StateFlags::LISTEN,
-        inode: 0,
-        show_flags: ShowFlags::RQLEN,
-        cookie: [0xff; 8],
-    })
+/// Convenience for anything that holds a socket.
+pub fn listen_queue_of(socket: &impl AsFd) -> io::Result<ListenQueue> {
+    listen_queue(socket.as_fd())
 }
 
-fn inet_listeners(family: u8) -> SockDiagMessage {
+/// Every listening TCP and Unix stream socket process `pid` holds open,
+/// found through `/proc/PID/fd` (so it needs the rights to read that: the
+/// same user, or root). This is how an outside observer such as
+/// `forkpool top` sees a pool's accept queues.
+pub fn listen_queues_of_process(pid: i32) -> io::Result<Vec<Listening>> {
+    let mut inodes = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let Ok(target) = std::fs::read_link(entry?.path()) else {
+            continue; // closed while we looked
+        };
+        let target = target.to_string_lossy();
+        if let Some(n) = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'))
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            inodes.push(n);
+        }
+    }
+    let mut found = Vec::new();
+    for family in FAMILIES {
+        found.extend(
+            listeners(family)?
+                .into_iter()
+                .filter(|l| inodes.contains(&l.inode)),
+        );
+    }
+    Ok(found)
+}
+
+fn socket_inode(inode: u64) -> io::Result<u32> {
+    u32::try_from(inode)
+        .map_err(|_| io::Error::other(format!("socket inode {inode} does not fit sock_diag")))
+}
+
+fn request_for(family: u8) -> SockDiagMessage {
+    if family == AF_UNIX {
+        return SockDiagMessage::UnixRequest(UnixRequest {
+            state_flags: unix::StateFlags::LISTEN,
+            inode: 0,
+            show_flags: ShowFlags::RQLEN | ShowFlags::NAME,
+            cookie: [0xff; 8],
+        });
+    }
     let socket_id = if family == AF_INET {
         SocketId::new_v4()
     } else {
@@ -81,20 +138,20 @@ fn inet_listeners(family: u8) -> SockDiagMessage {
     })
 }
 
-/// Dumps the listeners `request` asks for and picks the one with `inode`.
-fn find(request: SockDiagMessage, inode: u32) -> io::Result<Option<ListenQueue>> {
+/// Every listening socket of one family in this network namespace.
+fn listeners(family: u8) -> io::Result<Vec<Listening>> {
     let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut packet = NetlinkMessage::new(header, request.into());
+    let mut packet = NetlinkMessage::new(header, request_for(family).into());
     packet.finalize();
     let mut out = vec![0; packet.buffer_len()];
     packet.serialize(&mut out);
     socket.send(&out, 0)?;
 
-    let mut found = None;
+    let mut found = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let size = socket.recv(&mut &mut buf[..], 0)?;
@@ -108,20 +165,35 @@ fn find(request: SockDiagMessage, inode: u32) -> io::Result<Option<ListenQueue>>
                 NetlinkPayload::Error(e) => {
                     return Err(io::Error::other(format!("sock_diag refused: {e}")))
                 }
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r))
-                    if r.header.inode == inode =>
-                {
-                    found = Some(ListenQueue {
-                        waiting: r.header.recv_queue,
-                        backlog: r.header.send_queue,
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                    found.push(Listening {
+                        inode: r.header.inode,
+                        address: std::net::SocketAddr::new(
+                            r.header.socket_id.source_address,
+                            r.header.socket_id.source_port,
+                        )
+                        .to_string(),
+                        queue: ListenQueue {
+                            waiting: r.header.recv_queue,
+                            backlog: r.header.send_queue,
+                        },
                     });
                 }
-                NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r))
-                    if r.header.inode == inode =>
-                {
-                    found = Some(ListenQueue {
-                        waiting: r.number_of_pending_connection().unwrap_or(0),
-                        backlog: r.max_number_of_pending_connection().unwrap_or(0),
+                NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r)) => {
+                    let address = match r.name() {
+                        Some(UnixDiagName::Pathname(p)) => p.to_string_lossy().into_owned(),
+                        Some(UnixDiagName::Abstract(a)) => {
+                            format!("@{}", String::from_utf8_lossy(a))
+                        }
+                        None => String::new(),
+                    };
+                    found.push(Listening {
+                        inode: r.header.inode,
+                        address,
+                        queue: ListenQueue {
+                            waiting: r.number_of_pending_connection().unwrap_or(0),
+                            backlog: r.max_number_of_pending_connection().unwrap_or(0),
+                        },
                     });
                 }
                 _ => {}
@@ -132,11 +204,6 @@ fn find(request: SockDiagMessage, inode: u32) -> io::Result<Option<ListenQueue>>
             offset += length;
         }
     }
-}
-
-/// Convenience for anything that holds a socket.
-pub fn listen_queue_of(socket: &impl AsFd) -> io::Result<ListenQueue> {
-    listen_queue(socket.as_fd())
 }
 
 #[cfg(test)]
@@ -179,6 +246,13 @@ mod tests {
         let queue = listen_queue_of(&listener).unwrap();
         assert_eq!(queue.waiting, 3);
         assert!(queue.backlog >= 3);
+        // Seen from outside, through this process's fd table, by its path.
+        let mine = listen_queues_of_process(std::process::id() as i32).unwrap();
+        let entry = mine
+            .iter()
+            .find(|l| l.address == path.to_string_lossy())
+            .expect("own Unix listener listed");
+        assert_eq!(entry.queue.waiting, 3);
         drop(clients);
         drop(listener);
         std::fs::remove_dir_all(&dir).unwrap();
