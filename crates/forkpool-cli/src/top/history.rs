@@ -85,45 +85,27 @@ impl History {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use forkpool::status::{SlotStatus, Totals};
 
     /// A snapshot of a pool with `children` idle children, `uptime_ms`
     /// old, having accepted `accepted` connections.
     pub(crate) fn snapshot(uptime_ms: u64, children: usize, accepted: u64) -> Snapshot {
-        Snapshot {
-            pid: 100,
-            generation: 1,
-            dispatch: "handoff".to_string(),
-            uptime_ms,
-            line: "_".repeat(children),
-            starting: 0,
-            idle: children as u32,
-            busy: 0,
-            leaving: 0,
-            bounds: [1, 8, 1, 4],
-            slots: (0..children)
-                .map(|slot| SlotStatus {
-                    slot,
-                    pid: 1000 + slot as i32,
-                    state: "idle".to_string(),
-                    generation: 1,
-                    served: 0,
-                    busy_for_ms: None,
-                    last_heard_ms: 5,
-                    sessions: None,
-                    cpu_seconds: None,
-                    cpu_percent: None,
-                    rss_bytes: None,
-                    pss_bytes: None,
-                    uss_bytes: None,
-                    peer: None,
+        // From JSON, as the control socket sends it: the sampled per-child
+        // fields are absent until a test sets them.
+        let slots: Vec<_> = (0..children)
+            .map(|slot| {
+                serde_json::json!({
+                    "slot": slot, "pid": 1000 + slot, "state": "idle", "generation": 1,
+                    "served": 0, "busy_for_ms": null, "last_heard_ms": 5,
                 })
-                .collect(),
-            totals: Totals {
-                accepted,
-                ..Totals::default()
-            },
-        }
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "pid": 100, "generation": 1, "dispatch": "handoff", "uptime_ms": uptime_ms,
+            "line": "_".repeat(children), "starting": 0, "idle": children, "busy": 0,
+            "leaving": 0, "bounds": [1, 8, 1, 4], "slots": slots,
+            "totals": { "accepted": accepted },
+        }))
+        .unwrap()
     }
 
     fn sample(uptime_ms: u64, children: usize, accepted: u64, queued: u32) -> Sample {

@@ -165,25 +165,18 @@ pub fn draw(frame: &mut Frame, history: &History, key: SortKey) {
 
     let [queue, size] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(charts);
-    let queue_data = history.queue_series();
-    let size_data = history.pool_size_series();
+    chart(frame, queue, "listen queue", &history.queue_series());
+    chart(frame, size, "children", &history.pool_size_series());
+}
+
+/// A one-minute sparkline titled with its name and its maximum.
+fn chart(frame: &mut Frame, area: ratatui::layout::Rect, name: &str, data: &[u64]) {
+    let max = data.iter().max().unwrap_or(&0);
     frame.render_widget(
         Sparkline::default()
-            .block(Block::bordered().title(format!(
-                "listen queue, last minute (max {})",
-                queue_data.iter().max().unwrap_or(&0)
-            )))
-            .data(&queue_data),
-        queue,
-    );
-    frame.render_widget(
-        Sparkline::default()
-            .block(Block::bordered().title(format!(
-                "children, last minute (max {})",
-                size_data.iter().max().unwrap_or(&0)
-            )))
-            .data(&size_data),
-        size,
+            .block(Block::bordered().title(format!("{name}, last minute (max {max})")))
+            .data(data),
+        area,
     );
 }
 
