@@ -183,8 +183,8 @@ fn chart(frame: &mut Frame, area: ratatui::layout::Rect, name: &str, data: &[u64
 /// The same screen as plain text, for a pipe or a log: the summary lines
 /// and the table, columns padded.
 pub fn plain(history: &History, key: SortKey) -> String {
-    let mut out = summary(history, key)[..]
-        .iter()
+    let mut out = summary(history, key)
+        .into_iter()
         .filter(|l| !l.starts_with("sort:"))
         .map(|l| format!("{l}\n"))
         .collect::<String>();
