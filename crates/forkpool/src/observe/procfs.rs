@@ -187,6 +187,15 @@ impl CpuSampler {
         Some((cpu_seconds - cpu_then) / wall.as_secs_f64() * 100.0)
     }
 
+    /// Reads `pid`'s CPU time and memory now, and its CPU% since the last
+    /// call for it: what the supervisor puts in a child's status on each
+    /// sampling tick.
+    pub fn sample(&mut self, pid: i32, now: Instant) -> io::Result<(ProcessSample, Option<f64>)> {
+        let sample = sample_process(pid)?;
+        let percent = self.record(pid, now, sample.cpu_seconds);
+        Ok((sample, percent))
+    }
+
     /// Forgets every pid not in `alive` (children that exited).
     pub fn retain(&mut self, alive: &[i32]) {
         self.previous.retain(|pid, _| alive.contains(pid));
@@ -281,6 +290,37 @@ Locked:                0 kB
             }
             assert!(Instant::now() < deadline, "CPU time never grew");
         }
+    }
+
+    #[test]
+    fn sampler_gives_the_cpu_share_of_a_spinning_process() {
+        let pid = std::process::id() as i32;
+        let mut sampler = CpuSampler::new();
+        let t0 = Instant::now();
+        let (first, percent) = sampler.sample(pid, t0).unwrap();
+        assert_eq!(percent, None);
+        // Spin until the kernel has counted 0.2 s more CPU time (bounded,
+        // not timed: a loaded machine just takes longer).
+        let mut x = 0u64;
+        while sample_process(pid).unwrap().cpu_seconds < first.cpu_seconds + 0.2 {
+            x = std::hint::black_box(x.wrapping_add(1));
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "CPU time never grew"
+            );
+        }
+        let t1 = Instant::now();
+        let (second, percent) = sampler.sample(pid, t1).unwrap();
+        let percent = percent.unwrap();
+        let wall = (t1 - t0).as_secs_f64();
+        // At least the 0.2 s this thread burned, at most every core.
+        let cores = std::thread::available_parallelism().unwrap().get() as f64;
+        assert!(
+            percent >= 0.2 / wall * 100.0 * 0.99,
+            "{percent}% over {wall}s"
+        );
+        assert!(percent <= cores * 100.0 * 1.05, "{percent}%");
+        assert!(second.cpu_seconds >= first.cpu_seconds + 0.2);
     }
 
     #[test]
