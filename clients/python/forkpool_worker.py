@@ -233,3 +233,29 @@ class Worker:
                         return
                 else:
                     self._accept(index_of[fd], handle)
+
+
+# --- Stack dumps (docs/protocol.md, "Stack dumps") --------------------------
+# On SIGURG the worker writes the stack of every thread to stderr (which the
+# supervisor logs with the slot) and carries on: a slow request can then be
+# seen where it is stuck without stopping it. SIGURG is ignored by default,
+# so a program that never installs this is not killed by it either.
+import faulthandler  # noqa: E402
+import signal  # noqa: E402
+
+STACK_DUMP_SIGNAL = signal.SIGURG
+
+
+def install_stack_dump(file=None):
+    """Dump every thread's stack to `file` (stderr by default) on
+    STACK_DUMP_SIGNAL. Importing this module already does it for stderr;
+    call it again to send the dumps elsewhere."""
+    faulthandler.register(
+        STACK_DUMP_SIGNAL,
+        file=sys.stderr if file is None else file,
+        all_threads=True,
+        chain=False,
+    )
+
+
+install_stack_dump()

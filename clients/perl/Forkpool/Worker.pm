@@ -341,4 +341,27 @@ sub _wait_on_listeners {
     }
 }
 
+# --- Stack dumps (docs/protocol.md, "Stack dumps") ---------------------------
+# On SIGURG the worker prints a Carp stack trace of where it is to stderr
+# (which the supervisor logs with the slot) and carries on: a slow request
+# can then be seen where it is stuck without stopping it. SIGURG is ignored
+# by default, so a program that never installs this is not killed by it.
+# Perl runs the handler between two statements, so a worker blocked in a
+# system call dumps once the call returns (a blocking call may return early
+# with EINTR, as with any signal).
+use Carp ();
+
+use constant STACK_DUMP_SIGNAL => 'URG';
+
+# Installs the handler; loading this module already does.
+sub install_stack_dump {
+    $SIG{ +STACK_DUMP_SIGNAL } = sub {
+        local ($!, $@);
+        print STDERR Carp::longmess("forkpool worker $$: stack on SIG" . STACK_DUMP_SIGNAL), "\n";
+    };
+    return;
+}
+
+install_stack_dump();
+
 1;

@@ -9,6 +9,7 @@ mod run;
 mod serve;
 mod settings;
 mod status;
+mod top;
 
 use std::io::IsTerminal;
 
@@ -31,6 +32,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Print a running pool's scoreboard and totals.
     Status(status::StatusArgs),
+    /// A live view of a running pool: children, CPU, memory, busy time,
+    /// request rate, listen queue (plain text when not on a terminal).
+    Top(top::TopArgs),
     /// Validate settings (a --config file and flags) without starting.
     Check(check::CheckArgs),
     /// Measure the pool's dispatch modes side by side, and against other
@@ -53,6 +57,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
+        Command::Top(args) => top::run(args),
         Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(&args),
         Command::Run(args) => run::run(args),

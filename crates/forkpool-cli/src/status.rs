@@ -3,11 +3,11 @@
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use forkpool::status::{KillReason, Snapshot};
+use forkpool::status::{KillReason, SlotStatus, Snapshot};
 
 /// Options of `forkpool status`.
 #[derive(Debug, Args)]
@@ -25,7 +25,22 @@ pub fn run(args: StatusArgs) -> Result<(), String> {
     let path = args
         .control
         .unwrap_or_else(crate::settings::default_control_path);
-    let mut stream = UnixStream::connect(&path).map_err(|e| {
+    let text = fetch_text(&path)?;
+    if args.json {
+        print!("{text}");
+        return Ok(());
+    }
+    print!("{}", render(&parse(&path, &text)?));
+    Ok(())
+}
+
+/// One snapshot from the control socket at `path`.
+pub fn fetch(path: &Path) -> Result<Snapshot, String> {
+    parse(path, &fetch_text(path)?)
+}
+
+fn fetch_text(path: &Path) -> Result<String, String> {
+    let mut stream = UnixStream::connect(path).map_err(|e| {
         format!(
             "cannot reach a pool at {}: {e} (is it running? pass --control PATH)",
             path.display()
@@ -38,18 +53,41 @@ pub fn run(args: StatusArgs) -> Result<(), String> {
     stream
         .read_to_string(&mut text)
         .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    if args.json {
-        print!("{text}");
-        return Ok(());
-    }
-    let snapshot: Snapshot = serde_json::from_str(&text).map_err(|e| {
+    Ok(text)
+}
+
+fn parse(path: &Path, text: &str) -> Result<Snapshot, String> {
+    serde_json::from_str(text).map_err(|e| {
         format!(
             "{} sent something that is not a status: {e}",
             path.display()
         )
-    })?;
-    print!("{}", render(&snapshot));
-    Ok(())
+    })
+}
+
+/// Any of the per-child figures the supervisor sampled from `/proc`.
+fn observed(slot: &SlotStatus) -> bool {
+    slot.cpu_seconds.is_some()
+        || slot.cpu_percent.is_some()
+        || slot.rss_bytes.is_some()
+        || slot.pss_bytes.is_some()
+        || slot.uss_bytes.is_some()
+        || slot.peer.is_some()
+}
+
+/// CPU%, CPU seconds, RSS, PSS, USS and peer; `-` for what is unknown.
+fn observed_cells(slot: &SlotStatus) -> String {
+    let dash = || "-".to_string();
+    let bytes = |b: Option<u64>| b.map_or_else(dash, crate::top::bytes);
+    format!(
+        " {:>6} {:>9} {:>8} {:>8} {:>8} {}",
+        slot.cpu_percent.map_or_else(dash, |p| format!("{p:.1}")),
+        slot.cpu_seconds.map_or_else(dash, |c| format!("{c:.2}s")),
+        bytes(slot.rss_bytes),
+        bytes(slot.pss_bytes),
+        bytes(slot.uss_bytes),
+        slot.peer.clone().unwrap_or_else(dash),
+    )
 }
 
 fn millis(ms: u64) -> String {
@@ -75,8 +113,9 @@ pub fn render(s: &Snapshot) -> String {
         s.line
     );
     let sessions = s.slots.iter().any(|slot| slot.sessions.is_some());
+    let observed = s.slots.iter().any(observed);
     out += &format!(
-        "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}{}\n",
+        "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}{}{}\n",
         "SLOT",
         "PID",
         "STATE",
@@ -84,11 +123,19 @@ pub fn render(s: &Snapshot) -> String {
         "SERVED",
         "BUSY FOR",
         "LAST HEARD",
-        if sessions { "   SESSIONS" } else { "" }
+        if sessions { "   SESSIONS" } else { "" },
+        if observed {
+            format!(
+                " {:>6} {:>9} {:>8} {:>8} {:>8} PEER",
+                "CPU%", "CPU", "RSS", "PSS", "USS"
+            )
+        } else {
+            String::new()
+        }
     );
     for slot in &s.slots {
         out += &format!(
-            "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}{}\n",
+            "{:>4} {:>8} {:<9} {:>4} {:>8} {:>10} {:>10}{}{}\n",
             slot.slot,
             slot.pid,
             slot.state,
@@ -101,6 +148,11 @@ pub fn render(s: &Snapshot) -> String {
                 " {:>10}",
                 format!("{load}/{cap}")
             )),
+            if observed {
+                observed_cells(slot)
+            } else {
+                String::new()
+            },
         );
     }
     let t = &s.totals;
@@ -129,4 +181,26 @@ pub fn render(s: &Snapshot) -> String {
         t.reloads,
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampled_figures_get_columns_only_when_present() {
+        let mut s = crate::top::test_snapshot(1_000, 2, 0);
+        assert!(!render(&s).contains("USS"));
+        s.slots[1].uss_bytes = Some(3 << 20);
+        s.slots[1].cpu_percent = Some(12.5);
+        s.slots[1].peer = Some("127.0.0.1:4000".to_string());
+        let text = render(&s);
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("1 "))
+            .unwrap();
+        assert!(text.contains("USS"), "{text}");
+        assert!(row.contains("3.0M") && row.contains("12.5"), "{text}");
+        assert!(row.ends_with("127.0.0.1:4000"), "{text}");
+    }
 }

@@ -29,6 +29,7 @@ mod dispatch;
 pub mod exec;
 pub mod listener;
 mod metrics;
+pub mod observe;
 pub mod pool;
 pub mod protocol;
 pub mod scaling;

@@ -124,7 +124,7 @@ pub struct Totals {
 }
 
 /// One slot as the control socket reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SlotStatus {
     /// The slot number.
     pub slot: usize,
@@ -144,10 +144,30 @@ pub struct SlotStatus {
     /// on their way to it) and its capacity.
     #[serde(default)]
     pub sessions: Option<(u32, u32)>,
+    /// CPU time (user + system) the child has used, in seconds, from
+    /// `/proc/PID/stat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// CPU use over the last sampling interval, in percent of one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    /// Resident set size in bytes (counts pages shared with the
+    /// supervisor and siblings in full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    /// Proportional set size in bytes (shared pages split among users).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_bytes: Option<u64>,
+    /// Unique set size in bytes (pages only this child has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uss_bytes: Option<u64>,
+    /// The address of the client it is serving, if busy and known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
 }
 
 /// Everything `forkpool status` shows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// The supervisor's process id.
     pub pid: u32,

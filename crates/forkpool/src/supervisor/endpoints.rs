@@ -286,6 +286,12 @@ impl Supervisor {
                 .then(|| now.duration_since(s.since).as_millis() as u64),
                 last_heard_ms: now.duration_since(s.last_heard).as_millis() as u64,
                 sessions: s.load.map(|l| (l.load(), l.capacity)),
+                cpu_seconds: None,
+                cpu_percent: None,
+                rss_bytes: None,
+                pss_bytes: None,
+                uss_bytes: None,
+                peer: None,
             })
             .collect();
         let mut totals = self.totals;

@@ -1,0 +1,391 @@
+//! Per-process figures from `/proc/PID/*`: CPU time, memory (RSS, PSS,
+//! USS) and the kernel's view of where the process waits.
+//!
+//! Why USS/PSS and not RSS: children of a preforked pool share most of
+//! their pages with the supervisor (copy-on-write after `fork`), and RSS
+//! counts every shared page in full in every child. A child's RSS can be
+//! large while it costs almost nothing; USS (pages only this process maps)
+//! is what the system gets back when it exits, and PSS (shared pages split
+//! between their users) adds up to the pool's real footprint.
+
+use std::collections::HashMap;
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Figures from `/proc/PID/stat` that the supervisor uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// The one-letter state (`R`, `S`, `D`, `Z`, ...).
+    pub state: char,
+    /// CPU time in user mode, in clock ticks.
+    pub utime_ticks: u64,
+    /// CPU time in kernel mode, in clock ticks.
+    pub stime_ticks: u64,
+}
+
+/// Parses the text of `/proc/PID/stat`. The command name (field 2) is in
+/// parentheses and may itself hold spaces and `)`, so fields are counted
+/// from the last `)`.
+pub fn parse_stat(text: &str) -> Result<Stat, String> {
+    let close = text
+        .rfind(')')
+        .ok_or_else(|| "no ')' after the command name".to_string())?;
+    // After ") ": field 3 (state) is index 0, utime (field 14) is index 11.
+    let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    let field = |i: usize, name: &str| -> Result<u64, String> {
+        fields
+            .get(i)
+            .ok_or_else(|| format!("{name} missing"))?
+            .parse()
+            .map_err(|e| format!("{name}: {e}"))
+    };
+    let state = fields
+        .first()
+        .and_then(|s| s.chars().next())
+        .ok_or_else(|| "state missing".to_string())?;
+    Ok(Stat {
+        state,
+        utime_ticks: field(11, "utime")?,
+        stime_ticks: field(12, "stime")?,
+    })
+}
+
+/// Memory of one process, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Resident set size: every page mapped and present, shared or not.
+    pub rss_bytes: u64,
+    /// Proportional set size: shared pages divided among their users.
+    pub pss_bytes: u64,
+    /// Unique set size: pages no other process maps
+    /// (`Private_Clean + Private_Dirty`).
+    pub uss_bytes: u64,
+}
+
+/// Parses the text of `/proc/PID/smaps_rollup` (lines like `Pss: 1234 kB`).
+pub fn parse_smaps_rollup(text: &str) -> Result<Memory, String> {
+    let mut found = [None::<u64>; 4];
+    const KEYS: [&str; 4] = ["Rss", "Pss", "Private_Clean", "Private_Dirty"];
+    for line in text.lines() {
+        let Some((key, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let Some(i) = KEYS.iter().position(|k| *k == key) else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let value: u64 = words
+            .next()
+            .ok_or_else(|| format!("{key}: no value"))?
+            .parse()
+            .map_err(|e| format!("{key}: {e}"))?;
+        let unit = match words.next() {
+            Some("kB") => 1024,
+            None => 1,
+            Some(other) => return Err(format!("{key}: unknown unit {other:?}")),
+        };
+        found[i] = Some(value * unit);
+    }
+    let get = |i: usize| found[i].ok_or_else(|| format!("no {} line", KEYS[i]));
+    Ok(Memory {
+        rss_bytes: get(0)?,
+        pss_bytes: get(1)?,
+        uss_bytes: get(2)? + get(3)?,
+    })
+}
+
+/// Clock ticks per second, the unit of the CPU times in `/proc/PID/stat`.
+pub fn clock_ticks_per_second() -> io::Result<u64> {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => Ok(ticks as u64),
+        Ok(_) => Err(io::Error::other("sysconf(_SC_CLK_TCK) gave no value")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// CPU time and memory of one process at one moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessSample {
+    /// User plus system CPU time since the process started, in seconds.
+    pub cpu_seconds: f64,
+    /// Its memory.
+    pub memory: Memory,
+}
+
+/// Reads CPU time and memory of `pid`. Fails if the process is gone or its
+/// `/proc` entries are not readable (another user's process, hidepid).
+pub fn sample_process(pid: i32) -> io::Result<ProcessSample> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let stat = parse_stat(&stat).map_err(|e| bad_proc(pid, "stat", e))?;
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    let memory = parse_smaps_rollup(&rollup).map_err(|e| bad_proc(pid, "smaps_rollup", e))?;
+    let ticks = clock_ticks_per_second()?;
+    Ok(ProcessSample {
+        cpu_seconds: (stat.utime_ticks + stat.stime_ticks) as f64 / ticks as f64,
+        memory,
+    })
+}
+
+fn bad_proc(pid: i32, file: &str, e: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("/proc/{pid}/{file}: {e}"),
+    )
+}
+
+/// The kernel function the process sleeps in (`/proc/PID/wchan`), `None`
+/// if it is running, unreadable, or the kernel hides it (it then says `0`).
+pub fn read_wchan(pid: i32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/wchan")).ok()?;
+    let text = text.trim();
+    (!text.is_empty() && text != "0").then(|| text.to_string())
+}
+
+/// The system call the process is blocked in (`/proc/PID/syscall`: its
+/// number and arguments, `running`, or `-1 ...` when not in one), `None`
+/// when unreadable (it needs ptrace rights over the process).
+pub fn read_syscall(pid: i32) -> Option<String> {
+    read_trimmed(&format!("/proc/{pid}/syscall"))
+}
+
+/// The process's kernel stack (`/proc/PID/stack`), `None` when unreadable:
+/// most kernels show it to root only.
+pub fn read_kernel_stack(pid: i32) -> Option<String> {
+    read_trimmed(&format!("/proc/{pid}/stack"))
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let text = text.trim_end();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+/// CPU% over the interval between two samples of each process: keeps the
+/// previous CPU time per pid.
+#[derive(Debug, Default)]
+pub struct CpuSampler {
+    previous: HashMap<i32, (Instant, f64)>,
+}
+
+impl CpuSampler {
+    /// An empty sampler.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records `cpu_seconds` for `pid` at `now` and returns the CPU% since
+    /// its previous sample (100 = one core busy the whole interval), `None`
+    /// on the first sample or when no time passed. A CPU time that went
+    /// backwards means the pid was reused by a new process: it starts over.
+    pub fn record(&mut self, pid: i32, now: Instant, cpu_seconds: f64) -> Option<f64> {
+        let before = self.previous.insert(pid, (now, cpu_seconds));
+        let (then, cpu_then) = before?;
+        let wall = now.checked_duration_since(then).unwrap_or(Duration::ZERO);
+        if wall.is_zero() || cpu_seconds < cpu_then {
+            return None;
+        }
+        Some((cpu_seconds - cpu_then) / wall.as_secs_f64() * 100.0)
+    }
+
+    /// Reads `pid`'s CPU time and memory now, and its CPU% since the last
+    /// call for it: what the supervisor puts in a child's status on each
+    /// sampling tick.
+    pub fn sample(&mut self, pid: i32, now: Instant) -> io::Result<(ProcessSample, Option<f64>)> {
+        let sample = sample_process(pid)?;
+        let percent = self.record(pid, now, sample.cpu_seconds);
+        Ok((sample, percent))
+    }
+
+    /// Forgets every pid not in `alive` (children that exited).
+    pub fn retain(&mut self, alive: &[i32]) {
+        self.previous.retain(|pid, _| alive.contains(pid));
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    const STAT: &str = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 1234 0 0 0 \
+        250 75 0 0 20 0 1 0 123456 10000000 500 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n";
+
+    const ROLLUP: &str =
+        "55d0c0000000-7ffd4a5f1000 ---p 00000000 00:00 0                          [rollup]
+Rss:               10240 kB
+Pss:                4096 kB
+Pss_Dirty:          1024 kB
+Pss_Anon:           1024 kB
+Shared_Clean:       6144 kB
+Shared_Dirty:          0 kB
+Private_Clean:       512 kB
+Private_Dirty:      1536 kB
+Referenced:        10240 kB
+Anonymous:          1536 kB
+Swap:                  0 kB
+SwapPss:               0 kB
+Locked:                0 kB
+";
+
+    #[test]
+    fn stat_fields_are_counted_from_the_last_parenthesis() {
+        let stat = parse_stat(STAT).unwrap();
+        assert_eq!(
+            stat,
+            Stat {
+                state: 'S',
+                utime_ticks: 250,
+                stime_ticks: 75
+            }
+        );
+    }
+
+    #[test]
+    fn truncated_stat_is_an_error_naming_the_field() {
+        let err = parse_stat("1 (x) S 1 2 3").unwrap_err();
+        assert!(err.contains("utime"), "{err}");
+        assert!(parse_stat("garbage").is_err());
+    }
+
+    #[test]
+    fn rollup_gives_rss_pss_and_private_pages_as_uss() {
+        let m = parse_smaps_rollup(ROLLUP).unwrap();
+        assert_eq!(m.rss_bytes, 10240 * 1024);
+        assert_eq!(m.pss_bytes, 4096 * 1024);
+        assert_eq!(m.uss_bytes, (512 + 1536) * 1024);
+    }
+
+    #[test]
+    fn rollup_without_a_needed_line_is_an_error() {
+        let err = parse_smaps_rollup("Rss: 1 kB\nPss: 1 kB\n").unwrap_err();
+        assert!(err.contains("Private_Clean"), "{err}");
+    }
+
+    #[test]
+    fn own_process_sample_matches_what_it_allocated() {
+        let before = sample_process(std::process::id() as i32).unwrap();
+        // Touch 32 MiB that only this process has: USS must grow by it.
+        let block = vec![7u8; 32 << 20];
+        let after = sample_process(std::process::id() as i32).unwrap();
+        assert!(std::hint::black_box(&block)[12345] == 7);
+        let grown = after.memory.uss_bytes as i64 - before.memory.uss_bytes as i64;
+        assert!(
+            (30 << 20..40 << 20).contains(&grown),
+            "USS grew by {grown} bytes"
+        );
+        assert!(after.memory.rss_bytes >= after.memory.pss_bytes);
+        assert!(after.memory.pss_bytes >= after.memory.uss_bytes);
+        assert!(after.cpu_seconds >= before.cpu_seconds);
+    }
+
+    #[test]
+    fn own_cpu_time_grows_with_work() {
+        let pid = std::process::id() as i32;
+        let start = sample_process(pid).unwrap().cpu_seconds;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut x = 0u64;
+        // Spin until the kernel has counted at least 0.2 s more CPU time.
+        while sample_process(pid).unwrap().cpu_seconds < start + 0.2 {
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            assert!(Instant::now() < deadline, "CPU time never grew");
+        }
+    }
+
+    #[test]
+    fn sampler_gives_the_cpu_share_of_a_spinning_process() {
+        let pid = std::process::id() as i32;
+        let mut sampler = CpuSampler::new();
+        let t0 = Instant::now();
+        let (first, percent) = sampler.sample(pid, t0).unwrap();
+        assert_eq!(percent, None);
+        // Spin until the kernel has counted 0.2 s more CPU time (bounded,
+        // not timed: a loaded machine just takes longer).
+        let mut x = 0u64;
+        while sample_process(pid).unwrap().cpu_seconds < first.cpu_seconds + 0.2 {
+            x = std::hint::black_box(x.wrapping_add(1));
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "CPU time never grew"
+            );
+        }
+        let t1 = Instant::now();
+        let (second, percent) = sampler.sample(pid, t1).unwrap();
+        let percent = percent.unwrap();
+        let wall = (t1 - t0).as_secs_f64();
+        // At least the 0.2 s this thread burned, at most every core.
+        let cores = std::thread::available_parallelism().unwrap().get() as f64;
+        assert!(
+            percent >= 0.2 / wall * 100.0 * 0.99,
+            "{percent}% over {wall}s"
+        );
+        assert!(percent <= cores * 100.0 * 1.05, "{percent}%");
+        assert!(second.cpu_seconds >= first.cpu_seconds + 0.2);
+    }
+
+    #[test]
+    fn cpu_percent_is_cpu_time_over_wall_time() {
+        let mut s = CpuSampler::new();
+        let t0 = Instant::now();
+        assert_eq!(s.record(1, t0, 10.0), None);
+        let half = s.record(1, t0 + Duration::from_secs(2), 11.0).unwrap();
+        assert!((half - 50.0).abs() < 1e-9, "{half}");
+        // A reused pid (CPU time went down) starts over.
+        assert_eq!(s.record(1, t0 + Duration::from_secs(3), 0.5), None);
+        s.retain(&[]);
+        assert_eq!(s.record(1, t0 + Duration::from_secs(4), 1.0), None);
+    }
+
+    /// A `sleep 30` child, killed on drop (also when a test panics).
+    pub(crate) struct Sleeper(pub std::process::Child);
+
+    impl Sleeper {
+        pub(crate) fn start() -> Sleeper {
+            Sleeper(
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .unwrap(),
+            )
+        }
+
+        pub(crate) fn pid(&self) -> i32 {
+            self.0.id() as i32
+        }
+
+        /// Its wchan once it has gone to sleep (polled, 10 s at most).
+        pub(crate) fn wait_asleep(&self) -> Option<String> {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(w) = read_wchan(self.pid()) {
+                    return Some(w);
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn wchan_of_a_sleeping_child_names_a_kernel_function() {
+        let child = Sleeper::start();
+        let wchan = child.wait_asleep().expect("a sleeping process has a wchan");
+        assert!(
+            wchan.contains("sleep") || wchan.contains("nanosleep") || wchan.contains("hrtimer"),
+            "{wchan}"
+        );
+        // Same user: the syscall file is readable and names a blocked call.
+        if let Some(s) = read_syscall(child.pid()) {
+            assert!(s != "running", "{s}");
+        }
+    }
+}
