@@ -62,9 +62,11 @@ sub find_head_end {
 }
 
 # Parses a complete request head. Returns a hash reference
-#   { method, target, path, query, protocol, minor, headers => [[name, value], ...] }
-# with header names in lower case, or (undef, STATUS, WHY) for a request
-# to refuse with that status.
+#   { method, target, path, query, protocol, minor,
+#     headers => [[name, value], ...], fields => { name => [value, ...] } }
+# with header names in lower case (`headers` in the order received,
+# `fields` for looking one up), or (undef, STATUS, WHY) for a request to
+# refuse with that status.
 sub parse_head {
     my ($head) = @_;
     $head =~ s/\A(?:\r?\n)+//;
@@ -77,7 +79,7 @@ sub parse_head {
     $target =~ /[^\x21-\x7e]/
         and return (undef, 400, 'request target with control or non-ASCII bytes');
     my ($path, $query) = split /\?/, $target, 2;
-    my @headers;
+    my (@headers, %fields);
     for my $field (@lines) {
         my ($name, $value) = $field =~ /\A($TOKEN):[ \t]*(.*?)[ \t]*\z/s
             or return (undef, 400,
@@ -85,7 +87,9 @@ sub parse_head {
                 : 'malformed header line');
         $value =~ /[\x00-\x08\x0a-\x1f\x7f]/
             and return (undef, 400, "control character in header $name");
-        push @headers, [lc $name, $value];
+        $name = lc $name;
+        push @headers, [$name, $value];
+        push @{ $fields{$name} }, $value;
     }
     return {
         method   => $method,
@@ -95,13 +99,15 @@ sub parse_head {
         protocol => $protocol,
         minor    => $minor + 0,
         headers  => \@headers,
+        fields   => \%fields,
     };
 }
 
 # The values of header $name (lower case) in a parsed request.
 sub _values {
     my ($req, $name) = @_;
-    return map { $_->[1] } grep { $_->[0] eq $name } @{ $req->{headers} };
+    my $values = $req->{fields}{$name};
+    return $values ? @$values : ();
 }
 
 # How the request's body is delimited: ('none'), ('length', N) or

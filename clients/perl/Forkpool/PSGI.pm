@@ -26,7 +26,7 @@ use overload ();
 use POSIX ();
 use Scalar::Util qw(blessed reftype);
 use Socket qw(
-    SOL_SOCKET SO_RCVTIMEO SO_SNDTIMEO IPPROTO_TCP TCP_NODELAY
+    SOL_SOCKET SO_RCVTIMEO SO_SNDTIMEO IPPROTO_TCP TCP_NODELAY MSG_DONTWAIT
     AF_INET AF_INET6 inet_ntop sockaddr_family unpack_sockaddr_in
     unpack_sockaddr_in6
 );
@@ -106,13 +106,11 @@ sub run {
 # One connection: requests until the client or a limit ends it.
 sub serve_connection {
     my ($self, $sock) = @_;
-    my $c = { sock => $sock, fd => fileno($sock), buf => '', served => 0 };
-    my $timeval = pack('l!l!', int $self->{timeout},
-        ($self->{timeout} - int $self->{timeout}) * 1e6);
-    setsockopt($sock, SOL_SOCKET, SO_RCVTIMEO, $timeval);
-    setsockopt($sock, SOL_SOCKET, SO_SNDTIMEO, $timeval);
-    setsockopt($sock, IPPROTO_TCP, TCP_NODELAY, 1);
-    _addresses($c);
+    my $c = {
+        sock => $sock, fd => fileno($sock), buf => '', served => 0,
+        timeout => $self->{timeout}, armed => 0,
+    };
+    @$c{qw(remote_addr remote_port)} = _address(getpeername($sock));
     while (1) {
         my $req = $self->_read_request($c) or last;
         $c->{served}++;
@@ -123,27 +121,36 @@ sub serve_connection {
     return;
 }
 
-# REMOTE_ADDR/PORT and SERVER_NAME/PORT for the connection.
-sub _addresses {
+# Bounds each blocking read and write on the connection by --timeout,
+# and turns off Nagle's delay for responses written in pieces. Done only
+# when a body is read or a response written in pieces: a small request
+# answered in one write needs neither, and skips three system calls.
+sub _arm {
     my ($c) = @_;
-    my $address = sub {
-        my ($packed) = @_;
-        return ('', 0) unless defined $packed && length $packed >= 2;
-        my $family = sockaddr_family($packed);
-        if ($family == AF_INET) {
-            my ($port, $ip) = unpack_sockaddr_in($packed);
-            return (inet_ntop(AF_INET, $ip), $port);
-        }
-        if ($family == AF_INET6) {
-            my ($port, $ip) = unpack_sockaddr_in6($packed);
-            return (inet_ntop(AF_INET6, $ip), $port);
-        }
-        return ('', 0);    # a Unix socket has no address to give
-    };
-    @$c{qw(remote_addr remote_port)} = $address->(getpeername($c->{sock}));
-    @$c{qw(server_addr server_port)} = $address->(getsockname($c->{sock}));
-    $c->{server_addr} = 'localhost' if $c->{server_addr} eq '';
+    return if $c->{armed}++;
+    my $timeval = pack('l!l!', int $c->{timeout},
+        ($c->{timeout} - int $c->{timeout}) * 1e6);
+    setsockopt($c->{sock}, SOL_SOCKET, SO_RCVTIMEO, $timeval);
+    setsockopt($c->{sock}, SOL_SOCKET, SO_SNDTIMEO, $timeval);
+    setsockopt($c->{sock}, IPPROTO_TCP, TCP_NODELAY, 1);
     return;
+}
+
+# An address and port from a packed socket address ('' and 0 for a Unix
+# socket, which has none to give).
+sub _address {
+    my ($packed) = @_;
+    return ('', 0) unless defined $packed && length $packed >= 2;
+    my $family = sockaddr_family($packed);
+    if ($family == AF_INET) {
+        my ($port, $ip) = unpack_sockaddr_in($packed);
+        return (inet_ntop(AF_INET, $ip), $port);
+    }
+    if ($family == AF_INET6) {
+        my ($port, $ip) = unpack_sockaddr_in6($packed);
+        return (inet_ntop(AF_INET6, $ip), $port);
+    }
+    return ('', 0);
 }
 
 # Waits until $fd is readable or, if given, the worker's channel is (the
@@ -185,15 +192,20 @@ sub _read_request {
     while (($end = find_head_end($c->{buf})) < 0) {
         return $self->_refuse($c, $start, 431, 'request head over --max-header-size')
             if length $c->{buf} > $self->{max_header_size};
+        # Most requests are there already: try before waiting.
+        my $n = recv($c->{sock}, my $data, READ_SIZE, MSG_DONTWAIT);
+        if (defined $n) {
+            return undef unless length $data;    # the client closed the connection
+            $c->{buf} .= $data;
+            next;
+        }
+        return undef unless $!{EAGAIN} || $!{EWOULDBLOCK} || $!{EINTR};
         my $left = $deadline - Time::HiRes::time();
         unless ($left > 0 && _wait_readable($c->{fd}, $left) eq 'conn') {
             # A client that never started a request gets no answer.
             return undef if $c->{served} && $c->{buf} eq '';
             return $self->_refuse($c, $start, 408, 'request head not complete within --header-timeout');
         }
-        my $n = sysread($c->{sock}, $c->{buf}, READ_SIZE, length $c->{buf});
-        next if !defined $n && ($!{EINTR} || $!{EAGAIN});
-        return undef unless $n;    # the client closed the connection or reset it
     }
     return $self->_refuse($c, $start, 431, 'request head over --max-header-size')
         if $end > $self->{max_header_size};
@@ -344,15 +356,15 @@ sub _log_access {
     my ($self, $c, $req, $status, $bytes, $start) = @_;
     return unless $self->{access_log};
     my $now = Time::HiRes::time();
-    my %headers = $req ? map { $_->[0] => $_->[1] } @{ $req->{headers} } : ();
+    my $fields = $req ? $req->{fields} : {};
     syswrite(STDERR, access_line(
         host     => $c->{remote_addr} || '-',
         start    => $start,
         request  => $req ? "$req->{method} $req->{target} $req->{protocol}" : undef,
         status   => $status,
         bytes    => $bytes,
-        referer  => $headers{referer},
-        agent    => $headers{'user-agent'},
+        referer  => ($fields->{referer} || [])->[0],
+        agent    => ($fields->{'user-agent'} || [])->[0],
         duration => $now - $start,
         slot     => $self->{slot},
     ));
@@ -374,8 +386,16 @@ sub _env {
     $env->{PATH_INFO}       = $path;
     $env->{REQUEST_URI}     = $req->{target};
     $env->{QUERY_STRING}    = $req->{query};
-    $env->{SERVER_NAME}     = length($host_name // '') ? $host_name : $c->{server_addr};
-    $env->{SERVER_PORT}     = $host_port // $c->{server_port};
+    if (length($host_name // '')) {
+        $env->{SERVER_NAME} = $host_name;
+        $env->{SERVER_PORT} = $host_port // 80;
+    }
+    else {
+        # No Host (HTTP/1.0): the address the client connected to.
+        my ($addr, $port) = _address(getsockname($c->{sock}));
+        $env->{SERVER_NAME} = length $addr ? $addr : 'localhost';
+        $env->{SERVER_PORT} = $port;
+    }
     $env->{SERVER_PROTOCOL} = $req->{protocol};
     $env->{REMOTE_ADDR}     = $c->{remote_addr};
     $env->{REMOTE_PORT}     = $c->{remote_port};
@@ -531,6 +551,7 @@ sub _send_head {
 # file and the body needs no chunk framing, else read in large blocks.
 sub _send_handle {
     my ($self, $c, $r, $body) = @_;
+    _arm($c);
     my $fd = ref $body eq 'GLOB' || (blessed $body && reftype $body eq 'GLOB')
         ? fileno($body) : undef;
     if (defined $SENDFILE && !$r->{chunked} && defined $fd && $fd >= 0 && -f $body
@@ -562,6 +583,7 @@ sub _send_handle {
 sub _write {
     my ($c, $data) = @_;
     die "the client has gone\n" if $c->{broken};
+    _arm($c) if length $data > READ_SIZE;
     my $offset = 0;
     while ($offset < length $data) {
         my $n = syswrite($c->{sock}, $data, length($data) - $offset, $offset);
@@ -578,6 +600,7 @@ package Forkpool::PSGI::Writer;
 
 sub new {
     my ($class, $c, $r) = @_;
+    Forkpool::PSGI::_arm($c);
     return bless { c => $c, r => $r, closed => 0 }, $class;
 }
 
@@ -694,6 +717,7 @@ sub _read_some {
 sub _recv {
     my ($self, $max) = @_;
     my $c = $self->{c};
+    Forkpool::PSGI::_arm($c);
     while (1) {
         my $n = sysread($c->{sock}, my $data, $max);
         return $data if $n;

@@ -298,7 +298,10 @@ sub _take_message {
         return 0;
     }
     elsif ($kind eq 'C' && $self->{dispatch} eq 'handoff') {
-        return $self->_serve(_adopt($fd), unpack('n', $payload), $handler);
+        # Perl sets close-on-exec itself on a descriptor it opens above
+        # $^F (2), so the connection needs no fcntl of its own.
+        open(my $conn, '+<&=', $fd) or die "descriptor $fd is not open: $!\n";
+        return $self->_serve($conn, unpack('n', $payload), $handler);
     }
     elsif ($kind eq 'A' && $self->{dispatch} eq 'order') {
         my $listener = unpack('n', $payload);
@@ -331,20 +334,18 @@ sub _accept {
 # Serves one connection; false if the handler asked to leave.
 sub _serve {
     my ($self, $conn, $listener, $handler) = @_;
-    # Keep a duplicate open until Idle is sent, so the client sees the
-    # connection close only once the supervisor knows this worker is free.
-    open(my $held, '+<&', $conn) or die "cannot duplicate the connection: $!\n";
     $conn->autoflush(1);
     $handler->($conn, $listener);
-    close($conn);
     if ($self->{leave}) {
         # Still busy to the supervisor, so no connection can be on its
         # way to this worker: leaving now loses nothing.
-        close($held);
+        close($conn);
         return 0;
     }
+    # Idle first, so the client sees the connection close only once the
+    # supervisor knows this worker is free.
     $self->_send('I');
-    close($held);
+    close($conn);
     return 1;
 }
 
