@@ -257,11 +257,18 @@ fn a_client_dripping_its_head_gets_408_and_frees_the_worker() {
                 break;
             }
         }
+        // The answer must come while the client is still sending: a
+        // timeout per read would wait for ever here.
+        let dripped_for = started.elapsed();
         let mut rest = Vec::new();
         let _ = conn.read_to_end(&mut rest);
         answer.extend(rest);
         let text = String::from_utf8_lossy(&answer);
         assert!(text.starts_with("HTTP/1.1 408 "), "{mode}: {text:?}");
+        assert!(
+            dripped_for < Duration::from_secs(20),
+            "{mode}: no answer while the client was dripping"
+        );
         assert!(
             psgi_support::wait_idle(&pool, 1),
             "{mode}: worker not freed"
