@@ -7,7 +7,9 @@
 #
 # Any GET answers `hello`; `?work_ms=N` sleeps N ms first (a slow handler).
 # Every response names the worker in X-Forkpool-Slot and X-Forkpool-Pid and
-# closes the connection. The worker serves whichever dispatch mode the pool
+# closes the connection. The whole request must arrive within 5 s (408),
+# its head within 8 KiB (431) and its body within 1 MiB (413); the body is
+# read and dropped, never held. The worker serves whichever dispatch mode the pool
 # runs (FORKPOOL_DISPATCH): `handoff` (the default), `order` or `shared`;
 # `handoff` needs syscall.ph (see Forkpool/Worker.pm).
 #
