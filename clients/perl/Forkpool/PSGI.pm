@@ -261,8 +261,13 @@ sub _serve_request {
     my $input = Forkpool::PSGI::Input->new($self, $c, $framing, $length, $continue);
     my $env = $self->_env($c, $req, $input);
     if ($framing eq 'chunked') {
-        my $ok = eval { _spool_chunked($env, $input); 1 };
-        return $self->_refuse($c, $req->{start}, @{ $input->{error} }, $req) unless $ok;
+        unless (eval { _spool_chunked($env, $input); 1 }) {
+            return undef if $c->{broken};
+            my $error = $input->{error} || [500, 'cannot spool the request body'];
+            _log_error("cannot read the body of $req->{method} $req->{target}: $@")
+                unless $input->{error};
+            return $self->_refuse($c, $req->{start}, @$error, $req);
+        }
     }
     my $r = {
         keep => keeps_alive($req) && $c->{served} < $self->{max_keepalive_requests},

@@ -9,10 +9,8 @@ mod common;
 mod psgi_support;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::DemoPool;
 use psgi_support::{
     connect, read_response, require_plack, rss_kib, start_psgi, worker_pids, PERL_DIR, TEST_APP,
 };
