@@ -69,38 +69,49 @@ sub find_head_end {
 # refuse with that status.
 sub parse_head {
     my ($head) = @_;
-    $head =~ s/\A(?:\r?\n)+//;
-    my @lines = split /\r?\n/, $head;
-    my $line = shift @lines // '';
-    my ($method, $target, $protocol) = $line =~ m{\A($TOKEN) (\S+) (HTTP/\d\.\d)\z}
-        or return (undef, 400, 'malformed request line');
-    my ($major, $minor) = $protocol =~ m{(\d)\.(\d)};
-    return (undef, 505, "$protocol is not supported") unless $major == 1;
-    $target =~ /[^\x21-\x7e]/
-        and return (undef, 400, 'request target with control or non-ASCII bytes');
-    my ($path, $query) = split /\?/, $target, 2;
+    # One pass with \G: the head is parsed where it lies, line by line,
+    # without splitting it into copies first.
+    $head =~ /\G(?:\r?\n)*/gc;
+    $head =~ m{\G($TOKEN) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\r?\n}gc
+        or return (undef, 400, _request_line_problem($head));
+    my ($method, $target, $major, $minor) = ($1, $2, $3, $4);
+    return (undef, 505, "HTTP/$major.$minor is not supported") unless $major == 1;
     my (@headers, %fields);
-    for my $field (@lines) {
-        my ($name, $value) = $field =~ /\A($TOKEN):[ \t]*(.*?)[ \t]*\z/s
-            or return (undef, 400,
-                $field =~ /\A[ \t]/ ? 'obsolete header line folding'
-                : 'malformed header line');
-        $value =~ /[\x00-\x08\x0a-\x1f\x7f]/
-            and return (undef, 400, "control character in header $name");
-        $name = lc $name;
+    while ($head =~ /\G($TOKEN):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r?\n/gc) {
+        my ($name, $value) = (lc $1, $2);
         push @headers, [$name, $value];
         push @{ $fields{$name} }, $value;
     }
+    $head =~ /\G\r?\n\z/gc
+        or return (undef, 400, _header_problem(substr($head, pos($head) // 0)));
+    my ($path, $query) = split /\?/, $target, 2;
     return {
         method   => $method,
         target   => $target,
         path     => $path,
         query    => $query // '',
-        protocol => $protocol,
+        protocol => "HTTP/$major.$minor",
         minor    => $minor + 0,
         headers  => \@headers,
         fields   => \%fields,
     };
+}
+
+# Why a request line was refused.
+sub _request_line_problem {
+    my ($head) = @_;
+    my ($line) = $head =~ /\A(?:\r?\n)*([^\n]*)/;
+    return 'request target with control or non-ASCII bytes'
+        if $line =~ m{\A$TOKEN (.+) HTTP/\d\.\d\r?\z} && $1 !~ / /;
+    return 'malformed request line';
+}
+
+# Why the header line at the start of $rest was refused.
+sub _header_problem {
+    my ($rest) = @_;
+    return 'obsolete header line folding' if $rest =~ /\A[ \t]/;
+    return "control character in header $1" if $rest =~ /\A($TOKEN):/;
+    return 'malformed header line';
 }
 
 # The values of header $name (lower case) in a parsed request.
@@ -198,11 +209,13 @@ sub response_head {
     my ($status, $headers, @extra) = @_;
     my $head = "HTTP/1.1 $status " . status_text($status) . "\r\n";
     for (my $i = 0; $i < @$headers; $i += 2) {
-        my ($name, $value) = ($headers->[$i], $headers->[$i + 1]);
-        die "response header '$name' has a line break in its name or value\n"
-            if "$name$value" =~ /[\r\n]/;
-        $head .= "$name: $value\r\n";
+        $head .= "$headers->[$i]: $headers->[$i + 1]\r\n";
     }
+    # One count of line-break bytes over the whole head, instead of a
+    # look at each header: one CR and one LF per line, no more.
+    my $lines = 1 + @$headers / 2;
+    ($head =~ tr/\n//) == $lines && ($head =~ tr/\r//) == $lines
+        or die "a response header has a line break in its name or value\n";
     $head .= "$_\r\n" for @extra;
     return "$head\r\n";
 }

@@ -117,6 +117,7 @@ sub serve_connection {
         my $keep = $self->_serve_request($c, $req);
         last unless $keep && !$c->{leave};
     }
+    delete $c->{informational};    # it holds $c: break the cycle
     $self->{worker}->leave if $c->{leave};
     return;
 }
@@ -379,50 +380,46 @@ sub _log_access {
 # The PSGI environment of a request.
 sub _env {
     my ($self, $c, $req, $input) = @_;
-    my $env = env_headers($req);
     my $path = $req->{path};
     if ($path =~ s{\Ahttps?://[^/]*}{}i) {
         $path = '/' if $path eq '';    # absolute form, as proxies send it
     }
-    $path =~ s/%([0-9A-Fa-f]{2})/chr hex $1/ge;
+    $path =~ s/%([0-9A-Fa-f]{2})/chr hex $1/ge if index($path, '%') >= 0;
+    my $env = env_headers($req);
     my ($host_name, $host_port) = ($env->{HTTP_HOST} // '') =~ /\A(\[[^\]]*\]|[^:]*)(?::(\d+))?\z/;
-    $env->{REQUEST_METHOD}  = $req->{method};
-    $env->{SCRIPT_NAME}     = '';
-    $env->{PATH_INFO}       = $path;
-    $env->{REQUEST_URI}     = $req->{target};
-    $env->{QUERY_STRING}    = $req->{query};
-    if (length($host_name // '')) {
-        $env->{SERVER_NAME} = $host_name;
-        $env->{SERVER_PORT} = $host_port // 80;
-    }
-    else {
+    unless (length($host_name // '')) {
         # No Host (HTTP/1.0): the address the client connected to.
-        my ($addr, $port) = _address(getsockname($c->{sock}));
-        $env->{SERVER_NAME} = length $addr ? $addr : 'localhost';
-        $env->{SERVER_PORT} = $port;
+        my $addr;
+        ($addr, $host_port) = _address(getsockname($c->{sock}));
+        $host_name = length $addr ? $addr : 'localhost';
     }
-    $env->{SERVER_PROTOCOL} = $req->{protocol};
-    $env->{REMOTE_ADDR}     = $c->{remote_addr};
-    $env->{REMOTE_PORT}     = $c->{remote_port};
-    $env->{'psgi.version'}      = [1, 1];
-    $env->{'psgi.url_scheme'}   = 'http';
-    $env->{'psgi.input'}        = $input;
-    $env->{'psgi.errors'}       = *STDERR;
-    $env->{'psgi.multithread'}  = 0;
-    $env->{'psgi.multiprocess'} = 1;
-    $env->{'psgi.run_once'}     = 0;
-    $env->{'psgi.streaming'}    = 1;
-    $env->{'psgi.nonblocking'}  = 0;
-    $env->{'psgix.input.buffered'} = 0;
-    $env->{'psgix.harakiri'}    = 1;
-    $env->{'psgix.informational'} = sub { _informational($c, $req, @_) };
+    # psgix.informational needs the request's protocol: one closure per
+    # connection, told the protocol of each request.
+    $c->{minor} = $req->{minor};
+    $c->{informational} //= sub { _informational($c, @_) };
+    @$env{qw(
+        REQUEST_METHOD SCRIPT_NAME PATH_INFO REQUEST_URI QUERY_STRING
+        SERVER_NAME SERVER_PORT SERVER_PROTOCOL REMOTE_ADDR REMOTE_PORT
+        psgi.version psgi.url_scheme psgi.input psgi.errors
+        psgi.multithread psgi.multiprocess psgi.run_once psgi.streaming
+        psgi.nonblocking psgix.input.buffered psgix.harakiri
+        psgix.informational
+    )} = (
+        $req->{method}, '', $path, $req->{target}, $req->{query},
+        $host_name, $host_port // 80, $req->{protocol}, $c->{remote_addr},
+        $c->{remote_port},
+        [1, 1], 'http', $input, *STDERR,
+        0, 1, 0, 1,
+        0, 0, 1,
+        $c->{informational},
+    );
     return $env;
 }
 
 # psgix.informational: a 1xx response before the final one.
 sub _informational {
-    my ($c, $req, $status, $headers) = @_;
-    return unless $req->{minor} >= 1 && $status >= 100 && $status < 200;
+    my ($c, $status, $headers) = @_;
+    return unless $c->{minor} >= 1 && $status >= 100 && $status < 200;
     _write($c, response_head($status, $headers || []));
     return;
 }
