@@ -129,15 +129,7 @@ sub _recvmsg_number {
             . "$Config{ptrsize}-byte pointers and $Config{ivsize}-byte integers");
     SOL_SOCKET == 1 && SCM_RIGHTS == 1
         or $refuse->('SOL_SOCKET or SCM_RIGHTS is not the Linux value');
-    # h2ph's files define their constants in the package that loads them
-    # first: ours, or main if the program loaded syscall.ph itself.
-    my $number = eval {
-        package Forkpool::Worker::Syscall;
-        require 'syscall.ph';
-        my $sub = Forkpool::Worker::Syscall->can('SYS_recvmsg')
-            || main->can('SYS_recvmsg');
-        $sub && $sub->();
-    };
+    my $number = syscall_number('recvmsg');
     defined $number
         or $refuse->("syscall.ph, which numbers the system calls, is missing "
             . "or broken (install your system's perl headers: on Debian the "
@@ -146,14 +138,39 @@ sub _recvmsg_number {
     return $number;
 }
 
+# The number of system call NAME (`recvmsg`, `sendfile`) on this 64-bit
+# Linux perl, from syscall.ph; undef where there is none (another
+# system, a 32-bit perl, or no syscall.ph).
+sub syscall_number {
+    my ($name) = @_;
+    return undef unless $^O eq 'linux' && $Config{ptrsize} == 8 && $Config{ivsize} == 8;
+    # h2ph's files define their constants in the package that loads them
+    # first: ours, or main if the program loaded syscall.ph itself.
+    return eval {
+        package Forkpool::Worker::Syscall;
+        require 'syscall.ph';
+        my $sub = Forkpool::Worker::Syscall->can("SYS_$name")
+            || main->can("SYS_$name");
+        $sub && $sub->();
+    };
+}
+
 sub slot       { $_[0]{slot} }
 sub generation { $_[0]{generation} }
 sub pid        { $_[0]{pid} }
 sub dispatch   { $_[0]{dispatch} }
 sub channel    { $_[0]{channel} }
 
-# Says Ready, then serves until told to quit or the supervisor is gone;
-# returns normally in both cases and dies on a message it does not
+# Asks to leave once the current connection is closed: `serve` returns
+# instead of reporting idle (the program then exits). For a process the
+# handler left in a state it should not serve from again (psgix.harakiri).
+# Protocol 1 has no message for "leaving": the supervisor sees a busy
+# worker exit, logs it as a death and starts a replacement as its scaling
+# rules ask.
+sub leave      { $_[0]{leave} = 1; return }
+
+# Says Ready, then serves until told to quit, the supervisor is gone or
+# the handler asked to leave; returns normally in these cases and dies on a message it does not
 # understand.
 sub serve {
     my ($self, $handler) = @_;
@@ -281,13 +298,16 @@ sub _take_message {
         return 0;
     }
     elsif ($kind eq 'C' && $self->{dispatch} eq 'handoff') {
-        $self->_serve(_adopt($fd), unpack('n', $payload), $handler);
+        # Perl sets close-on-exec itself on a descriptor it opens above
+        # $^F (2), so the connection needs no fcntl of its own.
+        open(my $conn, '+<&=', $fd) or die "descriptor $fd is not open: $!\n";
+        return $self->_serve($conn, unpack('n', $payload), $handler);
     }
     elsif ($kind eq 'A' && $self->{dispatch} eq 'order') {
         my $listener = unpack('n', $payload);
         $listener < @{ $self->{listeners} }
             or die "told to accept on unknown listener $listener\n";
-        $self->_accept($listener, $handler);
+        return $self->_accept($listener, $handler);
     }
     else {
         POSIX::close($fd) if defined $fd;
@@ -297,6 +317,7 @@ sub _take_message {
 }
 
 # Accepts one connection: B and serve it, or M if none is waiting.
+# False if the worker is to leave now.
 sub _accept {
     my ($self, $listener, $handler) = @_;
     my $conn;
@@ -304,24 +325,28 @@ sub _accept {
         warn "forkpool worker: accept failed: $!\n"
             unless $!{EAGAIN} || $!{EWOULDBLOCK} || $!{EINTR};
         $self->_send('M');
-        return;
+        return 1;
     }
     $self->_send('B');
-    $self->_serve($conn, $listener, $handler);
-    return;
+    return $self->_serve($conn, $listener, $handler);
 }
 
+# Serves one connection; false if the handler asked to leave.
 sub _serve {
     my ($self, $conn, $listener, $handler) = @_;
-    # Keep a duplicate open until Idle is sent, so the client sees the
-    # connection close only once the supervisor knows this worker is free.
-    open(my $held, '+<&', $conn) or die "cannot duplicate the connection: $!\n";
     $conn->autoflush(1);
     $handler->($conn, $listener);
-    close($conn);
+    if ($self->{leave}) {
+        # Still busy to the supervisor, so no connection can be on its
+        # way to this worker: leaving now loses nothing.
+        close($conn);
+        return 0;
+    }
+    # Idle first, so the client sees the connection close only once the
+    # supervisor knows this worker is free.
     $self->_send('I');
-    close($held);
-    return;
+    close($conn);
+    return 1;
 }
 
 sub _wait_on_listeners {
@@ -336,7 +361,7 @@ sub _wait_on_listeners {
                 next;
             }
             my ($index) = grep { $listeners[$_] == $ready } 0 .. $#listeners;
-            $self->_accept($index, $handler);
+            return unless $self->_accept($index, $handler);
         }
     }
 }
