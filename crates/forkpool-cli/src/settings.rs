@@ -50,6 +50,7 @@ pub struct ServeArgs {
     /// Run children with this group [default: the user's primary group].
     #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
+    /// The pool's knobs given as flags.
     #[command(flatten)]
     pub pool: PoolArgs,
 }

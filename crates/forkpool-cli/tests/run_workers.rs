@@ -18,7 +18,23 @@ const PERL_WORKER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../clients/perl/example_http_worker.pl"
 );
-const RUST_WORKER: &str = env!("CARGO_BIN_EXE_forkpool-example-worker");
+/// The example Rust worker, a binary of the `forkpool-bench` crate (so that
+/// installing the CLI does not install it): cargo builds it next to
+/// `forkpool` when the whole workspace is tested.
+fn rust_worker() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = std::path::Path::new(env!("CARGO_BIN_EXE_forkpool"))
+            .with_file_name("forkpool-example-worker");
+        assert!(
+            path.exists(),
+            "{} is missing: build it with `cargo build -p forkpool-bench \
+             --bin forkpool-example-worker` (or run `cargo test --workspace`)",
+            path.display()
+        );
+        path.display().to_string()
+    })
+}
 
 fn python(extra: &[&'static str]) -> Vec<&'static str> {
     [&["python3", PYTHON_WORKER][..], extra].concat()
@@ -147,7 +163,7 @@ fn perl_worker_in_order_grows_under_load_and_shrinks_after() {
 
 #[test]
 fn rust_worker_in_handoff_grows_under_load_and_shrinks_after() {
-    grows_under_load_then_shrinks("handoff", &[RUST_WORKER]);
+    grows_under_load_then_shrinks("handoff", &[rust_worker()]);
 }
 
 /// Three slow requests at once are served by three different workers.
@@ -180,8 +196,8 @@ fn python_worker_in_shared_serves_side_by_side() {
 
 #[test]
 fn rust_worker_in_order_and_shared_serves_side_by_side() {
-    serves_side_by_side("order", &[RUST_WORKER]);
-    serves_side_by_side("shared", &[RUST_WORKER]);
+    serves_side_by_side("order", &[rust_worker()]);
+    serves_side_by_side("shared", &[rust_worker()]);
 }
 
 /// `forkpool run ARGS -- CMD` for workers that never become ready.

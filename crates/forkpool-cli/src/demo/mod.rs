@@ -12,12 +12,9 @@ use crate::settings::ServeArgs;
 /// Options of `forkpool demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
+    /// Where to listen and how to run the pool.
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// Allocate and touch this many MiB in the supervisor before forking,
-    /// to show copy-on-write sharing (benchmarks).
-    #[arg(long, value_name = "MIB", default_value_t = 0)]
-    pub preload_mib: usize,
     /// Honour `?chaos=garbage|flood|exit|panic` (fault-injection tests only).
     #[arg(long, conflicts_with = "sessions")]
     pub chaos: bool,
@@ -44,6 +41,13 @@ pub const DEFAULT_SESSIONS_PER_CHILD: usize = 256;
 
 /// Runs the demo pool until it is stopped.
 pub fn run(args: DemoArgs) -> Result<(), String> {
+    run_sharing(args, Vec::new())
+}
+
+/// Runs the demo pool until it is stopped, every child holding `table`,
+/// built in the supervisor before the first fork and so shared
+/// copy-on-write (`forkpool-bench demo --preload-mib` measures that).
+pub fn run_sharing(args: DemoArgs, table: Vec<u8>) -> Result<(), String> {
     let settings = args.serve.resolve()?;
     let session_options = sessions::SessionOptions {
         workers: args.session_workers.unwrap_or(DEFAULT_SESSION_WORKERS),
@@ -72,7 +76,6 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             })?;
     }
 
-    let table = preload(args.preload_mib);
     let totals = if args.sessions {
         sessions::run(pool, &session_options, table)
     } else {
@@ -89,13 +92,4 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let json = serde_json::to_string(&totals).map_err(|e| e.to_string())?;
     println!("forkpool: totals {json}");
     Ok(())
-}
-
-/// A table the size asked for, every page written so it is really resident.
-fn preload(mib: usize) -> Vec<u8> {
-    let mut table = vec![0u8; mib * 1024 * 1024];
-    for (i, page) in table.chunks_mut(4096).enumerate() {
-        page[0] = (i % 251) as u8 + 1;
-    }
-    table
 }

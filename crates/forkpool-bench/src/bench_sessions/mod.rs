@@ -17,8 +17,8 @@
 //! next server; a row gives the median over its rounds (idle CPU: the most
 //! any round saw) and lists every round's p99.
 //!
-//! [`run`] is the benchmark as a function (rows out), for `forkpool bench`
-//! to call; [`command`] is the hidden `forkpool bench-sessions` that runs
+//! [`run`] is the benchmark as a function (rows out), for `forkpool-bench`
+//! to call; [`command`] is the hidden `forkpool-bench bench-sessions` that runs
 //! it on its own, and also runs the `threads` and `pool` servers for it.
 //! The benchmark process holds one socket per session, so it raises its
 //! `RLIMIT_NOFILE` soft limit (up to the hard limit) before it connects;
@@ -39,7 +39,7 @@ use serde::Serialize;
 use client::{Clients, LoadSpec};
 use servers::{ServerKind, ServerProcess, ServerSetup};
 
-/// Options of `forkpool bench-sessions`.
+/// Options of `forkpool-bench bench-sessions`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SessionBenchArgs {
     /// Sessions to open against each server.
@@ -276,7 +276,7 @@ fn measure(
     std::thread::sleep(bench.idle);
     let after = cost("the idle cost")?;
     let ticks = after.cpu_ticks.saturating_sub(before.cpu_ticks);
-    let idle_cpu_ms = ticks as f64 * 1000.0 / procfs::ticks_per_second() as f64;
+    let idle_cpu_ms = ticks as f64 * 1000.0 / crate::sys::clock_ticks_per_second() as f64;
     progress(&format!(
         "  idle for {:?}: {idle_cpu_ms:.0} ms of CPU",
         bench.idle
@@ -409,7 +409,7 @@ pub fn render(rows: &[SessionBenchRow]) -> String {
     out
 }
 
-/// `forkpool bench-sessions`: runs the benchmark and prints the table (or
+/// `forkpool-bench bench-sessions`: runs the benchmark and prints the table (or
 /// JSON), or, with `--serve`, is one of its servers.
 pub fn command(args: SessionBenchArgs) -> Result<(), String> {
     if let Some(kind) = args.serve {

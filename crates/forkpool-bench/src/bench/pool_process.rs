@@ -11,7 +11,6 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -82,17 +81,7 @@ impl PoolProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-        // The death signal fires when the *thread* that forked exits, so a
-        // pool started from a short-lived thread dies with that thread.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::sys::die_with_parent(&mut command);
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start '{what}': {e}"))?;

@@ -2,15 +2,13 @@
 //! every command, the numbers it reads from /proc make sense, and rounds
 //! are summed up by their median.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[test]
 fn a_small_run_measures_all_three_servers() {
     let started = Instant::now();
-    let out = Command::new(common::forkpool_bin())
+    let out = Command::new(env!("CARGO_BIN_EXE_forkpool-bench"))
         .args([
             "bench-sessions",
             "--json",

@@ -1,4 +1,4 @@
-//! `forkpool bench`: measures the pool's dispatch modes side by side, and
+//! `forkpool-bench`: measures the pool's dispatch modes side by side, and
 //! against other servers, in one invocation.
 //!
 //! Four benchmarks, each a file:
@@ -41,7 +41,7 @@ use serde::Serialize;
 use loadgen::{ConnectionMode, LoadSpec};
 use target::Target;
 
-/// The options of `forkpool bench`.
+/// The options of `forkpool-bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// How long each measurement window lasts.
@@ -268,7 +268,7 @@ fn run_wakeups(args: &BenchArgs, report: &mut Report) {
 }
 
 /// The session benchmark with its own defaults (2,000 sessions, 8 busy,
-/// 4 workers) and `rounds`; `forkpool bench-sessions` exposes all of its
+/// 4 workers) and `rounds`; `forkpool-bench bench-sessions` exposes all of its
 /// options.
 fn run_sessions(rounds: u32, report: &mut Report) {
     #[derive(clap::Parser)]

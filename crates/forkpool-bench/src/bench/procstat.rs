@@ -139,9 +139,7 @@ pub fn parse_smaps_rollup(text: &str) -> Result<Memory, String> {
 
 /// Clock ticks per second, the unit of CPU times in `/proc/PID/stat`.
 pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100)
+    crate::sys::clock_ticks_per_second()
 }
 
 /// Reads and parses `/proc/PID/stat`.

@@ -68,13 +68,6 @@ pub fn tree(root: i32) -> io::Result<Vec<i32>> {
     Ok(pids)
 }
 
-/// Clock ticks per second, for turning [`TreeCost::cpu_ticks`] into time.
-pub fn ticks_per_second() -> u64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100)
-}
-
 /// The number after `name` on its line (`VmRSS:   1234 kB` gives 1234).
 fn field_kib(text: &str, name: &str) -> Option<u64> {
     text.lines()

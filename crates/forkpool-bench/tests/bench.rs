@@ -1,7 +1,5 @@
-//! `forkpool bench` end to end: the real binary benchmarks a real demo pool
+//! `forkpool-bench` end to end: the real binary benchmarks a real demo pool
 //! (one dispatch mode, tiny windows) and reports every section as JSON.
-
-mod common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -9,10 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Runs `forkpool bench ARGS`, killing it if it takes longer than `limit`.
+/// Runs `forkpool-bench ARGS`, killing it if it takes longer than `limit`.
 fn bench(args: &[&str], limit: Duration) -> (bool, String, String) {
-    let mut child = Command::new(common::forkpool_bin())
-        .arg("bench")
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forkpool-bench"))
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -38,7 +35,7 @@ fn bench(args: &[&str], limit: Duration) -> (bool, String, String) {
         if Instant::now() > deadline {
             child.kill().unwrap();
             child.wait().unwrap();
-            panic!("forkpool bench took longer than {limit:?}");
+            panic!("forkpool-bench took longer than {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -109,7 +109,7 @@ fn loopback_ip(host: &str) -> Result<IpAddr, String> {
     })?;
     if !ip.is_loopback() {
         return Err(format!(
-            "refusing non-loopback host {ip}: forkpool bench only sends load to 127.0.0.1 or [::1]"
+            "refusing non-loopback host {ip}: forkpool-bench only sends load to 127.0.0.1 or [::1]"
         ));
     }
     Ok(ip)

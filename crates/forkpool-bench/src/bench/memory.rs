@@ -1,6 +1,6 @@
 //! Memory per idle child, with and without a table preloaded in the parent.
 //!
-//! `forkpool demo --preload-mib N` makes the parent allocate and touch an
+//! `forkpool-bench demo --preload-mib N` (the demo server with a preloaded table) makes the parent allocate and touch an
 //! N MiB table before forking, so its children share it copy-on-write. Each
 //! child's RSS then includes the table, but its USS (pages only it has)
 //! should not grow, and its PSS should grow by only N MiB divided by the
