@@ -41,7 +41,7 @@ enum Command {
     /// The demo pool the benchmarks measure: `forkpool demo` with
     /// `--preload-mib`.
     #[command(hide = true)]
-    Demo(DemoArgs),
+    Demo(Box<DemoArgs>),
     /// Many mostly idle sessions against forkpool --sessions, a session
     /// pool and a thread-per-session baseline, on its own.
     #[command(hide = true)]
@@ -65,7 +65,8 @@ fn main() {
     let result = match cli.command {
         None => bench::run(&cli.bench),
         Some(Command::Demo(args)) => {
-            forkpool_cli::demo::run_sharing(args.demo, preload(args.preload_mib))
+            let DemoArgs { demo, preload_mib } = *args;
+            forkpool_cli::demo::run_sharing(demo, preload(preload_mib))
         }
         Some(Command::BenchSessions(args)) => bench_sessions::command(args),
     };

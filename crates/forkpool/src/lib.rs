@@ -13,7 +13,8 @@
 //! - [`scaling`]: **who decides how many children there are** (a pure policy);
 //! - `dispatch`: **where a connection goes** (lowest idle child; handoff or order);
 //! - [`scoreboard`]: which child is in which slot, doing what (plain data);
-//! - [`protocol`] and [`channel`]: the back-channel wire format and its I/O;
+//! - [`protocol`]: the back-channel wire format (the `forkpool-protocol`
+//!   crate holds it, the channel and the exec'd worker's layout);
 //! - `supervisor`: the parent's event loop, carrying out the policy;
 //! - [`worker`]: the child side;
 //! - [`exec`]: children that run another program (`forkpool run -- CMD`);
@@ -23,14 +24,12 @@
 //! - [`status`]: the supervisor's totals.
 #![deny(missing_docs)]
 
-pub mod channel;
 pub mod config;
 mod dispatch;
 pub mod exec;
 pub mod listener;
 mod metrics;
 pub mod pool;
-pub mod protocol;
 pub mod scaling;
 pub mod scoreboard;
 pub mod sessions;
@@ -38,6 +37,13 @@ pub mod status;
 mod supervisor;
 mod sys;
 pub mod worker;
+
+/// The back-channel wire format: [`forkpool_protocol::wire`], under the
+/// name this crate has always used.
+pub use forkpool_protocol::wire as protocol;
+// The channel's I/O is the supervisor's and the worker's business; users
+// who speak the protocol themselves use `forkpool_protocol::channel`.
+pub(crate) use forkpool_protocol::channel;
 
 pub use config::{DispatchMode, PoolConfig};
 pub use exec::WorkerCommand;

@@ -1,4 +1,4 @@
-//! One end of a back-channel: the [`protocol`](crate::protocol) codec over a
+//! One end of a back-channel: the [`wire`](crate::wire) codec over a
 //! `SOCK_SEQPACKET` socket. Thin I/O only; what a message means is decided
 //! by the supervisor and the worker.
 
@@ -6,8 +6,8 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use crate::protocol::{ChildMessage, MessageBuf, ParentMessage, ProtocolError, MAX_MESSAGE_LEN};
 use crate::sys::fdpass::{self, Received};
+use crate::wire::{ChildMessage, MessageBuf, ParentMessage, ProtocolError, MAX_MESSAGE_LEN};
 
 /// What arrived on a channel.
 #[derive(Debug)]

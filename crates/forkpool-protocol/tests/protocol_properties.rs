@@ -1,7 +1,7 @@
 //! Properties of the back-channel codec, and the exact bytes of every
 //! message as `docs/protocol.md` documents them, so the two cannot drift.
 
-use forkpool::protocol::{
+use forkpool_protocol::wire::{
     ChildMessage, MessageBuf, ParentMessage, ProtocolError, MAX_MESSAGE_LEN, VERSION,
 };
 use proptest::prelude::*;
