@@ -23,6 +23,8 @@
 //! - [`listener`]: binding sockets and the stream a handler gets;
 //! - [`status`]: the supervisor's totals.
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
 mod dispatch;
@@ -35,6 +37,7 @@ pub mod scoreboard;
 pub mod sessions;
 pub mod status;
 mod supervisor;
+#[allow(unsafe_code)]
 mod sys;
 pub mod worker;
 

@@ -32,7 +32,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nix::errno::Errno;
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use tracing::{debug, error};
 
 use crate::channel::{Channel, Incoming};
@@ -240,25 +239,12 @@ impl Worker<'_> {
     /// `shared` (exclusive wake-ups) and `herd` (everyone wakes): the child
     /// waits on the listeners itself.
     fn accept_shared(&mut self, exclusive: bool) -> Stop {
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-            .map_err(|e| format!("epoll_create failed: {e}"))?;
-        let channel_token = u64::MAX;
-        epoll
-            .add(
-                self.info.channel.as_fd(),
-                EpollEvent::new(EpollFlags::EPOLLIN, channel_token),
-            )
-            .map_err(|e| format!("epoll_ctl on the channel failed: {e}"))?;
-        let mut flags = EpollFlags::EPOLLIN;
-        if exclusive {
-            flags |= EpollFlags::EPOLLEXCLUSIVE;
-        }
-        for (i, l) in self.listeners.iter().enumerate() {
-            epoll
-                .add(l.as_fd(), EpollEvent::new(flags, i as u64))
-                .map_err(|e| format!("epoll_ctl on listener {i} failed: {e}"))?;
-        }
-        let mut events = [EpollEvent::empty(); 8];
+        let mut wait = sys::wait::ListenerWait::new(
+            self.info.channel.as_fd(),
+            self.listeners.iter().map(|l| l.as_fd()),
+            exclusive,
+        )?;
+        let mut woken = Vec::new();
         loop {
             // In the herd, most wake-ups never reach us: the kernel wakes
             // every child, re-checks the listener, finds it drained by
@@ -266,24 +252,28 @@ impl Worker<'_> {
             // epoll_wait. Each such sleep is one more voluntary context
             // switch during the call, so the herd counts them (it exists
             // only to show this cost; the other modes skip the two reads).
-            let sleeps_before = (!exclusive).then(voluntary_switches).flatten();
-            let n = match epoll.wait(&mut events, EpollTimeout::NONE) {
-                Ok(n) => n,
+            let sleeps_before = (!exclusive)
+                .then(sys::process::voluntary_switches)
+                .flatten();
+            match wait.wait(&mut woken) {
+                Ok(()) => {}
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(format!("epoll_wait failed: {e}")),
-            };
-            if let (Some(before), Some(after)) = (sleeps_before, voluntary_switches()) {
+            }
+            if let (Some(before), Some(after)) = (sleeps_before, sys::process::voluntary_switches())
+            {
                 for _ in 1..after.saturating_sub(before) {
                     self.report(ChildMessage::Missed)?;
                 }
             }
-            for event in &events[..n] {
-                if event.data() == channel_token {
-                    if let Next::Exit = self.take_one_message()? {
-                        return Ok(());
+            for &what in &woken {
+                match what {
+                    sys::wait::Woken::Channel => {
+                        if let Next::Exit = self.take_one_message()? {
+                            return Ok(());
+                        }
                     }
-                } else {
-                    self.accept_woken(event.data() as usize)?;
+                    sys::wait::Woken::Listener(i) => self.accept_woken(i)?,
                 }
             }
         }
@@ -400,12 +390,4 @@ impl Worker<'_> {
             }
         }
     }
-}
-
-/// This thread's voluntary context switches so far (each is one sleep):
-/// one `getrusage` call, cheap enough not to slow the herd it measures.
-fn voluntary_switches() -> Option<u64> {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let usage = getrusage(UsageWho::RUSAGE_THREAD).ok()?;
-    u64::try_from(usage.voluntary_context_switches()).ok()
 }

@@ -3,4 +3,6 @@
 
 pub mod fds;
 pub mod process;
+pub mod signal;
 pub mod socket;
+pub mod wait;
