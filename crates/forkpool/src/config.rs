@@ -182,22 +182,9 @@ pub const MAX_CHILDREN_LIMIT: u32 = 4096;
 /// minutes, which no protocol wants.
 pub const MAX_DEFER_ACCEPT: Duration = Duration::from_secs(600);
 
-/// A configuration value that cannot work, with the field and the fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The offending field, as spelled in config files (`max_spare`).
-    pub field: &'static str,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A configuration value that cannot work, with the field and the fix
+/// (the same type the session pool's settings use).
+pub use forkpool_sessions::ConfigError;
 
 fn error(field: &'static str, message: String) -> Result<(), ConfigError> {
     Err(ConfigError { field, message })

@@ -34,7 +34,6 @@ mod metrics;
 pub mod pool;
 pub mod scaling;
 pub mod scoreboard;
-pub mod sessions;
 pub mod status;
 mod supervisor;
 #[allow(unsafe_code)]
@@ -47,6 +46,9 @@ pub use forkpool_protocol::wire as protocol;
 // The channel's I/O is the supervisor's and the worker's business; users
 // who speak the protocol themselves use `forkpool_protocol::channel`.
 pub(crate) use forkpool_protocol::channel;
+/// The session pool every child of [`Pool::run_sessions`] runs: the
+/// `forkpool-sessions` crate.
+pub use forkpool_sessions as sessions;
 
 pub use config::{DispatchMode, PoolConfig};
 pub use exec::WorkerCommand;

@@ -17,8 +17,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use forkpool::sessions::line_demo::LineSession;
 use forkpool::sessions::{CloseReason, Session, SessionConfig, SessionPool, SessionStream, Step};
+use forkpool_cli::demo::line::LineSession;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

@@ -15,8 +15,8 @@
 
 use std::os::fd::AsRawFd;
 
-use forkpool::protocol::{ChildMessage, MessageBuf};
 use forkpool::WorkerInfo;
+use forkpool_protocol::wire::{ChildMessage, MessageBuf};
 use nix::sys::socket::{send, MsgFlags};
 
 /// Faults that hit before the response.

@@ -3,6 +3,7 @@
 
 pub mod chaos;
 pub mod http;
+pub mod line;
 pub mod sessions;
 
 use clap::Args;

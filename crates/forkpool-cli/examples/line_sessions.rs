@@ -1,8 +1,8 @@
-//! Serves the demo line protocol (`forkpool::sessions::line_demo`) with a
+//! Serves the demo line protocol (`forkpool_cli::demo::line`) with a
 //! session pool: many connections, a few worker threads.
 //!
 //! ```text
-//! cargo run -p forkpool --example line_sessions -- [ADDR] [WORKERS] [MAX_SESSIONS]
+//! cargo run -p forkpool-cli --example line_sessions -- [ADDR] [WORKERS] [MAX_SESSIONS]
 //! printf 'NOOP\r\nWORK 200\r\nQUIT\r\n' | nc 127.0.0.1 2525
 //! ```
 //!
@@ -12,8 +12,8 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use forkpool::sessions::line_demo::LineSession;
-use forkpool::sessions::{CapPolicy, LoadHook, SessionConfig, SessionPool};
+use forkpool_cli::demo::line::LineSession;
+use forkpool_sessions::{CapPolicy, LoadHook, SessionConfig, SessionPool};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()

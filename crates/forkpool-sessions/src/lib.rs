@@ -77,7 +77,7 @@
 //! use std::net::{TcpListener, TcpStream};
 //! use std::sync::Arc;
 //!
-//! use forkpool::sessions::{Session, SessionConfig, SessionPool, SessionStream, Step};
+//! use forkpool_sessions::{Session, SessionConfig, SessionPool, SessionStream, Step};
 //!
 //! struct Echo;
 //!
@@ -94,7 +94,7 @@
 //!             match stream.read(&mut buf) {
 //!                 Ok(0) => return Ok(Step::Close),
 //!                 // Short replies fit the socket's buffer; a real protocol
-//!                 // keeps what it could not write (see `line_demo`).
+//!                 // keeps what it could not write (as the CLI's line demo does).
 //!                 Ok(n) => stream.write_all(&buf[..n])?,
 //!                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Wait),
 //!                 Err(e) => return Err(e),
@@ -133,11 +133,20 @@
 //! with 2,000 mostly idle sessions that made the pool's p99 latency worse
 //! than a thread per session (`docs/benchmarks.md` has the numbers).
 //!
-//! [`line_demo`] is a small protocol built on all this, the one `forkpool
-//! demo --sessions` serves.
+//! # This crate
+//!
+//! Purpose: the session pool on its own, usable in any process; the
+//! `forkpool` supervisor runs one in every child of
+//! `Pool::run_sessions`. Not goals: forking, supervising or scaling
+//! processes (the `forkpool` crate does), or any particular protocol: the
+//! `forkpool demo --sessions` line protocol built on it lives in the CLI
+//! (`forkpool_cli::demo::line`).
+
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod config;
-pub mod line_demo;
 mod load;
 mod messages;
 mod poller;
@@ -147,7 +156,7 @@ mod stream;
 mod table;
 mod workers;
 
-pub use config::{CapPolicy, LoadHook, SessionConfig, MAX_NAME_LEN, MAX_WORKERS};
+pub use config::{CapPolicy, ConfigError, LoadHook, SessionConfig, MAX_NAME_LEN, MAX_WORKERS};
 pub use pool::{Admission, SessionPool};
 pub use session::{CloseReason, Session, Step};
 pub use stream::{SessionListener, SessionStream};

@@ -28,8 +28,7 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::session::{CloseReason, Session, Step};
-use super::stream::SessionStream;
+use forkpool::sessions::{CloseReason, Session, SessionStream, Step};
 
 /// The longest command line, not counting its line ending.
 pub const MAX_LINE: usize = 1024;

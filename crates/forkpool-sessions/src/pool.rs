@@ -48,7 +48,7 @@ impl<S: Session> SessionPool<S> {
     /// session gets `context` in [`Session::open`].
     ///
     /// Fails with [`io::ErrorKind::InvalidInput`] (wrapping a
-    /// [`ConfigError`](crate::config::ConfigError) that names the field) for
+    /// [`ConfigError`](crate::ConfigError) that names the field) for
     /// a bad config, or with the system's error if a thread or the poll
     /// cannot be created.
     pub fn start(config: SessionConfig, context: S::Context) -> io::Result<Self> {

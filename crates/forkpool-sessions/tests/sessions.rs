@@ -11,8 +11,8 @@ use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use forkpool::sessions::line_demo::{LineSession, GREETING, REFUSAL};
-use forkpool::sessions::{
+use forkpool_cli::demo::line::{LineSession, GREETING, REFUSAL};
+use forkpool_sessions::{
     Admission, CapPolicy, CloseReason, LoadHook, Session, SessionConfig, SessionPool,
     SessionStream, Step,
 };

@@ -5,7 +5,22 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::ConfigError;
+/// A configuration value that cannot work, with the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The offending field, as spelled in config files (`max_spare`).
+    pub field: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// The most worker threads one pool may have; far above any sensible value,
 /// it only catches typos.
@@ -48,7 +63,9 @@ impl LoadHook {
         LoadHook(Arc::new(hook))
     }
 
-    pub(crate) fn call(&self, open_sessions: usize) {
+    /// Calls the callback with the number of open sessions (the pool does;
+    /// a wrapper that chains hooks does too).
+    pub fn call(&self, open_sessions: usize) {
         (self.0)(open_sessions)
     }
 }
