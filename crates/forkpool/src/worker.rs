@@ -131,6 +131,7 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
     let result = result.and_then(|()| match start.mode {
         DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),
         DispatchMode::Shared => worker.accept_shared(true),
+        #[cfg(feature = "herd")]
         DispatchMode::Herd => worker.accept_shared(false),
         DispatchMode::None => {
             Err("dispatch 'none' has no back-channel; its workers accept on their own".into())
@@ -246,12 +247,7 @@ impl Worker<'_> {
         )?;
         let mut woken = Vec::new();
         loop {
-            // In the herd, most wake-ups never reach us: the kernel wakes
-            // every child, re-checks the listener, finds it drained by
-            // another child and puts this one back to sleep inside
-            // epoll_wait. Each such sleep is one more voluntary context
-            // switch during the call, so the herd counts them (it exists
-            // only to show this cost; the other modes skip the two reads).
+            #[cfg(feature = "herd")]
             let sleeps_before = (!exclusive)
                 .then(sys::process::voluntary_switches)
                 .flatten();
@@ -260,12 +256,8 @@ impl Worker<'_> {
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(format!("epoll_wait failed: {e}")),
             }
-            if let (Some(before), Some(after)) = (sleeps_before, sys::process::voluntary_switches())
-            {
-                for _ in 1..after.saturating_sub(before) {
-                    self.report(ChildMessage::Missed)?;
-                }
-            }
+            #[cfg(feature = "herd")]
+            self.report_futile_sleeps(sleeps_before)?;
             for &what in &woken {
                 match what {
                     sys::wait::Woken::Channel => {
@@ -277,6 +269,22 @@ impl Worker<'_> {
                 }
             }
         }
+    }
+
+    /// In the herd, most wake-ups never reach us: the kernel wakes every
+    /// child, re-checks the listener, finds it drained by another child and
+    /// puts this one back to sleep inside `epoll_wait`. Each such sleep is
+    /// one more voluntary context switch during the call, so the herd
+    /// reports one `Missed` for each (it exists only to show this cost; the
+    /// other modes skip the two `getrusage` reads).
+    #[cfg(feature = "herd")]
+    fn report_futile_sleeps(&mut self, sleeps_before: Option<u64>) -> Stop {
+        if let (Some(before), Some(after)) = (sleeps_before, sys::process::voluntary_switches()) {
+            for _ in 1..after.saturating_sub(before) {
+                self.report(ChildMessage::Missed)?;
+            }
+        }
+        Ok(())
     }
 
     fn accept_woken(&mut self, index: usize) -> Stop {

@@ -4,6 +4,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
+#[cfg(feature = "herd")]
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::signal::{self, SigHandler, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -211,6 +212,7 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+#[cfg(feature = "herd")]
 /// This thread's voluntary context switches so far (each is one sleep):
 /// one `getrusage` call, cheap enough not to slow the `herd` it measures.
 pub fn voluntary_switches() -> Option<u64> {
