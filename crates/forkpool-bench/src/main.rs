@@ -41,7 +41,7 @@ enum Command {
     /// The demo pool the benchmarks measure: `forkpool demo` with
     /// `--preload-mib`.
     #[command(hide = true)]
-    Demo(Box<DemoArgs>),
+    Demo(Box<PreloadedDemoArgs>),
     /// Many mostly idle sessions against forkpool --sessions, a session
     /// pool and a thread-per-session baseline, on its own.
     #[command(hide = true)]
@@ -50,7 +50,7 @@ enum Command {
 
 /// Options of `forkpool-bench demo`.
 #[derive(Debug, clap::Args)]
-struct DemoArgs {
+struct PreloadedDemoArgs {
     #[command(flatten)]
     demo: forkpool_cli::demo::DemoArgs,
     /// Allocate and touch this many MiB in the supervisor before forking,
@@ -65,7 +65,7 @@ fn main() {
     let result = match cli.command {
         None => bench::run(&cli.bench),
         Some(Command::Demo(args)) => {
-            let DemoArgs { demo, preload_mib } = *args;
+            let PreloadedDemoArgs { demo, preload_mib } = *args;
             forkpool_cli::demo::run_sharing(demo, preload(preload_mib))
         }
         Some(Command::BenchSessions(args)) => bench_sessions::command(args),
@@ -83,4 +83,14 @@ fn preload(mib: usize) -> Vec<u8> {
         page[0] = (i % 251) as u8 + 1;
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }
