@@ -16,6 +16,7 @@
 
 mod bench;
 mod bench_sessions;
+mod chaos;
 mod sys;
 
 use clap::{Parser, Subcommand};
@@ -38,8 +39,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// The demo pool the benchmarks measure: `forkpool demo` with
-    /// `--preload-mib`.
+    /// The demo pool the benchmarks and the fault-injection tests use:
+    /// `forkpool demo` with `--preload-mib` and `--chaos`.
     #[command(hide = true)]
     Demo(Box<PreloadedDemoArgs>),
     /// Many mostly idle sessions against forkpool --sessions, a session
@@ -57,6 +58,9 @@ struct PreloadedDemoArgs {
     /// to show copy-on-write sharing.
     #[arg(long, value_name = "MIB", default_value_t = 0)]
     preload_mib: usize,
+    /// Honour `?chaos=garbage|flood|exit|panic` (fault-injection tests).
+    #[arg(long, conflicts_with = "sessions")]
+    chaos: bool,
 }
 
 fn main() {
@@ -65,8 +69,12 @@ fn main() {
     let result = match cli.command {
         None => bench::run(&cli.bench),
         Some(Command::Demo(args)) => {
-            let PreloadedDemoArgs { demo, preload_mib } = *args;
-            forkpool_cli::demo::run_sharing(demo, preload(preload_mib))
+            let PreloadedDemoArgs {
+                demo,
+                preload_mib,
+                chaos,
+            } = *args;
+            forkpool_cli::demo::run_with(demo, preload(preload_mib), chaos.then(chaos::hooks))
         }
         Some(Command::BenchSessions(args)) => bench_sessions::command(args),
     };

@@ -1,6 +1,8 @@
 //! `forkpool run`: workers that are other programs (Python, Perl, Rust, and
 //! unmodified socket-activated scripts), against the real supervisor.
 
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,20 +21,13 @@ const PERL_WORKER: &str = concat!(
     "/../../clients/perl/example_http_worker.pl"
 );
 /// The example Rust worker, a binary of the `forkpool-bench` crate (so that
-/// installing the CLI does not install it): cargo builds it next to
-/// `forkpool` when the whole workspace is tested.
+/// installing the CLI does not install it).
 fn rust_worker() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let path = std::path::Path::new(env!("CARGO_BIN_EXE_forkpool"))
-            .with_file_name("forkpool-example-worker");
-        assert!(
-            path.exists(),
-            "{} is missing: build it with `cargo build -p forkpool-bench \
-             --bin forkpool-example-worker` (or run `cargo test --workspace`)",
-            path.display()
-        );
-        path.display().to_string()
+        bench_bins::workspace_bin("forkpool-example-worker")
+            .display()
+            .to_string()
     })
 }
 

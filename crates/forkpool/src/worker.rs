@@ -54,8 +54,9 @@ pub struct WorkerInfo {
 
 impl WorkerInfo {
     /// The child's end of its back-channel. Handlers have no business
-    /// writing to it; it is exposed for diagnostics and for fault-injection
-    /// tests that must make a child misbehave on purpose.
+    /// writing to it; it exists only with the `test-hooks` feature, for
+    /// fault-injection tests that must make a child misbehave on purpose.
+    #[cfg(feature = "test-hooks")]
     pub fn channel_fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()
     }

@@ -1,7 +1,6 @@
 //! `forkpool demo`: a preforked pool serving the built-in HTTP handler, or
 //! with `--sessions` a line protocol with many sessions per child.
 
-pub mod chaos;
 pub mod http;
 pub mod line;
 pub mod sessions;
@@ -16,9 +15,6 @@ pub struct DemoArgs {
     /// Where to listen and how to run the pool.
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// Honour `?chaos=garbage|flood|exit|panic` (fault-injection tests only).
-    #[arg(long, conflicts_with = "sessions")]
-    pub chaos: bool,
     /// Requests served on one kept-alive connection before closing it, so
     /// that clients beyond the pool's size get a turn.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
@@ -42,13 +38,19 @@ pub const DEFAULT_SESSIONS_PER_CHILD: usize = 256;
 
 /// Runs the demo pool until it is stopped.
 pub fn run(args: DemoArgs) -> Result<(), String> {
-    run_sharing(args, Vec::new())
+    run_with(args, Vec::new(), None)
 }
 
 /// Runs the demo pool until it is stopped, every child holding `table`,
 /// built in the supervisor before the first fork and so shared
-/// copy-on-write (`forkpool-bench demo --preload-mib` measures that).
-pub fn run_sharing(args: DemoArgs, table: Vec<u8>) -> Result<(), String> {
+/// copy-on-write (`forkpool-bench demo --preload-mib` measures that), and
+/// the HTTP demo honouring `?chaos=` with `chaos` (`forkpool-bench demo
+/// --chaos`, for fault-injection tests).
+pub fn run_with(
+    args: DemoArgs,
+    table: Vec<u8>,
+    chaos: Option<http::ChaosHooks>,
+) -> Result<(), String> {
     let settings = args.serve.resolve()?;
     let session_options = sessions::SessionOptions {
         workers: args.session_workers.unwrap_or(DEFAULT_SESSION_WORKERS),
@@ -81,7 +83,7 @@ pub fn run_sharing(args: DemoArgs, table: Vec<u8>) -> Result<(), String> {
         sessions::run(pool, &session_options, table)
     } else {
         let options = http::DemoOptions {
-            chaos: args.chaos,
+            chaos,
             keepalive_requests: args.keepalive_requests,
         };
         pool.run(move |conn: forkpool::Connection<'_>| {

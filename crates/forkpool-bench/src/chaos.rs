@@ -1,4 +1,5 @@
-//! Fault injection for tests, enabled only by `forkpool demo --chaos`.
+//! Fault injection for tests, enabled only by `forkpool-bench demo --chaos`
+//! (the shipped `forkpool demo` has no such switch).
 //!
 //! Before the response (the request dies with its child):
 //! - `?chaos=exit`: the child exits abruptly with status 3;
@@ -15,9 +16,17 @@
 
 use std::os::fd::AsRawFd;
 
+use forkpool::protocol::{ChildMessage, MessageBuf};
 use forkpool::WorkerInfo;
-use forkpool_protocol::wire::{ChildMessage, MessageBuf};
 use nix::sys::socket::{send, MsgFlags};
+
+/// The hooks the demo's HTTP handler calls.
+pub fn hooks() -> forkpool_cli::demo::http::ChaosHooks {
+    forkpool_cli::demo::http::ChaosHooks {
+        before_response,
+        after_response,
+    }
+}
 
 /// Faults that hit before the response.
 pub fn before_response(what: &str) {
