@@ -28,7 +28,7 @@ mod sessions;
 pub use exec_worker::{ExecWorker, ExecWorkerError};
 pub(crate) use sessions::run_session_child;
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nix::errno::Errno;
@@ -57,7 +57,7 @@ impl WorkerInfo {
     /// writing to it; it exists only with the `test-hooks` feature, for
     /// fault-injection tests that must make a child misbehave on purpose.
     #[cfg(feature = "test-hooks")]
-    pub fn channel_fd(&self) -> BorrowedFd<'_> {
+    pub fn channel_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.channel.as_fd()
     }
 }
