@@ -18,7 +18,7 @@
 //!   the server closes the connection.
 //! - An idle session hears `421 idle timeout` before it is closed, a peer
 //!   beyond the pool's cap hears `421 too many sessions` (with
-//!   [`CapPolicy::Refuse`](super::CapPolicy::Refuse)), and every session
+//!   [`CapPolicy::Refuse`](forkpool::sessions::CapPolicy::Refuse)), and every session
 //!   hears `421 shutting down` when the pool stops.
 //!
 //! Commands are case-insensitive. One step answers one command, so a peer

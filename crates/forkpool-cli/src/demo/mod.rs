@@ -21,6 +21,8 @@ pub struct DemoArgs {
     pub keepalive_requests: u32,
     /// Serve the demo line protocol (NOOP, WORK <ms>, QUIT) with many
     /// sessions per child instead of HTTP one connection at a time.
+    // The doc comment is the --help text: `<ms>` is not HTML there.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long)]
     pub sessions: bool,
     /// Worker threads in each child's session pool (with --sessions) [default: 4].
