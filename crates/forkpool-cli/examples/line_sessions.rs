@@ -8,6 +8,8 @@
 //!
 //! Press Enter (or close stdin) to shut down gracefully. `RUST_LOG=debug`
 //! shows every session opening and closing.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::net::TcpListener;
 use std::time::Duration;

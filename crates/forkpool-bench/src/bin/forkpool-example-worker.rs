@@ -9,6 +9,8 @@
 //! `GET` with any path answers `hello`; `?work_ms=N` sleeps N ms first.
 //! Responses carry `X-Forkpool-Slot` and `X-Forkpool-Pid` and close the
 //! connection. Everything forkpool-specific is the two calls in `main`.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::io::{Read, Write};
 use std::time::Duration;
