@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peers for `forkpool bench`: Apache httpd (prefork MPM) and nginx, run from
+# Peers for `forkpool-bench`: Apache httpd (prefork MPM) and nginx, run from
 # config files in a scratch directory (no system service is touched), bound
 # to loopback only.
 #
@@ -8,7 +8,7 @@
 #   bench/peers.sh stop      stop both, by the pids they wrote
 #   bench/peers.sh status    say what runs
 #
-# Then:  forkpool bench --peer apache=http://127.0.0.1:8081/hello \
+# Then:  forkpool-bench --peer apache=http://127.0.0.1:8081/hello \
 #                       --peer nginx=http://127.0.0.1:8082/
 #
 # Apache: prefork, MaxRequestWorkers 64, KeepAlive On (Apache's defaults for

@@ -7,6 +7,7 @@ use crate::settings::ServeArgs;
 /// Options of `forkpool check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
+    /// Where to listen and how to run the pool.
     #[command(flatten)]
     pub serve: ServeArgs,
 }

@@ -1,20 +1,11 @@
-//! The `forkpool` command: run preforked pools, the demo server, benchmarks.
+//! The `forkpool` command: run preforked pools, the demo server, a running
+//! pool's status. Benchmarks are a separate binary, `forkpool-bench`.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-mod bench;
-mod bench_sessions;
-mod check;
-mod demo;
-mod pool_args;
-mod run;
-mod serve;
-mod settings;
-mod status;
-mod top;
-
-use std::io::IsTerminal;
+use forkpool_cli::{check, demo, run, status, top};
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 /// Preforked server pools: adaptive size, directed dispatch, no thundering herd.
 #[derive(Debug, Parser)]
@@ -37,48 +28,24 @@ enum Command {
     Top(top::TopArgs),
     /// Validate settings (a --config file and flags) without starting.
     Check(check::CheckArgs),
-    /// Measure the pool's dispatch modes side by side, and against other
-    /// servers (see docs/benchmarks.md).
-    Bench(bench::BenchArgs),
     /// Run a pool of another program: for each slot, fork and exec
     /// `CMD [ARGS...]` (given after `--`) with the listeners passed the
     /// systemd way and the back-channel announced in FORKPOOL_CHANNEL_FD.
     Run(run::RunArgs),
-    /// Many mostly idle sessions against forkpool --sessions, a session
-    /// pool and a thread-per-session baseline (temporary home until
-    /// `forkpool bench` runs it).
-    #[command(hide = true)]
-    BenchSessions(bench_sessions::SessionBenchArgs),
 }
 
 fn main() {
-    init_logging();
+    forkpool_cli::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
         Command::Top(args) => top::run(args),
         Command::Check(args) => check::run(args),
-        Command::Bench(args) => bench::run(&args),
         Command::Run(args) => run::run(args),
-        Command::BenchSessions(args) => bench_sessions::command(args),
     };
     if let Err(e) = result {
         eprintln!("forkpool: {e}");
         std::process::exit(1);
     }
-}
-
-/// Logs go to stderr; `FORKPOOL_LOG` (or `RUST_LOG`) sets the filter,
-/// `info` by default.
-fn init_logging() {
-    let filter = std::env::var("FORKPOOL_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".to_string());
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
 }

@@ -19,6 +19,7 @@ use crate::settings::ServeArgs;
 /// Options of `forkpool run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Where to listen and how to run the pool.
     #[command(flatten)]
     pub serve: ServeArgs,
     /// The worker program and its arguments, after `--`; without them, the

@@ -32,6 +32,8 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     /// Where to listen: [NAME=]HOST:PORT, [NAME=][IPv6]:PORT or
     /// [NAME=]unix:PATH; repeatable [default: 127.0.0.1:8080].
+    // The doc comment is the --help text, brackets and all.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, value_name = "ADDR")]
     pub listen: Vec<String>,
     /// Permission bits of Unix listener socket files, in octal (0660).
@@ -50,6 +52,7 @@ pub struct ServeArgs {
     /// Run children with this group [default: the user's primary group].
     #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
+    /// The pool's knobs given as flags.
     #[command(flatten)]
     pub pool: PoolArgs,
 }

@@ -1,6 +1,8 @@
 //! Children that crash, hang, lie or wear out are replaced; the supervisor
 //! keeps serving.
 
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
 mod common;
 
 use std::collections::BTreeSet;
@@ -58,7 +60,11 @@ fn killed_idle_child_is_replaced() {
 
 #[test]
 fn child_writing_garbage_is_killed_and_replaced() {
-    let pool = DemoPool::start(&["--chaos", "--min-children", "2"]);
+    let pool = DemoPool::start_from(
+        &bench_bins::forkpool_bench(),
+        &["--chaos", "--min-children", "2"],
+        &[],
+    );
     let r = pool.get("/?chaos=garbage").unwrap();
     assert_eq!(r.status, 200);
     assert!(pool.stderr.wait_for(
@@ -76,7 +82,11 @@ fn child_writing_garbage_is_killed_and_replaced() {
 
 #[test]
 fn child_that_exits_or_panics_mid_request_is_replaced() {
-    let pool = DemoPool::start(&["--chaos", "--min-children", "2"]);
+    let pool = DemoPool::start_from(
+        &bench_bins::forkpool_bench(),
+        &["--chaos", "--min-children", "2"],
+        &[],
+    );
     assert!(
         pool.get("/?chaos=exit").is_err(),
         "the request dies with its child"
@@ -161,7 +171,11 @@ fn children_exit_when_the_supervisor_dies() {
 
 #[test]
 fn a_burst_of_reports_is_read_in_full() {
-    let pool = DemoPool::start(&["--chaos", "--dispatch", "shared", "--min-children", "2"]);
+    let pool = DemoPool::start_from(
+        &bench_bins::forkpool_bench(),
+        &["--chaos", "--dispatch", "shared", "--min-children", "2"],
+        &[],
+    );
     let started = std::time::Instant::now();
     let r = pool
         .get("/?chaos=flood")

@@ -1,6 +1,8 @@
 //! What an operator relies on: status, metrics, busy timeout, reload,
 //! spare-target signals, privilege drop, sd_notify, config files.
 
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
 mod common;
 
 use std::io::{Read, Write};
@@ -120,7 +122,11 @@ fn scrape(pool: &DemoPool) -> String {
 
 #[test]
 fn metrics_count_what_happened() {
-    let pool = DemoPool::start(&["--chaos", "--min-children", "2", "--metrics", "127.0.0.1:0"]);
+    let pool = DemoPool::start_from(
+        &bench_bins::forkpool_bench(),
+        &["--chaos", "--min-children", "2", "--metrics", "127.0.0.1:0"],
+        &[],
+    );
     assert!(pool
         .stdout
         .wait_for("forkpool: metrics on", Duration::from_secs(5)));

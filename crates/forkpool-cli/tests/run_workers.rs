@@ -1,6 +1,8 @@
 //! `forkpool run`: workers that are other programs (Python, Perl, Rust, and
 //! unmodified socket-activated scripts), against the real supervisor.
 
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +20,16 @@ const PERL_WORKER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../clients/perl/example_http_worker.pl"
 );
-const RUST_WORKER: &str = env!("CARGO_BIN_EXE_forkpool-example-worker");
+/// The example Rust worker, a binary of the `forkpool-bench` crate (so that
+/// installing the CLI does not install it).
+fn rust_worker() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        bench_bins::workspace_bin("forkpool-example-worker")
+            .display()
+            .to_string()
+    })
+}
 
 fn python(extra: &[&'static str]) -> Vec<&'static str> {
     [&["python3", PYTHON_WORKER][..], extra].concat()
@@ -147,7 +158,7 @@ fn perl_worker_in_order_grows_under_load_and_shrinks_after() {
 
 #[test]
 fn rust_worker_in_handoff_grows_under_load_and_shrinks_after() {
-    grows_under_load_then_shrinks("handoff", &[RUST_WORKER]);
+    grows_under_load_then_shrinks("handoff", &[rust_worker()]);
 }
 
 /// Three slow requests at once are served by three different workers.
@@ -180,8 +191,8 @@ fn python_worker_in_shared_serves_side_by_side() {
 
 #[test]
 fn rust_worker_in_order_and_shared_serves_side_by_side() {
-    serves_side_by_side("order", &[RUST_WORKER]);
-    serves_side_by_side("shared", &[RUST_WORKER]);
+    serves_side_by_side("order", &[rust_worker()]);
+    serves_side_by_side("shared", &[rust_worker()]);
 }
 
 /// `forkpool run ARGS -- CMD` for workers that never become ready.

@@ -25,7 +25,9 @@ pub enum DispatchMode {
     Shared,
     /// Like `Shared` but every child polls the listeners non-exclusively, so
     /// every connection wakes every idle child. Exists only so the benchmark
-    /// can show the thundering herd the other modes avoid.
+    /// can show the thundering herd the other modes avoid: only built with
+    /// the `herd` cargo feature, which the `forkpool-bench` crate enables.
+    #[cfg(feature = "herd")]
     Herd,
     /// For exec'd programs that speak no protocol and only know systemd
     /// socket activation: each worker gets the listeners (`LISTEN_FDS`) and
@@ -44,6 +46,7 @@ impl DispatchMode {
             DispatchMode::Handoff => "handoff",
             DispatchMode::Order => "order",
             DispatchMode::Shared => "shared",
+            #[cfg(feature = "herd")]
             DispatchMode::Herd => "herd",
             DispatchMode::None => "none",
         }
@@ -80,6 +83,7 @@ impl FromStr for DispatchMode {
             "handoff" => Ok(DispatchMode::Handoff),
             "order" => Ok(DispatchMode::Order),
             "shared" => Ok(DispatchMode::Shared),
+            #[cfg(feature = "herd")]
             "herd" => Ok(DispatchMode::Herd),
             "none" => Ok(DispatchMode::None),
             other => Err(format!(
@@ -182,22 +186,9 @@ pub const MAX_CHILDREN_LIMIT: u32 = 4096;
 /// minutes, which no protocol wants.
 pub const MAX_DEFER_ACCEPT: Duration = Duration::from_secs(600);
 
-/// A configuration value that cannot work, with the field and the fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The offending field, as spelled in config files (`max_spare`).
-    pub field: &'static str,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A configuration value that cannot work, with the field and the fix
+/// (the same type the session pool's settings use).
+pub use forkpool_sessions::ConfigError;
 
 fn error(field: &'static str, message: String) -> Result<(), ConfigError> {
     Err(ConfigError { field, message })
@@ -472,6 +463,7 @@ mod tests {
             DispatchMode::Handoff,
             DispatchMode::Order,
             DispatchMode::Shared,
+            #[cfg(feature = "herd")]
             DispatchMode::Herd,
             DispatchMode::None,
         ] {

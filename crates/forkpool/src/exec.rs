@@ -4,26 +4,8 @@
 //! running a Rust handler, arranges its descriptors and environment and
 //! `exec`s the command. What the program finds when it starts:
 //!
-//! | fd          | what                                                        |
-//! |-------------|-------------------------------------------------------------|
-//! | 0           | `/dev/null`                                                 |
-//! | 1           | the supervisor's standard output, shared                    |
-//! | 2           | a pipe the supervisor reads; each line is logged with the slot and pid |
-//! | 3 … 3+n−1   | the n listening sockets (not in `handoff` mode, where n = 0) |
-//! | 3+n         | the back-channel (not in `none` mode)                       |
-//!
-//! No other descriptor is open. The environment says where things are:
-//!
-//! | variable              | value                                                   |
-//! |-----------------------|---------------------------------------------------------|
-//! | `LISTEN_FDS`          | n, when n > 0 (systemd socket activation)               |
-//! | `LISTEN_PID`          | the worker's own pid, when n > 0                        |
-//! | `LISTEN_FDNAMES`      | each listener's name (`--listen NAME=ADDR`), else `listenerI`; when n > 0 |
-//! | `FORKPOOL_CHANNEL_FD` | 3+n, except in `none` mode                              |
-//! | `FORKPOOL_PROTOCOL`   | `1`, the back-channel protocol version, except in `none` mode |
-//! | `FORKPOOL_SLOT`       | the worker's slot number                                |
-//! | `FORKPOOL_GENERATION` | the pool generation (it goes up on every reload)        |
-//! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `herd` or `none`          |
+//! [`forkpool_protocol::layout`] lists the descriptors and environment it
+//! finds, the same for a worker in any language.
 //!
 //! Variables of these names that the supervisor itself inherited are
 //! removed, so a worker never mistakes its parent's socket activation for
@@ -45,26 +27,10 @@ use crate::protocol;
 use crate::sys;
 use crate::worker::ChildStart;
 
-/// The first descriptor passed beyond the standard streams (systemd's
-/// `SD_LISTEN_FDS_START`).
-pub const FIRST_FD: RawFd = 3;
-
-/// Names the back-channel's descriptor number.
-pub const CHANNEL_FD_VAR: &str = "FORKPOOL_CHANNEL_FD";
-/// The back-channel protocol version, `1`.
-pub const PROTOCOL_VAR: &str = "FORKPOOL_PROTOCOL";
-/// The worker's slot number.
-pub const SLOT_VAR: &str = "FORKPOOL_SLOT";
-/// The pool generation the worker belongs to.
-pub const GENERATION_VAR: &str = "FORKPOOL_GENERATION";
-/// The dispatch mode's name.
-pub const DISPATCH_VAR: &str = "FORKPOOL_DISPATCH";
-/// systemd socket activation: how many listeners follow fd 2.
-pub const LISTEN_FDS_VAR: &str = "LISTEN_FDS";
-/// systemd socket activation: the pid the listeners are meant for.
-pub const LISTEN_PID_VAR: &str = "LISTEN_PID";
-/// systemd socket activation: a name per listener, `:`-separated.
-pub const LISTEN_FDNAMES_VAR: &str = "LISTEN_FDNAMES";
+pub use forkpool_protocol::layout::{
+    CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR,
+    LISTEN_PID_VAR, PROTOCOL_VAR, SLOT_VAR,
+};
 
 const MANAGED_VARS: [&str; 8] = [
     CHANNEL_FD_VAR,

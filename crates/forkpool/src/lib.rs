@@ -13,7 +13,8 @@
 //! - [`scaling`]: **who decides how many children there are** (a pure policy);
 //! - `dispatch`: **where a connection goes** (lowest idle child; handoff or order);
 //! - [`scoreboard`]: which child is in which slot, doing what (plain data);
-//! - [`protocol`] and [`channel`]: the back-channel wire format and its I/O;
+//! - [`protocol`]: the back-channel wire format (the `forkpool-protocol`
+//!   crate holds it, the channel and the exec'd worker's layout);
 //! - `supervisor`: the parent's event loop, carrying out the policy;
 //! - [`worker`]: the child side;
 //! - [`exec`]: children that run another program (`forkpool run -- CMD`);
@@ -22,8 +23,9 @@
 //! - [`listener`]: binding sockets and the stream a handler gets;
 //! - [`status`]: the supervisor's totals.
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod channel;
 pub mod config;
 mod dispatch;
 pub mod exec;
@@ -31,14 +33,23 @@ pub mod listener;
 mod metrics;
 pub mod observe;
 pub mod pool;
-pub mod protocol;
 pub mod scaling;
 pub mod scoreboard;
-pub mod sessions;
 pub mod status;
 mod supervisor;
+#[allow(unsafe_code)]
 mod sys;
 pub mod worker;
+
+/// The back-channel wire format: [`forkpool_protocol::wire`], under the
+/// name this crate has always used.
+pub use forkpool_protocol::wire as protocol;
+// The channel's I/O is the supervisor's and the worker's business; users
+// who speak the protocol themselves use `forkpool_protocol::channel`.
+pub(crate) use forkpool_protocol::channel;
+/// The session pool every child of [`Pool::run_sessions`] runs: the
+/// `forkpool-sessions` crate.
+pub use forkpool_sessions as sessions;
 
 pub use config::{DispatchMode, PoolConfig};
 pub use exec::WorkerCommand;

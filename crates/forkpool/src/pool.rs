@@ -269,9 +269,30 @@ impl Pool {
     /// supervisor kills it) and exits.
     ///
     /// ```no_run
-    /// use forkpool::sessions::line_demo::LineSession;
-    /// use forkpool::sessions::SessionConfig;
+    /// use std::io::{self, Read, Write};
+    /// use std::sync::Arc;
+    ///
+    /// use forkpool::sessions::{Session, SessionConfig, SessionStream, Step};
     /// use forkpool::{Pool, PoolConfig};
+    ///
+    /// /// Echoes what arrives, whenever it arrives.
+    /// struct Echo;
+    ///
+    /// impl Session for Echo {
+    ///     type Context = ();
+    ///     fn open(_: &Arc<()>, _: &SessionStream) -> Echo {
+    ///         Echo
+    ///     }
+    ///     fn step(&mut self, stream: &mut SessionStream) -> io::Result<Step> {
+    ///         let mut buf = [0u8; 512];
+    ///         match stream.read(&mut buf) {
+    ///             Ok(0) => Ok(Step::Close),
+    ///             Ok(n) => stream.write_all(&buf[..n]).map(|()| Step::Wait),
+    ///             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Step::Wait),
+    ///             Err(e) => Err(e),
+    ///         }
+    ///     }
+    /// }
     ///
     /// let mut pool = Pool::new(PoolConfig::default());
     /// pool.listen(&"127.0.0.1:2525".parse().unwrap()).unwrap();
@@ -280,7 +301,7 @@ impl Pool {
     ///     max_sessions: 256,
     ///     ..SessionConfig::default()
     /// };
-    /// pool.run_sessions::<LineSession, _>(sessions, |_child| ()).unwrap();
+    /// pool.run_sessions::<Echo, _>(sessions, |_child| ()).unwrap();
     /// ```
     pub fn run_sessions<S, F>(
         self,
@@ -330,6 +351,22 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session that never runs: the tests using it fail before a fork.
+    struct Silent;
+
+    impl Session for Silent {
+        type Context = ();
+        fn open(_: &std::sync::Arc<()>, _: &crate::sessions::SessionStream) -> Silent {
+            Silent
+        }
+        fn step(
+            &mut self,
+            _: &mut crate::sessions::SessionStream,
+        ) -> std::io::Result<crate::sessions::Step> {
+            Ok(crate::sessions::Step::Close)
+        }
+    }
 
     #[test]
     fn refuses_to_fork_from_a_threaded_process() {
@@ -383,10 +420,7 @@ mod tests {
             ..PoolConfig::default()
         };
         let err = Pool::new(config)
-            .run_sessions::<crate::sessions::line_demo::LineSession, _>(
-                SessionConfig::default(),
-                |_| (),
-            )
+            .run_sessions::<Silent, _>(SessionConfig::default(), |_| ())
             .unwrap_err();
         assert!(matches!(&err, PoolError::Config(e) if e.field == "dispatch"));
         assert!(err.to_string().contains("use handoff"), "{err}");

@@ -28,11 +28,10 @@ mod sessions;
 pub use exec_worker::{ExecWorker, ExecWorkerError};
 pub(crate) use sessions::run_session_child;
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nix::errno::Errno;
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use tracing::{debug, error};
 
 use crate::channel::{Channel, Incoming};
@@ -55,9 +54,10 @@ pub struct WorkerInfo {
 
 impl WorkerInfo {
     /// The child's end of its back-channel. Handlers have no business
-    /// writing to it; it is exposed for diagnostics and for fault-injection
-    /// tests that must make a child misbehave on purpose.
-    pub fn channel_fd(&self) -> BorrowedFd<'_> {
+    /// writing to it; it exists only with the `test-hooks` feature, for
+    /// fault-injection tests that must make a child misbehave on purpose.
+    #[cfg(feature = "test-hooks")]
+    pub fn channel_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.channel.as_fd()
     }
 }
@@ -132,6 +132,7 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
     let result = result.and_then(|()| match start.mode {
         DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),
         DispatchMode::Shared => worker.accept_shared(true),
+        #[cfg(feature = "herd")]
         DispatchMode::Herd => worker.accept_shared(false),
         DispatchMode::None => {
             Err("dispatch 'none' has no back-channel; its workers accept on their own".into())
@@ -240,53 +241,51 @@ impl Worker<'_> {
     /// `shared` (exclusive wake-ups) and `herd` (everyone wakes): the child
     /// waits on the listeners itself.
     fn accept_shared(&mut self, exclusive: bool) -> Stop {
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-            .map_err(|e| format!("epoll_create failed: {e}"))?;
-        let channel_token = u64::MAX;
-        epoll
-            .add(
-                self.info.channel.as_fd(),
-                EpollEvent::new(EpollFlags::EPOLLIN, channel_token),
-            )
-            .map_err(|e| format!("epoll_ctl on the channel failed: {e}"))?;
-        let mut flags = EpollFlags::EPOLLIN;
-        if exclusive {
-            flags |= EpollFlags::EPOLLEXCLUSIVE;
-        }
-        for (i, l) in self.listeners.iter().enumerate() {
-            epoll
-                .add(l.as_fd(), EpollEvent::new(flags, i as u64))
-                .map_err(|e| format!("epoll_ctl on listener {i} failed: {e}"))?;
-        }
-        let mut events = [EpollEvent::empty(); 8];
+        let mut wait = sys::wait::ListenerWait::new(
+            self.info.channel.as_fd(),
+            self.listeners.iter().map(|l| l.as_fd()),
+            exclusive,
+        )?;
+        let mut woken = Vec::new();
         loop {
-            // In the herd, most wake-ups never reach us: the kernel wakes
-            // every child, re-checks the listener, finds it drained by
-            // another child and puts this one back to sleep inside
-            // epoll_wait. Each such sleep is one more voluntary context
-            // switch during the call, so the herd counts them (it exists
-            // only to show this cost; the other modes skip the two reads).
-            let sleeps_before = (!exclusive).then(voluntary_switches).flatten();
-            let n = match epoll.wait(&mut events, EpollTimeout::NONE) {
-                Ok(n) => n,
+            #[cfg(feature = "herd")]
+            let sleeps_before = (!exclusive)
+                .then(sys::process::voluntary_switches)
+                .flatten();
+            match wait.wait(&mut woken) {
+                Ok(()) => {}
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(format!("epoll_wait failed: {e}")),
-            };
-            if let (Some(before), Some(after)) = (sleeps_before, voluntary_switches()) {
-                for _ in 1..after.saturating_sub(before) {
-                    self.report(ChildMessage::Missed)?;
-                }
             }
-            for event in &events[..n] {
-                if event.data() == channel_token {
-                    if let Next::Exit = self.take_one_message()? {
-                        return Ok(());
+            #[cfg(feature = "herd")]
+            self.report_futile_sleeps(sleeps_before)?;
+            for &what in &woken {
+                match what {
+                    sys::wait::Woken::Channel => {
+                        if let Next::Exit = self.take_one_message()? {
+                            return Ok(());
+                        }
                     }
-                } else {
-                    self.accept_woken(event.data() as usize)?;
+                    sys::wait::Woken::Listener(i) => self.accept_woken(i)?,
                 }
             }
         }
+    }
+
+    /// In the herd, most wake-ups never reach us: the kernel wakes every
+    /// child, re-checks the listener, finds it drained by another child and
+    /// puts this one back to sleep inside `epoll_wait`. Each such sleep is
+    /// one more voluntary context switch during the call, so the herd
+    /// reports one `Missed` for each (it exists only to show this cost; the
+    /// other modes skip the two `getrusage` reads).
+    #[cfg(feature = "herd")]
+    fn report_futile_sleeps(&mut self, sleeps_before: Option<u64>) -> Stop {
+        if let (Some(before), Some(after)) = (sleeps_before, sys::process::voluntary_switches()) {
+            for _ in 1..after.saturating_sub(before) {
+                self.report(ChildMessage::Missed)?;
+            }
+        }
+        Ok(())
     }
 
     fn accept_woken(&mut self, index: usize) -> Stop {
@@ -400,12 +399,4 @@ impl Worker<'_> {
             }
         }
     }
-}
-
-/// This thread's voluntary context switches so far (each is one sleep):
-/// one `getrusage` call, cheap enough not to slow the herd it measures.
-fn voluntary_switches() -> Option<u64> {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let usage = getrusage(UsageWho::RUSAGE_THREAD).ok()?;
-    u64::try_from(usage.voluntary_context_switches()).ok()
 }

@@ -19,11 +19,23 @@ const MAX_HEAD: usize = 8 * 1024;
 /// The longest `work_ms` / `cpu_ms` honoured, so a typo cannot wedge a child.
 const MAX_SIMULATED_MS: u64 = 60_000;
 
+/// Fault injection that a test build plugs in (`forkpool-bench demo
+/// --chaos`; the shipped command has none): a request with `?chaos=WHAT`
+/// calls `before_response` ahead of its answer and `after_response` once
+/// the answer is written.
+#[derive(Debug, Clone, Copy)]
+pub struct ChaosHooks {
+    /// Called before the response, with WHAT.
+    pub before_response: fn(&str),
+    /// Called after the response is written, with WHAT and the child.
+    pub after_response: fn(&str, &forkpool::WorkerInfo),
+}
+
 /// Options of the demo handler.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
-    /// Honour `?chaos=...` (fault injection for tests). Off by default.
-    pub chaos: bool,
+    /// Honour `?chaos=...` with these hooks. None by default.
+    pub chaos: Option<ChaosHooks>,
     /// Requests served on one kept-alive connection before it is closed.
     pub keepalive_requests: u32,
 }
@@ -31,7 +43,7 @@ pub struct DemoOptions {
 impl Default for DemoOptions {
     fn default() -> Self {
         DemoOptions {
-            chaos: false,
+            chaos: None,
             keepalive_requests: 100,
         }
     }
@@ -204,9 +216,11 @@ fn answer(
         (Ok(w), Ok(c)) => (w, c),
         (Err(why), _) | (_, Err(why)) => return respond(stream, 400, &why, false, worker),
     };
-    let chaos = query_value(query, "chaos").filter(|_| options.chaos);
-    if let Some(what) = chaos {
-        super::chaos::before_response(what);
+    let chaos = options
+        .chaos
+        .and_then(|hooks| Some((hooks, query_value(query, "chaos")?)));
+    if let Some((hooks, what)) = chaos {
+        (hooks.before_response)(what);
     }
     if cpu > 0 {
         burn_cpu(Duration::from_millis(cpu));
@@ -220,8 +234,8 @@ fn answer(
         "hello\n"
     };
     respond_with_body(stream, 200, body, BODY.len(), keep_alive, worker)?;
-    if let Some(what) = chaos {
-        super::chaos::after_response(what, worker);
+    if let Some((hooks, what)) = chaos {
+        (hooks.after_response)(what, worker);
     }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! `forkpool demo`: a preforked pool serving the built-in HTTP handler, or
 //! with `--sessions` a line protocol with many sessions per child.
 
-pub mod chaos;
 pub mod http;
+pub mod line;
 pub mod sessions;
 
 use clap::Args;
@@ -12,21 +12,17 @@ use crate::settings::ServeArgs;
 /// Options of `forkpool demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
+    /// Where to listen and how to run the pool.
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// Allocate and touch this many MiB in the supervisor before forking,
-    /// to show copy-on-write sharing (benchmarks).
-    #[arg(long, value_name = "MIB", default_value_t = 0)]
-    pub preload_mib: usize,
-    /// Honour `?chaos=garbage|flood|exit|panic` (fault-injection tests only).
-    #[arg(long, conflicts_with = "sessions")]
-    pub chaos: bool,
     /// Requests served on one kept-alive connection before closing it, so
     /// that clients beyond the pool's size get a turn.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub keepalive_requests: u32,
     /// Serve the demo line protocol (NOOP, WORK <ms>, QUIT) with many
     /// sessions per child instead of HTTP one connection at a time.
+    // The doc comment is the --help text: `<ms>` is not HTML there.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long)]
     pub sessions: bool,
     /// Worker threads in each child's session pool (with --sessions) [default: 4].
@@ -44,6 +40,19 @@ pub const DEFAULT_SESSIONS_PER_CHILD: usize = 256;
 
 /// Runs the demo pool until it is stopped.
 pub fn run(args: DemoArgs) -> Result<(), String> {
+    run_with(args, Vec::new(), None)
+}
+
+/// Runs the demo pool until it is stopped, every child holding `table`,
+/// built in the supervisor before the first fork and so shared
+/// copy-on-write (`forkpool-bench demo --preload-mib` measures that), and
+/// the HTTP demo honouring `?chaos=` with `chaos` (`forkpool-bench demo
+/// --chaos`, for fault-injection tests).
+pub fn run_with(
+    args: DemoArgs,
+    table: Vec<u8>,
+    chaos: Option<http::ChaosHooks>,
+) -> Result<(), String> {
     let settings = args.serve.resolve()?;
     let session_options = sessions::SessionOptions {
         workers: args.session_workers.unwrap_or(DEFAULT_SESSION_WORKERS),
@@ -72,12 +81,11 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             })?;
     }
 
-    let table = preload(args.preload_mib);
     let totals = if args.sessions {
         sessions::run(pool, &session_options, table)
     } else {
         let options = http::DemoOptions {
-            chaos: args.chaos,
+            chaos,
             keepalive_requests: args.keepalive_requests,
         };
         pool.run(move |conn: forkpool::Connection<'_>| {
@@ -89,13 +97,4 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let json = serde_json::to_string(&totals).map_err(|e| e.to_string())?;
     println!("forkpool: totals {json}");
     Ok(())
-}
-
-/// A table the size asked for, every page written so it is really resident.
-fn preload(mib: usize) -> Vec<u8> {
-    let mut table = vec![0u8; mib * 1024 * 1024];
-    for (i, page) in table.chunks_mut(4096).enumerate() {
-        page[0] = (i % 251) as u8 + 1;
-    }
-    table
 }

@@ -1,6 +1,6 @@
 //! `forkpool demo --sessions`: a preforked pool whose children each hold
 //! many sessions of a small SMTP-like line protocol
-//! ([`forkpool::sessions::line_demo`]: `NOOP`, `WORK <ms>`, `QUIT`).
+//! ([`line`](super::line): `NOOP`, `WORK <ms>`, `QUIT`).
 //!
 //! Read this file as an example of [`Pool::run_sessions`]. Three pieces:
 //! - a [`Session`] type: here the library's [`LineSession`], wrapped so that
@@ -17,7 +17,7 @@
 use std::io;
 use std::sync::Arc;
 
-use forkpool::sessions::line_demo::LineSession;
+use super::line::LineSession;
 use forkpool::sessions::{CloseReason, Session, SessionConfig, SessionStream, Step};
 use forkpool::{Pool, PoolError, Totals, WorkerInfo};
 

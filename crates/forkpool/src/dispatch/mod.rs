@@ -40,7 +40,9 @@ impl Supervisor {
         match self.config.dispatch {
             DispatchMode::Handoff => self.accept_and_hand_off(listener, now),
             DispatchMode::Order => self.order_accepts(listener, now),
-            DispatchMode::Shared | DispatchMode::Herd | DispatchMode::None => {}
+            DispatchMode::Shared | DispatchMode::None => {}
+            #[cfg(feature = "herd")]
+            DispatchMode::Herd => {}
         }
     }
 

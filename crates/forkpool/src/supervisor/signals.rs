@@ -115,15 +115,7 @@ impl Signals {
 
 /// Counts deliveries of `sig` in `counter`.
 fn count_signal(sig: i32, counter: &Arc<AtomicUsize>) -> io::Result<()> {
-    let counter = Arc::clone(counter);
-    // SAFETY: the closure only does an atomic add, which is
-    // async-signal-safe.
-    unsafe {
-        signal_hook::low_level::register(sig, move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        })
-    }?;
-    Ok(())
+    crate::sys::signal::count_deliveries(sig, Arc::clone(counter))
 }
 
 impl SignalPipe {

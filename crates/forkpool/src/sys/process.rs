@@ -4,6 +4,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
+#[cfg(feature = "herd")]
+use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::signal::{self, SigHandler, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
@@ -208,4 +210,12 @@ pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit takes no pointers and never returns; skipping atexit
     // handlers is the point.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(feature = "herd")]
+/// This thread's voluntary context switches so far (each is one sleep):
+/// one `getrusage` call, cheap enough not to slow the `herd` it measures.
+pub fn voluntary_switches() -> Option<u64> {
+    let usage = getrusage(UsageWho::RUSAGE_THREAD).ok()?;
+    u64::try_from(usage.voluntary_context_switches()).ok()
 }

@@ -1,0 +1,70 @@
+//! An example worker in Rust for `forkpool run`: a separate program that
+//! the supervisor execs in every slot, answering HTTP like `forkpool demo`.
+//!
+//! ```sh
+//! forkpool run --listen 127.0.0.1:8080 -- forkpool-example-worker
+//! curl -i 'http://127.0.0.1:8080/?work_ms=100'
+//! ```
+//!
+//! `GET` with any path answers `hello`; `?work_ms=N` sleeps N ms first.
+//! Responses carry `X-Forkpool-Slot` and `X-Forkpool-Pid` and close the
+//! connection. Everything forkpool-specific is the two calls in `main`.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use forkpool::worker::ExecWorker;
+use forkpool::Connection;
+
+fn main() {
+    // The library logs with `tracing`; stderr goes to the supervisor,
+    // which logs each line with this worker's slot.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .without_time()
+        .init();
+    let worker = match ExecWorker::from_env() {
+        Ok(worker) => worker,
+        Err(e) => {
+            eprintln!("forkpool-example-worker: {e}");
+            std::process::exit(2);
+        }
+    };
+    std::process::exit(worker.serve(answer));
+}
+
+/// Serves one request and closes.
+fn answer(conn: Connection<'_>) {
+    let Connection {
+        mut stream, worker, ..
+    } = conn;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 2048];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    let target = head.split_whitespace().nth(1).unwrap_or("/");
+    let work_ms = target
+        .split_once('?')
+        .map_or("", |(_, query)| query)
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("work_ms="))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(60_000);
+    std::thread::sleep(Duration::from_millis(work_ms));
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\
+         X-Forkpool-Slot: {}\r\nX-Forkpool-Pid: {}\r\nConnection: close\r\n\r\nhello\n",
+        worker.slot, worker.pid
+    );
+    let _ = stream.write_all(response.as_bytes());
+}

@@ -1,0 +1,199 @@
+//! One end of a back-channel: the [`wire`](crate::wire) codec over a
+//! `SOCK_SEQPACKET` socket. Thin I/O only; what a message means is decided
+//! by the supervisor and the worker.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+use crate::sys::fdpass::{self, Received};
+use crate::wire::{ChildMessage, MessageBuf, ParentMessage, ProtocolError, MAX_MESSAGE_LEN};
+
+/// What arrived on a channel.
+#[derive(Debug)]
+pub enum Incoming<M> {
+    /// A well-formed message, with the descriptor that came with it.
+    Message(M, Option<OwnedFd>),
+    /// Nothing is waiting (non-blocking channels only).
+    WouldBlock,
+    /// The other side closed its end.
+    Closed,
+    /// A datagram that is not a valid message.
+    Malformed(Malformed),
+}
+
+/// Why a datagram was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Malformed {
+    /// It did not decode.
+    Protocol(ProtocolError),
+    /// It was longer than any message.
+    Oversized,
+    /// It carried a file descriptor it should not have.
+    UnexpectedFd,
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Malformed::Protocol(e) => write!(f, "{e}"),
+            Malformed::Oversized => write!(f, "message longer than {MAX_MESSAGE_LEN} bytes"),
+            Malformed::UnexpectedFd => write!(f, "message carried a file descriptor"),
+        }
+    }
+}
+
+/// One end of a back-channel.
+#[derive(Debug)]
+pub struct Channel {
+    fd: OwnedFd,
+}
+
+impl Channel {
+    /// A connected pair: (supervisor's end, child's end). The supervisor's end
+    /// is non-blocking; the child's end is blocking.
+    pub fn pair() -> io::Result<(Channel, Channel)> {
+        let (parent, child) = fdpass::seqpacket_pair()?;
+        crate::sys::socket::set_nonblocking(child.as_fd(), false)?;
+        Ok((Channel { fd: parent }, Channel { fd: child }))
+    }
+
+    /// Wraps an inherited descriptor (an exec'd worker's end).
+    pub fn from_fd(fd: OwnedFd) -> Channel {
+        Channel { fd }
+    }
+
+    /// Supervisor side: sends `msg`, with `fd` for a connection handoff.
+    pub fn send_to_child(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send(self.fd.as_fd(), msg.encode(&mut buf), fd)
+    }
+
+    /// Child side: sends `msg`.
+    pub fn send_to_parent(&self, msg: ChildMessage) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send(self.fd.as_fd(), msg.encode(&mut buf), None)
+    }
+
+    /// Supervisor side: receives one message from the child. Children never
+    /// send descriptors; one that does has sent a malformed message.
+    pub fn recv_from_child(&self) -> io::Result<Incoming<ChildMessage>> {
+        Ok(match self.recv_raw()? {
+            Raw::Bytes(buf, n, fd) => match (ChildMessage::decode(&buf[..n]), fd) {
+                (Ok(_), Some(_)) => Incoming::Malformed(Malformed::UnexpectedFd),
+                (Ok(msg), None) => Incoming::Message(msg, None),
+                (Err(e), _) => Incoming::Malformed(Malformed::Protocol(e)),
+            },
+            Raw::Other(other) => other,
+        })
+    }
+
+    /// Child side: receives one message from the supervisor. Only a
+    /// connection handoff may carry a descriptor, and it must.
+    pub fn recv_from_parent(&self) -> io::Result<Incoming<ParentMessage>> {
+        Ok(match self.recv_raw()? {
+            Raw::Bytes(buf, n, fd) => match ParentMessage::decode(&buf[..n]) {
+                Ok(msg) if msg.carries_fd() != fd.is_some() => {
+                    Incoming::Malformed(Malformed::UnexpectedFd)
+                }
+                Ok(msg) => Incoming::Message(msg, fd),
+                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
+            },
+            Raw::Other(other) => other,
+        })
+    }
+
+    fn recv_raw<M>(&self) -> io::Result<Raw<M>> {
+        // One byte more than the longest message, so an oversized datagram
+        // is caught by MSG_TRUNC rather than silently cut to a valid length.
+        let mut buf = [0u8; MAX_MESSAGE_LEN + 1];
+        Ok(match fdpass::recv(self.fd.as_fd(), &mut buf)? {
+            Received::Message(n, fd) if n <= MAX_MESSAGE_LEN => Raw::Bytes(buf, n, fd),
+            Received::Message(..) | Received::Oversized => {
+                Raw::Other(Incoming::Malformed(Malformed::Oversized))
+            }
+            Received::WouldBlock => Raw::Other(Incoming::WouldBlock),
+            Received::Closed => Raw::Other(Incoming::Closed),
+        })
+    }
+}
+
+enum Raw<M> {
+    Bytes([u8; MAX_MESSAGE_LEN + 1], usize, Option<OwnedFd>),
+    Other(Incoming<M>),
+}
+
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for Channel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl From<Channel> for OwnedFd {
+    fn from(channel: Channel) -> OwnedFd {
+        channel.fd
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_connection_travels_with_its_descriptor() {
+        let (parent, child) = Channel::pair().unwrap();
+        let (a, mut b) = UnixStream::pair().unwrap();
+        parent
+            .send_to_child(ParentMessage::Connection { listener: 3 }, Some(a.as_fd()))
+            .unwrap();
+        drop(a);
+        let Incoming::Message(msg, Some(fd)) = child.recv_from_parent().unwrap() else {
+            panic!("expected a message with a descriptor");
+        };
+        assert_eq!(msg, ParentMessage::Connection { listener: 3 });
+        use std::io::{Read, Write};
+        let mut passed = UnixStream::from(fd);
+        passed.write_all(b"hi").unwrap();
+        let mut got = [0u8; 2];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hi");
+    }
+
+    #[test]
+    fn garbage_and_fds_from_a_child_are_malformed() {
+        let (parent, child) = Channel::pair().unwrap();
+        fdpass::send(child.as_fd(), b"\x01Z", None).unwrap();
+        assert!(matches!(
+            parent.recv_from_child().unwrap(),
+            Incoming::Malformed(Malformed::Protocol(ProtocolError::UnknownKind(b'Z')))
+        ));
+        fdpass::send(child.as_fd(), &[1u8; 64], None).unwrap();
+        assert!(matches!(
+            parent.recv_from_child().unwrap(),
+            Incoming::Malformed(Malformed::Oversized)
+        ));
+        let mut buf = MessageBuf::default();
+        let idle = ChildMessage::Idle.encode(&mut buf).to_vec();
+        fdpass::send(child.as_fd(), &idle, Some(parent.as_fd())).unwrap();
+        assert!(matches!(
+            parent.recv_from_child().unwrap(),
+            Incoming::Malformed(Malformed::UnexpectedFd)
+        ));
+        assert!(matches!(
+            parent.recv_from_child().unwrap(),
+            Incoming::WouldBlock
+        ));
+        drop(child);
+        assert!(matches!(
+            parent.recv_from_child().unwrap(),
+            Incoming::Closed
+        ));
+    }
+}

@@ -1,0 +1,51 @@
+//! What an exec'd worker finds when it starts, in any language: the
+//! descriptors it inherits and the environment variables that name them.
+//! `forkpool run -- CMD` sets this up in every slot before `exec`;
+//! `docs/protocol.md` and `docs/workers.md` tell the same for worker authors.
+//!
+//! | fd          | what                                                        |
+//! |-------------|-------------------------------------------------------------|
+//! | 0           | `/dev/null`                                                 |
+//! | 1           | the supervisor's standard output, shared                    |
+//! | 2           | a pipe the supervisor reads; each line is logged with the slot and pid |
+//! | 3 … 3+n−1   | the n listening sockets (not in `handoff` mode, where n = 0) |
+//! | 3+n         | the back-channel (not in `none` mode)                       |
+//!
+//! No other descriptor is open. The environment says where things are:
+//!
+//! | variable              | value                                                   |
+//! |-----------------------|---------------------------------------------------------|
+//! | `LISTEN_FDS`          | n, when n > 0 (systemd socket activation)               |
+//! | `LISTEN_PID`          | the worker's own pid, when n > 0                        |
+//! | `LISTEN_FDNAMES`      | each listener's name (`--listen NAME=ADDR`), else `listenerI`; when n > 0 |
+//! | `FORKPOOL_CHANNEL_FD` | 3+n, except in `none` mode                              |
+//! | `FORKPOOL_PROTOCOL`   | `1`, the back-channel protocol version, except in `none` mode |
+//! | `FORKPOOL_SLOT`       | the worker's slot number                                |
+//! | `FORKPOOL_GENERATION` | the pool generation (it goes up on every reload)        |
+//! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `herd` or `none`          |
+//!
+//! Variables of these names that the supervisor itself inherited are removed,
+//! so a worker never mistakes its parent's socket activation for its own.
+
+use std::os::fd::RawFd;
+
+/// The first descriptor passed beyond the standard streams (systemd's
+/// `SD_LISTEN_FDS_START`).
+pub const FIRST_FD: RawFd = 3;
+
+/// Names the back-channel's descriptor number.
+pub const CHANNEL_FD_VAR: &str = "FORKPOOL_CHANNEL_FD";
+/// The back-channel protocol version, `1`.
+pub const PROTOCOL_VAR: &str = "FORKPOOL_PROTOCOL";
+/// The worker's slot number.
+pub const SLOT_VAR: &str = "FORKPOOL_SLOT";
+/// The pool generation the worker belongs to.
+pub const GENERATION_VAR: &str = "FORKPOOL_GENERATION";
+/// The dispatch mode's name.
+pub const DISPATCH_VAR: &str = "FORKPOOL_DISPATCH";
+/// systemd socket activation: how many listeners follow fd 2.
+pub const LISTEN_FDS_VAR: &str = "LISTEN_FDS";
+/// systemd socket activation: the pid the listeners are meant for.
+pub const LISTEN_PID_VAR: &str = "LISTEN_PID";
+/// systemd socket activation: a name per listener, `:`-separated.
+pub const LISTEN_FDNAMES_VAR: &str = "LISTEN_FDNAMES";

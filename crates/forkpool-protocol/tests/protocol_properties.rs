@@ -1,0 +1,259 @@
+//! Properties of the back-channel codec, and the exact bytes of every
+//! message as `docs/protocol.md` documents them, so the two cannot drift.
+
+use forkpool_protocol::wire::{
+    ChildMessage, MessageBuf, ParentMessage, ProtocolError, MAX_MESSAGE_LEN, VERSION,
+};
+use proptest::prelude::*;
+
+fn child_message() -> impl Strategy<Value = ChildMessage> {
+    prop_oneof![
+        any::<u32>().prop_map(|pid| ChildMessage::Ready { pid }),
+        Just(ChildMessage::Idle),
+        Just(ChildMessage::Busy),
+        Just(ChildMessage::Missed),
+        Just(ChildMessage::Next),
+        any::<u32>().prop_map(|seq| ChildMessage::Pong { seq }),
+        (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(open, capacity, received)| {
+            ChildMessage::Load {
+                open,
+                capacity,
+                received,
+            }
+        }),
+    ]
+}
+
+fn parent_message() -> impl Strategy<Value = ParentMessage> {
+    prop_oneof![
+        any::<u16>().prop_map(|listener| ParentMessage::Connection { listener }),
+        any::<u16>().prop_map(|listener| ParentMessage::Accept { listener }),
+        any::<u32>().prop_map(|seq| ParentMessage::Ping { seq }),
+        Just(ParentMessage::Quit),
+    ]
+}
+
+fn child_bytes(msg: ChildMessage) -> Vec<u8> {
+    msg.encode(&mut MessageBuf::default()).to_vec()
+}
+
+fn parent_bytes(msg: ParentMessage) -> Vec<u8> {
+    msg.encode(&mut MessageBuf::default()).to_vec()
+}
+
+/// Byte strings that look like messages more often than uniform noise does:
+/// a right version byte and a known kind letter, with any payload.
+fn plausible_datagram() -> impl Strategy<Value = Vec<u8>> {
+    let kind = prop_oneof![prop::sample::select(b"RIBMPLCApQ".to_vec()), any::<u8>(),];
+    (kind, prop::collection::vec(any::<u8>(), 0..16)).prop_map(|(kind, payload)| {
+        let mut bytes = vec![VERSION, kind];
+        bytes.extend(payload);
+        bytes
+    })
+}
+
+fn any_datagram() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..64),
+        plausible_datagram()
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// Whatever a child writes, decoding returns and its error can be shown.
+    #[test]
+    fn decoding_any_bytes_never_panics(bytes in any_datagram()) {
+        if let Err(e) = ChildMessage::decode(&bytes) {
+            prop_assert!(!e.to_string().is_empty());
+        }
+        if let Err(e) = ParentMessage::decode(&bytes) {
+            prop_assert!(!e.to_string().is_empty());
+        }
+    }
+
+    /// A datagram decodes only if it is exactly the encoding of what it
+    /// decodes to: there is one way to write each message.
+    #[test]
+    fn only_canonical_bytes_decode(bytes in any_datagram()) {
+        if let Ok(msg) = ChildMessage::decode(&bytes) {
+            prop_assert_eq!(child_bytes(msg), bytes.clone());
+        }
+        if let Ok(msg) = ParentMessage::decode(&bytes) {
+            prop_assert_eq!(parent_bytes(msg), bytes);
+        }
+    }
+
+    #[test]
+    fn child_messages_round_trip(msg in child_message()) {
+        let bytes = child_bytes(msg);
+        prop_assert!(bytes.len() <= MAX_MESSAGE_LEN);
+        prop_assert_eq!(ChildMessage::decode(&bytes), Ok(msg));
+    }
+
+    #[test]
+    fn parent_messages_round_trip(msg in parent_message()) {
+        let bytes = parent_bytes(msg);
+        prop_assert!(bytes.len() <= MAX_MESSAGE_LEN);
+        prop_assert_eq!(ParentMessage::decode(&bytes), Ok(msg));
+    }
+
+    /// The two directions share no kind letter, so a message sent the wrong
+    /// way is rejected rather than misread.
+    #[test]
+    fn a_message_is_unknown_in_the_other_direction(
+        child in child_message(),
+        parent in parent_message(),
+    ) {
+        let kind = child_bytes(child)[1];
+        prop_assert_eq!(
+            ParentMessage::decode(&child_bytes(child)),
+            Err(ProtocolError::UnknownKind(kind))
+        );
+        let kind = parent_bytes(parent)[1];
+        prop_assert_eq!(
+            ChildMessage::decode(&parent_bytes(parent)),
+            Err(ProtocolError::UnknownKind(kind))
+        );
+    }
+
+    #[test]
+    fn a_byte_appended_is_rejected(
+        child in child_message(),
+        parent in parent_message(),
+        extra in any::<u8>(),
+    ) {
+        let mut bytes = child_bytes(child);
+        bytes.push(extra);
+        prop_assert!(ChildMessage::decode(&bytes).is_err(), "{:?} accepted", bytes);
+        let mut bytes = parent_bytes(parent);
+        bytes.push(extra);
+        prop_assert!(ParentMessage::decode(&bytes).is_err(), "{:?} accepted", bytes);
+    }
+
+    #[test]
+    fn a_byte_removed_is_rejected(
+        child in child_message(),
+        parent in parent_message(),
+        at in any::<prop::sample::Index>(),
+    ) {
+        let mut bytes = child_bytes(child);
+        bytes.remove(at.index(bytes.len()));
+        prop_assert!(ChildMessage::decode(&bytes).is_err(), "{:?} accepted", bytes);
+        let mut bytes = parent_bytes(parent);
+        bytes.remove(at.index(bytes.len()));
+        prop_assert!(ParentMessage::decode(&bytes).is_err(), "{:?} accepted", bytes);
+    }
+
+    /// The version byte is checked before anything else.
+    #[test]
+    fn another_version_is_unsupported(
+        version in any::<u8>().prop_filter("not ours", |v| *v != VERSION),
+        rest in prop::collection::vec(any::<u8>(), 0..20),
+    ) {
+        let mut bytes = vec![version];
+        bytes.extend(rest);
+        prop_assert_eq!(
+            ChildMessage::decode(&bytes),
+            Err(ProtocolError::UnsupportedVersion(version))
+        );
+        prop_assert_eq!(
+            ParentMessage::decode(&bytes),
+            Err(ProtocolError::UnsupportedVersion(version))
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The exact bytes documented in docs/protocol.md
+// ---------------------------------------------------------------------------
+
+const PROTOCOL_DOC: &str = include_str!("../../../docs/protocol.md");
+
+/// The bytes of an example as written in the doc's tables (`01 52 ...`),
+/// after checking the doc really shows it.
+fn documented(hex: &str) -> Vec<u8> {
+    assert!(
+        PROTOCOL_DOC.contains(&format!("`{hex}`")),
+        "docs/protocol.md does not show the example `{hex}`"
+    );
+    hex.split(' ')
+        .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+        .collect()
+}
+
+fn assert_child(msg: ChildMessage, hex: &str) {
+    let bytes = documented(hex);
+    assert_eq!(child_bytes(msg), bytes, "{msg:?}");
+    assert_eq!(ChildMessage::decode(&bytes), Ok(msg));
+}
+
+fn assert_parent(msg: ParentMessage, hex: &str) {
+    let bytes = documented(hex);
+    assert_eq!(parent_bytes(msg), bytes, "{msg:?}");
+    assert_eq!(ParentMessage::decode(&bytes), Ok(msg));
+}
+
+#[test]
+fn the_header_is_version_1() {
+    assert_eq!(VERSION, 1);
+    assert_eq!(MAX_MESSAGE_LEN, 14);
+    assert!(PROTOCOL_DOC.contains("`0x01` for this version"));
+    assert!(PROTOCOL_DOC.contains("Messages are at most 14 bytes long"));
+}
+
+#[test]
+fn child_messages_have_the_documented_bytes() {
+    assert_child(ChildMessage::Ready { pid: 123_456 }, "01 52 00 01 e2 40");
+    assert_child(ChildMessage::Idle, "01 49");
+    assert_child(ChildMessage::Busy, "01 42");
+    assert_child(ChildMessage::Missed, "01 4d");
+    assert_child(ChildMessage::Next, "01 4e");
+    assert_child(ChildMessage::Pong { seq: 0xdead_beef }, "01 50 de ad be ef");
+    assert_child(
+        ChildMessage::Load {
+            open: 3,
+            capacity: 256,
+            received: 7,
+        },
+        "01 4c 00 00 00 03 00 00 01 00 00 00 00 07",
+    );
+}
+
+#[test]
+fn parent_messages_have_the_documented_bytes() {
+    assert_parent(ParentMessage::Connection { listener: 258 }, "01 43 01 02");
+    assert_parent(ParentMessage::Accept { listener: 0 }, "01 41 00 00");
+    assert_parent(ParentMessage::Ping { seq: 7 }, "01 70 00 00 00 07");
+    assert_parent(ParentMessage::Quit, "01 51");
+}
+
+#[test]
+fn only_connection_carries_a_descriptor() {
+    assert!(ParentMessage::Connection { listener: 0 }.carries_fd());
+    assert!(!ParentMessage::Accept { listener: 0 }.carries_fd());
+    assert!(!ParentMessage::Ping { seq: 0 }.carries_fd());
+    assert!(!ParentMessage::Quit.carries_fd());
+}
+
+#[test]
+fn malformed_messages_get_the_documented_errors() {
+    assert_eq!(ChildMessage::decode(&[]), Err(ProtocolError::Empty));
+    assert_eq!(
+        ChildMessage::decode(&[0x01, b'X']),
+        Err(ProtocolError::UnknownKind(b'X'))
+    );
+    assert_eq!(
+        ChildMessage::decode(&[0x01, b'R', 0, 0, 1]),
+        Err(ProtocolError::WrongLength {
+            kind: b'R',
+            expected: 6,
+            got: 5
+        })
+    );
+    assert_eq!(
+        ParentMessage::decode(&[0x02, b'Q']),
+        Err(ProtocolError::UnsupportedVersion(2))
+    );
+}
