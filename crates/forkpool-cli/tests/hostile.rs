@@ -3,10 +3,12 @@
 
 mod common;
 
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::DemoPool;
+use common::{forkpool_bin, DemoPool};
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.
 fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -167,4 +169,94 @@ fn an_empty_datagram_closes_the_channel_and_the_child_is_killed_promptly() {
         pool.stderr.dump()
     );
     assert_eq!(killed_by(&pool.status(), "stop_timeout"), 0);
+}
+
+/// The endpoint's client cap, as `supervisor/endpoints.rs` sets it.
+const MAX_ENDPOINT_CLIENTS: usize = 64;
+
+/// The metrics address a pool printed.
+fn metrics_addr(pool: &DemoPool) -> SocketAddr {
+    pool.stdout
+        .dump()
+        .lines()
+        .find_map(|l| l.strip_prefix("forkpool: metrics on http://"))
+        .and_then(|rest| rest.trim_end_matches("/metrics").parse().ok())
+        .expect("the pool prints its metrics address")
+}
+
+/// Opens `n` metrics connections that never send a byte, and waits until
+/// the supervisor has closed all but at most the cap of them (or its
+/// 5 s client timeout did). Returns the most descriptors the supervisor
+/// held meanwhile.
+fn flood_metrics(pool: &DemoPool, n: usize) -> usize {
+    let addr = metrics_addr(pool);
+    let mut max = fd_count(pool.pid);
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for _ in 0..n {
+        idle.push(TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap());
+        max = max.max(fd_count(pool.pid));
+    }
+    for s in &idle {
+        s.set_nonblocking(true).unwrap();
+    }
+    let mut closed = vec![false; n];
+    let done = wait_until(Duration::from_secs(30), || {
+        max = max.max(fd_count(pool.pid));
+        for (s, c) in idle.iter_mut().zip(closed.iter_mut()) {
+            if !*c {
+                *c = match (&*s).read(&mut [0u8; 64]) {
+                    Ok(n) => n == 0,
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                };
+            }
+        }
+        closed.iter().filter(|c| **c).count() >= n - MAX_ENDPOINT_CLIENTS
+    });
+    assert!(
+        done,
+        "the supervisor never closed the surplus metrics clients"
+    );
+    max
+}
+
+/// Item 11: hundreds of idle metrics clients hold at most the cap's worth
+/// of descriptors in the supervisor, and the pool and `forkpool status`
+/// still answer.
+#[test]
+fn idle_metrics_clients_are_capped() {
+    let pool = DemoPool::start(&["--metrics", "127.0.0.1:0", "--min-children", "2"]);
+    let before = fd_count(pool.pid);
+    let max = flood_metrics(&pool, 300);
+    assert!(
+        max <= before + MAX_ENDPOINT_CLIENTS + 8,
+        "300 idle metrics clients took the supervisor from {before} to {max} descriptors"
+    );
+    assert_eq!(pool.get("/").expect("the pool still serves").status, 200);
+    assert_eq!(pool.status()["pid"].as_u64(), Some(pool.pid as u64));
+}
+
+/// Item 11: with a small RLIMIT_NOFILE, metrics clients never take the
+/// descriptors the pool needs for its own connections.
+#[test]
+fn metrics_clients_leave_descriptors_for_the_pool() {
+    const NOFILE: usize = 80;
+    let mut command = Command::new("prlimit");
+    command.args([
+        format!("--nofile={NOFILE}:{NOFILE}").as_str(),
+        forkpool_bin(),
+        "demo",
+    ]);
+    let pool = DemoPool::launch(
+        command,
+        &["--metrics", "127.0.0.1:0", "--min-children", "2"],
+        &[],
+        true,
+    );
+    let max = flood_metrics(&pool, 150);
+    assert!(
+        max <= NOFILE - 32 + 2,
+        "150 idle metrics clients took the supervisor to {max} of {NOFILE} descriptors"
+    );
+    assert_eq!(pool.get("/").expect("the pool still serves").status, 200);
+    assert_eq!(pool.status()["pid"].as_u64(), Some(pool.pid as u64));
 }
