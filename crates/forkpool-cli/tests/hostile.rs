@@ -260,3 +260,153 @@ fn metrics_clients_leave_descriptors_for_the_pool() {
     assert_eq!(pool.get("/").expect("the pool still serves").status, 200);
     assert_eq!(pool.status()["pid"].as_u64(), Some(pool.pid as u64));
 }
+
+/// One child, so a stalled request would stall the whole pool.
+const ONE_DEMO_CHILD: [&str; 8] = [
+    "--min-children",
+    "1",
+    "--max-children",
+    "1",
+    "--min-spare",
+    "0",
+    "--max-spare",
+    "1",
+];
+
+/// The demo's overall request deadline (`demo/http.rs`).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads what the server sent until it closes or `timeout` passes.
+fn read_answer(stream: &mut TcpStream, timeout: Duration) -> String {
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The resident set of process `pid`, in KiB.
+fn rss_kib(pid: i64) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Item 12: a client that sends one byte every 2 s gets 408 once the
+/// request deadline passes, and the child is free again.
+#[test]
+fn a_dripping_client_gets_408_and_frees_the_child() {
+    use std::io::Write;
+    let pool = DemoPool::start(&ONE_DEMO_CHILD);
+    let mut stream = TcpStream::connect(pool.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let head = b"GET / HTTP/1.1\r\nHost: drip\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let started = Instant::now();
+    let bound = REQUEST_TIMEOUT + Duration::from_secs(8);
+    let mut answer = Vec::new();
+    let mut next = 0;
+    let mut buf = [0u8; 1024];
+    while started.elapsed() < bound && next < head.len() {
+        if started.elapsed() >= Duration::from_secs(2) * next as u32 {
+            if stream.write_all(&head[next..next + 1]).is_err() {
+                break;
+            }
+            next += 1;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(
+        answer.starts_with("HTTP/1.1 408 "),
+        "a dripping client got {answer:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || pool.status()["idle"] == 1),
+        "the child is not idle again: {}",
+        pool.status()
+    );
+    assert_eq!(pool.get("/").expect("served after the drip").status, 200);
+}
+
+/// Item 12: a huge `Content-Length` is answered 413 at once, without the
+/// child reading (or keeping) the body; a body within the cap is read and
+/// discarded, not kept.
+#[test]
+fn huge_bodies_get_413_and_bodies_are_not_kept() {
+    use std::io::Write;
+    let pool = DemoPool::start(&ONE_DEMO_CHILD);
+    let child = pool.status()["slots"][0]["pid"].as_i64().unwrap();
+    // One ordinary request first, so the pages any request touches count
+    // in the baseline.
+    assert_eq!(pool.get("/").expect("served").status, 200);
+    let before = rss_kib(child);
+
+    let mut stream = TcpStream::connect(pool.addr).unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000000\r\n\r\n")
+        .unwrap();
+    // Send 32 MiB of body: a server that buffers it grows by as much.
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let block = vec![b'x'; 64 * 1024];
+        for _ in 0..512 {
+            if writer.write_all(&block).is_err() {
+                break;
+            }
+        }
+    });
+    let answer = read_answer(&mut stream, Duration::from_secs(15));
+    assert!(
+        answer.starts_with("HTTP/1.1 413 "),
+        "a 3 GB Content-Length got {answer:?}"
+    );
+    drop(stream);
+    sender.join().unwrap();
+
+    // 900 KiB of body, under the cap: read and thrown away.
+    let mut stream = TcpStream::connect(pool.addr).unwrap();
+    let body = vec![b'y'; 900 * 1024];
+    stream
+        .write_all(
+            format!(
+                "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    stream.write_all(&body).unwrap();
+    let answer = read_answer(&mut stream, Duration::from_secs(15));
+    assert!(answer.starts_with("HTTP/1.1 200 "), "got {answer:?}");
+    let after = rss_kib(child);
+    assert!(
+        after <= before + 512,
+        "the child's RSS went from {before} KiB to {after} KiB"
+    );
+}
