@@ -31,6 +31,7 @@ pub fn run(args: StatusArgs) -> Result<(), String> {
             path.display()
         )
     })?;
+    forkpool::control_path::check_server(&stream, &path).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;

@@ -25,6 +25,7 @@
 
 pub mod channel;
 pub mod config;
+pub mod control_path;
 mod dispatch;
 pub mod exec;
 pub mod listener;

@@ -69,10 +69,19 @@ struct Client {
 }
 
 impl Endpoints {
-    /// Binds the control socket at `path`, mode 0600. A stale socket file
+    /// Binds the control socket at `path`, mode 0600, once its directory
+    /// passes [`control_path::prepare`](crate::control_path::prepare)
+    /// (made private if missing; refused if other users could replace the
+    /// socket). A stale socket file
     /// is replaced; one a live supervisor answers on is an error, unless
     /// `take_over` (a binary upgrade replacing its predecessor's socket).
     pub fn bind_control(&mut self, path: &Path, take_over: bool) -> io::Result<()> {
+        crate::control_path::prepare(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("refusing the control socket {}: {e}", path.display()),
+            )
+        })?;
         if take_over && path.exists() {
             std::fs::remove_file(path)?;
         }
