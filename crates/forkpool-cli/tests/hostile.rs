@@ -5,6 +5,7 @@ mod common;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -409,4 +410,208 @@ fn huge_bodies_get_413_and_bodies_are_not_kept() {
         after <= before + 512,
         "the child's RSS went from {before} KiB to {after} KiB"
     );
+}
+
+/// A process this test started, killed and reaped when dropped.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A scratch directory with `mode`, owned by `owner` if given, removed
+/// when dropped.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(name: &str, mode: u32, owner: Option<u32>) -> ScratchDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = common::temp_path(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).unwrap();
+        }
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const NOBODY: u32 = 65534;
+
+/// Whether this test runs as root (needed to act as another user).
+fn root_or_skip() -> bool {
+    // SAFETY-free: `id -u` avoids needing libc in the tests.
+    let out = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&out.stdout).trim() == "0" {
+        return true;
+    }
+    eprintln!("skipped: acting as another local user needs root");
+    false
+}
+
+/// Starts `forkpool demo --control PATH`, expects it to refuse and exit
+/// within 15 s, and returns what it printed on stderr.
+fn refused_control(path: &Path) -> String {
+    let child = Command::new(forkpool_bin())
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--min-children",
+            "1",
+            "--control",
+        ])
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = Started(child);
+    let mut status = None;
+    wait_until(Duration::from_secs(15), || {
+        status = started.0.try_wait().unwrap();
+        status.is_some()
+    });
+    let status = status.unwrap_or_else(|| panic!("the pool accepted {}", path.display()));
+    let mut err = String::new();
+    started
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        !status.success(),
+        "the pool accepted {}: {err}",
+        path.display()
+    );
+    err
+}
+
+/// Item 10: a control path in a directory another user owns is refused.
+#[test]
+fn a_control_directory_owned_by_another_user_is_refused() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = ScratchDir::new("nobodys", 0o755, Some(NOBODY));
+    let err = refused_control(&dir.0.join("control.sock"));
+    assert!(err.contains("belongs to uid 65534"), "{err}");
+}
+
+/// Item 10: a control path in a world-writable, non-sticky directory is
+/// refused; the same directory made sticky is accepted.
+#[test]
+fn a_world_writable_control_directory_is_refused_unless_sticky() {
+    let dir = ScratchDir::new("open", 0o777, None);
+    let err = refused_control(&dir.0.join("control.sock"));
+    assert!(err.contains("not sticky"), "{err}");
+    let sticky = ScratchDir::new("sticky", 0o1777, None);
+    let path = sticky.0.join("control.sock");
+    let pool = DemoPool::start(&["--control", path.to_str().unwrap()]);
+    let out = Command::new(forkpool_bin())
+        .args(["status", "--json", "--control"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["pid"].as_u64(), Some(pool.pid as u64));
+}
+
+/// Item 10: a socket another user bound first at the control path is
+/// neither trusted by `forkpool status` nor taken by the supervisor.
+#[test]
+fn a_spoofed_control_socket_is_refused() {
+    if !root_or_skip() || !python_or_skip() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let dir = ScratchDir::new("shared", 0o1777, None);
+    let path = dir.0.join("control.sock");
+    let fake = r#"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    try:
+        c.sendall(json.dumps({"pid": 4242, "line": "spoofed"}).encode() + b"\n")
+    except OSError:
+        pass
+    c.close()
+"#;
+    let _attacker = Started(
+        Command::new("python3")
+            .args(["-c", fake])
+            .arg(&path)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_until(Duration::from_secs(15), || {
+        std::os::unix::net::UnixStream::connect(&path).is_ok()
+    }));
+    let out = Command::new(forkpool_bin())
+        .args(["status", "--json", "--control"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("uid 65534"),
+        "forkpool status trusted another user's socket: {}{err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = refused_control(&path);
+    assert!(err.contains("belongs to uid 65534"), "{err}");
+}
+
+/// Item 10: with no `XDG_RUNTIME_DIR`, the default control socket lives in
+/// a private directory `TMPDIR/forkpool-UID/` the supervisor makes (mode
+/// 0700), and `forkpool status` finds it there.
+#[test]
+fn the_default_control_socket_is_in_a_private_directory() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = ScratchDir::new("tmpdir", 0o755, None);
+    let uid = String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap();
+    let private = tmp.0.join(format!("forkpool-{}", uid.trim()));
+    let _pool = Started(
+        Command::new(forkpool_bin())
+            .args(["demo", "--listen", "127.0.0.1:0", "--min-children", "1"])
+            .env("TMPDIR", &tmp.0)
+            .env_remove("XDG_RUNTIME_DIR")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let status = || {
+        Command::new(forkpool_bin())
+            .args(["status", "--json"])
+            .env("TMPDIR", &tmp.0)
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), status),
+        "forkpool status did not find the pool at the default path in {}",
+        private.display()
+    );
+    let mode = std::fs::symlink_metadata(&private).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{} has mode {mode:o}", private.display());
 }
