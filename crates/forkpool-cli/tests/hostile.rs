@@ -85,25 +85,11 @@ fn descriptors_sent_by_a_worker_are_closed_and_the_worker_is_killed() {
         return;
     }
     for n in ["5", "8", "64"] {
-        let pool = DemoPool::start_run(
-            &[
-                "--dispatch",
-                "handoff",
-                "--min-children",
-                "1",
-                "--max-children",
-                "1",
-                "--min-spare",
-                "0",
-                "--max-spare",
-                "1",
-                "--ping-interval",
-                "100ms",
-                "--ping-timeout",
-                "20s",
-            ],
-            &["python3", "-c", FD_SENDER, n],
-        );
+        let args = [
+            &ONE_DEMO_CHILD[..],
+            &["--ping-interval", "100ms", "--ping-timeout", "20s"],
+        ];
+        let pool = DemoPool::start_run(&args.concat(), &["python3", "-c", FD_SENDER, n]);
         let before = fd_count(pool.pid);
         // Each Pong costs the worker its life; three of them in a row.
         assert!(
@@ -143,23 +129,8 @@ fn an_empty_datagram_closes_the_channel_and_the_child_is_killed_promptly() {
     if !python_or_skip() {
         return;
     }
-    let pool = DemoPool::start_run(
-        &[
-            "--dispatch",
-            "handoff",
-            "--min-children",
-            "1",
-            "--max-children",
-            "1",
-            "--min-spare",
-            "0",
-            "--max-spare",
-            "1",
-            "--ping-timeout",
-            "60s",
-        ],
-        &["python3", "-c", EMPTY_SENDER],
-    );
+    let args = [&ONE_DEMO_CHILD[..], &["--ping-timeout", "60s"]];
+    let pool = DemoPool::start_run(&args.concat(), &["python3", "-c", EMPTY_SENDER]);
     assert!(
         wait_until(Duration::from_secs(20), || killed_by(
             &pool.status(),
@@ -262,8 +233,11 @@ fn metrics_clients_leave_descriptors_for_the_pool() {
     assert_eq!(pool.status()["pid"].as_u64(), Some(pool.pid as u64));
 }
 
-/// One child, so a stalled request would stall the whole pool.
-const ONE_DEMO_CHILD: [&str; 8] = [
+/// One child in `handoff` mode (so a stalled request would stall the whole
+/// pool, and a replaced child is easy to count).
+const ONE_DEMO_CHILD: [&str; 10] = [
+    "--dispatch",
+    "handoff",
     "--min-children",
     "1",
     "--max-children",

@@ -124,10 +124,7 @@ pub fn prepare(path: &Path) -> io::Result<()> {
 pub fn check_server(socket: impl AsFd, path: &Path) -> io::Result<()> {
     let creds = nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::Other,
-            format!("cannot check who serves {}: {e}", path.display()),
-        )
+        io::Error::other(format!("cannot check who serves {}: {e}", path.display()))
     })?;
     let server = Uid::from_raw(creds.uid());
     let me = geteuid();
