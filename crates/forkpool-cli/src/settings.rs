@@ -40,7 +40,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODE")]
     pub unix_mode: Option<String>,
     /// The control socket `forkpool status` reads
-    /// [default: $XDG_RUNTIME_DIR/forkpool.sock or /tmp/forkpool-UID.sock].
+    /// [default: $XDG_RUNTIME_DIR/forkpool.sock or /tmp/forkpool-UID/forkpool.sock].
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics over HTTP at this address.
@@ -216,15 +216,10 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-/// `$XDG_RUNTIME_DIR/forkpool.sock`, else `/tmp/forkpool-UID.sock`.
+/// `$XDG_RUNTIME_DIR/forkpool.sock`, else `/tmp/forkpool-UID/forkpool.sock`
+/// (a private directory the supervisor makes).
 pub fn default_control_path() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("forkpool.sock"),
-        _ => PathBuf::from(format!(
-            "/tmp/forkpool-{}.sock",
-            nix::unistd::getuid().as_raw()
-        )),
-    }
+    forkpool::control_path::default_path()
 }
 
 fn resolve_credentials(

@@ -46,6 +46,7 @@ fn fetch_text(path: &Path) -> Result<String, String> {
             path.display()
         )
     })?;
+    forkpool::control_path::check_server(&stream, path).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;

@@ -31,6 +31,9 @@ pub enum Malformed {
     Oversized,
     /// It carried a file descriptor it should not have.
     UnexpectedFd,
+    /// Its ancillary data was cut short (`MSG_CTRUNC`): more descriptors
+    /// than a message can carry.
+    TruncatedControl,
 }
 
 impl fmt::Display for Malformed {
@@ -39,6 +42,12 @@ impl fmt::Display for Malformed {
             Malformed::Protocol(e) => write!(f, "{e}"),
             Malformed::Oversized => write!(f, "message longer than {MAX_MESSAGE_LEN} bytes"),
             Malformed::UnexpectedFd => write!(f, "message carried a file descriptor"),
+            Malformed::TruncatedControl => {
+                write!(
+                    f,
+                    "message carried more ancillary data than fits (MSG_CTRUNC)"
+                )
+            }
         }
     }
 }
@@ -76,27 +85,30 @@ impl Channel {
     }
 
     /// Supervisor side: receives one message from the child. Children never
-    /// send descriptors; one that does has sent a malformed message.
+    /// send descriptors; one that does has sent a malformed message, and the
+    /// descriptors are closed here.
     pub fn recv_from_child(&self) -> io::Result<Incoming<ChildMessage>> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(buf, n, fd) => match (ChildMessage::decode(&buf[..n]), fd) {
-                (Ok(_), Some(_)) => Incoming::Malformed(Malformed::UnexpectedFd),
-                (Ok(msg), None) => Incoming::Message(msg, None),
-                (Err(e), _) => Incoming::Malformed(Malformed::Protocol(e)),
+            Raw::Bytes(_, _, fds) if !fds.is_empty() => {
+                Incoming::Malformed(Malformed::UnexpectedFd)
+            }
+            Raw::Bytes(buf, n, _) => match ChildMessage::decode(&buf[..n]) {
+                Ok(msg) => Incoming::Message(msg, None),
+                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
             },
             Raw::Other(other) => other,
         })
     }
 
     /// Child side: receives one message from the supervisor. Only a
-    /// connection handoff may carry a descriptor, and it must.
+    /// connection handoff may carry a descriptor, exactly one, and it must.
     pub fn recv_from_parent(&self) -> io::Result<Incoming<ParentMessage>> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(buf, n, fd) => match ParentMessage::decode(&buf[..n]) {
-                Ok(msg) if msg.carries_fd() != fd.is_some() => {
+            Raw::Bytes(buf, n, mut fds) => match ParentMessage::decode(&buf[..n]) {
+                Ok(msg) if fds.len() != usize::from(msg.carries_fd()) => {
                     Incoming::Malformed(Malformed::UnexpectedFd)
                 }
-                Ok(msg) => Incoming::Message(msg, fd),
+                Ok(msg) => Incoming::Message(msg, fds.pop()),
                 Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
             },
             Raw::Other(other) => other,
@@ -108,9 +120,12 @@ impl Channel {
         // is caught by MSG_TRUNC rather than silently cut to a valid length.
         let mut buf = [0u8; MAX_MESSAGE_LEN + 1];
         Ok(match fdpass::recv(self.fd.as_fd(), &mut buf)? {
-            Received::Message(n, fd) if n <= MAX_MESSAGE_LEN => Raw::Bytes(buf, n, fd),
+            Received::Message(n, fds) if n <= MAX_MESSAGE_LEN => Raw::Bytes(buf, n, fds),
             Received::Message(..) | Received::Oversized => {
                 Raw::Other(Incoming::Malformed(Malformed::Oversized))
+            }
+            Received::TruncatedControl => {
+                Raw::Other(Incoming::Malformed(Malformed::TruncatedControl))
             }
             Received::WouldBlock => Raw::Other(Incoming::WouldBlock),
             Received::Closed => Raw::Other(Incoming::Closed),
@@ -119,7 +134,7 @@ impl Channel {
 }
 
 enum Raw<M> {
-    Bytes([u8; MAX_MESSAGE_LEN + 1], usize, Option<OwnedFd>),
+    Bytes([u8; MAX_MESSAGE_LEN + 1], usize, Vec<OwnedFd>),
     Other(Incoming<M>),
 }
 

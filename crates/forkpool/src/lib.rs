@@ -27,6 +27,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
+pub mod control_path;
 mod dispatch;
 pub mod exec;
 pub mod listener;

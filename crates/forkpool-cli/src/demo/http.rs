@@ -14,8 +14,15 @@ use forkpool::Connection;
 pub const BODY: &[u8] = b"hello\n";
 /// How long a kept-alive connection may sit idle before the child drops it.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The largest request head accepted.
-const MAX_HEAD: usize = 8 * 1024;
+/// The largest request head accepted; a longer one is answered 431.
+pub const MAX_HEAD: usize = 8 * 1024;
+/// The largest request body accepted (and read only to be discarded); a
+/// longer `Content-Length` is answered 413 without reading it.
+pub const MAX_BODY: u64 = 1024 * 1024;
+/// How long one request (head and body) may take to arrive once the
+/// child is waiting for it, however the bytes trickle in; a request not
+/// complete by then is answered 408 and the connection closed.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest `work_ms` / `cpu_ms` honoured, so a typo cannot wedge a child.
 const MAX_SIMULATED_MS: u64 = 60_000;
 
@@ -61,7 +68,7 @@ pub struct Request {
     /// Whether the connection stays open after the response.
     pub keep_alive: bool,
     /// Bytes of body that follow the head (Content-Length).
-    pub body_len: usize,
+    pub body_len: u64,
 }
 
 /// The outcome of parsing a buffer.
@@ -73,6 +80,8 @@ pub enum Parsed {
     Partial,
     /// Not HTTP, with the reason.
     Invalid(String),
+    /// HTTP this server does not implement (a transfer coding).
+    Unsupported(String),
 }
 
 /// Parses one request head at the start of `buf`.
@@ -86,7 +95,7 @@ pub fn parse_request(buf: &[u8]) -> Parsed {
     };
     let version = req.version.unwrap_or(1);
     let mut keep_alive = version >= 1;
-    let mut body_len = 0;
+    let mut body_len = None;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("connection") {
             let value = String::from_utf8_lossy(h.value).to_ascii_lowercase();
@@ -100,11 +109,15 @@ pub fn parse_request(buf: &[u8]) -> Parsed {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
             {
-                Some(n) => body_len = n,
+                Some(n) if body_len.is_none_or(|len| len == n) => body_len = Some(n),
+                Some(_) => return Parsed::Invalid("conflicting Content-Length headers".into()),
                 None => return Parsed::Invalid("bad Content-Length".into()),
             }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Parsed::Unsupported("Transfer-Encoding is not supported".into());
         }
     }
+    let body_len = body_len.unwrap_or(0);
     let target = req.path.unwrap_or("/");
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
@@ -146,41 +159,52 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
     let mut chunk = [0u8; 4096];
     let mut served = 0u32;
     loop {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
         let (request, head_len) = loop {
-            match parse_request(&buf) {
+            let refuse = match parse_request(&buf) {
                 Parsed::Complete(req, n) => break (req, n),
-                Parsed::Invalid(why) => {
-                    let _ = respond(
-                        &mut stream,
-                        400,
-                        &format!("bad request: {why}\n"),
-                        false,
-                        worker,
-                    );
-                    return;
-                }
+                Parsed::Invalid(why) => Some((400, format!("bad request: {why}\n"))),
+                Parsed::Unsupported(why) => Some((501, format!("{why}\n"))),
                 Parsed::Partial if buf.len() >= MAX_HEAD => {
-                    let _ = respond(&mut stream, 431, "request head too large\n", false, worker);
+                    Some((431, "request head too large\n".to_string()))
+                }
+                Parsed::Partial => None,
+            };
+            if let Some((status, why)) = refuse {
+                let _ = respond(&mut stream, status, &why, false, worker);
+                return;
+            }
+            match read_before(&mut stream, &mut chunk, deadline) {
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                // Quiet between requests: a kept-alive connection ends.
+                Err(Ended::Timeout) if buf.is_empty() && served > 0 => return,
+                Err(Ended::Timeout) => {
+                    let _ = respond(&mut stream, 408, "request head too slow\n", false, worker);
                     return;
                 }
-                Parsed::Partial => {}
-            }
-            match stream.read(&mut chunk) {
-                // Closed, timed out or reset: nothing more to answer.
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(Ended::Closed) => return,
             }
         };
-        // Skip the body, reading it if it has not all arrived.
-        let mut consumed = head_len + request.body_len;
-        while buf.len() < consumed {
-            match stream.read(&mut chunk) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        if request.body_len > MAX_BODY {
+            let why = format!("request body over {MAX_BODY} bytes\n");
+            let _ = respond(&mut stream, 413, &why, false, worker);
+            return;
+        }
+        // Discard the body as it arrives; it is never kept.
+        let in_buf = (buf.len() - head_len).min(request.body_len as usize);
+        buf.drain(..head_len + in_buf);
+        let mut left = request.body_len - in_buf as u64;
+        while left > 0 {
+            let want = chunk.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            match read_before(&mut stream, &mut chunk[..want], deadline) {
+                Ok(n) => left -= n as u64,
+                Err(Ended::Timeout) => {
+                    let _ = respond(&mut stream, 408, "request body too slow\n", false, worker);
+                    return;
+                }
+                Err(Ended::Closed) => return,
             }
         }
-        consumed = consumed.min(buf.len());
-        buf.drain(..consumed);
 
         served += 1;
         // Like Apache's MaxKeepAliveRequests: a connection that has had its
@@ -189,6 +213,41 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         if answer(&mut stream, &request, keep_alive, worker, options).is_err() || !keep_alive {
             return;
         }
+    }
+}
+
+/// Why a read gave no bytes.
+enum Ended {
+    /// The request's deadline passed (or the read timed out).
+    Timeout,
+    /// The client closed or reset the connection.
+    Closed,
+}
+
+/// One read that ends by `deadline`: the read timeout is what is left of
+/// the request's time, so a client dripping bytes cannot stretch it.
+fn read_before(
+    stream: &mut forkpool::Stream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Result<usize, Ended> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Ended::Timeout);
+    }
+    let _ = stream.set_read_timeout(Some(left.min(KEEPALIVE_TIMEOUT)));
+    match stream.read(buf) {
+        Ok(0) => Err(Ended::Closed),
+        Ok(n) => Ok(n),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(Ended::Timeout)
+        }
+        Err(_) => Err(Ended::Closed),
     }
 }
 
@@ -272,7 +331,10 @@ fn respond_with_body(
         200 => "OK",
         400 => "Bad Request",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Content Too Large",
         431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
         _ => "Error",
     };
     let connection = if keep_alive { "keep-alive" } else { "close" };
@@ -325,6 +387,14 @@ mod tests {
         assert!(matches!(
             parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
             Parsed::Invalid(_)
+        ));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            Parsed::Invalid(_)
+        ));
+        assert!(matches!(
+            parse_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Parsed::Unsupported(_)
         ));
     }
 

@@ -1,27 +1,43 @@
-//! Sending and receiving one back-channel datagram, with at most one file
-//! descriptor attached as `SCM_RIGHTS` ancillary data.
+//! Sending and receiving one back-channel datagram. A sender attaches at
+//! most one file descriptor as `SCM_RIGHTS` ancillary data; a receiver gets
+//! every descriptor that arrived, owned, so none can leak.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockFlag, SockType,
+    sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
 };
 
-/// What one receive produced.
+/// What one receive produced. Every descriptor the kernel installed for
+/// the datagram is returned owned, so whatever the caller does not keep is
+/// closed when dropped: nothing a peer sends can leak descriptors into us.
 #[derive(Debug)]
 pub enum Received {
-    /// A datagram of this many bytes, and the descriptor that came with it.
-    Message(usize, Option<OwnedFd>),
+    /// A datagram of this many bytes, and every descriptor that came with it.
+    Message(usize, Vec<OwnedFd>),
     /// A datagram larger than the buffer (never a valid message).
     Oversized,
+    /// The ancillary data did not fit (`MSG_CTRUNC`): more descriptors than
+    /// one message can carry, or our descriptor table was full. The ones
+    /// that did arrive are already closed.
+    TruncatedControl,
     /// Nothing waiting on a non-blocking socket.
     WouldBlock,
-    /// The peer closed its end.
+    /// The peer closed its end, or sent an empty datagram: on
+    /// `SOCK_SEQPACKET` the two read alike (a 0-byte read).
     Closed,
 }
+
+/// The most descriptors Linux passes in one message (`SCM_MAX_FD`). The
+/// receive buffer has room for all of them, so a long descriptor list is
+/// received (and closed) whole instead of being cut short.
+const SCM_MAX_FD: usize = 253;
+
+/// Control buffer, in `u64`s so that it is aligned for `cmsghdr`: its
+/// header, plus `SCM_MAX_FD` descriptors, plus slack for a second header.
+const CONTROL_WORDS: usize = (2 * size_of::<libc::cmsghdr>() + SCM_MAX_FD * 4) / 8 + 2;
 
 /// A connected `SOCK_SEQPACKET` pair, close-on-exec, both ends non-blocking.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -58,46 +74,74 @@ pub fn send(channel: BorrowedFd<'_>, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -
     }
 }
 
-/// Receives one datagram into `buf`, keeping at most one passed descriptor
-/// (any extra ones are closed, so a confused peer cannot leak fds into us).
+/// Receives one datagram into `buf`, with every descriptor attached to it.
 pub fn recv(channel: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-    let mut cmsg_space = nix::cmsg_space!([RawFd; 4]);
+    let mut control = [0u64; CONTROL_WORDS];
     loop {
-        let mut iov = [IoSliceMut::new(buf)];
-        let result = recvmsg::<()>(
-            channel.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        );
-        let msg = match result {
-            Ok(msg) => msg,
-            Err(Errno::EINTR) => continue,
-            Err(Errno::EAGAIN) => return Ok(Received::WouldBlock),
-            Err(Errno::ECONNRESET) => return Ok(Received::Closed),
-            Err(e) => return Err(e.into()),
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
         };
-        let mut passed = None;
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for cmsg in cmsgs {
-                if let ControlMessageOwned::ScmRights(fds) = cmsg {
-                    for raw in fds {
-                        // SAFETY: the kernel just installed `raw` in our fd
-                        // table for this message; nothing else owns it.
-                        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                        if passed.is_none() {
-                            passed = Some(owned);
-                        }
-                    }
-                }
+        // SAFETY: an all-zero msghdr is a valid empty header.
+        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = size_of_val(&control) as _;
+        // SAFETY: `hdr` points at `iov` (which covers `buf`) and `control`,
+        // all alive and writable for the whole call.
+        let n = unsafe { libc::recvmsg(channel.as_raw_fd(), &mut hdr, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            match Errno::last() {
+                Errno::EINTR => continue,
+                Errno::EAGAIN => return Ok(Received::WouldBlock),
+                Errno::ECONNRESET => return Ok(Received::Closed),
+                e => return Err(e.into()),
             }
         }
-        if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+        let fds = take_descriptors(&hdr);
+        if hdr.msg_flags & libc::MSG_CTRUNC != 0 {
+            drop(fds);
+            return Ok(Received::TruncatedControl);
+        }
+        if hdr.msg_flags & libc::MSG_TRUNC != 0 {
             return Ok(Received::Oversized);
         }
-        if msg.bytes == 0 && passed.is_none() {
+        if n == 0 && fds.is_empty() {
             return Ok(Received::Closed);
         }
-        return Ok(Received::Message(msg.bytes, passed));
+        return Ok(Received::Message(n as usize, fds));
     }
+}
+
+/// Takes ownership of every descriptor in the `SCM_RIGHTS` messages the
+/// kernel wrote into `hdr`'s control buffer, including when it set
+/// `MSG_CTRUNC` (the headers then cover only the descriptors installed).
+fn take_descriptors(hdr: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut fds = Vec::new();
+    // SAFETY: `hdr` was filled in by a successful recvmsg; the CMSG_* macros
+    // walk only within `msg_control[..msg_controllen]`.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+    while !cmsg.is_null() {
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return either null or a header
+        // that lies inside the control buffer.
+        let header = unsafe { cmsg.read_unaligned() };
+        if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN(0) is plain arithmetic.
+            let head = unsafe { libc::CMSG_LEN(0) } as usize;
+            let count = (header.cmsg_len as usize).saturating_sub(head) / size_of::<RawFd>();
+            // SAFETY: the data of this header holds `count` descriptors.
+            let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<RawFd>();
+            for i in 0..count {
+                // SAFETY: `i < count`, inside this header's data; the kernel
+                // just installed the descriptor in our table for this
+                // message and nothing else owns it.
+                let owned = unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) };
+                fds.push(owned);
+            }
+        }
+        // SAFETY: `cmsg` is a header inside `hdr`'s control buffer.
+        cmsg = unsafe { libc::CMSG_NXTHDR(hdr, cmsg) };
+    }
+    fds
 }

@@ -2,7 +2,9 @@
 //! the control socket, which writes a JSON [`Snapshot`] to whoever connects,
 //! and the Prometheus metrics endpoint, which answers any HTTP request with
 //! the text exposition. Both write without blocking; a client that does not
-//! read is dropped after [`CLIENT_TIMEOUT`].
+//! read is dropped after [`CLIENT_TIMEOUT`]. At most [`MAX_ENDPOINT_CLIENTS`]
+//! are served at once, and never from the last [`FD_RESERVE`] descriptors:
+//! either way the oldest client is closed to make room.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -26,6 +28,15 @@ pub(super) const CLIENT_TOKEN_BASE: usize = 1 << 28;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest HTTP request head read from a metrics client.
 const MAX_REQUEST: usize = 8 * 1024;
+/// The most status and metrics clients served at once; one more closes
+/// the oldest, so a crowd of idle clients cannot grow the supervisor's
+/// descriptor table, and a fresh `forkpool status` still gets through.
+pub(crate) const MAX_ENDPOINT_CLIENTS: usize = 64;
+/// Descriptors below `RLIMIT_NOFILE` kept for the pool's own work
+/// (connections, children's channels and pipes): a client accepted into
+/// this reserve makes the oldest client close, so clients never add to
+/// the descriptors in use once it is reached.
+pub(crate) const FD_RESERVE: u64 = 32;
 
 /// The bound control socket and metrics listener, and their clients.
 #[derive(Default)]
@@ -33,6 +44,8 @@ pub(crate) struct Endpoints {
     control: Option<ControlSocket>,
     metrics: Option<TcpListener>,
     clients: Vec<Option<Client>>,
+    /// Clients closed early to make room (too many, or few descriptors left).
+    displaced: u64,
 }
 
 struct ControlSocket {
@@ -56,10 +69,19 @@ struct Client {
 }
 
 impl Endpoints {
-    /// Binds the control socket at `path`, mode 0600. A stale socket file
+    /// Binds the control socket at `path`, mode 0600, once its directory
+    /// passes [`control_path::prepare`](crate::control_path::prepare)
+    /// (made private if missing; refused if other users could replace the
+    /// socket). A stale socket file
     /// is replaced; one a live supervisor answers on is an error, unless
     /// `take_over` (a binary upgrade replacing its predecessor's socket).
     pub fn bind_control(&mut self, path: &Path, take_over: bool) -> io::Result<()> {
+        crate::control_path::prepare(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("refusing the control socket {}: {e}", path.display()),
+            )
+        })?;
         if take_over && path.exists() {
             std::fs::remove_file(path)?;
         }
@@ -150,6 +172,27 @@ impl Supervisor {
                     return;
                 }
             };
+            // Too many clients, or descriptors running low: the oldest client
+            // makes room. With no client to close, the new one is refused.
+            let live = self.endpoints.clients.iter().flatten().count();
+            let low = in_fd_reserve(&stream);
+            if live >= MAX_ENDPOINT_CLIENTS || low {
+                let closed = self.close_oldest_client();
+                self.endpoint_client_displaced(low);
+                if !closed {
+                    continue;
+                }
+            }
+            // A client accepted into the reserve moves down to the
+            // descriptor just freed, so clients never hold the reserve.
+            let stream = if low {
+                match stream.moved_down() {
+                    Ok(stream) => stream,
+                    Err(_) => continue,
+                }
+            } else {
+                stream
+            };
             let (request, out) = match stream {
                 ClientStream::Unix(_) => (None, self.status_json()),
                 ClientStream::Tcp(_) => (Some(Vec::new()), Vec::new()),
@@ -175,6 +218,41 @@ impl Supervisor {
             }
             self.serve_client(index);
         }
+    }
+
+    fn endpoint_client_displaced(&mut self, low_on_fds: bool) {
+        self.endpoints.displaced += 1;
+        let n = self.endpoints.displaced;
+        if n.is_power_of_two() {
+            if low_on_fds {
+                warn!(
+                    displaced = n,
+                    "status/metrics clients closed early: the supervisor is within \
+                     {FD_RESERVE} descriptors of RLIMIT_NOFILE (raise LimitNOFILE= or ulimit -n)"
+                );
+            } else {
+                warn!(
+                    displaced = n,
+                    "status/metrics clients closed early: more than \
+                     {MAX_ENDPOINT_CLIENTS} connected at once"
+                );
+            }
+        }
+    }
+
+    /// Closes the client that connected first; false if there is none.
+    fn close_oldest_client(&mut self) -> bool {
+        let oldest = self
+            .endpoints
+            .clients
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (c.since, i)))
+            .min();
+        if let Some((_, index)) = oldest {
+            self.close_client(index);
+        }
+        oldest.is_some()
     }
 
     fn register_client(&mut self, index: usize) -> io::Result<()> {
@@ -327,6 +405,38 @@ impl Supervisor {
 
     fn metrics_text(&self) -> String {
         crate::metrics::render(&self.snapshot(Instant::now()), &self.dispatch_latency)
+    }
+}
+
+/// Whether `stream`'s descriptor lies within [`FD_RESERVE`] of the soft
+/// `RLIMIT_NOFILE`.
+fn in_fd_reserve(stream: &ClientStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let fd = match stream {
+        ClientStream::Unix(s) => s.as_raw_fd(),
+        ClientStream::Tcp(s) => s.as_raw_fd(),
+    };
+    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return false;
+    };
+    u64::try_from(fd).unwrap_or(0) + FD_RESERVE >= soft
+}
+
+impl ClientStream {
+    /// The same connection on the lowest free descriptor.
+    fn moved_down(self) -> io::Result<ClientStream> {
+        use std::os::fd::OwnedFd;
+        Ok(match self {
+            ClientStream::Unix(s) => {
+                let lower = OwnedFd::from(s).try_clone()?;
+                ClientStream::Unix(UnixStream::from_std(lower.into()))
+            }
+            ClientStream::Tcp(s) => {
+                let lower = OwnedFd::from(s).try_clone()?;
+                ClientStream::Tcp(TcpStream::from_std(lower.into()))
+            }
+        })
     }
 }
 

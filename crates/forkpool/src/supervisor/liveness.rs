@@ -69,8 +69,8 @@ impl Supervisor {
         let channel_closed = self.links[slot].as_ref().is_some_and(|l| l.channel_closed);
         match check {
             Check::Stop if channel_closed => (
-                KillReason::StopTimeout,
-                "closed its back-channel but did not exit".to_string(),
+                KillReason::ChannelFailed,
+                "closed its back-channel (or sent an empty datagram) but did not exit".to_string(),
             ),
             Check::Stop => (
                 KillReason::StopTimeout,

@@ -2,7 +2,7 @@
 //! the child's state, or does not decode, gets the child killed; nothing a
 //! child writes can stop the supervisor.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::debug;
 
@@ -18,6 +18,12 @@ use crate::status::KillReason;
 /// `WouldBlock` without noting it would leave those reports unread until
 /// the child sent another, and a child whose channel is full sends nothing.
 const REPORTS_PER_TURN: usize = 64;
+
+/// How long a child that closed its channel unasked (or sent an empty
+/// datagram) may take to exit: a child that is exiting closes its channel
+/// a moment before the kernel reports its death; one still running after
+/// this is not coming back.
+const CLOSED_CHANNEL_GRACE: Duration = Duration::from_millis(500);
 
 impl Supervisor {
     /// Reads what the child in `slot` has sent.
@@ -156,8 +162,21 @@ impl Supervisor {
 
     /// The child's end closed. The process is normally about to be reaped;
     /// stop talking to it and give the reaper a moment before SIGKILL.
+    /// A 0-byte read: the child closed its channel, or sent an empty
+    /// datagram (on `SOCK_SEQPACKET` the two read alike, so both get this
+    /// one rule). A child that was not told to leave has
+    /// [`CLOSED_CHANNEL_GRACE`] to exit before it is killed as
+    /// `channel_failed`; one that was told keeps at most `ping_timeout`.
     fn channel_closed(&mut self, slot: usize, now: Instant) {
-        let grace = self.config.ping_timeout;
+        let told_to_leave = self
+            .board
+            .get(slot)
+            .is_some_and(|s| matches!(s.state, SlotState::Retiring | SlotState::Killed));
+        let grace = if told_to_leave {
+            self.config.ping_timeout
+        } else {
+            self.config.ping_timeout.min(CLOSED_CHANNEL_GRACE)
+        };
         let Some(link) = self.links[slot].as_mut() else {
             return;
         };
