@@ -27,6 +27,7 @@ pub mod channel;
 pub mod config;
 mod dispatch;
 pub mod exec;
+pub mod fleet;
 pub mod listener;
 mod metrics;
 pub mod pool;
