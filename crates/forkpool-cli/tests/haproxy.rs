@@ -7,8 +7,15 @@ mod common;
 #[path = "common/haproxy_support.rs"]
 mod haproxy_support;
 
+use std::io::Write;
+use std::net::TcpListener;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use forkpool::fleet::agent::AgentReply;
+use forkpool::fleet::{Capacity, Phase};
 
 use common::{kill9, temp_path, DemoPool};
 use haproxy_support::{haproxy_or_skip, Haproxy, Load, Outcomes, Server};
@@ -19,6 +26,7 @@ fn server(name: &str, pool: &DemoPool) -> Server {
     Server {
         name: name.to_string(),
         addr: pool.addr,
+        agent_port: None,
     }
 }
 
@@ -214,4 +222,115 @@ fn sigkill_of_one_supervisor_marks_it_down_and_fails_only_what_was_in_flight() {
         0,
         "requests still reached the dead pool after it was marked down"
     );
+}
+
+/// An agent-check port on loopback that answers whatever line the test
+/// sets, until dropped.
+struct Agent {
+    port: u16,
+    line: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    fn start(first: &AgentReply) -> Agent {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let line = Arc::new(Mutex::new(first.line()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (line, stop) = (Arc::clone(&line), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((mut stream, _)) => {
+                            let reply = line.lock().unwrap().clone();
+                            let _ = stream.write_all(reply.as_bytes());
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            })
+        };
+        Agent {
+            port,
+            line,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn answer(&self, reply: &AgentReply) {
+        *self.line.lock().unwrap() = reply.line();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A serving pool's capacity.
+fn capacity(idle: u32, busy: u32, phase: Phase) -> Capacity {
+    Capacity {
+        idle,
+        busy,
+        starting: 0,
+        max_children: 4,
+        spawn_held_back: false,
+        phase,
+    }
+}
+
+#[test]
+fn haproxy_understands_every_agent_reply() {
+    let Some(program) = haproxy_or_skip("haproxy_understands_every_agent_reply") else {
+        return;
+    };
+    let pool = DemoPool::start(POOL_ARGS);
+    let reply = |c: Capacity| AgentReply::for_capacity(&c);
+    let agent = Agent::start(&reply(capacity(1, 3, Phase::Serving)));
+    let haproxy = Haproxy::start(
+        &program,
+        &[Server {
+            agent_port: Some(agent.port),
+            ..server("pool_a", &pool)
+        }],
+        "/",
+    );
+    // The weight only matters while the server takes traffic: HAProxy
+    // keeps the last one through `drain` and `down`.
+    let expect = |what: &str, status: &str, weight: Option<u32>| {
+        let seen = haproxy.wait_for(Duration::from_secs(5), |s| {
+            s.iter()
+                .any(|s| s.status.starts_with(status) && weight.is_none_or(|w| s.weight == w))
+        });
+        assert!(
+            seen.is_some(),
+            "{what}: wanted {status} with weight {weight:?}, HAProxy shows {:?}",
+            haproxy.servers()
+        );
+    };
+    expect("a quarter free", "UP", Some(25));
+    agent.answer(&reply(capacity(4, 0, Phase::Draining)));
+    expect("draining", "DRAIN", None);
+    agent.answer(&reply(capacity(4, 0, Phase::Serving)));
+    expect("ready again", "UP", Some(100));
+    agent.answer(&reply(Capacity {
+        spawn_held_back: true,
+        ..capacity(0, 0, Phase::Serving)
+    }));
+    expect("no ready child", "DOWN", None);
+    agent.answer(&reply(capacity(0, 4, Phase::Serving)));
+    expect("saturated", "UP", Some(1));
+    agent.answer(&reply(capacity(0, 0, Phase::Starting)));
+    expect("starting", "DOWN", None);
+    agent.answer(&reply(capacity(2, 2, Phase::Serving)));
+    expect("half free", "UP", Some(50));
 }

@@ -44,6 +44,8 @@ pub struct Server {
     pub name: String,
     /// The pool's listening address.
     pub addr: SocketAddr,
+    /// A port on 127.0.0.1 answering HAProxy's agent check, if any.
+    pub agent_port: Option<u16>,
 }
 
 /// A running HAProxy.
@@ -88,8 +90,8 @@ fn free_port() -> u16 {
 }
 
 /// The test configuration: the example in `dist/haproxy/haproxy.cfg` cut
-/// to what today's supervisor serves (an HTTP health check, no agent port
-/// yet), with short intervals so a test sees changes within a second, a
+/// to what today's supervisor serves (an HTTP health check; an agent check
+/// only where a test serves one itself), with short intervals so a test sees changes within a second, a
 /// stats socket to read server states from, and a header naming the
 /// server that answered.
 pub fn config(frontend: SocketAddr, stats: &Path, servers: &[Server], check_path: &str) -> String {
@@ -123,7 +125,11 @@ backend pools
         stats = stats.display(),
     );
     for s in servers {
-        cfg.push_str(&format!("    server {} {} check\n", s.name, s.addr));
+        cfg.push_str(&format!("    server {} {} check", s.name, s.addr));
+        if let Some(port) = s.agent_port {
+            cfg.push_str(&format!(" agent-check agent-port {port} agent-inter 100ms"));
+        }
+        cfg.push('\n');
     }
     cfg
 }
