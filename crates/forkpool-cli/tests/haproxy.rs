@@ -334,3 +334,24 @@ fn haproxy_understands_every_agent_reply() {
     agent.answer(&reply(capacity(2, 2, Phase::Serving)));
     expect("half free", "UP", Some(50));
 }
+
+#[test]
+fn the_example_config_is_valid() {
+    let Some(program) = haproxy_or_skip("the_example_config_is_valid") else {
+        return;
+    };
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/haproxy/haproxy.cfg");
+    let out = std::process::Command::new(program)
+        .arg("-c")
+        .arg("-f")
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "haproxy -c refuses {}:\n{}{}",
+        example.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

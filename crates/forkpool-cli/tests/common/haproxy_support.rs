@@ -116,7 +116,7 @@ frontend web
     default_backend pools
 
 backend pools
-    balance roundrobin
+    balance leastconn
     option httpchk GET {check_path}
     http-check expect status 200
     http-response set-header {SERVED_BY} %s
