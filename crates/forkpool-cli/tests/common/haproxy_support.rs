@@ -454,14 +454,6 @@ impl Outcomes {
             .count()
     }
 
-    /// Requests sent before `at` and not answered by then: in flight at `at`.
-    pub fn in_flight_at(&self, at: Duration) -> Vec<&Outcome> {
-        self.0
-            .iter()
-            .filter(|o| o.sent <= at && o.done > at)
-            .collect()
-    }
-
     /// A line per window of `step`: requests sent in it, and how many each
     /// server answered and how many failed, for reports.
     pub fn timeline(&self, servers: &[&str], step: Duration) -> String {
