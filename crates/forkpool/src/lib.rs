@@ -30,6 +30,7 @@ pub mod config;
 pub mod control_path;
 mod dispatch;
 pub mod exec;
+pub mod fleet;
 pub mod listener;
 mod metrics;
 pub mod observe;
