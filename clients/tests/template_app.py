@@ -16,6 +16,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import forkpool_worker  # noqa: E402
 
 PRELOADED = os.getpid()
+# A descriptor the program opens while it loads: a forked worker must not
+# have it (the harness checks its descriptors).
+LOADED_FROM = open(__file__, "rb")
 WARM = None
 HOOKED = None
 
