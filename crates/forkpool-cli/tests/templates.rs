@@ -116,3 +116,23 @@ fn python_template_in_order() {
 fn python_template_and_workers_exit_with_the_supervisor() {
     nothing_outlives_the_supervisor("handoff", &["python3", PYTHON_APP]);
 }
+
+const PERL_APP: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/tests/template_app.pl"
+);
+
+#[test]
+fn perl_template_in_handoff() {
+    passes_every_check("handoff", &["perl", PERL_APP]);
+}
+
+#[test]
+fn perl_template_in_order() {
+    passes_every_check("order", &["perl", PERL_APP]);
+}
+
+#[test]
+fn perl_template_and_workers_exit_with_the_supervisor() {
+    nothing_outlives_the_supervisor("order", &["perl", PERL_APP]);
+}
