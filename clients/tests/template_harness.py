@@ -258,7 +258,10 @@ def exit_status(pid):
     """How a child of the harness ended, in words (bounded wait)."""
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
-        got, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return "is not a child of the harness (never reparented to it)"
         if got == pid:
             if os.WIFSIGNALED(status):
                 return f"was killed by signal {os.WTERMSIG(status)}"
