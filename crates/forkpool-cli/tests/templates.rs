@@ -99,7 +99,10 @@ fn nothing_outlives_the_supervisor(dispatch: &str, app: &[&str]) {
     for &pid in &left {
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
-    assert!(left.is_empty(), "still running 10 s after the supervisor died: {left:?}");
+    assert!(
+        left.is_empty(),
+        "still running 10 s after the supervisor died: {left:?}"
+    );
 }
 
 #[test]
