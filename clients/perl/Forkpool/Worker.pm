@@ -230,7 +230,8 @@ sub _receive {
     if (defined $self->{recvmsg}) {
         if ($kind eq 'C' || $kind eq 'T') {
             @fds == 1
-                or $refuse->("message '$kind' came with " . @fds
+                or $refuse->(($kind eq 'C' ? 'a connection' : 'a refork')
+                    . " message '$kind' came with " . @fds
                     . ' descriptors instead of exactly one');
         }
         elsif (@fds) {
