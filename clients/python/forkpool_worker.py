@@ -27,13 +27,20 @@ at all: such a worker just accepts on the `LISTEN_FDS` sockets.
 The wire format is in forkpool's docs/protocol.md.
 """
 
+import ctypes
+import gc
 import os
+import random
 import select
+import signal
 import socket
 import struct
 import sys
+import time
 
 PROTOCOL_VERSION = 1
+# Version 2: version 1 plus templates (`forkpool run --preload`).
+TEMPLATE_PROTOCOL_VERSION = 2
 # Longer than any message (10 bytes), so an oversized one is caught by
 # MSG_TRUNC instead of being silently cut to a valid length.
 _RECV_SIZE = 16
@@ -49,7 +56,8 @@ class ProtocolError(Exception):
 class Worker:
     """One worker process's end of the back-channel, and its listeners."""
 
-    def __init__(self, channel, listeners, slot, generation, dispatch):
+    def __init__(self, channel, listeners, slot, generation, dispatch, version=1):
+        self.version = version
         self.channel = channel
         self.listeners = listeners
         self.slot = slot
@@ -75,6 +83,8 @@ class Worker:
                 )
             return value
 
+        if "FORKPOOL_TEMPLATE_FD" in env:
+            return Template.from_env(env)
         dispatch = required("FORKPOOL_DISPATCH")
         if dispatch == "none":
             raise RuntimeError(
@@ -82,10 +92,11 @@ class Worker:
                 "accept on the LISTEN_FDS listeners directly instead"
             )
         version = required("FORKPOOL_PROTOCOL")
-        if version != str(PROTOCOL_VERSION):
+        if version not in (str(PROTOCOL_VERSION), str(TEMPLATE_PROTOCOL_VERSION)):
             raise RuntimeError(
                 f"the supervisor speaks back-channel protocol {version}, "
-                f"this helper speaks {PROTOCOL_VERSION}"
+                f"this helper speaks {PROTOCOL_VERSION} and "
+                f"{TEMPLATE_PROTOCOL_VERSION}"
             )
         count = 0
         if "LISTEN_FDS" in env:
@@ -120,13 +131,21 @@ class Worker:
             int(required("FORKPOOL_SLOT")),
             int(required("FORKPOOL_GENERATION")),
             dispatch,
+            int(version),
         )
 
     def serve(self, handle):
         """Says Ready, then serves until told to quit or the supervisor is
         gone. Returns normally in both cases; raises ProtocolError on a
         message it does not understand."""
+        _run_after_fork_hooks()
         self._send(b"R", struct.pack(">I", self.pid))
+        try:
+            self._serve_loop(handle)
+        except _BecomeTemplate as order:
+            _template_from_worker(self, order.fd).serve(handle)
+
+    def _serve_loop(self, handle):
         if self.dispatch in ("handoff", "order"):
             while self._take_message(handle):
                 pass
@@ -138,7 +157,7 @@ class Worker:
     # -- the back-channel ------------------------------------------------
 
     def _send(self, kind, payload=b""):
-        self.channel.send(bytes([PROTOCOL_VERSION]) + kind + payload)
+        self.channel.send(bytes([self.version]) + kind + payload)
 
     def _receive(self):
         """One message: (kind, payload, fd or None), or None at end of file."""
@@ -149,12 +168,13 @@ class Worker:
         try:
             if flags & socket.MSG_TRUNC:
                 raise ProtocolError("message longer than any message of protocol 1")
-            if data[0] != PROTOCOL_VERSION:
+            if data[0] != self.version:
                 raise ProtocolError(f"protocol version {data[0]} is not supported")
             kind, payload = data[1:2], data[2:]
-            if _PAYLOAD.get(kind) != len(payload):
+            known = _PAYLOAD if self.version == 1 else _PAYLOAD_V2
+            if known.get(kind) != len(payload):
                 raise ProtocolError(f"malformed message {data!r}")
-            if (kind == b"C") != (fd is not None):
+            if (kind in (b"C", b"T")) != (fd is not None):
                 raise ProtocolError(f"message {data!r} with a wrong descriptor")
         except ProtocolError:
             if fd is not None:
@@ -172,6 +192,8 @@ class Worker:
             self._send(b"P", payload)
         elif kind == b"Q":
             return False
+        elif kind == b"T":
+            raise _BecomeTemplate(fd)
         elif kind == b"C" and self.dispatch == "handoff":
             (listener,) = struct.unpack(">H", payload)
             conn = socket.socket(fileno=fd)
@@ -259,3 +281,270 @@ def install_stack_dump(file=None):
 
 
 install_stack_dump()
+
+# -- templates (`forkpool run --preload`, protocol version 2) -------------
+#
+# Everything below is the template side: docs/protocol.md, "Templates".
+# A program needs no change to run as a template: `Worker.from_env()`
+# returns a Template when FORKPOOL_TEMPLATE_FD is set, and its `serve`
+# forks workers that run the very same `handle`.
+
+# A version 2 worker also understands T (become the template).
+_PAYLOAD_V2 = {**_PAYLOAD, b"T": 0}
+# Supervisor-to-template messages: kind -> payload length.
+_TEMPLATE_PAYLOAD = {b"F": 8, b"p": 4, b"Q": 0}
+_PR_SET_PDEATHSIG = 1
+# How long a forked worker waits for its intermediate parent to exit.
+_REPARENT_DEADLINE = 5.0
+
+_after_fork_hooks = []
+
+
+def after_fork(fn):
+    """Registers `fn()` to run in every worker just before it says Ready:
+    right after the fork when the worker comes from a template, at start-up
+    otherwise, so a program behaves the same with and without --preload.
+    Reopen connections and files there. Usable as a decorator."""
+    _after_fork_hooks.append(fn)
+    return fn
+
+
+Worker.after_fork = staticmethod(after_fork)
+
+
+def _run_after_fork_hooks():
+    random.seed()  # a forked worker must not repeat the template's sequence
+    for hook in _after_fork_hooks:
+        hook()
+
+
+class _BecomeTemplate(Exception):
+    """The supervisor sent T: this worker is the pool's template now."""
+
+    def __init__(self, fd):
+        super().__init__("become the template")
+        self.fd = fd
+
+
+def _set_parent_death_signal(sig):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+
+
+class Template:
+    """A loaded program that forks workers when the supervisor asks."""
+
+    def __init__(self, channel, listeners, generation, dispatch, supervisor_pid):
+        self.channel = channel
+        self.listeners = listeners
+        self.generation = generation
+        self.dispatch = dispatch
+        self.supervisor_pid = supervisor_pid
+        self.pid = os.getpid()
+
+    @classmethod
+    def from_env(cls, environ=None):
+        """The template channel and listeners `forkpool run --preload` passed."""
+        env = os.environ if environ is None else environ
+
+        def required(name):
+            value = env.get(name)
+            if value is None:
+                raise RuntimeError(
+                    f"{name} is not set, but FORKPOOL_TEMPLATE_FD is: run this "
+                    "program under `forkpool run --preload ... -- python3 PROGRAM`"
+                )
+            return value
+
+        version = required("FORKPOOL_PROTOCOL")
+        if version != str(TEMPLATE_PROTOCOL_VERSION):
+            raise RuntimeError(
+                f"FORKPOOL_TEMPLATE_FD is set with protocol {version}; templates "
+                f"speak protocol {TEMPLATE_PROTOCOL_VERSION}"
+            )
+        count = 0
+        if "LISTEN_FDS" in env:
+            if int(required("LISTEN_PID")) != os.getpid():
+                raise RuntimeError("LISTEN_PID names another process")
+            count = int(env["LISTEN_FDS"])
+        fd = int(required("FORKPOOL_TEMPLATE_FD"))
+        if fd != _LISTEN_FDS_START + count:
+            raise RuntimeError(
+                f"FORKPOOL_TEMPLATE_FD is {fd}, but with {count} listener(s) "
+                f"it must be {_LISTEN_FDS_START + count}"
+            )
+        channel = socket.socket(fileno=fd)
+        if channel.type != socket.SOCK_SEQPACKET:
+            raise RuntimeError(f"descriptor {fd} is not the template channel")
+        listeners = [
+            socket.socket(fileno=_LISTEN_FDS_START + i) for i in range(count)
+        ]
+        for sock in listeners + [channel]:
+            sock.set_inheritable(False)
+        return cls(
+            channel,
+            listeners,
+            int(required("FORKPOOL_GENERATION")),
+            required("FORKPOOL_DISPATCH"),
+            int(required("FORKPOOL_SUPERVISOR_PID")),
+        )
+
+    def serve(self, handle):
+        """Says Ready, then forks a worker for each Fork order; each worker
+        serves `handle` as an ordinary worker would. Returns when told to
+        quit or when the supervisor is gone (in the template), or when the
+        worker is done (in a worker)."""
+        # The collector would write to every preloaded object it scans, and
+        # so copy the pages workers share: freeze them out of its reach.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        self._send(b"R", struct.pack(">I", self.pid))
+        while True:
+            message = self._receive()
+            if message is None:
+                return
+            kind, payload, fds = message
+            if kind == b"p":
+                self._send(b"P", payload)
+            elif kind == b"Q":
+                return
+            else:  # F
+                slot, generation = struct.unpack(">II", payload)
+                worker = self._fork(slot, generation, fds)
+                if worker is not None:
+                    if gc_was_enabled:
+                        gc.enable()
+                    worker.serve(handle)
+                    return
+
+    def _send(self, kind, payload=b""):
+        self.channel.send(bytes([TEMPLATE_PROTOCOL_VERSION]) + kind + payload)
+
+    def _receive(self):
+        data, fds, flags, _addr = socket.recv_fds(self.channel, _RECV_SIZE, 4)
+        if not data and not fds:
+            return None
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise ProtocolError("message or descriptors cut short")
+            if data[0] != TEMPLATE_PROTOCOL_VERSION:
+                raise ProtocolError(f"protocol version {data[0]} is not supported")
+            kind, payload = data[1:2], data[2:]
+            if _TEMPLATE_PAYLOAD.get(kind) != len(payload):
+                raise ProtocolError(f"malformed template message {data!r}")
+            if len(fds) != (2 if kind == b"F" else 0):
+                raise ProtocolError(f"{data!r} came with {len(fds)} descriptor(s)")
+        except ProtocolError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return kind, payload, fds
+
+    def _fork(self, slot, generation, fds):
+        """The double fork. Returns a Worker in the worker, None elsewhere."""
+        gc.freeze()
+        try:
+            intermediate = os.fork()
+        except OSError as e:
+            self._send(b"E", struct.pack(">II", slot, e.errno or 0))
+            for fd in fds:
+                os.close(fd)
+            return None
+        if intermediate == 0:
+            me = os.getpid()
+            if self._intermediate(slot) == 0:
+                return self._become_worker(slot, generation, fds, me)
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        os.waitpid(intermediate, 0)
+        return None
+
+    def _intermediate(self, slot):
+        """In the intermediate child: fork the worker and report it. Returns
+        0 in the worker; the intermediate itself never returns."""
+        try:
+            worker = os.fork()
+        except OSError as e:
+            self._send(b"E", struct.pack(">II", slot, e.errno or 0))
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+        if worker == 0:
+            return 0
+        try:
+            self._send(b"W", struct.pack(">II", slot, worker))
+        finally:
+            os._exit(0)
+
+    def _become_worker(self, slot, generation, fds, intermediate):
+        """In the forked worker: steps 1-4 of "What the forked worker does".
+        `intermediate` is the pid of its parent at the fork (taken before
+        the fork: by now that parent may be gone)."""
+        channel_fd, stderr_fd = fds
+        place = _LISTEN_FDS_START + len(self.listeners)
+        # 1. Close the template channel and whatever the program opened.
+        self.channel.detach()
+        keep = {0, 1, 2, channel_fd, stderr_fd}
+        keep.update(s.fileno() for s in self.listeners)
+        for listener in self.listeners:
+            listener.detach()  # the Worker built below owns them now
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # the directory's own descriptor, already closed
+        # 2. Channel to 3+n, stderr to 2.
+        os.dup2(stderr_fd, 2)
+        os.dup2(channel_fd, place)
+        for fd in (channel_fd, stderr_fd):
+            if fd not in (2, place):
+                os.close(fd)
+        # 3. The environment of an exec'd worker.
+        os.environ.pop("FORKPOOL_TEMPLATE_FD", None)
+        os.environ["FORKPOOL_CHANNEL_FD"] = str(place)
+        os.environ["FORKPOOL_SLOT"] = str(slot)
+        os.environ["FORKPOOL_GENERATION"] = str(generation)
+        if self.listeners:
+            os.environ["LISTEN_PID"] = str(os.getpid())
+        # 4. The parent-death signal fires when the current parent dies, and
+        # the intermediate dies at once: arm it only once reparented.
+        deadline = time.monotonic() + _REPARENT_DEADLINE
+        # The kernel sends the signal while it reparents, so wait until the
+        # intermediate is reaped (its /proc entry gone), not just until
+        # getppid() has changed.
+        while os.getppid() == intermediate or os.path.exists(f"/proc/{intermediate}"):
+            if time.monotonic() > deadline:
+                sys.exit("forkpool worker: not reparented to the supervisor")
+            time.sleep(0.0002)
+        _set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != self.supervisor_pid:
+            sys.exit(
+                f"forkpool worker: parent is {os.getppid()}, not the supervisor "
+                f"{self.supervisor_pid}: the supervisor is gone"
+            )
+        return Worker.from_env()
+
+
+def _template_from_worker(worker, fd):
+    """Refork: the worker `worker` becomes the template, on channel `fd`."""
+    place = _LISTEN_FDS_START + len(worker.listeners)
+    worker.channel.close()
+    if fd != place:
+        os.dup2(fd, place, inheritable=False)
+        os.close(fd)
+    os.environ.pop("FORKPOOL_CHANNEL_FD", None)
+    os.environ.pop("FORKPOOL_SLOT", None)
+    os.environ["FORKPOOL_TEMPLATE_FD"] = str(place)
+    supervisor_pid = int(os.environ.get("FORKPOOL_SUPERVISOR_PID", os.getppid()))
+    return Template(
+        socket.socket(fileno=place),
+        worker.listeners,
+        worker.generation,
+        worker.dispatch,
+        supervisor_pid,
+    )

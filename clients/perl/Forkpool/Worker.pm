@@ -43,6 +43,8 @@ use Socket qw(SOL_SOCKET SO_TYPE SOCK_SEQPACKET SCM_RIGHTS MSG_TRUNC MSG_CTRUNC)
 our $VERSION = '1';
 
 use constant PROTOCOL_VERSION => 1;
+# Version 2: version 1 plus templates (`forkpool run --preload`).
+use constant TEMPLATE_PROTOCOL_VERSION => 2;
 use constant LISTEN_FDS_START => 3;
 # Longer than any message (10 bytes): a longer datagram shows up as a
 # length no message has, instead of being cut to a valid one.
@@ -62,6 +64,8 @@ use constant CMSGHDR_SIZE => 16;
 
 # Parent-to-child messages: kind => payload length.
 my %PAYLOAD = (A => 2, C => 2, p => 4, Q => 0);
+# A version 2 worker also understands T (become the template).
+my %PAYLOAD_V2 = (%PAYLOAD, T => 0);
 
 sub from_env {
     my ($class, %env) = @_;
@@ -73,16 +77,21 @@ sub from_env {
             . "`forkpool run ... -- perl PROGRAM`\n";
         return $env{$name};
     };
+    return Forkpool::Worker::Template->from_env(%env)
+        if defined $env{FORKPOOL_TEMPLATE_FD};
     my $dispatch = $required->('FORKPOOL_DISPATCH');
     if ($dispatch eq 'none') {
         die "the pool runs with --dispatch none, which has no back-channel: "
             . "accept on the LISTEN_FDS listeners directly instead\n";
     }
-    my $recvmsg = $dispatch eq 'handoff' ? _recvmsg_number() : undef;
     my $version = $required->('FORKPOOL_PROTOCOL');
-    $version eq PROTOCOL_VERSION
+    $version eq PROTOCOL_VERSION || $version eq TEMPLATE_PROTOCOL_VERSION
         or die "the supervisor speaks back-channel protocol $version, "
-        . "this helper speaks " . PROTOCOL_VERSION . "\n";
+        . "this helper speaks " . PROTOCOL_VERSION . " and "
+        . TEMPLATE_PROTOCOL_VERSION . "\n";
+    # Version 2 (templates) may pass a descriptor in any mode (refork).
+    my $recvmsg = $dispatch eq 'handoff' || $version eq TEMPLATE_PROTOCOL_VERSION
+        ? _recvmsg_number() : undef;
     my $count = 0;
     if (defined $env{LISTEN_FDS}) {
         $required->('LISTEN_PID') == $$
@@ -110,6 +119,7 @@ sub from_env {
         dispatch   => $dispatch,
         recvmsg    => $recvmsg,
         pid        => $$,
+        version    => $version,
     }, $class;
 }
 
@@ -176,15 +186,20 @@ sub serve {
     my ($self, $handler) = @_;
     # A client that hangs up mid-response must not kill the worker.
     local $SIG{PIPE} = 'IGNORE';
+    _run_after_fork_hooks();
     $self->_send('R', pack('N', $$));
     if ($self->{dispatch} eq 'handoff' || $self->{dispatch} eq 'order') {
-        while ($self->_take_message($handler)) { }
+        while ($self->_take_message($handler) == 1) { }
     }
     elsif ($self->{dispatch} eq 'shared' || $self->{dispatch} eq 'herd') {
         $self->_wait_on_listeners($handler);
     }
     else {
         die "unknown dispatch mode '$self->{dispatch}'\n";
+    }
+    if (defined $self->{become_template}) {
+        Forkpool::Worker::Template->_from_worker($self, $self->{become_template})
+            ->serve($handler);
     }
     return;
 }
@@ -200,7 +215,7 @@ sub _adopt {
 
 sub _send {
     my ($self, $kind, $payload) = @_;
-    my $message = pack('C', PROTOCOL_VERSION) . $kind . ($payload // '');
+    my $message = pack('C', $self->{version} // PROTOCOL_VERSION) . $kind . ($payload // '');
     defined send($self->{channel}, $message, 0)
         or die "cannot write to the supervisor: $!\n";
     return;
@@ -222,15 +237,18 @@ sub _receive {
         if $flags & MSG_TRUNC;
     $refuse->('more descriptors than a message carries') if $flags & MSG_CTRUNC;
     my ($version, $kind) = unpack('C a', $data);
-    length($data) >= 2 && $version == PROTOCOL_VERSION
+    my $speaks = $self->{version} // PROTOCOL_VERSION;
+    length($data) >= 2 && $version == $speaks
         or $refuse->('protocol version ' . ($version // 'none') . ' is not supported');
     my $payload = substr($data, 2);
-    defined $PAYLOAD{$kind} && $PAYLOAD{$kind} == length($payload)
+    my $known = $speaks == PROTOCOL_VERSION ? \%PAYLOAD : \%PAYLOAD_V2;
+    defined $known->{$kind} && $known->{$kind} == length($payload)
         or $refuse->('malformed message from the supervisor: ' . unpack('H*', $data));
     if (defined $self->{recvmsg}) {
-        if ($kind eq 'C') {
+        if ($kind eq 'C' || $kind eq 'T') {
             @fds == 1
-                or $refuse->("a connection message 'C' came with " . @fds
+                or $refuse->(($kind eq 'C' ? 'a connection' : 'a refork')
+                    . " message '$kind' came with " . @fds
                     . ' descriptors instead of exactly one');
         }
         elsif (@fds) {
@@ -297,6 +315,10 @@ sub _take_message {
     elsif ($kind eq 'Q') {
         return 0;
     }
+    elsif ($kind eq 'T') {
+        $self->{become_template} = $fd;
+        return 2;
+    }
     elsif ($kind eq 'C' && $self->{dispatch} eq 'handoff') {
         # Perl sets close-on-exec itself on a descriptor it opens above
         # $^F (2), so the connection needs no fcntl of its own.
@@ -357,7 +379,7 @@ sub _wait_on_listeners {
     while (1) {
         for my $ready ($select->can_read) {
             if ($ready == $channel) {
-                return unless $self->_take_message($handler);
+                return unless $self->_take_message($handler) == 1;
                 next;
             }
             my ($index) = grep { $listeners[$_] == $ready } 0 .. $#listeners;
@@ -388,5 +410,215 @@ sub install_stack_dump {
 }
 
 install_stack_dump();
+
+# -- templates (`forkpool run --preload`, protocol version 2) -------------
+#
+# The template side: docs/protocol.md, "Templates (`--preload`)". A program
+# needs no change: from_env returns a Forkpool::Worker::Template when
+# FORKPOOL_TEMPLATE_FD is set, and its serve forks workers that run the
+# same handler.
+
+my @AFTER_FORK;
+
+# Forkpool::Worker->after_fork(sub { ... }): runs in every worker just
+# before it says Ready (right after the fork under a template, at start-up
+# otherwise). Reopen connections and files there.
+sub after_fork {
+    my ($class, $hook) = @_;
+    push @AFTER_FORK, $hook;
+    return;
+}
+
+sub _run_after_fork_hooks {
+    srand();    # a forked worker must not repeat the template's sequence
+    $_->() for @AFTER_FORK;
+    return;
+}
+
+package Forkpool::Worker::Template;
+
+use strict;
+use warnings;
+
+use POSIX ();
+use Socket qw(SOL_SOCKET SO_TYPE SOCK_SEQPACKET MSG_TRUNC MSG_CTRUNC);
+
+my %TEMPLATE_PAYLOAD = (F => 8, p => 4, Q => 0);
+use constant PR_SET_PDEATHSIG   => 1;
+use constant REPARENT_DEADLINE  => 5;
+
+sub from_env {
+    my ($class, %env) = @_;
+    my $required = sub {
+        defined $env{ $_[0] }
+            or die "$_[0] is not set, but FORKPOOL_TEMPLATE_FD is: run this "
+            . "program under `forkpool run --preload ... -- perl PROGRAM`\n";
+        return $env{ $_[0] };
+    };
+    my $version = $required->('FORKPOOL_PROTOCOL');
+    $version eq Forkpool::Worker::TEMPLATE_PROTOCOL_VERSION
+        or die "FORKPOOL_TEMPLATE_FD is set with protocol $version; templates "
+        . "speak protocol " . Forkpool::Worker::TEMPLATE_PROTOCOL_VERSION . "\n";
+    my $count = 0;
+    if (defined $env{LISTEN_FDS}) {
+        $required->('LISTEN_PID') == $$ or die "LISTEN_PID names another process\n";
+        $count = $env{LISTEN_FDS};
+    }
+    my $fd = $required->('FORKPOOL_TEMPLATE_FD');
+    my $start = Forkpool::Worker::LISTEN_FDS_START;
+    $fd == $start + $count
+        or die "FORKPOOL_TEMPLATE_FD is $fd, but with $count listener(s) it must be "
+        . ($start + $count) . "\n";
+    my $channel = Forkpool::Worker::_adopt($fd);
+    my $type = unpack('i', getsockopt($channel, SOL_SOCKET, SO_TYPE) // pack('i', -1));
+    $type == SOCK_SEQPACKET or die "descriptor $fd is not the template channel\n";
+    return bless {
+        channel        => $channel,
+        listeners      => [ map { Forkpool::Worker::_adopt($start + $_) } 0 .. $count - 1 ],
+        generation     => $required->('FORKPOOL_GENERATION'),
+        dispatch       => $required->('FORKPOOL_DISPATCH'),
+        supervisor_pid => $required->('FORKPOOL_SUPERVISOR_PID'),
+        recvmsg        => Forkpool::Worker::_recvmsg_number(),
+        version        => Forkpool::Worker::TEMPLATE_PROTOCOL_VERSION,
+    }, $class;
+}
+
+# Refork: the worker $worker becomes the template, on descriptor $fd.
+sub _from_worker {
+    my ($class, $worker, $fd) = @_;
+    my $place = Forkpool::Worker::LISTEN_FDS_START + @{ $worker->{listeners} };
+    # dup2 over the worker channel closes it; its Perl handle now names
+    # the template channel.
+    if ($fd != $place) {
+        defined POSIX::dup2($fd, $place) or die "dup2: $!\n";
+        POSIX::close($fd);
+    }
+    delete @ENV{qw(FORKPOOL_CHANNEL_FD FORKPOOL_SLOT)};
+    $ENV{FORKPOOL_TEMPLATE_FD} = $place;
+    return bless {
+        channel        => $worker->{channel},
+        listeners      => $worker->{listeners},
+        generation     => $worker->{generation},
+        dispatch       => $worker->{dispatch},
+        supervisor_pid => $ENV{FORKPOOL_SUPERVISOR_PID} // getppid(),
+        recvmsg        => $worker->{recvmsg},
+        version        => Forkpool::Worker::TEMPLATE_PROTOCOL_VERSION,
+    }, $class;
+}
+
+sub _send { Forkpool::Worker::_send(@_) }
+
+# Says Ready, then forks a worker per Fork order. Returns in the template
+# on Quit or when the supervisor is gone, in a worker when it is done.
+sub serve {
+    my ($self, $handler) = @_;
+    local $SIG{PIPE} = 'IGNORE';
+    $self->_send('R', pack('N', $$));
+    while (1) {
+        my ($data, $flags, @fds) = Forkpool::Worker::_recvmsg($self);
+        return if $data eq '' && !@fds;
+        my $refuse = sub {
+            POSIX::close($_) for @fds;
+            die "template channel protocol error: $_[0]\n";
+        };
+        $refuse->('message or descriptors cut short') if $flags & (MSG_TRUNC | MSG_CTRUNC);
+        my ($version, $kind) = unpack('C a', $data);
+        length($data) >= 2 && $version == $self->{version}
+            or $refuse->('protocol version ' . ($version // 'none') . ' is not supported');
+        my $payload = substr($data, 2);
+        defined $TEMPLATE_PAYLOAD{$kind} && $TEMPLATE_PAYLOAD{$kind} == length($payload)
+            or $refuse->('malformed template message ' . unpack('H*', $data));
+        @fds == ($kind eq 'F' ? 2 : 0)
+            or $refuse->("message '$kind' came with " . @fds . ' descriptor(s)');
+        if ($kind eq 'p') {
+            $self->_send('P', $payload);
+        }
+        elsif ($kind eq 'Q') {
+            return;
+        }
+        elsif ($self->_fork(unpack('N N', $payload), @fds)) {
+            Forkpool::Worker->from_env->serve($handler);
+            return;
+        }
+    }
+}
+
+# The double fork. True in the worker (set up), false in the template.
+sub _fork {
+    my ($self, $slot, $generation, @fds) = @_;
+    STDOUT->flush;
+    STDERR->flush;
+    my $intermediate = fork;
+    if (!defined $intermediate) {
+        $self->_send('E', pack('N N', $slot, $! + 0));
+        POSIX::close($_) for @fds;
+        return 0;
+    }
+    if ($intermediate == 0) {
+        my $me = $$;
+        my $worker = fork;
+        if (!defined $worker) {
+            $self->_send('E', pack('N N', $slot, $! + 0));
+            POSIX::_exit(0);
+        }
+        if ($worker) {
+            eval { $self->_send('W', pack('N N', $slot, $worker)) };
+            POSIX::_exit(0);
+        }
+        $self->_become_worker($slot, $generation, $me, @fds);
+        return 1;
+    }
+    POSIX::close($_) for @fds;
+    waitpid($intermediate, 0);
+    return 0;
+}
+
+# Steps 1-4 of "What the forked worker does" in docs/protocol.md.
+sub _become_worker {
+    my ($self, $slot, $generation, $intermediate, $channel_fd, $stderr_fd) = @_;
+    my $place = Forkpool::Worker::LISTEN_FDS_START + @{ $self->{listeners} };
+    # 1. Close whatever the program opened. The template channel at $place
+    # is replaced by dup2 below, so its Perl handle stays valid.
+    my %keep = map { $_ => 1 } 0, 1, 2, $place, $channel_fd, $stderr_fd,
+        map { fileno($_) } @{ $self->{listeners} };
+    opendir(my $dir, '/proc/self/fd') or die "cannot list /proc/self/fd: $!\n";
+    my @open = grep { /^\d+$/ } readdir($dir);
+    closedir($dir);
+    POSIX::close($_) for grep { !$keep{$_} } @open;
+    # 2. Channel to 3+n, stderr to 2.
+    defined POSIX::dup2($stderr_fd, 2) or die "dup2: $!\n";
+    defined POSIX::dup2($channel_fd, $place) or die "dup2: $!\n";
+    POSIX::close($_) for grep { $_ != 2 && $_ != $place } $channel_fd, $stderr_fd;
+    # 3. The environment of an exec'd worker.
+    delete $ENV{FORKPOOL_TEMPLATE_FD};
+    $ENV{FORKPOOL_CHANNEL_FD} = $place;
+    $ENV{FORKPOOL_SLOT}       = $slot;
+    $ENV{FORKPOOL_GENERATION} = $generation;
+    $ENV{LISTEN_PID}          = $$ if @{ $self->{listeners} };
+    # 4. The parent-death signal is sent while the intermediate is being
+    # reparented away: arm it only once the intermediate is reaped.
+    my $deadline = time + REPARENT_DEADLINE;
+    while (getppid() == $intermediate || -e "/proc/$intermediate") {
+        if (time > $deadline) {
+            warn "forkpool worker: not reparented to the supervisor\n";
+            POSIX::_exit(1);
+        }
+        select(undef, undef, undef, 0.0002);
+    }
+    my $prctl = do {
+        package Forkpool::Worker::Syscall;
+        my $sub = Forkpool::Worker::Syscall->can('SYS_prctl') || main->can('SYS_prctl');
+        $sub && $sub->();
+    };
+    defined $prctl or die "syscall.ph has no SYS_prctl\n";
+    syscall($prctl, PR_SET_PDEATHSIG, POSIX::SIGTERM(), 0, 0, 0) == 0
+        or die "prctl(PR_SET_PDEATHSIG): $!\n";
+    if (getppid() != $self->{supervisor_pid}) {
+        warn "forkpool worker: parent is " . getppid() . ", not the supervisor "
+            . "$self->{supervisor_pid}: the supervisor is gone\n";
+        POSIX::_exit(1);
+    }
+    return;
+}
 
 1;

@@ -283,6 +283,223 @@ fn put_u32(buf: &mut MessageBuf, kind: u8, value: u32) -> usize {
     6
 }
 
+// ---------------------------------------------------------------------
+// Templates (`--preload`): protocol version 2
+// ---------------------------------------------------------------------
+
+/// Protocol version 2: version 1 plus the template messages. The supervisor
+/// announces it (`FORKPOOL_PROTOCOL=2`) only to a template started with
+/// `--preload`; every worker forked from that template speaks version 2 on
+/// its own channel, with the version byte `0x02` in every message, and may
+/// be told [`WorkerOrder::BecomeTemplate`]. Exec'd workers of a pool
+/// without `--preload` keep speaking version 1, unchanged.
+pub const TEMPLATE_VERSION: u8 = 2;
+
+/// A message from the supervisor to a template, on the template's channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateRequest {
+    /// Fork a worker for `slot`. Exactly two descriptors travel with it as
+    /// `SCM_RIGHTS` ancillary data: the worker's back-channel, then the
+    /// write end of the pipe that becomes its standard error.
+    Fork {
+        /// The slot the new worker fills (`FORKPOOL_SLOT`).
+        slot: u32,
+        /// The pool generation it belongs to (`FORKPOOL_GENERATION`).
+        generation: u32,
+    },
+    /// Liveness check: answer with [`TemplateReply::Pong`] and the same `seq`.
+    Ping {
+        /// Sequence number to echo back.
+        seq: u32,
+    },
+    /// Exit with status 0. Workers already forked are not affected.
+    Quit,
+}
+
+/// A message from a template (or its short-lived intermediate child) to
+/// the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateReply {
+    /// The template has loaded and waits for fork orders. Sent once, first.
+    Ready {
+        /// The template's process id.
+        pid: u32,
+    },
+    /// The worker for `slot` exists: `pid` is the grandchild, which the
+    /// supervisor (a child subreaper) inherits.
+    Forked {
+        /// The slot from the [`TemplateRequest::Fork`] being answered.
+        slot: u32,
+        /// The new worker's process id.
+        pid: u32,
+    },
+    /// The worker for `slot` could not be forked.
+    ForkFailed {
+        /// The slot from the [`TemplateRequest::Fork`] being answered.
+        slot: u32,
+        /// The `errno` of the failed `fork` (for example 11, `EAGAIN`).
+        errno: u32,
+    },
+    /// The answer to [`TemplateRequest::Ping`].
+    Pong {
+        /// The sequence number of the ping being answered.
+        seq: u32,
+    },
+}
+
+/// A message from the supervisor to a worker that speaks version 2 (one
+/// forked from a template): every version 1 message, plus the refork order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerOrder {
+    /// A version 1 message, sent with the version byte `0x02`.
+    Parent(ParentMessage),
+    /// Become the pool's template (refork). One descriptor travels with it:
+    /// the new template channel. The worker reads it only when idle, so its
+    /// current connection is finished first.
+    BecomeTemplate,
+}
+
+impl TemplateRequest {
+    /// Writes the message into `buf` and returns the bytes to send.
+    pub fn encode(self, buf: &mut MessageBuf) -> &[u8] {
+        buf[0] = TEMPLATE_VERSION;
+        let len = match self {
+            TemplateRequest::Fork { slot, generation } => put_pair(buf, b'F', slot, generation),
+            TemplateRequest::Ping { seq } => put_u32(buf, b'p', seq),
+            TemplateRequest::Quit => put_bare(buf, b'Q'),
+        };
+        &buf[..len]
+    }
+
+    /// Decodes one datagram received by a template.
+    pub fn decode(bytes: &[u8]) -> Result<TemplateRequest, ProtocolError> {
+        let (kind, payload) = split_versioned(bytes, TEMPLATE_VERSION)?;
+        match kind {
+            b'F' => get_pair(kind, payload)
+                .map(|(slot, generation)| TemplateRequest::Fork { slot, generation }),
+            b'p' => get_u32(kind, payload).map(|seq| TemplateRequest::Ping { seq }),
+            b'Q' => bare(kind, payload, TemplateRequest::Quit),
+            other => Err(ProtocolError::UnknownKind(other)),
+        }
+    }
+
+    /// How many descriptors travel with this message.
+    pub fn fd_count(self) -> usize {
+        match self {
+            TemplateRequest::Fork { .. } => 2,
+            TemplateRequest::Ping { .. } | TemplateRequest::Quit => 0,
+        }
+    }
+}
+
+impl TemplateReply {
+    /// Writes the message into `buf` and returns the bytes to send.
+    pub fn encode(self, buf: &mut MessageBuf) -> &[u8] {
+        buf[0] = TEMPLATE_VERSION;
+        let len = match self {
+            TemplateReply::Ready { pid } => put_u32(buf, b'R', pid),
+            TemplateReply::Forked { slot, pid } => put_pair(buf, b'W', slot, pid),
+            TemplateReply::ForkFailed { slot, errno } => put_pair(buf, b'E', slot, errno),
+            TemplateReply::Pong { seq } => put_u32(buf, b'P', seq),
+        };
+        &buf[..len]
+    }
+
+    /// Decodes one datagram received from a template.
+    pub fn decode(bytes: &[u8]) -> Result<TemplateReply, ProtocolError> {
+        let (kind, payload) = split_versioned(bytes, TEMPLATE_VERSION)?;
+        match kind {
+            b'R' => get_u32(kind, payload).map(|pid| TemplateReply::Ready { pid }),
+            b'W' => get_pair(kind, payload).map(|(slot, pid)| TemplateReply::Forked { slot, pid }),
+            b'E' => get_pair(kind, payload)
+                .map(|(slot, errno)| TemplateReply::ForkFailed { slot, errno }),
+            b'P' => get_u32(kind, payload).map(|seq| TemplateReply::Pong { seq }),
+            other => Err(ProtocolError::UnknownKind(other)),
+        }
+    }
+}
+
+impl WorkerOrder {
+    /// Writes the message, with the version byte `0x02`, into `buf`.
+    pub fn encode(self, buf: &mut MessageBuf) -> &[u8] {
+        let len = match self {
+            WorkerOrder::Parent(msg) => msg.encode(buf).len(),
+            WorkerOrder::BecomeTemplate => put_bare(buf, b'T'),
+        };
+        buf[0] = TEMPLATE_VERSION;
+        &buf[..len]
+    }
+
+    /// Decodes one datagram received by a version 2 worker.
+    pub fn decode(bytes: &[u8]) -> Result<WorkerOrder, ProtocolError> {
+        let (kind, payload) = split_versioned(bytes, TEMPLATE_VERSION)?;
+        if kind == b'T' {
+            return bare(kind, payload, WorkerOrder::BecomeTemplate);
+        }
+        ParentMessage::decode(&as_version_1(bytes)).map(WorkerOrder::Parent)
+    }
+
+    /// How many descriptors travel with this message.
+    pub fn fd_count(self) -> usize {
+        match self {
+            WorkerOrder::Parent(msg) => usize::from(msg.carries_fd()),
+            WorkerOrder::BecomeTemplate => 1,
+        }
+    }
+}
+
+/// Encodes a version 1 child message with the version byte `0x02`, as a
+/// worker forked from a template sends it.
+pub fn encode_child_v2(msg: ChildMessage, buf: &mut MessageBuf) -> &[u8] {
+    let len = msg.encode(buf).len();
+    buf[0] = TEMPLATE_VERSION;
+    &buf[..len]
+}
+
+/// Decodes a message from a worker forked from a template: the version 1
+/// child messages, each with the version byte `0x02`.
+pub fn decode_child_v2(bytes: &[u8]) -> Result<ChildMessage, ProtocolError> {
+    split_versioned(bytes, TEMPLATE_VERSION)?;
+    ChildMessage::decode(&as_version_1(bytes))
+}
+
+/// The same datagram with the version byte `0x01`, for the version 1
+/// decoders (the caller has checked the version byte).
+fn as_version_1(bytes: &[u8]) -> Vec<u8> {
+    let mut v1 = bytes.to_vec();
+    v1[0] = VERSION;
+    v1
+}
+
+fn split_versioned(bytes: &[u8], version: u8) -> Result<(u8, &[u8]), ProtocolError> {
+    match bytes {
+        [] => Err(ProtocolError::Empty),
+        [v, kind, payload @ ..] if *v == version => Ok((*kind, payload)),
+        [v] if *v == version => Err(ProtocolError::WrongLength {
+            kind: 0,
+            expected: 2,
+            got: 1,
+        }),
+        [other, ..] => Err(ProtocolError::UnsupportedVersion(*other)),
+    }
+}
+
+fn get_pair(kind: u8, payload: &[u8]) -> Result<(u32, u32), ProtocolError> {
+    fixed::<8>(kind, payload).map(|p| {
+        (
+            u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
+            u32::from_be_bytes([p[4], p[5], p[6], p[7]]),
+        )
+    })
+}
+
+fn put_pair(buf: &mut MessageBuf, kind: u8, first: u32, second: u32) -> usize {
+    buf[1] = kind;
+    buf[2..6].copy_from_slice(&first.to_be_bytes());
+    buf[6..10].copy_from_slice(&second.to_be_bytes());
+    10
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +543,44 @@ mod tests {
         assert_eq!(
             ChildMessage::decode(&[1, b'Q']).unwrap_err(),
             ProtocolError::UnknownKind(b'Q')
+        );
+    }
+
+    #[test]
+    fn fork_has_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let bytes = TemplateRequest::Fork {
+            slot: 3,
+            generation: 1,
+        }
+        .encode(&mut buf);
+        assert_eq!(bytes, &[2, b'F', 0, 0, 0, 3, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn a_version_1_message_is_refused_by_the_template_decoders() {
+        assert_eq!(
+            TemplateRequest::decode(&[1, b'Q']).unwrap_err(),
+            ProtocolError::UnsupportedVersion(1)
+        );
+        assert_eq!(
+            WorkerOrder::decode(&[1, b'T']).unwrap_err(),
+            ProtocolError::UnsupportedVersion(1)
+        );
+    }
+
+    #[test]
+    fn version_2_workers_speak_version_1_messages_with_byte_2() {
+        let mut buf = MessageBuf::default();
+        assert_eq!(encode_child_v2(ChildMessage::Idle, &mut buf), &[2, b'I']);
+        assert_eq!(decode_child_v2(&[2, b'I']), Ok(ChildMessage::Idle));
+        assert_eq!(
+            WorkerOrder::decode(&[2, b'Q']),
+            Ok(WorkerOrder::Parent(ParentMessage::Quit))
+        );
+        assert_eq!(
+            WorkerOrder::decode(&[2, b'T']),
+            Ok(WorkerOrder::BecomeTemplate)
         );
     }
 }

@@ -257,3 +257,186 @@ fn malformed_messages_get_the_documented_errors() {
         Err(ProtocolError::UnsupportedVersion(2))
     );
 }
+
+// ---------------------------------------------------------------------
+// Templates (`--preload`): protocol version 2
+// ---------------------------------------------------------------------
+
+mod templates {
+    use super::{any_datagram, child_message, parent_message};
+    use forkpool_protocol::wire::{
+        decode_child_v2, encode_child_v2, ChildMessage, MessageBuf, ParentMessage, ProtocolError,
+        TemplateReply, TemplateRequest, WorkerOrder, MAX_MESSAGE_LEN, TEMPLATE_VERSION,
+    };
+    use proptest::prelude::*;
+
+    fn request() -> impl Strategy<Value = TemplateRequest> {
+        prop_oneof![
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(slot, generation)| TemplateRequest::Fork { slot, generation }),
+            any::<u32>().prop_map(|seq| TemplateRequest::Ping { seq }),
+            Just(TemplateRequest::Quit),
+        ]
+    }
+
+    fn reply() -> impl Strategy<Value = TemplateReply> {
+        prop_oneof![
+            any::<u32>().prop_map(|pid| TemplateReply::Ready { pid }),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(slot, pid)| TemplateReply::Forked { slot, pid }),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(slot, errno)| TemplateReply::ForkFailed { slot, errno }),
+            any::<u32>().prop_map(|seq| TemplateReply::Pong { seq }),
+        ]
+    }
+
+    fn order() -> impl Strategy<Value = WorkerOrder> {
+        prop_oneof![
+            parent_message().prop_map(WorkerOrder::Parent),
+            Just(WorkerOrder::BecomeTemplate),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn requests_round_trip(msg in request()) {
+            let mut buf = MessageBuf::default();
+            let bytes = msg.encode(&mut buf);
+            prop_assert_eq!(bytes[0], TEMPLATE_VERSION);
+            prop_assert!(bytes.len() <= MAX_MESSAGE_LEN);
+            prop_assert_eq!(TemplateRequest::decode(bytes), Ok(msg));
+        }
+
+        #[test]
+        fn replies_round_trip(msg in reply()) {
+            let mut buf = MessageBuf::default();
+            let bytes = msg.encode(&mut buf);
+            prop_assert_eq!(bytes[0], TEMPLATE_VERSION);
+            prop_assert_eq!(TemplateReply::decode(bytes), Ok(msg));
+        }
+
+        #[test]
+        fn worker_orders_round_trip(msg in order()) {
+            let mut buf = MessageBuf::default();
+            let bytes = msg.encode(&mut buf);
+            prop_assert_eq!(bytes[0], TEMPLATE_VERSION);
+            prop_assert_eq!(WorkerOrder::decode(bytes), Ok(msg));
+        }
+
+        #[test]
+        fn version_2_child_messages_round_trip(msg in child_message()) {
+            let mut buf = MessageBuf::default();
+            let bytes = encode_child_v2(msg, &mut buf).to_vec();
+            prop_assert_eq!(bytes[0], TEMPLATE_VERSION);
+            prop_assert_eq!(decode_child_v2(&bytes), Ok(msg));
+            // A version 1 decoder refuses it: the byte says which protocol.
+            prop_assert_eq!(
+                ChildMessage::decode(&bytes),
+                Err(ProtocolError::UnsupportedVersion(TEMPLATE_VERSION))
+            );
+        }
+
+        /// Whatever arrives, the template decoders return, and only the
+        /// canonical encoding of a message decodes to it.
+        #[test]
+        fn template_decoders_accept_only_canonical_bytes(mut bytes in any_datagram()) {
+            if let Some(first) = bytes.first_mut() {
+                if *first == 1 { *first = TEMPLATE_VERSION; }
+            }
+            let mut buf = MessageBuf::default();
+            match TemplateRequest::decode(&bytes) {
+                Ok(msg) => prop_assert_eq!(msg.encode(&mut buf), &bytes[..]),
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+            match TemplateReply::decode(&bytes) {
+                Ok(msg) => prop_assert_eq!(msg.encode(&mut buf), &bytes[..]),
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+            match WorkerOrder::decode(&bytes) {
+                Ok(msg) => prop_assert_eq!(msg.encode(&mut buf), &bytes[..]),
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+
+        #[test]
+        fn a_byte_appended_to_a_request_is_rejected(msg in request(), extra in any::<u8>()) {
+            let mut bytes = msg.encode(&mut MessageBuf::default()).to_vec();
+            bytes.push(extra);
+            let is_wrong_length =
+                matches!(TemplateRequest::decode(&bytes), Err(ProtocolError::WrongLength { .. }));
+            prop_assert!(is_wrong_length);
+        }
+    }
+
+    fn documented(hex: &str) -> Vec<u8> {
+        super::documented(hex)
+    }
+
+    #[test]
+    fn template_messages_have_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let fork = TemplateRequest::Fork {
+            slot: 3,
+            generation: 2,
+        };
+        assert_eq!(
+            fork.encode(&mut buf),
+            documented("02 46 00 00 00 03 00 00 00 02")
+        );
+        assert_eq!(
+            TemplateRequest::Ping { seq: 7 }.encode(&mut buf),
+            documented("02 70 00 00 00 07")
+        );
+        assert_eq!(TemplateRequest::Quit.encode(&mut buf), documented("02 51"));
+        assert_eq!(
+            TemplateReply::Ready { pid: 123456 }.encode(&mut buf),
+            documented("02 52 00 01 e2 40")
+        );
+        assert_eq!(
+            TemplateReply::Forked {
+                slot: 3,
+                pid: 123457
+            }
+            .encode(&mut buf),
+            documented("02 57 00 00 00 03 00 01 e2 41")
+        );
+        assert_eq!(
+            TemplateReply::ForkFailed { slot: 3, errno: 11 }.encode(&mut buf),
+            documented("02 45 00 00 00 03 00 00 00 0b")
+        );
+        assert_eq!(
+            TemplateReply::Pong { seq: 7 }.encode(&mut buf),
+            documented("02 50 00 00 00 07")
+        );
+        assert_eq!(
+            WorkerOrder::BecomeTemplate.encode(&mut buf),
+            documented("02 54")
+        );
+        assert_eq!(
+            encode_child_v2(ChildMessage::Idle, &mut buf),
+            documented("02 49")
+        );
+        assert_eq!(
+            WorkerOrder::Parent(ParentMessage::Quit).encode(&mut buf),
+            documented("02 51")
+        );
+    }
+
+    #[test]
+    fn fork_carries_two_descriptors_and_become_template_one() {
+        let fork = TemplateRequest::Fork {
+            slot: 0,
+            generation: 0,
+        };
+        assert_eq!(fork.fd_count(), 2);
+        assert_eq!(TemplateRequest::Quit.fd_count(), 0);
+        assert_eq!(WorkerOrder::BecomeTemplate.fd_count(), 1);
+        assert_eq!(
+            WorkerOrder::Parent(ParentMessage::Connection { listener: 0 }).fd_count(),
+            1
+        );
+        assert_eq!(WorkerOrder::Parent(ParentMessage::Quit).fd_count(), 0);
+    }
+}
