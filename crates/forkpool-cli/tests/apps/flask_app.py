@@ -7,6 +7,8 @@ import time
 from flask import Flask, Response, request
 
 app = Flask(__name__)
+# Let exceptions reach the WSGI server, whose own 500 is under test.
+app.config["PROPAGATE_EXCEPTIONS"] = True
 
 
 @app.get("/")
@@ -22,7 +24,7 @@ def pid():
 @app.post("/digest")
 def digest():
     # Reads the body a block at a time, so a large upload never sits in
-    # memory; answers its length, its SHA-256 and this worker's peak RSS.
+    # memory; answers its length, its SHA-256 and this worker's pid.
     h = hashlib.sha256()
     total = 0
     while True:
