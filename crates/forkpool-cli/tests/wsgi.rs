@@ -10,11 +10,11 @@ mod wsgi_support;
 use std::io::Write;
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::DemoPool;
 use wsgi_support::{
-    clients_dir, connect, read_response, request, slot_pids, status_pid_of, venv_python,
+    clients_dir, connect, drip_head, read_response, request, slot_pids, status_pid_of, venv_python,
     wait_status, worker_peak_rss_kib,
 };
 
@@ -177,25 +177,14 @@ fn flask_app_over_http(dispatch: &str) {
     // A client dripping its head a byte at a time: 408 at the head
     // deadline (2 s), and the worker is idle again.
     let mut conn = connect(addr);
-    conn.write_all(b"GET / HTTP/1.1\r\n").unwrap();
-    conn.set_nonblocking(true).unwrap();
-    let started = Instant::now();
-    let mut answered = false;
-    while started.elapsed() < Duration::from_secs(15) {
-        let mut probe = [0u8; 1];
-        match conn.peek(&mut probe) {
-            Ok(_) => {
-                answered = true;
-                break;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("dripping client: {e}"),
-        }
-        let _ = conn.write_all(b"X");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(answered, "the worker never answered a dripping client");
-    conn.set_nonblocking(false).unwrap();
+    assert!(
+        drip_head(
+            &mut conn,
+            Duration::from_millis(200),
+            Duration::from_secs(15)
+        ),
+        "the worker never answered a dripping client"
+    );
     assert_eq!(read_response(&mut conn, false).status, 408);
     drop(conn);
     assert!(
@@ -305,9 +294,19 @@ fn pip_install_provides_both_modules() {
         .unwrap();
     assert!(made.success(), "python3 -m venv failed");
     let python = venv.join("bin/python");
+    // pip builds in the source tree: install from a copy, so that
+    // nothing is left in clients/python.
+    let source = venv.join("src");
+    std::fs::create_dir_all(&source).unwrap();
+    for entry in std::fs::read_dir(clients_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, source.join(path.file_name().unwrap())).unwrap();
+        }
+    }
     let installed = Command::new(&python)
         .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
-        .arg(clients_dir())
+        .arg(&source)
         .output()
         .unwrap();
     assert!(
@@ -362,25 +361,14 @@ fn example_http_worker_bounds_the_head_and_the_body() {
         &["python3", script.to_str().unwrap()],
     );
     let mut conn = connect(pool.addr);
-    conn.write_all(b"GET / HTTP/1.1\r\n").unwrap();
-    conn.set_nonblocking(true).unwrap();
-    let started = Instant::now();
-    let mut answered = false;
-    while started.elapsed() < Duration::from_secs(20) {
-        let mut probe = [0u8; 1];
-        match conn.peek(&mut probe) {
-            Ok(_) => {
-                answered = true;
-                break;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("dripping client: {e}"),
-        }
-        let _ = conn.write_all(b"X");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    assert!(answered, "a client dripping its head held the worker");
-    conn.set_nonblocking(false).unwrap();
+    assert!(
+        drip_head(
+            &mut conn,
+            Duration::from_millis(500),
+            Duration::from_secs(20)
+        ),
+        "a client dripping its head held the worker"
+    );
     assert_eq!(read_response(&mut conn, false).status, 408);
 
     let mut conn: TcpStream = connect(pool.addr);

@@ -142,6 +142,32 @@ pub fn read_response(conn: &mut TcpStream, head_only: bool) -> Reply {
     reply
 }
 
+/// Sends the start of a request head, then one more byte every `every`,
+/// until the server answers (true) or `limit` passes (false). The answer
+/// is left unread on `conn`.
+pub fn drip_head(conn: &mut TcpStream, every: Duration, limit: Duration) -> bool {
+    conn.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    conn.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    let mut answered = false;
+    while started.elapsed() < limit {
+        let mut probe = [0u8; 1];
+        match conn.peek(&mut probe) {
+            Ok(_) => {
+                answered = true;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("dripping client: {e}"),
+        }
+        // The server may have closed its side already; the peek says so.
+        let _ = conn.write_all(b"X");
+        std::thread::sleep(every);
+    }
+    conn.set_nonblocking(false).unwrap();
+    answered
+}
+
 /// The pids of every slot in a status snapshot.
 pub fn slot_pids(status: &serde_json::Value) -> Vec<i32> {
     status["slots"]
