@@ -2,7 +2,8 @@
 # WSGI and PSGI "hello" apps side by side, with wrk on loopback, the same
 # worker cap (16) everywhere:
 #
-#   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv)
+#   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv), in
+#           handoff (the default) and shared dispatch
 #           gunicorn -w 16 (sync), gunicorn --preload -w 16
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi (when it exists)
 #           starman --workers 16
@@ -127,6 +128,10 @@ cell() { # CONCURRENCY close|keepalive
 
 measure() { # NAME
   local name=$1 pss
+  # Warm-up: an adaptive pool grows to its load, and every server's
+  # workers import and touch what they need, before anything is counted.
+  wrk -t2 -c64 -d2s -H "Connection: close" "http://127.0.0.1:$port/" >/dev/null
+  sleep 1
   for c in 16 64; do
     for mode in close keepalive; do
       printf '%-26s c=%-3s %-9s ' "$name" "$c" "$mode"
@@ -156,6 +161,9 @@ run() {
   export PYTHONPATH=$root/clients/python
   row forkpool-wsgi bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --control "$scratch/control.sock" -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-shared bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --dispatch shared --control "$scratch/control-shared.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row gunicorn-sync bench/apps "$WORKERS" "$VENV/bin/gunicorn" -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   row gunicorn-preload bench/apps "$WORKERS" "$VENV/bin/gunicorn" --preload -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   if [ -e clients/perl/forkpool-psgi ]; then
