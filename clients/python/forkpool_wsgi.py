@@ -242,6 +242,11 @@ class Server:
         self.worker = worker
         self.limits = limits
         self.access_log = access_log
+        self._listener_poll = None
+        if worker.listeners:
+            self._listener_poll = select.poll()
+            for listener in worker.listeners:
+                self._listener_poll.register(listener.fileno(), select.POLLIN)
 
     def handle(self, conn, _listener):
         """One connection: requests until close, a limit, or an idle timeout."""
@@ -281,6 +286,15 @@ class Server:
         fds = {fd for fd, _ in events}
         return conn.fileno() in fds and self.worker.channel.fileno() not in fds
 
+    def _others_waiting(self):
+        """True when a listener this worker holds (`order` and `shared`
+        dispatch) has a connection waiting: this one is then closed after
+        its response, so a kept-alive client does not keep a busy pool
+        from the clients queued behind it."""
+        if self._listener_poll is None:
+            return False
+        return bool(self._listener_poll.poll(0))
+
     def _refuse(self, conn, error, peer, started, request_line="-"):
         try:
             conn.settimeout(self.limits.read_timeout)
@@ -312,7 +326,8 @@ class Server:
         response = Response(
             conn,
             request,
-            request.wants_keepalive() and not last and not self.worker.leaving,
+            request.wants_keepalive() and not last and not self.worker.leaving
+            and not self._others_waiting(),
             self.limits.read_timeout,
             lambda: self.worker.leaving,
         )
