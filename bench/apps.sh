@@ -179,7 +179,8 @@ run() {
       --max-children "$WORKERS" --control "$scratch/control-b.sock" \
       -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
     # shellcheck disable=SC2046
-    $(bench_cmd) --peer "wsgi=http://127.0.0.1:$port/" --only throughput --duration "${DURATION}s" || true
+    $(bench_cmd) --peer "wsgi=http://127.0.0.1:$port/" --only throughput --modes handoff \
+      --concurrency 16,64 --duration "${DURATION}s" || true
     stop_server
   fi
 }
