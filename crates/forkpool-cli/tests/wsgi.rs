@@ -239,9 +239,18 @@ fn flask_app_in_order_and_from_a_factory_with_chdir() {
         apps.to_str().unwrap(),
         "flask_app:create_app()",
         "--no-access-log",
+        "--keepalive-timeout",
+        "120",
     ];
-    let args = ["--ping-timeout", "20s", "--dispatch", "order"];
-    let pool = DemoPool::launch(command, &args, &cmd, true);
+    let args = [
+        "--ping-timeout",
+        "20s",
+        "--dispatch",
+        "order",
+        "--shutdown-timeout",
+        "60s",
+    ];
+    let mut pool = DemoPool::launch(command, &args, &cmd, true);
     let mut conn = connect(pool.addr);
     for _ in 0..3 {
         let r = request(&mut conn, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
@@ -252,6 +261,29 @@ fn flask_app_in_order_and_from_a_factory_with_chdir() {
     let old = request(&mut conn, "GET / HTTP/1.0\r\n\r\n");
     assert_eq!(old.header("connection").as_deref(), Some("close"));
     assert_eq!(pool.status()["totals"]["died"], 0);
+
+    // A kept-alive client idle between requests does not hold up a
+    // graceful stop: the worker sees the Quit and ends the connection,
+    // long before its keep-alive timeout (120 s) or the shutdown timeout.
+    let mut idle = connect(pool.addr);
+    assert_eq!(
+        request(&mut idle, "GET / HTTP/1.1\r\nHost: t\r\n\r\n").body,
+        b"hello"
+    );
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    pool.signal(15);
+    let mut rest = Vec::new();
+    let ended = std::io::Read::read_to_end(&mut idle, &mut rest);
+    assert!(
+        ended.is_ok() && rest.is_empty(),
+        "kept-alive connection not ended: {ended:?}"
+    );
+    let status = pool.wait_exit(Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "no graceful exit: {status:?}"
+    );
 }
 
 /// The helper's own unit tests (`clients/python/tests`).
