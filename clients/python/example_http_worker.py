@@ -6,7 +6,9 @@
 
 Any GET answers `hello`; `?work_ms=N` sleeps N ms first (a slow handler).
 Every response names the worker in `X-Forkpool-Slot` and `X-Forkpool-Pid`
-and closes the connection.
+and closes the connection. The request head must arrive whole within 5 s
+(else 408), and a body is read and dropped in blocks, at most 1 MiB (else
+413), so neither a dripping client nor a huge upload holds the worker.
 
 With `--chaos` (fault-injection tests only), `?chaos=garbage` makes the
 worker write a malformed message on its back-channel and `?chaos=exit`
@@ -18,20 +20,27 @@ import sys
 import time
 import urllib.parse
 
+import forkpool_http as http
 import forkpool_worker
 
-MAX_HEAD = 8192
 MAX_WORK_MS = 60_000
+# A whole head must arrive within head_timeout seconds (a client dripping
+# a byte at a time gets 408); a body is read and dropped a block at a time,
+# never held in memory, and one over max_body bytes is refused with 413.
+LIMITS = http.Limits(head_timeout=5.0, read_timeout=5.0, max_head=8192, max_body=1 << 20)
 
 
-def read_head(conn):
-    head = b""
-    while b"\r\n\r\n" not in head and len(head) < MAX_HEAD:
-        chunk = conn.recv(2048)
-        if not chunk:
-            return None
-        head += chunk
-    return head
+def read_request(conn):
+    """The request, with its body read and dropped; None if the client
+    closed. Raises forkpool_http.HttpError for a request to refuse."""
+    reader = http.Reader(conn)
+    head = reader.read_head(LIMITS, time.monotonic() + LIMITS.head_timeout)
+    if head is None:
+        return None
+    request = http.parse_head(head, LIMITS)
+    framing, length = request.body_framing(LIMITS)
+    http.Body(reader, LIMITS, framing, length).drain(LIMITS.max_body + 1)
+    return request
 
 
 def main():
@@ -39,16 +48,21 @@ def main():
     worker = forkpool_worker.Worker.from_env()
 
     def handle(conn, _listener):
-        conn.settimeout(5)
         try:
-            head = read_head(conn)
-        except OSError:
+            request = read_request(conn)
+        except http.HttpError as e:
+            conn.settimeout(LIMITS.read_timeout)
+            try:
+                conn.sendall(http.error_response(e.status, e.why))
+            except OSError:
+                pass
             return
-        if head is None:
+        except (http.ClientGone, OSError):
             return
-        parts = head.split(b"\r\n", 1)[0].split(b" ")
-        target = parts[1].decode("latin-1") if len(parts) > 1 else "/"
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+        if request is None:
+            return
+        conn.settimeout(LIMITS.read_timeout)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.target).query)
         what = query.get("chaos", [""])[0] if chaos else ""
         if what == "exit":
             os._exit(3)

@@ -18,6 +18,15 @@ closes the connection after `handle` returns. An exception in `handle`
 ends the worker process (with the traceback on stderr, which the
 supervisor logs with the slot); the supervisor starts a replacement.
 
+A handler that knows its process is no longer fit to serve (a leak, a
+broken library) calls `worker.leave()`: after the current connection
+`serve` returns without reporting Idle (so no new connection can be on its
+way to it), the process exits with status 0 and the supervisor starts a
+replacement. Between two requests on one
+kept-alive connection, `worker.channel_waiting()` says whether the
+supervisor has sent something (a Quit), so the handler can end the
+connection and let the worker read it.
+
 Every dispatch mode is supported: `handoff` (connections arrive over the
 back-channel with SCM_RIGHTS; needs Python 3.9 for `socket.recv_fds`),
 `order` (accept on the inherited listener when told) and `shared`/`herd`
@@ -64,6 +73,7 @@ class Worker:
         self.generation = generation
         self.dispatch = dispatch
         self.pid = os.getpid()
+        self.leaving = False
 
     @classmethod
     def from_env(cls, environ=None):
@@ -147,12 +157,23 @@ class Worker:
 
     def _serve_loop(self, handle):
         if self.dispatch in ("handoff", "order"):
-            while self._take_message(handle):
+            while self._take_message(handle) and not self.leaving:
                 pass
         elif self.dispatch in ("shared", "herd"):
             self._wait_on_listeners(handle, exclusive=self.dispatch == "shared")
         else:
             raise ProtocolError(f"unknown dispatch mode {self.dispatch!r}")
+
+    def leave(self):
+        """Asks to exit after the current connection: `serve` returns
+        without reporting Idle, and the supervisor starts a replacement."""
+        self.leaving = True
+
+    def channel_waiting(self, timeout=0.0):
+        """True when a message (or end of file) from the supervisor waits,
+        within `timeout` seconds."""
+        ready, _, _ = select.select([self.channel], [], [], timeout)
+        return bool(ready)
 
     # -- the back-channel ------------------------------------------------
 
@@ -235,7 +256,11 @@ class Worker:
         try:
             with conn:
                 handle(conn, listener)
-            self._send(b"I")
+            # A leaving worker does not report Idle: the supervisor could
+            # hand it a connection before it sees the exit, and that
+            # connection would die with the process.
+            if not self.leaving:
+                self._send(b"I")
         finally:
             os.close(held)
 
@@ -255,6 +280,8 @@ class Worker:
                         return
                 else:
                     self._accept(index_of[fd], handle)
+                if self.leaving:
+                    return
 
 
 # --- Stack dumps (docs/protocol.md, "Stack dumps") --------------------------

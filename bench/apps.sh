@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# WSGI and PSGI "hello" apps side by side, with wrk on loopback, the same
+# worker cap (16) everywhere:
+#
+#   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv), in
+#           handoff (the default) and shared dispatch
+#           gunicorn -w 16 (sync), gunicorn --preload -w 16
+#   Plack:  forkpool run -- perl clients/perl/forkpool-psgi (when it exists)
+#           starman --workers 16
+#
+#   bench/apps.sh install   Flask+gunicorn venv (.ci/deps/python.sh), wrk,
+#                           and Starman + Plack from Debian (needs root/sudo)
+#   bench/apps.sh run       the table (installs first when something is missing)
+#
+# For each server and each of c=16 and c=64, close-per-request and
+# keep-alive: requests/s and p99 (wrk --latency), server CPU per request
+# (utime+stime of the whole process tree over the window) and context
+# switches per request (bench/lib/treestat.py), then PSS per idle worker.
+# Then one row driven by forkpool's own load generator. Environment:
+# DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
+# names to run). Every server listens on 127.0.0.1 and is stopped by pid.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+DURATION=${DURATION:-10}
+ONLY=${ONLY:-.}
+VENV=$root/target/py-venv
+WORKERS=16
+port=18700
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/forkpool-apps.XXXXXX")
+server_pid=""
+
+die() { echo "apps.sh: $*" >&2; exit 1; }
+
+cleanup() {
+  stop_server
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+install() {
+  bash .ci/deps/python.sh
+  if ! command -v starman >/dev/null || ! perl -MPlack -e1 2>/dev/null; then
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq starman libplack-perl
+  fi
+}
+
+forkpool_bin() {
+  if [ ! -x target/release/forkpool ]; then
+    cargo build --release -q -p forkpool-cli
+  fi
+  echo "$root/target/release/forkpool"
+}
+
+# Our own load generator: `forkpool-bench`, or `forkpool bench` before it.
+bench_cmd() {
+  if [ -x target/release/forkpool-bench ]; then
+    echo "$root/target/release/forkpool-bench"
+  else
+    echo "$(forkpool_bin) bench"
+  fi
+}
+
+wait_for_port() {
+  local tries=300
+  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+    tries=$((tries - 1))
+    [ "$tries" -gt 0 ] || return 1
+    sleep 0.1
+  done
+}
+
+# Waits until the server's tree has its 16 workers (or `forkpool run`'s
+# first ones) and has been quiet for a moment.
+settle() {
+  local tries=100
+  while [ "$tries" -gt 0 ]; do
+    local n
+    n=$(python3 bench/lib/treestat.py pss "$server_pid" | cut -d' ' -f2)
+    [ "$n" -ge "$1" ] && break
+    tries=$((tries - 1))
+    sleep 0.1
+  done
+  sleep 1
+}
+
+start_server() { # NAME DIR MIN_WORKERS CMD...
+  local name=$1 dir=$2 min=$3
+  shift 3
+  port=$((port + 1))
+  (cd "$dir" && exec "$@") >"$scratch/$name.out" 2>"$scratch/$name.err" &
+  server_pid=$!
+  wait_for_port "$port" || { cat "$scratch/$name.err" >&2; die "$name did not start"; }
+  settle "$min"
+}
+
+stop_server() {
+  if [ -n "$server_pid" ]; then
+    kill -TERM "$server_pid" 2>/dev/null || true
+    local tries=100
+    while kill -0 "$server_pid" 2>/dev/null && [ "$tries" -gt 0 ]; do
+      tries=$((tries - 1))
+      sleep 0.1
+    done
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+  fi
+}
+
+# One wrk cell: prints "req/s p99 cpu_us/req ctxsw/req errors".
+cell() { # CONCURRENCY close|keepalive
+  local c=$1 mode=$2 header=() before after out requests rps p99 errors
+  [ "$mode" = close ] && header=(-H "Connection: close")
+  before=$(python3 bench/lib/treestat.py snapshot "$server_pid")
+  out=$(wrk -t2 -c"$c" -d"${DURATION}s" --latency "${header[@]}" "http://127.0.0.1:$port/")
+  after=$(python3 bench/lib/treestat.py snapshot "$server_pid")
+  requests=$(awk '/requests in/ {print $1}' <<<"$out")
+  rps=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  errors=$(awk '/Non-2xx|Socket errors/ {printf "%s ", $0}' <<<"$out")
+  printf '%8s %8s %s %s\n' "$rps" "$p99" "$(python3 bench/lib/treestat.py per-request "$before" "$after" "$requests")" "${errors:-}"
+}
+
+measure() { # NAME
+  local name=$1 pss
+  # Warm-up: an adaptive pool grows to its load, and every server's
+  # workers import and touch what they need, before anything is counted.
+  wrk -t2 -c64 -d2s -H "Connection: close" "http://127.0.0.1:$port/" >/dev/null
+  sleep 1
+  for c in 16 64; do
+    for mode in close keepalive; do
+      printf '%-26s c=%-3s %-9s ' "$name" "$c" "$mode"
+      cell "$c" "$mode"
+    done
+  done
+  sleep 2
+  pss=$(python3 bench/lib/treestat.py pss "$server_pid")
+  printf '%-26s PSS per idle worker: %s KiB (%s workers)\n' "$name" "${pss% *}" "${pss#* }"
+}
+
+row() { # NAME DIR MIN_WORKERS CMD...
+  if ! grep -Eq "$ONLY" <<<"$1"; then
+    return
+  fi
+  start_server "$@"
+  measure "$1"
+  stop_server
+}
+
+run() {
+  command -v wrk >/dev/null && [ -x "$VENV/bin/gunicorn" ] && command -v starman >/dev/null || install
+  local fp
+  fp=$(forkpool_bin)
+  echo "# $(date -u +%FT%TZ) load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, ${DURATION}s per cell"
+  echo "# server                     conc  mode         req/s      p99 cpu_us/req ctxsw/req [errors]"
+  export PYTHONPATH=$root/clients/python
+  row forkpool-wsgi bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --control "$scratch/control.sock" -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-shared bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --dispatch shared --control "$scratch/control-shared.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row gunicorn-sync bench/apps "$WORKERS" "$VENV/bin/gunicorn" -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
+  row gunicorn-preload bench/apps "$WORKERS" "$VENV/bin/gunicorn" --preload -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
+  if [ -e clients/perl/forkpool-psgi ]; then
+    row forkpool-psgi . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+      --control "$scratch/control-psgi.sock" -- perl clients/perl/forkpool-psgi bench/apps/hello.psgi
+  else
+    echo "forkpool-psgi              skipped: clients/perl/forkpool-psgi does not exist yet"
+  fi
+  row starman bench/apps "$WORKERS" starman --workers "$WORKERS" --listen "127.0.0.1:$((port + 1))" hello.psgi
+  if grep -Eq "$ONLY" <<<forkpool-bench; then
+    echo "# forkpool's own load generator against forkpool-wsgi:"
+    start_server forkpool-wsgi-bench bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" \
+      --max-children "$WORKERS" --control "$scratch/control-b.sock" \
+      -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+    # shellcheck disable=SC2046
+    $(bench_cmd) --peer "wsgi=http://127.0.0.1:$port/" --only throughput --modes handoff \
+      --concurrency 16,64 --duration "${DURATION}s" || true
+    stop_server
+  fi
+}
+
+case "${1:-}" in
+  install) install ;;
+  run) run ;;
+  *) die "usage: bench/apps.sh install|run" ;;
+esac

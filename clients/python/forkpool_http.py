@@ -1,0 +1,456 @@
+"""HTTP/1.1 for forkpool's Python workers: reading requests, framing responses.
+
+Standard library only. Every function here works on bytes or on a
+`Reader` (a buffered socket with deadlines), so each piece can be tested
+without a server. `forkpool_wsgi` and `example_http_worker.py` use it.
+
+What it guards against, and the answer a client gets:
+
+- a request head that does not arrive whole within `Limits.head_timeout`
+  seconds (a client dripping bytes): 408;
+- a request line longer than `Limits.max_request_line`: 414; a head longer
+  than `Limits.max_head` or with more than `Limits.max_headers` fields: 431;
+- a body larger than `Limits.max_body`: 413;
+- anything malformed (bad request line, bad header line, conflicting or
+  invalid `Content-Length`, a `Transfer-Encoding` other than chunked, a bad
+  chunk): 400; an HTTP version other than 1.x: 505; an `Expect` other than
+  `100-continue`: 417.
+
+Bodies are never read whole: `Body` hands out what the app asks for, a
+block at a time, with a per-read timeout (`Limits.read_timeout`).
+"""
+
+import re
+import socket
+import time
+
+CRLF = b"\r\n"
+
+REASONS = {
+    100: "Continue",
+    200: "OK",
+    204: "No Content",
+    304: "Not Modified",
+    400: "Bad Request",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    414: "URI Too Long",
+    417: "Expectation Failed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    505: "HTTP Version Not Supported",
+}
+
+# RFC 9110 token characters: methods and field names.
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_VERSION = re.compile(rb"^HTTP/(\d)\.(\d)$")
+_CHUNK_SIZE = re.compile(rb"^[0-9A-Fa-f]{1,16}$")
+# Field values: visible characters, spaces and tabs, obs-text; no CR, LF, NUL.
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class HttpError(Exception):
+    """A request this server will not serve; `status` is the answer."""
+
+    def __init__(self, status, why):
+        super().__init__(why)
+        self.status = status
+        self.why = why
+
+
+class ClientGone(Exception):
+    """The client closed the connection or stopped answering mid-request."""
+
+
+class Limits:
+    """Every bound the server enforces. Times are in seconds, sizes in bytes."""
+
+    def __init__(
+        self,
+        head_timeout=10.0,
+        keepalive_timeout=5.0,
+        read_timeout=30.0,
+        max_requests=100,
+        max_request_line=8190,
+        max_head=65536,
+        max_headers=100,
+        max_body=1 << 30,
+    ):
+        self.head_timeout = head_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self.read_timeout = read_timeout
+        self.max_requests = max_requests
+        self.max_request_line = max_request_line
+        self.max_head = max_head
+        self.max_headers = max_headers
+        self.max_body = max_body
+
+
+class Reader:
+    """A socket with a read buffer. Every read has a deadline (monotonic
+    seconds) or a timeout, so no read blocks for ever."""
+
+    def __init__(self, sock, block=65536):
+        self.sock = sock
+        self.block = block
+        self.buf = b""
+        self.eof = False
+
+    def fill(self, deadline):
+        """Reads one more block into the buffer before `deadline`; False at
+        end of file. Raises TimeoutError once the deadline has passed."""
+        if self.eof:
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(self.block)
+        except socket.timeout as e:
+            raise TimeoutError("deadline passed") from e
+        except (ConnectionResetError, BrokenPipeError) as e:
+            raise ClientGone(str(e)) from e
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    def wait_readable(self, timeout):
+        """True when a byte (or end of file) is waiting, within `timeout`."""
+        if self.buf or self.eof:
+            return True
+        try:
+            return self.fill(time.monotonic() + timeout) or self.eof
+        except TimeoutError:
+            return False
+
+    def read_head(self, limits, deadline):
+        """The request head up to and including the blank line, as bytes, or
+        None when the client closed before sending anything."""
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head, self.buf = self.buf[: end + 4], self.buf[end + 4 :]
+                check_head_size(head, limits)
+                return head
+            check_head_size(self.buf, limits)
+            try:
+                more = self.fill(deadline)
+            except TimeoutError:
+                raise HttpError(408, "the request head did not arrive in time") from None
+            if not more:
+                if self.buf.strip():
+                    raise ClientGone("closed in the middle of a request head")
+                return None
+
+    def read_some(self, limit, timeout):
+        """Up to `limit` bytes (at least one) from the buffer or the socket;
+        b"" at end of file."""
+        if not self.buf:
+            try:
+                if not self.fill(time.monotonic() + timeout):
+                    return b""
+            except TimeoutError:
+                raise ClientGone("the body stopped arriving") from None
+        data, self.buf = self.buf[:limit], self.buf[limit:]
+        return data
+
+    def read_line(self, limit, timeout):
+        """One CRLF-terminated line without its CRLF, at most `limit` bytes."""
+        while True:
+            end = self.buf.find(CRLF)
+            if end >= 0:
+                if end > limit:
+                    break
+                line, self.buf = self.buf[:end], self.buf[end + 2 :]
+                return line
+            if len(self.buf) > limit:
+                break
+            try:
+                if not self.fill(time.monotonic() + timeout):
+                    raise ClientGone("closed in the middle of a chunked body")
+            except TimeoutError:
+                raise ClientGone("the body stopped arriving") from None
+        raise HttpError(400, "a chunk-size or trailer line is too long")
+
+
+def check_head_size(head, limits):
+    """Raises 414 for an overlong request line, 431 for an overlong head."""
+    line_end = head.find(CRLF)
+    line_len = len(head) if line_end < 0 else line_end
+    if line_len > limits.max_request_line:
+        raise HttpError(414, "the request line is too long")
+    if len(head) > limits.max_head:
+        raise HttpError(431, "the request head is too large")
+
+
+def parse_request_line(line):
+    """(method, target, (major, minor)) from b"GET / HTTP/1.1"."""
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        raise HttpError(400, "the request line is not METHOD TARGET VERSION")
+    method, target, version = parts
+    if not _TOKEN.match(method):
+        raise HttpError(400, "the method is not a token")
+    if not target or _BAD_VALUE.search(target) or b" " in target:
+        raise HttpError(400, "the request target is empty or has control characters")
+    match = _VERSION.match(version)
+    if not match:
+        raise HttpError(400, "the HTTP version is malformed")
+    major, minor = int(match.group(1)), int(match.group(2))
+    if major != 1:
+        raise HttpError(505, f"HTTP/{major}.{minor} is not supported")
+    return method.decode("ascii"), target.decode("latin-1"), (major, minor)
+
+
+def parse_header_lines(lines, limits):
+    """A list of (lower-case name, value) pairs from the head's field lines."""
+    if len(lines) > limits.max_headers:
+        raise HttpError(431, f"more than {limits.max_headers} header fields")
+    fields = []
+    for line in lines:
+        if line[:1] in (b" ", b"\t"):
+            raise HttpError(400, "obsolete line folding in a header field")
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.match(name):
+            raise HttpError(400, "a header line is not NAME: VALUE")
+        value = value.strip(b" \t")
+        if _BAD_VALUE.search(value):
+            raise HttpError(400, "a header value has control characters")
+        fields.append((name.decode("ascii").lower(), value.decode("latin-1")))
+    return fields
+
+
+class Request:
+    """One parsed request head."""
+
+    def __init__(self, method, target, version, fields):
+        self.method = method
+        self.target = target
+        self.version = version
+        self.fields = fields
+        self.headers = {}
+        for name, value in fields:
+            if name in self.headers:
+                self.headers[name] += ", " + value
+            else:
+                self.headers[name] = value
+
+    @property
+    def version_text(self):
+        return "HTTP/%d.%d" % self.version
+
+    def tokens(self, name):
+        """A comma-separated header as a set of lower-case tokens."""
+        return {t.strip().lower() for t in self.headers.get(name, "").split(",") if t.strip()}
+
+    def wants_keepalive(self):
+        """Whether the client allows the connection to stay open."""
+        connection = self.tokens("connection")
+        if self.version >= (1, 1):
+            return "close" not in connection
+        return "keep-alive" in connection
+
+    def expects_continue(self):
+        """True for `Expect: 100-continue`; 417 for any other expectation."""
+        expect = self.headers.get("expect")
+        if expect is None:
+            return False
+        if expect.strip().lower() != "100-continue":
+            raise HttpError(417, f"cannot meet the expectation {expect!r}")
+        return self.version >= (1, 1)
+
+    def body_framing(self, limits):
+        """("chunked", None), ("length", N) or ("length", 0) for no body."""
+        counts = sum(1 for name, _ in self.fields if name == "transfer-encoding")
+        if counts:
+            if "content-length" in self.headers:
+                raise HttpError(400, "both Transfer-Encoding and Content-Length")
+            codings = [t.strip().lower() for t in self.headers["transfer-encoding"].split(",")]
+            if codings != ["chunked"]:
+                raise HttpError(400, "only Transfer-Encoding: chunked is supported")
+            return "chunked", None
+        lengths = {v.strip() for n, v in self.fields if n == "content-length"}
+        if not lengths:
+            return "length", 0
+        values = {v.strip() for v in ",".join(lengths).split(",")}
+        if len(values) != 1:
+            raise HttpError(400, "conflicting Content-Length values")
+        text = values.pop()
+        if not text.isdigit() or len(text) > 18:
+            raise HttpError(400, "Content-Length is not a number")
+        length = int(text)
+        if length > limits.max_body:
+            raise HttpError(413, f"the body is larger than {limits.max_body} bytes")
+        return "length", length
+
+
+def parse_head(head, limits):
+    """A `Request` from a complete head (ending with the blank line)."""
+    lines = head[:-4].split(CRLF) if head.endswith(b"\r\n\r\n") else head.split(CRLF)
+    # RFC 9112: a server should ignore empty lines before the request line.
+    while lines and not lines[0]:
+        lines.pop(0)
+    if not lines:
+        raise HttpError(400, "an empty request")
+    method, target, version = parse_request_line(lines[0])
+    request = Request(method, target, version, parse_header_lines(lines[1:], limits))
+    if version >= (1, 1) and "host" not in request.headers:
+        raise HttpError(400, "an HTTP/1.1 request without Host")
+    return request
+
+
+class Body:
+    """A request body, read on demand: the WSGI `wsgi.input` stream.
+
+    Nothing is read before the app asks. `on_first_read` is called once,
+    before the first read from the socket (it sends `100 Continue`)."""
+
+    def __init__(self, reader, limits, framing, length, on_first_read=None):
+        self.reader = reader
+        self.limits = limits
+        self.chunked = framing == "chunked"
+        self.left = 0 if self.chunked else length  # bytes left in this chunk/body
+        self.done = not self.chunked and length == 0
+        self.received = 0
+        self.pending = b""
+        self.on_first_read = on_first_read
+
+    def _start(self):
+        if self.on_first_read is not None:
+            callback, self.on_first_read = self.on_first_read, None
+            callback()
+
+    def _next_chunk(self):
+        line = self.reader.read_line(1024, self.limits.read_timeout)
+        size = line.split(b";", 1)[0].strip(b" \t")
+        if not _CHUNK_SIZE.match(size):
+            raise HttpError(400, "a malformed chunk size")
+        self.left = int(size, 16)
+        if self.left == 0:
+            for _ in range(self.limits.max_headers + 1):
+                if not self.reader.read_line(self.limits.max_request_line, self.limits.read_timeout):
+                    self.done = True
+                    return
+            raise HttpError(431, "too many trailer fields")
+
+    def _chunk_end(self):
+        if self.reader.read_line(0, self.limits.read_timeout) != b"":
+            raise HttpError(400, "a chunk is longer than its size")
+
+    def _read_block(self, limit):
+        """At most `limit` bytes (at least one unless the body is done)."""
+        if self.done:
+            return b""
+        self._start()
+        if self.chunked and self.left == 0:
+            self._next_chunk()
+            if self.done:
+                return b""
+        data = self.reader.read_some(min(limit, self.left), self.limits.read_timeout)
+        if not data:
+            raise ClientGone("closed in the middle of a request body")
+        self.left -= len(data)
+        self.received += len(data)
+        if self.received > self.limits.max_body:
+            raise HttpError(413, f"the body is larger than {self.limits.max_body} bytes")
+        if self.left == 0:
+            if self.chunked:
+                self._chunk_end()
+            else:
+                self.done = True
+        return data
+
+    def _take(self, size):
+        """Up to `size` bytes: first what `readline` looked ahead at."""
+        if self.pending:
+            data, self.pending = self.pending[:size], self.pending[size:]
+            return data
+        return self._read_block(size)
+
+    def read(self, size=-1):
+        """Up to `size` bytes, or the rest of the body when size is -1/None."""
+        if size is None or size < 0:
+            size = float("inf")
+        parts = []
+        while size > 0:
+            block = self._take(min(size, 65536))
+            if not block:
+                break
+            parts.append(block)
+            size -= len(block)
+        return b"".join(parts)
+
+    def readline(self, size=-1):
+        """One line, with its b"\\n", at most `size` bytes when size >= 0."""
+        if size is None or size < 0:
+            size = float("inf")
+        while b"\n" not in self.pending and len(self.pending) < size:
+            block = self._read_block(65536)
+            if not block:
+                break
+            self.pending += block
+        newline = self.pending.find(b"\n")
+        end = len(self.pending) if newline < 0 else newline + 1
+        end = int(min(end, size))
+        line, self.pending = self.pending[:end], self.pending[end:]
+        return line
+
+    def readlines(self, hint=-1):
+        lines = []
+        total = 0
+        for line in self:
+            lines.append(line)
+            total += len(line)
+            if 0 < hint <= total:
+                break
+        return lines
+
+    def __iter__(self):
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+    def drain(self, most):
+        """Reads and drops what the app left unread, at most `most` bytes.
+        True when the body is fully consumed (the connection can be reused)."""
+        while not self.done and most > 0:
+            block = self._read_block(min(most, 65536))
+            if not block:
+                break
+            most -= len(block)
+        return self.done
+
+
+def status_line(version, status):
+    """b"HTTP/1.1 200 OK\\r\\n" for a numeric status."""
+    return b"%s %d %s\r\n" % (version.encode("ascii"), status, REASONS.get(status, "").encode())
+
+
+def error_response(status, why, version="HTTP/1.1"):
+    """A complete plain-text error response that closes the connection."""
+    body = b"%d %s: %s\n" % (status, REASONS.get(status, "").encode(), why.encode("utf-8", "replace"))
+    return (
+        status_line(version, status)
+        + b"Content-Type: text/plain; charset=utf-8\r\n"
+        + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        + body
+    )
+
+
+def no_body_status(status):
+    """Statuses whose responses never have a body."""
+    return 100 <= status < 200 or status in (204, 304)
+
+
+def chunk(data):
+    """One chunk of a chunked response body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"

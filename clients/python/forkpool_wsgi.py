@@ -1,0 +1,554 @@
+"""Serve a WSGI (PEP 3333) application from a forkpool pool.
+
+    forkpool run --listen 127.0.0.1:8000 -- python3 -m forkpool_wsgi app:app
+
+`MODULE:APP` names the application: `APP` is a name in `MODULE` (dots
+reach attributes: `pkg.wsgi:application`, `app:server.wsgi_app`), or a call
+of an app factory with literal arguments (`app:create_app()`,
+`app:create_app("production")`). Without `:APP`, the name `application`
+is used. The current directory comes first on the module search path, as
+with gunicorn; `--chdir DIR` changes to DIR first.
+
+Each worker serves one connection at a time, HTTP/1.1 with keep-alive,
+and reports to the supervisor between connections. An exception in the
+app is a 500 (the traceback goes to stderr, which the supervisor logs with
+the slot) and the worker goes on serving. An app that knows its process is
+broken calls `environ["forkpool.recycle"]()`: the worker finishes the
+response, closes the connection and exits, and the supervisor starts a
+fresh one. `environ["forkpool.slot"]` is the worker's slot number.
+
+One access-log line per request goes to stderr (common log format, then
+the duration in seconds and the slot); `--no-access-log` turns it off.
+The app is imported before the worker starts serving (`load_app`, then
+`serve`), so a preloading supervisor can import it once for every worker.
+"""
+
+import argparse
+import ast
+import importlib
+import os
+import select
+import sys
+import time
+import traceback
+import urllib.parse
+
+import forkpool_http as http
+import forkpool_worker
+
+# How much of a body the app left unread the server reads and drops so
+# that the connection can serve another request; past it, it closes.
+DRAIN_LIMIT = 65536
+# Headers the server frames the response with; an app's own are dropped.
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade"}
+
+
+class AppNotFound(Exception):
+    """`MODULE:APP` does not name a callable."""
+
+
+def load_app(spec):
+    """Imports `MODULE:APP` and returns the WSGI callable (see the module doc)."""
+    module_name, _, attr = spec.partition(":")
+    attr = attr or "application"
+    if not module_name:
+        raise AppNotFound(f"{spec!r} names no module: give MODULE:APP, e.g. app:app")
+    try:
+        node = ast.parse(attr, mode="eval").body
+    except SyntaxError:
+        raise AppNotFound(f"{attr!r} is neither a name nor a call like create_app()") from None
+    call = None
+    if isinstance(node, ast.Call):
+        call, node = node, node.func
+    path = []
+    while isinstance(node, ast.Attribute):
+        path.insert(0, node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise AppNotFound(f"{attr!r} is neither a name nor a call like create_app()")
+    path.insert(0, node.id)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise AppNotFound(
+                f"no module {module_name!r} in {os.getcwd()} or on sys.path: "
+                "run from the app's directory, pass --chdir DIR, or set PYTHONPATH"
+            ) from None
+        raise
+    app = module
+    for name in path:
+        try:
+            app = getattr(app, name)
+        except AttributeError:
+            raise AppNotFound(f"module {module_name!r} has no {'.'.join(path)!r}") from None
+    if call is not None:
+        try:
+            args = [ast.literal_eval(a) for a in call.args]
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        except ValueError:
+            raise AppNotFound(f"{attr!r}: factory arguments must be literals") from None
+        app = app(*args, **kwargs)
+    if not callable(app):
+        raise AppNotFound(f"{spec!r} is not callable (got {type(app).__name__})")
+    return app
+
+
+class FileWrapper:
+    """`wsgi.file_wrapper`: iterates a file in blocks; the server sends it
+    with `socket.sendfile` when it can frame the response without chunks."""
+
+    def __init__(self, filelike, blksize=65536):
+        self.filelike = filelike
+        self.blksize = blksize
+        if hasattr(filelike, "close"):
+            self.close = filelike.close
+
+    def __iter__(self):
+        while True:
+            data = self.filelike.read(self.blksize)
+            if not data:
+                return
+            yield data
+
+
+class Response:
+    """The response side of one request: `start_response`, `write`, framing."""
+
+    def __init__(self, conn, request, keepalive, timeout, leaving=lambda: False):
+        self.conn = conn
+        self.leaving = leaving
+        self.request = request
+        self.keepalive = keepalive
+        self.timeout = timeout
+        self.status = None
+        self.code = 0
+        self.headers = []
+        self.length = None  # the Content-Length the app gave, or one computed
+        self.chunked = False
+        self.head_sent = False
+        self.sent = 0  # body bytes sent
+        self.head_only = request.method == "HEAD"
+
+    def start_response(self, status, headers, exc_info=None):
+        if exc_info:
+            if self.head_sent:
+                raise exc_info[1].with_traceback(exc_info[2])
+        elif self.status is not None:
+            raise AssertionError("start_response called twice without exc_info")
+        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit():
+            raise AssertionError(f"status {status!r} is not like '200 OK'")
+        self.status = status
+        self.code = int(status[:3])
+        self.headers = []
+        self.length = None
+        for name, value in headers:
+            lower = name.lower()
+            if lower in _HOP_BY_HOP:
+                if lower == "connection" and "close" in value.lower():
+                    self.keepalive = False
+                continue
+            if lower == "content-length":
+                self.length = int(value)
+            self.headers.append((name, value))
+        return self.write
+
+    def _head(self):
+        if self.status is None:
+            raise AssertionError("the app returned without calling start_response")
+        lines = ["%s %s\r\n" % (self.request.version_text, self.status)]
+        lines += ["%s: %s\r\n" % pair for pair in self.headers]
+        bodyless = http.no_body_status(self.code)
+        if self.length is None and not bodyless and not self.head_only:
+            if self.keepalive and self.request.version >= (1, 1):
+                self.chunked = True
+                lines.append("Transfer-Encoding: chunked\r\n")
+            else:
+                self.keepalive = False  # the close ends the body
+        if self.leaving():
+            self.keepalive = False
+        if not self.keepalive:
+            lines.append("Connection: close\r\n")
+        elif self.request.version < (1, 1):
+            lines.append("Connection: keep-alive\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("latin-1")
+
+    def _send(self, data):
+        self.conn.settimeout(self.timeout)
+        try:
+            self.conn.sendall(data)
+        except OSError as e:
+            raise http.ClientGone(str(e)) from e
+
+    def write(self, data):
+        """Sends body bytes; the head goes with the first non-empty write."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a WSGI body must be bytes, not {type(data).__name__}")
+        if not data and self.head_sent:
+            return
+        out = b""
+        if not self.head_sent:
+            out = self._head()
+            self.head_sent = True
+        if data and not self.head_only and not http.no_body_status(self.code):
+            if self.length is not None:
+                data = data[: max(0, self.length - self.sent)]
+            self.sent += len(data)
+            out += http.chunk(data) if self.chunked else bytes(data)
+        if out:
+            self._send(out)
+
+    def send_file(self, wrapper):
+        """Sends a `FileWrapper` with sendfile when the framing allows;
+        False when it must be iterated instead."""
+        fileno = getattr(wrapper.filelike, "fileno", None)
+        if fileno is None or self.head_only or http.no_body_status(self.code):
+            return False
+        if self.length is None and self.keepalive and self.request.version >= (1, 1):
+            return False  # it would need chunks
+        try:
+            fileno()
+        except (OSError, ValueError):
+            return False
+        self.write(b"")
+        self.conn.settimeout(self.timeout)
+        try:
+            self.sent += self.conn.sendfile(wrapper.filelike, count=self.length)
+        except OSError as e:
+            raise http.ClientGone(str(e)) from e
+        return True
+
+    def finish(self):
+        """Ends the body. False when the connection cannot be reused."""
+        if not self.head_sent:
+            if self.length is None and not http.no_body_status(self.code):
+                self.length = 0
+                self.headers.append(("Content-Length", "0"))
+            self.write(b"")
+        elif self.chunked:
+            self._send(http.LAST_CHUNK)
+        if self.length is not None and self.sent < self.length and not self.head_only:
+            if not http.no_body_status(self.code):
+                return False  # the app gave less than it announced
+        return self.keepalive
+
+
+class Server:
+    """Serves one WSGI app on the connections a forkpool worker gets."""
+
+    def __init__(self, app, worker, limits, access_log=True):
+        self.app = app
+        self.worker = worker
+        self.limits = limits
+        self.access_log = access_log
+        self._listener_poll = None
+        if worker.listeners:
+            self._listener_poll = select.poll()
+            for listener in worker.listeners:
+                self._listener_poll.register(listener.fileno(), select.POLLIN)
+
+    def handle(self, conn, _listener):
+        """One connection: requests until close, a limit, or an idle timeout."""
+        reader = http.Reader(conn)
+        peer = _peer(conn)
+        local = _local(conn)
+        for number in range(self.limits.max_requests):
+            if number and not self._next_request_waiting(conn, reader):
+                return
+            started = time.monotonic()
+            try:
+                head = reader.read_head(self.limits, started + self.limits.head_timeout)
+                if head is None:
+                    return
+                request = http.parse_head(head, self.limits)
+            except http.HttpError as e:
+                self._refuse(conn, e, peer, started)
+                return
+            except (http.ClientGone, OSError):
+                return
+            last = number + 1 == self.limits.max_requests
+            if not self.serve_request(conn, reader, request, peer, local, last, started):
+                return
+            if self.worker.leaving:
+                return
+
+    def _next_request_waiting(self, conn, reader):
+        """Between two requests on a kept-alive connection: True when the
+        client sends more within the keep-alive timeout; False when it does
+        not, or when the supervisor has a message (a Quit) for this worker."""
+        if reader.buf:
+            return not self.worker.channel_waiting()
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        poller.register(self.worker.channel.fileno(), select.POLLIN)
+        events = poller.poll(self.limits.keepalive_timeout * 1000)
+        fds = {fd for fd, _ in events}
+        return conn.fileno() in fds and self.worker.channel.fileno() not in fds
+
+    def _others_waiting(self):
+        """True when a listener this worker holds (`order` and `shared`
+        dispatch) has a connection waiting: this one is then closed after
+        its response, so a kept-alive client does not keep a busy pool
+        from the clients queued behind it."""
+        if self._listener_poll is None:
+            return False
+        return bool(self._listener_poll.poll(0))
+
+    def _refuse(self, conn, error, peer, started, request_line="-"):
+        try:
+            conn.settimeout(self.limits.read_timeout)
+            conn.sendall(http.error_response(error.status, error.why))
+        except OSError:
+            pass
+        self._log(peer, request_line, error.status, "-", started)
+
+    def serve_request(self, conn, reader, request, peer, local, last, started):
+        """Runs the app for one request; True when the connection stays open."""
+        request_line = f"{request.method} {request.target} {request.version_text}"
+        try:
+            expect = request.expects_continue()
+            framing, length = request.body_framing(self.limits)
+        except http.HttpError as e:
+            self._refuse(conn, e, peer, started, request_line)
+            return False
+        continued = []
+
+        def send_continue():
+            conn.settimeout(self.limits.read_timeout)
+            try:
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError as e:
+                raise http.ClientGone(str(e)) from e
+            continued.append(True)
+
+        body = http.Body(reader, self.limits, framing, length, send_continue if expect else None)
+        response = Response(
+            conn,
+            request,
+            request.wants_keepalive() and not last and not self.worker.leaving
+            and not self._others_waiting(),
+            self.limits.read_timeout,
+            lambda: self.worker.leaving,
+        )
+        environ = self.environ(request, body, peer, local)
+        keep = False
+        try:
+            keep = self._run_app(environ, response, body)
+        except http.ClientGone:
+            keep = False
+        except http.HttpError as e:  # from reading the body
+            if not response.head_sent:
+                self._refuse(conn, e, peer, started, request_line)
+                return False
+            keep = False
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            sys.stderr.flush()
+            if not response.head_sent:
+                error = http.HttpError(500, "the application raised an exception")
+                self._refuse(conn, error, peer, started, request_line)
+                return False
+            keep = False
+        if keep and not body.done:
+            # The client may still be sending a body the app did not read:
+            # drop a little of it to reuse the connection, or close.
+            keep = (not expect or continued) and _drained(body)
+        self._log(peer, request_line, response.code, response.sent, started)
+        return keep and not self.worker.leaving
+
+    def _run_app(self, environ, response, body):
+        result = self.app(environ, response.start_response)
+        try:
+            if isinstance(result, FileWrapper) and response.status is not None:
+                if response.send_file(result):
+                    return response.finish()
+            if response.length is None and isinstance(result, (list, tuple)):
+                total = sum(len(part) for part in result)
+                response.length = total
+                response.headers.append(("Content-Length", str(total)))
+            for data in result:
+                response.write(data)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        return response.finish()
+
+    def environ(self, request, body, peer, local):
+        """The PEP 3333 environ for one request."""
+        target = request.target
+        if "://" in target.split("?", 1)[0]:  # absolute-form
+            target = "/" + target.split("://", 1)[1].partition("/")[2]
+        path, _, query = target.partition("?")
+        host = request.headers.get("host", "")
+        server_name, _, server_port = host.rpartition(":") if host.rsplit(":", 1)[-1].isdigit() else (host, "", "")
+        env = {
+            "REQUEST_METHOD": request.method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": urllib.parse.unquote_to_bytes(path).decode("latin-1"),
+            "QUERY_STRING": query,
+            "RAW_URI": request.target,
+            "SERVER_NAME": server_name or local[0],
+            "SERVER_PORT": server_port or local[1],
+            "SERVER_PROTOCOL": request.version_text,
+            "REMOTE_ADDR": peer[0],
+            "REMOTE_PORT": peer[1],
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": body,
+            "wsgi.input_terminated": True,
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": False,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+            "wsgi.file_wrapper": FileWrapper,
+            "forkpool.recycle": self.worker.leave,
+            "forkpool.slot": self.worker.slot,
+        }
+        for name, value in request.headers.items():
+            if "_" in name:
+                continue  # would be confused with a dash; gunicorn drops them too
+            key = name.upper().replace("-", "_")
+            if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                env[key] = value
+            else:
+                env["HTTP_" + key] = value
+        if body.chunked:
+            env.pop("CONTENT_LENGTH", None)
+        return env
+
+    def _log(self, peer, request_line, status, sent, started):
+        if not self.access_log:
+            return
+        stamp = time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime())
+        line = '%s - - [%s] "%s" %s %s %.6f slot=%d\n' % (
+            peer[0] or "-",
+            stamp,
+            request_line.replace('"', "%22"),
+            status,
+            sent if sent else "-",
+            time.monotonic() - started,
+            self.worker.slot,
+        )
+        os.write(2, line.encode("utf-8", "replace"))
+
+
+def _drained(body):
+    try:
+        return body.drain(DRAIN_LIMIT)
+    except (http.HttpError, http.ClientGone, OSError):
+        return False
+
+
+def _peer(conn):
+    try:
+        addr = conn.getpeername()
+    except OSError:
+        return ("", "")
+    if isinstance(addr, tuple):
+        return (str(addr[0]), str(addr[1]))
+    return ("", "")
+
+
+def _local(conn):
+    try:
+        addr = conn.getsockname()
+    except OSError:
+        return ("localhost", "0")
+    if isinstance(addr, tuple):
+        return (str(addr[0]), str(addr[1]))
+    return ("localhost", "0")
+
+
+def parse_args(argv):
+    """The command line (see `python3 -m forkpool_wsgi --help`)."""
+    d = http.Limits()
+    p = argparse.ArgumentParser(
+        prog="python3 -m forkpool_wsgi",
+        description="Serve a WSGI app as a forkpool worker: "
+        "forkpool run [pool options] -- python3 -m forkpool_wsgi MODULE:APP",
+    )
+    p.add_argument("app", metavar="MODULE:APP", help="the app: module:name, module:factory() or module (name `application`)")
+    p.add_argument("--chdir", metavar="DIR", help="change to DIR before importing the app")
+    p.add_argument("--no-access-log", action="store_true", help="do not log a line per request on stderr")
+    p.add_argument("--head-timeout", type=_positive(float), default=d.head_timeout, metavar="SECONDS",
+                   help=f"deadline for a whole request head, answered with 408 (default {d.head_timeout:g})")
+    p.add_argument("--keepalive-timeout", type=_positive(float), default=d.keepalive_timeout, metavar="SECONDS",
+                   help=f"how long a kept-alive connection may wait for its next request (default {d.keepalive_timeout:g})")
+    p.add_argument("--read-timeout", type=_positive(float), default=d.read_timeout, metavar="SECONDS",
+                   help=f"longest wait for one read of a body or one write of a response (default {d.read_timeout:g})")
+    p.add_argument("--max-requests-per-connection", type=_positive(int), default=d.max_requests, metavar="N",
+                   help=f"requests on one kept-alive connection before it is closed; 1 turns keep-alive off (default {d.max_requests})")
+    p.add_argument("--max-request-line", type=_positive(int), default=d.max_request_line, metavar="BYTES",
+                   help=f"longest request line, else 414 (default {d.max_request_line})")
+    p.add_argument("--max-head", type=_positive(int), default=d.max_head, metavar="BYTES",
+                   help=f"largest request head, else 431 (default {d.max_head})")
+    p.add_argument("--max-headers", type=_positive(int), default=d.max_headers, metavar="N",
+                   help=f"most header fields, else 431 (default {d.max_headers})")
+    p.add_argument("--max-body", type=_positive(int), default=d.max_body, metavar="BYTES",
+                   help=f"largest request body, else 413 (default {d.max_body})")
+    return p.parse_args(argv)
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def limits_from(args):
+    """The `forkpool_http.Limits` the command line asks for."""
+    return http.Limits(
+        head_timeout=args.head_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        read_timeout=args.read_timeout,
+        max_requests=args.max_requests_per_connection,
+        max_request_line=args.max_request_line,
+        max_head=args.max_head,
+        max_headers=args.max_headers,
+        max_body=args.max_body,
+    )
+
+
+def prepare(args):
+    """Everything done once, before serving: --chdir, sys.path, the import."""
+    if args.chdir:
+        os.chdir(args.chdir)
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    return load_app(args.app)
+
+
+def serve(app, args, worker=None):
+    """Serves `app` in this worker process until the supervisor says quit."""
+    worker = worker or forkpool_worker.Worker.from_env()
+    server = Server(app, worker, limits_from(args), access_log=not args.no_access_log)
+    worker.serve(server.handle)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        app = prepare(args)
+    except AppNotFound as e:
+        sys.exit(f"forkpool_wsgi: {e}")
+    except OSError as e:
+        sys.exit(f"forkpool_wsgi: {e}")
+    try:
+        serve(app, args)
+    except RuntimeError as e:
+        sys.exit(f"forkpool_wsgi: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Unit tests of forkpool_http: parsing, limits, bodies, deadlines.
+
+Run from clients/python: python3 -m unittest discover -s tests
+"""
+
+import socket
+import threading
+import time
+import unittest
+
+import forkpool_http as http
+
+LIMITS = http.Limits(head_timeout=1.0, read_timeout=1.0, max_body=1000)
+
+
+def pair(data=b"", close=True):
+    """A Reader on one end of a socket pair whose other end sent `data`."""
+    a, b = socket.socketpair()
+    b.sendall(data)
+    if close:
+        b.close()
+        return http.Reader(a), None
+    return http.Reader(a), b
+
+
+def refusal(head):
+    try:
+        http.parse_head(head, LIMITS)
+    except http.HttpError as e:
+        return e.status
+    return None
+
+
+class ParseHead(unittest.TestCase):
+    def test_a_plain_get(self):
+        r = http.parse_head(b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nA: 1\r\na: 2\r\n\r\n", LIMITS)
+        self.assertEqual((r.method, r.target, r.version), ("GET", "/a?b=1", (1, 1)))
+        self.assertEqual(r.headers["a"], "1, 2")
+        self.assertTrue(r.wants_keepalive())
+
+    def test_keepalive_rules(self):
+        h10 = http.parse_head(b"GET / HTTP/1.0\r\n\r\n", LIMITS)
+        self.assertFalse(h10.wants_keepalive())
+        h10ka = http.parse_head(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", LIMITS)
+        self.assertTrue(h10ka.wants_keepalive())
+        close = http.parse_head(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", LIMITS)
+        self.assertFalse(close.wants_keepalive())
+
+    def test_malformed_heads_are_400(self):
+        for head in [
+            b"GARBAGE\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",  # no Host
+            b"GET / HTTP/1.1\r\nHost: x\r\nno colon\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n",
+            b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET / HTTX/1.1\r\nHost: x\r\n\r\n",
+        ]:
+            self.assertEqual(refusal(head), 400, head)
+
+    def test_other_versions_are_505(self):
+        self.assertEqual(refusal(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n"), 505)
+
+    def test_too_many_headers_is_431(self):
+        many = b"".join(b"X%d: 1\r\n" % i for i in range(LIMITS.max_headers + 1))
+        self.assertEqual(refusal(b"GET / HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n"), 431)
+
+    def test_body_framing(self):
+        def framing(extra):
+            r = http.parse_head(b"POST / HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n", LIMITS)
+            try:
+                return r.body_framing(LIMITS)
+            except http.HttpError as e:
+                return e.status
+
+        self.assertEqual(framing(b""), ("length", 0))
+        self.assertEqual(framing(b"Content-Length: 12\r\n"), ("length", 12))
+        self.assertEqual(framing(b"Transfer-Encoding: chunked\r\n"), ("chunked", None))
+        self.assertEqual(framing(b"Content-Length: 1\r\nContent-Length: 2\r\n"), 400)
+        self.assertEqual(framing(b"Content-Length: -1\r\n"), 400)
+        self.assertEqual(framing(b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n"), 400)
+        self.assertEqual(framing(b"Transfer-Encoding: gzip, chunked\r\n"), 400)
+        self.assertEqual(framing(b"Content-Length: 1001\r\n"), 413)
+
+    def test_expect(self):
+        r = http.parse_head(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n", LIMITS)
+        self.assertTrue(r.expects_continue())
+        r = http.parse_head(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: magic\r\n\r\n", LIMITS)
+        with self.assertRaises(http.HttpError) as e:
+            r.expects_continue()
+        self.assertEqual(e.exception.status, 417)
+
+
+class ReadHead(unittest.TestCase):
+    def test_head_and_what_follows(self):
+        reader, _ = pair(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nBODY")
+        head = reader.read_head(LIMITS, time.monotonic() + 1)
+        self.assertTrue(head.endswith(b"\r\n\r\n"))
+        self.assertEqual(reader.buf, b"BODY")
+
+    def test_closed_before_anything_is_none(self):
+        reader, _ = pair(b"")
+        self.assertIsNone(reader.read_head(LIMITS, time.monotonic() + 1))
+
+    def test_a_dripping_client_gets_408_at_the_deadline(self):
+        reader, writer = pair(b"GET / HT", close=False)
+        stop = threading.Event()
+
+        def drip():
+            while not stop.wait(0.05):
+                try:
+                    writer.send(b"x")
+                except OSError:
+                    return
+
+        threading.Thread(target=drip, daemon=True).start()
+        started = time.monotonic()
+        with self.assertRaises(http.HttpError) as e:
+            reader.read_head(LIMITS, started + 0.5)
+        stop.set()
+        writer.close()
+        self.assertEqual(e.exception.status, 408)
+        self.assertLess(time.monotonic() - started, 5)
+
+    def test_long_request_line_is_414_and_long_head_431(self):
+        reader, _ = pair(b"GET /" + b"a" * LIMITS.max_request_line)
+        with self.assertRaises(http.HttpError) as e:
+            reader.read_head(LIMITS, time.monotonic() + 1)
+        self.assertEqual(e.exception.status, 414)
+        reader, _ = pair(b"GET / HTTP/1.1\r\nX: " + b"a" * LIMITS.max_head)
+        with self.assertRaises(http.HttpError) as e:
+            reader.read_head(LIMITS, time.monotonic() + 1)
+        self.assertEqual(e.exception.status, 431)
+
+
+class Bodies(unittest.TestCase):
+    def test_content_length_stops_at_the_length(self):
+        reader, _ = pair(b"hello\nworld\nNEXT")
+        body = http.Body(reader, LIMITS, "length", 12)
+        self.assertEqual(body.readline(), b"hello\n")
+        self.assertEqual(body.read(), b"world\n")
+        self.assertEqual(body.read(), b"")
+        self.assertTrue(body.done)
+        self.assertEqual(reader.buf, b"NEXT")
+
+    def test_chunked_with_extensions_and_trailers(self):
+        reader, _ = pair(b"5;x=1\r\nhello\r\n6\r\n world\r\n0\r\nT: 1\r\n\r\nNEXT")
+        body = http.Body(reader, LIMITS, "chunked", None)
+        self.assertEqual(body.read(3), b"hel")
+        self.assertEqual(body.read(), b"lo world")
+        self.assertTrue(body.done)
+        self.assertEqual(reader.buf, b"NEXT")
+
+    def test_bad_chunks_are_400(self):
+        for data in [b"zz\r\nhello\r\n0\r\n\r\n", b"2\r\nhello\r\n0\r\n\r\n"]:
+            reader, _ = pair(data)
+            with self.assertRaises(http.HttpError) as e:
+                http.Body(reader, LIMITS, "chunked", None).read()
+            self.assertEqual(e.exception.status, 400)
+
+    def test_a_chunked_body_over_the_limit_is_413(self):
+        reader, _ = pair(b"%x\r\n" % 1200 + b"a" * 1200 + b"\r\n0\r\n\r\n")
+        with self.assertRaises(http.HttpError) as e:
+            http.Body(reader, LIMITS, "chunked", None).read()
+        self.assertEqual(e.exception.status, 413)
+
+    def test_the_first_read_sends_continue_once(self):
+        calls = []
+        reader, _ = pair(b"abc")
+        body = http.Body(reader, LIMITS, "length", 3, lambda: calls.append(1))
+        self.assertEqual(calls, [])
+        body.read(1)
+        body.read()
+        self.assertEqual(calls, [1])
+
+    def test_drain_stops_at_its_bound(self):
+        reader, _ = pair(b"a" * 500)
+        body = http.Body(reader, LIMITS, "length", 500)
+        self.assertFalse(body.drain(100))
+        self.assertTrue(body.drain(1000))
+
+    def test_a_stalled_body_times_out(self):
+        reader, writer = pair(b"ab", close=False)
+        limits = http.Limits(read_timeout=0.2)
+        body = http.Body(reader, limits, "length", 10)
+        with self.assertRaises(http.ClientGone):
+            body.read()
+        writer.close()
+
+
+class Responses(unittest.TestCase):
+    def test_chunk_framing(self):
+        self.assertEqual(http.chunk(b"hello"), b"5\r\nhello\r\n")
+        self.assertEqual(http.LAST_CHUNK, b"0\r\n\r\n")
+
+    def test_error_response_closes(self):
+        raw = http.error_response(431, "too big")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"))
+        self.assertIn(b"Connection: close\r\n", raw)
+
+
+if __name__ == "__main__":
+    unittest.main()
