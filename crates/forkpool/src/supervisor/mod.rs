@@ -26,6 +26,7 @@ mod reload;
 mod reports;
 mod signals;
 mod upgrade;
+mod watchdog;
 
 pub(crate) use endpoints::Endpoints;
 pub use reload::ReloadSource;
@@ -166,6 +167,8 @@ pub(crate) struct Supervisor {
     handed_over: bool,
     /// Whether systemd has been told the pool is ready.
     told_ready: bool,
+    /// systemd's watchdog, when the unit asks for one.
+    watchdog: Option<watchdog::Watchdog>,
     pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
     started: Instant,
 }
@@ -224,6 +227,7 @@ impl Supervisor {
             pid: std::process::id(),
             handed_over: false,
             told_ready: false,
+            watchdog: watchdog::Watchdog::from_env(Instant::now()),
             dispatch_latency: crate::metrics::dispatch_latency_histogram(),
             started: Instant::now(),
         })
@@ -303,6 +307,7 @@ impl Supervisor {
             self.expire_clients(now);
             self.check_upgrade(now);
             self.log_scoreboard(now);
+            self.keep_watchdog(now);
         }
     }
 
@@ -487,6 +492,7 @@ impl Supervisor {
         consider(self.scoreboard_log_due());
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
+        consider(self.watchdog.map(|w| w.due()));
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0
