@@ -49,3 +49,181 @@ fn watchdog_keepalives_reach_the_notify_socket() {
         "4 keep-alives within {first_to_last:?}: not at half the watchdog interval"
     );
 }
+
+/// RSS, PSS and USS in bytes and CPU seconds of `pid`, read from /proc
+/// here, independently of the supervisor's reader.
+fn proc_figures(pid: u64) -> (u64, u64, u64, f64) {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let kb = |key: &str| -> u64 {
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {key} in smaps_rollup"))
+            * 1024
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap();
+    let cpu = ticks as f64 / hz as f64;
+    (
+        kb("Rss"),
+        kb("Pss"),
+        kb("Private_Clean") + kb("Private_Dirty"),
+        cpu,
+    )
+}
+
+fn within_10_percent(name: &str, reported: f64, actual: f64, slack: f64) {
+    assert!(
+        (reported - actual).abs() <= actual.abs() * 0.10 + slack,
+        "{name}: status says {reported}, /proc says {actual}"
+    );
+}
+
+fn scrape(pool: &DemoPool) -> String {
+    use std::io::{Read, Write};
+    let line = pool
+        .stdout
+        .dump()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("forkpool: metrics on http://")
+                .map(str::to_string)
+        })
+        .expect("metrics line");
+    let addr = line.trim_end_matches("/metrics").to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    text
+}
+
+/// The value of the metric line starting with `prefix` (name and labels).
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+}
+
+/// Polls `forkpool status --json` until `cond` holds, for at most 30 s.
+fn status_until(
+    pool: &DemoPool,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = pool.status();
+        if cond(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One child held busy, three connections waiting behind it: status and
+/// metrics give the child's CPU and memory, its client, and the queue as
+/// /proc and sock_diag see them.
+#[test]
+fn status_and_metrics_report_children_and_queue_as_proc_does() {
+    let pool = DemoPool::start(&[
+        "--min-children",
+        "1",
+        "--max-children",
+        "1",
+        "--min-spare",
+        "0",
+        "--max-spare",
+        "1",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    let busy = common::send(pool.addr, "/?work_ms=6000");
+    let client = busy.local_addr().unwrap().to_string();
+    let waiting: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(pool.addr).unwrap())
+        .collect();
+    let status = status_until(&pool, "saw the queue and the busy child's figures", |s| {
+        s["queues"][0]["waiting"] == 3
+            && s["slots"][0]["peer"].as_str().is_some()
+            && s["slots"][0]["rss_bytes"].as_u64().is_some()
+    });
+    let slot = &status["slots"][0];
+    let pid = slot["pid"].as_u64().unwrap();
+    let (rss, pss, uss, cpu) = proc_figures(pid);
+    within_10_percent("rss", slot["rss_bytes"].as_f64().unwrap(), rss as f64, 0.0);
+    within_10_percent("pss", slot["pss_bytes"].as_f64().unwrap(), pss as f64, 0.0);
+    within_10_percent("uss", slot["uss_bytes"].as_f64().unwrap(), uss as f64, 0.0);
+    within_10_percent("cpu", slot["cpu_seconds"].as_f64().unwrap(), cpu, 0.02);
+    assert_eq!(slot["peer"].as_str(), Some(client.as_str()), "{status}");
+    // The queue as sock_diag sees it from outside.
+    let outside = forkpool::observe::listen_queues_of_process(pool.pid).unwrap();
+    let listener = status["queues"][0]["listener"].as_str().unwrap();
+    let seen = outside
+        .iter()
+        .find(|l| l.address == listener)
+        .unwrap_or_else(|| panic!("{listener} not among {outside:?}"));
+    assert_eq!(seen.queue.waiting, 3);
+    assert!(status["queues"][0]["max_waiting"].as_u64().unwrap() >= 3);
+
+    let text = scrape(&pool);
+    let label = format!("{{listener=\"{listener}\"}}");
+    assert_eq!(
+        metric(&text, &format!("forkpool_listen_queue{label}")),
+        Some(3.0),
+        "{text}"
+    );
+    assert!(metric(&text, &format!("forkpool_listen_queue_max{label}")).unwrap() >= 3.0);
+    let (_, pss_now, uss_now, _) = proc_figures(pid);
+    within_10_percent(
+        "children_pss_bytes",
+        metric(&text, "forkpool_children_pss_bytes").unwrap(),
+        pss_now as f64,
+        0.0,
+    );
+    within_10_percent(
+        "child_uss_bytes_max",
+        metric(&text, "forkpool_child_uss_bytes_max").unwrap(),
+        uss_now as f64,
+        0.0,
+    );
+    assert!(
+        metric(&text, "forkpool_children_cpu_seconds").is_some(),
+        "{text}"
+    );
+
+    // Once the slow connection ends, its service time is in the histogram.
+    drop(waiting);
+    let mut busy = busy;
+    let mut reply = String::new();
+    use std::io::Read;
+    busy.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    busy.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = scrape(&pool);
+        let sum = metric(&text, "forkpool_service_time_seconds_sum").unwrap_or(0.0);
+        if sum >= 6.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slow connection not in the service time: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -22,8 +22,10 @@ mod liveness;
 mod load;
 mod notify;
 mod output;
+mod recycle;
 mod reload;
 mod reports;
+mod resources;
 mod signals;
 mod upgrade;
 mod watchdog;
@@ -169,6 +171,10 @@ pub(crate) struct Supervisor {
     told_ready: bool,
     /// systemd's watchdog, when the unit asks for one.
     watchdog: Option<watchdog::Watchdog>,
+    /// Children's CPU, memory and peers, listeners' queues.
+    pub(crate) resources: resources::Resources,
+    /// Per-child recycling limits.
+    recycler: recycle::Recycler,
     pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
     started: Instant,
 }
@@ -228,6 +234,8 @@ impl Supervisor {
             handed_over: false,
             told_ready: false,
             watchdog: watchdog::Watchdog::from_env(Instant::now()),
+            resources: resources::Resources::default(),
+            recycler: recycle::Recycler::default(),
             dispatch_latency: crate::metrics::dispatch_latency_histogram(),
             started: Instant::now(),
         })
@@ -308,6 +316,7 @@ impl Supervisor {
             self.check_upgrade(now);
             self.log_scoreboard(now);
             self.keep_watchdog(now);
+            self.sample_resources(now);
         }
     }
 
@@ -493,6 +502,7 @@ impl Supervisor {
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
         consider(self.watchdog.map(|w| w.due()));
+        consider(self.resources.due());
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0
