@@ -332,3 +332,148 @@ fn a_worker_over_max_child_memory_is_recycled_after_its_connection() {
     );
     assert!(per_pid.values().all(|&n| n <= 4), "{per_pid:?}");
 }
+
+const PERL_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/perl");
+
+/// A Python worker whose handler is stuck in `crunch_the_numbers` (for
+/// 30 s at most).
+const STUCK_PYTHON: &str = r#"
+import os, sys, time
+sys.path.insert(0, os.environ["FORKPOOL_TEST_CLIENTS"])
+import forkpool_worker
+
+def crunch_the_numbers(until):
+    while time.time() < until:
+        time.sleep(0.05)
+
+def handle(conn, _listener):
+    crunch_the_numbers(time.time() + 30)
+
+forkpool_worker.Worker.from_env().serve(handle)
+"#;
+
+/// The same in Perl.
+const STUCK_PERL: &str = r#"
+use strict;
+use warnings;
+use lib $ENV{FORKPOOL_TEST_CLIENTS};
+use Forkpool::Worker;
+
+sub crunch_the_numbers {
+    my $until = time + 30;
+    select(undef, undef, undef, 0.05) while time < $until;
+}
+
+my $worker = Forkpool::Worker->from_env or die $@;
+$worker->serve(sub { crunch_the_numbers() });
+"#;
+
+/// Starts `forkpool run` with a slow threshold on `program script`.
+fn run_stuck(program: &str, script: &Script, clients: &str, extra: &[&str]) -> DemoPool {
+    let mut command = std::process::Command::new(common::forkpool_bin());
+    command.arg("run").env("FORKPOOL_TEST_CLIENTS", clients);
+    let mut args = vec![
+        "--min-children",
+        "1",
+        "--max-children",
+        "2",
+        "--min-spare",
+        "1",
+        "--max-spare",
+        "2",
+        "--ping-timeout",
+        "20s",
+    ];
+    args.extend_from_slice(extra);
+    DemoPool::launch(command, &args, &[program, script.path()], true)
+}
+
+/// Sends one request and waits until status shows a capture of the busy
+/// child; returns that slot's status and the totals.
+fn captured_slot(pool: &DemoPool) -> (serde_json::Value, serde_json::Value) {
+    let _client = common::send(pool.addr, "/");
+    let status = status_until(pool, "showed a slow-request capture", |s| {
+        s["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|slot| slot["last_capture"].is_string())
+    });
+    let slot = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|slot| slot["last_capture"].is_string())
+        .unwrap()
+        .clone();
+    (slot, status["totals"].clone())
+}
+
+#[test]
+fn a_slow_python_worker_is_captured_with_its_stack() {
+    let script = Script::new("stuck.py", STUCK_PYTHON);
+    let pool = run_stuck(
+        "python3",
+        &script,
+        PYTHON_CLIENT,
+        &["--slow-threshold", "300ms"],
+    );
+    let (slot, totals) = captured_slot(&pool);
+    let record = slot["last_capture"].as_str().unwrap();
+    assert!(record.contains("crunch_the_numbers"), "{record}");
+    assert!(record.contains(&format!("pid={}", slot["pid"])), "{record}");
+    assert_eq!(totals["slow_captures"], 1, "{totals}");
+    // Captured, not stopped.
+    assert_eq!(slot["state"], "busy");
+    assert_eq!(totals["killed"], 0);
+}
+
+#[test]
+fn a_slow_perl_worker_is_captured_with_its_stack() {
+    let script = Script::new("stuck.pl", STUCK_PERL);
+    let pool = run_stuck("perl", &script, PERL_CLIENT, &["--slow-threshold", "300ms"]);
+    let (slot, totals) = captured_slot(&pool);
+    let record = slot["last_capture"].as_str().unwrap();
+    assert!(record.contains("crunch_the_numbers"), "{record}");
+    assert_eq!(totals["slow_captures"], 1, "{totals}");
+    assert_eq!(slot["state"], "busy");
+}
+
+/// A forked Rust child has no stack to give, but /proc says where it
+/// waits: the record carries the pid's wchan.
+#[test]
+fn a_slow_rust_child_is_captured_with_its_wchan() {
+    let pool = DemoPool::start(&["--min-children", "1", "--slow-threshold", "300ms"]);
+    let _client = common::send(pool.addr, "/?work_ms=20000");
+    let status = status_until(&pool, "showed a slow-request capture", |s| {
+        s["slots"][0]["last_capture"].is_string()
+    });
+    let slot = &status["slots"][0];
+    let pid = slot["pid"].as_u64().unwrap();
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap();
+    let record = slot["last_capture"].as_str().unwrap();
+    assert!(
+        wchan != "0" && record.contains(&format!("wchan={wchan} ")),
+        "/proc/{pid}/wchan says {wchan:?}; the record: {record}"
+    );
+    assert_eq!(status["totals"]["slow_captures"], 1);
+}
+
+/// Before `busy_timeout` kills a Python worker, its stack is captured:
+/// the kill and the capture are both counted, and the record, logged
+/// before the kill, names the function.
+#[test]
+fn a_busy_timeout_kill_is_captured_first() {
+    let script = Script::new("stuck.py", STUCK_PYTHON);
+    let pool = run_stuck("python3", &script, PYTHON_CLIENT, &["--busy-timeout", "1s"]);
+    let _client = common::send(pool.addr, "/");
+    let status = status_until(&pool, "killed the stuck worker", |s| {
+        s["totals"]["killed_by"]["busy_timeout"] == 1
+    });
+    assert_eq!(status["totals"]["slow_captures"], 1, "{status}");
+    assert!(
+        pool.stderr.count("crunch_the_numbers") > 0,
+        "{}",
+        pool.stderr.dump()
+    );
+}

@@ -27,6 +27,7 @@ mod reload;
 mod reports;
 mod resources;
 mod signals;
+mod slow;
 mod upgrade;
 mod watchdog;
 
@@ -175,6 +176,8 @@ pub(crate) struct Supervisor {
     pub(crate) resources: resources::Resources,
     /// Per-child recycling limits.
     recycler: recycle::Recycler,
+    /// Slow-request captures.
+    slow: slow::SlowWatch,
     pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
     started: Instant,
 }
@@ -236,6 +239,7 @@ impl Supervisor {
             watchdog: watchdog::Watchdog::from_env(Instant::now()),
             resources: resources::Resources::default(),
             recycler: recycle::Recycler::default(),
+            slow: slow::SlowWatch::default(),
             dispatch_latency: crate::metrics::dispatch_latency_histogram(),
             started: Instant::now(),
         })
@@ -317,6 +321,7 @@ impl Supervisor {
             self.log_scoreboard(now);
             self.keep_watchdog(now);
             self.sample_resources(now);
+            self.watch_slow(now);
         }
     }
 
@@ -503,6 +508,7 @@ impl Supervisor {
         consider(self.upgrade_deadline());
         consider(self.watchdog.map(|w| w.due()));
         consider(self.resources.due());
+        consider(self.slow_deadline());
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

@@ -108,6 +108,11 @@ impl Resources {
         }
     }
 
+    /// The client of the connection `slot` serves, when known.
+    pub fn peer(&self, slot: usize, pid: i32) -> Option<String> {
+        self.of(slot, pid)?.peer.clone()
+    }
+
     /// Records the peer of a connection handed to `slot`.
     pub fn handed(&mut self, slot: usize, pid: i32, peer: Option<String>) {
         self.entry(slot, pid).peer = peer;
