@@ -477,3 +477,38 @@ fn a_busy_timeout_kill_is_captured_first() {
         pool.stderr.dump()
     );
 }
+
+/// The new options are config-file keys too, and a bad size is refused
+/// with the fix.
+#[test]
+fn memory_and_slow_options_come_from_the_config_file() {
+    let good = Script::new(
+        "good.toml",
+        "[pool]\nmax_requests_per_child = 100\nmax_requests_jitter = 10\n\
+         max_child_memory = \"512MiB\"\nmax_child_lifetime = \"1h\"\nslow_threshold = \"2s\"\n",
+    );
+    let out = std::process::Command::new(common::forkpool_bin())
+        .args(["check", "--config", good.path()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = Script::new("bad.toml", "[pool]\nmax_child_memory = \"512 parsecs\"\n");
+    let out = std::process::Command::new(common::forkpool_bin())
+        .args(["check", "--config", bad.path()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("512MiB"), "{err}");
+    let out = std::process::Command::new(common::forkpool_bin())
+        .args(["check", "--max-child-memory", "100"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("max_child_memory"), "{err}");
+}
