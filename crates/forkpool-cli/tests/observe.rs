@@ -85,31 +85,6 @@ fn within_10_percent(name: &str, reported: f64, actual: f64, slack: f64) {
     );
 }
 
-fn scrape(pool: &DemoPool) -> String {
-    use std::io::{Read, Write};
-    let line = pool
-        .stdout
-        .dump()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("forkpool: metrics on http://")
-                .map(str::to_string)
-        })
-        .expect("metrics line");
-    let addr = line.trim_end_matches("/metrics").to_string();
-    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-    text
-}
-
 /// The value of the metric line starting with `prefix` (name and labels).
 fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
@@ -178,7 +153,7 @@ fn status_and_metrics_report_children_and_queue_as_proc_does() {
     assert_eq!(seen.queue.waiting, 3);
     assert!(status["queues"][0]["max_waiting"].as_u64().unwrap() >= 3);
 
-    let text = scrape(&pool);
+    let text = common::scrape_metrics(&pool);
     let label = format!("{{listener=\"{listener}\"}}");
     assert_eq!(
         metric(&text, &format!("forkpool_listen_queue{label}")),
@@ -215,7 +190,7 @@ fn status_and_metrics_report_children_and_queue_as_proc_does() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let text = scrape(&pool);
+        let text = common::scrape_metrics(&pool);
         let sum = metric(&text, "forkpool_service_time_seconds_sum").unwrap_or(0.0);
         if sum >= 6.0 {
             break;
