@@ -116,7 +116,7 @@ impl Supervisor {
     /// those whose stack has arrived; called once per turn of the loop.
     pub(super) fn watch_slow(&mut self, now: Instant) {
         self.complete_captures(now);
-        let threshold = self.config.slow_threshold;
+        let threshold = self.slow_threshold();
         if threshold.is_zero() {
             return;
         }
@@ -137,7 +137,7 @@ impl Supervisor {
     /// When the loop must wake for slow requests: the next child to pass
     /// the threshold, or the next capture to complete.
     pub(super) fn slow_deadline(&self) -> Option<Instant> {
-        let threshold = self.config.slow_threshold;
+        let threshold = self.slow_threshold();
         let next_slow = (!threshold.is_zero())
             .then(|| {
                 self.board
@@ -152,6 +152,16 @@ impl Supervisor {
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// The threshold in force: none for workers that never report (`none`
+    /// dispatch), which look busy from start to end.
+    fn slow_threshold(&self) -> Duration {
+        if self.config.dispatch.speaks_protocol() {
+            self.config.slow_threshold
+        } else {
+            Duration::ZERO
+        }
     }
 
     /// A child is about to be killed for `busy_timeout`: capture it first.
