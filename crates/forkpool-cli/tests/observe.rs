@@ -513,3 +513,24 @@ fn memory_and_slow_options_come_from_the_config_file() {
     assert!(!out.status.success());
     assert!(err.contains("max_child_memory"), "{err}");
 }
+
+/// A pool larger than one sampling group (eight children a turn) still
+/// gets every child sampled, and sampled again each round.
+#[test]
+fn every_child_of_a_larger_pool_is_sampled() {
+    let pool = DemoPool::start(&[
+        "--min-children",
+        "12",
+        "--max-children",
+        "12",
+        "--max-spare",
+        "12",
+    ]);
+    status_until(&pool, "had CPU% for all 12 children", |s| {
+        let slots = s["slots"].as_array().unwrap();
+        slots.len() == 12
+            && slots
+                .iter()
+                .all(|slot| slot["cpu_percent"].is_number() && slot["uss_bytes"].is_number())
+    });
+}

@@ -3,9 +3,10 @@
 //! plus what only the supervisor knows (the peer of a connection it
 //! handed off, how long each connection kept its child busy).
 //!
-//! One sampling tick reads `/proc/PID/stat` and `/proc/PID/smaps_rollup`
-//! of each child (non-blocking reads of kernel text, some tens of
-//! microseconds each) and one `sock_diag` dump per listener.
+//! One sampling round reads `/proc/PID/stat` and `/proc/PID/smaps_rollup`
+//! of each child (reads of kernel text that never wait on the child, a
+//! tenth to a quarter of a millisecond each), a few children per turn of
+//! the loop, then does one `sock_diag` dump per listener.
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
@@ -20,6 +21,13 @@ use crate::status::{QueueStatus, SlotStatus};
 
 /// How often children and listeners are sampled.
 pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Children sampled in one turn of the loop: one sample costs about a
+/// tenth to a quarter of a millisecond (more for a child with a large
+/// address space), so a large pool is sampled a few children at a time.
+const CHILDREN_PER_TURN: usize = 8;
+/// The pause between two groups of children in one sampling round.
+const BETWEEN_CHUNKS: Duration = Duration::from_millis(10);
 
 /// The last figures of one child.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +49,10 @@ pub(crate) struct Resources {
     children: Vec<ChildFigures>,
     queues: Vec<Option<QueueStatus>>,
     next_sample: Option<Instant>,
+    /// The next slot to sample in the current round (0: a new round).
+    cursor: usize,
+    /// When the current round began.
+    round_started: Instant,
     /// Seconds each connection kept its child busy (busy to idle).
     pub service_time: Histogram,
 }
@@ -52,6 +64,8 @@ impl Default for Resources {
             children: Vec::new(),
             queues: Vec::new(),
             next_sample: None,
+            cursor: 0,
+            round_started: Instant::now(),
             service_time: service_time_histogram(),
         }
     }
@@ -170,16 +184,38 @@ impl Supervisor {
         if self.resources.due().is_some_and(|t| now < t) {
             return;
         }
-        self.resources.next_sample = Some(now + SAMPLE_INTERVAL);
+        let r = &mut self.resources;
+        if r.cursor == 0 {
+            r.round_started = now;
+        }
         let children: Vec<(usize, i32)> = self
             .board
             .iter()
             .filter(|(_, s)| s.state != SlotState::Killed)
             .map(|(slot, s)| (slot, s.pid))
             .collect();
-        for &(slot, pid) in &children {
+        let from = self.resources.cursor;
+        let chunk: Vec<(usize, i32)> = children
+            .iter()
+            .copied()
+            .filter(|&(slot, _)| slot >= from)
+            .take(CHILDREN_PER_TURN)
+            .collect();
+        for &(slot, pid) in &chunk {
             self.resources.sample_child(slot, pid, now);
         }
+        let rest = children
+            .iter()
+            .any(|&(slot, _)| chunk.last().is_some_and(|&(last, _)| slot > last));
+        if rest {
+            // The next few children in a moment, so the loop is never held
+            // for more than a handful of reads.
+            self.resources.cursor = chunk.last().map_or(0, |&(last, _)| last + 1);
+            self.resources.next_sample = Some(now + BETWEEN_CHUNKS);
+            return;
+        }
+        self.resources.cursor = 0;
+        self.resources.next_sample = Some(self.resources.round_started + SAMPLE_INTERVAL);
         let alive: Vec<i32> = children.iter().map(|c| c.1).collect();
         self.resources.cpu.retain(&alive);
         for i in 0..self.listeners.len() {
