@@ -52,6 +52,22 @@ pub struct PoolArgs {
     /// where the client speaks first; 0 = off [default: 0].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub defer_accept: Option<Duration>,
+    /// Add a random 0..=N to each child's max-requests-per-child, so
+    /// children do not all restart together [default: 0].
+    #[arg(long, value_name = "N")]
+    pub max_requests_jitter: Option<u64>,
+    /// Replace a child after its connection once its unshared memory (USS)
+    /// is above SIZE, like 512MiB; 0 = no limit [default: 0].
+    #[arg(long, value_name = "SIZE", value_parser = forkpool::config::parse_size)]
+    pub max_child_memory: Option<u64>,
+    /// Replace a child after its connection once it is older than this;
+    /// 0 = no limit [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_child_lifetime: Option<Duration>,
+    /// Capture and log a child busy on one connection longer than this
+    /// (its stack, where it waits); 0 = off [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub slow_threshold: Option<Duration>,
 }
 
 impl PoolArgs {
@@ -77,7 +93,11 @@ impl PoolArgs {
             busy_timeout,
             retire_grace,
             backlog,
-            defer_accept
+            defer_accept,
+            max_requests_jitter,
+            max_child_memory,
+            max_child_lifetime,
+            slow_threshold
         );
         config
     }

@@ -5,8 +5,6 @@
 mod bench_bins;
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -97,27 +95,7 @@ fn control_socket_is_owner_only() {
 }
 
 fn scrape(pool: &DemoPool) -> String {
-    let line = pool
-        .stdout
-        .dump()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("forkpool: metrics on http://")
-                .map(str::to_string)
-        })
-        .expect("metrics line");
-    let addr = line.trim_end_matches("/metrics").to_string();
-    let mut stream = TcpStream::connect(&addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-    text
+    common::scrape_metrics(pool)
 }
 
 #[test]

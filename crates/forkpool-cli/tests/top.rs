@@ -69,6 +69,20 @@ fn shows_children(screen: &str, children: &[(u64, u64)]) -> bool {
         .all(|(slot, pid)| rows.contains(&(slot.to_string(), pid.to_string())))
 }
 
+/// Whether every child's row has its CPU%, CPU time, RSS and USS columns
+/// (the 4th to 7th words) filled rather than `-`.
+fn resource_columns_filled(screen: &str, children: &[(u64, u64)]) -> bool {
+    children.iter().all(|(slot, pid)| {
+        screen.lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() >= 7
+                && w[0] == slot.to_string()
+                && w[1] == pid.to_string()
+                && w[3..7].iter().all(|c| *c != "-")
+        })
+    })
+}
+
 /// A tmux server of this test's own (`-L NAME`), killed on drop, also
 /// when the test panics.
 struct Tmux {
@@ -193,6 +207,14 @@ fn top_shows_the_pool_on_a_terminal_and_quits_on_q() {
         s.contains("children 3 (3..3)") && shows_children(s, &children)
     });
     assert!(shown, "top never showed {children:?}:\n{screen}");
+    // The supervisor's per-child figures reach the CPU and memory columns.
+    let (filled, screen) = tmux.wait_screen(Duration::from_secs(20), |s| {
+        resource_columns_filled(s, &children)
+    });
+    assert!(
+        filled,
+        "CPU or memory columns empty for {children:?}:\n{screen}"
+    );
     let line = pool.status()["line"].as_str().unwrap().to_string();
     assert!(screen.contains(&format!("scoreboard [{line}]")), "{screen}");
 

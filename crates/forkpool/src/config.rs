@@ -155,6 +155,26 @@ pub struct PoolConfig {
     /// turns it on for HTTP (`AcceptFilter http data`).
     #[serde(with = "humantime_serde_compat")]
     pub defer_accept: Duration,
+    /// Spread `max_requests_per_child`: each child gets a limit of
+    /// `max_requests_per_child` plus a random 0..=N, so children started
+    /// together do not all restart together. Default 0.
+    pub max_requests_jitter: u64,
+    /// A child whose unshared memory (USS, from `/proc/PID/smaps_rollup`)
+    /// is above this many bytes is replaced after its current connection;
+    /// 0 means no limit. In a config file: a number of bytes or a size such
+    /// as `"512MiB"`. Default 0.
+    #[serde(with = "size_serde")]
+    pub max_child_memory: u64,
+    /// A child older than this is replaced after its current connection
+    /// (each child gets up to a tenth more, at random, so a pool started at
+    /// once does not restart at once); zero means no limit. Default 0.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_child_lifetime: Duration,
+    /// A child busy on one connection longer than this is captured (its
+    /// stack and where it waits in the kernel) and logged, without being
+    /// stopped; zero means off. Default 0.
+    #[serde(with = "humantime_serde_compat")]
+    pub slow_threshold: Duration,
 }
 
 impl Default for PoolConfig {
@@ -174,6 +194,10 @@ impl Default for PoolConfig {
             dispatch: DispatchMode::Handoff,
             backlog: 1024,
             defer_accept: Duration::ZERO,
+            max_requests_jitter: 0,
+            max_child_memory: 0,
+            max_child_lifetime: Duration::ZERO,
+            slow_threshold: Duration::ZERO,
         }
     }
 }
@@ -276,6 +300,24 @@ impl PoolConfig {
                 ),
             );
         }
+        if self.max_requests_jitter > 0 && self.max_requests_per_child == 0 {
+            return error(
+                "max_requests_jitter",
+                "max_requests_jitter spreads max_requests_per_child, which is 0 (never); \
+                 set max_requests_per_child too, or drop the jitter"
+                    .to_string(),
+            );
+        }
+        if self.max_child_memory > 0 && self.max_child_memory < MIN_CHILD_MEMORY {
+            return error(
+                "max_child_memory",
+                format!(
+                    "max_child_memory {} bytes is below {} (1MiB): every child would be \
+                     replaced after each connection; write a size like 512MiB",
+                    self.max_child_memory, MIN_CHILD_MEMORY
+                ),
+            );
+        }
         if self.backlog == 0 {
             return error(
                 "backlog",
@@ -305,6 +347,61 @@ impl PoolConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// The smallest `max_child_memory` accepted: below it the limit is
+/// surely a unit mistake (bytes written for MiB).
+pub const MIN_CHILD_MEMORY: u64 = 1 << 20;
+
+/// Parses a size in bytes: a plain number, or a number with a unit
+/// (`KiB`, `MiB`, `GiB`, `TiB` as powers of 1024, `kB`, `MB`, `GB`, `TB`
+/// as powers of 1000, `K`/`M`/`G`/`T` as powers of 1024, `B`).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let bad = || format!("'{text}' is not a size; write it like 512MiB, 2GiB or 800MB");
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("'{text}' is too large"))
+}
+
+/// Serde glue so config files write sizes as `"512MiB"` or a number.
+mod size_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(*value)
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        match Size::deserialize(d)? {
+            Size::Bytes(n) => Ok(n),
+            Size::Text(t) => super::parse_size(&t).map_err(serde::de::Error::custom),
+        }
     }
 }
 
@@ -338,6 +435,27 @@ mod tests {
         let mut config = PoolConfig::default();
         change(&mut config);
         config.validate().expect_err("config should be rejected")
+    }
+
+    #[test]
+    fn sizes_take_binary_and_decimal_units() {
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("800MB"), Ok(800_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size(" 1 G "), Ok(1 << 30));
+        assert!(parse_size("12 parsecs").unwrap_err().contains("512MiB"));
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn memory_and_jitter_limits_name_the_fix() {
+        let e = invalid(|c| c.max_child_memory = 512);
+        assert_eq!(e.field, "max_child_memory");
+        assert!(e.message.contains("512MiB"), "{}", e.message);
+        let e = invalid(|c| c.max_requests_jitter = 10);
+        assert_eq!(e.field, "max_requests_jitter");
     }
 
     #[test]

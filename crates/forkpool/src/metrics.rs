@@ -28,8 +28,13 @@ fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
     registry.register(name, help, c);
 }
 
-/// Renders every metric.
-pub fn render(snapshot: &Snapshot, dispatch_latency: &Histogram) -> String {
+/// Renders every metric. `service_time` is the histogram of how long each
+/// connection kept its child busy.
+pub fn render(
+    snapshot: &Snapshot,
+    dispatch_latency: &Histogram,
+    service_time: &Histogram,
+) -> String {
     let mut registry = Registry::with_prefix("forkpool");
     let t = &snapshot.totals;
 
@@ -112,10 +117,100 @@ pub fn render(snapshot: &Snapshot, dispatch_latency: &Histogram) -> String {
         dispatch_latency.clone(),
     );
 
+    registry.register(
+        "service_time_seconds",
+        "How long each connection kept its child busy (busy to idle)",
+        service_time.clone(),
+    );
+    counter(
+        &mut registry,
+        "recycled_memory",
+        "Children recycled for unshared memory above max_child_memory",
+        t.recycled_memory,
+    );
+    counter(
+        &mut registry,
+        "recycled_lifetime",
+        "Children recycled for being older than max_child_lifetime",
+        t.recycled_lifetime,
+    );
+    counter(
+        &mut registry,
+        "slow_captures",
+        "Slow-request captures taken",
+        t.slow_captures,
+    );
+    counter(
+        &mut registry,
+        "slow_captures_suppressed",
+        "Slow-request captures skipped by the rate limit",
+        t.slow_captures_suppressed,
+    );
+    register_pool_figures(&mut registry, snapshot);
+
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &registry);
     text
+}
+
+/// Pool-wide memory and CPU from the children's sampled figures, and each
+/// listener's accept queue.
+fn register_pool_figures(registry: &mut Registry, snapshot: &Snapshot) {
+    let slots = &snapshot.slots;
+    let pss: u64 = slots.iter().filter_map(|s| s.pss_bytes).sum();
+    let largest_uss = slots.iter().filter_map(|s| s.uss_bytes).max().unwrap_or(0);
+    let cpu: f64 = slots.iter().filter_map(|s| s.cpu_seconds).sum();
+    for (name, help, value) in [
+        (
+            "children_pss_bytes",
+            "Sum of the children's PSS: the pool's real memory footprint",
+            pss,
+        ),
+        (
+            "child_uss_bytes_max",
+            "The largest unshared memory (USS) of one child",
+            largest_uss,
+        ),
+    ] {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(value).unwrap_or(i64::MAX));
+        registry.register(name, help, g);
+    }
+    let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    g.set(cpu);
+    registry.register(
+        "children_cpu_seconds",
+        "CPU time (user + system) used by the live children",
+        g,
+    );
+    type QueueLabels = Vec<(&'static str, String)>;
+    let waiting = Family::<QueueLabels, Gauge>::default();
+    let max_waiting = Family::<QueueLabels, Gauge>::default();
+    let backlog = Family::<QueueLabels, Gauge>::default();
+    for q in &snapshot.queues {
+        let labels = vec![("listener", q.listener.clone())];
+        waiting.get_or_create(&labels).set(i64::from(q.waiting));
+        max_waiting
+            .get_or_create(&labels)
+            .set(i64::from(q.max_waiting));
+        backlog.get_or_create(&labels).set(i64::from(q.backlog));
+    }
+    registry.register(
+        "listen_queue",
+        "Connections waiting in a listener's accept queue",
+        waiting,
+    );
+    registry.register(
+        "listen_queue_max",
+        "The most connections seen waiting in a listener's accept queue",
+        max_waiting,
+    );
+    registry.register(
+        "listen_backlog",
+        "A listener's accept queue capacity",
+        backlog,
+    );
 }
 
 #[cfg(test)]
@@ -145,10 +240,11 @@ mod tests {
             bounds: [1, 4, 1, 2],
             slots: vec![],
             totals,
+            queues: vec![],
         };
         let h = dispatch_latency_histogram();
         h.observe(0.00002);
-        let text = render(&snapshot, &h);
+        let text = render(&snapshot, &h, &dispatch_latency_histogram());
         assert!(
             text.contains("forkpool_connections_accepted_total 42"),
             "{text}"

@@ -121,6 +121,16 @@ pub struct Totals {
     pub saturated_ms: u64,
     /// Reloads (SIGHUP) applied.
     pub reloads: u64,
+    /// Children recycled because their unshared memory (USS) went over
+    /// `max_child_memory`.
+    pub recycled_memory: u64,
+    /// Children recycled because they reached `max_child_lifetime`.
+    pub recycled_lifetime: u64,
+    /// Slow-request captures taken (`slow_threshold`, and before a
+    /// `busy_timeout` kill).
+    pub slow_captures: u64,
+    /// Slow-request captures skipped by the rate limit.
+    pub slow_captures_suppressed: u64,
 }
 
 /// One slot as the control socket reports it.
@@ -164,6 +174,22 @@ pub struct SlotStatus {
     /// The address of the client it is serving, if busy and known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
+    /// The last slow-request capture of this child, as logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_capture: Option<String>,
+}
+
+/// One listener's accept queue, sampled by the supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// The listener's address (`IP:PORT` or a Unix socket path).
+    pub listener: String,
+    /// Connections waiting to be accepted at the last sample.
+    pub waiting: u32,
+    /// The most seen waiting since the supervisor started.
+    pub max_waiting: u32,
+    /// The accept queue's capacity (the `listen(2)` backlog).
+    pub backlog: u32,
 }
 
 /// Everything `forkpool status` shows.
@@ -193,4 +219,7 @@ pub struct Snapshot {
     pub slots: Vec<SlotStatus>,
     /// Totals since start.
     pub totals: Totals,
+    /// Each listener's accept queue, once sampled.
+    #[serde(default)]
+    pub queues: Vec<QueueStatus>,
 }

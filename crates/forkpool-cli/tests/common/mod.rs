@@ -452,3 +452,31 @@ pub fn continuous_load(
         .collect();
     (ok, handles)
 }
+
+// --- Metrics (observe.rs, operations.rs) ---------------------------------
+
+/// `GET /metrics` from the pool's `--metrics` endpoint (the address it
+/// printed), asserting a 200 answer; the whole response.
+pub fn scrape_metrics(pool: &DemoPool) -> String {
+    let line = pool
+        .stdout
+        .dump()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("forkpool: metrics on http://")
+                .map(str::to_string)
+        })
+        .expect("metrics line");
+    let addr = line.trim_end_matches("/metrics").to_string();
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    text
+}

@@ -82,6 +82,7 @@ impl Supervisor {
             };
             match sent {
                 Ok(()) => {
+                    self.note_handoff(slot, &fd);
                     // The child has its own copy now; ours closes on drop.
                     let _ = self.board.hand_connection(slot, now);
                     self.dispatch_latency.observe(now.elapsed().as_secs_f64());

@@ -351,25 +351,30 @@ impl Supervisor {
         let slots = self
             .board
             .iter()
-            .map(|(slot, s)| SlotStatus {
-                slot,
-                pid: s.pid,
-                state: s.state.name().to_string(),
-                generation: s.generation,
-                served: s.served,
-                busy_for_ms: matches!(
-                    s.state,
-                    crate::scoreboard::SlotState::Busy | crate::scoreboard::SlotState::Ordered
-                )
-                .then(|| now.duration_since(s.since).as_millis() as u64),
-                last_heard_ms: now.duration_since(s.last_heard).as_millis() as u64,
-                sessions: s.load.map(|l| (l.load(), l.capacity)),
-                cpu_seconds: None,
-                cpu_percent: None,
-                rss_bytes: None,
-                pss_bytes: None,
-                uss_bytes: None,
-                peer: None,
+            .map(|(slot, s)| {
+                let mut status = SlotStatus {
+                    slot,
+                    pid: s.pid,
+                    state: s.state.name().to_string(),
+                    generation: s.generation,
+                    served: s.served,
+                    busy_for_ms: matches!(
+                        s.state,
+                        crate::scoreboard::SlotState::Busy | crate::scoreboard::SlotState::Ordered
+                    )
+                    .then(|| now.duration_since(s.since).as_millis() as u64),
+                    last_heard_ms: now.duration_since(s.last_heard).as_millis() as u64,
+                    sessions: s.load.map(|l| (l.load(), l.capacity)),
+                    cpu_seconds: None,
+                    cpu_percent: None,
+                    rss_bytes: None,
+                    pss_bytes: None,
+                    uss_bytes: None,
+                    peer: None,
+                    last_capture: None,
+                };
+                self.resources.fill(&mut status);
+                status
             })
             .collect();
         let mut totals = self.totals;
@@ -394,6 +399,7 @@ impl Supervisor {
             ],
             slots,
             totals,
+            queues: self.resources.queues(),
         }
     }
 
@@ -404,7 +410,11 @@ impl Supervisor {
     }
 
     fn metrics_text(&self) -> String {
-        crate::metrics::render(&self.snapshot(Instant::now()), &self.dispatch_latency)
+        crate::metrics::render(
+            &self.snapshot(Instant::now()),
+            &self.dispatch_latency,
+            &self.resources.service_time,
+        )
     }
 }
 

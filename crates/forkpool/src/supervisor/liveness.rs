@@ -20,7 +20,15 @@ impl Supervisor {
                 Some((due, Check::PingDue)) if now >= due => self.ping(slot, now),
                 Some((due, check)) if now >= due => {
                     let (why, detail) = self.describe(slot, check, now);
-                    self.kill(slot, why, detail, now);
+                    let kill_now = if check == Check::Busy {
+                        // Capture where it is stuck first (see slow.rs).
+                        self.capture_before_kill(slot, why, detail, now)
+                    } else {
+                        Some((why, detail))
+                    };
+                    if let Some((why, detail)) = kill_now {
+                        self.kill(slot, why, detail, now);
+                    }
                 }
                 _ => {}
             }
@@ -45,6 +53,10 @@ impl Supervisor {
         }
         if !self.config.dispatch.speaks_protocol() {
             // Workers that never report have no start, ping or busy limits.
+            return None;
+        }
+        if self.slow.pending_for(slot) {
+            // A capture is gathering its stack; a kill it holds follows.
             return None;
         }
         if let Some((_, sent)) = link.ping {

@@ -22,10 +22,14 @@ mod liveness;
 mod load;
 mod notify;
 mod output;
+mod recycle;
 mod reload;
 mod reports;
+mod resources;
 mod signals;
+mod slow;
 mod upgrade;
+mod watchdog;
 
 pub(crate) use endpoints::Endpoints;
 pub use reload::ReloadSource;
@@ -166,6 +170,14 @@ pub(crate) struct Supervisor {
     handed_over: bool,
     /// Whether systemd has been told the pool is ready.
     told_ready: bool,
+    /// systemd's watchdog, when the unit asks for one.
+    watchdog: Option<watchdog::Watchdog>,
+    /// Children's CPU, memory and peers, listeners' queues.
+    pub(crate) resources: resources::Resources,
+    /// Per-child recycling limits.
+    recycler: recycle::Recycler,
+    /// Slow-request captures.
+    slow: slow::SlowWatch,
     pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
     started: Instant,
 }
@@ -224,6 +236,10 @@ impl Supervisor {
             pid: std::process::id(),
             handed_over: false,
             told_ready: false,
+            watchdog: watchdog::Watchdog::from_env(Instant::now()),
+            resources: resources::Resources::default(),
+            recycler: recycle::Recycler::default(),
+            slow: slow::SlowWatch::default(),
             dispatch_latency: crate::metrics::dispatch_latency_histogram(),
             started: Instant::now(),
         })
@@ -303,6 +319,9 @@ impl Supervisor {
             self.expire_clients(now);
             self.check_upgrade(now);
             self.log_scoreboard(now);
+            self.keep_watchdog(now);
+            self.sample_resources(now);
+            self.watch_slow(now);
         }
     }
 
@@ -487,6 +506,9 @@ impl Supervisor {
         consider(self.scoreboard_log_due());
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
+        consider(self.watchdog.map(|w| w.due()));
+        consider(self.resources.due());
+        consider(self.slow_deadline());
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

@@ -119,7 +119,12 @@ impl Supervisor {
         let Some(output) = link.output.as_mut() else {
             return;
         };
-        let left = output.read_lines(BYTES_PER_TURN, |line| log_line(slot, pid, line));
+        let slow = &mut self.slow;
+        let now = std::time::Instant::now();
+        let left = output.read_lines(BYTES_PER_TURN, |line| {
+            log_line(slot, pid, line);
+            slow.line(slot, pid, line, now);
+        });
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {

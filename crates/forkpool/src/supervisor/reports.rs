@@ -93,6 +93,7 @@ impl Supervisor {
                 self.child_available(now);
             }
             ChildMessage::Idle => {
+                self.note_connection_end(slot, now);
                 let finished = self.board.idle(slot, now).map_err(illegal)?;
                 if finished {
                     self.after_connection(slot, now);
@@ -111,6 +112,7 @@ impl Supervisor {
                 self.order_answered(slot);
             }
             ChildMessage::Next => {
+                self.note_connection_end(slot, now);
                 self.board.next(slot, now).map_err(illegal)?;
                 self.totals.accepted += 1;
                 self.totals.taken_next += 1;
@@ -147,17 +149,10 @@ impl Supervisor {
         Ok(())
     }
 
-    /// A child finished a connection: recycle it if it has served enough.
+    /// A child finished a connection: recycle it if it is past a limit
+    /// (see `recycle.rs`).
     fn after_connection(&mut self, slot: usize, now: Instant) {
-        let limit = self.config.max_requests_per_child;
-        let served = self.board.get(slot).map_or(0, |s| s.served);
-        if limit > 0 && served >= limit {
-            self.retire(
-                slot,
-                &format!("served {served} connections (max_requests_per_child)"),
-                now,
-            );
-        }
+        self.recycle_after_connection(slot, now);
     }
 
     /// The child's end closed. The process is normally about to be reaped;

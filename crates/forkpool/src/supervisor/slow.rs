@@ -1,0 +1,353 @@
+//! Slow-request captures: a child busy on one connection longer than
+//! `slow_threshold` is captured once for that connection, without being
+//! stopped; a child about to be killed for `busy_timeout` is captured
+//! first, so every such kill says where the child was stuck.
+//!
+//! A capture reads `/proc` at once (wchan, syscall, kernel stack). For an
+//! exec'd worker, whose stderr the supervisor reads, it also sends
+//! `SIGURG` (the Python and Perl helpers dump their stack to stderr on it,
+//! see docs/protocol.md "Stack dumps") and gathers the stderr lines that
+//! follow: until they stop coming for [`QUIET`], or [`STACK_WAIT`] at most.
+//! The loop never waits for them: the capture stays pending, and is logged
+//! as one record when it completes.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tracing::{debug, warn};
+
+use super::Supervisor;
+use crate::observe::{CaptureLimiter, SlowCapture};
+use crate::scoreboard::SlotState;
+use crate::status::KillReason;
+use crate::sys::process;
+
+/// The longest a capture waits for the worker's stack.
+pub(crate) const STACK_WAIT: Duration = Duration::from_secs(2);
+/// A stack is complete once the worker wrote nothing more for this long.
+pub(crate) const QUIET: Duration = Duration::from_millis(300);
+/// Captures allowed at once, and then one per [`CAPTURE_INTERVAL`].
+const CAPTURE_BURST: u32 = 5;
+const CAPTURE_INTERVAL: Duration = Duration::from_secs(10);
+/// The most stack text kept from one dump.
+const MAX_STACK_BYTES: usize = 64 * 1024;
+
+/// A capture waiting for the worker's stack.
+#[derive(Debug)]
+struct Pending {
+    capture: SlowCapture,
+    /// The connection it is about: the slot's busy-since instant.
+    connection: Instant,
+    /// Stack lines gathered so far.
+    stack: String,
+    started: Instant,
+    last_line: Option<Instant>,
+    /// A kill that waits for the capture (busy_timeout).
+    then_kill: Option<(KillReason, String)>,
+}
+
+impl Pending {
+    /// When the capture is complete, given what arrived so far.
+    fn done_at(&self) -> Instant {
+        let limit = self.started + STACK_WAIT;
+        self.last_line.map_or(limit, |t| (t + QUIET).min(limit))
+    }
+}
+
+/// The slow-request watch: which connections were captured, and captures
+/// waiting for a stack.
+#[derive(Debug)]
+pub(crate) struct SlowWatch {
+    limiter: CaptureLimiter,
+    /// Per slot: the pid and busy-since of the connection last captured.
+    captured: Vec<Option<(i32, Instant)>>,
+    pending: Vec<Pending>,
+}
+
+impl Default for SlowWatch {
+    fn default() -> Self {
+        SlowWatch {
+            limiter: CaptureLimiter::new(CAPTURE_BURST, CAPTURE_INTERVAL),
+            captured: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl SlowWatch {
+    fn already(&self, slot: usize, pid: i32, since: Instant) -> bool {
+        self.captured.get(slot).copied().flatten() == Some((pid, since))
+            || self.pending.iter().any(|p| p.capture.slot == slot)
+    }
+
+    fn mark(&mut self, slot: usize, pid: i32, since: Instant) {
+        if self.captured.len() <= slot {
+            self.captured.resize(slot + 1, None);
+        }
+        self.captured[slot] = Some((pid, since));
+    }
+
+    /// Whether a capture of `slot` is waiting for its stack.
+    pub fn pending_for(&self, slot: usize) -> bool {
+        self.pending.iter().any(|p| p.capture.slot == slot)
+    }
+
+    /// A line the worker in `slot` wrote to its stderr.
+    pub fn line(&mut self, slot: usize, pid: i32, line: &str, now: Instant) {
+        for p in &mut self.pending {
+            if p.capture.slot == slot && p.capture.pid == pid {
+                if p.stack.len() + line.len() < MAX_STACK_BYTES {
+                    p.stack.push_str(line);
+                    p.stack.push('\n');
+                }
+                p.last_line = Some(now);
+            }
+        }
+    }
+
+    /// The earliest moment a capture completes.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.pending.iter().map(Pending::done_at).min()
+    }
+}
+
+impl Supervisor {
+    /// Starts captures of children busy past `slow_threshold` and completes
+    /// those whose stack has arrived; called once per turn of the loop.
+    pub(super) fn watch_slow(&mut self, now: Instant) {
+        self.complete_captures(now);
+        let threshold = self.slow_threshold();
+        if threshold.is_zero() {
+            return;
+        }
+        let due: Vec<(usize, i32, Instant)> = self
+            .board
+            .iter()
+            .filter(|(_, s)| s.state == SlotState::Busy && s.load.is_none())
+            .filter(|(_, s)| now.saturating_duration_since(s.since) >= threshold)
+            .map(|(slot, s)| (slot, s.pid, s.since))
+            .filter(|&(slot, pid, since)| !self.slow.already(slot, pid, since))
+            .collect();
+        for (slot, pid, since) in due {
+            self.slow.mark(slot, pid, since);
+            self.start_capture(slot, pid, since, None, now);
+        }
+    }
+
+    /// When the loop must wake for slow requests: the next child to pass
+    /// the threshold, or the next capture to complete.
+    pub(super) fn slow_deadline(&self) -> Option<Instant> {
+        let threshold = self.slow_threshold();
+        let next_slow = (!threshold.is_zero())
+            .then(|| {
+                self.board
+                    .iter()
+                    .filter(|(_, s)| s.state == SlotState::Busy && s.load.is_none())
+                    .filter(|(slot, s)| !self.slow.already(*slot, s.pid, s.since))
+                    .map(|(_, s)| s.since + threshold)
+                    .min()
+            })
+            .flatten();
+        [next_slow, self.slow.deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The threshold in force: none for workers that never report (`none`
+    /// dispatch), which look busy from start to end.
+    fn slow_threshold(&self) -> Duration {
+        if self.config.dispatch.speaks_protocol() {
+            self.config.slow_threshold
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// A child is about to be killed for `busy_timeout`: capture it first.
+    /// Returns whether to kill it now; otherwise the kill follows when the
+    /// capture completes.
+    pub(super) fn capture_before_kill(
+        &mut self,
+        slot: usize,
+        why: KillReason,
+        detail: String,
+        now: Instant,
+    ) -> Option<(KillReason, String)> {
+        if self.slow.pending_for(slot) {
+            // Already capturing: the kill waits for it (or is attached).
+            if let Some(p) = self
+                .slow
+                .pending
+                .iter_mut()
+                .find(|p| p.capture.slot == slot)
+            {
+                p.then_kill.get_or_insert((why, detail));
+            }
+            return None;
+        }
+        let Some(entry) = self.board.get(slot) else {
+            return Some((why, detail));
+        };
+        let (pid, since) = (entry.pid, entry.since);
+        self.slow.mark(slot, pid, since);
+        if self.start_capture(slot, pid, since, Some((why, detail.clone())), now) {
+            None
+        } else {
+            Some((why, detail))
+        }
+    }
+
+    /// Takes the `/proc` part and, for a worker whose stderr is read,
+    /// asks for its stack. Returns whether the capture is pending (a kill
+    /// it carries will follow); a capture the rate limit refuses or one
+    /// that completes at once is not.
+    fn start_capture(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        since: Instant,
+        then_kill: Option<(KillReason, String)>,
+        now: Instant,
+    ) -> bool {
+        if !self.slow.limiter.allow(now) {
+            self.totals.slow_captures_suppressed += 1;
+            return false;
+        }
+        let peer = self.resources.peer(slot, pid);
+        let busy = now.saturating_duration_since(since);
+        let capture = SlowCapture::take(slot, pid, peer, busy);
+        let reads_stderr = self
+            .links
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_some_and(|l| l.output.is_some());
+        let mut pending = Pending {
+            capture,
+            connection: since,
+            stack: String::new(),
+            started: now,
+            last_line: None,
+            then_kill,
+        };
+        if reads_stderr {
+            match process::send_signal(pid, Signal::SIGURG) {
+                Ok(()) => {
+                    self.slow.pending.push(pending);
+                    return true;
+                }
+                Err(e) => debug!(slot, pid, "cannot send the stack-dump signal: {e}"),
+            }
+        }
+        // Nothing to wait for: log the /proc part now (any kill is the
+        // caller's to do).
+        pending.then_kill = None;
+        self.log_capture(pending);
+        false
+    }
+
+    /// Logs captures whose stack is complete, and does the kills they held.
+    fn complete_captures(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.slow.pending.len() {
+            if self.slow.pending[i].done_at() > now {
+                i += 1;
+                continue;
+            }
+            let mut p = self.slow.pending.swap_remove(i);
+            let kill = p.then_kill.take();
+            let (slot, pid) = (p.capture.slot, p.capture.pid);
+            // The kill stands only if the child is still on that connection.
+            let connection = p.connection;
+            let still_stuck = self.board.get(slot).is_some_and(|s| {
+                s.pid == pid && s.state == SlotState::Busy && s.since == connection
+            });
+            self.log_capture(p);
+            if let Some((why, detail)) = kill.filter(|_| still_stuck) {
+                self.kill(slot, why, detail, now);
+            }
+        }
+    }
+
+    fn log_capture(&mut self, mut p: Pending) {
+        if !p.stack.is_empty() {
+            p.capture.worker_stack = Some(std::mem::take(&mut p.stack).trim_end().to_string());
+        }
+        let suppressed = self.slow.limiter.take_suppressed();
+        let record = p.capture.to_string();
+        warn!(
+            slot = p.capture.slot,
+            pid = p.capture.pid,
+            suppressed,
+            "{record}"
+        );
+        self.totals.slow_captures += 1;
+        self.resources
+            .captured(p.capture.slot, p.capture.pid, record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(started: Instant) -> Pending {
+        Pending {
+            capture: SlowCapture {
+                slot: 1,
+                pid: 10,
+                peer: None,
+                busy: Duration::ZERO,
+                worker_stack: None,
+                wchan: None,
+                syscall: None,
+                kernel_stack: None,
+            },
+            connection: started,
+            stack: String::new(),
+            started,
+            last_line: None,
+            then_kill: None,
+        }
+    }
+
+    #[test]
+    fn a_silent_worker_gets_the_whole_wait_and_a_quiet_one_less() {
+        let t0 = Instant::now();
+        let mut w = SlowWatch::default();
+        w.pending.push(pending(t0));
+        assert_eq!(w.deadline(), Some(t0 + STACK_WAIT));
+        let at = t0 + Duration::from_millis(100);
+        w.line(1, 10, "File \"x.py\", line 3 in crunch", at);
+        assert_eq!(w.deadline(), Some(at + QUIET));
+        assert!(w.pending[0].stack.contains("crunch"));
+        // Lines of another slot or pid are not this capture's.
+        w.line(2, 10, "other", at);
+        w.line(1, 11, "other", at);
+        assert!(!w.pending[0].stack.contains("other"));
+    }
+
+    #[test]
+    fn a_worker_that_never_stops_writing_is_cut_off() {
+        let t0 = Instant::now();
+        let mut w = SlowWatch::default();
+        w.pending.push(pending(t0));
+        for ms in (0..5000).step_by(100) {
+            w.line(1, 10, &"x".repeat(1000), t0 + Duration::from_millis(ms));
+        }
+        assert_eq!(w.deadline(), Some(t0 + STACK_WAIT));
+        assert!(w.pending[0].stack.len() <= MAX_STACK_BYTES);
+    }
+
+    #[test]
+    fn one_capture_per_connection() {
+        let t0 = Instant::now();
+        let mut w = SlowWatch::default();
+        assert!(!w.already(3, 7, t0));
+        w.mark(3, 7, t0);
+        assert!(w.already(3, 7, t0));
+        // The same child's next connection, or a new child in the slot.
+        assert!(!w.already(3, 7, t0 + Duration::from_secs(1)));
+        assert!(!w.already(3, 8, t0));
+    }
+}
