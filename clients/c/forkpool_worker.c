@@ -1,0 +1,346 @@
+/*
+ * forkpool_worker.c - a forkpool exec'd worker in C (POSIX + Linux, libc only),
+ * written from docs/protocol.md alone.  It speaks back-channel protocol
+ * version 1 in the handoff, order and shared (and herd) dispatch modes and
+ * serves the same tiny HTTP answer as the other example workers:
+ * "hello", with ?work_ms=N to sleep N ms first, and the X-Forkpool-Slot and
+ * X-Forkpool-Pid headers.
+ *
+ * Build: cc -O2 -Wall -Wextra -o forkpool-c-worker clients/c/forkpool_worker.c
+ * Run:   forkpool run --dispatch order -- ./forkpool-c-worker
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROTOCOL_VERSION 1
+#define HEAD_MAX 8192        /* cap on the request head, in bytes */
+#define HEAD_DEADLINE_MS 10000 /* the whole head must arrive within this */
+#define WORK_MS_MAX 60000    /* cap on ?work_ms= */
+
+static int chan = -1;
+static const char *slot = "?";
+static long listen_fds;
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "forkpool C worker (slot %s, pid %ld): ", slot, (long)getpid());
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+/* One message is one datagram: one send call. */
+static void send_msg(char kind, const unsigned char *payload, size_t len)
+{
+    unsigned char buf[16];
+    buf[0] = PROTOCOL_VERSION;
+    buf[1] = (unsigned char)kind;
+    if (len)
+        memcpy(buf + 2, payload, len);
+    for (;;) {
+        ssize_t n = send(chan, buf, 2 + len, MSG_NOSIGNAL);
+        if (n == (ssize_t)(2 + len))
+            return;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+            exit(0); /* the parent is gone */
+        die("cannot send '%c' on the back-channel: %s", kind, strerror(errno));
+    }
+}
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+static void write_all(int fd, const char *p, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return; /* the client went away: nothing more to do */
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static void respond(int fd, int code, const char *reason, const char *body)
+{
+    char out[512];
+    int n = snprintf(out, sizeof out,
+                     "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
+                     "Content-Length: %zu\r\nX-Forkpool-Slot: %s\r\n"
+                     "X-Forkpool-Pid: %ld\r\nConnection: close\r\n\r\n%s",
+                     code, reason, strlen(body), slot, (long)getpid(), body);
+    if (n > 0 && (size_t)n < sizeof out)
+        write_all(fd, out, (size_t)n);
+}
+
+/* ?work_ms=N in the request target, or 0. */
+static long work_ms(const char *target, size_t len)
+{
+    const char *q = memchr(target, '?', len);
+    const char *end = target + len;
+    while (q && q < end) {
+        q++;
+        if ((size_t)(end - q) > 8 && memcmp(q, "work_ms=", 8) == 0) {
+            long v = 0;
+            for (q += 8; q < end && *q >= '0' && *q <= '9'; q++) {
+                v = v * 10 + (*q - '0');
+                if (v > WORK_MS_MAX)
+                    v = WORK_MS_MAX;
+            }
+            return v;
+        }
+        q = memchr(q, '&', (size_t)(end - q));
+    }
+    return 0;
+}
+
+/* Serve one HTTP request on a blocking connected socket.  Only the head is
+ * read (within a deadline and a size cap); a body is never buffered. */
+static void serve(int fd)
+{
+    char head[HEAD_MAX + 1];
+    size_t got = 0;
+    long deadline = now_ms() + HEAD_DEADLINE_MS;
+    char *end = NULL;
+    while (!end) {
+        if (got == HEAD_MAX) {
+            respond(fd, 431, "Request Header Fields Too Large", "request head too large\n");
+            return;
+        }
+        long left = deadline - now_ms();
+        if (left <= 0) {
+            respond(fd, 408, "Request Timeout", "request head not received in time\n");
+            return;
+        }
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        int r = poll(&pfd, 1, (int)left);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            continue; /* the deadline check above decides */
+        /* Peek, then consume only up to the end of the head: the body stays
+         * in the socket, unread. */
+        ssize_t n = recv(fd, head + got, HEAD_MAX - got, MSG_PEEK);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return; /* closed or reset before a full head */
+        head[got + (size_t)n] = '\0';
+        size_t from = got >= 3 ? got - 3 : 0;
+        char *e = strstr(head + from, "\r\n\r\n");
+        size_t take = e ? (size_t)(e + 4 - head) - got : (size_t)n;
+        ssize_t m = recv(fd, head + got, take, 0);
+        if (m <= 0)
+            return;
+        got += (size_t)m;
+        head[got] = '\0';
+        if (e)
+            end = e;
+    }
+    char *sp1 = memchr(head, ' ', got);
+    char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(head + got - sp1 - 1)) : NULL;
+    if (!sp1 || !sp2 || sp2 > end) {
+        respond(fd, 400, "Bad Request", "bad request line\n");
+        return;
+    }
+    long ms = work_ms(sp1 + 1, (size_t)(sp2 - sp1 - 1));
+    if (ms > 0) {
+        struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
+    respond(fd, 200, "OK", "hello\n");
+    shutdown(fd, SHUT_WR);
+}
+
+/* Read one message.  Returns its length (0 = end of file); *fd_out gets a
+ * received descriptor or -1.  Exits on anything the protocol forbids. */
+static size_t recv_msg(unsigned char *buf, int *fd_out)
+{
+    union {
+        char raw[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = { .iov_base = buf, .iov_len = 16 };
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
+                         .msg_control = ctl.raw, .msg_controllen = sizeof ctl.raw };
+    ssize_t n;
+    do
+        n = recvmsg(chan, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == ECONNRESET)
+            return 0;
+        die("cannot read the back-channel: %s", strerror(errno));
+    }
+    int nfds = 0;
+    *fd_out = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            int fds[4];
+            memcpy(fds, CMSG_DATA(c), k * sizeof(int));
+            for (size_t i = 0; i < k; i++) {
+                if (nfds++ == 0)
+                    *fd_out = fds[i];
+                else
+                    close(fds[i]);
+            }
+        }
+    }
+    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+        die("over-long back-channel message or too many descriptors");
+    if (n > 0 && buf[0] != PROTOCOL_VERSION)
+        die("back-channel protocol version %u is not supported (this worker speaks %d)",
+            buf[0], PROTOCOL_VERSION);
+    if (nfds > 1 || (nfds == 1 && !(n == 4 && buf[1] == 'C')))
+        die("unexpected descriptors with back-channel message");
+    return (size_t)n;
+}
+
+static int do_accept(int idx)
+{
+    int fd;
+    do
+        fd = accept4(3 + idx, NULL, NULL, SOCK_CLOEXEC); /* blocking connection */
+    while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
+/* Accept on listener idx and report B/serve/I, or M. */
+static void accept_and_serve(int idx)
+{
+    int fd = do_accept(idx);
+    if (fd < 0) {
+        send_msg('M', NULL, 0);
+        return;
+    }
+    send_msg('B', NULL, 0);
+    serve(fd);
+    send_msg('I', NULL, 0);
+    close(fd);
+}
+
+/* Handle one message from the parent.  Returns 0 at end of file / quit. */
+static int handle(const char *mode)
+{
+    unsigned char m[16];
+    int fd;
+    size_t n = recv_msg(m, &fd);
+    if (n == 0)
+        return 0;
+    if (n == 6 && m[1] == 'p') {
+        send_msg('P', m + 2, 4);
+        return 1;
+    }
+    if (n == 2 && m[1] == 'Q')
+        return 0;
+    if (n == 4 && m[1] == 'C' && fd >= 0 && strcmp(mode, "handoff") == 0) {
+        serve(fd);
+        send_msg('I', NULL, 0);
+        close(fd);
+        return 1;
+    }
+    if (n == 4 && m[1] == 'A' && strcmp(mode, "order") == 0) {
+        int idx = (m[2] << 8) | m[3];
+        if (idx >= listen_fds)
+            die("accept order for listener %d, but only %ld listeners", idx, listen_fds);
+        accept_and_serve(idx);
+        return 1;
+    }
+    if (fd >= 0)
+        close(fd);
+    die("unexpected back-channel message: kind 0x%02x, %zu bytes, in %s mode", m[1], n, mode);
+    return 0;
+}
+
+int main(void)
+{
+    const char *proto = getenv("FORKPOOL_PROTOCOL");
+    const char *mode = getenv("FORKPOOL_DISPATCH");
+    const char *chan_s = getenv("FORKPOOL_CHANNEL_FD");
+    const char *s = getenv("FORKPOOL_SLOT");
+    if (s)
+        slot = s;
+    if (!mode || !chan_s || !proto)
+        die("FORKPOOL_DISPATCH, FORKPOOL_PROTOCOL or FORKPOOL_CHANNEL_FD is not set: "
+            "run me under `forkpool run` in handoff, order or shared mode");
+    if (strcmp(proto, "1") != 0)
+        die("the supervisor speaks back-channel protocol %s; this worker speaks only %d",
+            proto, PROTOCOL_VERSION);
+    chan = atoi(chan_s);
+    const char *lf = getenv("LISTEN_FDS");
+    const char *lp = getenv("LISTEN_PID");
+    if (lf && lp && atol(lp) == (long)getpid())
+        listen_fds = atol(lf);
+    int shared = strcmp(mode, "shared") == 0 || strcmp(mode, "herd") == 0;
+    if (!shared && strcmp(mode, "handoff") != 0 && strcmp(mode, "order") != 0)
+        die("dispatch mode `%s` is not supported: use handoff, order or shared", mode);
+    if ((shared || strcmp(mode, "order") == 0) && listen_fds < 1)
+        die("%s mode but no listeners were passed (LISTEN_FDS)", mode);
+
+    unsigned char pid[4];
+    put_u32(pid, (uint32_t)getpid());
+    send_msg('R', pid, 4);
+
+    if (!shared) {
+        while (handle(mode))
+            ;
+        return 0;
+    }
+
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0)
+        die("epoll_create1: %s", strerror(errno));
+    struct epoll_event ev = { .events = EPOLLIN, .data.u32 = UINT32_MAX };
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, chan, &ev) < 0)
+        die("epoll_ctl(channel): %s", strerror(errno));
+    for (long i = 0; i < listen_fds; i++) {
+        ev.events = EPOLLIN | (strcmp(mode, "shared") == 0 ? EPOLLEXCLUSIVE : 0);
+        ev.data.u32 = (uint32_t)i;
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, 3 + (int)i, &ev) < 0)
+            die("epoll_ctl(listener %ld): %s", i, strerror(errno));
+    }
+    for (;;) {
+        struct epoll_event evs[16];
+        int n = epoll_wait(ep, evs, 16, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            die("epoll_wait: %s", strerror(errno));
+        /* The channel first: pings, quit and end of file come before work. */
+        for (int i = 0; i < n; i++)
+            if (evs[i].data.u32 == UINT32_MAX && !handle(mode))
+                return 0;
+        for (int i = 0; i < n; i++)
+            if (evs[i].data.u32 != UINT32_MAX)
+                accept_and_serve((int)evs[i].data.u32);
+    }
+}
