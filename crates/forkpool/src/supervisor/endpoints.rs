@@ -17,12 +17,12 @@ use mio::{Interest, Token};
 use nix::sys::stat::{umask, Mode};
 use tracing::warn;
 
+use super::event::Event;
 use super::Supervisor;
 use crate::status::{SlotStatus, Snapshot};
 
-pub(super) const CONTROL_TOKEN: Token = Token(usize::MAX - 2);
-pub(super) const METRICS_TOKEN: Token = Token(usize::MAX - 3);
-pub(super) const CLIENT_TOKEN_BASE: usize = 1 << 28;
+const CONTROL_TOKEN: Token = Event::Control.token();
+const METRICS_TOKEN: Token = Event::Metrics.token();
 
 /// How long a status or metrics client may take.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -256,7 +256,7 @@ impl Supervisor {
     }
 
     fn register_client(&mut self, index: usize) -> io::Result<()> {
-        let token = Token(CLIENT_TOKEN_BASE + index);
+        let token = Event::Client(index).token();
         let registry = self.poll.registry();
         let client = self.endpoints.clients[index].as_mut().expect("just set");
         let interest = Interest::READABLE | Interest::WRITABLE;

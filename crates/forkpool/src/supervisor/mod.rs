@@ -18,6 +18,7 @@
 mod backoff;
 mod children;
 mod endpoints;
+mod event;
 mod liveness;
 mod load;
 mod notify;
@@ -41,7 +42,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll};
 use tracing::{info, warn};
 
 use crate::channel::Channel;
@@ -53,11 +54,9 @@ use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
 
 use backoff::StartBackoff;
-use output::{ChildOutput, OUTPUT_TOKEN_BASE};
+use event::Event;
+use output::ChildOutput;
 use signals::{SignalPipe, Signals};
-
-const SIGNAL_TOKEN: Token = Token(usize::MAX - 1);
-const CHILD_TOKEN_BASE: usize = 1 << 20;
 
 /// How often, at most, the "child states" line and the max-children warning
 /// are logged.
@@ -192,7 +191,7 @@ impl Supervisor {
         let signal_pipe = signals.pipe()?;
         poll.registry().register(
             &mut SourceFd(&signal_pipe.as_raw_fd()),
-            SIGNAL_TOKEN,
+            Event::Signal.token(),
             Interest::READABLE,
         )?;
         let listeners = listeners
@@ -251,7 +250,7 @@ impl Supervisor {
         self.watch_listeners(Instant::now())?;
         self.endpoints.register(self.poll.registry())?;
         let mut events = Events::with_capacity(256);
-        let mut ready: Vec<Token> = Vec::with_capacity(256);
+        let mut ready: Vec<Event> = Vec::with_capacity(256);
         loop {
             let now = Instant::now();
             if let Some(start) = self.maintain_pool(now)? {
@@ -274,36 +273,14 @@ impl Supervisor {
                 Err(e) => return Err(e),
             }
             ready.clear();
-            ready.extend(
-                self.unread
-                    .drain(..)
-                    .map(|slot| Token(CHILD_TOKEN_BASE + slot)),
-            );
-            ready.extend(events.iter().map(|e| e.token()));
+            ready.extend(self.unread.drain(..).map(Event::Child));
+            ready.extend(events.iter().filter_map(|e| Event::from_token(e.token())));
             let now = Instant::now();
             // Reports first: a child that just became idle should take the
-            // connection that woke us in the same turn.
-            for token in ready.iter().copied() {
-                match token {
-                    SIGNAL_TOKEN => self.handle_signals(now)?,
-                    upgrade::UPGRADE_TOKEN => self.upgrade_progress(now),
-                    endpoints::CONTROL_TOKEN | endpoints::METRICS_TOKEN => {
-                        self.accept_endpoint_clients(token, now)
-                    }
-                    Token(t) if t >= endpoints::CLIENT_TOKEN_BASE => {
-                        self.serve_client(t - endpoints::CLIENT_TOKEN_BASE)
-                    }
-                    Token(t) if t >= OUTPUT_TOKEN_BASE => self.read_output(t - OUTPUT_TOKEN_BASE),
-                    Token(t) if t >= CHILD_TOKEN_BASE => {
-                        self.read_reports(t - CHILD_TOKEN_BASE, now)
-                    }
-                    Token(_) => {}
-                }
-            }
-            for token in ready.iter().copied() {
-                if token.0 < self.listeners.len() {
-                    self.listeners[token.0].recheck = true;
-                }
+            // connection that woke us in the same turn, so listeners are
+            // only marked here and served after every other event.
+            for event in ready.iter().copied() {
+                self.handle(event, now)?;
             }
             for i in 0..self.listeners.len() {
                 if std::mem::take(&mut self.listeners[i].recheck) && self.listeners[i].watched {
@@ -323,6 +300,25 @@ impl Supervisor {
             self.sample_resources(now);
             self.watch_slow(now);
         }
+    }
+
+    /// One event, one verb.
+    fn handle(&mut self, event: Event, now: Instant) -> io::Result<()> {
+        match event {
+            Event::Signal => self.handle_signals(now)?,
+            Event::Upgrade => self.upgrade_progress(now),
+            Event::Control => self.accept_endpoint_clients(event.token(), now),
+            Event::Metrics => self.accept_endpoint_clients(event.token(), now),
+            Event::Client(i) => self.serve_client(i),
+            Event::Output(slot) => self.read_output(slot),
+            Event::Child(slot) => self.read_reports(slot, now),
+            Event::Listener(i) => {
+                if let Some(l) = self.listeners.get_mut(i) {
+                    l.recheck = true;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Signals set flags in handlers; here is where they take effect.
@@ -559,7 +555,7 @@ impl Supervisor {
     fn register_channel(&self, slot: usize, channel: &Channel) -> io::Result<()> {
         self.poll.registry().register(
             &mut SourceFd(&channel.as_raw_fd()),
-            Token(CHILD_TOKEN_BASE + slot),
+            Event::Child(slot).token(),
             Interest::READABLE,
         )
     }
@@ -591,7 +587,7 @@ impl Supervisor {
         l.resume_at = None;
         self.poll.registry().register(
             &mut SourceFd(&l.listener.as_raw_fd()),
-            Token(i),
+            Event::Listener(i).token(),
             Interest::READABLE,
         )?;
         l.watched = true;

@@ -16,14 +16,13 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use mio::unix::SourceFd;
-use mio::{Interest, Token};
+use mio::Interest;
 use tracing::{info, warn};
 
+use super::event::Event;
 use super::{ChildLink, Supervisor};
 use crate::sys;
 
-/// Token of slot `s`'s output pipe: `OUTPUT_TOKEN_BASE + s`.
-pub(super) const OUTPUT_TOKEN_BASE: usize = 1 << 21;
 /// Longer lines are logged in pieces of this size.
 const MAX_LINE: usize = 8 * 1024;
 /// Bytes read from one pipe per loop turn, so a worker that writes
@@ -105,7 +104,7 @@ impl Supervisor {
     pub(super) fn register_output(&self, slot: usize, output: &ChildOutput) -> io::Result<()> {
         self.poll.registry().register(
             &mut SourceFd(&output.pipe.as_raw_fd()),
-            Token(OUTPUT_TOKEN_BASE + slot),
+            Event::Output(slot).token(),
             Interest::READABLE,
         )
     }
@@ -133,7 +132,7 @@ impl Supervisor {
                 let fd = output.pipe.as_raw_fd();
                 let rearmed = self.poll.registry().reregister(
                     &mut SourceFd(&fd),
-                    Token(OUTPUT_TOKEN_BASE + slot),
+                    Event::Output(slot).token(),
                     Interest::READABLE,
                 );
                 if let Err(e) = rearmed {

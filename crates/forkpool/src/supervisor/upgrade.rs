@@ -23,14 +23,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
-use mio::{Interest, Token};
+use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{error, info, warn};
 
+use super::event::Event;
 use super::Supervisor;
 use crate::sys::process::{self, ExitStatus, Forked};
 
-pub(super) const UPGRADE_TOKEN: Token = Token(usize::MAX - 4);
 /// The variable naming the pipe a new supervisor reports readiness on.
 pub const READY_FD_ENV: &str = "FORKPOOL_UPGRADE_READY_FD";
 /// The variable telling a new supervisor which pid it replaces.
@@ -86,7 +86,7 @@ impl Supervisor {
                 info!(pid, program = %command.program.display(), "upgrade: started a new supervisor");
                 if let Err(e) = self.poll.registry().register(
                     &mut SourceFd(&ready.as_raw_fd()),
-                    UPGRADE_TOKEN,
+                    Event::Upgrade.token(),
                     Interest::READABLE,
                 ) {
                     error!("upgrade: cannot watch the new supervisor: {e}");

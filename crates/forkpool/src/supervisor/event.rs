@@ -1,0 +1,156 @@
+//! What can wake the supervisor's loop, as one typed [`Event`], and the one
+//! place it is turned into a `mio::Token` and back.
+//!
+//! Every source the loop registers with the poll gets its token from
+//! [`Event::token`], and every token the poll returns is read back with
+//! [`Event::from_token`]. The numbering is private to this file: indexed
+//! events each own a range of [`RANGE`] tokens, single events sit at the top
+//! of the token space, and decoding checks each range's two ends, so the
+//! order of the arms does not matter.
+
+use mio::Token;
+
+/// One reason for the loop to wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// Listener `i` has connections waiting.
+    Listener(usize),
+    /// The child in this slot sent reports (or closed its channel).
+    Child(usize),
+    /// The exec'd worker in this slot wrote to its stderr.
+    Output(usize),
+    /// Control-socket or metrics client `i` can be read or written.
+    Client(usize),
+    /// Someone connected to the control socket.
+    Control,
+    /// Someone connected to the metrics endpoint.
+    Metrics,
+    /// A signal arrived (the self-pipe is readable).
+    Signal,
+    /// The supervisor started by a binary upgrade wrote to its ready pipe.
+    Upgrade,
+}
+
+/// How many indices each indexed event can carry: far more listeners,
+/// slots or endpoint clients than any pool has.
+pub(crate) const RANGE: usize = 1 << 20;
+
+const CHILD_BASE: usize = RANGE;
+const OUTPUT_BASE: usize = 2 * RANGE;
+const CLIENT_BASE: usize = 3 * RANGE;
+const SIGNAL: usize = usize::MAX - 1;
+const CONTROL: usize = usize::MAX - 2;
+const METRICS: usize = usize::MAX - 3;
+const UPGRADE: usize = usize::MAX - 4;
+
+impl Event {
+    /// The token to register this event's source with.
+    ///
+    /// # Panics
+    /// If an index is [`RANGE`] or more (no pool gets near it; a token
+    /// outside its range would be read back as another event).
+    pub(crate) const fn token(self) -> Token {
+        let (base, i) = match self {
+            Event::Listener(i) => (0, i),
+            Event::Child(i) => (CHILD_BASE, i),
+            Event::Output(i) => (OUTPUT_BASE, i),
+            Event::Client(i) => (CLIENT_BASE, i),
+            Event::Control => return Token(CONTROL),
+            Event::Metrics => return Token(METRICS),
+            Event::Signal => return Token(SIGNAL),
+            Event::Upgrade => return Token(UPGRADE),
+        };
+        assert!(i < RANGE, "event index out of its token range");
+        Token(base + i)
+    }
+
+    /// The event a token stands for; `None` for a token no source uses.
+    pub(crate) fn from_token(token: Token) -> Option<Event> {
+        let t = token.0;
+        let event = match t {
+            SIGNAL => Event::Signal,
+            CONTROL => Event::Control,
+            METRICS => Event::Metrics,
+            UPGRADE => Event::Upgrade,
+            _ if t < CHILD_BASE => Event::Listener(t),
+            _ if (CHILD_BASE..OUTPUT_BASE).contains(&t) => Event::Child(t - CHILD_BASE),
+            _ if (OUTPUT_BASE..CLIENT_BASE).contains(&t) => Event::Output(t - OUTPUT_BASE),
+            _ if (CLIENT_BASE..CLIENT_BASE + RANGE).contains(&t) => Event::Client(t - CLIENT_BASE),
+            _ => return None,
+        };
+        Some(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every variant, at the ends of its range where it has one.
+    fn every_variant() -> Vec<Event> {
+        let mut all = vec![
+            Event::Control,
+            Event::Metrics,
+            Event::Signal,
+            Event::Upgrade,
+        ];
+        for i in [0, 1, RANGE - 1] {
+            all.extend([
+                Event::Listener(i),
+                Event::Child(i),
+                Event::Output(i),
+                Event::Client(i),
+            ]);
+        }
+        all
+    }
+
+    #[test]
+    fn every_variant_round_trips() {
+        for event in every_variant() {
+            assert_eq!(Event::from_token(event.token()), Some(event), "{event:?}");
+        }
+    }
+
+    #[test]
+    fn no_two_variants_share_a_token() {
+        let all = every_variant();
+        let mut tokens: Vec<usize> = all.iter().map(|e| e.token().0).collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert_eq!(tokens.len(), all.len());
+    }
+
+    #[test]
+    fn unused_tokens_are_no_event() {
+        assert_eq!(Event::from_token(Token(CLIENT_BASE + RANGE)), None);
+        assert_eq!(Event::from_token(Token(usize::MAX)), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of its token range")]
+    fn an_index_past_its_range_is_refused() {
+        let _ = Event::Child(RANGE).token();
+    }
+
+    proptest! {
+        #[test]
+        fn indexed_events_round_trip(i in 0..RANGE, kind in 0..4u8) {
+            let event = match kind {
+                0 => Event::Listener(i),
+                1 => Event::Child(i),
+                2 => Event::Output(i),
+                _ => Event::Client(i),
+            };
+            prop_assert_eq!(Event::from_token(event.token()), Some(event));
+        }
+
+        #[test]
+        fn every_token_decodes_to_itself_or_nothing(t in any::<usize>()) {
+            if let Some(event) = Event::from_token(Token(t)) {
+                prop_assert_eq!(event.token(), Token(t));
+            }
+        }
+    }
+}
