@@ -121,6 +121,9 @@ pub struct Totals {
     pub saturated_ms: u64,
     /// Reloads (SIGHUP) applied.
     pub reloads: u64,
+    /// Reloads abandoned because the new generation failed at start-up
+    /// (the generation before kept serving).
+    pub reload_failures: u64,
 }
 
 /// One slot as the control socket reports it.
@@ -171,8 +174,13 @@ pub struct SlotStatus {
 pub struct Snapshot {
     /// The supervisor's process id.
     pub pid: u32,
-    /// The current generation (1, plus one per reload).
+    /// The current generation (1, plus one per reload): while a reload
+    /// rolls, the one rolling in.
     pub generation: u32,
+    /// The generation known to serve: the one before while a reload rolls,
+    /// and still that one after the reload failed.
+    #[serde(default)]
+    pub serving_generation: u32,
     /// The dispatch mode.
     pub dispatch: String,
     /// How long the supervisor has run.

@@ -58,20 +58,21 @@ impl ChildLink {
 
 impl Supervisor {
     /// Called for every child reaped: a start-up failure holds spawns
-    /// back; a proven start ends the current run of failures.
+    /// back; a proven start ends the current run of failures. Returns how
+    /// the child failed at start-up, if it did.
     pub(super) fn judge_start(
         &mut self,
         link: &ChildLink,
         status: ExitStatus,
         asked_to_stop: bool,
         now: Instant,
-    ) {
+    ) -> Option<String> {
         if link.start_proven(now) {
             self.start_backoff.reset();
-            return;
+            return None;
         }
         if asked_to_stop || self.shutdown.is_some() {
-            return;
+            return None;
         }
         // A sibling that is up and proven shows the command works; this
         // one failed for its own reasons, so the run starts over.
@@ -96,6 +97,7 @@ impl Supervisor {
         error!(
             "worker exited {when} ({how}); check the command and its stderr: retrying in {delay:?}"
         );
+        Some(format!("exited {when} ({how})"))
     }
 }
 

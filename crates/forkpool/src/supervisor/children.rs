@@ -107,6 +107,7 @@ impl Supervisor {
                     spawned_at: now,
                     ready: !reports,
                     output,
+                    stderr_tail: Vec::new(),
                 });
                 self.totals.spawned += 1;
                 info!(slot, pid, generation = self.generation, "child spawned");
@@ -147,6 +148,7 @@ impl Supervisor {
                 self.drain_output(slot, pid, link);
             }
             let state = self.board.get(slot).map(|s| s.state);
+            let generation = self.board.get(slot).map_or(0, |s| s.generation);
             let served = self.board.get(slot).map_or(0, |s| s.served);
             match link.as_ref().and_then(|l| l.leaving.as_deref()) {
                 Some(reason) if state == Some(SlotState::Killed) => {
@@ -168,7 +170,9 @@ impl Supervisor {
             }
             if let Some(link) = link {
                 let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
-                self.judge_start(&link, status, asked_to_stop, now);
+                if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
+                    self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
+                }
                 self.release_order(&link);
                 self.deregister_channel(&link.channel);
             }

@@ -18,12 +18,14 @@
 mod backoff;
 mod children;
 mod endpoints;
+mod generation;
 mod liveness;
 mod load;
 mod notify;
 mod output;
 mod reload;
 mod reports;
+mod rollout;
 mod signals;
 mod upgrade;
 
@@ -85,6 +87,9 @@ pub(crate) struct ChildLink {
     pub ready: bool,
     /// An exec'd worker's stderr, while it is open.
     pub output: Option<ChildOutput>,
+    /// The last lines of its stderr once the pipe closed (for the log of
+    /// a failed reload).
+    pub stderr_tail: Vec<String>,
 }
 
 /// A listener and whether the loop is watching it.
@@ -137,6 +142,8 @@ pub(crate) struct Supervisor {
     spawn_blocked_until: Option<Instant>,
     /// The run of start-up failures, which holds spawns back.
     start_backoff: StartBackoff,
+    /// The reload rolling out, if any (`rollout.rs`).
+    rollouts: rollout::Rollouts,
     /// Give each child a pipe for its stderr and log what comes out
     /// (exec'd workers, see `output.rs`).
     pub capture_output: bool,
@@ -210,6 +217,7 @@ impl Supervisor {
             ping_seq: 0,
             spawn_blocked_until: None,
             start_backoff: StartBackoff::default(),
+            rollouts: rollout::Rollouts::default(),
             capture_output: false,
             children_take_next: false,
             reload_source: None,
@@ -315,7 +323,9 @@ impl Supervisor {
         if self.signals.take_reload() && self.shutdown.is_none() {
             notify::reloading();
             self.reload(now);
-            notify::ready();
+            if !self.rollouts.active() {
+                notify::ready();
+            }
         }
         if self.signals.take_upgrade() && self.shutdown.is_none() {
             self.begin_upgrade(now);
@@ -395,6 +405,9 @@ impl Supervisor {
     fn maintain_pool(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
         if self.shutdown.is_some() {
             return Ok(None);
+        }
+        if self.rollouts.active() {
+            return self.advance_rollout(now);
         }
         let pool = self.scaling_counts();
         let decision = if self.config.dispatch.speaks_protocol() {
@@ -487,6 +500,7 @@ impl Supervisor {
         consider(self.scoreboard_log_due());
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
+        consider(self.rollout_deadline(now));
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

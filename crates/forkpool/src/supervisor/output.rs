@@ -29,6 +29,11 @@ const MAX_LINE: usize = 8 * 1024;
 /// Bytes read from one pipe per loop turn, so a worker that writes
 /// without pause cannot starve the loop.
 const BYTES_PER_TURN: usize = 64 * 1024;
+/// Lines kept from the end of a worker's stderr, to quote when a reload
+/// fails because the worker could not start.
+const TAIL_LINES: usize = 5;
+/// Characters kept of each of those lines.
+const TAIL_LINE_CHARS: usize = 300;
 
 /// The supervisor's end of one worker's stderr pipe.
 #[derive(Debug)]
@@ -36,6 +41,8 @@ pub(crate) struct ChildOutput {
     pipe: File,
     /// The start of a line whose end has not arrived yet.
     partial: Vec<u8>,
+    /// The last few lines, shortened.
+    tail: std::collections::VecDeque<String>,
 }
 
 /// Where a read left the pipe.
@@ -56,6 +63,7 @@ impl ChildOutput {
         Ok(ChildOutput {
             pipe: File::from(read),
             partial: Vec::new(),
+            tail: Default::default(),
         })
     }
 
@@ -95,8 +103,22 @@ impl ChildOutput {
             return;
         }
         let text = String::from_utf8_lossy(&self.partial);
-        line(text.trim_end_matches(['\n', '\r']));
+        let text = text.trim_end_matches(['\n', '\r']);
+        line(text);
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail
+            .push_back(text.chars().take(TAIL_LINE_CHARS).collect());
         self.partial.clear();
+    }
+
+    /// Moves the last lines read to the end of `into`, keeping at most
+    /// `TAIL_LINES` there.
+    fn save_tail(&mut self, into: &mut Vec<String>) {
+        into.extend(self.tail.drain(..));
+        let extra = into.len().saturating_sub(TAIL_LINES);
+        into.drain(..extra);
     }
 }
 
@@ -136,7 +158,8 @@ impl Supervisor {
                 }
             }
             Ok(Left::Closed) | Err(_) => {
-                if let Some(output) = link.output.take() {
+                if let Some(mut output) = link.output.take() {
+                    output.save_tail(&mut link.stderr_tail);
                     self.forget_output(&output);
                 }
             }
@@ -150,6 +173,7 @@ impl Supervisor {
             // background process holding the pipe, which the budget bounds.
             let _ = output.read_lines(BYTES_PER_TURN, |line| log_line(slot, pid, line));
             output.flush_partial(&mut |line| log_line(slot, pid, line));
+            output.save_tail(&mut link.stderr_tail);
             self.forget_output(&output);
         }
     }

@@ -1,0 +1,178 @@
+//! Reloads that roll: a deploy of broken worker code leaves the serving
+//! generation in place, and start-up failures back off.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{continuous_load, DemoPool};
+
+const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python");
+
+/// A directory for the worker file a test rewrites, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = common::temp_path(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.0.join(file).to_str().unwrap().to_string()
+    }
+
+    /// Writes the file under a temporary name and renames it into place,
+    /// as a deploy would, so no worker ever reads half of it.
+    fn deploy(&self, file: &str, text: &str) {
+        let staged = self.0.join(format!(".{file}.new"));
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(staged, self.0.join(file)).unwrap();
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The example HTTP worker, run from a file of the test's own.
+fn good_app() -> String {
+    format!(
+        "import runpy, sys\nsys.path.insert(0, {CLIENTS:?})\n\
+         runpy.run_path({:?}, run_name='__main__')\n",
+        format!("{CLIENTS}/example_http_worker.py")
+    )
+}
+
+/// The same file after a bad deploy: it does not even compile.
+fn broken_app() -> String {
+    format!("{}\ndef broken(:\n", good_app())
+}
+
+/// Polls `forkpool status` until `cond` holds or `timeout` passes.
+fn wait_status(
+    pool: &DemoPool,
+    timeout: Duration,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = pool.status();
+        if cond(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never got there: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits (bounded) until the load has had `n` more successful requests.
+fn wait_served(ok: &AtomicUsize, n: usize, what: &str) {
+    let before = ok.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ok.load(Ordering::SeqCst) < before + n {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn slot_generations(status: &serde_json::Value) -> Vec<u64> {
+    status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] != "retiring" && s["state"] != "killed")
+        .map(|s| s["generation"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_reload_to_broken_code_keeps_the_old_generation_serving_then_fixed_code_rolls() {
+    let dir = Scratch::new("rolling-app");
+    dir.deploy("app.py", &good_app());
+    let app = dir.path("app.py");
+    let pool = DemoPool::start_run(
+        &[
+            "--dispatch",
+            "handoff",
+            "--min-children",
+            "3",
+            // A fixed size: no child of generation 1 is started after the
+            // bad file is in place (it would read it too).
+            "--max-children",
+            "3",
+            "--ping-timeout",
+            "20s",
+        ],
+        &["python3", &app],
+    );
+    assert!(pool.wait_children(Duration::from_secs(30), |n| n >= 3));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, handles) = continuous_load(pool.addr, 2, Arc::clone(&stop));
+    // The load runs until the end; stop it on the way out, even on panic.
+    struct StopLoad(Arc<AtomicBool>);
+    impl Drop for StopLoad {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _stop_load = StopLoad(Arc::clone(&stop));
+
+    dir.deploy("app.py", &broken_app());
+    pool.signal(libc::SIGHUP);
+    let failed = wait_status(&pool, Duration::from_secs(30), |s| {
+        s["totals"]["reload_failures"] == 1
+    });
+    assert_eq!(failed["generation"], 1, "{failed}");
+    assert_eq!(failed["serving_generation"], 1, "{failed}");
+    // The failed generation is cleaned up and generation 1 is whole.
+    let whole = wait_status(&pool, Duration::from_secs(30), |s| {
+        let gens = slot_generations(s);
+        gens.len() >= 3 && gens.iter().all(|g| *g == 1)
+    });
+    wait_served(&ok, 50, "generation 1 stopped serving");
+    let later = pool.status();
+    assert_eq!(later["serving_generation"], 1, "{later}");
+    assert!(slot_generations(&later).iter().all(|g| *g == 1), "{later}");
+    // One canary was tried and died; nothing kept starting the bad code.
+    assert_eq!(
+        later["totals"]["died"],
+        1,
+        "{later}\n{}",
+        pool.stderr.dump()
+    );
+    assert_eq!(whole["totals"]["died"], 1, "{whole}");
+    assert!(
+        pool.stderr.count("generation 1 keeps serving") >= 1,
+        "{}",
+        pool.stderr.dump()
+    );
+
+    dir.deploy("app.py", &good_app());
+    pool.signal(libc::SIGHUP);
+    let rolled = wait_status(&pool, Duration::from_secs(30), |s| {
+        let gens = slot_generations(s);
+        s["serving_generation"] == 3 && !gens.is_empty() && gens.iter().all(|g| *g == 3)
+    });
+    assert_eq!(rolled["totals"]["reload_failures"], 1, "{rolled}");
+    wait_served(&ok, 50, "generation 3 does not serve");
+    stop.store(true, Ordering::SeqCst);
+    let failures: Vec<String> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(
+        failures,
+        Vec::<String>::new(),
+        "failed requests across the reloads"
+    );
+}
