@@ -176,3 +176,69 @@ fn a_reload_to_broken_code_keeps_the_old_generation_serving_then_fixed_code_roll
         "failed requests across the reloads"
     );
 }
+
+/// The example worker, except that it exits at once while the file
+/// `fail` exists beside it.
+fn app_failing_while(flag: &str) -> String {
+    format!(
+        "import os, sys\nif os.path.exists({flag:?}):\n    \
+         sys.stderr.write('refusing to start\\n')\n    sys.exit(3)\n{}",
+        good_app()
+    )
+}
+
+#[test]
+fn start_up_failures_back_off_while_healthy_siblings_serve() {
+    let dir = Scratch::new("backoff-app");
+    let flag = dir.path("fail");
+    dir.deploy("app.py", &app_failing_while(&flag));
+    let app = dir.path("app.py");
+    let pool = DemoPool::start_run(
+        &[
+            "--dispatch",
+            "handoff",
+            "--min-children",
+            "3",
+            "--max-children",
+            "3",
+            "--ping-timeout",
+            "20s",
+        ],
+        &["python3", &app],
+    );
+    assert!(pool.wait_children(Duration::from_secs(30), |n| n == 3));
+    let victim = pool.children()[0];
+    // The siblings prove their start (ready and a second old) first.
+    std::thread::sleep(Duration::from_millis(1200));
+    dir.deploy("fail", "");
+    common::kill9(victim);
+    let start = wait_status(&pool, Duration::from_secs(10), |s| {
+        s["totals"]["died"].as_u64() >= Some(2)
+    });
+    // Count the start attempts in a fixed window. Without a back-off
+    // that grows, each replacement follows the last death by ~100 ms plus
+    // Python's start-up: some 25-40 in 6 s. Doubling from 100 ms allows 7.
+    let window = Duration::from_secs(6);
+    let t0 = Instant::now();
+    let mut served = 0;
+    while t0.elapsed() < window {
+        if pool.get("/").is_ok_and(|r| r.status == 200) {
+            served += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let end = pool.status();
+    let spawned = |s: &serde_json::Value| s["totals"]["spawned"].as_u64().unwrap();
+    let attempts = spawned(&end) - spawned(&start);
+    assert!(
+        attempts <= 9,
+        "{attempts} start attempts in {window:?}: no back-off\n{end}"
+    );
+    assert!(attempts >= 2, "the failing slot was not retried: {end}");
+    assert!(
+        served > 20,
+        "the healthy siblings stopped serving ({served})"
+    );
+    let live = slot_generations(&end).len();
+    assert!(live >= 2, "{end}");
+}

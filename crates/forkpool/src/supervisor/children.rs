@@ -128,9 +128,13 @@ impl Supervisor {
         }
     }
 
+    /// A spawn failed for lack of resources: back off like a start-up
+    /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
+    /// reached does not make the supervisor retry in a tight loop.
     fn resource_backoff(&mut self, now: Instant, why: String) {
-        warn!("{why}; trying again in {RESOURCE_BACKOFF:?}");
-        self.spawn_blocked_until = Some(now + RESOURCE_BACKOFF);
+        let delay = self.start_backoff.failed(now).max(RESOURCE_BACKOFF);
+        warn!("{why}; trying again in {delay:?}");
+        self.spawn_blocked_until = Some(now + delay);
     }
 
     /// Collects every child that has exited and frees its slot.
