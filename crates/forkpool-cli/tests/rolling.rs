@@ -55,6 +55,21 @@ fn broken_app() -> String {
     format!("{}\ndef broken(:\n", good_app())
 }
 
+/// `forkpool run` of the Python file `app` with exactly three children.
+fn three_children(app: &str) -> DemoPool {
+    let args = [
+        "--dispatch",
+        "handoff",
+        "--min-children",
+        "3",
+        "--max-children",
+        "3",
+        "--ping-timeout",
+        "20s",
+    ];
+    DemoPool::start_run(&args, &["python3", app])
+}
+
 /// Polls `forkpool status` until `cond` holds or `timeout` passes.
 fn wait_status(
     pool: &DemoPool,
@@ -100,21 +115,9 @@ fn a_reload_to_broken_code_keeps_the_old_generation_serving_then_fixed_code_roll
     let dir = Scratch::new("rolling-app");
     dir.deploy("app.py", &good_app());
     let app = dir.path("app.py");
-    let pool = DemoPool::start_run(
-        &[
-            "--dispatch",
-            "handoff",
-            "--min-children",
-            "3",
-            // A fixed size: no child of generation 1 is started after the
-            // bad file is in place (it would read it too).
-            "--max-children",
-            "3",
-            "--ping-timeout",
-            "20s",
-        ],
-        &["python3", &app],
-    );
+    // A fixed size: no child of generation 1 is started after the bad
+    // file is in place (it would read it too).
+    let pool = three_children(&app);
     assert!(pool.wait_children(Duration::from_secs(30), |n| n >= 3));
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, handles) = continuous_load(pool.addr, 2, Arc::clone(&stop));
@@ -193,19 +196,7 @@ fn start_up_failures_back_off_while_healthy_siblings_serve() {
     let flag = dir.path("fail");
     dir.deploy("app.py", &app_failing_while(&flag));
     let app = dir.path("app.py");
-    let pool = DemoPool::start_run(
-        &[
-            "--dispatch",
-            "handoff",
-            "--min-children",
-            "3",
-            "--max-children",
-            "3",
-            "--ping-timeout",
-            "20s",
-        ],
-        &["python3", &app],
-    );
+    let pool = three_children(&app);
     assert!(pool.wait_children(Duration::from_secs(30), |n| n == 3));
     let victim = pool.children()[0];
     // The siblings prove their start (ready and a second old) first.
