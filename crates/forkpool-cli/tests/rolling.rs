@@ -2,53 +2,15 @@
 //! generation in place, and start-up failures back off.
 
 mod common;
+#[path = "common/worker_files.rs"]
+mod worker_files;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{continuous_load, DemoPool};
-
-const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python");
-
-/// A directory for the worker file a test rewrites, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = common::temp_path(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).to_str().unwrap().to_string()
-    }
-
-    /// Writes the file under a temporary name and renames it into place,
-    /// as a deploy would, so no worker ever reads half of it.
-    fn deploy(&self, file: &str, text: &str) {
-        let staged = self.0.join(format!(".{file}.new"));
-        std::fs::write(&staged, text).unwrap();
-        std::fs::rename(staged, self.0.join(file)).unwrap();
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The example HTTP worker, run from a file of the test's own.
-fn good_app() -> String {
-    format!(
-        "import runpy, sys\nsys.path.insert(0, {CLIENTS:?})\n\
-         runpy.run_path({:?}, run_name='__main__')\n",
-        format!("{CLIENTS}/example_http_worker.py")
-    )
-}
+use worker_files::{good_app, wait_status, Scratch};
 
 /// The same file after a bad deploy: it does not even compile.
 fn broken_app() -> String {
@@ -68,26 +30,6 @@ fn three_children(app: &str) -> DemoPool {
         "20s",
     ];
     DemoPool::start_run(&args, &["python3", app])
-}
-
-/// Polls `forkpool status` until `cond` holds or `timeout` passes.
-fn wait_status(
-    pool: &DemoPool,
-    timeout: Duration,
-    cond: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let status = pool.status();
-        if cond(&status) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "status never got there: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits (bounded) until the load has had `n` more successful requests.

@@ -1,0 +1,68 @@
+//! Workers that stall or escape in `order` mode: a child sitting on an
+//! accept order is hung; what a worker leaves behind goes with it.
+
+mod common;
+#[path = "common/worker_files.rs"]
+mod worker_files;
+
+use std::time::{Duration, Instant};
+
+use common::DemoPool;
+use worker_files::{good_app, wait_status, Scratch};
+
+/// Slot 0's first child takes accept orders and never acts on them (it
+/// still answers pings); every other child is the example worker.
+fn app_with_a_stalling_first_child(flag: &str) -> String {
+    format!(
+        "import os, socket, struct, sys\n\
+         def stall():\n    \
+             ch = socket.socket(fileno=int(os.environ['FORKPOOL_CHANNEL_FD']))\n    \
+             ch.setblocking(True)\n    \
+             ch.send(b'\\x01R' + struct.pack('>I', os.getpid()))\n    \
+             while True:\n        \
+                 m = ch.recv(16)\n        \
+                 if not m:\n            sys.exit(0)\n        \
+                 if m[1:2] == b'p':\n            ch.send(b'\\x01P' + m[2:6])\n\
+         if os.environ.get('FORKPOOL_SLOT') == '0':\n    \
+             try:\n        os.close(os.open({flag:?}, os.O_CREAT | os.O_EXCL))\n    \
+             except FileExistsError:\n        pass\n    \
+             else:\n        stall()\n{}",
+        good_app()
+    )
+}
+
+/// Item 7: the connection the stalling child was ordered to take stays in
+/// the backlog; the child is killed as hung after `ping_timeout` and the
+/// connection is served by another.
+#[test]
+fn a_child_sitting_on_an_accept_order_is_killed_and_the_connection_served() {
+    let dir = Scratch::new("order-stall");
+    let flag = dir.path("stalled");
+    dir.deploy("app.py", &app_with_a_stalling_first_child(&flag));
+    let app = dir.path("app.py");
+    let args = [
+        "--dispatch",
+        "order",
+        "--min-children",
+        "2",
+        "--max-children",
+        "2",
+        "--ping-timeout",
+        "1s",
+    ];
+    let pool = DemoPool::start_run(&args, &["python3", &app]);
+    assert!(pool.wait_children(Duration::from_secs(30), |n| n == 2));
+    wait_status(&pool, Duration::from_secs(30), |s| s["idle"] == 2);
+    let t0 = Instant::now();
+    let answer = pool.get("/");
+    let took = t0.elapsed();
+    assert!(
+        answer.as_ref().is_ok_and(|r| r.status == 200),
+        "the connection was lost: {answer:?}\n{}",
+        pool.stderr.dump()
+    );
+    let status = wait_status(&pool, Duration::from_secs(10), |s| {
+        s["totals"]["killed_by"]["ping_timeout"] == 1
+    });
+    assert!(took < Duration::from_secs(10), "took {took:?}: {status}");
+}
