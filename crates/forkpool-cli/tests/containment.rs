@@ -66,3 +66,102 @@ fn a_child_sitting_on_an_accept_order_is_killed_and_the_connection_served() {
     });
     assert!(took < Duration::from_secs(10), "took {took:?}: {status}");
 }
+
+/// Every worker first forks a helper that keeps all it inherited (the
+/// listener too) and sleeps; the helper records its pid in `dir`.
+fn app_leaving_a_helper_behind(dir: &str) -> String {
+    format!(
+        "import os, sys, time\n\
+         if os.fork() == 0:\n    \
+             open(os.path.join({dir:?}, 'stray-%d' % os.getpid()), 'w').close()\n    \
+             time.sleep(3600)\n    \
+             os._exit(0)\n{}",
+        good_app()
+    )
+}
+
+/// The helpers' pids, from the files they left.
+fn strays(dir: &Scratch) -> Vec<i32> {
+    std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("stray-")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+fn running(pid: i32) -> bool {
+    // A zombie no longer holds anything; count only live processes.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.starts_with(" Z"))
+    })
+}
+
+/// Kills the helpers on the way out if the pool did not.
+struct KillStrays<'a>(&'a Scratch);
+
+impl Drop for KillStrays<'_> {
+    fn drop(&mut self) {
+        for pid in strays(self.0) {
+            if running(pid) {
+                common::kill9(pid);
+            }
+        }
+    }
+}
+
+/// Item 9: after a graceful stop nothing the pool started still runs or
+/// holds the listening port, even a process a worker forked with the
+/// inherited listener.
+#[test]
+fn after_a_stop_no_process_the_pool_started_holds_the_port() {
+    let dir = Scratch::new("strays");
+    let _cleanup = KillStrays(&dir);
+    dir.deploy("app.py", &app_leaving_a_helper_behind(&dir.path("")));
+    let app = dir.path("app.py");
+    let args = [
+        "--dispatch",
+        "order",
+        "--min-children",
+        "2",
+        "--max-children",
+        "2",
+    ];
+    let mut pool = DemoPool::start_run(&args, &["python3", &app]);
+    assert!(pool.wait_children(Duration::from_secs(30), |n| n == 2));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while strays(&dir).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the workers' helpers never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let helpers = strays(&dir);
+    pool.signal(libc::SIGTERM);
+    assert!(
+        pool.wait_exit(Duration::from_secs(30)).is_some(),
+        "the pool did not stop"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<i32> = helpers.iter().copied().filter(|p| running(*p)).collect();
+        let port_free = std::net::TcpListener::bind(pool.addr).is_ok();
+        if left.is_empty() && port_free {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after the stop: helpers {left:?} still run, port free: {port_free}\n{}",
+            pool.stderr.dump()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

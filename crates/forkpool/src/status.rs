@@ -124,6 +124,9 @@ pub struct Totals {
     /// Reloads abandoned because the new generation failed at start-up
     /// (the generation before kept serving).
     pub reload_failures: u64,
+    /// Times a reaped worker had left processes running in its process
+    /// group, which were then killed.
+    pub strays_killed: u64,
 }
 
 /// One slot as the control socket reports it.

@@ -11,7 +11,7 @@ use super::common::DemoPool;
 const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python");
 
 /// A directory for the worker file a test rewrites, removed at the end.
-pub struct Scratch(PathBuf);
+pub struct Scratch(pub PathBuf);
 
 impl Scratch {
     pub fn new(name: &str) -> Scratch {

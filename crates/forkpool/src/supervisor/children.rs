@@ -47,6 +47,9 @@ impl Supervisor {
             Ok(Forked::Child) => {
                 drop(ours);
                 drop(output_read);
+                // Containment (see `containment.rs`): the child and all it
+                // starts form one process group.
+                process::own_process_group(0)?;
                 process::reset_child_signals()?;
                 process::die_with_parent(parent_pid)?;
                 if let Some(c) = self.credentials {
@@ -67,6 +70,7 @@ impl Supervisor {
                 }))
             }
             Ok(Forked::Parent(pid)) => {
+                let _ = process::own_process_group(pid);
                 drop(theirs);
                 drop(output_write);
                 let reports = self.config.dispatch.speaks_protocol();
@@ -172,6 +176,7 @@ impl Supervisor {
                     );
                 }
             }
+            self.sweep_group(slot, pid);
             if let Some(link) = link {
                 let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
                 if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
@@ -226,7 +231,13 @@ impl Supervisor {
         }
         let pid = entry.pid;
         warn!(slot, pid, reason = why.key(), "killing child: {detail}");
-        if let Err(e) = process::send_signal(pid, Signal::SIGKILL) {
+        // The whole group: what the worker started dies with it. A child
+        // whose group is missing gets the signal alone.
+        let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
+            true => Ok(()),
+            false => process::send_signal(pid, Signal::SIGKILL),
+        });
+        if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }
         let _ = self.board.kill(slot, now);

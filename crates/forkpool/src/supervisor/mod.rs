@@ -17,6 +17,7 @@
 
 mod backoff;
 mod children;
+mod containment;
 mod endpoints;
 mod generation;
 mod liveness;
