@@ -10,6 +10,15 @@ use std::time::{Duration, Instant};
 use common::DemoPool;
 use worker_files::{good_app, wait_status, Scratch};
 
+/// `forkpool run` of the Python file `app` in `order` mode with exactly
+/// two children, and `extra` arguments.
+fn two_children_in_order_mode(app: &str, extra: &[&str]) -> DemoPool {
+    let mut args = vec!["--dispatch", "order", "--min-children", "2"];
+    args.extend_from_slice(&["--max-children", "2"]);
+    args.extend_from_slice(extra);
+    DemoPool::start_run(&args, &["python3", app])
+}
+
 /// Slot 0's first child takes accept orders and never acts on them (it
 /// still answers pings); every other child is the example worker.
 fn app_with_a_stalling_first_child(flag: &str) -> String {
@@ -40,17 +49,7 @@ fn a_child_sitting_on_an_accept_order_is_killed_and_the_connection_served() {
     let flag = dir.path("stalled");
     dir.deploy("app.py", &app_with_a_stalling_first_child(&flag));
     let app = dir.path("app.py");
-    let args = [
-        "--dispatch",
-        "order",
-        "--min-children",
-        "2",
-        "--max-children",
-        "2",
-        "--ping-timeout",
-        "1s",
-    ];
-    let pool = DemoPool::start_run(&args, &["python3", &app]);
+    let pool = two_children_in_order_mode(&app, &["--ping-timeout", "1s"]);
     assert!(pool.wait_children(Duration::from_secs(30), |n| n == 2));
     wait_status(&pool, Duration::from_secs(30), |s| s["idle"] == 2);
     let t0 = Instant::now();
@@ -126,15 +125,7 @@ fn after_a_stop_no_process_the_pool_started_holds_the_port() {
     let _cleanup = KillStrays(&dir);
     dir.deploy("app.py", &app_leaving_a_helper_behind(&dir.path("")));
     let app = dir.path("app.py");
-    let args = [
-        "--dispatch",
-        "order",
-        "--min-children",
-        "2",
-        "--max-children",
-        "2",
-    ];
-    let mut pool = DemoPool::start_run(&args, &["python3", &app]);
+    let mut pool = two_children_in_order_mode(&app, &[]);
     assert!(pool.wait_children(Duration::from_secs(30), |n| n == 2));
     let deadline = Instant::now() + Duration::from_secs(30);
     while strays(&dir).len() < 2 {
