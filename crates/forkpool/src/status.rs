@@ -127,6 +127,8 @@ pub struct Totals {
     /// Times a reaped worker had left processes running in its process
     /// group, which were then killed.
     pub strays_killed: u64,
+    /// Stderr lines of workers over their budget, counted and not logged.
+    pub stderr_lines_dropped: u64,
 }
 
 /// One slot as the control socket reports it.

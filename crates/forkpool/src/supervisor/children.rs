@@ -104,6 +104,8 @@ impl Supervisor {
                     channel: ours,
                     ping: None,
                     pinged_up_to: 0,
+                    answered_up_to: 0,
+                    messages: super::budget::message_budget(),
                     ordered_on: None,
                     leaving: None,
                     leave_deadline: None,

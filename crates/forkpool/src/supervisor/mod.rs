@@ -16,12 +16,14 @@
 //! children there should be is [`crate::scaling::decide`].
 
 mod backoff;
+mod budget;
 mod children;
 mod containment;
 mod endpoints;
 mod generation;
 mod liveness;
 mod load;
+mod message_rules;
 mod notify;
 mod output;
 mod reload;
@@ -73,6 +75,10 @@ pub(crate) struct ChildLink {
     pub ping: Option<(u32, Instant)>,
     /// The sequence number of the last ping sent to this child.
     pub pinged_up_to: u32,
+    /// The sequence number of the last ping it answered.
+    pub answered_up_to: u32,
+    /// Its back-channel message budget (`budget.rs`).
+    pub messages: budget::Budget,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
     /// Why the child is on its way out, once it is.
