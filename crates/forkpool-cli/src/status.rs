@@ -164,7 +164,7 @@ pub fn render(s: &Snapshot) -> String {
         .collect();
     out += &format!(
         "\ntotals: accepted {} ({} taken next by a finishing child), spawned {}, retired {}, killed {}{}, died unexpectedly {}, \
-         futile wake-ups {}, at max-children {} ({} times), reloads {}\n",
+         futile wake-ups {}, at max-children {} ({} times), reloads {}{}\n",
         t.accepted,
         t.taken_next,
         t.spawned,
@@ -180,6 +180,14 @@ pub fn render(s: &Snapshot) -> String {
         millis(t.saturated_ms),
         t.saturated,
         t.reloads,
+        if t.reload_failures > 0 {
+            format!(
+                " ({} failed; generation {} serving)",
+                t.reload_failures, s.serving_generation
+            )
+        } else {
+            String::new()
+        },
     );
     out
 }

@@ -101,6 +101,12 @@ pub fn render(
         t.saturated,
     );
     counter(&mut registry, "reloads", "Reloads applied", t.reloads);
+    counter(
+        &mut registry,
+        "reload_failures",
+        "Reloads abandoned because the new generation failed at start-up",
+        t.reload_failures,
+    );
     let saturated = Counter::<f64, std::sync::atomic::AtomicU64>::default();
     saturated.inc_by(t.saturated_ms as f64 / 1000.0);
     registry.register(
@@ -111,6 +117,13 @@ pub fn render(
     let generation = Gauge::<i64>::default();
     generation.set(i64::from(snapshot.generation));
     registry.register("generation", "Current pool generation", generation);
+    let serving = Gauge::<i64>::default();
+    serving.set(i64::from(snapshot.serving_generation));
+    registry.register(
+        "serving_generation",
+        "The generation known to serve (the one before while a reload rolls or after it failed)",
+        serving,
+    );
     registry.register(
         "dispatch_latency_seconds",
         "From the supervisor waking for a connection to a child getting it",
@@ -230,6 +243,7 @@ mod tests {
         let snapshot = Snapshot {
             pid: 1,
             generation: 3,
+            serving_generation: 2,
             dispatch: "handoff".into(),
             uptime_ms: 10,
             line: "IB".into(),
@@ -254,6 +268,7 @@ mod tests {
         assert!(text.contains("forkpool_children{state=\"idle\"} 1"));
         assert!(text.contains("forkpool_kills_total{reason=\"ping_timeout\"} 1"));
         assert!(text.contains("forkpool_generation 3"));
+        assert!(text.contains("forkpool_serving_generation 2"));
         assert!(text.contains("forkpool_dispatch_latency_seconds_count 1"));
     }
 }

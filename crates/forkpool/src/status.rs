@@ -131,6 +131,14 @@ pub struct Totals {
     pub slow_captures: u64,
     /// Slow-request captures skipped by the rate limit.
     pub slow_captures_suppressed: u64,
+    /// Reloads abandoned because the new generation failed at start-up
+    /// (the generation before kept serving).
+    pub reload_failures: u64,
+    /// Times a reaped worker had left processes running in its process
+    /// group, which were then killed.
+    pub strays_killed: u64,
+    /// Stderr lines of workers over their budget, counted and not logged.
+    pub stderr_lines_dropped: u64,
 }
 
 /// One slot as the control socket reports it.
@@ -197,8 +205,13 @@ pub struct QueueStatus {
 pub struct Snapshot {
     /// The supervisor's process id.
     pub pid: u32,
-    /// The current generation (1, plus one per reload).
+    /// The current generation (1, plus one per reload): while a reload
+    /// rolls, the one rolling in.
     pub generation: u32,
+    /// The generation known to serve: the one before while a reload rolls,
+    /// and still that one after the reload failed.
+    #[serde(default)]
+    pub serving_generation: u32,
     /// The dispatch mode.
     pub dispatch: String,
     /// How long the supervisor has run.

@@ -4,7 +4,12 @@
 //! crash on import) dies again each time it is replaced. Replacing it at
 //! once would fork as fast as the machine allows, for nothing. So each
 //! start-up failure doubles a delay that holds back every spawn (100 ms,
-//! 200 ms, … up to 30 s), and a worker that proves it can start resets it.
+//! 200 ms, … up to 30 s), and only a child *started after the last
+//! failure* that proves it can start resets it: siblings that were already
+//! up before the failures began prove nothing about new starts (the code
+//! on disk may have changed since they started). A fork that fails for
+//! lack of resources (`EAGAIN`, `ENOMEM`, no descriptors) counts as a
+//! failure too.
 //!
 //! A start is *proven* once the child has said `Ready` (protocol modes)
 //! and has been alive for [`START_WINDOW`]; in `none` mode, where there is
@@ -31,21 +36,32 @@ const MAX_DELAY: Duration = Duration::from_secs(30);
 pub(crate) struct StartBackoff {
     /// The delay after the last failure; `None` when the last start worked.
     delay: Option<Duration>,
+    /// When the last failure happened.
+    last_failure: Option<Instant>,
 }
 
 impl StartBackoff {
-    /// One more failure: returns how long to hold spawns back.
-    pub fn failed(&mut self) -> Duration {
+    /// One more failure at `now`: returns how long to hold spawns back.
+    pub fn failed(&mut self, now: Instant) -> Duration {
         let delay = self
             .delay
             .map_or(FIRST_DELAY, |d| d.saturating_mul(2).min(MAX_DELAY));
         self.delay = Some(delay);
+        self.last_failure = Some(now);
         delay
     }
 
-    /// A start was proven: the next failure starts from the first delay.
+    /// A child forked at `spawned_at` proved its start: that ends the run
+    /// of failures only if it was started after the last one.
+    pub fn proven(&mut self, spawned_at: Instant) {
+        if self.last_failure.is_none_or(|t| spawned_at > t) {
+            self.reset();
+        }
+    }
+
+    /// Forget the run: the next failure starts from the first delay.
     pub fn reset(&mut self) {
-        self.delay = None;
+        *self = StartBackoff::default();
     }
 }
 
@@ -58,28 +74,31 @@ impl ChildLink {
 
 impl Supervisor {
     /// Called for every child reaped: a start-up failure holds spawns
-    /// back; a proven start ends the current run of failures.
+    /// back; a proven start ends the current run of failures. Returns how
+    /// the child failed at start-up, if it did.
     pub(super) fn judge_start(
         &mut self,
         link: &ChildLink,
         status: ExitStatus,
         asked_to_stop: bool,
         now: Instant,
-    ) {
+    ) -> Option<String> {
         if link.start_proven(now) {
-            self.start_backoff.reset();
-            return;
+            self.start_backoff.proven(link.spawned_at);
+            return None;
         }
         if asked_to_stop || self.shutdown.is_some() {
-            return;
+            return None;
         }
-        // A sibling that is up and proven shows the command works; this
-        // one failed for its own reasons, so the run starts over.
-        let others_fine = self.links.iter().flatten().any(|l| l.start_proven(now));
-        if others_fine {
-            self.start_backoff.reset();
+        // A child started since the last failure that is up and proven
+        // shows new starts work again; one that was up before proves
+        // nothing about them.
+        for l in self.links.iter().flatten() {
+            if l.start_proven(now) {
+                self.start_backoff.proven(l.spawned_at);
+            }
         }
-        let delay = self.start_backoff.failed();
+        let delay = self.start_backoff.failed(now);
         let until = now + delay;
         self.spawn_blocked_until = Some(self.spawn_blocked_until.map_or(until, |t| t.max(until)));
         let how = match &link.leaving {
@@ -96,6 +115,7 @@ impl Supervisor {
         error!(
             "worker exited {when} ({how}); check the command and its stderr: retrying in {delay:?}"
         );
+        Some(format!("exited {when} ({how})"))
     }
 }
 
@@ -106,13 +126,36 @@ mod tests {
     #[test]
     fn delay_doubles_up_to_the_cap_and_resets() {
         let mut b = StartBackoff::default();
-        let delays: Vec<Duration> = (0..12).map(|_| b.failed()).collect();
+        let now = Instant::now();
+        let delays: Vec<Duration> = (0..12).map(|_| b.failed(now)).collect();
         assert_eq!(delays[0], Duration::from_millis(100));
         assert_eq!(delays[1], Duration::from_millis(200));
         assert_eq!(delays[4], Duration::from_millis(1600));
         assert_eq!(delays[11], MAX_DELAY);
         assert!(delays.windows(2).all(|w| w[0] <= w[1]));
         b.reset();
-        assert_eq!(b.failed(), FIRST_DELAY);
+        assert_eq!(b.failed(now), FIRST_DELAY);
+    }
+
+    #[test]
+    fn only_a_start_after_the_last_failure_ends_the_run() {
+        let t0 = Instant::now();
+        let mut b = StartBackoff::default();
+        let healthy_sibling = t0;
+        b.failed(t0 + Duration::from_secs(1));
+        b.failed(t0 + Duration::from_secs(2));
+        // A sibling started before the failures proves nothing.
+        b.proven(healthy_sibling);
+        assert_eq!(b.failed(t0 + Duration::from_secs(3)), FIRST_DELAY * 4);
+        // A child started after the last failure that proves itself does.
+        b.proven(t0 + Duration::from_secs(4));
+        assert_eq!(b.failed(t0 + Duration::from_secs(6)), FIRST_DELAY);
+    }
+
+    #[test]
+    fn a_proven_start_with_no_failures_changes_nothing() {
+        let mut b = StartBackoff::default();
+        b.proven(Instant::now());
+        assert_eq!(b, StartBackoff::default());
     }
 }

@@ -47,6 +47,9 @@ impl Supervisor {
             Ok(Forked::Child) => {
                 drop(ours);
                 drop(output_read);
+                // Containment (see `containment.rs`): the child and all it
+                // starts form one process group.
+                process::own_process_group(0)?;
                 process::reset_child_signals()?;
                 process::die_with_parent(parent_pid)?;
                 if let Some(c) = self.credentials {
@@ -67,6 +70,7 @@ impl Supervisor {
                 }))
             }
             Ok(Forked::Parent(pid)) => {
+                let _ = process::own_process_group(pid);
                 drop(theirs);
                 drop(output_write);
                 let reports = self.config.dispatch.speaks_protocol();
@@ -100,6 +104,8 @@ impl Supervisor {
                     channel: ours,
                     ping: None,
                     pinged_up_to: 0,
+                    answered_up_to: 0,
+                    messages: super::budget::message_budget(),
                     ordered_on: None,
                     leaving: None,
                     leave_deadline: None,
@@ -107,6 +113,7 @@ impl Supervisor {
                     spawned_at: now,
                     ready: !reports,
                     output,
+                    stderr_tail: Vec::new(),
                 });
                 self.totals.spawned += 1;
                 info!(slot, pid, generation = self.generation, "child spawned");
@@ -127,9 +134,13 @@ impl Supervisor {
         }
     }
 
+    /// A spawn failed for lack of resources: back off like a start-up
+    /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
+    /// reached does not make the supervisor retry in a tight loop.
     fn resource_backoff(&mut self, now: Instant, why: String) {
-        warn!("{why}; trying again in {RESOURCE_BACKOFF:?}");
-        self.spawn_blocked_until = Some(now + RESOURCE_BACKOFF);
+        let delay = self.start_backoff.failed(now).max(RESOURCE_BACKOFF);
+        warn!("{why}; trying again in {delay:?}");
+        self.spawn_blocked_until = Some(now + delay);
     }
 
     /// Collects every child that has exited and frees its slot.
@@ -147,6 +158,7 @@ impl Supervisor {
                 self.drain_output(slot, pid, link);
             }
             let state = self.board.get(slot).map(|s| s.state);
+            let generation = self.board.get(slot).map_or(0, |s| s.generation);
             let served = self.board.get(slot).map_or(0, |s| s.served);
             match link.as_ref().and_then(|l| l.leaving.as_deref()) {
                 Some(reason) if state == Some(SlotState::Killed) => {
@@ -166,9 +178,12 @@ impl Supervisor {
                     );
                 }
             }
+            self.sweep_group(slot, pid);
             if let Some(link) = link {
                 let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
-                self.judge_start(&link, status, asked_to_stop, now);
+                if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
+                    self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
+                }
                 self.release_order(&link);
                 self.deregister_channel(&link.channel);
             }
@@ -218,7 +233,13 @@ impl Supervisor {
         }
         let pid = entry.pid;
         warn!(slot, pid, reason = why.key(), "killing child: {detail}");
-        if let Err(e) = process::send_signal(pid, Signal::SIGKILL) {
+        // The whole group: what the worker started dies with it. A child
+        // whose group is missing gets the signal alone.
+        let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
+            true => Ok(()),
+            false => process::send_signal(pid, Signal::SIGKILL),
+        });
+        if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }
         let _ = self.board.kill(slot, now);

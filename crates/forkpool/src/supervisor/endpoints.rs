@@ -384,6 +384,7 @@ impl Supervisor {
         Snapshot {
             pid: std::process::id(),
             generation: self.generation,
+            serving_generation: self.rollouts.serving(self.generation),
             dispatch: self.config.dispatch.name().to_string(),
             uptime_ms: now.duration_since(self.started).as_millis() as u64,
             line: self.board.line(),

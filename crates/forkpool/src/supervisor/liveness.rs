@@ -12,14 +12,16 @@ use crate::status::KillReason;
 impl Supervisor {
     /// Pings idle children that have been quiet for `ping_interval`, and
     /// kills children that missed a deadline: a ping not answered within
-    /// `ping_timeout`, a start-up that never said `Ready`, a connection held
-    /// past `busy_timeout`, a stop that never happened.
+    /// `ping_timeout`, a start-up that never said `Ready`, an accept order
+    /// not answered within `ping_timeout`, a connection held past
+    /// `busy_timeout`, a stop that never happened.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         for slot in 0..self.links.len() {
             match self.next_check(slot) {
                 Some((due, Check::PingDue)) if now >= due => self.ping(slot, now),
                 Some((due, check)) if now >= due => {
                     let (why, detail) = self.describe(slot, check, now);
+                    let ordered_on = self.links[slot].as_ref().and_then(|l| l.ordered_on);
                     let kill_now = if check == Check::Busy {
                         // Capture where it is stuck first (see slow.rs).
                         self.capture_before_kill(slot, why, detail, now)
@@ -28,6 +30,11 @@ impl Supervisor {
                     };
                     if let Some((why, detail)) = kill_now {
                         self.kill(slot, why, detail, now);
+                        // The connection it was ordered to take is still in
+                        // the backlog: order another child at once.
+                        if let Some(i) = ordered_on.filter(|i| self.listeners[*i].watched) {
+                            self.dispatch(i, now);
+                        }
                     }
                 }
                 _ => {}
@@ -64,12 +71,13 @@ impl Supervisor {
         }
         match entry.state {
             SlotState::Starting => Some((entry.since + self.start_timeout(), Check::Start)),
+            // An accept order takes one `accept` call: a child still
+            // sitting on it after a ping timeout is hung.
+            SlotState::Ordered => Some((entry.since + self.config.ping_timeout, Check::Order)),
             _ if entry.awaits_pings() => {
                 Some((entry.last_heard + self.config.ping_interval, Check::PingDue))
             }
-            SlotState::Busy | SlotState::Ordered
-                if entry.load.is_none() && !self.config.busy_timeout.is_zero() =>
-            {
+            SlotState::Busy if entry.load.is_none() && !self.config.busy_timeout.is_zero() => {
                 Some((entry.since + self.config.busy_timeout, Check::Busy))
             }
             _ => None,
@@ -95,6 +103,13 @@ impl Supervisor {
                 KillReason::PingTimeout,
                 format!(
                     "did not answer a ping within {:?}",
+                    self.config.ping_timeout
+                ),
+            ),
+            Check::Order => (
+                KillReason::PingTimeout,
+                format!(
+                    "sat on an accept order for {:?} without accepting or answering",
                     self.config.ping_timeout
                 ),
             ),
@@ -158,6 +173,8 @@ enum Check {
     PingAnswer,
     /// Forked: it must say `Ready`.
     Start,
+    /// Ordered to accept (`order` dispatch): it must say `B` or `M`.
+    Order,
     /// Idle and quiet: time to ping it.
     PingDue,
     /// Serving one connection: it must finish within `busy_timeout`.

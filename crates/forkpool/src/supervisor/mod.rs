@@ -16,17 +16,22 @@
 //! children there should be is [`crate::scaling::decide`].
 
 mod backoff;
+mod budget;
 mod children;
+mod containment;
 mod endpoints;
 mod event;
+mod generation;
 mod liveness;
 mod load;
+mod message_rules;
 mod notify;
 mod output;
 mod recycle;
 mod reload;
 mod reports;
 mod resources;
+mod rollout;
 mod signals;
 mod slow;
 mod upgrade;
@@ -73,6 +78,10 @@ pub(crate) struct ChildLink {
     pub ping: Option<(u32, Instant)>,
     /// The sequence number of the last ping sent to this child.
     pub pinged_up_to: u32,
+    /// The sequence number of the last ping it answered.
+    pub answered_up_to: u32,
+    /// Its back-channel message budget (`budget.rs`).
+    pub messages: budget::Budget,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
     /// Why the child is on its way out, once it is.
@@ -88,6 +97,9 @@ pub(crate) struct ChildLink {
     pub ready: bool,
     /// An exec'd worker's stderr, while it is open.
     pub output: Option<ChildOutput>,
+    /// The last lines of its stderr once the pipe closed (for the log of
+    /// a failed reload).
+    pub stderr_tail: Vec<String>,
 }
 
 /// A listener and whether the loop is watching it.
@@ -140,6 +152,8 @@ pub(crate) struct Supervisor {
     spawn_blocked_until: Option<Instant>,
     /// The run of start-up failures, which holds spawns back.
     start_backoff: StartBackoff,
+    /// The reload rolling out, if any (`rollout.rs`).
+    rollouts: rollout::Rollouts,
     /// Give each child a pipe for its stderr and log what comes out
     /// (exec'd workers, see `output.rs`).
     pub capture_output: bool,
@@ -221,6 +235,7 @@ impl Supervisor {
             ping_seq: 0,
             spawn_blocked_until: None,
             start_backoff: StartBackoff::default(),
+            rollouts: rollout::Rollouts::default(),
             capture_output: false,
             children_take_next: false,
             reload_source: None,
@@ -330,7 +345,9 @@ impl Supervisor {
         if self.signals.take_reload() && self.shutdown.is_none() {
             notify::reloading();
             self.reload(now);
-            notify::ready();
+            if !self.rollouts.active() {
+                notify::ready();
+            }
         }
         if self.signals.take_upgrade() && self.shutdown.is_none() {
             self.begin_upgrade(now);
@@ -410,6 +427,9 @@ impl Supervisor {
     fn maintain_pool(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
         if self.shutdown.is_some() {
             return Ok(None);
+        }
+        if self.rollouts.active() {
+            return self.advance_rollout(now);
         }
         let pool = self.scaling_counts();
         let decision = if self.config.dispatch.speaks_protocol() {
@@ -505,6 +525,7 @@ impl Supervisor {
         consider(self.watchdog.map(|w| w.due()));
         consider(self.resources.due());
         consider(self.slow_deadline());
+        consider(self.rollout_deadline(now));
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

@@ -40,6 +40,11 @@ pub fn stopping() {
     send(&[NotifyState::Stopping]);
 }
 
+/// `READY=1` with a `STATUS=` line: the end of a reload, done or failed.
+pub fn ready_with_status(line: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(line)]);
+}
+
 /// `STATUS=child states: ...`.
 pub fn status(line: &str) {
     send(&[NotifyState::Status(&format!("child states: {line}"))]);

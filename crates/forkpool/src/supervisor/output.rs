@@ -14,13 +14,16 @@
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::Interest;
 use tracing::{info, warn};
 
+use super::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use super::event::Event;
 use super::{ChildLink, Supervisor};
+use crate::status::KillReason;
 use crate::sys;
 
 /// Longer lines are logged in pieces of this size.
@@ -28,6 +31,11 @@ const MAX_LINE: usize = 8 * 1024;
 /// Bytes read from one pipe per loop turn, so a worker that writes
 /// without pause cannot starve the loop.
 const BYTES_PER_TURN: usize = 64 * 1024;
+/// Lines kept from the end of a worker's stderr, to quote when a reload
+/// fails because the worker could not start.
+const TAIL_LINES: usize = 5;
+/// Characters kept of each of those lines.
+const TAIL_LINE_CHARS: usize = 300;
 
 /// The supervisor's end of one worker's stderr pipe.
 #[derive(Debug)]
@@ -35,6 +43,10 @@ pub(crate) struct ChildOutput {
     pipe: File,
     /// The start of a line whose end has not arrived yet.
     partial: Vec<u8>,
+    /// The last few lines, shortened.
+    tail: std::collections::VecDeque<String>,
+    /// The stderr budget: lines over it are counted, not logged.
+    gate: OutputGate,
 }
 
 /// Where a read left the pipe.
@@ -55,17 +67,25 @@ impl ChildOutput {
         Ok(ChildOutput {
             pipe: File::from(read),
             partial: Vec::new(),
+            tail: Default::default(),
+            gate: OutputGate::default(),
         })
     }
 
-    /// Reads up to `budget` bytes and hands each complete line to `line`.
-    fn read_lines(&mut self, budget: usize, mut line: impl FnMut(&str)) -> io::Result<Left> {
+    /// Reads up to `budget` bytes and hands each complete line within the
+    /// stderr budget to `line` (and, for a flood, one line saying so).
+    fn read_lines(
+        &mut self,
+        budget: usize,
+        now: Instant,
+        mut line: impl FnMut(&str),
+    ) -> io::Result<Left> {
         let mut buf = [0u8; 4096];
         let mut taken = 0;
         while taken < budget {
             let n = match self.pipe.read(&mut buf) {
                 Ok(0) => {
-                    self.flush_partial(&mut line);
+                    self.flush_partial(now, &mut line);
                     return Ok(Left::Closed);
                 }
                 Ok(n) => n,
@@ -77,11 +97,11 @@ impl ChildOutput {
             for mut piece in buf[..n].split_inclusive(|b| *b == b'\n') {
                 while !piece.is_empty() {
                     let room = MAX_LINE - self.partial.len();
-                    let (now, rest) = piece.split_at(piece.len().min(room));
-                    self.partial.extend_from_slice(now);
+                    let (head, rest) = piece.split_at(piece.len().min(room));
+                    self.partial.extend_from_slice(head);
                     piece = rest;
                     if self.partial.ends_with(b"\n") || self.partial.len() >= MAX_LINE {
-                        self.flush_partial(&mut line);
+                        self.flush_partial(now, &mut line);
                     }
                 }
             }
@@ -89,13 +109,35 @@ impl ChildOutput {
         Ok(Left::More)
     }
 
-    fn flush_partial(&mut self, line: &mut impl FnMut(&str)) {
+    fn flush_partial(&mut self, now: Instant, line: &mut impl FnMut(&str)) {
         if self.partial.is_empty() {
             return;
         }
         let text = String::from_utf8_lossy(&self.partial);
-        line(text.trim_end_matches(['\n', '\r']));
+        let text = text.trim_end_matches(['\n', '\r']);
+        match self.gate.admit(now, text.len()) {
+            Admit::Log => line(text),
+            Admit::Drop { first: true } => line(&format!(
+                "(over {STDERR_LINES_PER_SECOND} lines a second: further output is dropped \
+                 until the worker slows down, and the worker is killed if it keeps on \
+                 for {STDERR_FLOOD_LIMIT:?})"
+            )),
+            Admit::Drop { first: false } => {}
+        }
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail
+            .push_back(text.chars().take(TAIL_LINE_CHARS).collect());
         self.partial.clear();
+    }
+
+    /// Moves the last lines read to the end of `into`, keeping at most
+    /// `TAIL_LINES` there.
+    fn save_tail(&mut self, into: &mut Vec<String>) {
+        into.extend(self.tail.drain(..));
+        let extra = into.len().saturating_sub(TAIL_LINES);
+        into.drain(..extra);
     }
 }
 
@@ -118,12 +160,25 @@ impl Supervisor {
         let Some(output) = link.output.as_mut() else {
             return;
         };
+        let now = Instant::now();
         let slow = &mut self.slow;
-        let now = std::time::Instant::now();
-        let left = output.read_lines(BYTES_PER_TURN, |line| {
+        let left = output.read_lines(BYTES_PER_TURN, now, |line| {
             log_line(slot, pid, line);
             slow.line(slot, pid, line, now);
         });
+        self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        if output.gate.flooding_too_long(now) {
+            self.kill(
+                slot,
+                KillReason::Misbehaved,
+                format!(
+                    "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
+                     for {STDERR_FLOOD_LIMIT:?}"
+                ),
+                now,
+            );
+            return;
+        }
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
@@ -140,7 +195,8 @@ impl Supervisor {
                 }
             }
             Ok(Left::Closed) | Err(_) => {
-                if let Some(output) = link.output.take() {
+                if let Some(mut output) = link.output.take() {
+                    output.save_tail(&mut link.stderr_tail);
                     self.forget_output(&output);
                 }
             }
@@ -148,12 +204,15 @@ impl Supervisor {
     }
 
     /// At reap: log what the worker wrote before it died, then close.
-    pub(super) fn drain_output(&self, slot: usize, pid: i32, link: &mut ChildLink) {
+    pub(super) fn drain_output(&mut self, slot: usize, pid: i32, link: &mut ChildLink) {
         if let Some(mut output) = link.output.take() {
             // The writer is dead, so this ends at once unless it left a
             // background process holding the pipe, which the budget bounds.
-            let _ = output.read_lines(BYTES_PER_TURN, |line| log_line(slot, pid, line));
-            output.flush_partial(&mut |line| log_line(slot, pid, line));
+            let now = Instant::now();
+            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(slot, pid, line));
+            output.flush_partial(now, &mut |line| log_line(slot, pid, line));
+            self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+            output.save_tail(&mut link.stderr_tail);
             self.forget_output(&output);
         }
     }
@@ -178,7 +237,7 @@ mod tests {
     fn lines_of(output: &mut ChildOutput, budget: usize) -> (Vec<String>, Left) {
         let mut got = Vec::new();
         let left = output
-            .read_lines(budget, |l| got.push(l.to_string()))
+            .read_lines(budget, Instant::now(), |l| got.push(l.to_string()))
             .unwrap();
         (got, left)
     }

@@ -13,12 +13,11 @@ use crate::config::PoolConfig;
 pub type ReloadSource = Box<dyn FnMut() -> Result<PoolConfig, String>>;
 
 impl Supervisor {
-    /// SIGHUP: read the configuration again and start a new generation.
-    /// Old idle children quit at once, old busy ones after their connection;
-    /// the policy starts new ones under the new settings. The listeners stay
-    /// open throughout, so connections wait in the backlog for the few
-    /// milliseconds the pool has no idle child. A configuration that cannot
-    /// be read or does not validate is logged and nothing changes.
+    /// SIGHUP: read the configuration again and roll to a new generation
+    /// (see `rollout.rs`): a canary first, then the rest, each old child
+    /// retiring only once a new one is ready to take its place. A
+    /// configuration that cannot be read or does not validate is logged and
+    /// nothing changes.
     pub(super) fn reload(&mut self, now: Instant) {
         let config = match self.reload_source.as_mut() {
             Some(read) => match read() {
@@ -61,23 +60,8 @@ impl Supervisor {
             }
         }
         let watching_before = self.config.dispatch.parent_watches_listeners();
-        self.config = config;
-        self.generation += 1;
         self.totals.reloads += 1;
-        self.memory = Default::default();
-        info!(
-            generation = self.generation,
-            "reloading: rolling children to a new generation"
-        );
-        let old: Vec<usize> = self
-            .board
-            .iter()
-            .filter(|(_, s)| s.generation < self.generation)
-            .map(|(slot, _)| slot)
-            .collect();
-        for slot in old {
-            self.retire(slot, "reload", now);
-        }
+        self.begin_rollout(config);
         if watching_before && !self.config.dispatch.parent_watches_listeners() {
             self.unwatch_listeners();
         }

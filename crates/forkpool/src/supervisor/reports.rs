@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use super::Supervisor;
+use super::budget::MESSAGES_PER_SECOND;
+use super::{message_rules, Supervisor};
 use crate::channel::Incoming;
 use crate::protocol::ChildMessage;
 use crate::scoreboard::{IllegalTransition, SlotState};
@@ -53,6 +54,16 @@ impl Supervisor {
             };
             match incoming {
                 Incoming::Message(msg, _) => {
+                    let over_budget = self.links[slot]
+                        .as_mut()
+                        .is_some_and(|l| !l.messages.spend(now, 1));
+                    if over_budget {
+                        let why = format!(
+                            "sent more than {MESSAGES_PER_SECOND} messages a second on its back-channel"
+                        );
+                        self.kill(slot, KillReason::Misbehaved, why, now);
+                        return;
+                    }
                     self.board.heard_from(slot, now);
                     if let Err(why) = self.apply_report(slot, msg, now) {
                         self.kill(slot, KillReason::Misbehaved, why, now);
@@ -80,6 +91,7 @@ impl Supervisor {
     fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
         let illegal = |e: IllegalTransition| format!("sent an out-of-order message: {e}");
         self.check_report_kind(&msg)?;
+        message_rules::mode_allows(self.config.dispatch, &msg)?;
         match msg {
             ChildMessage::Ready { pid } => {
                 let expected = self.board.get(slot).map_or(0, |s| s.pid);
@@ -133,6 +145,8 @@ impl Supervisor {
                 if seq == 0 || seq > link.pinged_up_to {
                     return Err(format!("sent pong {seq} for a ping it never got"));
                 }
+                message_rules::pong_is_new(seq, link.answered_up_to)?;
+                link.answered_up_to = seq;
                 if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
                     link.ping = None;
                 }

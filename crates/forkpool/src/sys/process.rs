@@ -167,6 +167,29 @@ pub fn send_signal(pid: i32, sig: Signal) -> io::Result<()> {
     }
 }
 
+/// Makes `pid` (0: this process) the leader of a process group of its
+/// own, so that what it starts can be signalled with it. Called in both
+/// the child and the parent after a fork, as shells do, so the group
+/// exists whichever runs first; the parent's call fails harmlessly
+/// (`EACCES`) once the child has exec'd.
+pub fn own_process_group(pid: i32) -> io::Result<()> {
+    let pid = Pid::from_raw(pid);
+    match nix::unistd::setpgid(pid, pid) {
+        Ok(()) | Err(Errno::EACCES) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sends `sig` to every process in the process group `pgid`. Returns
+/// whether any process was there to get it.
+pub fn signal_group(pgid: i32, sig: Signal) -> io::Result<bool> {
+    match signal::killpg(Pid::from_raw(pgid), sig) {
+        Ok(()) => Ok(true),
+        Err(Errno::ESRCH) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// How a reaped child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitStatus {

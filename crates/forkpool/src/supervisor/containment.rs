@@ -1,0 +1,38 @@
+//! Containment: what a worker starts goes when the worker goes.
+//!
+//! Every child is the leader of a process group of its own (set in the
+//! child right after the fork, before it runs the worker or execs). A kill
+//! (`SIGKILL` for a hung or misbehaving child, or at a stop deadline) goes
+//! to the whole group, and when a child has been reaped whatever is left
+//! in its group (a background process, a forked helper that kept the
+//! inherited listeners) is killed and logged. So after a stop no process
+//! the pool started still runs or holds a listener.
+//!
+//! The limit: a process that leaves the group on purpose (`setsid`,
+//! `setpgid`) escapes it. Under systemd, `KillMode=control-group` (the
+//! default) catches those when the service stops.
+
+use nix::sys::signal::Signal;
+use tracing::{debug, warn};
+
+use super::Supervisor;
+use crate::sys::process;
+
+impl Supervisor {
+    /// After reaping the child of `slot`: kill what it left in its group.
+    pub(super) fn sweep_group(&mut self, slot: usize, pid: i32) {
+        match process::signal_group(pid, Signal::SIGKILL) {
+            Ok(true) => {
+                self.totals.strays_killed += 1;
+                warn!(
+                    slot,
+                    pid,
+                    "killed processes the worker left behind in its process group \
+                     (a worker must not leave processes running when it exits)"
+                );
+            }
+            Ok(false) => {}
+            Err(e) => debug!(slot, pid, "cannot signal the worker's process group: {e}"),
+        }
+    }
+}
