@@ -148,8 +148,13 @@ fn flask_app_over_http(dispatch: &str) {
     drop(conn);
     let after = pool.status();
     assert_eq!(after["totals"]["died"], 0, "{after}");
-    assert_eq!(after["totals"]["spawned"], before["totals"]["spawned"]);
-    assert_eq!(slot_pids(&after), slot_pids(&before));
+    // The pool may grow a spare meanwhile (it is adaptive), but every worker
+    // that was there before the exception still is.
+    let alive = slot_pids(&after);
+    assert!(
+        slot_pids(&before).iter().all(|pid| alive.contains(pid)),
+        "a worker went away: before {before}, after {after}"
+    );
 
     // A streaming response without a length is sent chunked.
     let mut conn = connect(addr);
