@@ -52,6 +52,14 @@ pub struct PoolArgs {
     /// where the client speaks first; 0 = off [default: 0].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub defer_accept: Option<Duration>,
+    /// On TERM/INT or a USR2 hand-over, report drain on --agent and 503 on
+    /// /ready for this long while still serving, then stop; needs --agent
+    /// or --metrics; 0 = off [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub drain_delay: Option<Duration>,
+    /// /ready answers 503 while every child the pool may have is busy.
+    #[arg(long)]
+    pub ready_unless_saturated: bool,
 }
 
 impl PoolArgs {
@@ -77,8 +85,12 @@ impl PoolArgs {
             busy_timeout,
             retire_grace,
             backlog,
-            defer_accept
+            defer_accept,
+            drain_delay
         );
+        if self.ready_unless_saturated {
+            config.ready_unless_saturated = true;
+        }
         config
     }
 }

@@ -55,6 +55,10 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
         let bound = pool.metrics(addr).map_err(|e| e.to_string())?;
         let _ = writeln!(out, "forkpool: metrics on http://{bound}/metrics");
     }
+    if let Some(addr) = settings.agent {
+        let bound = pool.agent(addr).map_err(|e| e.to_string())?;
+        let _ = writeln!(out, "forkpool: agent check on {bound}");
+    }
     if let Some(credentials) = settings.credentials {
         pool.run_children_as(credentials)
             .map_err(|e| e.to_string())?;

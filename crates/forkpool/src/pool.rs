@@ -141,6 +141,13 @@ impl Pool {
         self.endpoints.bind_metrics(addr)
     }
 
+    /// Answers HAProxy's agent check at `addr`, bound now: one line per
+    /// connection saying how much work the pool can take (see
+    /// [`crate::fleet::agent`]); returns the address bound.
+    pub fn agent(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        self.endpoints.bind_agent(addr)
+    }
+
     /// How SIGHUP reads the configuration again. Without one, SIGHUP rolls
     /// the children to a new generation under the same configuration.
     pub fn on_reload(&mut self, read: impl FnMut() -> Result<PoolConfig, String> + 'static) {

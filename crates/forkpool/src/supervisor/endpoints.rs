@@ -1,7 +1,8 @@
 //! The supervisor's own small servers, run from its event loop (no thread):
 //! the control socket, which writes a JSON [`Snapshot`] to whoever connects,
 //! and the Prometheus metrics endpoint, which answers any HTTP request with
-//! the text exposition. Both write without blocking; a client that does not
+//! the text exposition (and `/live` and `/ready`, see [`crate::fleet`]),
+//! and HAProxy's agent check, one line per connection. All write without blocking; a client that does not
 //! read is dropped after [`CLIENT_TIMEOUT`]. At most [`MAX_ENDPOINT_CLIENTS`]
 //! are served at once, and never from the last [`FD_RESERVE`] descriptors:
 //! either way the oldest client is closed to make room.
@@ -22,6 +23,7 @@ use crate::status::{SlotStatus, Snapshot};
 
 pub(super) const CONTROL_TOKEN: Token = Token(usize::MAX - 2);
 pub(super) const METRICS_TOKEN: Token = Token(usize::MAX - 3);
+pub(super) const AGENT_TOKEN: Token = Token(usize::MAX - 5);
 pub(super) const CLIENT_TOKEN_BASE: usize = 1 << 28;
 
 /// How long a status or metrics client may take.
@@ -43,6 +45,7 @@ pub(crate) const FD_RESERVE: u64 = 32;
 pub(crate) struct Endpoints {
     control: Option<ControlSocket>,
     metrics: Option<TcpListener>,
+    agent: Option<TcpListener>,
     clients: Vec<Option<Client>>,
     /// Clients closed early to make room (too many, or few descriptors left).
     displaced: u64,
@@ -108,15 +111,22 @@ impl Endpoints {
 
     /// Binds the metrics endpoint.
     pub fn bind_metrics(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
-        let listener = TcpListener::bind(addr).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot bind the metrics endpoint {addr}: {e}"),
-            )
-        })?;
-        let local = listener.local_addr()?;
+        let (listener, local) = bind_tcp(addr, "the metrics endpoint")?;
         self.metrics = Some(listener);
         Ok(local)
+    }
+
+    /// Binds the HAProxy agent-check port.
+    pub fn bind_agent(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let (listener, local) = bind_tcp(addr, "the agent-check port")?;
+        self.agent = Some(listener);
+        Ok(local)
+    }
+
+    /// True when a balancer can be told the pool is draining: an agent
+    /// port or a readiness endpoint (on the metrics address) is served.
+    pub fn can_announce(&self) -> bool {
+        self.agent.is_some() || self.metrics.is_some()
     }
 
     /// Registers the bound listeners with the loop.
@@ -126,6 +136,9 @@ impl Endpoints {
         }
         if let Some(m) = self.metrics.as_mut() {
             registry.register(m, METRICS_TOKEN, Interest::READABLE)?;
+        }
+        if let Some(a) = self.agent.as_mut() {
+            registry.register(a, AGENT_TOKEN, Interest::READABLE)?;
         }
         Ok(())
     }
@@ -151,12 +164,17 @@ impl Endpoints {
 }
 
 impl Supervisor {
-    /// A client connected to the control socket or the metrics endpoint.
+    /// A client connected to the control socket, the metrics endpoint or
+    /// the agent port.
     pub(super) fn accept_endpoint_clients(&mut self, token: Token, now: Instant) {
         loop {
             let accepted = match token {
                 CONTROL_TOKEN => match self.endpoints.control.as_ref() {
                     Some(c) => c.listener.accept().map(|(s, _)| ClientStream::Unix(s)),
+                    None => return,
+                },
+                AGENT_TOKEN => match self.endpoints.agent.as_ref() {
+                    Some(a) => a.accept().map(|(s, _)| ClientStream::Tcp(s)),
                     None => return,
                 },
                 _ => match self.endpoints.metrics.as_ref() {
@@ -193,9 +211,10 @@ impl Supervisor {
             } else {
                 stream
             };
-            let (request, out) = match stream {
-                ClientStream::Unix(_) => (None, self.status_json()),
-                ClientStream::Tcp(_) => (Some(Vec::new()), Vec::new()),
+            let (request, out) = match (&stream, token) {
+                (ClientStream::Unix(_), _) => (None, self.status_json()),
+                (ClientStream::Tcp(_), AGENT_TOKEN) => (None, self.agent_line(now)),
+                (ClientStream::Tcp(_), _) => (Some(Vec::new()), Vec::new()),
             };
             let client = Client {
                 stream,
@@ -300,7 +319,12 @@ impl Supervisor {
                     Err(e) => return Err(e),
                 }
             }
-            client.request = None;
+            let request = client.request.take().unwrap_or_default();
+            if let Some(answer) = self.health_response(&request, Instant::now()) {
+                let client = self.endpoints.clients[index].as_mut().expect("checked");
+                client.out = answer;
+                return self.write_client(index);
+            }
             let body = self.metrics_text();
             let client = self.endpoints.clients[index].as_mut().expect("checked");
             client.out = format!(
@@ -311,6 +335,11 @@ impl Supervisor {
             .into_bytes();
             client.out.extend_from_slice(body.as_bytes());
         }
+        self.write_client(index)
+    }
+
+    /// Writes what is left of a client's answer: true once all of it is out.
+    fn write_client(&mut self, index: usize) -> io::Result<bool> {
         let client = self.endpoints.clients[index].as_mut().expect("checked");
         while client.written < client.out.len() {
             match client.stream.write(&client.out[client.written..]) {
@@ -406,6 +435,15 @@ impl Supervisor {
     fn metrics_text(&self) -> String {
         crate::metrics::render(&self.snapshot(Instant::now()), &self.dispatch_latency)
     }
+}
+
+/// A TCP listener for one of the supervisor's own endpoints, and the
+/// address it got; the error names `what` and the address.
+fn bind_tcp(addr: SocketAddr, what: &str) -> io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {what} {addr}: {e}")))?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
 }
 
 /// Whether `stream`'s descriptor lies within [`FD_RESERVE`] of the soft

@@ -16,6 +16,7 @@
 //! children there should be is [`crate::scaling::decide`].
 
 mod backoff;
+mod balancer;
 mod children;
 mod endpoints;
 mod liveness;
@@ -153,6 +154,8 @@ pub(crate) struct Supervisor {
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
     pub(crate) endpoints: endpoints::Endpoints,
+    /// The agent check, `/live`, `/ready` and the drain delay.
+    balancer: balancer::Balancer,
     /// Who children run as, if not the supervisor's own user.
     pub(crate) credentials: Option<crate::pool::Credentials>,
     /// How to re-exec for a binary upgrade (SIGUSR2), if enabled.
@@ -217,6 +220,7 @@ impl Supervisor {
             last_saturated_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
+            balancer: balancer::Balancer::default(),
             credentials: None,
             upgrade_command: None,
             upgrade: None,
@@ -271,9 +275,9 @@ impl Supervisor {
                 match token {
                     SIGNAL_TOKEN => self.handle_signals(now)?,
                     upgrade::UPGRADE_TOKEN => self.upgrade_progress(now),
-                    endpoints::CONTROL_TOKEN | endpoints::METRICS_TOKEN => {
-                        self.accept_endpoint_clients(token, now)
-                    }
+                    endpoints::CONTROL_TOKEN
+                    | endpoints::METRICS_TOKEN
+                    | endpoints::AGENT_TOKEN => self.accept_endpoint_clients(token, now),
                     Token(t) if t >= endpoints::CLIENT_TOKEN_BASE => {
                         self.serve_client(t - endpoints::CLIENT_TOKEN_BASE)
                     }
@@ -302,6 +306,7 @@ impl Supervisor {
             self.notify_ready_once();
             self.expire_clients(now);
             self.check_upgrade(now);
+            self.check_drain(now);
             self.log_scoreboard(now);
         }
     }
@@ -336,7 +341,7 @@ impl Supervisor {
             info!("interrupted twice: stopping now");
             self.stop_now(now);
         } else if interrupts == 1 || self.signals.take_terminate() {
-            self.begin_shutdown(now);
+            self.stop_requested(now);
         }
         Ok(())
     }
@@ -487,6 +492,7 @@ impl Supervisor {
         consider(self.scoreboard_log_due());
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
+        consider(self.drain_deadline());
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

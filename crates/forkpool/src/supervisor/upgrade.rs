@@ -163,12 +163,11 @@ impl Supervisor {
             Ok(n) if n > 0 && buf[..n].starts_with(b"ready") => {
                 let pid = upgrade.pid;
                 self.end_upgrade();
-                self.handed_over = true;
                 info!(
                     pid,
                     "upgrade: the new supervisor is ready; this one drains and exits"
                 );
-                self.begin_shutdown(now);
+                self.successor_ready(now);
             }
             Ok(_) => {
                 let pid = upgrade.pid;
