@@ -60,6 +60,10 @@ pub struct PoolArgs {
     /// /ready answers 503 while every child the pool may have is busy.
     #[arg(long)]
     pub ready_unless_saturated: bool,
+    /// On TERM/INT, close the listeners at once instead of first serving
+    /// the connections already queued on them.
+    #[arg(long)]
+    pub no_serve_backlog_on_stop: bool,
 }
 
 impl PoolArgs {
@@ -90,6 +94,9 @@ impl PoolArgs {
         );
         if self.ready_unless_saturated {
             config.ready_unless_saturated = true;
+        }
+        if self.no_serve_backlog_on_stop {
+            config.serve_backlog_on_stop = false;
         }
         config
     }

@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::settings::{ServeArgs, Settings};
 
-use forkpool::pool::UPGRADE_FROM_ENV;
+use forkpool::pool::{SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 
 /// Builds the pool and prints `forkpool: listening on ADDR` for each
 /// listener (and `forkpool: metrics on ...`) on standard output.
@@ -33,6 +33,12 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
             pool.add_listener(listener);
         }
     } else {
+        // From systemd, or from a predecessor that had them from systemd:
+        // they outlive this process.
+        let from_predecessor = std::env::var_os(UPGRADE_FROM_ENV).is_some();
+        if !from_predecessor || std::env::var_os(SOCKET_ACTIVATED_ENV).is_some() {
+            pool.listeners_from_socket_activation();
+        }
         for listener in inherited {
             let _ = writeln!(
                 out,

@@ -166,6 +166,11 @@ pub struct PoolConfig {
     /// may have is busy or starting), so the balancer sends new work
     /// elsewhere until a child frees. Default false.
     pub ready_unless_saturated: bool,
+    /// On a graceful stop, first accept and serve the connections already
+    /// queued in the listen backlog (and any parked), within
+    /// `shutdown_timeout`, then close the listeners. Not done for listeners
+    /// from systemd socket activation, which outlive the pool. Default true.
+    pub serve_backlog_on_stop: bool,
 }
 
 impl Default for PoolConfig {
@@ -187,6 +192,7 @@ impl Default for PoolConfig {
             defer_accept: Duration::ZERO,
             drain_delay: Duration::ZERO,
             ready_unless_saturated: false,
+            serve_backlog_on_stop: true,
         }
     }
 }

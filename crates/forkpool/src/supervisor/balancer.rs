@@ -25,7 +25,7 @@ pub(crate) struct Balancer {
 impl Supervisor {
     /// Where the pool is in its life, as a balancer should see it.
     pub(super) fn phase(&self) -> Phase {
-        if self.shutdown.is_some() {
+        if self.shutdown.is_some() || self.finishing.is_some() {
             Phase::Stopping
         } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
             Phase::Draining
@@ -81,6 +81,9 @@ impl Supervisor {
     /// `TERM`, or a first `INT`: stop, after the drain delay if there is
     /// a balancer to warn; a second one during the delay stops at once.
     pub(super) fn stop_requested(&mut self, now: Instant) {
+        if self.cut_backlog_finish(now) {
+            return;
+        }
         let step = self.drain_machine().on_stop_signal(now);
         self.drain_step(step, now);
     }
@@ -114,7 +117,9 @@ impl Supervisor {
                 "draining: telling the balancer to send no new work, still serving; \
                  a second TERM or INT stops now"
             ),
-            Step::Proceed(After::Stop | After::HandOver) => self.begin_shutdown(now),
+            Step::Proceed(After::Stop) => self.stop_after_backlog(now),
+            // The successor accepts on the same listeners: it takes the backlog.
+            Step::Proceed(After::HandOver) => self.begin_shutdown(now),
         }
     }
 }

@@ -26,11 +26,12 @@ mod output;
 mod reload;
 mod reports;
 mod signals;
+mod stop_backlog;
 mod upgrade;
 
 pub(crate) use endpoints::Endpoints;
 pub use reload::ReloadSource;
-pub use upgrade::{UpgradeCommand, READY_FD_ENV, UPGRADE_FROM_ENV};
+pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 
 use std::collections::VecDeque;
 use std::io;
@@ -156,6 +157,11 @@ pub(crate) struct Supervisor {
     pub(crate) endpoints: endpoints::Endpoints,
     /// The agent check, `/live`, `/ready` and the drain delay.
     balancer: balancer::Balancer,
+    /// Serving the backlog queued when a stop came (`stop_backlog.rs`).
+    finishing: Option<stop_backlog::BacklogFinish>,
+    /// The listeners came from systemd socket activation and outlive this
+    /// process: a stop leaves their backlog to the next start.
+    pub(crate) listeners_outlive_pool: bool,
     /// Who children run as, if not the supervisor's own user.
     pub(crate) credentials: Option<crate::pool::Credentials>,
     /// How to re-exec for a binary upgrade (SIGUSR2), if enabled.
@@ -221,6 +227,8 @@ impl Supervisor {
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
             balancer: balancer::Balancer::default(),
+            finishing: None,
+            listeners_outlive_pool: false,
             credentials: None,
             upgrade_command: None,
             upgrade: None,
@@ -307,6 +315,7 @@ impl Supervisor {
             self.expire_clients(now);
             self.check_upgrade(now);
             self.check_drain(now);
+            self.check_backlog_finish(now);
             self.log_scoreboard(now);
         }
     }
@@ -493,6 +502,7 @@ impl Supervisor {
         consider(self.endpoints.deadline());
         consider(self.upgrade_deadline());
         consider(self.drain_deadline());
+        consider(self.finishing.map(|f| f.deadline()));
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

@@ -35,6 +35,9 @@ pub(super) const UPGRADE_TOKEN: Token = Token(usize::MAX - 4);
 pub const READY_FD_ENV: &str = "FORKPOOL_UPGRADE_READY_FD";
 /// The variable telling a new supervisor which pid it replaces.
 pub const UPGRADE_FROM_ENV: &str = "FORKPOOL_UPGRADE_FROM";
+/// Set (to `1`) for a new supervisor whose listeners came from systemd
+/// socket activation in the first place, through its predecessor.
+pub const SOCKET_ACTIVATED_ENV: &str = "FORKPOOL_SOCKET_ACTIVATED";
 /// How long a new supervisor may take to become ready.
 pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -143,8 +146,13 @@ impl Supervisor {
                 name => name,
             })
             .collect();
-        std::process::Command::new(&command.program)
-            .args(&command.args)
+        let mut exec = std::process::Command::new(&command.program);
+        if self.listeners_outlive_pool {
+            exec.env(SOCKET_ACTIVATED_ENV, "1");
+        } else {
+            exec.env_remove(SOCKET_ACTIVATED_ENV);
+        }
+        exec.args(&command.args)
             .env("LISTEN_FDS", n.to_string())
             .env("LISTEN_PID", std::process::id().to_string())
             .env("LISTEN_FDNAMES", names.join(":"))
