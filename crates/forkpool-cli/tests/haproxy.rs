@@ -224,6 +224,60 @@ fn sigkill_of_one_supervisor_marks_it_down_and_fails_only_what_was_in_flight() {
     );
 }
 
+/// The agent port a pool started with `--agent 127.0.0.1:0` printed.
+fn agent_port(pool: &DemoPool) -> u16 {
+    assert!(pool
+        .stdout
+        .wait_for("forkpool: agent check on ", Duration::from_secs(10)));
+    pool.stdout
+        .dump()
+        .lines()
+        .find_map(|l| l.strip_prefix("forkpool: agent check on "))
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .expect("agent address")
+}
+
+/// `TERM` to one pool under load: with the agent check and a drain delay
+/// HAProxy stops sending to it before its listeners close, and what was
+/// queued on them is served: no request fails.
+#[test]
+fn term_of_one_pool_with_a_drain_delay_fails_nothing() {
+    let Some(program) = haproxy_or_skip("term_of_one_pool") else {
+        return;
+    };
+    let mut args = POOL_ARGS.to_vec();
+    args.extend(["--agent", "127.0.0.1:0", "--drain-delay", "3s"]);
+    let mut a = DemoPool::start(&args);
+    let b = DemoPool::start(POOL_ARGS);
+    let servers = [
+        Server {
+            agent_port: Some(agent_port(&a)),
+            ..server("pool_a", &a)
+        },
+        server("pool_b", &b),
+    ];
+    let haproxy = Haproxy::start(&program, &servers, "/");
+    let load = Load::start(haproxy.addr, 4, "/?work_ms=20", Duration::from_secs(90));
+    let shared = haproxy.wait_for(Duration::from_secs(20), |s| {
+        s.len() == 2 && s.iter().all(|s| s.total >= 30)
+    });
+    assert!(shared.is_some(), "{:?}", haproxy.servers());
+    a.signal(15);
+    let drained = haproxy.wait_for(Duration::from_secs(5), |s| {
+        s.iter()
+            .any(|s| s.name == "pool_a" && s.status.starts_with("DRAIN"))
+    });
+    assert!(drained.is_some(), "never drained: {:?}", haproxy.servers());
+    assert!(
+        a.wait_exit(Duration::from_secs(30)).is_some(),
+        "pool_a stops after its drain delay"
+    );
+    assert!(load.wait_more(100, Duration::from_secs(30)));
+    let outcomes = load.finish();
+    report("term with drain delay", &outcomes);
+}
+
 /// An agent-check port on loopback that answers whatever line the test
 /// sets, until dropped.
 struct Agent {
