@@ -36,7 +36,9 @@ use crate::supervisor::{Endpoints, Exit, ReloadSource, Supervisor, UpgradeComman
 use crate::sys::process;
 use crate::worker::{self, Handler, WorkerInfo};
 
-pub use crate::supervisor::{SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
+pub use crate::supervisor::{
+    AGENT_FD_NAME, METRICS_FD_NAME, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV,
+};
 
 /// A pool that has not started yet.
 pub struct Pool {
@@ -148,6 +150,18 @@ impl Pool {
     /// [`crate::fleet::agent`]); returns the address bound.
     pub fn agent(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
         self.endpoints.bind_agent(addr)
+    }
+
+    /// Serves metrics (and `/live`, `/ready`) on a listener a `USR2`
+    /// predecessor passed (named [`METRICS_FD_NAME`]); returns its address.
+    pub fn adopt_metrics(&mut self, listener: Listener) -> io::Result<SocketAddr> {
+        self.endpoints.adopt_metrics(listener.into())
+    }
+
+    /// Answers the agent check on a listener a `USR2` predecessor passed
+    /// (named [`AGENT_FD_NAME`]); returns its address.
+    pub fn adopt_agent(&mut self, listener: Listener) -> io::Result<SocketAddr> {
+        self.endpoints.adopt_agent(listener.into())
     }
 
     /// Says the listeners came from systemd socket activation: they

@@ -40,6 +40,13 @@ pub(crate) const MAX_ENDPOINT_CLIENTS: usize = 64;
 /// the descriptors in use once it is reached.
 pub(crate) const FD_RESERVE: u64 = 32;
 
+/// The `LISTEN_FDNAMES` name of the metrics listener passed to a `USR2`
+/// successor.
+pub const METRICS_FD_NAME: &str = "forkpool-metrics";
+/// The `LISTEN_FDNAMES` name of the agent-check listener passed to a
+/// `USR2` successor.
+pub const AGENT_FD_NAME: &str = "forkpool-agent";
+
 /// The bound control socket and metrics listener, and their clients.
 #[derive(Default)]
 pub(crate) struct Endpoints {
@@ -53,7 +60,11 @@ pub(crate) struct Endpoints {
 
 struct ControlSocket {
     listener: UnixListener,
+    /// Where the socket file is now.
     path: PathBuf,
+    /// Where it belongs: differs from `path` in a `USR2` successor until
+    /// it is ready and takes its predecessor's place.
+    home: PathBuf,
     inode: u64,
 }
 
@@ -85,9 +96,17 @@ impl Endpoints {
                 format!("refusing the control socket {}: {e}", path.display()),
             )
         })?;
-        if take_over && path.exists() {
-            std::fs::remove_file(path)?;
-        }
+        // A successor binds beside its predecessor's socket and moves it
+        // into place only once it is ready: until then `forkpool status`
+        // reaches the running supervisor, and a successor that fails
+        // leaves it alone.
+        let home = path.to_path_buf();
+        let waiting = take_over.then(|| {
+            let mut name = path.as_os_str().to_os_string();
+            name.push(format!(".{}", std::process::id()));
+            PathBuf::from(name)
+        });
+        let path = waiting.as_deref().unwrap_or(path);
         crate::listener::remove_stale_socket(path)?;
         // Create the socket file owner-only from the start, not chmod it
         // after: nobody else may connect in between.
@@ -104,9 +123,63 @@ impl Endpoints {
         self.control = Some(ControlSocket {
             listener,
             path: path.to_path_buf(),
+            home,
             inode,
         });
         Ok(())
+    }
+
+    /// In a `USR2` successor that became ready: moves the control socket
+    /// over its predecessor's (one atomic rename, so `forkpool status`
+    /// always finds one of the two).
+    pub fn take_control_home(&mut self) -> io::Result<()> {
+        if let Some(c) = self.control.as_mut() {
+            if c.path != c.home {
+                std::fs::rename(&c.path, &c.home)?;
+                c.path = c.home.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the control socket file a failed successor with this pid
+    /// left beside ours (see [`Endpoints::bind_control`]).
+    pub fn remove_successor_control(&self, pid: i32) {
+        if let Some(c) = &self.control {
+            let mut name = c.home.as_os_str().to_os_string();
+            name.push(format!(".{pid}"));
+            let _ = std::fs::remove_file(PathBuf::from(name));
+        }
+    }
+
+    /// Adopts a metrics listener passed by a predecessor.
+    pub fn adopt_metrics(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<SocketAddr> {
+        let listener = adopt_tcp(fd)?;
+        let local = listener.local_addr()?;
+        self.metrics = Some(listener);
+        Ok(local)
+    }
+
+    /// Adopts an agent-check listener passed by a predecessor.
+    pub fn adopt_agent(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<SocketAddr> {
+        let listener = adopt_tcp(fd)?;
+        let local = listener.local_addr()?;
+        self.agent = Some(listener);
+        Ok(local)
+    }
+
+    /// The metrics and agent listeners with their `LISTEN_FDNAMES` names,
+    /// for a `USR2` successor.
+    pub fn passable(&self) -> Vec<(std::os::fd::BorrowedFd<'_>, &'static str)> {
+        use std::os::fd::AsFd;
+        let mut out = Vec::new();
+        if let Some(m) = &self.metrics {
+            out.push((m.as_fd(), METRICS_FD_NAME));
+        }
+        if let Some(a) = &self.agent {
+            out.push((a.as_fd(), AGENT_FD_NAME));
+        }
+        out
     }
 
     /// Binds the metrics endpoint.
@@ -435,6 +508,13 @@ impl Supervisor {
     fn metrics_text(&self) -> String {
         crate::metrics::render(&self.snapshot(Instant::now()), &self.dispatch_latency)
     }
+}
+
+/// A TCP listener from a passed descriptor, made non-blocking.
+fn adopt_tcp(fd: std::os::fd::OwnedFd) -> io::Result<TcpListener> {
+    let listener = std::net::TcpListener::from(fd);
+    listener.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(listener))
 }
 
 /// A TCP listener for one of the supervisor's own endpoints, and the

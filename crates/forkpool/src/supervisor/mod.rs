@@ -30,6 +30,7 @@ mod stop_backlog;
 mod upgrade;
 
 pub(crate) use endpoints::Endpoints;
+pub use endpoints::{AGENT_FD_NAME, METRICS_FD_NAME};
 pub use reload::ReloadSource;
 pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 

@@ -132,13 +132,7 @@ impl Supervisor {
         }
         let mut fds: Vec<std::os::fd::BorrowedFd<'_>> =
             self.listeners.iter().map(|l| l.listener.as_fd()).collect();
-        let ready_fd: OwnedFd = ready.into();
-        fds.push(ready_fd.as_fd());
-        if let Err(e) = process::place_fds(&fds, 3) {
-            return e;
-        }
-        let n = self.listeners.len();
-        let names: Vec<&str> = self
+        let mut names: Vec<&str> = self
             .listeners
             .iter()
             .map(|l| match l.listener.name() {
@@ -146,6 +140,18 @@ impl Supervisor {
                 name => name,
             })
             .collect();
+        // The metrics and agent ports go along, so the successor answers
+        // on them without a moment where nobody listens.
+        for (fd, name) in self.endpoints.passable() {
+            fds.push(fd);
+            names.push(name);
+        }
+        let n = fds.len();
+        let ready_fd: OwnedFd = ready.into();
+        fds.push(ready_fd.as_fd());
+        if let Err(e) = process::place_fds(&fds, 3) {
+            return e;
+        }
         let mut exec = std::process::Command::new(&command.program);
         if self.listeners_outlive_pool {
             exec.env(SOCKET_ACTIVATED_ENV, "1");
@@ -230,6 +236,9 @@ impl Supervisor {
 
     fn end_upgrade(&mut self) {
         if let Some(upgrade) = self.upgrade.take() {
+            // A successor that became ready has moved its socket into
+            // place already; one that failed may have left it beside ours.
+            self.endpoints.remove_successor_control(upgrade.pid);
             let _ = self
                 .poll
                 .registry()
@@ -240,6 +249,9 @@ impl Supervisor {
     /// In a new supervisor: tell the old one we are ready (once).
     pub(super) fn tell_predecessor_ready(&mut self) {
         if let Some(fd) = self.predecessor.take() {
+            if let Err(e) = self.endpoints.take_control_home() {
+                warn!("cannot move the control socket into place: {e}");
+            }
             super::notify::main_pid();
             let mut pipe = UnixStream::from(fd);
             match pipe.write_all(b"ready\n") {
