@@ -278,6 +278,74 @@ fn term_of_one_pool_with_a_drain_delay_fails_nothing() {
     report("term with drain delay", &outcomes);
 }
 
+/// Saturating one pool (every child busy on slow requests sent straight
+/// to it): through the agent check HAProxy sends at least 90% of new
+/// requests to the other pool within 2 s, and shares again once it frees.
+#[test]
+fn a_saturated_pool_gets_new_work_only_after_it_frees() {
+    let Some(program) = haproxy_or_skip("a_saturated_pool") else {
+        return;
+    };
+    let a = DemoPool::start(&[
+        "--min-children",
+        "2",
+        "--max-children",
+        "2",
+        "--agent",
+        "127.0.0.1:0",
+    ]);
+    let b = DemoPool::start(POOL_ARGS);
+    let servers = [
+        Server {
+            agent_port: Some(agent_port(&a)),
+            ..server("pool_a", &a)
+        },
+        server("pool_b", &b),
+    ];
+    let haproxy = Haproxy::start(&program, &servers, "/");
+    let load = Load::start(haproxy.addr, 4, "/?work_ms=20", Duration::from_secs(90));
+    let shared = haproxy.wait_for(Duration::from_secs(20), |s| {
+        s.len() == 2 && s.iter().all(|s| s.total >= 30)
+    });
+    assert!(shared.is_some(), "{:?}", haproxy.servers());
+    let saturated_at = load.elapsed();
+    let slow: Vec<_> = (0..2)
+        .map(|_| common::send(a.addr, "/?work_ms=6000"))
+        .collect();
+    let weight_one = haproxy.wait_for(Duration::from_secs(5), |s| {
+        s.iter().any(|s| s.name == "pool_a" && s.weight == 1)
+    });
+    assert!(weight_one.is_some(), "{:?}", haproxy.servers());
+    let window = (
+        saturated_at + Duration::from_secs(2),
+        saturated_at + Duration::from_secs(5),
+    );
+    while load.elapsed() < window.1 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for mut s in slow {
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+    }
+    let recovered_at = load.elapsed();
+    let back = haproxy.wait_for(Duration::from_secs(10), |s| {
+        s.iter().any(|s| s.name == "pool_a" && s.weight == 100)
+    });
+    assert!(back.is_some(), "{:?}", haproxy.servers());
+    assert!(load.wait_more(200, Duration::from_secs(30)));
+    let outcomes = load.finish();
+    report("saturation", &outcomes);
+    let on_a = outcomes.served_by_between("pool_a", window.0, window.1);
+    let on_b = outcomes.served_by_between("pool_b", window.0, window.1);
+    let share_b = on_b as f64 / (on_a + on_b).max(1) as f64;
+    println!("saturated window: pool_a {on_a}, pool_b {on_b}, share to pool_b {share_b:.3}");
+    assert!(on_b > 0 && share_b >= 0.9, "pool_a {on_a}, pool_b {on_b}");
+    assert!(
+        outcomes.served_by_between("pool_a", recovered_at, Duration::MAX) > 0,
+        "pool_a got no work after it recovered"
+    );
+}
+
 /// An agent-check port on loopback that answers whatever line the test
 /// sets, until dropped.
 struct Agent {
