@@ -1,7 +1,9 @@
 //! Two forkpool pools behind a real HAProxy (Debian's, started by the test
 //! on loopback; `bash .ci/deps/haproxy.sh` installs it): both get traffic,
-//! losing one costs no more than what was in flight on it, and reloading
-//! or upgrading one under load fails no request.
+//! losing one costs no more than what was in flight on it, reloading,
+//! upgrading or stopping (with the agent check and a drain delay) one under
+//! load fails no request, and a saturated pool gets no new work until it
+//! frees.
 
 mod common;
 #[path = "common/haproxy_support.rs"]
@@ -33,7 +35,22 @@ fn server(name: &str, pool: &DemoPool) -> Server {
 /// HAProxy in front of pools `a` and `b` with load running, once both
 /// have served their share.
 fn balance(program: &Path, a: &DemoPool, b: &DemoPool) -> (Haproxy, Load) {
-    let haproxy = Haproxy::start(program, &[server("pool_a", a), server("pool_b", b)], "/");
+    balance_servers(program, &[server("pool_a", a), server("pool_b", b)])
+}
+
+/// Like [`balance`], pool_a answering the agent check on the port it printed.
+fn balance_with_agent(program: &Path, a: &DemoPool, b: &DemoPool) -> (Haproxy, Load) {
+    let pool_a = Server {
+        agent_port: Some(agent_port(a)),
+        ..server("pool_a", a)
+    };
+    balance_servers(program, &[pool_a, server("pool_b", b)])
+}
+
+/// HAProxy in front of `servers` with load running, once the first two
+/// have served their share.
+fn balance_servers(program: &Path, servers: &[Server]) -> (Haproxy, Load) {
+    let haproxy = Haproxy::start(program, servers, "/");
     let load = Load::start(haproxy.addr, 4, "/?work_ms=20", Duration::from_secs(90));
     let shared = haproxy.wait_for(Duration::from_secs(20), |s| {
         s.len() == 2 && s.iter().all(|s| s.total >= 30)
@@ -151,9 +168,14 @@ fn sigkill_of_one_supervisor_marks_it_down_and_fails_only_what_was_in_flight() {
     let Some(program) = haproxy_or_skip("sigkill_of_one_supervisor") else {
         return;
     };
-    let a = DemoPool::start(POOL_ARGS);
+    // pool_a also answers the agent check: a killed supervisor must be
+    // marked down with both checks configured (HAProxy ignores an agent
+    // that stops answering; the health check takes it out).
+    let mut args = POOL_ARGS.to_vec();
+    args.extend(["--agent", "127.0.0.1:0"]);
+    let a = DemoPool::start(&args);
     let b = DemoPool::start(POOL_ARGS);
-    let (haproxy, load) = balance(&program, &a, &b);
+    let (haproxy, load) = balance_with_agent(&program, &a, &b);
 
     let children = a.children(); // remembered, so Drop kills the orphans
     let killed_at = load.elapsed();
@@ -250,19 +272,7 @@ fn term_of_one_pool_with_a_drain_delay_fails_nothing() {
     args.extend(["--agent", "127.0.0.1:0", "--drain-delay", "3s"]);
     let mut a = DemoPool::start(&args);
     let b = DemoPool::start(POOL_ARGS);
-    let servers = [
-        Server {
-            agent_port: Some(agent_port(&a)),
-            ..server("pool_a", &a)
-        },
-        server("pool_b", &b),
-    ];
-    let haproxy = Haproxy::start(&program, &servers, "/");
-    let load = Load::start(haproxy.addr, 4, "/?work_ms=20", Duration::from_secs(90));
-    let shared = haproxy.wait_for(Duration::from_secs(20), |s| {
-        s.len() == 2 && s.iter().all(|s| s.total >= 30)
-    });
-    assert!(shared.is_some(), "{:?}", haproxy.servers());
+    let (haproxy, load) = balance_with_agent(&program, &a, &b);
     a.signal(15);
     let drained = haproxy.wait_for(Duration::from_secs(5), |s| {
         s.iter()
@@ -295,19 +305,7 @@ fn a_saturated_pool_gets_new_work_only_after_it_frees() {
         "127.0.0.1:0",
     ]);
     let b = DemoPool::start(POOL_ARGS);
-    let servers = [
-        Server {
-            agent_port: Some(agent_port(&a)),
-            ..server("pool_a", &a)
-        },
-        server("pool_b", &b),
-    ];
-    let haproxy = Haproxy::start(&program, &servers, "/");
-    let load = Load::start(haproxy.addr, 4, "/?work_ms=20", Duration::from_secs(90));
-    let shared = haproxy.wait_for(Duration::from_secs(20), |s| {
-        s.len() == 2 && s.iter().all(|s| s.total >= 30)
-    });
-    assert!(shared.is_some(), "{:?}", haproxy.servers());
+    let (haproxy, load) = balance_with_agent(&program, &a, &b);
     let saturated_at = load.elapsed();
     let slow: Vec<_> = (0..2)
         .map(|_| common::send(a.addr, "/?work_ms=6000"))
