@@ -68,6 +68,18 @@ pub struct PoolArgs {
     /// (its stack, where it waits); 0 = off [default: 0].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub slow_threshold: Option<Duration>,
+    /// On TERM/INT or a USR2 hand-over, report drain on --agent and 503 on
+    /// /ready for this long while still serving, then stop; needs --agent
+    /// or --metrics; 0 = off [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub drain_delay: Option<Duration>,
+    /// /ready answers 503 while every child the pool may have is busy.
+    #[arg(long)]
+    pub ready_unless_saturated: bool,
+    /// On TERM/INT, close the listeners at once instead of first serving
+    /// the connections already queued on them.
+    #[arg(long)]
+    pub no_serve_backlog_on_stop: bool,
 }
 
 impl PoolArgs {
@@ -97,8 +109,15 @@ impl PoolArgs {
             max_requests_jitter,
             max_child_memory,
             max_child_lifetime,
-            slow_threshold
+            slow_threshold,
+            drain_delay
         );
+        if self.ready_unless_saturated {
+            config.ready_unless_saturated = true;
+        }
+        if self.no_serve_backlog_on_stop {
+            config.serve_backlog_on_stop = false;
+        }
         config
     }
 }

@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::settings::{ServeArgs, Settings};
 
-use forkpool::pool::UPGRADE_FROM_ENV;
+use forkpool::pool::{AGENT_FD_NAME, METRICS_FD_NAME, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 
 /// Builds the pool and prints `forkpool: listening on ADDR` for each
 /// listener (and `forkpool: metrics on ...`) on standard output.
@@ -18,7 +18,10 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
     // Printed only once everything is bound, so a script that waits for
     // these lines can use the control socket and metrics at once.
     let mut out = Vec::new();
-    let inherited = Listener::inherited().map_err(|e| e.to_string())?;
+    let mut inherited = Listener::inherited().map_err(|e| e.to_string())?;
+    // A USR2 predecessor passes its metrics and agent ports along.
+    let mut passed_metrics = take_named(&mut inherited, METRICS_FD_NAME);
+    let mut passed_agent = take_named(&mut inherited, AGENT_FD_NAME);
     if inherited.is_empty() {
         for spec in &settings.listen {
             let listener = Listener::bind(&spec.addr, settings.pool.backlog)
@@ -33,6 +36,12 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
             pool.add_listener(listener);
         }
     } else {
+        // From systemd, or from a predecessor that had them from systemd:
+        // they outlive this process.
+        let from_predecessor = std::env::var_os(UPGRADE_FROM_ENV).is_some();
+        if !from_predecessor || std::env::var_os(SOCKET_ACTIVATED_ENV).is_some() {
+            pool.listeners_from_socket_activation();
+        }
         for listener in inherited {
             let _ = writeln!(
                 out,
@@ -52,8 +61,20 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
         Err(e) => warn!("{e}; `forkpool status` will not reach this pool (pass --control PATH)"),
     }
     if let Some(addr) = settings.metrics {
-        let bound = pool.metrics(addr).map_err(|e| e.to_string())?;
+        let bound = match passed_metrics.take() {
+            Some(listener) => pool.adopt_metrics(listener),
+            None => pool.metrics(addr),
+        }
+        .map_err(|e| e.to_string())?;
         let _ = writeln!(out, "forkpool: metrics on http://{bound}/metrics");
+    }
+    if let Some(addr) = settings.agent {
+        let bound = match passed_agent.take() {
+            Some(listener) => pool.adopt_agent(listener),
+            None => pool.agent(addr),
+        }
+        .map_err(|e| e.to_string())?;
+        let _ = writeln!(out, "forkpool: agent check on {bound}");
     }
     if let Some(credentials) = settings.credentials {
         pool.run_children_as(credentials)
@@ -66,4 +87,10 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
     let _ = stdout.write_all(&out);
     let _ = stdout.flush();
     Ok(pool)
+}
+
+/// Removes the listener named `name` from `listeners`, if one is there.
+fn take_named(listeners: &mut Vec<Listener>, name: &str) -> Option<Listener> {
+    let i = listeners.iter().position(|l| l.name() == name)?;
+    Some(listeners.remove(i))
 }

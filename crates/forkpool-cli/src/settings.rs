@@ -6,6 +6,7 @@
 //! unix_mode = "0660"
 //! control = "/run/forkpool.sock"
 //! metrics = "127.0.0.1:9187"
+//! agent = "127.0.0.1:9188"
 //! user = "www-data"
 //! group = "www-data"
 //!
@@ -46,6 +47,9 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics over HTTP at this address.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// Answer HAProxy's agent check (`agent-check`) at this address.
+    #[arg(long, value_name = "ADDR")]
+    pub agent: Option<SocketAddr>,
     /// Run children as this user (the supervisor must start as root).
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
@@ -70,6 +74,8 @@ pub struct FileSettings {
     pub control: Option<PathBuf>,
     /// Metrics address.
     pub metrics: Option<SocketAddr>,
+    /// Agent-check address.
+    pub agent: Option<SocketAddr>,
     /// Children's user.
     pub user: Option<String>,
     /// Children's group.
@@ -101,6 +107,8 @@ pub struct Settings {
     pub control: (PathBuf, bool),
     /// Metrics address.
     pub metrics: Option<SocketAddr>,
+    /// Agent-check address.
+    pub agent: Option<SocketAddr>,
     /// Children's user and group ids.
     pub credentials: Option<forkpool::Credentials>,
     /// The pool configuration.
@@ -157,6 +165,7 @@ impl ServeArgs {
             unix_mode,
             control,
             metrics: self.metrics.or(file.metrics),
+            agent: self.agent.or(file.agent),
             credentials,
             pool,
             command: file.command,

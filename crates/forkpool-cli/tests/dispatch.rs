@@ -231,7 +231,9 @@ fn a_child_at_its_request_limit_takes_no_next_connection() {
 
 #[test]
 fn a_child_told_to_quit_takes_no_next_connection() {
-    let mut pool = one_child_pool(&[]);
+    // Without serving the backlog on stop, which would hand the queued
+    // connections out on purpose before telling the child to quit.
+    let mut pool = one_child_pool(&["--no-serve-backlog-on-stop"]);
     let mut conns = queue_behind_a_slow_request(&pool).into_iter();
     pool.signal(libc::SIGTERM);
     answer(conns.next().unwrap());

@@ -1,7 +1,9 @@
 //! Two forkpool pools behind a real HAProxy (Debian's, started by the test
 //! on loopback; `bash .ci/deps/haproxy.sh` installs it): both get traffic,
-//! losing one costs no more than what was in flight on it, and reloading
-//! or upgrading one under load fails no request.
+//! losing one costs no more than what was in flight on it, reloading,
+//! upgrading or stopping (with the agent check and a drain delay) one under
+//! load fails no request, and a saturated pool gets no new work until it
+//! frees.
 
 mod common;
 #[path = "common/haproxy_support.rs"]
@@ -33,7 +35,22 @@ fn server(name: &str, pool: &DemoPool) -> Server {
 /// HAProxy in front of pools `a` and `b` with load running, once both
 /// have served their share.
 fn balance(program: &Path, a: &DemoPool, b: &DemoPool) -> (Haproxy, Load) {
-    let haproxy = Haproxy::start(program, &[server("pool_a", a), server("pool_b", b)], "/");
+    balance_servers(program, &[server("pool_a", a), server("pool_b", b)])
+}
+
+/// Like [`balance`], pool_a answering the agent check on the port it printed.
+fn balance_with_agent(program: &Path, a: &DemoPool, b: &DemoPool) -> (Haproxy, Load) {
+    let pool_a = Server {
+        agent_port: Some(agent_port(a)),
+        ..server("pool_a", a)
+    };
+    balance_servers(program, &[pool_a, server("pool_b", b)])
+}
+
+/// HAProxy in front of `servers` with load running, once the first two
+/// have served their share.
+fn balance_servers(program: &Path, servers: &[Server]) -> (Haproxy, Load) {
+    let haproxy = Haproxy::start(program, servers, "/");
     let load = Load::start(haproxy.addr, 4, "/?work_ms=20", Duration::from_secs(90));
     let shared = haproxy.wait_for(Duration::from_secs(20), |s| {
         s.len() == 2 && s.iter().all(|s| s.total >= 30)
@@ -151,9 +168,14 @@ fn sigkill_of_one_supervisor_marks_it_down_and_fails_only_what_was_in_flight() {
     let Some(program) = haproxy_or_skip("sigkill_of_one_supervisor") else {
         return;
     };
-    let a = DemoPool::start(POOL_ARGS);
+    // pool_a also answers the agent check: a killed supervisor must be
+    // marked down with both checks configured (HAProxy ignores an agent
+    // that stops answering; the health check takes it out).
+    let mut args = POOL_ARGS.to_vec();
+    args.extend(["--agent", "127.0.0.1:0"]);
+    let a = DemoPool::start(&args);
     let b = DemoPool::start(POOL_ARGS);
-    let (haproxy, load) = balance(&program, &a, &b);
+    let (haproxy, load) = balance_with_agent(&program, &a, &b);
 
     let children = a.children(); // remembered, so Drop kills the orphans
     let killed_at = load.elapsed();
@@ -221,6 +243,104 @@ fn sigkill_of_one_supervisor_marks_it_down_and_fails_only_what_was_in_flight() {
         outcomes.served_by_between("pool_a", down_at, Duration::MAX),
         0,
         "requests still reached the dead pool after it was marked down"
+    );
+}
+
+/// The agent port a pool started with `--agent 127.0.0.1:0` printed.
+fn agent_port(pool: &DemoPool) -> u16 {
+    assert!(pool
+        .stdout
+        .wait_for("forkpool: agent check on ", Duration::from_secs(10)));
+    pool.stdout
+        .dump()
+        .lines()
+        .find_map(|l| l.strip_prefix("forkpool: agent check on "))
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .expect("agent address")
+}
+
+/// `TERM` to one pool under load: with the agent check and a drain delay
+/// HAProxy stops sending to it before its listeners close, and what was
+/// queued on them is served: no request fails.
+#[test]
+fn term_of_one_pool_with_a_drain_delay_fails_nothing() {
+    let Some(program) = haproxy_or_skip("term_of_one_pool") else {
+        return;
+    };
+    let mut args = POOL_ARGS.to_vec();
+    args.extend(["--agent", "127.0.0.1:0", "--drain-delay", "3s"]);
+    let mut a = DemoPool::start(&args);
+    let b = DemoPool::start(POOL_ARGS);
+    let (haproxy, load) = balance_with_agent(&program, &a, &b);
+    a.signal(15);
+    let drained = haproxy.wait_for(Duration::from_secs(5), |s| {
+        s.iter()
+            .any(|s| s.name == "pool_a" && s.status.starts_with("DRAIN"))
+    });
+    assert!(drained.is_some(), "never drained: {:?}", haproxy.servers());
+    assert!(
+        a.wait_exit(Duration::from_secs(30)).is_some(),
+        "pool_a stops after its drain delay"
+    );
+    assert!(load.wait_more(100, Duration::from_secs(30)));
+    let outcomes = load.finish();
+    report("term with drain delay", &outcomes);
+}
+
+/// Saturating one pool (every child busy on slow requests sent straight
+/// to it): through the agent check HAProxy sends at least 90% of new
+/// requests to the other pool within 2 s, and shares again once it frees.
+#[test]
+fn a_saturated_pool_gets_new_work_only_after_it_frees() {
+    let Some(program) = haproxy_or_skip("a_saturated_pool") else {
+        return;
+    };
+    let a = DemoPool::start(&[
+        "--min-children",
+        "2",
+        "--max-children",
+        "2",
+        "--agent",
+        "127.0.0.1:0",
+    ]);
+    let b = DemoPool::start(POOL_ARGS);
+    let (haproxy, load) = balance_with_agent(&program, &a, &b);
+    let saturated_at = load.elapsed();
+    let slow: Vec<_> = (0..2)
+        .map(|_| common::send(a.addr, "/?work_ms=6000"))
+        .collect();
+    let weight_one = haproxy.wait_for(Duration::from_secs(5), |s| {
+        s.iter().any(|s| s.name == "pool_a" && s.weight == 1)
+    });
+    assert!(weight_one.is_some(), "{:?}", haproxy.servers());
+    let window = (
+        saturated_at + Duration::from_secs(2),
+        saturated_at + Duration::from_secs(5),
+    );
+    while load.elapsed() < window.1 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for mut s in slow {
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+    }
+    let recovered_at = load.elapsed();
+    let back = haproxy.wait_for(Duration::from_secs(10), |s| {
+        s.iter().any(|s| s.name == "pool_a" && s.weight == 100)
+    });
+    assert!(back.is_some(), "{:?}", haproxy.servers());
+    assert!(load.wait_more(200, Duration::from_secs(30)));
+    let outcomes = load.finish();
+    report("saturation", &outcomes);
+    let on_a = outcomes.served_by_between("pool_a", window.0, window.1);
+    let on_b = outcomes.served_by_between("pool_b", window.0, window.1);
+    let share_b = on_b as f64 / (on_a + on_b).max(1) as f64;
+    println!("saturated window: pool_a {on_a}, pool_b {on_b}, share to pool_b {share_b:.3}");
+    assert!(on_b > 0 && share_b >= 0.9, "pool_a {on_a}, pool_b {on_b}");
+    assert!(
+        outcomes.served_by_between("pool_a", recovered_at, Duration::MAX) > 0,
+        "pool_a got no work after it recovered"
     );
 }
 

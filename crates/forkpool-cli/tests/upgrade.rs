@@ -32,6 +32,26 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Lets the load run until `target` requests succeeded (10 s at most),
+/// stops it, and asserts none failed.
+fn end_load(
+    ok: &std::sync::atomic::AtomicUsize,
+    target: usize,
+    stop: &AtomicBool,
+    load: Vec<std::thread::JoinHandle<Vec<String>>>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ok.load(Ordering::SeqCst) < target && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let failures: Vec<String> = load.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    assert!(
+        failures.is_empty(),
+        "failed requests across the upgrade: {failures:?}"
+    );
+}
+
 #[test]
 fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
     let binary = binary_copy();
@@ -58,16 +78,7 @@ fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
     assert_ne!(new_pid, old_pid);
     // Keep the load on the new supervisor for a while.
     let target = ok.load(Ordering::SeqCst) + 100;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ok.load(Ordering::SeqCst) < target && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    stop.store(true, Ordering::SeqCst);
-    let failures: Vec<String> = load.into_iter().flat_map(|h| h.join().unwrap()).collect();
-    assert!(
-        failures.is_empty(),
-        "failed requests across the upgrade: {failures:?}"
-    );
+    end_load(&ok, target, &stop, load);
     assert!(ok.load(Ordering::SeqCst) >= target);
     // Only the new supervisor's children serve now.
     let r = get(pool.addr, "/").unwrap();
@@ -115,4 +126,81 @@ fn a_broken_new_binary_leaves_the_old_supervisor_serving() {
         assert_eq!(pool.get("/").unwrap().status, 200);
     }
     let _ = std::fs::remove_file(&binary);
+}
+
+/// A `GET /metrics` on the metrics address printed by `pool`: the status.
+fn metrics_status(pool: &DemoPool) -> Result<u16, String> {
+    let addr: std::net::SocketAddr = pool
+        .stdout
+        .dump()
+        .lines()
+        .find_map(|l| l.strip_prefix("forkpool: metrics on http://"))
+        .and_then(|a| a.trim_end_matches("/metrics").parse().ok())
+        .ok_or("no metrics line")?;
+    get(addr, "/metrics").map(|r| r.status)
+}
+
+#[test]
+fn upgrade_with_metrics_and_control_hands_both_over_under_load() {
+    let binary = binary_copy();
+    let args = ["--min-children", "3", "--metrics", "127.0.0.1:0"];
+    let mut pool = DemoPool::start_from(&binary, &args, &[]);
+    assert!(pool
+        .stdout
+        .wait_for("forkpool: metrics on", Duration::from_secs(5)));
+    let old_pid = pool.pid;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, load) = continuous_load(pool.addr, 4, Arc::clone(&stop));
+    while ok.load(Ordering::SeqCst) < 50 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    pool.signal(12); // USR2
+    let status = pool
+        .wait_exit(Duration::from_secs(30))
+        .expect("old supervisor exits");
+    assert!(status.success(), "{status:?}");
+    let new_pid = pool.status()["pid"].as_i64().expect("status answered") as i32;
+    let _cleanup = KillOnDrop(new_pid);
+    assert_ne!(new_pid, old_pid, "status answered by the new supervisor");
+    // The old supervisor is gone: whoever answers the metrics is the new one.
+    assert_eq!(metrics_status(&pool), Ok(200));
+    let target = ok.load(Ordering::SeqCst) + 50;
+    end_load(&ok, target, &stop, load);
+    let _ = std::fs::remove_file(&binary);
+}
+
+#[test]
+fn a_successor_that_fails_after_binding_leaves_status_and_metrics_to_the_old_one() {
+    let binary = binary_copy();
+    let config = temp_path("upgrade.toml");
+    std::fs::write(&config, "[pool]\nmin_children = 2\n").unwrap();
+    let config_arg = config.to_str().unwrap();
+    let args = ["--config", config_arg, "--metrics", "127.0.0.1:0"];
+    let pool = DemoPool::start_from(&binary, &args, &[]);
+    assert!(pool
+        .stdout
+        .wait_for("forkpool: metrics on", Duration::from_secs(5)));
+    // The successor will want an agent port that is taken: it fails after
+    // it has bound its control socket.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "agent = \"{}\"\n[pool]\nmin_children = 2\n",
+            taken.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    pool.signal(12);
+    assert!(
+        pool.stderr
+            .wait_for("upgrade failed", Duration::from_secs(20)),
+        "{}",
+        pool.stderr.dump()
+    );
+    assert_eq!(pool.status()["pid"].as_i64(), Some(i64::from(pool.pid)));
+    assert_eq!(metrics_status(&pool), Ok(200));
+    assert_eq!(pool.get("/").map(|r| r.status), Ok(200));
+    let _ = std::fs::remove_file(&binary);
+    let _ = std::fs::remove_file(&config);
 }

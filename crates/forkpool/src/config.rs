@@ -175,6 +175,22 @@ pub struct PoolConfig {
     /// stopped; zero means off. Default 0.
     #[serde(with = "humantime_serde_compat")]
     pub slow_threshold: Duration,
+    /// On `TERM`/`INT` (or a `USR2` hand-over), report `drain` on the agent
+    /// port and `503` on `/ready` for this long while still serving
+    /// normally, so the balancer stops sending first; then stop (or hand
+    /// over) as usual. Only when an agent port or the metrics address is
+    /// served; a second `TERM`/`INT` skips the rest. Default 0 (off).
+    #[serde(with = "humantime_serde_compat")]
+    pub drain_delay: Duration,
+    /// `/ready` answers `503` while the pool is saturated (every child it
+    /// may have is busy or starting), so the balancer sends new work
+    /// elsewhere until a child frees. Default false.
+    pub ready_unless_saturated: bool,
+    /// On a graceful stop, first accept and serve the connections already
+    /// queued in the listen backlog (and any parked), within
+    /// `shutdown_timeout`, then close the listeners. Not done for listeners
+    /// from systemd socket activation, which outlive the pool. Default true.
+    pub serve_backlog_on_stop: bool,
 }
 
 impl Default for PoolConfig {
@@ -198,6 +214,9 @@ impl Default for PoolConfig {
             max_child_memory: 0,
             max_child_lifetime: Duration::ZERO,
             slow_threshold: Duration::ZERO,
+            drain_delay: Duration::ZERO,
+            ready_unless_saturated: false,
+            serve_backlog_on_stop: true,
         }
     }
 }
@@ -209,6 +228,10 @@ pub const MAX_CHILDREN_LIMIT: u32 = 4096;
 /// The longest `defer_accept`: beyond it a silent client is held for
 /// minutes, which no protocol wants.
 pub const MAX_DEFER_ACCEPT: Duration = Duration::from_secs(600);
+
+/// The longest `drain_delay`: a balancer checks every few seconds, so
+/// minutes of draining only delay a stop.
+pub const MAX_DRAIN_DELAY: Duration = Duration::from_secs(300);
 
 /// A configuration value that cannot work, with the field and the fix
 /// (the same type the session pool's settings use).
@@ -288,6 +311,17 @@ impl PoolConfig {
             return error(
                 "ping_timeout",
                 "ping_timeout must be longer than 0 (try 2s)".to_string(),
+            );
+        }
+        if self.drain_delay > MAX_DRAIN_DELAY {
+            return error(
+                "drain_delay",
+                format!(
+                    "drain_delay {:?} is above the limit of {}s; a few balancer check \
+                     intervals are enough (try 5s)",
+                    self.drain_delay,
+                    MAX_DRAIN_DELAY.as_secs()
+                ),
             );
         }
         if self.defer_accept.subsec_nanos() != 0 || self.defer_accept > MAX_DEFER_ACCEPT {
@@ -547,6 +581,18 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.field, "dispatch");
         assert!(err.to_string().contains("use handoff"));
+    }
+
+    #[test]
+    fn drain_delay_has_a_ceiling() {
+        let e = invalid(|c| c.drain_delay = MAX_DRAIN_DELAY + Duration::from_secs(1));
+        assert_eq!(e.field, "drain_delay");
+        assert!(e.message.contains("try 5s"), "{}", e.message);
+        let ok = PoolConfig {
+            drain_delay: MAX_DRAIN_DELAY,
+            ..PoolConfig::default()
+        };
+        assert!(ok.validate().is_ok());
     }
 
     #[test]

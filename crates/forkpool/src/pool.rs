@@ -36,13 +36,16 @@ use crate::supervisor::{Endpoints, Exit, ReloadSource, Supervisor, UpgradeComman
 use crate::sys::process;
 use crate::worker::{self, Handler, WorkerInfo};
 
-pub use crate::supervisor::UPGRADE_FROM_ENV;
+pub use crate::supervisor::{
+    AGENT_FD_NAME, METRICS_FD_NAME, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV,
+};
 
 /// A pool that has not started yet.
 pub struct Pool {
     config: PoolConfig,
     listeners: Vec<Listener>,
     endpoints: Endpoints,
+    listeners_outlive: bool,
     reload: Option<ReloadSource>,
     credentials: Option<Credentials>,
     upgrade: Option<UpgradeCommand>,
@@ -121,6 +124,7 @@ impl Pool {
             config,
             listeners: Vec::new(),
             endpoints: Endpoints::default(),
+            listeners_outlive: false,
             reload: None,
             credentials: None,
             upgrade: None,
@@ -139,6 +143,32 @@ impl Pool {
     /// the address bound (port 0 picks one).
     pub fn metrics(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
         self.endpoints.bind_metrics(addr)
+    }
+
+    /// Answers HAProxy's agent check at `addr`, bound now: one line per
+    /// connection saying how much work the pool can take (see
+    /// [`crate::fleet::agent`]); returns the address bound.
+    pub fn agent(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        self.endpoints.bind_agent(addr)
+    }
+
+    /// Serves metrics (and `/live`, `/ready`) on a listener a `USR2`
+    /// predecessor passed (named [`METRICS_FD_NAME`]); returns its address.
+    pub fn adopt_metrics(&mut self, listener: Listener) -> io::Result<SocketAddr> {
+        self.endpoints.adopt_metrics(listener.into())
+    }
+
+    /// Answers the agent check on a listener a `USR2` predecessor passed
+    /// (named [`AGENT_FD_NAME`]); returns its address.
+    pub fn adopt_agent(&mut self, listener: Listener) -> io::Result<SocketAddr> {
+        self.endpoints.adopt_agent(listener.into())
+    }
+
+    /// Says the listeners came from systemd socket activation: they
+    /// outlive this process, so a graceful stop leaves their backlog to
+    /// the next start instead of serving it (see `serve_backlog_on_stop`).
+    pub fn listeners_from_socket_activation(&mut self) {
+        self.listeners_outlive = true;
     }
 
     /// How SIGHUP reads the configuration again. Without one, SIGHUP rolls
@@ -341,6 +371,7 @@ impl Pool {
         }
         let mut supervisor = Supervisor::new(self.config, self.listeners)?;
         supervisor.endpoints = self.endpoints;
+        supervisor.listeners_outlive_pool = self.listeners_outlive;
         supervisor.reload_source = self.reload;
         supervisor.credentials = self.credentials;
         supervisor.upgrade_command = self.upgrade;

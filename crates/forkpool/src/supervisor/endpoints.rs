@@ -1,7 +1,8 @@
 //! The supervisor's own small servers, run from its event loop (no thread):
 //! the control socket, which writes a JSON [`Snapshot`] to whoever connects,
 //! and the Prometheus metrics endpoint, which answers any HTTP request with
-//! the text exposition. Both write without blocking; a client that does not
+//! the text exposition (and `/live` and `/ready`, see [`crate::fleet`]),
+//! and HAProxy's agent check, one line per connection. All write without blocking; a client that does not
 //! read is dropped after [`CLIENT_TIMEOUT`]. At most [`MAX_ENDPOINT_CLIENTS`]
 //! are served at once, and never from the last [`FD_RESERVE`] descriptors:
 //! either way the oldest client is closed to make room.
@@ -23,6 +24,7 @@ use crate::status::{SlotStatus, Snapshot};
 
 const CONTROL_TOKEN: Token = Event::Control.token();
 const METRICS_TOKEN: Token = Event::Metrics.token();
+const AGENT_TOKEN: Token = Event::Agent.token();
 
 /// How long a status or metrics client may take.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,11 +40,19 @@ pub(crate) const MAX_ENDPOINT_CLIENTS: usize = 64;
 /// the descriptors in use once it is reached.
 pub(crate) const FD_RESERVE: u64 = 32;
 
+/// The `LISTEN_FDNAMES` name of the metrics listener passed to a `USR2`
+/// successor.
+pub const METRICS_FD_NAME: &str = "forkpool-metrics";
+/// The `LISTEN_FDNAMES` name of the agent-check listener passed to a
+/// `USR2` successor.
+pub const AGENT_FD_NAME: &str = "forkpool-agent";
+
 /// The bound control socket and metrics listener, and their clients.
 #[derive(Default)]
 pub(crate) struct Endpoints {
     control: Option<ControlSocket>,
     metrics: Option<TcpListener>,
+    agent: Option<TcpListener>,
     clients: Vec<Option<Client>>,
     /// Clients closed early to make room (too many, or few descriptors left).
     displaced: u64,
@@ -50,7 +60,11 @@ pub(crate) struct Endpoints {
 
 struct ControlSocket {
     listener: UnixListener,
+    /// Where the socket file is now.
     path: PathBuf,
+    /// Where it belongs: differs from `path` in a `USR2` successor until
+    /// it is ready and takes its predecessor's place.
+    home: PathBuf,
     inode: u64,
 }
 
@@ -82,9 +96,17 @@ impl Endpoints {
                 format!("refusing the control socket {}: {e}", path.display()),
             )
         })?;
-        if take_over && path.exists() {
-            std::fs::remove_file(path)?;
-        }
+        // A successor binds beside its predecessor's socket and moves it
+        // into place only once it is ready: until then `forkpool status`
+        // reaches the running supervisor, and a successor that fails
+        // leaves it alone.
+        let home = path.to_path_buf();
+        let waiting = take_over.then(|| {
+            let mut name = path.as_os_str().to_os_string();
+            name.push(format!(".{}", std::process::id()));
+            PathBuf::from(name)
+        });
+        let path = waiting.as_deref().unwrap_or(path);
         crate::listener::remove_stale_socket(path)?;
         // Create the socket file owner-only from the start, not chmod it
         // after: nobody else may connect in between.
@@ -101,22 +123,83 @@ impl Endpoints {
         self.control = Some(ControlSocket {
             listener,
             path: path.to_path_buf(),
+            home,
             inode,
         });
         Ok(())
     }
 
-    /// Binds the metrics endpoint.
-    pub fn bind_metrics(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
-        let listener = TcpListener::bind(addr).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot bind the metrics endpoint {addr}: {e}"),
-            )
-        })?;
+    /// In a `USR2` successor that became ready: moves the control socket
+    /// over its predecessor's (one atomic rename, so `forkpool status`
+    /// always finds one of the two).
+    pub fn take_control_home(&mut self) -> io::Result<()> {
+        if let Some(c) = self.control.as_mut() {
+            if c.path != c.home {
+                std::fs::rename(&c.path, &c.home)?;
+                c.path = c.home.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the control socket file a failed successor with this pid
+    /// left beside ours (see [`Endpoints::bind_control`]).
+    pub fn remove_successor_control(&self, pid: i32) {
+        if let Some(c) = &self.control {
+            let mut name = c.home.as_os_str().to_os_string();
+            name.push(format!(".{pid}"));
+            let _ = std::fs::remove_file(PathBuf::from(name));
+        }
+    }
+
+    /// Adopts a metrics listener passed by a predecessor.
+    pub fn adopt_metrics(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<SocketAddr> {
+        let listener = adopt_tcp(fd)?;
         let local = listener.local_addr()?;
         self.metrics = Some(listener);
         Ok(local)
+    }
+
+    /// Adopts an agent-check listener passed by a predecessor.
+    pub fn adopt_agent(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<SocketAddr> {
+        let listener = adopt_tcp(fd)?;
+        let local = listener.local_addr()?;
+        self.agent = Some(listener);
+        Ok(local)
+    }
+
+    /// The metrics and agent listeners with their `LISTEN_FDNAMES` names,
+    /// for a `USR2` successor.
+    pub fn passable(&self) -> Vec<(std::os::fd::BorrowedFd<'_>, &'static str)> {
+        use std::os::fd::AsFd;
+        let mut out = Vec::new();
+        if let Some(m) = &self.metrics {
+            out.push((m.as_fd(), METRICS_FD_NAME));
+        }
+        if let Some(a) = &self.agent {
+            out.push((a.as_fd(), AGENT_FD_NAME));
+        }
+        out
+    }
+
+    /// Binds the metrics endpoint.
+    pub fn bind_metrics(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let (listener, local) = bind_tcp(addr, "the metrics endpoint")?;
+        self.metrics = Some(listener);
+        Ok(local)
+    }
+
+    /// Binds the HAProxy agent-check port.
+    pub fn bind_agent(&mut self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let (listener, local) = bind_tcp(addr, "the agent-check port")?;
+        self.agent = Some(listener);
+        Ok(local)
+    }
+
+    /// True when a balancer can be told the pool is draining: an agent
+    /// port or a readiness endpoint (on the metrics address) is served.
+    pub fn can_announce(&self) -> bool {
+        self.agent.is_some() || self.metrics.is_some()
     }
 
     /// Registers the bound listeners with the loop.
@@ -126,6 +209,9 @@ impl Endpoints {
         }
         if let Some(m) = self.metrics.as_mut() {
             registry.register(m, METRICS_TOKEN, Interest::READABLE)?;
+        }
+        if let Some(a) = self.agent.as_mut() {
+            registry.register(a, AGENT_TOKEN, Interest::READABLE)?;
         }
         Ok(())
     }
@@ -151,12 +237,17 @@ impl Endpoints {
 }
 
 impl Supervisor {
-    /// A client connected to the control socket or the metrics endpoint.
+    /// A client connected to the control socket, the metrics endpoint or
+    /// the agent port.
     pub(super) fn accept_endpoint_clients(&mut self, token: Token, now: Instant) {
         loop {
             let accepted = match token {
                 CONTROL_TOKEN => match self.endpoints.control.as_ref() {
                     Some(c) => c.listener.accept().map(|(s, _)| ClientStream::Unix(s)),
+                    None => return,
+                },
+                AGENT_TOKEN => match self.endpoints.agent.as_ref() {
+                    Some(a) => a.accept().map(|(s, _)| ClientStream::Tcp(s)),
                     None => return,
                 },
                 _ => match self.endpoints.metrics.as_ref() {
@@ -193,9 +284,10 @@ impl Supervisor {
             } else {
                 stream
             };
-            let (request, out) = match stream {
-                ClientStream::Unix(_) => (None, self.status_json()),
-                ClientStream::Tcp(_) => (Some(Vec::new()), Vec::new()),
+            let (request, out) = match (&stream, token) {
+                (ClientStream::Unix(_), _) => (None, self.status_json()),
+                (ClientStream::Tcp(_), AGENT_TOKEN) => (None, self.agent_line(now)),
+                (ClientStream::Tcp(_), _) => (Some(Vec::new()), Vec::new()),
             };
             let client = Client {
                 stream,
@@ -300,7 +392,12 @@ impl Supervisor {
                     Err(e) => return Err(e),
                 }
             }
-            client.request = None;
+            let request = client.request.take().unwrap_or_default();
+            if let Some(answer) = self.health_response(&request, Instant::now()) {
+                let client = self.endpoints.clients[index].as_mut().expect("checked");
+                client.out = answer;
+                return self.write_client(index);
+            }
             let body = self.metrics_text();
             let client = self.endpoints.clients[index].as_mut().expect("checked");
             client.out = format!(
@@ -311,6 +408,11 @@ impl Supervisor {
             .into_bytes();
             client.out.extend_from_slice(body.as_bytes());
         }
+        self.write_client(index)
+    }
+
+    /// Writes what is left of a client's answer: true once all of it is out.
+    fn write_client(&mut self, index: usize) -> io::Result<bool> {
         let client = self.endpoints.clients[index].as_mut().expect("checked");
         while client.written < client.out.len() {
             match client.stream.write(&client.out[client.written..]) {
@@ -417,6 +519,22 @@ impl Supervisor {
             &self.resources.service_time,
         )
     }
+}
+
+/// A TCP listener from a passed descriptor, made non-blocking.
+fn adopt_tcp(fd: std::os::fd::OwnedFd) -> io::Result<TcpListener> {
+    let listener = std::net::TcpListener::from(fd);
+    listener.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(listener))
+}
+
+/// A TCP listener for one of the supervisor's own endpoints, and the
+/// address it got; the error names `what` and the address.
+fn bind_tcp(addr: SocketAddr, what: &str) -> io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {what} {addr}: {e}")))?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
 }
 
 /// Whether `stream`'s descriptor lies within [`FD_RESERVE`] of the soft

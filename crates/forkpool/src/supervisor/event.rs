@@ -25,6 +25,8 @@ pub(crate) enum Event {
     Control,
     /// Someone connected to the metrics endpoint.
     Metrics,
+    /// A load balancer connected to the agent-check port.
+    Agent,
     /// A signal arrived (the self-pipe is readable).
     Signal,
     /// The supervisor started by a binary upgrade wrote to its ready pipe.
@@ -42,6 +44,7 @@ const SIGNAL: usize = usize::MAX - 1;
 const CONTROL: usize = usize::MAX - 2;
 const METRICS: usize = usize::MAX - 3;
 const UPGRADE: usize = usize::MAX - 4;
+const AGENT: usize = usize::MAX - 5;
 
 impl Event {
     /// The token to register this event's source with.
@@ -57,6 +60,7 @@ impl Event {
             Event::Client(i) => (CLIENT_BASE, i),
             Event::Control => return Token(CONTROL),
             Event::Metrics => return Token(METRICS),
+            Event::Agent => return Token(AGENT),
             Event::Signal => return Token(SIGNAL),
             Event::Upgrade => return Token(UPGRADE),
         };
@@ -71,6 +75,7 @@ impl Event {
             SIGNAL => Event::Signal,
             CONTROL => Event::Control,
             METRICS => Event::Metrics,
+            AGENT => Event::Agent,
             UPGRADE => Event::Upgrade,
             _ if t < CHILD_BASE => Event::Listener(t),
             _ if (CHILD_BASE..OUTPUT_BASE).contains(&t) => Event::Child(t - CHILD_BASE),
@@ -92,6 +97,7 @@ mod tests {
         let mut all = vec![
             Event::Control,
             Event::Metrics,
+            Event::Agent,
             Event::Signal,
             Event::Upgrade,
         ];

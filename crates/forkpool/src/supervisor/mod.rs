@@ -16,6 +16,7 @@
 //! children there should be is [`crate::scaling::decide`].
 
 mod backoff;
+mod balancer;
 mod budget;
 mod children;
 mod containment;
@@ -34,12 +35,14 @@ mod resources;
 mod rollout;
 mod signals;
 mod slow;
+mod stop_backlog;
 mod upgrade;
 mod watchdog;
 
 pub(crate) use endpoints::Endpoints;
+pub use endpoints::{AGENT_FD_NAME, METRICS_FD_NAME};
 pub use reload::ReloadSource;
-pub use upgrade::{UpgradeCommand, READY_FD_ENV, UPGRADE_FROM_ENV};
+pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 
 use std::collections::VecDeque;
 use std::io;
@@ -170,6 +173,13 @@ pub(crate) struct Supervisor {
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
     pub(crate) endpoints: endpoints::Endpoints,
+    /// The agent check, `/live`, `/ready` and the drain delay.
+    balancer: balancer::Balancer,
+    /// Serving the backlog queued when a stop came (`stop_backlog.rs`).
+    finishing: Option<stop_backlog::BacklogFinish>,
+    /// The listeners came from systemd socket activation and outlive this
+    /// process: a stop leaves their backlog to the next start.
+    pub(crate) listeners_outlive_pool: bool,
     /// Who children run as, if not the supervisor's own user.
     pub(crate) credentials: Option<crate::pool::Credentials>,
     /// How to re-exec for a binary upgrade (SIGUSR2), if enabled.
@@ -243,6 +253,9 @@ impl Supervisor {
             last_saturated_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
+            balancer: balancer::Balancer::default(),
+            finishing: None,
+            listeners_outlive_pool: false,
             credentials: None,
             upgrade_command: None,
             upgrade: None,
@@ -310,6 +323,8 @@ impl Supervisor {
             self.notify_ready_once();
             self.expire_clients(now);
             self.check_upgrade(now);
+            self.check_drain(now);
+            self.check_backlog_finish(now);
             self.log_scoreboard(now);
             self.keep_watchdog(now);
             self.sample_resources(now);
@@ -324,6 +339,7 @@ impl Supervisor {
             Event::Upgrade => self.upgrade_progress(now),
             Event::Control => self.accept_endpoint_clients(event.token(), now),
             Event::Metrics => self.accept_endpoint_clients(event.token(), now),
+            Event::Agent => self.accept_endpoint_clients(event.token(), now),
             Event::Client(i) => self.serve_client(i),
             Event::Output(slot) => self.read_output(slot),
             Event::Child(slot) => self.read_reports(slot, now),
@@ -368,7 +384,7 @@ impl Supervisor {
             info!("interrupted twice: stopping now");
             self.stop_now(now);
         } else if interrupts == 1 || self.signals.take_terminate() {
-            self.begin_shutdown(now);
+            self.stop_requested(now);
         }
         Ok(())
     }
@@ -526,6 +542,8 @@ impl Supervisor {
         consider(self.resources.due());
         consider(self.slow_deadline());
         consider(self.rollout_deadline(now));
+        consider(self.drain_deadline());
+        consider(self.finishing.map(|f| f.deadline()));
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

@@ -35,6 +35,9 @@ use crate::sys::process::{self, ExitStatus, Forked};
 pub const READY_FD_ENV: &str = "FORKPOOL_UPGRADE_READY_FD";
 /// The variable telling a new supervisor which pid it replaces.
 pub const UPGRADE_FROM_ENV: &str = "FORKPOOL_UPGRADE_FROM";
+/// Set (to `1`) for a new supervisor whose listeners came from systemd
+/// socket activation in the first place, through its predecessor.
+pub const SOCKET_ACTIVATED_ENV: &str = "FORKPOOL_SOCKET_ACTIVATED";
 /// How long a new supervisor may take to become ready.
 pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -129,13 +132,7 @@ impl Supervisor {
         }
         let mut fds: Vec<std::os::fd::BorrowedFd<'_>> =
             self.listeners.iter().map(|l| l.listener.as_fd()).collect();
-        let ready_fd: OwnedFd = ready.into();
-        fds.push(ready_fd.as_fd());
-        if let Err(e) = process::place_fds(&fds, 3) {
-            return e;
-        }
-        let n = self.listeners.len();
-        let names: Vec<&str> = self
+        let mut names: Vec<&str> = self
             .listeners
             .iter()
             .map(|l| match l.listener.name() {
@@ -143,8 +140,25 @@ impl Supervisor {
                 name => name,
             })
             .collect();
-        std::process::Command::new(&command.program)
-            .args(&command.args)
+        // The metrics and agent ports go along, so the successor answers
+        // on them without a moment where nobody listens.
+        for (fd, name) in self.endpoints.passable() {
+            fds.push(fd);
+            names.push(name);
+        }
+        let n = fds.len();
+        let ready_fd: OwnedFd = ready.into();
+        fds.push(ready_fd.as_fd());
+        if let Err(e) = process::place_fds(&fds, 3) {
+            return e;
+        }
+        let mut exec = std::process::Command::new(&command.program);
+        if self.listeners_outlive_pool {
+            exec.env(SOCKET_ACTIVATED_ENV, "1");
+        } else {
+            exec.env_remove(SOCKET_ACTIVATED_ENV);
+        }
+        exec.args(&command.args)
             .env("LISTEN_FDS", n.to_string())
             .env("LISTEN_PID", std::process::id().to_string())
             .env("LISTEN_FDNAMES", names.join(":"))
@@ -163,12 +177,11 @@ impl Supervisor {
             Ok(n) if n > 0 && buf[..n].starts_with(b"ready") => {
                 let pid = upgrade.pid;
                 self.end_upgrade();
-                self.handed_over = true;
                 info!(
                     pid,
                     "upgrade: the new supervisor is ready; this one drains and exits"
                 );
-                self.begin_shutdown(now);
+                self.successor_ready(now);
             }
             Ok(_) => {
                 let pid = upgrade.pid;
@@ -223,6 +236,9 @@ impl Supervisor {
 
     fn end_upgrade(&mut self) {
         if let Some(upgrade) = self.upgrade.take() {
+            // A successor that became ready has moved its socket into
+            // place already; one that failed may have left it beside ours.
+            self.endpoints.remove_successor_control(upgrade.pid);
             let _ = self
                 .poll
                 .registry()
@@ -233,6 +249,9 @@ impl Supervisor {
     /// In a new supervisor: tell the old one we are ready (once).
     pub(super) fn tell_predecessor_ready(&mut self) {
         if let Some(fd) = self.predecessor.take() {
+            if let Err(e) = self.endpoints.take_control_home() {
+                warn!("cannot move the control socket into place: {e}");
+            }
             super::notify::main_pid();
             let mut pipe = UnixStream::from(fd);
             match pipe.write_all(b"ready\n") {

@@ -1,0 +1,125 @@
+//! Being a backend for a load balancer, wired into the loop: the pool's
+//! [`Capacity`] read off the scoreboard, the agent-check line, the `/live`
+//! and `/ready` answers, and the drain delay before a stop or a hand-over.
+//! The rules themselves are in [`crate::fleet`]; this file only fills in
+//! the numbers and carries out what the rules say.
+
+use std::time::Instant;
+
+use tracing::info;
+
+use super::Supervisor;
+use crate::fleet::agent::AgentReply;
+use crate::fleet::drain::{After, Drain, Step};
+use crate::fleet::health::{self, ReadyPolicy};
+use crate::fleet::request::{self, Method};
+use crate::fleet::{Capacity, Phase};
+
+/// The balancer-facing state: the drain-delay machine, made at the first
+/// stop signal or hand-over (so it uses the `drain_delay` in force then).
+#[derive(Debug, Default)]
+pub(crate) struct Balancer {
+    drain: Option<Drain>,
+}
+
+impl Supervisor {
+    /// Where the pool is in its life, as a balancer should see it.
+    pub(super) fn phase(&self) -> Phase {
+        if self.shutdown.is_some() || self.finishing.is_some() {
+            Phase::Stopping
+        } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
+            Phase::Draining
+        } else if !self.told_ready {
+            Phase::Starting
+        } else {
+            Phase::Serving
+        }
+    }
+
+    /// The pool's capacity now.
+    pub(super) fn capacity(&self, now: Instant) -> Capacity {
+        let counts = self.scaling_counts();
+        Capacity {
+            idle: counts.idle,
+            busy: counts.busy,
+            starting: counts.starting,
+            max_children: self.config.max_children,
+            spawn_held_back: self.spawn_blocked_until.is_some_and(|t| now < t),
+            phase: self.phase(),
+        }
+    }
+
+    /// The agent-check line for a connection accepted now.
+    pub(super) fn agent_line(&self, now: Instant) -> Vec<u8> {
+        AgentReply::for_capacity(&self.capacity(now))
+            .line()
+            .into_bytes()
+    }
+
+    /// The answer to a request on the metrics address when it is for
+    /// `/live` or `/ready` (or is not an HTTP request at all); `None` for
+    /// any other path, and for a head cut short, which the metrics serve
+    /// as before.
+    pub(super) fn health_response(&self, head: &[u8], now: Instant) -> Option<Vec<u8>> {
+        let parsed = request::parse_head(head).transpose()?;
+        let method = parsed.as_ref().map_or(Method::Get, |h| h.method);
+        let policy = ReadyPolicy {
+            unready_when_saturated: self.config.ready_unless_saturated,
+        };
+        let answer = health::answer(&parsed, &self.capacity(now), policy)?;
+        Some(answer.to_http(method))
+    }
+
+    fn drain_machine(&mut self) -> &mut Drain {
+        let delay = self.config.drain_delay;
+        let can_announce = self.endpoints.can_announce();
+        self.balancer
+            .drain
+            .get_or_insert_with(|| Drain::new(delay, can_announce))
+    }
+
+    /// `TERM`, or a first `INT`: stop, after the drain delay if there is
+    /// a balancer to warn; a second one during the delay stops at once.
+    pub(super) fn stop_requested(&mut self, now: Instant) {
+        if self.cut_backlog_finish(now) {
+            return;
+        }
+        let step = self.drain_machine().on_stop_signal(now);
+        self.drain_step(step, now);
+    }
+
+    /// The `USR2` successor is ready: hand over, after the drain delay.
+    pub(super) fn successor_ready(&mut self, now: Instant) {
+        // From now on the successor speaks to systemd.
+        self.handed_over = true;
+        let step = self.drain_machine().on_hand_over(now);
+        self.drain_step(step, now);
+    }
+
+    /// Ends the drain delay when it is over.
+    pub(super) fn check_drain(&mut self, now: Instant) {
+        if let Some(drain) = self.balancer.drain.as_mut() {
+            let step = drain.poll(now);
+            self.drain_step(step, now);
+        }
+    }
+
+    /// When the drain delay ends, while it runs.
+    pub(super) fn drain_deadline(&self) -> Option<Instant> {
+        self.balancer.drain.as_ref().and_then(Drain::deadline)
+    }
+
+    fn drain_step(&mut self, step: Step, now: Instant) {
+        match step {
+            Step::Nothing => {}
+            Step::Announce { until } => info!(
+                delay = ?until.saturating_duration_since(now),
+                "draining: telling the balancer to send no new work, still serving; \
+                 a second TERM or INT stops now"
+            ),
+            Step::Proceed(After::Stop) => self.stop_after_backlog(now),
+            // The successor accepts on the same listeners: it takes the backlog.
+            Step::Proceed(After::HandOver) => self.begin_shutdown(now),
+        }
+    }
+}
