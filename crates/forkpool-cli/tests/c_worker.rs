@@ -261,8 +261,12 @@ fn sigkilled_worker_is_replaced(mode: &str) {
     let victim = s["slots"][0]["pid"].as_i64().unwrap() as i32;
     let others = Pool::worker_pids(&s);
     assert!(alive(victim));
-    let served0 = s["slots"][0]["served"].as_u64().unwrap();
-    assert!(served0 >= 1, "slot 0 served nothing: {s}");
+    // handoff and order give the request to the lowest idle worker; in
+    // shared mode the kernel wakes whichever worker it likes.
+    if mode != "shared" {
+        let served0 = s["slots"][0]["served"].as_u64().unwrap();
+        assert!(served0 >= 1, "slot 0 served nothing: {s}");
+    }
     kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
     pool.wait_for("slot 0 replaced by an idle worker", |s| {
         s["slots"][0]["pid"].as_i64().map(|p| p as i32) != Some(victim)
