@@ -25,6 +25,7 @@
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use forkpool::worker::ExecWorker;
@@ -58,7 +59,10 @@ static HOOKED: AtomicU32 = AtomicU32::new(0);
 fn report(worker: ExecWorker) -> i32 {
     let preloaded = std::process::id();
     // A descriptor opened while loading: a forked worker must not hold it.
-    let _loaded_from = std::env::current_exe().and_then(std::fs::File::open);
+    // It lives in a static, never dropped: in a forked worker its number
+    // is closed, and closing it again would close another file.
+    static LOADED_FROM: OnceLock<std::io::Result<std::fs::File>> = OnceLock::new();
+    LOADED_FROM.get_or_init(|| std::env::current_exe().and_then(std::fs::File::open));
     let mut warm = None;
     let worker = worker.after_fork(|| {
         HOOKED.store(std::process::id(), Ordering::SeqCst);
