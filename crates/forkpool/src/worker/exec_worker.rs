@@ -619,10 +619,10 @@ mod tests {
             layout(&vars, 77).unwrap(),
             Layout {
                 mode: DispatchMode::Order,
-                slot: 4,
                 generation: 2,
                 channel_fd: 5,
                 listener_fds: vec![3, 4],
+                role: LayoutRole::Worker { slot: 4 },
             }
         );
     }
@@ -672,6 +672,58 @@ mod tests {
         vars[0] = ("FORKPOOL_PROTOCOL", "2");
         let err = layout(&vars, 1).unwrap_err().to_string();
         assert!(err.contains("protocol 2"), "{err}");
+    }
+
+    const TEMPLATE: [(&str, &str); 5] = [
+        ("FORKPOOL_PROTOCOL", "2"),
+        ("FORKPOOL_TEMPLATE_FD", "4"),
+        ("FORKPOOL_SUPERVISOR_PID", "900"),
+        ("FORKPOOL_GENERATION", "3"),
+        ("FORKPOOL_DISPATCH", "order"),
+    ];
+
+    #[test]
+    fn a_template_is_found_by_its_template_fd() {
+        let mut vars = TEMPLATE.to_vec();
+        vars.extend([("LISTEN_FDS", "1"), ("LISTEN_PID", "77")]);
+        assert_eq!(
+            layout(&vars, 77).unwrap(),
+            Layout {
+                mode: DispatchMode::Order,
+                generation: 3,
+                channel_fd: 4,
+                listener_fds: vec![3],
+                role: LayoutRole::Template {
+                    supervisor_pid: 900
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn a_template_needs_version_2_and_the_supervisor_pid() {
+        let mut vars = TEMPLATE.to_vec();
+        vars.extend([("LISTEN_FDS", "1"), ("LISTEN_PID", "1")]);
+        let mut v1 = vars.clone();
+        v1[0] = ("FORKPOOL_PROTOCOL", "1");
+        let err = layout(&v1, 1).unwrap_err().to_string();
+        assert!(err.contains("as a template speaks 2"), "{err}");
+
+        let no_pid: Vec<_> = vars
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "FORKPOOL_SUPERVISOR_PID")
+            .collect();
+        let err = layout(&no_pid, 1).unwrap_err().to_string();
+        assert!(err.contains("FORKPOOL_SUPERVISOR_PID is not set"), "{err}");
+
+        let mut misplaced = vars.clone();
+        misplaced[1] = ("FORKPOOL_TEMPLATE_FD", "3");
+        let err = layout(&misplaced, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("FORKPOOL_TEMPLATE_FD is 3, but with 1 listener(s) it must be 4"),
+            "{err}"
+        );
     }
 
     #[test]
