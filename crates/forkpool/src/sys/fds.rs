@@ -111,32 +111,6 @@ pub fn take_inherited(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pipe_ends_are_close_on_exec() {
-        let (r, w) = pipe().unwrap();
-        for fd in [r.as_fd(), w.as_fd()] {
-            let flags = fcntl(fd, FcntlArg::F_GETFD).unwrap();
-            assert!(FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
-        }
-        set_cloexec(r.as_fd(), false).unwrap();
-        let flags = fcntl(r.as_fd(), FcntlArg::F_GETFD).unwrap();
-        assert!(!FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
-    }
-
-    #[test]
-    fn taking_a_closed_or_standard_descriptor_fails() {
-        assert!(take_inherited(1).is_err());
-        // Far above any descriptor limit, so no other test thread can have
-        // it open (a number that was just closed could be reused at once).
-        let err = take_inherited(999_999).unwrap_err();
-        assert!(err.to_string().contains("not open"), "{err}");
-    }
-}
-
 /// Closes every open descriptor of this process except those in `keep`,
 /// as listed in `/proc/self/fd`: for a worker forked from a template,
 /// which must not hold the template's files or sockets. Objects that
@@ -177,4 +151,30 @@ pub fn move_to(fd: OwnedFd, target: RawFd) -> io::Result<OwnedFd> {
     drop(fd);
     // SAFETY: dup2 just made `target` a copy that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(target) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipe_ends_are_close_on_exec() {
+        let (r, w) = pipe().unwrap();
+        for fd in [r.as_fd(), w.as_fd()] {
+            let flags = fcntl(fd, FcntlArg::F_GETFD).unwrap();
+            assert!(FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
+        }
+        set_cloexec(r.as_fd(), false).unwrap();
+        let flags = fcntl(r.as_fd(), FcntlArg::F_GETFD).unwrap();
+        assert!(!FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
+    }
+
+    #[test]
+    fn taking_a_closed_or_standard_descriptor_fails() {
+        assert!(take_inherited(1).is_err());
+        // Far above any descriptor limit, so no other test thread can have
+        // it open (a number that was just closed could be reused at once).
+        let err = take_inherited(999_999).unwrap_err();
+        assert!(err.to_string().contains("not open"), "{err}");
+    }
 }
