@@ -522,6 +522,10 @@ impl Template {
             .into_raw_fd();
         sys::fds::set_cloexec(channel.as_fd(), true)
             .map_err(|e| format!("back-channel {target}: {e}"))?;
+        // Our end alone (the supervisor holds the other): it may have been
+        // passed non-blocking, and the worker loop reads blocking.
+        sys::socket::set_nonblocking(channel.as_fd(), false)
+            .map_err(|e| format!("back-channel {target}: {e}"))?;
         // 3. The environment of an exec'd worker.
         std::env::set_var(CHANNEL_FD_VAR, target.to_string());
         std::env::set_var(SLOT_VAR, slot.to_string());
@@ -571,6 +575,8 @@ fn become_template(
     let channel = sys::fds::move_to(channel, target)
         .map_err(|e| format!("moving the template channel to {target}: {e}"))?;
     sys::fds::set_cloexec(channel.as_fd(), true)
+        .map_err(|e| format!("template channel {target}: {e}"))?;
+    sys::socket::set_nonblocking(channel.as_fd(), false)
         .map_err(|e| format!("template channel {target}: {e}"))?;
     std::env::set_var(TEMPLATE_FD_VAR, target.to_string());
     std::env::remove_var(CHANNEL_FD_VAR);
