@@ -5,6 +5,9 @@
 //! stderr on the passed pipe, `after_fork` ran, serves and answers pings,
 //! survives its template, refork). The real supervisor's side is not here.
 
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -138,4 +141,37 @@ fn perl_template_in_order() {
 #[test]
 fn perl_template_and_workers_exit_with_the_supervisor() {
     nothing_outlives_the_supervisor("order", &["perl", PERL_APP]);
+}
+
+/// The Rust helper: the example worker in `--json` mode, a binary of the
+/// `forkpool-bench` crate.
+fn rust_app() -> Vec<String> {
+    vec![
+        bench_bins::workspace_bin("forkpool-example-worker")
+            .display()
+            .to_string(),
+        "--json".to_string(),
+    ]
+}
+
+fn rust_args(app: &[String]) -> Vec<&str> {
+    app.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn rust_template_in_handoff() {
+    let app = rust_app();
+    passes_every_check("handoff", &rust_args(&app));
+}
+
+#[test]
+fn rust_template_in_order() {
+    let app = rust_app();
+    passes_every_check("order", &rust_args(&app));
+}
+
+#[test]
+fn rust_template_and_workers_exit_with_the_supervisor() {
+    let app = rust_app();
+    nothing_outlives_the_supervisor("handoff", &rust_args(&app));
 }

@@ -7,13 +7,18 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use crate::sys::fdpass::{self, Received};
-use crate::wire::{ChildMessage, MessageBuf, ParentMessage, ProtocolError, MAX_MESSAGE_LEN};
+use crate::wire::{
+    encode_child_v2, ChildMessage, MessageBuf, ParentMessage, ProtocolError, TemplateReply,
+    TemplateRequest, WorkerOrder, MAX_MESSAGE_LEN,
+};
 
-/// What arrived on a channel.
+/// What arrived on a channel. `F` holds the descriptors that came with a
+/// message: at most one for the version 1 messages and a worker's orders,
+/// a list for a template's orders (a fork order carries two).
 #[derive(Debug)]
-pub enum Incoming<M> {
-    /// A well-formed message, with the descriptor that came with it.
-    Message(M, Option<OwnedFd>),
+pub enum Incoming<M, F = Option<OwnedFd>> {
+    /// A well-formed message, with the descriptors that came with it.
+    Message(M, F),
     /// Nothing is waiting (non-blocking channels only).
     WouldBlock,
     /// The other side closed its end.
@@ -115,6 +120,72 @@ impl Channel {
         })
     }
 
+    /// Worker side, version 2 (a worker forked from a template): sends
+    /// `msg` with the version byte `0x02`.
+    pub fn send_to_parent_v2(&self, msg: ChildMessage) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send(self.fd.as_fd(), encode_child_v2(msg, &mut buf), None)
+    }
+
+    /// Supervisor side, version 2: sends `order` to a worker forked from a
+    /// template, with its descriptor (a connection, or the new template
+    /// channel of [`WorkerOrder::BecomeTemplate`]).
+    pub fn send_order(&self, order: WorkerOrder, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send(self.fd.as_fd(), order.encode(&mut buf), fd)
+    }
+
+    /// Worker side, version 2: receives one order. A connection handoff and
+    /// [`WorkerOrder::BecomeTemplate`] carry exactly one descriptor, every
+    /// other message none; anything else is malformed (and the descriptors
+    /// are closed here).
+    pub fn recv_order(&self) -> io::Result<Incoming<WorkerOrder>> {
+        Ok(match self.recv_raw()? {
+            Raw::Bytes(buf, n, mut fds) => match WorkerOrder::decode(&buf[..n]) {
+                Ok(order) if fds.len() != order.fd_count() => {
+                    Incoming::Malformed(Malformed::UnexpectedFd)
+                }
+                Ok(order) => Incoming::Message(order, fds.pop()),
+                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
+            },
+            Raw::Other(other) => other,
+        })
+    }
+
+    /// Supervisor side: sends `request` to a template with its descriptors
+    /// (for a fork order: the worker's channel, then its stderr pipe).
+    pub fn send_template_request(
+        &self,
+        request: TemplateRequest,
+        fds: &[BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send_fds(self.fd.as_fd(), request.encode(&mut buf), fds)
+    }
+
+    /// Template side: sends `reply` (also used by the template's
+    /// intermediate child for `W` and `E`).
+    pub fn send_template_reply(&self, reply: TemplateReply) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send(self.fd.as_fd(), reply.encode(&mut buf), None)
+    }
+
+    /// Template side: receives one request with its descriptors, in the
+    /// order they were sent. A request with other than the number of
+    /// descriptors it must carry is malformed (and they are closed here).
+    pub fn recv_template_request(&self) -> io::Result<Incoming<TemplateRequest, Vec<OwnedFd>>> {
+        Ok(match self.recv_raw()? {
+            Raw::Bytes(buf, n, fds) => match TemplateRequest::decode(&buf[..n]) {
+                Ok(request) if fds.len() != request.fd_count() => {
+                    Incoming::Malformed(Malformed::UnexpectedFd)
+                }
+                Ok(request) => Incoming::Message(request, fds),
+                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
+            },
+            Raw::Other(other) => other.without_fds(),
+        })
+    }
+
     fn recv_raw<M>(&self) -> io::Result<Raw<M>> {
         // One byte more than the longest message, so an oversized datagram
         // is caught by MSG_TRUNC rather than silently cut to a valid length.
@@ -136,6 +207,19 @@ impl Channel {
 enum Raw<M> {
     Bytes([u8; MAX_MESSAGE_LEN + 1], usize, Vec<OwnedFd>),
     Other(Incoming<M>),
+}
+
+impl<M> Incoming<M> {
+    /// The same outcome for a receiver that takes a descriptor list; only
+    /// called on the outcomes that carry no message.
+    fn without_fds(self) -> Incoming<M, Vec<OwnedFd>> {
+        match self {
+            Incoming::Message(m, fd) => Incoming::Message(m, fd.into_iter().collect()),
+            Incoming::WouldBlock => Incoming::WouldBlock,
+            Incoming::Closed => Incoming::Closed,
+            Incoming::Malformed(why) => Incoming::Malformed(why),
+        }
+    }
 }
 
 impl AsFd for Channel {
@@ -179,6 +263,89 @@ mod tests {
         let mut got = [0u8; 2];
         b.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"hi");
+    }
+
+    #[test]
+    fn a_fork_order_travels_with_both_descriptors_in_order() {
+        let (supervisor, template) = Channel::pair().unwrap();
+        let (chan, _chan_peer) = UnixStream::pair().unwrap();
+        let (err, _err_peer) = UnixStream::pair().unwrap();
+        let fork = TemplateRequest::Fork {
+            slot: 3,
+            generation: 2,
+        };
+        supervisor
+            .send_template_request(fork, &[chan.as_fd(), err.as_fd()])
+            .unwrap();
+        let Incoming::Message(got, fds) = template.recv_template_request().unwrap() else {
+            panic!("expected a fork order");
+        };
+        assert_eq!(got, fork);
+        let inode = |fd: BorrowedFd<'_>| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::File::from(fd.try_clone_to_owned().unwrap())
+                .metadata()
+                .unwrap()
+                .ino()
+        };
+        let got: Vec<u64> = fds.iter().map(|f| inode(f.as_fd())).collect();
+        assert_eq!(got, vec![inode(chan.as_fd()), inode(err.as_fd())]);
+
+        // One descriptor short: malformed, and nothing is handed over.
+        supervisor
+            .send_template_request(fork, &[chan.as_fd()])
+            .unwrap();
+        assert!(matches!(
+            template.recv_template_request().unwrap(),
+            Incoming::Malformed(Malformed::UnexpectedFd)
+        ));
+        supervisor
+            .send_template_request(TemplateRequest::Ping { seq: 7 }, &[])
+            .unwrap();
+        assert!(matches!(
+            template.recv_template_request().unwrap(),
+            Incoming::Message(TemplateRequest::Ping { seq: 7 }, fds) if fds.is_empty()
+        ));
+        template
+            .send_template_reply(TemplateReply::Pong { seq: 7 })
+            .unwrap();
+        let mut buf = [0u8; 16];
+        let Received::Message(n, _) = fdpass::recv(supervisor.as_fd(), &mut buf).unwrap() else {
+            panic!("expected the pong");
+        };
+        assert_eq!(&buf[..n], b"\x02P\x00\x00\x00\x07");
+    }
+
+    #[test]
+    fn a_version_2_worker_takes_become_template_with_one_descriptor() {
+        let (supervisor, worker) = Channel::pair().unwrap();
+        let (new_template, _peer) = UnixStream::pair().unwrap();
+        supervisor
+            .send_order(WorkerOrder::BecomeTemplate, Some(new_template.as_fd()))
+            .unwrap();
+        assert!(matches!(
+            worker.recv_order().unwrap(),
+            Incoming::Message(WorkerOrder::BecomeTemplate, Some(_))
+        ));
+        supervisor
+            .send_order(WorkerOrder::BecomeTemplate, None)
+            .unwrap();
+        assert!(matches!(
+            worker.recv_order().unwrap(),
+            Incoming::Malformed(Malformed::UnexpectedFd)
+        ));
+        // A version 1 byte on a version 2 channel is refused.
+        supervisor.send_to_child(ParentMessage::Quit, None).unwrap();
+        assert!(matches!(
+            worker.recv_order().unwrap(),
+            Incoming::Malformed(Malformed::Protocol(ProtocolError::UnsupportedVersion(1)))
+        ));
+        worker.send_to_parent_v2(ChildMessage::Idle).unwrap();
+        let mut buf = [0u8; 16];
+        let Received::Message(n, _) = fdpass::recv(supervisor.as_fd(), &mut buf).unwrap() else {
+            panic!("expected Idle");
+        };
+        assert_eq!(&buf[..n], b"\x02I");
     }
 
     #[test]

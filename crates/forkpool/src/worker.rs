@@ -37,7 +37,7 @@ use tracing::{debug, error};
 use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
 use crate::listener::{Listener, Stream};
-use crate::protocol::{ChildMessage, ParentMessage};
+use crate::protocol::{self, ChildMessage, ParentMessage, WorkerOrder};
 use crate::sys;
 
 /// Who this child is, for handlers that want to say so (logs, headers).
@@ -112,6 +112,37 @@ pub(crate) struct ChildStart {
 
 /// Runs a forked child to completion and returns its exit status.
 pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
+    match run_child_speaking(start, handler, protocol::VERSION) {
+        ChildEnd::Exit(code) => code,
+        // A version 1 channel cannot decode the order to become a template.
+        ChildEnd::BecomeTemplate { .. } => 1,
+    }
+}
+
+/// How a child's loop ended.
+#[derive(Debug)]
+pub(crate) enum ChildEnd {
+    /// Exit with this status.
+    Exit(i32),
+    /// Version 2 only: the supervisor ordered a refork. The worker channel
+    /// is closed; the listeners are kept for the workers the new template
+    /// forks.
+    BecomeTemplate {
+        /// The new template channel that came with the order.
+        channel: OwnedFd,
+        /// The worker's listeners (none in `handoff` mode).
+        listeners: Vec<Listener>,
+    },
+}
+
+/// Runs a child that speaks back-channel protocol `version` (1, or 2 for a
+/// worker forked from a template) until it exits or is told to become the
+/// template.
+pub(crate) fn run_child_speaking(
+    start: ChildStart,
+    handler: &mut dyn Handler,
+    version: u8,
+) -> ChildEnd {
     let mut worker = Worker {
         info: WorkerInfo {
             slot: start.slot,
@@ -119,6 +150,7 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
             pid: std::process::id(),
             channel: start.channel,
         },
+        version,
         mode: start.mode,
         max_requests: start.max_requests,
         served: 0,
@@ -139,16 +171,22 @@ pub(crate) fn run_child(start: ChildStart, handler: &mut dyn Handler) -> i32 {
         }
     });
     match result {
-        Ok(()) => 0,
+        Ok(None) => ChildEnd::Exit(0),
+        Ok(Some(channel)) => ChildEnd::BecomeTemplate {
+            channel,
+            listeners: worker.listeners,
+        },
         Err(reason) => {
             error!(slot = worker.info.slot, "child stopping: {reason}");
-            1
+            ChildEnd::Exit(1)
         }
     }
 }
 
 struct Worker<'h> {
     info: WorkerInfo,
+    /// The back-channel protocol version this child speaks.
+    version: u8,
     mode: DispatchMode,
     max_requests: u64,
     /// Connections served so far, counted as the supervisor counts them.
@@ -162,34 +200,70 @@ struct Worker<'h> {
 /// (quit or supervisor gone).
 type Stop = Result<(), String>;
 
+/// How a loop ends without an error: `None` to exit cleanly, or the new
+/// template channel of a refork.
+type End = Result<Option<OwnedFd>, String>;
+
 enum Next {
     Continue,
     Exit,
+    BecomeTemplate(OwnedFd),
 }
 
 impl Worker<'_> {
     fn report(&self, msg: ChildMessage) -> Stop {
-        self.info
-            .channel
-            .send_to_parent(msg)
-            .map_err(|e| format!("cannot write to the supervisor: {e}"))
+        let channel = &self.info.channel;
+        if self.version == protocol::TEMPLATE_VERSION {
+            channel.send_to_parent_v2(msg)
+        } else {
+            channel.send_to_parent(msg)
+        }
+        .map_err(|e| format!("cannot write to the supervisor: {e}"))
     }
 
     /// `handoff` and `order`: every piece of work arrives as a message.
-    fn obey_orders(&mut self) -> Stop {
+    fn obey_orders(&mut self) -> End {
         loop {
-            if let Next::Exit = self.take_one_message()? {
-                return Ok(());
+            match self.take_one_message()? {
+                Next::Continue => {}
+                Next::Exit => return Ok(None),
+                Next::BecomeTemplate(fd) => return Ok(Some(fd)),
             }
         }
     }
 
+    /// One message from the supervisor, as a version 2 order when this
+    /// child speaks version 2.
+    fn receive(&self) -> std::io::Result<Incoming<WorkerOrder>> {
+        let channel = &self.info.channel;
+        if self.version == protocol::TEMPLATE_VERSION {
+            return channel.recv_order();
+        }
+        Ok(match channel.recv_from_parent()? {
+            Incoming::Message(msg, fd) => Incoming::Message(WorkerOrder::Parent(msg), fd),
+            Incoming::WouldBlock => Incoming::WouldBlock,
+            Incoming::Closed => Incoming::Closed,
+            Incoming::Malformed(why) => Incoming::Malformed(why),
+        })
+    }
+
     fn take_one_message(&mut self) -> Result<Next, String> {
         let incoming = self
-            .info
-            .channel
-            .recv_from_parent()
+            .receive()
             .map_err(|e| format!("cannot read from the supervisor: {e}"))?;
+        let incoming = match incoming {
+            Incoming::Message(WorkerOrder::BecomeTemplate, Some(fd)) => {
+                debug!(slot = self.info.slot, "told to become the template");
+                return Ok(Next::BecomeTemplate(fd));
+            }
+            Incoming::Message(WorkerOrder::BecomeTemplate, None) => {
+                return Err("become-template order without a descriptor".into());
+            }
+            Incoming::Message(WorkerOrder::Parent(msg), fd) => Incoming::Message(msg, fd),
+            Incoming::WouldBlock => Incoming::WouldBlock,
+            Incoming::Closed => Incoming::Closed,
+            Incoming::Malformed(why) => Incoming::Malformed(why),
+        };
         match incoming {
             Incoming::Message(ParentMessage::Connection { listener }, Some(fd)) => {
                 self.serve_then_idle(fd, listener)?;
@@ -240,7 +314,7 @@ impl Worker<'_> {
 
     /// `shared` (exclusive wake-ups) and `herd` (everyone wakes): the child
     /// waits on the listeners itself.
-    fn accept_shared(&mut self, exclusive: bool) -> Stop {
+    fn accept_shared(&mut self, exclusive: bool) -> End {
         let mut wait = sys::wait::ListenerWait::new(
             self.info.channel.as_fd(),
             self.listeners.iter().map(|l| l.as_fd()),
@@ -261,11 +335,11 @@ impl Worker<'_> {
             self.report_futile_sleeps(sleeps_before)?;
             for &what in &woken {
                 match what {
-                    sys::wait::Woken::Channel => {
-                        if let Next::Exit = self.take_one_message()? {
-                            return Ok(());
-                        }
-                    }
+                    sys::wait::Woken::Channel => match self.take_one_message()? {
+                        Next::Continue => {}
+                        Next::Exit => return Ok(None),
+                        Next::BecomeTemplate(fd) => return Ok(Some(fd)),
+                    },
                     sys::wait::Woken::Listener(i) => self.accept_woken(i)?,
                 }
             }

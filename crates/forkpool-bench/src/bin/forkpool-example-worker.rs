@@ -9,10 +9,23 @@
 //! `GET` with any path answers `hello`; `?work_ms=N` sleeps N ms first.
 //! Responses carry `X-Forkpool-Slot` and `X-Forkpool-Pid` and close the
 //! connection. Everything forkpool-specific is the two calls in `main`.
+//!
+//! The same program runs unchanged under `forkpool run --preload`: it is
+//! then started once as a template and every worker is forked from it.
+//!
+//! With `--json` as its first argument it answers each connection at once,
+//! without reading a request, with one JSON line saying who served it:
+//! `pid`, `slot`, `preloaded` (the pid of the process that started the
+//! program: the template's in a forked worker), `warm` (the pid of the
+//! process that served this program's first connection: state a refork
+//! carries over) and `after_fork` (whether the `after_fork` hook ran in
+//! this process). `clients/tests/template_harness.py` checks those.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use forkpool::worker::ExecWorker;
@@ -33,7 +46,40 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if std::env::args().nth(1).as_deref() == Some("--json") {
+        std::process::exit(report(worker));
+    }
     std::process::exit(worker.serve(answer));
+}
+
+/// The pid of the process the `after_fork` hook last ran in.
+static HOOKED: AtomicU32 = AtomicU32::new(0);
+
+/// `--json`: answers each connection with who served it and what it saw.
+fn report(worker: ExecWorker) -> i32 {
+    let preloaded = std::process::id();
+    // A descriptor opened while loading: a forked worker must not hold it.
+    // It lives in a static, never dropped: in a forked worker its number
+    // is closed, and closing it again would close another file.
+    static LOADED_FROM: OnceLock<std::io::Result<std::fs::File>> = OnceLock::new();
+    LOADED_FROM.get_or_init(|| std::env::current_exe().and_then(std::fs::File::open));
+    let mut warm = None;
+    let worker = worker.after_fork(|| {
+        HOOKED.store(std::process::id(), Ordering::SeqCst);
+        eprintln!("after_fork ran in {}", std::process::id());
+    });
+    worker.serve(move |conn: Connection<'_>| {
+        let pid = std::process::id();
+        let warm = *warm.get_or_insert(pid);
+        let line = format!(
+            "{{\"pid\": {pid}, \"slot\": {}, \"preloaded\": {preloaded}, \"warm\": {warm}, \
+             \"after_fork\": {}}}\n",
+            conn.worker.slot,
+            HOOKED.load(Ordering::SeqCst) == pid
+        );
+        let mut stream = conn.stream;
+        let _ = stream.write_all(line.as_bytes());
+    })
 }
 
 /// Serves one request and closes.

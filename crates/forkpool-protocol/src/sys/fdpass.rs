@@ -1,5 +1,6 @@
-//! Sending and receiving one back-channel datagram. A sender attaches at
-//! most one file descriptor as `SCM_RIGHTS` ancillary data; a receiver gets
+//! Sending and receiving one back-channel datagram. A sender attaches its
+//! descriptors (one for a handoff, two for a fork order) as `SCM_RIGHTS`
+//! ancillary data; a receiver gets
 //! every descriptor that arrived, owned, so none can leak.
 
 use std::io::{self, IoSlice};
@@ -52,13 +53,17 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Sends one datagram, attaching `fd` if given. Never raises SIGPIPE.
 pub fn send(channel: BorrowedFd<'_>, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    send_fds(channel, bytes, fd.as_slice())
+}
+
+/// Sends one datagram with every descriptor of `fds` attached, in order,
+/// as one `SCM_RIGHTS` message (none: a plain datagram). Never raises
+/// SIGPIPE.
+pub fn send_fds(channel: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let iov = [IoSlice::new(bytes)];
-    let raw: [RawFd; 1] = [fd.map_or(-1, |f| f.as_raw_fd())];
-    let cmsgs: &[ControlMessage] = if fd.is_some() {
-        &[ControlMessage::ScmRights(&raw)]
-    } else {
-        &[]
-    };
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &rights };
     loop {
         match sendmsg::<()>(
             channel.as_raw_fd(),

@@ -111,6 +111,48 @@ pub fn take_inherited(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
+/// Closes every open descriptor of this process except those in `keep`,
+/// as listed in `/proc/self/fd`: for a worker forked from a template,
+/// which must not hold the template's files or sockets. Objects that
+/// wrapped a closed descriptor are dead afterwards: they must not be used
+/// or dropped (the caller forgets the ones it owns first).
+pub fn close_all_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut open = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
+            open.push(fd);
+        }
+    }
+    // The listing's own descriptor was in the list and is closed now; the
+    // close below then fails with EBADF, which is ignored.
+    for fd in open.into_iter().filter(|fd| !keep.contains(fd)) {
+        // SAFETY: closing a number, not dereferencing anything; the caller
+        // guarantees that whatever owned these descriptors is never used
+        // again.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
+}
+
+/// Moves `fd` to the number `target` (closing what was there, and the
+/// original), without close-on-exec, and returns the descriptor now at
+/// `target`.
+pub fn move_to(fd: OwnedFd, target: RawFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() == target {
+        set_cloexec(fd.as_fd(), false)?;
+        return Ok(fd);
+    }
+    // SAFETY: dup2 on two valid descriptor numbers; what was at `target`
+    // is closed atomically, and its owner (if any) was forgotten by the
+    // caller.
+    if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drop(fd);
+    // SAFETY: dup2 just made `target` a copy that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(target) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -242,3 +242,47 @@ pub fn voluntary_switches() -> Option<u64> {
     let usage = getrusage(UsageWho::RUSAGE_THREAD).ok()?;
     u64::try_from(usage.voluntary_context_switches()).ok()
 }
+
+/// This process's parent pid.
+pub fn parent_pid() -> i32 {
+    nix::unistd::getppid().as_raw()
+}
+
+/// In a worker forked from a template, through an intermediate process
+/// `middle` that exits at once: waits until this process has been
+/// reparented *and* `middle` has been reaped (its `/proc` entry is gone),
+/// polling until `deadline`. The kernel changes the parent and then sends
+/// the parent-death signal during the intermediate's exit, so a signal
+/// armed before both are done could still fire. Returns whether both
+/// happened in time.
+pub fn wait_reparented(middle: i32, deadline: std::time::Instant) -> bool {
+    let gone = std::path::PathBuf::from(format!("/proc/{middle}"));
+    loop {
+        if parent_pid() != middle && !gone.exists() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
+/// Arms `SIGTERM` as the parent-death signal, then says whether the parent
+/// is still `supervisor`: if not, it died before the signal was armed (or
+/// is not a subreaper) and the caller must exit.
+pub fn arm_parent_death(supervisor: i32) -> io::Result<bool> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+    Ok(parent_pid() == supervisor)
+}
+
+/// Waits for the child `pid` to end, retrying on `EINTR`.
+pub fn reap(pid: i32) -> io::Result<()> {
+    loop {
+        match waitpid(Pid::from_raw(pid), None) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

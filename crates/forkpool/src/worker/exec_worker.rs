@@ -27,28 +27,33 @@
 //! handler starts will not take them for its own.
 
 use std::fmt;
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use super::{run_child, ChildStart, Handler};
-use crate::channel::Channel;
+use tracing::error;
+
+use super::{run_child_speaking, ChildEnd, ChildStart, Handler};
+use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
 use crate::exec::{
     CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR,
     PROTOCOL_VAR, SLOT_VAR,
 };
 use crate::listener::Listener;
-use crate::protocol;
+use crate::protocol::{self, TemplateReply, TemplateRequest};
 use crate::sys;
+use crate::sys::process::Forked;
 
 /// Set once the inherited descriptors have been claimed: a second claim
 /// would make two owners of one descriptor.
 static CLAIMED: AtomicBool = AtomicBool::new(false);
 
-/// A worker process started by `forkpool run`, ready to serve.
-#[derive(Debug)]
+/// A worker process started by `forkpool run`, ready to serve; or, under
+/// `forkpool run --preload`, the template the workers are forked from.
 pub struct ExecWorker {
-    start: ChildStart,
+    role: Role,
+    after_fork: Vec<Box<dyn FnMut()>>,
 }
 
 /// Why [`ExecWorker::from_env`] could not set up the worker.
@@ -71,14 +76,34 @@ fn fail<T>(message: impl Into<String>) -> Result<T, ExecWorkerError> {
     })
 }
 
+/// `FORKPOOL_TEMPLATE_FD`: set (to the template channel's descriptor)
+/// when this program is started as a template (`forkpool run --preload`).
+const TEMPLATE_FD_VAR: &str = "FORKPOOL_TEMPLATE_FD";
+/// `FORKPOOL_SUPERVISOR_PID`: the supervisor's pid, given to a template so
+/// the workers it forks can check they were reparented to it.
+const SUPERVISOR_PID_VAR: &str = "FORKPOOL_SUPERVISOR_PID";
+
+/// How long a forked worker waits to be reparented to the supervisor.
+const REPARENT_DEADLINE: Duration = Duration::from_secs(5);
+
 /// What the environment announces, before any descriptor is touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Layout {
     mode: DispatchMode,
-    slot: usize,
     generation: u32,
+    /// The back-channel, or the template channel: always 3 + listeners.
     channel_fd: RawFd,
     listener_fds: Vec<RawFd>,
+    role: LayoutRole,
+}
+
+/// Whether the program runs as a worker or as a template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LayoutRole {
+    /// An exec'd worker for this slot (protocol version 1).
+    Worker { slot: usize },
+    /// A template (protocol version 2) of the supervisor with this pid.
+    Template { supervisor_pid: u32 },
 }
 
 /// Reads the layout from `var` (the environment, or a test's map) for the
@@ -105,22 +130,39 @@ fn read_layout(var: impl Fn(&str) -> Option<String>, pid: u32) -> Result<Layout,
              accept on the LISTEN_FDS listeners directly instead",
         );
     }
+    let template = var(TEMPLATE_FD_VAR).is_some();
+    let (speaks, channel_var) = if template {
+        (protocol::TEMPLATE_VERSION, TEMPLATE_FD_VAR)
+    } else {
+        (protocol::VERSION, CHANNEL_FD_VAR)
+    };
     let version = required(PROTOCOL_VAR)?;
-    if version.trim() != protocol::VERSION.to_string() {
+    if version.trim() != speaks.to_string() {
+        let role = if template { "a template" } else { "a worker" };
         return fail(format!(
-            "the supervisor speaks back-channel protocol {version}, this worker speaks {}; \
-             use matching forkpool versions",
-            protocol::VERSION
+            "the supervisor speaks back-channel protocol {version}, this program as {role} \
+             speaks {speaks}; use matching forkpool versions"
         ));
     }
-    let slot = number(SLOT_VAR, required(SLOT_VAR)?)? as usize;
+    let role = if template {
+        let supervisor = number(SUPERVISOR_PID_VAR, required(SUPERVISOR_PID_VAR)?)?;
+        LayoutRole::Template {
+            supervisor_pid: u32::try_from(supervisor).map_err(|_| ExecWorkerError {
+                message: format!("{SUPERVISOR_PID_VAR} is out of range"),
+            })?,
+        }
+    } else {
+        LayoutRole::Worker {
+            slot: number(SLOT_VAR, required(SLOT_VAR)?)? as usize,
+        }
+    };
     let generation =
         u32::try_from(number(GENERATION_VAR, required(GENERATION_VAR)?)?).map_err(|_| {
             ExecWorkerError {
                 message: format!("{GENERATION_VAR} is out of range"),
             }
         })?;
-    let channel_fd = number(CHANNEL_FD_VAR, required(CHANNEL_FD_VAR)?)?;
+    let channel_fd = number(channel_var, required(channel_var)?)?;
     let listeners = match var(LISTEN_FDS_VAR) {
         None => 0,
         Some(n) => {
@@ -142,22 +184,23 @@ fn read_layout(var: impl Fn(&str) -> Option<String>, pid: u32) -> Result<Layout,
     let expected = u64::from(FIRST_FD as u32) + listeners;
     if channel_fd != expected {
         return fail(format!(
-            "{CHANNEL_FD_VAR} is {channel_fd}, but with {listeners} listener(s) it must be {expected}"
+            "{channel_var} is {channel_fd}, but with {listeners} listener(s) it must be {expected}"
         ));
     }
     Ok(Layout {
         mode,
-        slot,
         generation,
         channel_fd: channel_fd as RawFd,
         listener_fds: (0..listeners as RawFd).map(|i| FIRST_FD + i).collect(),
+        role,
     })
 }
 
 impl ExecWorker {
     /// Reads the environment `forkpool run` set up and takes the inherited
-    /// back-channel and listeners. Call it once, early, before anything
-    /// else in the program opens descriptors it might confuse with them.
+    /// back-channel (or template channel) and listeners. Call it once,
+    /// early, before anything else in the program opens descriptors it
+    /// might confuse with them.
     pub fn from_env() -> Result<ExecWorker, ExecWorkerError> {
         let layout = read_layout(|name| std::env::var(name).ok(), std::process::id())?;
         if CLAIMED.swap(true, Ordering::SeqCst) {
@@ -189,47 +232,362 @@ impl ExecWorker {
         // end), so setting it blocking affects nobody else.
         sys::socket::set_nonblocking(channel.as_fd(), false)
             .map_err(io_error(format!("back-channel {channel_fd}")))?;
-        Ok(ExecWorker {
-            start: ChildStart {
-                slot: layout.slot,
-                generation: layout.generation,
-                channel: Channel::from_fd(channel),
-                mode: layout.mode,
-                listener_is_tcp: listeners.iter().map(Listener::is_tcp).collect(),
-                listeners,
-                max_requests: 0,
-                stderr: None,
+        let channel = Channel::from_fd(channel);
+        let role = match layout.role {
+            LayoutRole::Worker { slot } => Role::Worker {
+                start: worker_start(slot, layout.generation, channel, layout.mode, listeners),
+                version: protocol::VERSION,
             },
+            LayoutRole::Template { supervisor_pid } => Role::Template(Template {
+                channel,
+                listeners,
+                mode: layout.mode,
+                generation: layout.generation,
+                supervisor: supervisor_pid as i32,
+            }),
+        };
+        Ok(ExecWorker {
+            role,
+            after_fork: Vec::new(),
         })
     }
 
-    /// The worker's slot number.
-    pub fn slot(&self) -> usize {
-        self.start.slot
+    /// Adds a hook that runs once in every worker process before it says
+    /// `Ready`: in an exec'd worker, and in each worker forked from a
+    /// template (`--preload`) once it is set up, so state that must not be
+    /// shared between workers is made fresh there: reseed random number
+    /// generators, reopen database connections and log files. Hooks run in
+    /// the order they were added. A template itself, and a worker that
+    /// becomes the template (refork), does not run them.
+    pub fn after_fork(mut self, hook: impl FnMut() + 'static) -> ExecWorker {
+        self.after_fork.push(Box::new(hook));
+        self
     }
 
-    /// The pool generation the worker belongs to.
+    /// Whether this process was started as a template (`forkpool run
+    /// --preload`): [`ExecWorker::serve`] then waits for fork orders, and
+    /// each forked worker serves.
+    pub fn is_template(&self) -> bool {
+        matches!(self.role, Role::Template(_))
+    }
+
+    /// The worker's slot number. A template has no slot: 0 (a handler
+    /// reads its worker's slot from [`Connection::worker`](crate::Connection)).
+    pub fn slot(&self) -> usize {
+        match &self.role {
+            Role::Worker { start, .. } => start.slot,
+            Role::Template(_) => 0,
+        }
+    }
+
+    /// The pool generation the worker (or template) belongs to.
     pub fn generation(&self) -> u32 {
-        self.start.generation
+        match &self.role {
+            Role::Worker { start, .. } => start.generation,
+            Role::Template(t) => t.generation,
+        }
     }
 
     /// The pool's dispatch mode.
     pub fn dispatch(&self) -> DispatchMode {
-        self.start.mode
+        match &self.role {
+            Role::Worker { start, .. } => start.mode,
+            Role::Template(t) => t.mode,
+        }
     }
 
     /// The listeners this worker holds (none in `handoff` mode).
     pub fn listeners(&self) -> &[Listener] {
-        &self.start.listeners
+        match &self.role {
+            Role::Worker { start, .. } => &start.listeners,
+            Role::Template(t) => &t.listeners,
+        }
     }
 
     /// Says `Ready`, then serves connections with `handler` until the
     /// supervisor says quit or goes away, and returns the exit status to
     /// end the process with: 0 after a clean stop, 1 after a protocol or
     /// channel error (logged with `tracing`) or a handler panic.
+    ///
+    /// In a template (`--preload`) it says `Ready` as the template and
+    /// forks a worker for each fork order, as `docs/protocol.md`
+    /// ("Templates") describes; the forked worker closes every descriptor
+    /// it does not own, runs the `after_fork` hooks and serves with
+    /// `handler`, which it shares copy-on-write with the template. A value
+    /// in the program that wraps a descriptor opened before `serve` (a
+    /// file, a socket) is dead in a forked worker: do not use it there,
+    /// reopen it in an `after_fork` hook. Told to become the template
+    /// (refork), a worker turns into the template and keeps the state its
+    /// handler warmed.
     pub fn serve<H: Handler>(self, mut handler: H) -> i32 {
-        run_child(self.start, &mut handler)
+        let ExecWorker {
+            mut role,
+            mut after_fork,
+        } = self;
+        loop {
+            role = match role {
+                Role::Worker { start, version } => {
+                    for hook in &mut after_fork {
+                        hook();
+                    }
+                    let mode = start.mode;
+                    let generation = start.generation;
+                    match run_child_speaking(start, &mut handler, version) {
+                        ChildEnd::Exit(code) => return code,
+                        ChildEnd::BecomeTemplate { channel, listeners } => {
+                            match become_template(channel, listeners, mode, generation) {
+                                Ok(template) => Role::Template(template),
+                                Err(e) => {
+                                    error!("cannot become the template: {e}");
+                                    return 1;
+                                }
+                            }
+                        }
+                    }
+                }
+                Role::Template(template) => match template.run() {
+                    Ok(Some(start)) => Role::Worker {
+                        start,
+                        version: protocol::TEMPLATE_VERSION,
+                    },
+                    Ok(None) => return 0,
+                    Err(e) => {
+                        error!("template stopping: {e}");
+                        return 1;
+                    }
+                },
+            };
+        }
     }
+}
+
+impl fmt::Debug for ExecWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecWorker")
+            .field("role", &self.role)
+            .field("after_fork_hooks", &self.after_fork.len())
+            .finish()
+    }
+}
+
+fn worker_start(
+    slot: usize,
+    generation: u32,
+    channel: Channel,
+    mode: DispatchMode,
+    listeners: Vec<Listener>,
+) -> ChildStart {
+    ChildStart {
+        slot,
+        generation,
+        channel,
+        mode,
+        listener_is_tcp: listeners.iter().map(Listener::is_tcp).collect(),
+        listeners,
+        max_requests: 0,
+        stderr: None,
+    }
+}
+
+/// What this process is now.
+#[derive(Debug)]
+enum Role {
+    /// A worker speaking protocol `version`.
+    Worker { start: ChildStart, version: u8 },
+    /// A template waiting for fork orders.
+    Template(Template),
+}
+
+/// A template: its channel to the supervisor and what its workers inherit.
+#[derive(Debug)]
+struct Template {
+    channel: Channel,
+    listeners: Vec<Listener>,
+    mode: DispatchMode,
+    generation: u32,
+    supervisor: i32,
+}
+
+/// Which process this is after a fork order.
+enum Side {
+    /// Still the template.
+    Template,
+    /// The new worker; `middle` is the pid of the intermediate process.
+    Worker { middle: i32 },
+}
+
+impl Template {
+    /// Says `Ready` and obeys orders. Returns `None` to exit with status
+    /// 0 (quit, or the supervisor gone), or, in a newly forked worker, what
+    /// it starts with.
+    fn run(self) -> Result<Option<ChildStart>, String> {
+        let reply = |r: TemplateReply| {
+            self.channel
+                .send_template_reply(r)
+                .map_err(|e| format!("cannot write to the supervisor: {e}"))
+        };
+        reply(TemplateReply::Ready {
+            pid: std::process::id(),
+        })?;
+        loop {
+            let incoming = self
+                .channel
+                .recv_template_request()
+                .map_err(|e| format!("cannot read from the supervisor: {e}"))?;
+            match incoming {
+                Incoming::Message(TemplateRequest::Ping { seq }, _) => {
+                    reply(TemplateReply::Pong { seq })?;
+                }
+                Incoming::Message(TemplateRequest::Quit, _) => return Ok(None),
+                Incoming::Closed => return Ok(None),
+                Incoming::WouldBlock => {}
+                Incoming::Malformed(why) => {
+                    return Err(format!("malformed message from the supervisor: {why}"));
+                }
+                Incoming::Message(TemplateRequest::Fork { slot, generation }, fds) => {
+                    let [channel, stderr]: [OwnedFd; 2] = fds
+                        .try_into()
+                        .map_err(|_| "a fork order without its two descriptors".to_string())?;
+                    if let Side::Worker { middle } = self.fork(slot)? {
+                        return self
+                            .into_worker(middle, slot, generation, channel, stderr)
+                            .map(Some);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The double fork of one fork order. The template gets `Side::Template`
+    /// once it has reaped the intermediate (the caller then drops its
+    /// copies of the two descriptors); the intermediate never returns.
+    fn fork(&self, slot: u32) -> Result<Side, String> {
+        let failed = |e: std::io::Error| TemplateReply::ForkFailed {
+            slot,
+            errno: e.raw_os_error().unwrap_or(0) as u32,
+        };
+        let threads = sys::process::thread_count().unwrap_or(1);
+        if threads != 1 {
+            return Err(format!(
+                "the template has {threads} threads; forking a multi-threaded process is \
+                 unsafe: start threads in the workers (an after_fork hook), not before serve"
+            ));
+        }
+        let middle = match sys::process::fork() {
+            Err(e) => {
+                let _ = self.channel.send_template_reply(failed(e));
+                return Ok(Side::Template);
+            }
+            Ok(Forked::Parent(middle)) => middle,
+            Ok(Forked::Child) => {
+                let middle = std::process::id() as i32;
+                let answer = match sys::process::fork() {
+                    Err(e) => failed(e),
+                    Ok(Forked::Parent(pid)) => TemplateReply::Forked {
+                        slot,
+                        pid: pid as u32,
+                    },
+                    Ok(Forked::Child) => return Ok(Side::Worker { middle }),
+                };
+                let sent = self.channel.send_template_reply(answer);
+                sys::process::exit_now(i32::from(sent.is_err()));
+            }
+        };
+        sys::process::reap(middle).map_err(|e| format!("cannot reap the intermediate: {e}"))?;
+        Ok(Side::Template)
+    }
+
+    /// In the newly forked worker: the steps of `docs/protocol.md` ("What
+    /// the forked worker does"), up to the `after_fork` hooks.
+    fn into_worker(
+        self,
+        middle: i32,
+        slot: u32,
+        generation: u32,
+        channel: OwnedFd,
+        stderr: OwnedFd,
+    ) -> Result<ChildStart, String> {
+        let target = FIRST_FD + self.listeners.len() as RawFd;
+        // 1. Close everything that is not ours; the template channel is
+        // forgotten first, as it is closed by number.
+        let _ = OwnedFd::from(self.channel).into_raw_fd();
+        let mut keep: Vec<RawFd> = vec![0, 1, 2, channel.as_raw_fd(), stderr.as_raw_fd()];
+        keep.extend(self.listeners.iter().map(|l| l.as_fd().as_raw_fd()));
+        sys::fds::close_all_except(&keep).map_err(|e| format!("closing descriptors: {e}"))?;
+        // 2. The channel to 3+n, the stderr pipe to 2.
+        let channel = sys::fds::move_to(channel, target)
+            .map_err(|e| format!("moving the channel to {target}: {e}"))?;
+        let _ = sys::fds::move_to(stderr, 2)
+            .map_err(|e| format!("moving the stderr pipe to 2: {e}"))?
+            .into_raw_fd();
+        sys::fds::set_cloexec(channel.as_fd(), true)
+            .map_err(|e| format!("back-channel {target}: {e}"))?;
+        // Our end alone (the supervisor holds the other): it may have been
+        // passed non-blocking, and the worker loop reads blocking.
+        sys::socket::set_nonblocking(channel.as_fd(), false)
+            .map_err(|e| format!("back-channel {target}: {e}"))?;
+        // 3. The environment of an exec'd worker.
+        std::env::set_var(CHANNEL_FD_VAR, target.to_string());
+        std::env::set_var(SLOT_VAR, slot.to_string());
+        std::env::set_var(GENERATION_VAR, generation.to_string());
+        std::env::remove_var(TEMPLATE_FD_VAR);
+        if std::env::var_os(LISTEN_FDS_VAR).is_some() {
+            std::env::set_var(LISTEN_PID_VAR, std::process::id().to_string());
+        }
+        // 4. Reparented to the supervisor, then the parent-death signal.
+        if !sys::process::wait_reparented(middle, Instant::now() + REPARENT_DEADLINE) {
+            return Err(format!(
+                "not reparented to the supervisor within {REPARENT_DEADLINE:?} \
+                 (the intermediate process {middle} did not go away)"
+            ));
+        }
+        let armed = sys::process::arm_parent_death(self.supervisor)
+            .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+        if !armed {
+            return Err(format!(
+                "the parent is not the supervisor {} (it died, or is not a subreaper)",
+                self.supervisor
+            ));
+        }
+        Ok(worker_start(
+            slot as usize,
+            generation,
+            Channel::from_fd(channel),
+            self.mode,
+            self.listeners,
+        ))
+    }
+}
+
+/// Refork: the worker's channel is closed; the new template channel moves
+/// to where it was and the environment says "template".
+fn become_template(
+    channel: OwnedFd,
+    listeners: Vec<Listener>,
+    mode: DispatchMode,
+    generation: u32,
+) -> Result<Template, String> {
+    let supervisor = std::env::var(SUPERVISOR_PID_VAR)
+        .ok()
+        .and_then(|pid| pid.trim().parse::<i32>().ok())
+        .ok_or_else(|| format!("{SUPERVISOR_PID_VAR} is not set"))?;
+    let target = FIRST_FD + listeners.len() as RawFd;
+    let channel = sys::fds::move_to(channel, target)
+        .map_err(|e| format!("moving the template channel to {target}: {e}"))?;
+    sys::fds::set_cloexec(channel.as_fd(), true)
+        .map_err(|e| format!("template channel {target}: {e}"))?;
+    sys::socket::set_nonblocking(channel.as_fd(), false)
+        .map_err(|e| format!("template channel {target}: {e}"))?;
+    std::env::set_var(TEMPLATE_FD_VAR, target.to_string());
+    std::env::remove_var(CHANNEL_FD_VAR);
+    std::env::remove_var(SLOT_VAR);
+    Ok(Template {
+        channel: Channel::from_fd(channel),
+        listeners,
+        mode,
+        generation,
+        supervisor,
+    })
 }
 
 #[cfg(test)]
@@ -267,10 +625,10 @@ mod tests {
             layout(&vars, 77).unwrap(),
             Layout {
                 mode: DispatchMode::Order,
-                slot: 4,
                 generation: 2,
                 channel_fd: 5,
                 listener_fds: vec![3, 4],
+                role: LayoutRole::Worker { slot: 4 },
             }
         );
     }
@@ -320,6 +678,58 @@ mod tests {
         vars[0] = ("FORKPOOL_PROTOCOL", "2");
         let err = layout(&vars, 1).unwrap_err().to_string();
         assert!(err.contains("protocol 2"), "{err}");
+    }
+
+    const TEMPLATE: [(&str, &str); 5] = [
+        ("FORKPOOL_PROTOCOL", "2"),
+        ("FORKPOOL_TEMPLATE_FD", "4"),
+        ("FORKPOOL_SUPERVISOR_PID", "900"),
+        ("FORKPOOL_GENERATION", "3"),
+        ("FORKPOOL_DISPATCH", "order"),
+    ];
+
+    #[test]
+    fn a_template_is_found_by_its_template_fd() {
+        let mut vars = TEMPLATE.to_vec();
+        vars.extend([("LISTEN_FDS", "1"), ("LISTEN_PID", "77")]);
+        assert_eq!(
+            layout(&vars, 77).unwrap(),
+            Layout {
+                mode: DispatchMode::Order,
+                generation: 3,
+                channel_fd: 4,
+                listener_fds: vec![3],
+                role: LayoutRole::Template {
+                    supervisor_pid: 900
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn a_template_needs_version_2_and_the_supervisor_pid() {
+        let mut vars = TEMPLATE.to_vec();
+        vars.extend([("LISTEN_FDS", "1"), ("LISTEN_PID", "1")]);
+        let mut v1 = vars.clone();
+        v1[0] = ("FORKPOOL_PROTOCOL", "1");
+        let err = layout(&v1, 1).unwrap_err().to_string();
+        assert!(err.contains("as a template speaks 2"), "{err}");
+
+        let no_pid: Vec<_> = vars
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "FORKPOOL_SUPERVISOR_PID")
+            .collect();
+        let err = layout(&no_pid, 1).unwrap_err().to_string();
+        assert!(err.contains("FORKPOOL_SUPERVISOR_PID is not set"), "{err}");
+
+        let mut misplaced = vars.clone();
+        misplaced[1] = ("FORKPOOL_TEMPLATE_FD", "3");
+        let err = layout(&misplaced, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("FORKPOOL_TEMPLATE_FD is 3, but with 1 listener(s) it must be 4"),
+            "{err}"
+        );
     }
 
     #[test]
