@@ -89,11 +89,11 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-/// The test configuration: the example in `dist/haproxy/haproxy.cfg` cut
-/// to what today's supervisor serves (an HTTP health check; an agent check
-/// only where a test serves one itself), with short intervals so a test sees changes within a second, a
-/// stats socket to read server states from, and a header naming the
-/// server that answered.
+/// The test configuration: the example in `dist/haproxy/haproxy.cfg` (an
+/// HTTP health check, and an agent check on the server's `agent_port` when
+/// it has one), with short intervals so a test sees changes within a
+/// second, a stats socket to read server states from, and a header naming
+/// the server that answered.
 pub fn config(frontend: SocketAddr, stats: &Path, servers: &[Server], check_path: &str) -> String {
     let mut cfg = format!(
         "global
