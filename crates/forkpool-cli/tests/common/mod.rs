@@ -290,6 +290,27 @@ impl DemoPool {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
+    /// Polls `forkpool status --json` until `cond` holds for a snapshot and
+    /// returns that snapshot; `None` once `timeout` has passed. The way to
+    /// wait for the supervisor to reach a state, rather than for its log.
+    pub fn wait_status(
+        &self,
+        timeout: Duration,
+        cond: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status();
+            if cond(&status) {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A `GET` with `Connection: close`.
     pub fn get(&self, path: &str) -> Result<Response, String> {
         get(self.addr, path)
