@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 pub struct Stat {
     /// The one-letter state (`R`, `S`, `D`, `Z`, ...).
     pub state: char,
+    /// The parent's process id.
+    pub ppid: i32,
     /// CPU time in user mode, in clock ticks.
     pub utime_ticks: u64,
     /// CPU time in kernel mode, in clock ticks.
@@ -45,9 +47,16 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
         .ok_or_else(|| "state missing".to_string())?;
     Ok(Stat {
         state,
+        ppid: field(1, "ppid")? as i32,
         utime_ticks: field(11, "utime")?,
         stime_ticks: field(12, "stime")?,
     })
+}
+
+/// The parent of `pid`, from `/proc/PID/stat`; `None` if it is gone.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text).ok().map(|s| s.ppid)
 }
 
 /// Memory of one process, in bytes.
@@ -233,6 +242,7 @@ Locked:                0 kB
             stat,
             Stat {
                 state: 'S',
+                ppid: 1,
                 utime_ticks: 250,
                 stime_ticks: 75
             }

@@ -503,6 +503,7 @@ impl Supervisor {
             slots,
             totals,
             queues: self.resources.queues(),
+            templates: self.template_statuses(now),
         }
     }
 
