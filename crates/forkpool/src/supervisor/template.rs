@@ -800,14 +800,14 @@ impl Supervisor {
         }
         self.totals.template_restarts += 1;
         let stage = if t.ready_at.is_none() {
-            "before it was ready"
+            " before it was ready"
         } else {
             "; the workers it forked keep serving"
         };
         self.hold_templates(
             now,
             format!(
-                "template `{}` (pid {pid}, generation {generation}) {how} {stage}; {said}; \
+                "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
                  a new template will be started",
                 self.templates.command
             ),
