@@ -458,3 +458,91 @@ fn a_reload_whose_template_fails_keeps_the_old_generation() {
     assert_eq!(worker_pids(&settled), worker_pids(&before));
     assert_eq!(pool.get("/").map(|r| r.status), Ok(200));
 }
+
+/// `--refork-after 20` under load: the lowest slot's worker becomes the
+/// template (the template's pid becomes that worker's), the pool rolls
+/// onto workers forked from it, and no request fails.
+fn refork_under_load(cmd: &[&str]) {
+    let pool = start("handoff", &["--refork-after", "20"], cmd);
+    let before = ready(&pool, 1);
+    let first_template = template_pid(&before);
+    let warm = before["slots"][0]["pid"].as_i64().unwrap() as i32;
+    let load = Load::start(&pool);
+    let after = pool
+        .wait_status(PATIENCE, |s| {
+            s["totals"]["reforks"] == 1
+                && s["serving_generation"] == 2
+                && s["templates"].as_array().map(Vec::len) == Some(1)
+                && template(s)["state"] == "ready"
+                && s["slots"]
+                    .as_array()
+                    .is_some_and(|v| !v.is_empty() && v.iter().all(|x| x["generation"] == 2))
+        })
+        .unwrap_or_else(|| panic!("no refork: {}\n{}", pool.status(), pool.stderr.dump()));
+    wait_served(&load, 10);
+    let (_, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "failed during the refork: {failures:?}"
+    );
+    assert_eq!(
+        template_pid(&after),
+        warm,
+        "the warm worker should be the template: {after}"
+    );
+    assert!(
+        !alive(first_template),
+        "the first template is still running"
+    );
+    assert!(template(&after)["forks"].as_u64().unwrap() >= 1);
+    assert_eq!(after["totals"]["died"], 0, "{after}");
+}
+
+#[test]
+fn python_refork_makes_the_warm_worker_the_template_under_load() {
+    refork_under_load(&["python3", PYTHON_WORKER]);
+}
+
+#[test]
+fn perl_refork_makes_the_warm_worker_the_template_under_load() {
+    refork_under_load(&["perl", PERL_WORKER]);
+}
+
+#[test]
+fn rust_refork_makes_the_warm_worker_the_template_under_load() {
+    refork_under_load(&[&rust_worker()]);
+}
+
+/// A template that answers a fork order never given is killed and
+/// replaced (with back-off), and no slot is taken on its word.
+#[test]
+fn a_template_breaking_the_protocol_is_killed_and_replaced() {
+    let dir = Scratch::new("preload-hostile");
+    dir.deploy(
+        "liar.py",
+        "import os, socket, struct\n\
+         ch = socket.socket(fileno=int(os.environ['FORKPOOL_TEMPLATE_FD']))\n\
+         ch.send(b'\\x02R' + struct.pack('>I', os.getpid()))\n\
+         ch.send(b'\\x02W' + struct.pack('>II', 7, 1))\n\
+         ch.recv(16)\n",
+    );
+    let liar = dir.path("liar.py");
+    let mut args = vec!["--preload", "--ping-timeout", "20s", "--min-children", "1"];
+    args.extend_from_slice(&SCALING);
+    let mut command = std::process::Command::new(common::forkpool_bin());
+    command.arg("run");
+    let pool = DemoPool::launch(command, &args, &["python3", &liar], false);
+    let status = pool
+        .wait_status(PATIENCE, |s| {
+            s["totals"]["template_restarts"].as_u64() >= Some(2)
+        })
+        .unwrap_or_else(|| panic!("not replaced: {}", pool.status()));
+    // A fork order it got before lying is never answered: that slot is
+    // freed with the template, and no slot 7 is ever taken.
+    assert!(
+        status["slots"]
+            .as_array()
+            .is_some_and(|v| v.iter().all(|x| x["slot"] != 7)),
+        "{status}"
+    );
+}

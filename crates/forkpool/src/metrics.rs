@@ -109,6 +109,12 @@ pub fn render(
     );
     counter(
         &mut registry,
+        "reforks",
+        "Times the lowest slot's worker was made the template (--refork-after)",
+        t.reforks,
+    );
+    counter(
+        &mut registry,
         "reload_failures",
         "Reloads abandoned because the new generation failed at start-up",
         t.reload_failures,

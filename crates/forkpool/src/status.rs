@@ -143,6 +143,10 @@ pub struct Totals {
     /// failed to start.
     #[serde(default)]
     pub template_restarts: u64,
+    /// Reforks started (`--refork-after`): times the lowest slot's worker
+    /// was made the template.
+    #[serde(default)]
+    pub reforks: u64,
 }
 
 /// One slot as the control socket reports it.

@@ -29,6 +29,7 @@ mod message_rules;
 mod notify;
 mod output;
 mod recycle;
+mod refork;
 mod reload;
 mod reports;
 mod resources;
@@ -483,6 +484,7 @@ impl Supervisor {
         if self.shutdown.is_some() {
             return Ok(None);
         }
+        self.consider_refork(now);
         if self.rollouts.active() {
             return self.advance_rollout(now);
         }

@@ -122,6 +122,8 @@ pub(crate) struct Templates {
     orphans: VecDeque<(i32, ExitStatus)>,
     /// Whether this process is a child subreaper yet.
     subreaper: bool,
+    /// `refork_after` thresholds used so far.
+    pub reforks: usize,
 }
 
 impl Templates {
@@ -140,6 +142,13 @@ impl Templates {
 
     fn index(&self, generation: u32) -> Option<usize> {
         self.list.iter().position(|t| t.generation == generation)
+    }
+
+    /// Whether the template of `generation` is ready for fork orders.
+    pub fn has_ready(&self, generation: u32) -> bool {
+        self.list
+            .iter()
+            .any(|t| t.generation == generation && t.state == TemplateState::Ready)
     }
 
     /// The template of `generation`, if it is ready for fork orders.
@@ -279,46 +288,14 @@ impl Supervisor {
                 let _ = process::own_process_group(pid);
                 drop(theirs);
                 drop(output_write);
-                let token = Event::Template(generation as usize).token();
-                self.poll.registry().register(
-                    &mut SourceFd(&ours.as_raw_fd()),
-                    token,
-                    Interest::READABLE,
-                )?;
                 let output = match ChildOutput::new(output_read) {
-                    Ok(output) => {
-                        let registered = self.poll.registry().register(
-                            &mut SourceFd(&output.pipe.as_raw_fd()),
-                            Event::TemplateOutput(generation as usize).token(),
-                            Interest::READABLE,
-                        );
-                        if let Err(e) = registered {
-                            warn!(pid, "cannot watch the template's stderr: {e}");
-                        }
-                        Some(output)
-                    }
+                    Ok(output) => Some(output),
                     Err(e) => {
                         warn!(pid, "cannot read the template's stderr: {e}");
                         None
                     }
                 };
-                self.templates.list.push(Template {
-                    generation,
-                    pid,
-                    channel: ours,
-                    channel_closed: false,
-                    state: TemplateState::Starting,
-                    started_at: now,
-                    ready_at: None,
-                    last_heard: now,
-                    ping: None,
-                    pending: BTreeMap::new(),
-                    exit_deadline: None,
-                    killed_for: None,
-                    output,
-                    stderr_tail: Vec::new(),
-                    forks: 0,
-                });
+                self.adopt_template(pid, generation, ours, output, now)?;
                 info!(
                     pid,
                     generation,
@@ -332,6 +309,51 @@ impl Supervisor {
                 Ok(None)
             }
         }
+    }
+
+    /// Takes `pid` on as the template of `generation`, starting (it must
+    /// say `R` next): watches its channel and its stderr.
+    pub(super) fn adopt_template(
+        &mut self,
+        pid: i32,
+        generation: u32,
+        channel: Channel,
+        output: Option<ChildOutput>,
+        now: Instant,
+    ) -> io::Result<()> {
+        self.templates.list.push(Template {
+            generation,
+            pid,
+            channel,
+            channel_closed: false,
+            state: TemplateState::Starting,
+            started_at: now,
+            ready_at: None,
+            last_heard: now,
+            ping: None,
+            pending: BTreeMap::new(),
+            exit_deadline: None,
+            killed_for: None,
+            output,
+            stderr_tail: Vec::new(),
+            forks: 0,
+        });
+        let t = self.templates.list.last().expect("just pushed");
+        if let Some(output) = &t.output {
+            let registered = self.poll.registry().register(
+                &mut SourceFd(&output.pipe.as_raw_fd()),
+                Event::TemplateOutput(generation as usize).token(),
+                Interest::READABLE,
+            );
+            if let Err(e) = registered {
+                warn!(pid, "cannot watch the template's stderr: {e}");
+            }
+        }
+        self.poll.registry().register(
+            &mut SourceFd(&t.channel.as_raw_fd()),
+            Event::Template(generation as usize).token(),
+            Interest::READABLE,
+        )
     }
 
     /// In a freshly forked template: keep what it needs, close the rest.
