@@ -61,7 +61,7 @@ impl Supervisor {
                 return;
             }
         };
-        let Some(link) = self.links.get(0).and_then(Option::as_ref) else {
+        let Some(link) = self.links.first().and_then(Option::as_ref) else {
             return;
         };
         if let Err(e) = link
