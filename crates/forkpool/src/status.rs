@@ -193,6 +193,10 @@ pub struct SlotStatus {
     /// The last slow-request capture of this child, as logged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_capture: Option<String>,
+    /// How long the child took from its fork (with `--preload`, from the
+    /// fork order) to saying `Ready`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_after_ms: Option<u64>,
 }
 
 /// One listener's accept queue, sampled by the supervisor.

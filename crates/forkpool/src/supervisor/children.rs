@@ -118,6 +118,7 @@ impl Supervisor {
                     ready: !reports,
                     output,
                     stderr_tail: Vec::new(),
+                    ready_after: None,
                     version: crate::protocol::VERSION,
                 });
                 self.totals.spawned += 1;

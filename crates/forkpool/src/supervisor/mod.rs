@@ -106,6 +106,8 @@ pub(crate) struct ChildLink {
     /// The last lines of its stderr once the pipe closed (for the log of
     /// a failed reload).
     pub stderr_tail: Vec<String>,
+    /// How long it took from its fork (or fork order) to `Ready`.
+    pub ready_after: Option<Duration>,
     /// The protocol version it speaks: 2 for a worker forked from a
     /// template (`--preload`), 1 otherwise.
     pub version: u8,

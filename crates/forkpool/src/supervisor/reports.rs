@@ -117,6 +117,7 @@ impl Supervisor {
                 self.board.ready(slot, now).map_err(illegal)?;
                 if let Some(link) = self.links[slot].as_mut() {
                     link.ready = true;
+                    link.ready_after = Some(now.saturating_duration_since(link.spawned_at));
                 }
                 self.child_available(now);
             }

@@ -289,6 +289,7 @@ mod tests {
             uss_bytes: None,
             peer: None,
             last_capture: None,
+            ready_after_ms: None,
         }
     }
 

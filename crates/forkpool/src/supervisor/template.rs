@@ -444,6 +444,7 @@ impl Supervisor {
             ready: false,
             output,
             stderr_tail: Vec::new(),
+            ready_after: None,
             version: TEMPLATE_VERSION,
         });
         self.totals.spawned += 1;
