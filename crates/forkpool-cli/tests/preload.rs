@@ -7,8 +7,12 @@
 #[path = "common/bench_bins.rs"]
 mod bench_bins;
 mod common;
+#[path = "common/psgi_support.rs"]
+mod psgi_support;
 #[path = "common/worker_files.rs"]
 mod worker_files;
+#[path = "common/wsgi_support.rs"]
+mod wsgi_support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -544,5 +548,65 @@ fn a_template_breaking_the_protocol_is_killed_and_replaced() {
             .as_array()
             .is_some_and(|v| v.iter().all(|x| x["slot"] != 7)),
         "{status}"
+    );
+}
+
+/// An app server under `--preload`, in every dispatch mode: the app is
+/// loaded once in the template, and each worker forked from it serves it.
+fn app_server_serves_from_the_template(command: impl Fn() -> std::process::Command, cmd: &[&str]) {
+    for mode in ["handoff", "order", "shared"] {
+        let mut args = vec!["--preload", "--dispatch", mode, "--ping-timeout", "20s"];
+        args.extend_from_slice(&SCALING);
+        args.extend(["--min-children", "2"]);
+        let pool = DemoPool::launch(command(), &args, cmd, true);
+        let status = ready(&pool, 2);
+        for _ in 0..3 {
+            let r = pool
+                .get("/")
+                .unwrap_or_else(|e| panic!("{mode}: {e}\n{}", pool.stderr.dump()));
+            assert_eq!(r.status, 200, "{mode}: {r:?}");
+        }
+        let after = pool.status();
+        assert_eq!(
+            template(&after)["forks"],
+            after["totals"]["spawned"],
+            "{mode}: every worker came from the template: {after}"
+        );
+        assert_eq!(template_pid(&after), template_pid(&status));
+        assert_eq!(after["totals"]["died"], 0, "{mode}: {after}");
+    }
+}
+
+#[test]
+fn flask_under_forkpool_wsgi_is_loaded_once_and_served_in_every_mode() {
+    let Some(python) = wsgi_support::venv_python() else {
+        return;
+    };
+    let command = || {
+        let mut c = std::process::Command::new(common::forkpool_bin());
+        c.arg("run")
+            .current_dir(wsgi_support::apps_dir())
+            .env("PYTHONPATH", wsgi_support::clients_dir());
+        c
+    };
+    app_server_serves_from_the_template(
+        command,
+        &[&python, "-m", "forkpool_wsgi", "flask_app:app"],
+    );
+}
+
+#[test]
+fn a_psgi_app_under_forkpool_psgi_is_loaded_once_and_served_in_every_mode() {
+    if !psgi_support::require_plack() {
+        return;
+    }
+    let command = || {
+        let mut c = std::process::Command::new(common::forkpool_bin());
+        c.arg("run");
+        c
+    };
+    app_server_serves_from_the_template(
+        command,
+        &["perl", psgi_support::PSGI_SERVER, psgi_support::TEST_APP],
     );
 }
