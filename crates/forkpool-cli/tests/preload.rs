@@ -7,6 +7,8 @@
 #[path = "common/bench_bins.rs"]
 mod bench_bins;
 mod common;
+#[path = "common/example_workers.rs"]
+mod example_workers;
 #[path = "common/psgi_support.rs"]
 mod psgi_support;
 #[path = "common/worker_files.rs"]
@@ -20,23 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{concurrent_gets, continuous_load, kill9, DemoPool};
+use example_workers::{rust_worker, PERL_WORKER, PYTHON_WORKER};
 use serde_json::Value;
 use worker_files::{good_app, Scratch};
-
-const PYTHON_WORKER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../clients/python/example_http_worker.py"
-);
-const PERL_WORKER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../clients/perl/example_http_worker.pl"
-);
-
-fn rust_worker() -> String {
-    bench_bins::workspace_bin("forkpool-example-worker")
-        .display()
-        .to_string()
-}
 
 /// Generous: these tests share a small machine with builds.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -216,7 +204,12 @@ fn serves_grows_and_shrinks(mode: &str, cmd: &[&str]) {
         .wait_status(PATIENCE, |s| worker_pids(s).len() <= 2)
         .unwrap_or_else(|| panic!("did not shrink: {}", pool.status()));
     let t = template(&after);
-    assert_eq!(template_pid, t["pid"].as_i64().unwrap() as i32);
+    assert_eq!(
+        template_pid,
+        t["pid"].as_i64().unwrap() as i32,
+        "the template changed: {after}\n{}",
+        pool.stderr.dump()
+    );
     assert_eq!(
         t["forks"], after["totals"]["spawned"],
         "every worker came from the template: {after}"
@@ -258,17 +251,17 @@ fn perl_in_shared_serves_grows_and_shrinks_from_the_template() {
 
 #[test]
 fn rust_in_handoff_serves_grows_and_shrinks_from_the_template() {
-    serves_grows_and_shrinks("handoff", &[&rust_worker()]);
+    serves_grows_and_shrinks("handoff", &[rust_worker()]);
 }
 
 #[test]
 fn rust_in_order_serves_grows_and_shrinks_from_the_template() {
-    serves_grows_and_shrinks("order", &[&rust_worker()]);
+    serves_grows_and_shrinks("order", &[rust_worker()]);
 }
 
 #[test]
 fn rust_in_shared_serves_grows_and_shrinks_from_the_template() {
-    serves_grows_and_shrinks("shared", &[&rust_worker()]);
+    serves_grows_and_shrinks("shared", &[rust_worker()]);
 }
 
 /// A SIGKILLed template: the workers keep serving throughout, a new
@@ -492,7 +485,8 @@ fn refork_under_load(cmd: &[&str]) {
     assert_eq!(
         template_pid(&after),
         warm,
-        "the warm worker should be the template: {after}"
+        "the warm worker should be the template: {after}\n{}",
+        pool.stderr.dump()
     );
     assert!(
         !alive(first_template),
@@ -514,7 +508,7 @@ fn perl_refork_makes_the_warm_worker_the_template_under_load() {
 
 #[test]
 fn rust_refork_makes_the_warm_worker_the_template_under_load() {
-    refork_under_load(&[&rust_worker()]);
+    refork_under_load(&[rust_worker()]);
 }
 
 /// A template that answers a fork order never given is killed and

@@ -93,16 +93,7 @@ impl Channel {
     /// send descriptors; one that does has sent a malformed message, and the
     /// descriptors are closed here.
     pub fn recv_from_child(&self) -> io::Result<Incoming<ChildMessage>> {
-        Ok(match self.recv_raw()? {
-            Raw::Bytes(_, _, fds) if !fds.is_empty() => {
-                Incoming::Malformed(Malformed::UnexpectedFd)
-            }
-            Raw::Bytes(buf, n, _) => match ChildMessage::decode(&buf[..n]) {
-                Ok(msg) => Incoming::Message(msg, None),
-                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
-            },
-            Raw::Other(other) => other,
-        })
+        self.recv_without_fds(ChildMessage::decode)
     }
 
     /// Child side: receives one message from the supervisor. Only a
@@ -131,28 +122,28 @@ impl Channel {
     /// forked from a template (version byte `0x02`). As in
     /// [`Channel::recv_from_child`], a descriptor makes it malformed.
     pub fn recv_from_child_v2(&self) -> io::Result<Incoming<ChildMessage>> {
-        Ok(match self.recv_raw()? {
-            Raw::Bytes(_, _, fds) if !fds.is_empty() => {
-                Incoming::Malformed(Malformed::UnexpectedFd)
-            }
-            Raw::Bytes(buf, n, _) => match decode_child_v2(&buf[..n]) {
-                Ok(msg) => Incoming::Message(msg, None),
-                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
-            },
-            Raw::Other(other) => other,
-        })
+        self.recv_without_fds(decode_child_v2)
     }
 
     /// Supervisor side: receives one reply from a template (or its
     /// intermediate child). Templates never send descriptors; one that
     /// does has sent a malformed message, and they are closed here.
     pub fn recv_template_reply(&self) -> io::Result<Incoming<TemplateReply>> {
+        self.recv_without_fds(TemplateReply::decode)
+    }
+
+    /// Receives one message that must come without descriptors, decoded
+    /// with `decode`; descriptors that came anyway are closed here.
+    fn recv_without_fds<M>(
+        &self,
+        decode: impl Fn(&[u8]) -> Result<M, ProtocolError>,
+    ) -> io::Result<Incoming<M>> {
         Ok(match self.recv_raw()? {
             Raw::Bytes(_, _, fds) if !fds.is_empty() => {
                 Incoming::Malformed(Malformed::UnexpectedFd)
             }
-            Raw::Bytes(buf, n, _) => match TemplateReply::decode(&buf[..n]) {
-                Ok(reply) => Incoming::Message(reply, None),
+            Raw::Bytes(buf, n, _) => match decode(&buf[..n]) {
+                Ok(msg) => Incoming::Message(msg, None),
                 Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
             },
             Raw::Other(other) => other,

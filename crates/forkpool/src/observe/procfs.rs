@@ -363,13 +363,23 @@ Locked:                0 kB
             self.0.id() as i32
         }
 
-        /// Its wchan once it has gone to sleep (polled, 10 s at most).
+        /// Its wchan once it has gone to sleep for good (polled, 10 s at
+        /// most): the same function twice in a row, 10 ms apart, while its
+        /// state is `S`. A single read can catch it still starting up, in
+        /// another kernel function, on a loaded machine.
         pub(crate) fn wait_asleep(&self) -> Option<String> {
             let deadline = Instant::now() + Duration::from_secs(10);
+            let mut last: Option<String> = None;
             loop {
-                if let Some(w) = read_wchan(self.pid()) {
-                    return Some(w);
+                let now = read_wchan(self.pid());
+                let sleeping = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+                    .ok()
+                    .and_then(|t| parse_stat(&t).ok())
+                    .is_some_and(|s| s.state == 'S');
+                if sleeping && now.is_some() && now == last {
+                    return now;
                 }
+                last = now;
                 if Instant::now() > deadline {
                     return None;
                 }

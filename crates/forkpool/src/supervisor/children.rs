@@ -104,23 +104,13 @@ impl Supervisor {
                 if self.links.len() <= slot {
                     self.links.resize_with(slot + 1, || None);
                 }
-                self.links[slot] = Some(ChildLink {
-                    channel: ours,
-                    ping: None,
-                    pinged_up_to: 0,
-                    answered_up_to: 0,
-                    messages: super::budget::message_budget(),
-                    ordered_on: None,
-                    leaving: None,
-                    leave_deadline: None,
-                    channel_closed: false,
-                    spawned_at: now,
-                    ready: !reports,
+                self.links[slot] = Some(ChildLink::new(
+                    ours,
                     output,
-                    stderr_tail: Vec::new(),
-                    ready_after: None,
-                    version: crate::protocol::VERSION,
-                });
+                    now,
+                    !reports,
+                    crate::protocol::VERSION,
+                ));
                 self.totals.spawned += 1;
                 info!(slot, pid, generation = self.generation, "child spawned");
                 Ok(None)

@@ -114,6 +114,35 @@ pub(crate) struct ChildLink {
 }
 
 impl ChildLink {
+    /// The supervisor's side of a child just forked (or ordered from a
+    /// template) at `now`, speaking protocol `version`. `ready` from the
+    /// start for children that never say so (`none` dispatch).
+    pub fn new(
+        channel: Channel,
+        output: Option<ChildOutput>,
+        now: Instant,
+        ready: bool,
+        version: u8,
+    ) -> ChildLink {
+        ChildLink {
+            channel,
+            ping: None,
+            pinged_up_to: 0,
+            answered_up_to: 0,
+            messages: budget::message_budget(),
+            ordered_on: None,
+            leaving: None,
+            leave_deadline: None,
+            channel_closed: false,
+            spawned_at: now,
+            ready,
+            output,
+            stderr_tail: Vec::new(),
+            ready_after: None,
+            version,
+        }
+    }
+
     /// Sends `msg` (with `fd`, for a connection) in the child's version.
     pub fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         if self.version == TEMPLATE_VERSION {

@@ -430,23 +430,7 @@ impl Supervisor {
         if self.links.len() <= slot {
             self.links.resize_with(slot + 1, || None);
         }
-        self.links[slot] = Some(ChildLink {
-            channel: ours,
-            ping: None,
-            pinged_up_to: 0,
-            answered_up_to: 0,
-            messages: super::budget::message_budget(),
-            ordered_on: None,
-            leaving: None,
-            leave_deadline: None,
-            channel_closed: false,
-            spawned_at: now,
-            ready: false,
-            output,
-            stderr_tail: Vec::new(),
-            ready_after: None,
-            version: TEMPLATE_VERSION,
-        });
+        self.links[slot] = Some(ChildLink::new(ours, output, now, false, TEMPLATE_VERSION));
         self.totals.spawned += 1;
         Ok(())
     }
@@ -880,10 +864,18 @@ impl Supervisor {
 /// was reparented.
 fn descends_from(pid: i32, template: i32) -> bool {
     use crate::observe::procfs::parent_of;
-    let Some(parent) = parent_of(pid) else {
-        return false;
-    };
-    parent == std::process::id() as i32 || parent_of(parent) == Some(template)
+    let me = std::process::id() as i32;
+    // The intermediate may exit (and be reaped) between the two reads, by
+    // which time the worker has been reparented: read once more then.
+    for _ in 0..2 {
+        let Some(parent) = parent_of(pid) else {
+            return false;
+        };
+        if parent == me || parent_of(parent) == Some(template) {
+            return true;
+        }
+    }
+    false
 }
 
 fn log_line(generation: u32, pid: i32, line: &str) {
