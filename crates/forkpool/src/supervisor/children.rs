@@ -42,26 +42,10 @@ impl Supervisor {
             (None, None)
         };
         let slot = self.board.lowest_free();
-        let parent_pid = std::process::id() as i32;
-        // Anything buffered would be written twice, once by each process.
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        let _ = std::io::stderr().flush();
-        match process::fork() {
+        match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ours);
                 drop(output_read);
-                // Containment (see `containment.rs`): the child and all it
-                // starts form one process group.
-                process::own_process_group(0)?;
-                process::reset_child_signals()?;
-                process::die_with_parent(parent_pid)?;
-                if let Some(c) = self.credentials {
-                    if let Err(e) = process::become_user(c.uid, c.gid) {
-                        tracing::error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
-                        std::process::exit(1);
-                    }
-                }
                 Ok(Some(ChildStart {
                     slot,
                     generation: self.generation,
@@ -128,6 +112,33 @@ impl Supervisor {
                 Ok(None)
             }
         }
+    }
+
+    /// Forks a child of the supervisor (a worker, or a template) and, in
+    /// the child, sets up what every child needs: its own process group
+    /// (containment, see `containment.rs`: the child and all it starts form
+    /// one group), the supervisor's signal handlers undone, the
+    /// parent-death signal, and the pool's user. The outer error is a
+    /// failure of that set-up in the child; the inner one a failed `fork`.
+    pub(super) fn fork_child(&self) -> io::Result<io::Result<Forked>> {
+        let parent_pid = std::process::id() as i32;
+        // Anything buffered would be written twice, once by each process.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        let forked = process::fork();
+        if let Ok(Forked::Child) = forked {
+            process::own_process_group(0)?;
+            process::reset_child_signals()?;
+            process::die_with_parent(parent_pid)?;
+            if let Some(c) = self.credentials {
+                if let Err(e) = process::become_user(c.uid, c.gid) {
+                    tracing::error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
+                    std::process::exit(1);
+                }
+            }
+        }
+        Ok(forked)
     }
 
     /// A spawn failed for lack of resources: back off like a start-up

@@ -258,30 +258,17 @@ impl Supervisor {
                 return Ok(None);
             }
         };
-        let parent_pid = std::process::id() as i32;
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        let _ = std::io::stderr().flush();
-        match process::fork() {
+        match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ours);
                 drop(output_read);
-                process::own_process_group(0)?;
-                process::reset_child_signals()?;
-                process::die_with_parent(parent_pid)?;
-                if let Some(c) = self.credentials {
-                    if let Err(e) = process::become_user(c.uid, c.gid) {
-                        error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
-                        std::process::exit(1);
-                    }
-                }
                 Ok(Some(TemplateStart {
                     generation,
                     channel: theirs,
                     mode: self.config.dispatch,
                     listeners: Vec::new(),
                     stderr: Some(output_write),
-                    supervisor_pid: parent_pid as u32,
+                    supervisor_pid: process::parent_pid() as u32,
                 }))
             }
             Ok(Forked::Parent(pid)) => {
