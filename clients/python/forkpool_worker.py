@@ -153,7 +153,8 @@ class Worker:
         try:
             self._serve_loop(handle)
         except _BecomeTemplate as order:
-            _template_from_worker(self, order.fd).serve(handle)
+            _assume(self, _template_from_worker(self, order.fd))
+            self.serve(handle)
 
     def _serve_loop(self, handle):
         if self.dispatch in ("handoff", "order"):
@@ -443,7 +444,8 @@ class Template:
                 if worker is not None:
                     if gc_was_enabled:
                         gc.enable()
-                    worker.serve(handle)
+                    _assume(self, worker)
+                    self.serve(handle)
                     return
 
     def _send(self, kind, payload=b""):
@@ -555,6 +557,17 @@ class Template:
                 f"{self.supervisor_pid}: the supervisor is gone"
             )
         return Worker.from_env()
+
+
+def _assume(obj, other):
+    """Turns `obj` into `other`, in place. A program keeps the object
+    `Worker.from_env()` gave it (`worker.slot`, `worker.pid` and
+    `worker.leave()` in its handler): under `--preload` that object is the
+    Template, and in each forked worker it must become that worker (and in
+    a refork, the worker becomes the template), so the same program runs
+    with and without `--preload`."""
+    obj.__class__ = other.__class__
+    obj.__dict__ = other.__dict__
 
 
 def _template_from_worker(worker, fd):

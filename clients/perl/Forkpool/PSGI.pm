@@ -98,7 +98,6 @@ sub run {
     my $worker = Forkpool::Worker->from_env;
     local $self->{worker} = $worker;
     local $self->{app}    = $app;
-    local $self->{slot}   = $worker->slot;
     $worker->serve(sub { $self->serve_connection(@_) });
     return;
 }
@@ -372,7 +371,9 @@ sub _log_access {
         referer  => ($fields->{referer} || [])->[0],
         agent    => ($fields->{'user-agent'} || [])->[0],
         duration => $now - $start,
-        slot     => $self->{slot},
+        # Asked per line: under --preload, $worker is the template until
+        # the fork makes it this worker.
+        slot     => $self->{worker}->slot,
     ));
     return;
 }

@@ -198,9 +198,21 @@ sub serve {
         die "unknown dispatch mode '$self->{dispatch}'\n";
     }
     if (defined $self->{become_template}) {
-        Forkpool::Worker::Template->_from_worker($self, $self->{become_template})
-            ->serve($handler);
+        _assume($self, Forkpool::Worker::Template->_from_worker($self, $self->{become_template}));
+        $self->serve($handler);
     }
+    return;
+}
+
+# Turns the object $obj into $other, in place. A program keeps the object
+# from_env gave it ($worker->slot, $worker->pid, $worker->leave in its
+# handler): under --preload that object is the template, and in each forked
+# worker it must become that worker (and in a refork, the worker becomes
+# the template), so the same program runs with and without --preload.
+sub _assume {
+    my ($obj, $other) = @_;
+    %$obj = %$other;
+    bless $obj, ref $other;
     return;
 }
 
@@ -537,7 +549,8 @@ sub serve {
             return;
         }
         elsif ($self->_fork(unpack('N N', $payload), @fds)) {
-            Forkpool::Worker->from_env->serve($handler);
+            Forkpool::Worker::_assume($self, Forkpool::Worker->from_env);
+            $self->serve($handler);
             return;
         }
     }

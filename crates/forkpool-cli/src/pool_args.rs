@@ -80,6 +80,15 @@ pub struct PoolArgs {
     /// the connections already queued on them.
     #[arg(long)]
     pub no_serve_backlog_on_stop: bool,
+    /// `forkpool run`: start CMD once as a template and fork every worker
+    /// from it, so what it loads before serving is shared copy-on-write.
+    #[arg(long)]
+    pub preload: bool,
+    /// With --preload: once the lowest slot has served N connections, it
+    /// becomes the template and the pool rolls onto workers forked from
+    /// it; a list like 1000,10000 reforks at each [default: never].
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',')]
+    pub refork_after: Vec<u64>,
 }
 
 impl PoolArgs {
@@ -117,6 +126,12 @@ impl PoolArgs {
         }
         if self.no_serve_backlog_on_stop {
             config.serve_backlog_on_stop = false;
+        }
+        if self.preload {
+            config.preload = true;
+        }
+        if !self.refork_after.is_empty() {
+            config.refork_after = self.refork_after.clone();
         }
         config
     }

@@ -156,6 +156,7 @@ pub fn render(s: &Snapshot) -> String {
             },
         );
     }
+    out += &template_rows(s);
     let t = &s.totals;
     let kills: Vec<String> = KillReason::ALL
         .iter()
@@ -189,6 +190,40 @@ pub fn render(s: &Snapshot) -> String {
             String::new()
         },
     );
+    out
+}
+
+/// The templates (`--preload`), a row each, after the slots.
+fn template_rows(s: &Snapshot) -> String {
+    if s.templates.is_empty() {
+        return String::new();
+    }
+    let mib = |b: Option<u64>| {
+        b.map_or("-".to_string(), |b| {
+            format!("{:.1}MiB", b as f64 / 1048576.0)
+        })
+    };
+    let mut out = format!(
+        "\n{:>8} {:<9} {:>4} {:>10} {:>8} {:>6} {:>9} {:>9} {:>9}\n",
+        "TEMPLATE", "STATE", "GEN", "UP", "READY IN", "FORKS", "RSS", "PSS", "USS"
+    );
+    for t in &s.templates {
+        out += &format!(
+            "{:>8} {:<9} {:>4} {:>10} {:>8} {:>6} {:>9} {:>9} {:>9}\n",
+            t.pid,
+            t.state,
+            t.generation,
+            millis(t.uptime_ms),
+            t.ready_after_ms.map_or("-".to_string(), millis),
+            t.forks,
+            mib(t.rss_bytes),
+            mib(t.pss_bytes),
+            mib(t.uss_bytes),
+        );
+    }
+    if s.totals.template_restarts > 0 {
+        out += &format!("template restarts: {}\n", s.totals.template_restarts);
+    }
     out
 }
 

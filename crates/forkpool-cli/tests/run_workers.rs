@@ -4,6 +4,8 @@
 #[path = "common/bench_bins.rs"]
 mod bench_bins;
 mod common;
+#[path = "common/example_workers.rs"]
+mod example_workers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -11,25 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{concurrent_gets, forkpool_bin, kill9, DemoPool};
-
-const PYTHON_WORKER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../clients/python/example_http_worker.py"
-);
-const PERL_WORKER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../clients/perl/example_http_worker.pl"
-);
-/// The example Rust worker, a binary of the `forkpool-bench` crate (so that
-/// installing the CLI does not install it).
-fn rust_worker() -> &'static str {
-    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        bench_bins::workspace_bin("forkpool-example-worker")
-            .display()
-            .to_string()
-    })
-}
+use example_workers::{rust_worker, PERL_WORKER, PYTHON_WORKER};
 
 fn python(extra: &[&'static str]) -> Vec<&'static str> {
     [&["python3", PYTHON_WORKER][..], extra].concat()

@@ -8,8 +8,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use crate::sys::fdpass::{self, Received};
 use crate::wire::{
-    encode_child_v2, ChildMessage, MessageBuf, ParentMessage, ProtocolError, TemplateReply,
-    TemplateRequest, WorkerOrder, MAX_MESSAGE_LEN,
+    decode_child_v2, encode_child_v2, ChildMessage, MessageBuf, ParentMessage, ProtocolError,
+    TemplateReply, TemplateRequest, WorkerOrder, MAX_MESSAGE_LEN,
 };
 
 /// What arrived on a channel. `F` holds the descriptors that came with a
@@ -93,16 +93,7 @@ impl Channel {
     /// send descriptors; one that does has sent a malformed message, and the
     /// descriptors are closed here.
     pub fn recv_from_child(&self) -> io::Result<Incoming<ChildMessage>> {
-        Ok(match self.recv_raw()? {
-            Raw::Bytes(_, _, fds) if !fds.is_empty() => {
-                Incoming::Malformed(Malformed::UnexpectedFd)
-            }
-            Raw::Bytes(buf, n, _) => match ChildMessage::decode(&buf[..n]) {
-                Ok(msg) => Incoming::Message(msg, None),
-                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
-            },
-            Raw::Other(other) => other,
-        })
+        self.recv_without_fds(ChildMessage::decode)
     }
 
     /// Child side: receives one message from the supervisor. Only a
@@ -125,6 +116,38 @@ impl Channel {
     pub fn send_to_parent_v2(&self, msg: ChildMessage) -> io::Result<()> {
         let mut buf = MessageBuf::default();
         fdpass::send(self.fd.as_fd(), encode_child_v2(msg, &mut buf), None)
+    }
+
+    /// Supervisor side, version 2: receives one message from a worker
+    /// forked from a template (version byte `0x02`). As in
+    /// [`Channel::recv_from_child`], a descriptor makes it malformed.
+    pub fn recv_from_child_v2(&self) -> io::Result<Incoming<ChildMessage>> {
+        self.recv_without_fds(decode_child_v2)
+    }
+
+    /// Supervisor side: receives one reply from a template (or its
+    /// intermediate child). Templates never send descriptors; one that
+    /// does has sent a malformed message, and they are closed here.
+    pub fn recv_template_reply(&self) -> io::Result<Incoming<TemplateReply>> {
+        self.recv_without_fds(TemplateReply::decode)
+    }
+
+    /// Receives one message that must come without descriptors, decoded
+    /// with `decode`; descriptors that came anyway are closed here.
+    fn recv_without_fds<M>(
+        &self,
+        decode: impl Fn(&[u8]) -> Result<M, ProtocolError>,
+    ) -> io::Result<Incoming<M>> {
+        Ok(match self.recv_raw()? {
+            Raw::Bytes(_, _, fds) if !fds.is_empty() => {
+                Incoming::Malformed(Malformed::UnexpectedFd)
+            }
+            Raw::Bytes(buf, n, _) => match decode(&buf[..n]) {
+                Ok(msg) => Incoming::Message(msg, None),
+                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
+            },
+            Raw::Other(other) => other,
+        })
     }
 
     /// Supervisor side, version 2: sends `order` to a worker forked from a

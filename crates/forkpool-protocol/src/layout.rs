@@ -49,3 +49,10 @@ pub const LISTEN_FDS_VAR: &str = "LISTEN_FDS";
 pub const LISTEN_PID_VAR: &str = "LISTEN_PID";
 /// systemd socket activation: a name per listener, `:`-separated.
 pub const LISTEN_FDNAMES_VAR: &str = "LISTEN_FDNAMES";
+/// Set, to the template channel's descriptor number, only in a program
+/// started as a template (`forkpool run --preload`); see `docs/protocol.md`,
+/// "Templates".
+pub const TEMPLATE_FD_VAR: &str = "FORKPOOL_TEMPLATE_FD";
+/// The supervisor's pid, given to a template so that the workers it forks
+/// can check they were reparented to the supervisor.
+pub const SUPERVISOR_PID_VAR: &str = "FORKPOOL_SUPERVISOR_PID";

@@ -191,6 +191,19 @@ pub struct PoolConfig {
     /// `shutdown_timeout`, then close the listeners. Not done for listeners
     /// from systemd socket activation, which outlive the pool. Default true.
     pub serve_backlog_on_stop: bool,
+    /// Start the worker program once as a *template* and fork every worker
+    /// from it, so what the program loads before it serves is loaded once
+    /// and shared copy-on-write (`forkpool run --preload`; see
+    /// `docs/workers.md`, "Preloading"). Only for
+    /// [`Pool::run_command`](crate::Pool::run_command) with a dispatch mode
+    /// that speaks the protocol. Default false.
+    pub preload: bool,
+    /// With `preload`: each time the lowest slot's worker has served this
+    /// many connections, it becomes the template and the pool rolls onto
+    /// workers forked from it, so what real traffic warmed is shared too
+    /// (refork). Increasing thresholds, one refork each. Default empty
+    /// (never).
+    pub refork_after: Vec<u64>,
 }
 
 impl Default for PoolConfig {
@@ -217,6 +230,8 @@ impl Default for PoolConfig {
             drain_delay: Duration::ZERO,
             ready_unless_saturated: false,
             serve_backlog_on_stop: true,
+            preload: false,
+            refork_after: Vec::new(),
         }
     }
 }
@@ -356,6 +371,38 @@ impl PoolConfig {
             return error(
                 "backlog",
                 "backlog must be at least 1 (try 1024)".to_string(),
+            );
+        }
+        self.validate_preload()
+    }
+
+    fn validate_preload(&self) -> Result<(), ConfigError> {
+        if self.preload && !self.dispatch.speaks_protocol() {
+            return error(
+                "preload",
+                "preload needs a dispatch mode that speaks the back-channel protocol \
+                 (handoff, order or shared): a template is ordered to fork on it; \
+                 drop preload or change dispatch"
+                    .to_string(),
+            );
+        }
+        if !self.refork_after.is_empty() && !self.preload {
+            return error(
+                "refork_after",
+                "refork_after makes a warmed worker the template, and there is no \
+                 template without preload; set preload too, or drop refork_after"
+                    .to_string(),
+            );
+        }
+        let increasing = self.refork_after.windows(2).all(|w| w[0] < w[1]);
+        if self.refork_after.contains(&0) || !increasing {
+            return error(
+                "refork_after",
+                format!(
+                    "refork_after must be connection counts above 0, each larger than the \
+                     one before (like 1000,10000), got {:?}",
+                    self.refork_after
+                ),
             );
         }
         Ok(())

@@ -23,17 +23,20 @@ use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
+use crate::channel::Channel;
 use crate::protocol;
 use crate::sys;
 use crate::worker::ChildStart;
 
 pub use forkpool_protocol::layout::{
     CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR,
-    LISTEN_PID_VAR, PROTOCOL_VAR, SLOT_VAR,
+    LISTEN_PID_VAR, PROTOCOL_VAR, SLOT_VAR, SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
 };
 
-const MANAGED_VARS: [&str; 8] = [
+const MANAGED_VARS: [&str; 10] = [
     CHANNEL_FD_VAR,
+    TEMPLATE_FD_VAR,
+    SUPERVISOR_PID_VAR,
     PROTOCOL_VAR,
     SLOT_VAR,
     GENERATION_VAR,
@@ -123,8 +126,78 @@ pub fn listener_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 /// with the slot) and exits with 127 (not found) or 126 (anything else),
 /// the shell's conventions.
 pub(crate) fn exec_worker(start: ChildStart, command: &WorkerCommand) -> ! {
-    let slot = start.slot;
-    let err = match prepare(start, command) {
+    let who = format!("slot {}", start.slot);
+    let role = Role::Worker {
+        slot: start.slot,
+        generation: start.generation,
+    };
+    let parts = Parts {
+        mode: start.mode,
+        listeners: start.listeners,
+        channel: start.channel,
+        stderr: start.stderr,
+    };
+    exec_or_exit(parts, role, command, &who)
+}
+
+/// What a freshly forked template process (`--preload`) needs to `exec`
+/// the worker program as a template.
+#[derive(Debug)]
+pub(crate) struct TemplateStart {
+    /// The generation the template forks workers for.
+    pub generation: u32,
+    /// The template's end of the template channel.
+    pub channel: Channel,
+    /// The dispatch mode of the workers it forks.
+    pub mode: crate::config::DispatchMode,
+    /// The listeners its workers hold (none in `handoff`).
+    pub listeners: Vec<crate::listener::Listener>,
+    /// The write end of the template's own stderr pipe.
+    pub stderr: Option<OwnedFd>,
+    /// The supervisor's pid, for `FORKPOOL_SUPERVISOR_PID`.
+    pub supervisor_pid: u32,
+}
+
+/// In a freshly forked child: `exec`s `command` as a template, laid out as
+/// an exec'd worker except for the variables `docs/protocol.md` lists under
+/// "How a program learns it is a template". Never returns, like
+/// [`exec_worker`].
+pub(crate) fn exec_template(start: TemplateStart, command: &WorkerCommand) -> ! {
+    let who = format!("template of generation {}", start.generation);
+    let role = Role::Template {
+        generation: start.generation,
+        supervisor_pid: start.supervisor_pid,
+    };
+    let parts = Parts {
+        mode: start.mode,
+        listeners: start.listeners,
+        channel: start.channel,
+        stderr: start.stderr,
+    };
+    exec_or_exit(parts, role, command, &who)
+}
+
+/// The descriptors an exec'd process gets, worker or template.
+struct Parts {
+    mode: crate::config::DispatchMode,
+    listeners: Vec<crate::listener::Listener>,
+    channel: Channel,
+    stderr: Option<OwnedFd>,
+}
+
+/// Which side of `--preload` the program is started as.
+enum Role {
+    /// A worker for `slot`, speaking version 1.
+    Worker { slot: usize, generation: u32 },
+    /// A template, speaking version 2.
+    Template {
+        generation: u32,
+        supervisor_pid: u32,
+    },
+}
+
+fn exec_or_exit(parts: Parts, role: Role, command: &WorkerCommand, who: &str) -> ! {
+    let err = match prepare(parts, role, command) {
         Ok(mut cmd) => cmd.exec(),
         Err(e) => e,
     };
@@ -139,30 +212,30 @@ pub(crate) fn exec_worker(start: ChildStart, command: &WorkerCommand) -> ! {
         _ => "",
     };
     // The error's text ends with "(os error N)": the errno.
-    eprintln!("forkpool: slot {slot}: cannot run `{command}`: {err}{hint}");
+    eprintln!("forkpool: {who}: cannot run `{command}`: {err}{hint}");
     sys::process::exit_now(code)
 }
 
 /// Everything short of the `exec` itself.
-fn prepare(start: ChildStart, command: &WorkerCommand) -> io::Result<std::process::Command> {
-    let mode = start.mode;
+fn prepare(parts: Parts, role: Role, command: &WorkerCommand) -> io::Result<std::process::Command> {
+    let mode = parts.mode;
     let mut plan: Vec<(OwnedFd, RawFd)> = Vec::new();
     let devnull = std::fs::File::open("/dev/null")?;
     plan.push((devnull.into(), 0));
-    if let Some(stderr) = start.stderr {
+    if let Some(stderr) = parts.stderr {
         plan.push((stderr, 2));
     }
     // Only modes whose children hold listeners were given them.
-    let n = start.listeners.len();
-    let names = listener_names(start.listeners.iter().map(|l| l.name()));
-    for (i, listener) in start.listeners.into_iter().enumerate() {
+    let n = parts.listeners.len();
+    let names = listener_names(parts.listeners.iter().map(|l| l.name()));
+    for (i, listener) in parts.listeners.into_iter().enumerate() {
         plan.push((listener.into(), FIRST_FD + i as RawFd));
     }
     let channel_fd = FIRST_FD + n as RawFd;
     if mode.speaks_protocol() {
-        plan.push((start.channel.into(), channel_fd));
+        plan.push((parts.channel.into(), channel_fd));
     } else {
-        drop(start.channel);
+        drop(parts.channel);
     }
     sys::fds::place_for_exec(plan)?;
 
@@ -176,12 +249,26 @@ fn prepare(start: ChildStart, command: &WorkerCommand) -> io::Result<std::proces
             .env(LISTEN_PID_VAR, std::process::id().to_string())
             .env(LISTEN_FDNAMES_VAR, names);
     }
-    if mode.speaks_protocol() {
-        cmd.env(CHANNEL_FD_VAR, channel_fd.to_string())
-            .env(PROTOCOL_VAR, protocol::VERSION.to_string());
-    }
-    cmd.env(SLOT_VAR, start.slot.to_string())
-        .env(GENERATION_VAR, start.generation.to_string())
+    let generation = match role {
+        Role::Worker { slot, generation } => {
+            if mode.speaks_protocol() {
+                cmd.env(CHANNEL_FD_VAR, channel_fd.to_string())
+                    .env(PROTOCOL_VAR, protocol::VERSION.to_string());
+            }
+            cmd.env(SLOT_VAR, slot.to_string());
+            generation
+        }
+        Role::Template {
+            generation,
+            supervisor_pid,
+        } => {
+            cmd.env(TEMPLATE_FD_VAR, channel_fd.to_string())
+                .env(PROTOCOL_VAR, protocol::TEMPLATE_VERSION.to_string())
+                .env(SUPERVISOR_PID_VAR, supervisor_pid.to_string());
+            generation
+        }
+    };
+    cmd.env(GENERATION_VAR, generation.to_string())
         .env(DISPATCH_VAR, mode.name());
     Ok(cmd)
 }

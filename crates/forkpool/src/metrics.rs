@@ -103,6 +103,18 @@ pub fn render(
     counter(&mut registry, "reloads", "Reloads applied", t.reloads);
     counter(
         &mut registry,
+        "template_restarts",
+        "Templates (--preload) started again after one ended unasked or failed to start",
+        t.template_restarts,
+    );
+    counter(
+        &mut registry,
+        "reforks",
+        "Times the lowest slot's worker was made the template (--refork-after)",
+        t.reforks,
+    );
+    counter(
+        &mut registry,
         "reload_failures",
         "Reloads abandoned because the new generation failed at start-up",
         t.reload_failures,
@@ -255,6 +267,7 @@ mod tests {
             slots: vec![],
             totals,
             queues: vec![],
+            templates: vec![],
         };
         let h = dispatch_latency_histogram();
         h.observe(0.00002);

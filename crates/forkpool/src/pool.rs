@@ -81,6 +81,9 @@ pub enum PoolError {
     NotSingleThreaded(usize),
     /// The dispatch mode cannot be used this way.
     UnsupportedDispatch(DispatchMode),
+    /// `preload` was asked of a pool whose children run Rust code, which
+    /// are forked from the loaded supervisor already.
+    PreloadNeedsCommand,
     /// A system call failed.
     Io(io::Error),
 }
@@ -98,6 +101,12 @@ impl fmt::Display for PoolError {
                  single-threaded process (a child would inherit locks held by \
                  threads that do not exist in it): start no threads before Pool::run, \
                  or start them inside the handler"
+            ),
+            PoolError::PreloadNeedsCommand => write!(
+                f,
+                "preload is for pools that run a command (Pool::run_command, `forkpool run`): \
+                 children of Pool::run are forked from this loaded process already, so they \
+                 share it without a template; drop preload"
             ),
             PoolError::UnsupportedDispatch(mode) => write!(
                 f,
@@ -237,6 +246,9 @@ impl Pool {
         if !self.config.dispatch.speaks_protocol() {
             return Err(PoolError::UnsupportedDispatch(self.config.dispatch));
         }
+        if self.config.preload {
+            return Err(PoolError::PreloadNeedsCommand);
+        }
         let mut supervisor = self.supervisor()?;
         supervisor.children_take_next = true;
         match supervisor.run()? {
@@ -245,6 +257,7 @@ impl Pool {
                 let code = worker::run_child(start, &mut handler);
                 std::process::exit(code)
             }
+            Exit::Template(_) => no_template_here(),
         }
     }
 
@@ -270,9 +283,11 @@ impl Pool {
         }
         let mut supervisor = self.supervisor()?;
         supervisor.capture_output = true;
+        supervisor.templates.command = command.to_string();
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => exec::exec_worker(start, command),
+            Exit::Template(start) => exec::exec_template(start, command),
         }
     }
 
@@ -347,6 +362,9 @@ impl Pool {
             .validate_for_sessions()
             .map_err(PoolError::Config)?;
         let capacity = u32::try_from(sessions.max_sessions).unwrap_or(u32::MAX);
+        if self.config.preload {
+            return Err(PoolError::PreloadNeedsCommand);
+        }
         let mut supervisor = self.supervisor()?;
         supervisor.board.host_sessions(capacity);
         match supervisor.run()? {
@@ -355,6 +373,7 @@ impl Pool {
                 let code = worker::run_session_child::<S, F>(start, sessions, context);
                 std::process::exit(code)
             }
+            Exit::Template(_) => no_template_here(),
         }
     }
 
@@ -377,6 +396,15 @@ impl Pool {
         supervisor.upgrade_command = self.upgrade;
         Ok(supervisor)
     }
+}
+
+/// In a process forked as a template by a pool that has no command to
+/// exec: cannot happen (`preload` is refused for such pools, at start and
+/// on reload), but if it did, the process must not go on as a second
+/// supervisor.
+fn no_template_here() -> ! {
+    eprintln!("forkpool: a template was started for a pool that runs no command; exiting");
+    std::process::exit(1)
 }
 
 #[cfg(test)]

@@ -343,6 +343,15 @@ impl Scoreboard {
         self.counts.starting += 1;
     }
 
+    /// Records the pid of the child in `slot`, for a child that a template
+    /// forks (`--preload`): its slot is taken when the fork is ordered,
+    /// with pid 0, and its pid arrives with the template's answer.
+    pub fn set_pid(&mut self, slot: usize, pid: i32) {
+        if let Some(s) = self.slots.get_mut(slot).and_then(Option::as_mut) {
+            s.pid = pid;
+        }
+    }
+
     /// Frees a slot whose child has been reaped; returns what it held.
     pub fn vacate(&mut self, slot: usize) -> Option<Slot> {
         self.slots.get(slot)?.as_ref()?;

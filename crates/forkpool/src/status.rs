@@ -139,6 +139,14 @@ pub struct Totals {
     pub strays_killed: u64,
     /// Stderr lines of workers over their budget, counted and not logged.
     pub stderr_lines_dropped: u64,
+    /// Templates (`--preload`) started again after one ended unasked or
+    /// failed to start.
+    #[serde(default)]
+    pub template_restarts: u64,
+    /// Reforks started (`--refork-after`): times the lowest slot's worker
+    /// was made the template.
+    #[serde(default)]
+    pub reforks: u64,
 }
 
 /// One slot as the control socket reports it.
@@ -185,6 +193,10 @@ pub struct SlotStatus {
     /// The last slow-request capture of this child, as logged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_capture: Option<String>,
+    /// How long the child took from its fork (with `--preload`, from the
+    /// fork order) to saying `Ready`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_after_ms: Option<u64>,
 }
 
 /// One listener's accept queue, sampled by the supervisor.
@@ -235,4 +247,35 @@ pub struct Snapshot {
     /// Each listener's accept queue, once sampled.
     #[serde(default)]
     pub queues: Vec<QueueStatus>,
+    /// The templates workers are forked from (`--preload`): one, or two
+    /// while a reload rolls; empty without `--preload`.
+    #[serde(default)]
+    pub templates: Vec<TemplateStatus>,
+}
+
+/// One template (`--preload`) as the control socket reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateStatus {
+    /// Its process id.
+    pub pid: i32,
+    /// The generation whose workers it forks.
+    pub generation: u32,
+    /// `starting` (loading), `ready`, `quitting` or `killed`.
+    pub state: String,
+    /// How long ago it was started.
+    pub uptime_ms: u64,
+    /// How long it took from start to `Ready`, once ready.
+    pub ready_after_ms: Option<u64>,
+    /// Workers it has forked.
+    pub forks: u64,
+    /// Fork orders it has not answered yet.
+    pub pending_forks: u32,
+    /// Its resident memory, when `/proc` can be read.
+    pub rss_bytes: Option<u64>,
+    /// Its proportional share of memory (shared pages split among the
+    /// processes that map them, so the workers forked from it share
+    /// most of it).
+    pub pss_bytes: Option<u64>,
+    /// Its unshared memory.
+    pub uss_bytes: Option<u64>,
 }

@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test file uses some of these
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::common::DemoPool;
 
@@ -48,22 +48,13 @@ pub fn good_app() -> String {
     )
 }
 
-/// Polls `forkpool status` until `cond` holds or `timeout` passes.
+/// Polls `forkpool status` until `cond` holds; fails the test with the
+/// last snapshot if `timeout` passes first.
 pub fn wait_status(
     pool: &DemoPool,
     timeout: Duration,
     cond: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let status = pool.status();
-        if cond(&status) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "status never got there: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    pool.wait_status(timeout, cond)
+        .unwrap_or_else(|| panic!("status never got there: {}", pool.status()))
 }

@@ -1,5 +1,6 @@
 //! Helpers for `tests/wsgi.rs`: finding the Python venv `.ci/deps/python.sh`
 //! makes, and a raw HTTP/1.1 client that keeps connections open.
+#![allow(dead_code)] // each test file uses some of these
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -77,7 +77,7 @@ impl Supervisor {
                 listener: listener as u16,
             };
             let sent = match self.links.get(slot).and_then(Option::as_ref) {
-                Some(link) => link.channel.send_to_child(msg, Some(fd.as_fd())),
+                Some(link) => link.send(msg, Some(fd.as_fd())),
                 None => Err(std::io::Error::other("no channel")),
             };
             match sent {

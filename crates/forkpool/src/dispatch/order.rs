@@ -35,7 +35,7 @@ impl Supervisor {
             let Some(link) = self.links.get_mut(slot).and_then(Option::as_mut) else {
                 return;
             };
-            if let Err(e) = link.channel.send_to_child(msg, None) {
+            if let Err(e) = link.send(msg, None) {
                 self.kill(
                     slot,
                     KillReason::ChannelFailed,

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 pub struct Stat {
     /// The one-letter state (`R`, `S`, `D`, `Z`, ...).
     pub state: char,
+    /// The parent's process id.
+    pub ppid: i32,
     /// CPU time in user mode, in clock ticks.
     pub utime_ticks: u64,
     /// CPU time in kernel mode, in clock ticks.
@@ -45,9 +47,16 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
         .ok_or_else(|| "state missing".to_string())?;
     Ok(Stat {
         state,
+        ppid: field(1, "ppid")? as i32,
         utime_ticks: field(11, "utime")?,
         stime_ticks: field(12, "stime")?,
     })
+}
+
+/// The parent of `pid`, from `/proc/PID/stat`; `None` if it is gone.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text).ok().map(|s| s.ppid)
 }
 
 /// Memory of one process, in bytes.
@@ -233,6 +242,7 @@ Locked:                0 kB
             stat,
             Stat {
                 state: 'S',
+                ppid: 1,
                 utime_ticks: 250,
                 stime_ticks: 75
             }
@@ -353,13 +363,23 @@ Locked:                0 kB
             self.0.id() as i32
         }
 
-        /// Its wchan once it has gone to sleep (polled, 10 s at most).
+        /// Its wchan once it has gone to sleep for good (polled, 10 s at
+        /// most): the same function twice in a row, 10 ms apart, while its
+        /// state is `S`. A single read can catch it still starting up, in
+        /// another kernel function, on a loaded machine.
         pub(crate) fn wait_asleep(&self) -> Option<String> {
             let deadline = Instant::now() + Duration::from_secs(10);
+            let mut last: Option<String> = None;
             loop {
-                if let Some(w) = read_wchan(self.pid()) {
-                    return Some(w);
+                let now = read_wchan(self.pid());
+                let sleeping = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+                    .ok()
+                    .and_then(|t| parse_stat(&t).ok())
+                    .is_some_and(|s| s.state == 'S');
+                if sleeping && now.is_some() && now == last {
+                    return now;
                 }
+                last = now;
                 if Instant::now() > deadline {
                     return None;
                 }

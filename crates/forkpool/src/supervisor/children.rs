@@ -19,6 +19,10 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
+        if self.config.preload {
+            self.fork_from_template(now)?;
+            return Ok(None);
+        }
         let (ours, theirs) = match Channel::pair() {
             Ok(pair) => pair,
             Err(e) => {
@@ -38,26 +42,10 @@ impl Supervisor {
             (None, None)
         };
         let slot = self.board.lowest_free();
-        let parent_pid = std::process::id() as i32;
-        // Anything buffered would be written twice, once by each process.
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        let _ = std::io::stderr().flush();
-        match process::fork() {
+        match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ours);
                 drop(output_read);
-                // Containment (see `containment.rs`): the child and all it
-                // starts form one process group.
-                process::own_process_group(0)?;
-                process::reset_child_signals()?;
-                process::die_with_parent(parent_pid)?;
-                if let Some(c) = self.credentials {
-                    if let Err(e) = process::become_user(c.uid, c.gid) {
-                        tracing::error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
-                        std::process::exit(1);
-                    }
-                }
                 Ok(Some(ChildStart {
                     slot,
                     generation: self.generation,
@@ -100,21 +88,13 @@ impl Supervisor {
                 if self.links.len() <= slot {
                     self.links.resize_with(slot + 1, || None);
                 }
-                self.links[slot] = Some(ChildLink {
-                    channel: ours,
-                    ping: None,
-                    pinged_up_to: 0,
-                    answered_up_to: 0,
-                    messages: super::budget::message_budget(),
-                    ordered_on: None,
-                    leaving: None,
-                    leave_deadline: None,
-                    channel_closed: false,
-                    spawned_at: now,
-                    ready: !reports,
+                self.links[slot] = Some(ChildLink::new(
+                    ours,
                     output,
-                    stderr_tail: Vec::new(),
-                });
+                    now,
+                    !reports,
+                    crate::protocol::VERSION,
+                ));
                 self.totals.spawned += 1;
                 info!(slot, pid, generation = self.generation, "child spawned");
                 Ok(None)
@@ -134,10 +114,37 @@ impl Supervisor {
         }
     }
 
+    /// Forks a child of the supervisor (a worker, or a template) and, in
+    /// the child, sets up what every child needs: its own process group
+    /// (containment, see `containment.rs`: the child and all it starts form
+    /// one group), the supervisor's signal handlers undone, the
+    /// parent-death signal, and the pool's user. The outer error is a
+    /// failure of that set-up in the child; the inner one a failed `fork`.
+    pub(super) fn fork_child(&self) -> io::Result<io::Result<Forked>> {
+        let parent_pid = std::process::id() as i32;
+        // Anything buffered would be written twice, once by each process.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        let forked = process::fork();
+        if let Ok(Forked::Child) = forked {
+            process::own_process_group(0)?;
+            process::reset_child_signals()?;
+            process::die_with_parent(parent_pid)?;
+            if let Some(c) = self.credentials {
+                if let Err(e) = process::become_user(c.uid, c.gid) {
+                    tracing::error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
+                    std::process::exit(1);
+                }
+            }
+        }
+        Ok(forked)
+    }
+
     /// A spawn failed for lack of resources: back off like a start-up
     /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
     /// reached does not make the supervisor retry in a tight loop.
-    fn resource_backoff(&mut self, now: Instant, why: String) {
+    pub(super) fn resource_backoff(&mut self, now: Instant, why: String) {
         let delay = self.start_backoff.failed(now).max(RESOURCE_BACKOFF);
         warn!("{why}; trying again in {delay:?}");
         self.spawn_blocked_until = Some(now + delay);
@@ -146,50 +153,85 @@ impl Supervisor {
     /// Collects every child that has exited and frees its slot.
     pub(super) fn reap_children(&mut self, now: Instant) -> io::Result<()> {
         while let Some((pid, status)) = process::reap_one()? {
+            if self.template_exited(pid, status, now) {
+                continue;
+            }
             let Some(slot) = self.board.slot_of_pid(pid) else {
                 if !self.reaped_successor(pid, status) {
+                    // Perhaps a worker whose template has not said its
+                    // pid yet (it died at once): kept for that answer.
+                    self.templates.remember_orphan(pid, status);
                     debug!(pid, %status, "reaped a process that held no slot");
                 }
                 continue;
             };
-            let mut link = self.links[slot].take();
-            if let Some(link) = link.as_mut() {
-                // What it said last explains how it ended: log it first.
-                self.drain_output(slot, pid, link);
-            }
-            let state = self.board.get(slot).map(|s| s.state);
-            let generation = self.board.get(slot).map_or(0, |s| s.generation);
-            let served = self.board.get(slot).map_or(0, |s| s.served);
-            match link.as_ref().and_then(|l| l.leaving.as_deref()) {
-                Some(reason) if state == Some(SlotState::Killed) => {
-                    info!(slot, pid, %status, served, "killed child reaped ({reason})");
-                }
-                Some(reason) => {
-                    info!(slot, pid, %status, served, "child exited ({reason})");
-                }
-                None => {
-                    self.totals.died += 1;
-                    warn!(
-                        slot,
-                        pid,
-                        %status,
-                        served,
-                        "child died unexpectedly; a replacement will be started"
-                    );
-                }
-            }
-            self.sweep_group(slot, pid);
-            if let Some(link) = link {
-                let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
-                if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
-                    self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
-                }
-                self.release_order(&link);
-                self.deregister_channel(&link.channel);
-            }
-            self.board.vacate(slot);
+            self.child_exited(slot, pid, status, now);
         }
         Ok(())
+    }
+
+    /// The child in `slot`, `pid`, has been reaped with `status`: logs how
+    /// it ended, judges its start and frees the slot.
+    pub(super) fn child_exited(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        status: process::ExitStatus,
+        now: Instant,
+    ) {
+        let mut link = self.links[slot].take();
+        if let Some(link) = link.as_mut() {
+            // What it said last explains how it ended: log it first.
+            self.drain_output(slot, pid, link);
+        }
+        let state = self.board.get(slot).map(|s| s.state);
+        let generation = self.board.get(slot).map_or(0, |s| s.generation);
+        let served = self.board.get(slot).map_or(0, |s| s.served);
+        match link.as_ref().and_then(|l| l.leaving.as_deref()) {
+            Some(reason) if state == Some(SlotState::Killed) => {
+                info!(slot, pid, %status, served, "killed child reaped ({reason})");
+            }
+            Some(reason) => {
+                info!(slot, pid, %status, served, "child exited ({reason})");
+            }
+            None => {
+                self.totals.died += 1;
+                warn!(
+                    slot,
+                    pid,
+                    %status,
+                    served,
+                    "child died unexpectedly; a replacement will be started"
+                );
+            }
+        }
+        self.sweep_group(slot, pid);
+        if let Some(link) = link {
+            let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
+            if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
+                self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
+            }
+            self.release_order(&link);
+            self.deregister_channel(&link.channel);
+        }
+        self.board.vacate(slot);
+    }
+
+    /// Frees `slot` whose worker was ordered from a template that will
+    /// never fork it (the template failed the order or died first):
+    /// there is no process to reap, only the supervisor's ends to close.
+    pub(super) fn drop_unforked(&mut self, slot: usize) {
+        if self.board.get(slot).is_some_and(|s| s.pid != 0) {
+            return;
+        }
+        if let Some(mut link) = self.links.get_mut(slot).and_then(Option::take) {
+            if let Some(output) = link.output.take() {
+                self.forget_output(&output);
+            }
+            self.release_order(&link);
+            self.deregister_channel(&link.channel);
+        }
+        self.board.vacate(slot);
     }
 
     /// Tells a child to finish its connection, if any, and exit.
@@ -204,7 +246,7 @@ impl Supervisor {
         link.leave_deadline = Some(now + self.config.shutdown_timeout);
         let pid = self.board.get(slot).map_or(0, |s| s.pid);
         let sent = if self.config.dispatch.speaks_protocol() {
-            link.channel.send_to_child(ParentMessage::Quit, None)
+            link.send(ParentMessage::Quit, None)
         } else {
             // No channel to say quit on: SIGTERM, as systemd and every
             // init system would; SIGKILL follows at the leave deadline.
@@ -234,11 +276,17 @@ impl Supervisor {
         let pid = entry.pid;
         warn!(slot, pid, reason = why.key(), "killing child: {detail}");
         // The whole group: what the worker started dies with it. A child
-        // whose group is missing gets the signal alone.
-        let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
-            true => Ok(()),
-            false => process::send_signal(pid, Signal::SIGKILL),
-        });
+        // whose group is missing gets the signal alone. A worker a
+        // template has not said the pid of yet (pid 0, which would name
+        // the supervisor's own group) is killed when the pid comes.
+        let sent = if pid <= 0 {
+            Ok(())
+        } else {
+            process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
+                true => Ok(()),
+                false => process::send_signal(pid, Signal::SIGKILL),
+            })
+        };
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }

@@ -474,6 +474,12 @@ impl Supervisor {
                     uss_bytes: None,
                     peer: None,
                     last_capture: None,
+                    ready_after_ms: self
+                        .links
+                        .get(slot)
+                        .and_then(Option::as_ref)
+                        .and_then(|l| l.ready_after)
+                        .map(|d| d.as_millis() as u64),
                 };
                 self.resources.fill(&mut status);
                 status
@@ -503,6 +509,7 @@ impl Supervisor {
             slots,
             totals,
             queues: self.resources.queues(),
+            templates: self.template_statuses(now),
         }
     }
 

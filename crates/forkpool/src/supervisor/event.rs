@@ -21,6 +21,11 @@ pub(crate) enum Event {
     Output(usize),
     /// Control-socket or metrics client `i` can be read or written.
     Client(usize),
+    /// The template of this generation (`--preload`) sent replies (or
+    /// closed its channel).
+    Template(usize),
+    /// The template of this generation wrote to its stderr.
+    TemplateOutput(usize),
     /// Someone connected to the control socket.
     Control,
     /// Someone connected to the metrics endpoint.
@@ -40,6 +45,8 @@ pub(crate) const RANGE: usize = 1 << 20;
 const CHILD_BASE: usize = RANGE;
 const OUTPUT_BASE: usize = 2 * RANGE;
 const CLIENT_BASE: usize = 3 * RANGE;
+const TEMPLATE_BASE: usize = 4 * RANGE;
+const TEMPLATE_OUTPUT_BASE: usize = 5 * RANGE;
 const SIGNAL: usize = usize::MAX - 1;
 const CONTROL: usize = usize::MAX - 2;
 const METRICS: usize = usize::MAX - 3;
@@ -58,6 +65,8 @@ impl Event {
             Event::Child(i) => (CHILD_BASE, i),
             Event::Output(i) => (OUTPUT_BASE, i),
             Event::Client(i) => (CLIENT_BASE, i),
+            Event::Template(i) => (TEMPLATE_BASE, i),
+            Event::TemplateOutput(i) => (TEMPLATE_OUTPUT_BASE, i),
             Event::Control => return Token(CONTROL),
             Event::Metrics => return Token(METRICS),
             Event::Agent => return Token(AGENT),
@@ -80,7 +89,13 @@ impl Event {
             _ if t < CHILD_BASE => Event::Listener(t),
             _ if (CHILD_BASE..OUTPUT_BASE).contains(&t) => Event::Child(t - CHILD_BASE),
             _ if (OUTPUT_BASE..CLIENT_BASE).contains(&t) => Event::Output(t - OUTPUT_BASE),
-            _ if (CLIENT_BASE..CLIENT_BASE + RANGE).contains(&t) => Event::Client(t - CLIENT_BASE),
+            _ if (CLIENT_BASE..TEMPLATE_BASE).contains(&t) => Event::Client(t - CLIENT_BASE),
+            _ if (TEMPLATE_BASE..TEMPLATE_OUTPUT_BASE).contains(&t) => {
+                Event::Template(t - TEMPLATE_BASE)
+            }
+            _ if (TEMPLATE_OUTPUT_BASE..TEMPLATE_OUTPUT_BASE + RANGE).contains(&t) => {
+                Event::TemplateOutput(t - TEMPLATE_OUTPUT_BASE)
+            }
             _ => return None,
         };
         Some(event)
@@ -107,6 +122,8 @@ mod tests {
                 Event::Child(i),
                 Event::Output(i),
                 Event::Client(i),
+                Event::Template(i),
+                Event::TemplateOutput(i),
             ]);
         }
         all
@@ -130,7 +147,7 @@ mod tests {
 
     #[test]
     fn unused_tokens_are_no_event() {
-        assert_eq!(Event::from_token(Token(CLIENT_BASE + RANGE)), None);
+        assert_eq!(Event::from_token(Token(TEMPLATE_OUTPUT_BASE + RANGE)), None);
         assert_eq!(Event::from_token(Token(usize::MAX)), None);
     }
 
@@ -142,12 +159,14 @@ mod tests {
 
     proptest! {
         #[test]
-        fn indexed_events_round_trip(i in 0..RANGE, kind in 0..4u8) {
+        fn indexed_events_round_trip(i in 0..RANGE, kind in 0..6u8) {
             let event = match kind {
                 0 => Event::Listener(i),
                 1 => Event::Child(i),
                 2 => Event::Output(i),
-                _ => Event::Client(i),
+                3 => Event::Client(i),
+                4 => Event::Template(i),
+                _ => Event::TemplateOutput(i),
             };
             prop_assert_eq!(Event::from_token(event.token()), Some(event));
         }

@@ -134,9 +134,8 @@ impl Supervisor {
         }
     }
 
-    /// A child must say `Ready` within one ping interval plus one timeout.
     fn start_timeout(&self) -> std::time::Duration {
-        self.config.ping_interval + self.config.ping_timeout
+        start_timeout(&self.config)
     }
 
     fn ping(&mut self, slot: usize, now: Instant) {
@@ -145,10 +144,7 @@ impl Supervisor {
         let Some(link) = self.links[slot].as_mut() else {
             return;
         };
-        match link
-            .channel
-            .send_to_child(ParentMessage::Ping { seq }, None)
-        {
+        match link.send(ParentMessage::Ping { seq }, None) {
             Ok(()) => {
                 debug!(slot, seq, "ping");
                 link.ping = Some((seq, now));
@@ -162,6 +158,12 @@ impl Supervisor {
             ),
         }
     }
+}
+
+/// A child (or a template) must say `Ready` within one ping interval plus
+/// one ping timeout.
+pub(super) fn start_timeout(config: &crate::config::PoolConfig) -> std::time::Duration {
+    config.ping_interval + config.ping_timeout
 }
 
 /// What the next liveness deadline of a child is about.

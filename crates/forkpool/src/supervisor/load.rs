@@ -97,6 +97,14 @@ impl Supervisor {
         if self.hosts_sessions() {
             config.validate_for_sessions()?;
         }
+        if config.preload && !self.capture_output {
+            return Err(ConfigError {
+                field: "preload",
+                message: "preload is for pools that run a command (`forkpool run`); \
+                          this pool's children are forked from the loaded supervisor"
+                    .to_string(),
+            });
+        }
         Ok(())
     }
 }

@@ -29,6 +29,7 @@ mod message_rules;
 mod notify;
 mod output;
 mod recycle;
+mod refork;
 mod reload;
 mod reports;
 mod resources;
@@ -36,6 +37,7 @@ mod rollout;
 mod signals;
 mod slow;
 mod stop_backlog;
+mod template;
 mod upgrade;
 mod watchdog;
 
@@ -46,16 +48,17 @@ pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FR
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll};
 use tracing::{info, warn};
 
-use crate::channel::Channel;
+use crate::channel::{Channel, Incoming};
 use crate::config::PoolConfig;
 use crate::listener::Listener;
+use crate::protocol::{ChildMessage, ParentMessage, WorkerOrder, TEMPLATE_VERSION};
 use crate::scaling::{self, Decision, ScalingMemory};
 use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
@@ -103,6 +106,60 @@ pub(crate) struct ChildLink {
     /// The last lines of its stderr once the pipe closed (for the log of
     /// a failed reload).
     pub stderr_tail: Vec<String>,
+    /// How long it took from its fork (or fork order) to `Ready`.
+    pub ready_after: Option<Duration>,
+    /// The protocol version it speaks: 2 for a worker forked from a
+    /// template (`--preload`), 1 otherwise.
+    pub version: u8,
+}
+
+impl ChildLink {
+    /// The supervisor's side of a child just forked (or ordered from a
+    /// template) at `now`, speaking protocol `version`. `ready` from the
+    /// start for children that never say so (`none` dispatch).
+    pub fn new(
+        channel: Channel,
+        output: Option<ChildOutput>,
+        now: Instant,
+        ready: bool,
+        version: u8,
+    ) -> ChildLink {
+        ChildLink {
+            channel,
+            ping: None,
+            pinged_up_to: 0,
+            answered_up_to: 0,
+            messages: budget::message_budget(),
+            ordered_on: None,
+            leaving: None,
+            leave_deadline: None,
+            channel_closed: false,
+            spawned_at: now,
+            ready,
+            output,
+            stderr_tail: Vec::new(),
+            ready_after: None,
+            version,
+        }
+    }
+
+    /// Sends `msg` (with `fd`, for a connection) in the child's version.
+    pub fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        if self.version == TEMPLATE_VERSION {
+            self.channel.send_order(WorkerOrder::Parent(msg), fd)
+        } else {
+            self.channel.send_to_child(msg, fd)
+        }
+    }
+
+    /// Receives one report, decoded in the child's version.
+    pub fn receive(&self) -> io::Result<Incoming<ChildMessage>> {
+        if self.version == TEMPLATE_VERSION {
+            self.channel.recv_from_child_v2()
+        } else {
+            self.channel.recv_from_child()
+        }
+    }
 }
 
 /// A listener and whether the loop is watching it.
@@ -125,6 +182,9 @@ pub(crate) enum Exit {
     Done(Totals),
     /// This process is a freshly forked child and must run the worker.
     Child(ChildStart),
+    /// This process is a freshly forked template (`--preload`) and must
+    /// exec the worker program as one.
+    Template(crate::exec::TemplateStart),
 }
 
 /// The shutdown in progress, if any.
@@ -201,6 +261,8 @@ pub(crate) struct Supervisor {
     recycler: recycle::Recycler,
     /// Slow-request captures.
     slow: slow::SlowWatch,
+    /// Templates the workers are forked from (`--preload`).
+    pub(crate) templates: template::Templates,
     pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
     started: Instant,
 }
@@ -267,6 +329,7 @@ impl Supervisor {
             resources: resources::Resources::default(),
             recycler: recycle::Recycler::default(),
             slow: slow::SlowWatch::default(),
+            templates: template::Templates::default(),
             dispatch_latency: crate::metrics::dispatch_latency_histogram(),
             started: Instant::now(),
         })
@@ -281,6 +344,9 @@ impl Supervisor {
         let mut ready: Vec<Event> = Vec::with_capacity(256);
         loop {
             let now = Instant::now();
+            if let Some(start) = self.maintain_templates(now)? {
+                return Ok(Exit::Template(self.into_template(start)));
+            }
             if let Some(start) = self.maintain_pool(now)? {
                 return Ok(Exit::Child(self.into_child(start)));
             }
@@ -320,6 +386,7 @@ impl Supervisor {
                 self.rewatch_listeners(now);
             }
             self.check_liveness(now);
+            self.check_templates(now);
             self.notify_ready_once();
             self.expire_clients(now);
             self.check_upgrade(now);
@@ -342,6 +409,8 @@ impl Supervisor {
             Event::Agent => self.accept_endpoint_clients(event.token(), now),
             Event::Client(i) => self.serve_client(i),
             Event::Output(slot) => self.read_output(slot),
+            Event::Template(generation) => self.read_template(generation as u32, now),
+            Event::TemplateOutput(generation) => self.read_template_output(generation as u32),
             Event::Child(slot) => self.read_reports(slot, now),
             Event::Listener(i) => {
                 if let Some(l) = self.listeners.get_mut(i) {
@@ -412,6 +481,7 @@ impl Supervisor {
             );
             self.parked.clear();
         }
+        self.quit_templates(now);
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.retire(slot, "shutdown", now);
@@ -424,6 +494,7 @@ impl Supervisor {
     /// Immediate stop: SIGKILL every child; the loop reaps them and exits.
     fn stop_now(&mut self, now: Instant) {
         self.begin_shutdown(now);
+        self.kill_templates();
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.kill(
@@ -436,7 +507,7 @@ impl Supervisor {
     }
 
     fn finished(&self) -> bool {
-        self.shutdown.is_some() && self.board.occupied() == 0
+        self.shutdown.is_some() && self.board.occupied() == 0 && self.templates.list.is_empty()
     }
 
     /// Asks the policy what to do and does it.
@@ -444,6 +515,7 @@ impl Supervisor {
         if self.shutdown.is_some() {
             return Ok(None);
         }
+        self.consider_refork(now);
         if self.rollouts.active() {
             return self.advance_rollout(now);
         }
@@ -544,6 +616,7 @@ impl Supervisor {
         consider(self.rollout_deadline(now));
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
+        consider(self.templates_deadline());
         // (Children that never report are never idle: nothing to look at.)
         if !self.board.has_room()
             && self.board.counts().live() > 0

@@ -30,7 +30,7 @@ use crate::sys;
 const MAX_LINE: usize = 8 * 1024;
 /// Bytes read from one pipe per loop turn, so a worker that writes
 /// without pause cannot starve the loop.
-const BYTES_PER_TURN: usize = 64 * 1024;
+pub(super) const BYTES_PER_TURN: usize = 64 * 1024;
 /// Lines kept from the end of a worker's stderr, to quote when a reload
 /// fails because the worker could not start.
 const TAIL_LINES: usize = 5;
@@ -40,18 +40,18 @@ const TAIL_LINE_CHARS: usize = 300;
 /// The supervisor's end of one worker's stderr pipe.
 #[derive(Debug)]
 pub(crate) struct ChildOutput {
-    pipe: File,
+    pub(super) pipe: File,
     /// The start of a line whose end has not arrived yet.
     partial: Vec<u8>,
     /// The last few lines, shortened.
     tail: std::collections::VecDeque<String>,
     /// The stderr budget: lines over it are counted, not logged.
-    gate: OutputGate,
+    pub(super) gate: OutputGate,
 }
 
 /// Where a read left the pipe.
 #[derive(Debug, PartialEq, Eq)]
-enum Left {
+pub(super) enum Left {
     /// Nothing more to read for now.
     Empty,
     /// The budget ran out with more waiting.
@@ -74,7 +74,7 @@ impl ChildOutput {
 
     /// Reads up to `budget` bytes and hands each complete line within the
     /// stderr budget to `line` (and, for a flood, one line saying so).
-    fn read_lines(
+    pub(super) fn read_lines(
         &mut self,
         budget: usize,
         now: Instant,
@@ -109,7 +109,7 @@ impl ChildOutput {
         Ok(Left::More)
     }
 
-    fn flush_partial(&mut self, now: Instant, line: &mut impl FnMut(&str)) {
+    pub(super) fn flush_partial(&mut self, now: Instant, line: &mut impl FnMut(&str)) {
         if self.partial.is_empty() {
             return;
         }
@@ -134,7 +134,7 @@ impl ChildOutput {
 
     /// Moves the last lines read to the end of `into`, keeping at most
     /// `TAIL_LINES` there.
-    fn save_tail(&mut self, into: &mut Vec<String>) {
+    pub(super) fn save_tail(&mut self, into: &mut Vec<String>) {
         into.extend(self.tail.drain(..));
         let extra = into.len().saturating_sub(TAIL_LINES);
         into.drain(..extra);
@@ -217,7 +217,7 @@ impl Supervisor {
         }
     }
 
-    fn forget_output(&self, output: &ChildOutput) {
+    pub(super) fn forget_output(&self, output: &ChildOutput) {
         let _ = self
             .poll
             .registry()

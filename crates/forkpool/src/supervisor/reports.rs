@@ -40,7 +40,7 @@ impl Supervisor {
             if link.channel_closed {
                 return;
             }
-            let incoming = match link.channel.recv_from_child() {
+            let incoming = match link.receive() {
                 Ok(incoming) => incoming,
                 Err(e) => {
                     self.kill(
@@ -94,13 +94,30 @@ impl Supervisor {
         message_rules::mode_allows(self.config.dispatch, &msg)?;
         match msg {
             ChildMessage::Ready { pid } => {
-                let expected = self.board.get(slot).map_or(0, |s| s.pid);
+                let mut expected = self.board.get(slot).map_or(0, |s| s.pid);
+                if expected == 0 {
+                    // Forked by a template whose `W` (sent before this) is
+                    // not read yet.
+                    self.learn_pid_from_template(slot, now);
+                    expected = self.board.get(slot).map_or(0, |s| s.pid);
+                }
                 if i64::from(pid) != i64::from(expected) {
                     return Err(format!("said it is pid {pid}, but it is pid {expected}"));
+                }
+                if self.links[slot]
+                    .as_ref()
+                    .is_some_and(|l| l.version == crate::protocol::TEMPLATE_VERSION)
+                {
+                    // Forked by a template, it is in the template's
+                    // process group; now it is the supervisor's child, it
+                    // gets a group of its own like every worker
+                    // (`containment.rs`).
+                    let _ = crate::sys::process::own_process_group(expected);
                 }
                 self.board.ready(slot, now).map_err(illegal)?;
                 if let Some(link) = self.links[slot].as_mut() {
                     link.ready = true;
+                    link.ready_after = Some(now.saturating_duration_since(link.spawned_at));
                 }
                 self.child_available(now);
             }

@@ -191,7 +191,8 @@ impl Supervisor {
         let children: Vec<(usize, i32)> = self
             .board
             .iter()
-            .filter(|(_, s)| s.state != SlotState::Killed)
+            // A slot whose template has not said the pid yet has pid 0.
+            .filter(|(_, s)| s.state != SlotState::Killed && s.pid > 0)
             .map(|(slot, s)| (slot, s.pid))
             .collect();
         let from = self.resources.cursor;
@@ -288,6 +289,7 @@ mod tests {
             uss_bytes: None,
             peer: None,
             last_capture: None,
+            ready_after_ms: None,
         }
     }
 

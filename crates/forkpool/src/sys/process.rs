@@ -286,3 +286,13 @@ pub fn reap(pid: i32) -> io::Result<()> {
         }
     }
 }
+
+/// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a
+/// process whose parent dies and that descends from this one is
+/// reparented here rather than to init, so the workers a template forks
+/// (through an intermediate that exits at once) become this process's
+/// children, to reap, count and kill.
+pub fn become_subreaper() -> io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true)?;
+    Ok(())
+}

@@ -31,6 +31,7 @@ use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use forkpool_protocol::layout::{SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR};
 use tracing::error;
 
 use super::{run_child_speaking, ChildEnd, ChildStart, Handler};
@@ -75,13 +76,6 @@ fn fail<T>(message: impl Into<String>) -> Result<T, ExecWorkerError> {
         message: message.into(),
     })
 }
-
-/// `FORKPOOL_TEMPLATE_FD`: set (to the template channel's descriptor)
-/// when this program is started as a template (`forkpool run --preload`).
-const TEMPLATE_FD_VAR: &str = "FORKPOOL_TEMPLATE_FD";
-/// `FORKPOOL_SUPERVISOR_PID`: the supervisor's pid, given to a template so
-/// the workers it forks can check they were reparented to it.
-const SUPERVISOR_PID_VAR: &str = "FORKPOOL_SUPERVISOR_PID";
 
 /// How long a forked worker waits to be reparented to the supervisor.
 const REPARENT_DEADLINE: Duration = Duration::from_secs(5);

@@ -1,0 +1,870 @@
+//! Templates (`--preload`): the worker program started once, loaded, and
+//! ordered to fork each worker, so what it loads is shared copy-on-write.
+//!
+//! A template's life, as the supervisor sees it:
+//! - **started** for the current generation when the pool has none (and
+//!   not while its restart back-off holds): forked and exec'd like a
+//!   worker, with `FORKPOOL_TEMPLATE_FD` instead of a slot (`exec.rs`);
+//! - **ready** once it says `R` with its pid; until then no worker is
+//!   ordered, so spawns wait for it, and one that takes longer than a
+//!   worker's start deadline is killed;
+//! - **ordered** to fork: a spawn takes the lowest free slot at once with
+//!   pid 0, sends `F slot generation` with the worker's channel and stderr
+//!   pipe, and learns the pid from the answer `W` (or frees the slot on
+//!   `E`). The worker, reparented to the supervisor (a child subreaper),
+//!   then says `R` like any worker, in protocol version 2;
+//! - **pinged** while idle, like a worker; one that misses a ping, sits on
+//!   a fork order, or breaks the protocol is killed (`SIGKILL`, itself
+//!   only: workers it forked are not its children any more);
+//! - **replaced** when it ends unasked, with back-off, while the workers
+//!   it forked keep serving; a template that fails before `R` is a start
+//!   failure, and the failure of a reload's new template abandons the
+//!   reload (`rollout.rs`);
+//! - **told to quit** (`Q`) when its generation no longer serves, and at
+//!   shutdown.
+//!
+//! The messages and their bytes are in `docs/protocol.md`, "Templates".
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::Interest;
+use nix::sys::signal::Signal;
+use tracing::{error, info, warn};
+
+use super::backoff::{StartBackoff, START_WINDOW};
+use super::event::Event;
+use super::output::{ChildOutput, Left, BYTES_PER_TURN};
+use super::{ChildLink, Supervisor};
+use crate::channel::{Channel, Incoming};
+use crate::exec::TemplateStart;
+use crate::protocol::{TemplateReply, TemplateRequest, TEMPLATE_VERSION};
+use crate::scoreboard::SlotState;
+use crate::sys::fds;
+use crate::sys::process::{self, ExitStatus, Forked};
+
+/// Replies read from one template per loop turn before the rest wait for
+/// the next turn (the channel is re-armed so they are not forgotten).
+const REPLIES_PER_TURN: usize = 64;
+/// Processes reaped without a slot that are remembered, in case a
+/// template's `W` names one of them afterwards (a worker that died at
+/// once). More than any burst of such deaths between two loop turns.
+const ORPHANS_KEPT: usize = 64;
+
+/// Where a template is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TemplateState {
+    /// Exec'd, loading; it has not said `R` yet.
+    Starting,
+    /// Waiting for fork orders.
+    Ready,
+    /// Told to quit.
+    Quitting,
+    /// Sent `SIGKILL`; waiting to be reaped.
+    Killed,
+}
+
+impl TemplateState {
+    /// The name `forkpool status` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            TemplateState::Starting => "starting",
+            TemplateState::Ready => "ready",
+            TemplateState::Quitting => "quitting",
+            TemplateState::Killed => "killed",
+        }
+    }
+}
+
+/// The supervisor's side of one template process.
+#[derive(Debug)]
+pub(crate) struct Template {
+    /// The generation whose workers it forks.
+    pub generation: u32,
+    pub pid: i32,
+    channel: Channel,
+    /// Its channel reached end of file: it is exiting.
+    channel_closed: bool,
+    pub state: TemplateState,
+    pub started_at: Instant,
+    pub ready_at: Option<Instant>,
+    last_heard: Instant,
+    /// The ping it has not answered yet: its sequence number and when.
+    ping: Option<(u32, Instant)>,
+    /// Fork orders sent and not answered yet, by slot, with when.
+    pending: BTreeMap<usize, Instant>,
+    /// By when it must have exited (told to quit, or its channel closed).
+    exit_deadline: Option<Instant>,
+    /// Why it was killed, for the log at reap.
+    killed_for: Option<String>,
+    output: Option<ChildOutput>,
+    /// The last lines of its stderr, to quote when it fails.
+    stderr_tail: Vec<String>,
+    /// Workers it has forked.
+    pub forks: u64,
+}
+
+/// Every template the supervisor has (one per generation, two while a
+/// reload rolls), and what outlives any one of them.
+#[derive(Debug, Default)]
+pub(crate) struct Templates {
+    pub list: Vec<Template>,
+    /// The worker command, to name in errors.
+    pub command: String,
+    /// Start-up failures and unplanned ends in a row.
+    backoff: StartBackoff,
+    /// No template is started before this.
+    blocked_until: Option<Instant>,
+    /// Processes reaped that held no slot (see [`ORPHANS_KEPT`]).
+    orphans: VecDeque<(i32, ExitStatus)>,
+    /// Whether this process is a child subreaper yet.
+    subreaper: bool,
+    /// `refork_after` thresholds used so far.
+    pub reforks: usize,
+}
+
+impl Templates {
+    /// Remembers a reaped process that held no slot.
+    pub fn remember_orphan(&mut self, pid: i32, status: ExitStatus) {
+        if self.orphans.len() == ORPHANS_KEPT {
+            self.orphans.pop_front();
+        }
+        self.orphans.push_back((pid, status));
+    }
+
+    fn take_orphan(&mut self, pid: i32) -> Option<ExitStatus> {
+        let i = self.orphans.iter().position(|(p, _)| *p == pid)?;
+        self.orphans.remove(i).map(|(_, status)| status)
+    }
+
+    fn index(&self, generation: u32) -> Option<usize> {
+        self.list.iter().position(|t| t.generation == generation)
+    }
+
+    /// Whether the template of `generation` is ready for fork orders.
+    pub fn has_ready(&self, generation: u32) -> bool {
+        self.list
+            .iter()
+            .any(|t| t.generation == generation && t.state == TemplateState::Ready)
+    }
+
+    /// The template of `generation`, if it is ready for fork orders.
+    fn ready(&mut self, generation: u32) -> Option<&mut Template> {
+        self.list
+            .iter_mut()
+            .find(|t| t.generation == generation && t.state == TemplateState::Ready)
+    }
+}
+
+impl Template {
+    /// The one deadline that applies to it next, with what missing it means.
+    fn next_check(&self, config: &crate::config::PoolConfig) -> Option<(Instant, Check)> {
+        if let Some(deadline) = self.exit_deadline {
+            return (self.state != TemplateState::Killed).then_some((deadline, Check::Exit));
+        }
+        match self.state {
+            TemplateState::Starting => Some((
+                self.started_at + super::liveness::start_timeout(config),
+                Check::Start,
+            )),
+            TemplateState::Ready => {
+                let fork = self
+                    .pending
+                    .values()
+                    .min()
+                    .map(|sent| (*sent + super::liveness::start_timeout(config), Check::Fork));
+                let ping = match self.ping {
+                    Some((_, sent)) => (sent + config.ping_timeout, Check::PingAnswer),
+                    None => (self.last_heard + config.ping_interval, Check::PingDue),
+                };
+                Some(fork.map_or(ping, |f| if f.0 < ping.0 { f } else { ping }))
+            }
+            TemplateState::Quitting | TemplateState::Killed => None,
+        }
+    }
+}
+
+/// What a template's next deadline is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    Exit,
+    Start,
+    Fork,
+    PingAnswer,
+    PingDue,
+}
+
+impl Supervisor {
+    /// Keeps one template for the generation being started, quits those
+    /// no generation needs any more, and starts one when it is missing
+    /// (unless its back-off holds). In the forked template process,
+    /// returns what it needs to exec.
+    pub(super) fn maintain_templates(&mut self, now: Instant) -> io::Result<Option<TemplateStart>> {
+        if self.shutdown.is_some() {
+            return Ok(None);
+        }
+        let current = self.generation;
+        let serving = self.rollouts.serving(current);
+        let unneeded: Vec<u32> = self
+            .templates
+            .list
+            .iter()
+            .filter(|t| {
+                let needed = (t.generation == current && self.config.preload)
+                    || (t.generation == serving && self.rollouts.active());
+                !needed && matches!(t.state, TemplateState::Starting | TemplateState::Ready)
+            })
+            .map(|t| t.generation)
+            .collect();
+        for generation in unneeded {
+            self.quit_template(generation, now);
+        }
+        if !self.config.preload
+            || self.templates.index(current).is_some()
+            || self.templates.blocked_until.is_some_and(|t| now < t)
+        {
+            return Ok(None);
+        }
+        self.start_template(current, now)
+    }
+
+    /// Forks and execs a template for `generation`.
+    fn start_template(
+        &mut self,
+        generation: u32,
+        now: Instant,
+    ) -> io::Result<Option<TemplateStart>> {
+        if !self.templates.subreaper {
+            process::become_subreaper()?;
+            self.templates.subreaper = true;
+        }
+        let (ours, theirs) = match Channel::pair() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.hold_templates(now, format!("cannot create a template channel: {e}"));
+                return Ok(None);
+            }
+        };
+        let (output_read, output_write) = match fds::pipe() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.hold_templates(
+                    now,
+                    format!("cannot create the template's stderr pipe: {e}"),
+                );
+                return Ok(None);
+            }
+        };
+        match self.fork_child()? {
+            Ok(Forked::Child) => {
+                drop(ours);
+                drop(output_read);
+                Ok(Some(TemplateStart {
+                    generation,
+                    channel: theirs,
+                    mode: self.config.dispatch,
+                    listeners: Vec::new(),
+                    stderr: Some(output_write),
+                    supervisor_pid: process::parent_pid() as u32,
+                }))
+            }
+            Ok(Forked::Parent(pid)) => {
+                let _ = process::own_process_group(pid);
+                drop(theirs);
+                drop(output_write);
+                let output = match ChildOutput::new(output_read) {
+                    Ok(output) => Some(output),
+                    Err(e) => {
+                        warn!(pid, "cannot read the template's stderr: {e}");
+                        None
+                    }
+                };
+                self.adopt_template(pid, generation, ours, output, now)?;
+                info!(
+                    pid,
+                    generation,
+                    "template started: `{}` loads once, workers are forked from it",
+                    self.templates.command
+                );
+                Ok(None)
+            }
+            Err(e) => {
+                self.hold_templates(now, format!("cannot fork the template: {e}"));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Takes `pid` on as the template of `generation`, starting (it must
+    /// say `R` next): watches its channel and its stderr.
+    pub(super) fn adopt_template(
+        &mut self,
+        pid: i32,
+        generation: u32,
+        channel: Channel,
+        output: Option<ChildOutput>,
+        now: Instant,
+    ) -> io::Result<()> {
+        self.templates.list.push(Template {
+            generation,
+            pid,
+            channel,
+            channel_closed: false,
+            state: TemplateState::Starting,
+            started_at: now,
+            ready_at: None,
+            last_heard: now,
+            ping: None,
+            pending: BTreeMap::new(),
+            exit_deadline: None,
+            killed_for: None,
+            output,
+            stderr_tail: Vec::new(),
+            forks: 0,
+        });
+        let t = self.templates.list.last().expect("just pushed");
+        if let Some(output) = &t.output {
+            let registered = self.poll.registry().register(
+                &mut SourceFd(&output.pipe.as_raw_fd()),
+                Event::TemplateOutput(generation as usize).token(),
+                Interest::READABLE,
+            );
+            if let Err(e) = registered {
+                warn!(pid, "cannot watch the template's stderr: {e}");
+            }
+        }
+        self.poll.registry().register(
+            &mut SourceFd(&t.channel.as_raw_fd()),
+            Event::Template(generation as usize).token(),
+            Interest::READABLE,
+        )
+    }
+
+    /// In a freshly forked template: keep what it needs, close the rest.
+    pub(super) fn into_template(mut self, mut start: TemplateStart) -> TemplateStart {
+        let listeners = std::mem::take(&mut self.listeners);
+        // Its workers get what an exec'd worker of this mode gets.
+        if start.mode.children_hold_listeners() || self.children_take_next {
+            start.listeners = listeners.into_iter().map(|l| l.listener).collect();
+        }
+        drop(self);
+        start
+    }
+
+    /// Holds template starts back after a failure (`why`), doubling.
+    fn hold_templates(&mut self, now: Instant, why: String) -> Duration {
+        let delay = self.templates.backoff.failed(now);
+        self.templates.blocked_until = Some(now + delay);
+        error!("{why}; trying again in {delay:?}");
+        delay
+    }
+
+    /// Spawns through the template: takes the lowest free slot and orders
+    /// the template of the current generation to fork its worker. Without
+    /// a ready template, nothing happens: spawns wait for it.
+    pub(super) fn fork_from_template(&mut self, now: Instant) -> io::Result<()> {
+        let generation = self.generation;
+        if self.templates.ready(generation).is_none() {
+            return Ok(());
+        }
+        let (ours, theirs) = match Channel::pair() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
+                return Ok(());
+            }
+        };
+        let (output_read, output_write) = match fds::pipe() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
+                return Ok(());
+            }
+        };
+        let slot = self.board.lowest_free();
+        let order = TemplateRequest::Fork {
+            slot: slot as u32,
+            generation,
+        };
+        let template = self.templates.ready(generation).expect("checked above");
+        let sent = template
+            .channel
+            .send_template_request(order, &[theirs.as_fd(), output_write.as_fd()]);
+        if let Err(e) = sent {
+            self.kill_template(generation, format!("cannot send a fork order: {e}"));
+            return Ok(());
+        }
+        template.pending.insert(slot, now);
+        drop(theirs);
+        drop(output_write);
+        self.register_channel(slot, &ours)?;
+        let output = match ChildOutput::new(output_read) {
+            Ok(output) => {
+                if let Err(e) = self.register_output(slot, &output) {
+                    warn!(slot, "cannot watch the worker's stderr: {e}");
+                }
+                Some(output)
+            }
+            Err(e) => {
+                warn!(slot, "cannot read the worker's stderr: {e}");
+                None
+            }
+        };
+        self.board.occupy(slot, 0, generation, now);
+        if self.links.len() <= slot {
+            self.links.resize_with(slot + 1, || None);
+        }
+        self.links[slot] = Some(ChildLink::new(ours, output, now, false, TEMPLATE_VERSION));
+        self.totals.spawned += 1;
+        Ok(())
+    }
+
+    /// Reads what the template of `generation` sent.
+    pub(super) fn read_template(&mut self, generation: u32, now: Instant) {
+        for _ in 0..REPLIES_PER_TURN {
+            let Some(i) = self.templates.index(generation) else {
+                return;
+            };
+            let t = &self.templates.list[i];
+            if t.channel_closed {
+                return;
+            }
+            let incoming = match t.channel.recv_template_reply() {
+                Ok(incoming) => incoming,
+                Err(e) => {
+                    self.kill_template(generation, format!("template channel read failed: {e}"));
+                    return;
+                }
+            };
+            match incoming {
+                Incoming::Message(reply, _) => {
+                    self.templates.list[i].last_heard = now;
+                    if let Err(why) = self.apply_template_reply(generation, reply, now) {
+                        self.kill_template(generation, format!("broke the protocol: {why}"));
+                        return;
+                    }
+                }
+                Incoming::WouldBlock => return,
+                Incoming::Closed => {
+                    let t = &mut self.templates.list[i];
+                    t.channel_closed = true;
+                    let deadline = now + self.config.ping_timeout;
+                    t.exit_deadline = Some(t.exit_deadline.map_or(deadline, |d| d.min(deadline)));
+                    let fd = t.channel.as_raw_fd();
+                    let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+                    return;
+                }
+                Incoming::Malformed(why) => {
+                    self.kill_template(generation, format!("sent a malformed message: {why}"));
+                    return;
+                }
+            }
+        }
+        // More may be waiting: the poll is edge-triggered, so re-arm it.
+        if let Some(i) = self.templates.index(generation) {
+            let fd = self.templates.list[i].channel.as_raw_fd();
+            let token = Event::Template(generation as usize).token();
+            let _ = self
+                .poll
+                .registry()
+                .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
+        }
+    }
+
+    /// What one reply of a template means. An error is a violation.
+    fn apply_template_reply(
+        &mut self,
+        generation: u32,
+        reply: TemplateReply,
+        now: Instant,
+    ) -> Result<(), String> {
+        let i = self.templates.index(generation).expect("caller found it");
+        let t = &mut self.templates.list[i];
+        match reply {
+            TemplateReply::Ready { pid } => {
+                if t.state != TemplateState::Starting {
+                    return Err("said Ready twice".into());
+                }
+                if i64::from(pid) != i64::from(t.pid) {
+                    return Err(format!("said it is pid {pid}, but it is pid {}", t.pid));
+                }
+                t.state = TemplateState::Ready;
+                t.ready_at = Some(now);
+                let took = now.duration_since(t.started_at);
+                info!(
+                    pid,
+                    generation,
+                    ?took,
+                    "template ready: forking workers from it"
+                );
+                Ok(())
+            }
+            TemplateReply::Forked { slot, pid } => {
+                let slot = slot as usize;
+                if t.pending.remove(&slot).is_none() {
+                    return Err(format!(
+                        "answered a fork order for slot {slot} that was not outstanding"
+                    ));
+                }
+                t.forks += 1;
+                let template_pid = t.pid;
+                self.worker_forked(slot, pid, template_pid, now)
+            }
+            TemplateReply::ForkFailed { slot, errno } => {
+                let slot = slot as usize;
+                if t.pending.remove(&slot).is_none() {
+                    return Err(format!(
+                        "answered a fork order for slot {slot} that was not outstanding"
+                    ));
+                }
+                let err = io::Error::from_raw_os_error(errno as i32);
+                self.drop_unforked(slot);
+                self.resource_backoff(
+                    now,
+                    format!("the template could not fork the worker for slot {slot}: {err}"),
+                );
+                Ok(())
+            }
+            TemplateReply::Pong { seq } => match t.ping {
+                Some((sent, _)) if sent == seq => {
+                    t.ping = None;
+                    Ok(())
+                }
+                _ => Err(format!("answered ping {seq}, which was never sent")),
+            },
+        }
+    }
+
+    /// The template said the worker for `slot` is `pid`.
+    fn worker_forked(
+        &mut self,
+        slot: usize,
+        pid: u32,
+        template_pid: i32,
+        now: Instant,
+    ) -> Result<(), String> {
+        let pid = i32::try_from(pid)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("said slot {slot} is pid {pid}, which is no process id"))?;
+        let orphan = self.templates.take_orphan(pid);
+        if orphan.is_none() && !descends_from(pid, template_pid) {
+            return Err(format!(
+                "said slot {slot} is pid {pid}, which is neither the supervisor's child \
+                 nor the template's grandchild"
+            ));
+        }
+        self.board.set_pid(slot, pid);
+        if let Some(status) = orphan {
+            self.child_exited(slot, pid, status, now);
+            return Ok(());
+        }
+        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Killed) {
+            // Killed while its pid was not known: now it can be.
+            let _ = process::send_signal(pid, Signal::SIGKILL);
+        }
+        info!(
+            slot,
+            pid,
+            generation = self.generation,
+            "child forked from the template"
+        );
+        Ok(())
+    }
+
+    /// The template of `generation` wrote to its stderr.
+    pub(super) fn read_template_output(&mut self, generation: u32) {
+        let Some(i) = self.templates.index(generation) else {
+            return;
+        };
+        let t = &mut self.templates.list[i];
+        let pid = t.pid;
+        let Some(output) = t.output.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
+        self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        match left {
+            Ok(Left::Empty) => {}
+            Ok(Left::More) => {
+                let fd = output.pipe.as_raw_fd();
+                let token = Event::TemplateOutput(generation as usize).token();
+                let _ =
+                    self.poll
+                        .registry()
+                        .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
+            }
+            Ok(Left::Closed) | Err(_) => {
+                if let Some(mut output) = t.output.take() {
+                    output.save_tail(&mut t.stderr_tail);
+                    self.forget_output(&output);
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs the template of `generation` (itself only: the workers it
+    /// forked are the supervisor's children and keep serving). The reaper
+    /// starts another.
+    pub(super) fn kill_template(&mut self, generation: u32, why: String) {
+        let Some(i) = self.templates.index(generation) else {
+            return;
+        };
+        let t = &mut self.templates.list[i];
+        if t.state == TemplateState::Killed {
+            return;
+        }
+        warn!(pid = t.pid, generation, "killing the template: {why}");
+        if let Err(e) = process::send_signal(t.pid, Signal::SIGKILL) {
+            warn!(pid = t.pid, "kill failed: {e}");
+        }
+        t.state = TemplateState::Killed;
+        t.killed_for = Some(why);
+        t.ping = None;
+    }
+
+    /// Tells the template of `generation` to exit.
+    fn quit_template(&mut self, generation: u32, now: Instant) {
+        let Some(i) = self.templates.index(generation) else {
+            return;
+        };
+        let deadline = now + self.config.ping_timeout;
+        let t = &mut self.templates.list[i];
+        if !matches!(t.state, TemplateState::Starting | TemplateState::Ready) {
+            return;
+        }
+        t.state = TemplateState::Quitting;
+        t.exit_deadline = Some(deadline);
+        t.ping = None;
+        info!(
+            pid = t.pid,
+            generation, "template no longer needed: told to quit"
+        );
+        if let Err(e) = t.channel.send_template_request(TemplateRequest::Quit, &[]) {
+            self.kill_template(generation, format!("cannot send quit: {e}"));
+        }
+    }
+
+    /// At shutdown: every template is told to quit.
+    pub(super) fn quit_templates(&mut self, now: Instant) {
+        let all: Vec<u32> = self.templates.list.iter().map(|t| t.generation).collect();
+        for generation in all {
+            self.quit_template(generation, now);
+        }
+    }
+
+    /// At an immediate stop: every template is killed.
+    pub(super) fn kill_templates(&mut self) {
+        let all: Vec<u32> = self.templates.list.iter().map(|t| t.generation).collect();
+        for generation in all {
+            self.kill_template(generation, "immediate stop".into());
+        }
+    }
+
+    /// Pings quiet templates and kills those that missed a deadline.
+    pub(super) fn check_templates(&mut self, now: Instant) {
+        let due: Vec<(u32, Check)> = self
+            .templates
+            .list
+            .iter()
+            .filter_map(|t| {
+                let (at, check) = t.next_check(&self.config)?;
+                (now >= at).then_some((t.generation, check))
+            })
+            .collect();
+        for (generation, check) in due {
+            let why = match check {
+                Check::PingDue => {
+                    self.ping_template(generation, now);
+                    continue;
+                }
+                Check::Exit => {
+                    "did not exit in time after being told to quit (or closing its channel)"
+                        .to_string()
+                }
+                Check::Start => format!(
+                    "did not say Ready within {:?} of starting",
+                    super::liveness::start_timeout(&self.config)
+                ),
+                Check::Fork => format!(
+                    "did not answer a fork order within {:?}",
+                    super::liveness::start_timeout(&self.config)
+                ),
+                Check::PingAnswer => format!(
+                    "did not answer a ping within {:?}",
+                    self.config.ping_timeout
+                ),
+            };
+            self.kill_template(generation, why);
+        }
+    }
+
+    fn ping_template(&mut self, generation: u32, now: Instant) {
+        self.ping_seq = self.ping_seq.wrapping_add(1);
+        let seq = self.ping_seq;
+        let Some(i) = self.templates.index(generation) else {
+            return;
+        };
+        let t = &mut self.templates.list[i];
+        match t
+            .channel
+            .send_template_request(TemplateRequest::Ping { seq }, &[])
+        {
+            Ok(()) => t.ping = Some((seq, now)),
+            Err(e) => self.kill_template(generation, format!("cannot send a ping: {e}")),
+        }
+    }
+
+    /// The earliest template deadline, for the loop's timer.
+    pub(super) fn templates_deadline(&self) -> Option<Instant> {
+        let next_check = self
+            .templates
+            .list
+            .iter()
+            .filter_map(|t| t.next_check(&self.config).map(|(at, _)| at))
+            .min();
+        let start = self
+            .templates
+            .blocked_until
+            .filter(|_| self.config.preload && self.templates.index(self.generation).is_none());
+        match (next_check, start) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// If `pid` was a template: logs how it ended, frees the slots of its
+    /// unanswered fork orders and arranges its replacement. Returns
+    /// whether it was one.
+    pub(super) fn template_exited(&mut self, pid: i32, status: ExitStatus, now: Instant) -> bool {
+        let Some(i) = self.templates.list.iter().position(|t| t.pid == pid) else {
+            return false;
+        };
+        let mut t = self.templates.list.remove(i);
+        let generation = t.generation;
+        if let Some(mut output) = t.output.take() {
+            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
+            output.flush_partial(now, &mut |line| log_line(generation, pid, line));
+            output.save_tail(&mut t.stderr_tail);
+            self.forget_output(&output);
+        }
+        if !t.channel_closed {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&t.channel.as_raw_fd()));
+        }
+        // Its unanswered fork orders will never be answered.
+        for slot in t.pending.keys().copied() {
+            self.drop_unforked(slot);
+        }
+        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
+            info!(pid, generation, %status, forks = t.forks, "template exited");
+            return true;
+        }
+        let how = t.killed_for.take().map_or_else(
+            || format!("exited unexpectedly ({status})"),
+            |why| format!("was killed ({why})"),
+        );
+        let said = if t.stderr_tail.is_empty() {
+            String::from("nothing on stderr")
+        } else {
+            format!("stderr: {}", t.stderr_tail.join(" | "))
+        };
+        let in_rollout = self.rollouts.active() && generation == self.generation;
+        if t.ready_at.is_none() && in_rollout {
+            // The reload's new code does not start: keep the old one.
+            self.rollout_start_failed(
+                generation,
+                &format!("(the template) {how}"),
+                &t.stderr_tail,
+                now,
+            );
+            return true;
+        }
+        if t.ready_at
+            .is_some_and(|at| now.duration_since(at) >= START_WINDOW)
+        {
+            // It had been up: this is not a run of start-up failures.
+            self.templates.backoff.reset();
+        }
+        self.totals.template_restarts += 1;
+        let stage = if t.ready_at.is_none() {
+            " before it was ready"
+        } else {
+            "; the workers it forked keep serving"
+        };
+        self.hold_templates(
+            now,
+            format!(
+                "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
+                 a new template will be started",
+                self.templates.command
+            ),
+        );
+        true
+    }
+
+    /// Each template as `forkpool status` shows it.
+    pub(super) fn template_statuses(&self, now: Instant) -> Vec<crate::status::TemplateStatus> {
+        self.templates
+            .list
+            .iter()
+            .map(|t| {
+                let memory = crate::observe::procfs::sample_process(t.pid)
+                    .ok()
+                    .map(|s| s.memory);
+                crate::status::TemplateStatus {
+                    pid: t.pid,
+                    generation: t.generation,
+                    state: t.state.name().to_string(),
+                    uptime_ms: now.duration_since(t.started_at).as_millis() as u64,
+                    ready_after_ms: t
+                        .ready_at
+                        .map(|at| at.duration_since(t.started_at).as_millis() as u64),
+                    forks: t.forks,
+                    pending_forks: t.pending.len() as u32,
+                    rss_bytes: memory.map(|m| m.rss_bytes),
+                    pss_bytes: memory.map(|m| m.pss_bytes),
+                    uss_bytes: memory.map(|m| m.uss_bytes),
+                }
+            })
+            .collect()
+    }
+
+    /// For a worker that says `Ready` before its template's `W` was read:
+    /// reads the template's replies first (they were sent before it).
+    pub(super) fn learn_pid_from_template(&mut self, slot: usize, now: Instant) {
+        let Some(generation) = self.board.get(slot).map(|s| s.generation) else {
+            return;
+        };
+        self.read_template(generation, now);
+    }
+}
+
+/// Whether `pid` is a child of this process, or a child of a child of
+/// the template: the worker the intermediate forked, before or after it
+/// was reparented.
+fn descends_from(pid: i32, template: i32) -> bool {
+    use crate::observe::procfs::parent_of;
+    let me = std::process::id() as i32;
+    // The intermediate may exit (and be reaped) between the two reads, by
+    // which time the worker has been reparented: read once more then.
+    for _ in 0..2 {
+        let Some(parent) = parent_of(pid) else {
+            return false;
+        };
+        if parent == me || parent_of(parent) == Some(template) {
+            return true;
+        }
+    }
+    false
+}
+
+fn log_line(generation: u32, pid: i32, line: &str) {
+    info!(generation, pid, "template stderr: {line}");
+}
