@@ -268,7 +268,11 @@ fn rust_in_shared_serves_grows_and_shrinks_from_the_template() {
 /// template takes over, and the pool grows from it.
 #[test]
 fn a_killed_template_is_replaced_while_its_workers_keep_serving() {
-    let pool = start("handoff", &[], &["python3", PYTHON_WORKER]);
+    let pool = start(
+        "handoff",
+        &["--metrics", "127.0.0.1:0"],
+        &["python3", PYTHON_WORKER],
+    );
     let before = ready(&pool, 1);
     let old = template_pid(&before);
     let workers = worker_pids(&before);
@@ -281,6 +285,13 @@ fn a_killed_template_is_replaced_while_its_workers_keep_serving() {
         })
         .unwrap_or_else(|| panic!("no new template: {}", pool.status()));
     assert_eq!(after["totals"]["template_restarts"], 1, "{after}");
+    let metrics = common::scrape_metrics(&pool);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "forkpool_template_restarts_total 1"),
+        "{metrics}"
+    );
     wait_served(&load, 5);
     let (_, failures) = load.finish();
     assert!(
