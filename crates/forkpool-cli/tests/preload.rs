@@ -615,3 +615,48 @@ fn a_psgi_app_under_forkpool_psgi_is_loaded_once_and_served_in_every_mode() {
         &["perl", psgi_support::PSGI_SERVER, psgi_support::TEST_APP],
     );
 }
+
+/// A template that says Ready and then never reads its channel (hung) is
+/// killed when it misses a ping, and replaced.
+#[test]
+fn a_hung_template_is_killed_when_it_misses_a_ping() {
+    let dir = Scratch::new("preload-hung");
+    dir.deploy(
+        "hung.py",
+        "import os, socket, struct, time\n\
+         ch = socket.socket(fileno=int(os.environ['FORKPOOL_TEMPLATE_FD']))\n\
+         ch.send(b'\\x02R' + struct.pack('>I', os.getpid()))\n\
+         time.sleep(3600)\n",
+    );
+    let hung = dir.path("hung.py");
+    // No workers wanted, so the only thing it is asked is a ping.
+    let args = [
+        "--preload",
+        "--min-children",
+        "0",
+        "--min-spare",
+        "0",
+        "--ping-interval",
+        "200ms",
+        "--ping-timeout",
+        "300ms",
+    ];
+    let mut command = std::process::Command::new(common::forkpool_bin());
+    command.arg("run");
+    let pool = DemoPool::launch(command, &args, &["python3", &hung], false);
+    let first = pool
+        .wait_status(PATIENCE, |s| template(s)["state"] == "ready")
+        .unwrap_or_else(|| panic!("never ready: {}", pool.status()));
+    let hung_pid = template_pid(&first);
+    let later = pool
+        .wait_status(PATIENCE, |s| {
+            s["totals"]["template_restarts"].as_u64() >= Some(1) && template_pid(s) != hung_pid
+        })
+        .unwrap_or_else(|| panic!("not replaced: {}", pool.status()));
+    assert_eq!(later["totals"]["spawned"], 0, "{later}");
+    let deadline = Instant::now() + PATIENCE;
+    while alive(hung_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(hung_pid), "the hung template is still running");
+}
