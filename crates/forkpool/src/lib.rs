@@ -12,7 +12,7 @@
 //! - [`config`]: every knob and its validation;
 //! - [`scaling`]: **who decides how many children there are** (a pure policy);
 //! - `dispatch`: **where a connection goes** (lowest idle child; handoff or order);
-//! - [`scoreboard`]: which child is in which slot, doing what (plain data);
+//! - `scoreboard`: which child is in which slot, doing what (plain data, crate-private);
 //! - [`protocol`]: the back-channel wire format (the `forkpool-protocol`
 //!   crate holds it, the channel and the exec'd worker's layout);
 //! - `supervisor`: the parent's event loop, carrying out the policy;
@@ -36,7 +36,7 @@ mod metrics;
 pub mod observe;
 pub mod pool;
 pub mod scaling;
-pub mod scoreboard;
+pub(crate) mod scoreboard;
 pub mod status;
 mod supervisor;
 #[allow(unsafe_code)]

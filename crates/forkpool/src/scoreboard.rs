@@ -293,7 +293,10 @@ impl Scoreboard {
         Self::default()
     }
 
-    /// Puts a freshly forked child into the lowest free slot and returns it.
+    /// Puts a freshly forked child into the lowest free slot and returns it
+    /// (the supervisor picks the slot first, with [`Scoreboard::lowest_free`],
+    /// because it forks in between).
+    #[cfg(test)]
     pub fn occupy_lowest_free(&mut self, pid: i32, generation: u32, now: Instant) -> usize {
         let slot = self
             .slots
