@@ -233,16 +233,19 @@ impl DemoPool {
         }
     }
 
-    /// SIGKILLs child `victim` and waits until the supervisor has logged its
+    /// SIGKILLs child `victim` and waits until the supervisor has counted its
     /// death, spawned its `spawned_total`-th child and is back to `live`
     /// children without the victim.
     pub fn kill_and_await_replacement(&self, victim: i32, spawned_total: usize, live: usize) {
         kill9(victim);
         let wait = Duration::from_secs(5);
-        assert!(self.stderr.wait_for("child died unexpectedly", wait));
-        assert!(self
-            .stderr
-            .wait_for_count("child spawned", spawned_total, wait));
+        assert!(
+            self.wait_status(wait, |s| total(s, "died") >= 1
+                && total(s, "spawned") >= spawned_total as u64)
+                .is_some(),
+            "no death counted and no {spawned_total}th spawn\n{}",
+            self.stderr.dump()
+        );
         assert!(
             self.wait_child_pids(wait, |p| p.len() == live && !p.contains(&victim)),
             "no replacement for {victim}\n{}",
@@ -311,9 +314,62 @@ impl DemoPool {
         }
     }
 
+    /// Waits until the supervisor reports `n` idle children (all started
+    /// and ready, none busy); false on timeout.
+    pub fn wait_idle(&self, n: u64, timeout: Duration) -> bool {
+        self.wait_status(timeout, |s| s["idle"] == n).is_some()
+    }
+
+    /// Waits until `totals.NAME` in status is at least `at_least`; false
+    /// on timeout.
+    pub fn wait_total(&self, name: &str, at_least: u64, timeout: Duration) -> bool {
+        self.wait_status(timeout, |s| total(s, name) >= at_least)
+            .is_some()
+    }
+
     /// A `GET` with `Connection: close`.
     pub fn get(&self, path: &str) -> Result<Response, String> {
         get(self.addr, path)
+    }
+}
+
+/// `totals.NAME` of a status snapshot (0 when absent).
+pub fn total(status: &serde_json::Value, name: &str) -> u64 {
+    status["totals"][name].as_u64().unwrap_or(0)
+}
+
+/// `totals.killed_by.REASON` of a status snapshot (0 when absent).
+pub fn killed_by(status: &serde_json::Value, reason: &str) -> u64 {
+    status["totals"]["killed_by"][reason].as_u64().unwrap_or(0)
+}
+
+/// The totals the supervisor printed on stdout as it exited
+/// (`forkpool: totals {json}`), shaped like a status snapshot
+/// (`{"totals": ...}`) so `total` and `killed_by` read them. Panics when
+/// there is no such line.
+pub fn final_totals(pool: &DemoPool) -> serde_json::Value {
+    const PREFIX: &str = "forkpool: totals ";
+    assert!(
+        pool.stdout.wait_for(PREFIX, Duration::from_secs(2)),
+        "no totals line on stdout:\n{}",
+        pool.stdout.dump()
+    );
+    let dump = pool.stdout.dump();
+    let json = dump.lines().find_map(|l| l.strip_prefix(PREFIX)).unwrap();
+    serde_json::json!({ "totals": serde_json::from_str::<serde_json::Value>(json).unwrap() })
+}
+
+/// Whether process `pid` is running: a reaped process has no /proc
+/// entry, and a zombie counts as gone.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
     }
 }
 
