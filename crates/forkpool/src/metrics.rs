@@ -107,6 +107,12 @@ pub fn render(
         "Reloads abandoned because the new generation failed at start-up",
         t.reload_failures,
     );
+    counter(
+        &mut registry,
+        "reloads_refused",
+        "Reloads refused before anything changed (unreadable or invalid configuration)",
+        t.reloads_refused,
+    );
     let saturated = Counter::<f64, std::sync::atomic::AtomicU64>::default();
     saturated.inc_by(t.saturated_ms as f64 / 1000.0);
     registry.register(

@@ -134,6 +134,10 @@ pub struct Totals {
     /// Reloads abandoned because the new generation failed at start-up
     /// (the generation before kept serving).
     pub reload_failures: u64,
+    /// Reloads (SIGHUP) refused before anything changed: the configuration
+    /// could not be read or did not validate, or changed what a reload
+    /// cannot change.
+    pub reloads_refused: u64,
     /// Times a reaped worker had left processes running in its process
     /// group, which were then killed.
     pub strays_killed: u64,
