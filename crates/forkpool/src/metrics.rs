@@ -113,6 +113,12 @@ pub fn render(
         "Reloads refused before anything changed (unreadable or invalid configuration)",
         t.reloads_refused,
     );
+    counter(
+        &mut registry,
+        "upgrade_failures",
+        "Binary upgrades (USR2) that failed; the old supervisor kept serving",
+        t.upgrade_failures,
+    );
     let saturated = Counter::<f64, std::sync::atomic::AtomicU64>::default();
     saturated.inc_by(t.saturated_ms as f64 / 1000.0);
     registry.register(

@@ -138,6 +138,10 @@ pub struct Totals {
     /// could not be read or did not validate, or changed what a reload
     /// cannot change.
     pub reloads_refused: u64,
+    /// Binary upgrades (SIGUSR2) that failed: the new supervisor could
+    /// not start, stopped or was not ready in time, and this one kept
+    /// serving.
+    pub upgrade_failures: u64,
     /// Times a reaped worker had left processes running in its process
     /// group, which were then killed.
     pub strays_killed: u64,
