@@ -256,6 +256,7 @@ mod tests {
             pid: 1,
             generation: 3,
             serving_generation: 2,
+            ready: true,
             dispatch: "handoff".into(),
             uptime_ms: 10,
             line: "IB".into(),

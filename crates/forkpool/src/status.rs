@@ -220,6 +220,11 @@ pub struct Snapshot {
     /// and still that one after the reload failed.
     #[serde(default)]
     pub serving_generation: u32,
+    /// Whether the pool has been ready: `min_children` (at least one) were
+    /// up at once, as logged by `pool ready` and told to systemd
+    /// (`READY=1`). Once true it stays true.
+    #[serde(default)]
+    pub ready: bool,
     /// The dispatch mode.
     pub dispatch: String,
     /// How long the supervisor has run.
