@@ -127,12 +127,15 @@ impl DemoPool {
     /// Waits for the listening address and, if `wait_ready`, for the pool
     /// to say it is ready (workers that never start never make it so).
     pub fn launch(mut command: Command, args: &[&str], cmd: &[&str], wait_ready: bool) -> DemoPool {
-        let control = temp_path("control.sock");
+        let mut control = temp_path("control.sock");
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
         }
-        if !args.contains(&"--control") {
-            command.arg("--control").arg(&control);
+        match args.iter().position(|a| *a == "--control") {
+            Some(i) => control = args[i + 1].into(),
+            None => {
+                command.arg("--control").arg(&control);
+            }
         }
         command.args(args);
         if !cmd.is_empty() {
@@ -176,10 +179,14 @@ impl DemoPool {
             pool.stderr.dump()
         );
         // Signals sent before the supervisor's handlers exist would take
-        // their default action: wait until it says the pool is ready.
+        // their default action: wait until status says the pool has been
+        // ready (the handlers exist before status is served).
         assert!(
-            !wait_ready || pool.stderr.wait_for("pool ready", Duration::from_secs(30)),
-            "pool never became ready; stderr:\n{}",
+            !wait_ready || pool.wait_ready(Duration::from_secs(30)),
+            "pool never became ready (status without `ready` comes from a \
+             supervisor built before it: `cargo build -p forkpool-bench`); \
+             status: {:?}\nstderr:\n{}",
+            pool.try_status(),
             pool.stderr.dump()
         );
         // The first TCP listener, if any, is the one `get` talks to.
@@ -280,17 +287,38 @@ impl DemoPool {
 
     /// `forkpool status --json` for this pool, parsed.
     pub fn status(&self) -> serde_json::Value {
+        self.try_status().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `forkpool status --json` for this pool, or why it failed.
+    pub fn try_status(&self) -> Result<serde_json::Value, String> {
         let out = Command::new(forkpool_bin())
             .args(["status", "--json", "--control"])
             .arg(&self.control)
             .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("status JSON")
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "status failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("status JSON: {e}"))
+    }
+
+    /// Waits until status answers with `ready` (the pool has been ready:
+    /// `min_children`, at least one, were up); false on timeout.
+    fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.try_status().is_ok_and(|s| s["ready"] == true) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Polls `forkpool status --json` until `cond` holds for a snapshot and
