@@ -4,6 +4,8 @@
 //! SIGKILLed worker is replaced, and SIGTERM stops the pool with no process
 //! left.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -13,6 +15,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+use common::alive;
 
 /// Compiles the worker into `dir`, or says why it cannot (no `cc`).
 fn build_worker(dir: &Path) -> Option<PathBuf> {
@@ -185,19 +189,6 @@ fn get(addr: SocketAddr, work_ms: u64) -> (u16, String) {
         "unexpected answer: {resp}"
     );
     (code, slot)
-}
-
-fn alive(pid: i32) -> bool {
-    // A reaped process has no /proc entry; a zombie counts as gone.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
 }
 
 fn grows_and_several_slots_answer(mode: &str) {

@@ -472,6 +472,7 @@ fn a_busy_timeout_kill_is_captured_first() {
         s["totals"]["killed_by"]["busy_timeout"] == 1
     });
     assert_eq!(status["totals"]["slow_captures"], 1, "{status}");
+    // The logged capture naming the function is the feature: checked second.
     assert!(
         pool.stderr.count("crunch_the_numbers") > 0,
         "{}",

@@ -96,6 +96,8 @@ fn a_reload_to_broken_code_keeps_the_old_generation_serving_then_fixed_code_roll
         pool.stderr.dump()
     );
     assert_eq!(whole["totals"]["died"], 1, "{whole}");
+    // Telling the operator which generation serves is the feature: checked
+    // after the state.
     assert!(
         pool.stderr.count("generation 1 keeps serving") >= 1,
         "{}",

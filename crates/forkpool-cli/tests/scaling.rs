@@ -5,7 +5,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{concurrent_gets, DemoPool};
+use common::{concurrent_gets, total, DemoPool};
 
 #[test]
 fn starts_with_min_children() {
@@ -17,15 +17,10 @@ fn starts_with_min_children() {
         "--max-spare",
         "8",
     ]);
-    assert!(pool
-        .stderr
-        .wait_for_count("child spawned", 3, Duration::from_secs(5)));
-    assert!(pool
-        .stderr
-        .wait_for("child states: III", Duration::from_secs(5)));
+    assert!(pool.wait_idle(3, Duration::from_secs(5)));
     assert_eq!(pool.children().len(), 3);
     assert_eq!(
-        pool.stderr.count("child spawned"),
+        total(&pool.status(), "spawned"),
         3,
         "{}",
         pool.stderr.dump()
@@ -67,11 +62,10 @@ fn grows_under_load_then_shrinks_back() {
         pool.children().len(),
         pool.stderr.dump()
     );
-    assert!(pool.stderr.wait_for_count(
-        "child exited (surplus idle child)",
-        10,
-        Duration::from_secs(5)
-    ));
+    let status = pool
+        .wait_status(Duration::from_secs(5), |s| total(s, "retired") >= 10)
+        .unwrap_or_else(|| panic!("{}", pool.status()));
+    assert_eq!(total(&status, "killed"), 0, "{status}");
 }
 
 #[test]
@@ -99,6 +93,8 @@ fn at_max_children_connections_queue_and_one_warning_is_logged() {
     assert!(pids.len() <= 2, "never more than two children: {pids:?}");
     // Six 400 ms requests through two children take three rounds.
     assert!(elapsed >= Duration::from_millis(1150), "took {elapsed:?}");
+    assert!(total(&pool.status(), "saturated") >= 1);
+    // One warning, not one per connection: the log line is the feature.
     assert_eq!(
         pool.stderr.count("reached max-children=2"),
         1,

@@ -4,15 +4,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{concurrent_gets, DemoPool};
+use common::{concurrent_gets, final_totals, killed_by, total, DemoPool};
 
 fn graceful_stop_finishes_in_flight_requests(signal: i32) {
     let mut pool = DemoPool::start(&["--min-children", "3"]);
     let addr = pool.addr;
     let load = std::thread::spawn(move || concurrent_gets(addr, "/?work_ms=800", 3));
     assert!(pool
-        .stderr
-        .wait_for_count("connection handed off", 3, Duration::from_secs(5)));
+        .wait_status(Duration::from_secs(5), |s| s["busy"] == 3)
+        .is_some());
     let children = pool.children();
     pool.signal(signal);
     let results = load.join().unwrap();
@@ -23,9 +23,15 @@ fn graceful_stop_finishes_in_flight_requests(signal: i32) {
         .wait_exit(Duration::from_secs(10))
         .expect("supervisor exits");
     assert!(status.success(), "{status:?}");
-    assert!(pool
-        .stdout
-        .wait_for("forkpool: totals", Duration::from_secs(2)));
+    // Every child was told to quit and left on its own.
+    let totals = final_totals(&pool);
+    assert_eq!(
+        total(&totals, "retired"),
+        total(&totals, "spawned"),
+        "{totals}"
+    );
+    assert_eq!(total(&totals, "killed"), 0, "{totals}");
+    assert_eq!(total(&totals, "died"), 0, "{totals}");
     for pid in children {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
@@ -50,13 +56,15 @@ fn second_sigint_stops_at_once() {
     let addr = pool.addr;
     let load = std::thread::spawn(move || concurrent_gets(addr, "/?work_ms=5000", 1));
     assert!(pool
-        .stderr
-        .wait_for("connection handed off", Duration::from_secs(5)));
+        .wait_status(Duration::from_secs(5), |s| s["busy"] == 1)
+        .is_some());
     let started = Instant::now();
     pool.signal(2);
+    // The first INT took: the busy child has been told to quit.
     assert!(pool
-        .stderr
-        .wait_for("shutting down", Duration::from_secs(5)));
+        .wait_status(Duration::from_secs(5), |s| s["busy"] == 0
+            && s["leaving"].as_u64() >= Some(1))
+        .is_some());
     pool.signal(2);
     let status = pool
         .wait_exit(Duration::from_secs(5))
@@ -67,6 +75,8 @@ fn second_sigint_stops_at_once() {
         load.join().unwrap()[0].is_err(),
         "the in-flight request was cut"
     );
+    let totals = final_totals(&pool);
+    assert_eq!(killed_by(&totals, "immediate_stop"), 1, "{totals}");
 }
 
 #[test]
@@ -75,18 +85,14 @@ fn shutdown_timeout_kills_stragglers() {
     let addr = pool.addr;
     let load = std::thread::spawn(move || concurrent_gets(addr, "/?work_ms=5000", 1));
     assert!(pool
-        .stderr
-        .wait_for("connection handed off", Duration::from_secs(5)));
+        .wait_status(Duration::from_secs(5), |s| s["busy"] == 1)
+        .is_some());
     pool.signal(15);
     let status = pool
         .wait_exit(Duration::from_secs(5))
         .expect("exits after the timeout");
     assert!(status.success());
-    assert!(
-        pool.stderr
-            .wait_for("did not exit within", Duration::from_secs(2)),
-        "{}",
-        pool.stderr.dump()
-    );
+    let totals = final_totals(&pool);
+    assert_eq!(killed_by(&totals, "stop_timeout"), 1, "{totals}");
     assert!(load.join().unwrap()[0].is_err());
 }

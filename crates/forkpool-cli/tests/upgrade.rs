@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{continuous_load, forkpool_bin, get, kill9, temp_path, DemoPool};
+use common::{continuous_load, forkpool_bin, get, kill9, temp_path, total, DemoPool};
 
 /// A private copy of the binary, so a test can replace it on disk.
 fn binary_copy() -> PathBuf {
@@ -63,14 +63,13 @@ fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
         std::thread::sleep(Duration::from_millis(5));
     }
     pool.signal(12); // USR2
-    assert!(pool.stderr.wait_for(
-        "upgrade: the new supervisor is ready; this one drains and exits",
-        Duration::from_secs(10)
-    ));
+                     // The old supervisor exits only once the new one said it is ready.
     let status = pool
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(Duration::from_secs(20))
         .expect("old supervisor exits");
     assert!(status.success());
+    // That the listeners were inherited, not bound again, is reported only
+    // in the new supervisor's start-up lines on stdout.
     assert!(pool.stdout.wait_for("(inherited)", Duration::from_secs(2)));
     let new = pool.status();
     let new_pid = new["pid"].as_i64().unwrap() as i32;
@@ -111,17 +110,17 @@ fn a_broken_new_binary_leaves_the_old_supervisor_serving() {
     std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::rename(&broken, &binary).unwrap();
     pool.signal(12);
-    assert!(
-        pool.stderr
-            .wait_for("upgrade failed", Duration::from_secs(10)),
-        "{}",
-        pool.stderr.dump()
-    );
+    let status = pool
+        .wait_status(Duration::from_secs(10), |s| {
+            total(s, "upgrade_failures") == 1
+        })
+        .unwrap_or_else(|| panic!("{}", pool.stderr.dump()));
+    assert_eq!(status["pid"].as_i64().unwrap() as i32, pool.pid);
+    // The operator sees why: the new build's own stderr is passed on
+    // (the message is the feature, checked after the state).
     assert!(pool
         .stderr
         .wait_for("new build is broken", Duration::from_secs(2)));
-    assert!(pool.stderr.dump().contains("this supervisor keeps serving"));
-    assert_eq!(pool.status()["pid"].as_i64().unwrap() as i32, pool.pid);
     for _ in 0..5 {
         assert_eq!(pool.get("/").unwrap().status, 200);
     }
@@ -192,13 +191,12 @@ fn a_successor_that_fails_after_binding_leaves_status_and_metrics_to_the_old_one
     )
     .unwrap();
     pool.signal(12);
-    assert!(
-        pool.stderr
-            .wait_for("upgrade failed", Duration::from_secs(20)),
-        "{}",
-        pool.stderr.dump()
-    );
-    assert_eq!(pool.status()["pid"].as_i64(), Some(i64::from(pool.pid)));
+    let status = pool
+        .wait_status(Duration::from_secs(20), |s| {
+            total(s, "upgrade_failures") == 1
+        })
+        .unwrap_or_else(|| panic!("{}", pool.stderr.dump()));
+    assert_eq!(status["pid"].as_i64(), Some(i64::from(pool.pid)));
     assert_eq!(metrics_status(&pool), Ok(200));
     assert_eq!(pool.get("/").map(|r| r.status), Ok(200));
     let _ = std::fs::remove_file(&binary);

@@ -119,6 +119,18 @@ pub fn render(
         "Reloads abandoned because the new generation failed at start-up",
         t.reload_failures,
     );
+    counter(
+        &mut registry,
+        "reloads_refused",
+        "Reloads refused before anything changed (unreadable or invalid configuration)",
+        t.reloads_refused,
+    );
+    counter(
+        &mut registry,
+        "upgrade_failures",
+        "Binary upgrades (USR2) that failed; the old supervisor kept serving",
+        t.upgrade_failures,
+    );
     let saturated = Counter::<f64, std::sync::atomic::AtomicU64>::default();
     saturated.inc_by(t.saturated_ms as f64 / 1000.0);
     registry.register(
@@ -256,6 +268,7 @@ mod tests {
             pid: 1,
             generation: 3,
             serving_generation: 2,
+            ready: true,
             dispatch: "handoff".into(),
             uptime_ms: 10,
             line: "IB".into(),

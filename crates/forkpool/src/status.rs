@@ -134,6 +134,14 @@ pub struct Totals {
     /// Reloads abandoned because the new generation failed at start-up
     /// (the generation before kept serving).
     pub reload_failures: u64,
+    /// Reloads (SIGHUP) refused before anything changed: the configuration
+    /// could not be read or did not validate, or changed what a reload
+    /// cannot change.
+    pub reloads_refused: u64,
+    /// Binary upgrades (SIGUSR2) that failed: the new supervisor could
+    /// not start, stopped or was not ready in time, and this one kept
+    /// serving.
+    pub upgrade_failures: u64,
     /// Times a reaped worker had left processes running in its process
     /// group, which were then killed.
     pub strays_killed: u64,
@@ -224,6 +232,11 @@ pub struct Snapshot {
     /// and still that one after the reload failed.
     #[serde(default)]
     pub serving_generation: u32,
+    /// Whether the pool has been ready: `min_children` (at least one) were
+    /// up at once, as logged by `pool ready` and told to systemd
+    /// (`READY=1`). Once true it stays true.
+    #[serde(default)]
+    pub ready: bool,
     /// The dispatch mode.
     pub dispatch: String,
     /// How long the supervisor has run.

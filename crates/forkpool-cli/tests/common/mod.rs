@@ -127,12 +127,15 @@ impl DemoPool {
     /// Waits for the listening address and, if `wait_ready`, for the pool
     /// to say it is ready (workers that never start never make it so).
     pub fn launch(mut command: Command, args: &[&str], cmd: &[&str], wait_ready: bool) -> DemoPool {
-        let control = temp_path("control.sock");
+        let mut control = temp_path("control.sock");
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
         }
-        if !args.contains(&"--control") {
-            command.arg("--control").arg(&control);
+        match args.iter().position(|a| *a == "--control") {
+            Some(i) => control = args[i + 1].into(),
+            None => {
+                command.arg("--control").arg(&control);
+            }
         }
         command.args(args);
         if !cmd.is_empty() {
@@ -176,10 +179,14 @@ impl DemoPool {
             pool.stderr.dump()
         );
         // Signals sent before the supervisor's handlers exist would take
-        // their default action: wait until it says the pool is ready.
+        // their default action: wait until status says the pool has been
+        // ready (the handlers exist before status is served).
         assert!(
-            !wait_ready || pool.stderr.wait_for("pool ready", Duration::from_secs(30)),
-            "pool never became ready; stderr:\n{}",
+            !wait_ready || pool.wait_ready(Duration::from_secs(30)),
+            "pool never became ready (status without `ready` comes from a \
+             supervisor built before it: `cargo build -p forkpool-bench`); \
+             status: {:?}\nstderr:\n{}",
+            pool.try_status(),
             pool.stderr.dump()
         );
         // The first TCP listener, if any, is the one `get` talks to.
@@ -233,16 +240,19 @@ impl DemoPool {
         }
     }
 
-    /// SIGKILLs child `victim` and waits until the supervisor has logged its
+    /// SIGKILLs child `victim` and waits until the supervisor has counted its
     /// death, spawned its `spawned_total`-th child and is back to `live`
     /// children without the victim.
     pub fn kill_and_await_replacement(&self, victim: i32, spawned_total: usize, live: usize) {
         kill9(victim);
         let wait = Duration::from_secs(5);
-        assert!(self.stderr.wait_for("child died unexpectedly", wait));
-        assert!(self
-            .stderr
-            .wait_for_count("child spawned", spawned_total, wait));
+        assert!(
+            self.wait_status(wait, |s| total(s, "died") >= 1
+                && total(s, "spawned") >= spawned_total as u64)
+                .is_some(),
+            "no death counted and no {spawned_total}th spawn\n{}",
+            self.stderr.dump()
+        );
         assert!(
             self.wait_child_pids(wait, |p| p.len() == live && !p.contains(&victim)),
             "no replacement for {victim}\n{}",
@@ -277,17 +287,38 @@ impl DemoPool {
 
     /// `forkpool status --json` for this pool, parsed.
     pub fn status(&self) -> serde_json::Value {
+        self.try_status().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `forkpool status --json` for this pool, or why it failed.
+    pub fn try_status(&self) -> Result<serde_json::Value, String> {
         let out = Command::new(forkpool_bin())
             .args(["status", "--json", "--control"])
             .arg(&self.control)
             .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("status JSON")
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "status failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("status JSON: {e}"))
+    }
+
+    /// Waits until status answers with `ready` (the pool has been ready:
+    /// `min_children`, at least one, were up); false on timeout.
+    fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.try_status().is_ok_and(|s| s["ready"] == true) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Polls `forkpool status --json` until `cond` holds for a snapshot and
@@ -311,9 +342,62 @@ impl DemoPool {
         }
     }
 
+    /// Waits until the supervisor reports `n` idle children (all started
+    /// and ready, none busy); false on timeout.
+    pub fn wait_idle(&self, n: u64, timeout: Duration) -> bool {
+        self.wait_status(timeout, |s| s["idle"] == n).is_some()
+    }
+
+    /// Waits until `totals.NAME` in status is at least `at_least`; false
+    /// on timeout.
+    pub fn wait_total(&self, name: &str, at_least: u64, timeout: Duration) -> bool {
+        self.wait_status(timeout, |s| total(s, name) >= at_least)
+            .is_some()
+    }
+
     /// A `GET` with `Connection: close`.
     pub fn get(&self, path: &str) -> Result<Response, String> {
         get(self.addr, path)
+    }
+}
+
+/// `totals.NAME` of a status snapshot (0 when absent).
+pub fn total(status: &serde_json::Value, name: &str) -> u64 {
+    status["totals"][name].as_u64().unwrap_or(0)
+}
+
+/// `totals.killed_by.REASON` of a status snapshot (0 when absent).
+pub fn killed_by(status: &serde_json::Value, reason: &str) -> u64 {
+    status["totals"]["killed_by"][reason].as_u64().unwrap_or(0)
+}
+
+/// The totals the supervisor printed on stdout as it exited
+/// (`forkpool: totals {json}`), shaped like a status snapshot
+/// (`{"totals": ...}`) so `total` and `killed_by` read them. Panics when
+/// there is no such line.
+pub fn final_totals(pool: &DemoPool) -> serde_json::Value {
+    const PREFIX: &str = "forkpool: totals ";
+    assert!(
+        pool.stdout.wait_for(PREFIX, Duration::from_secs(2)),
+        "no totals line on stdout:\n{}",
+        pool.stdout.dump()
+    );
+    let dump = pool.stdout.dump();
+    let json = dump.lines().find_map(|l| l.strip_prefix(PREFIX)).unwrap();
+    serde_json::json!({ "totals": serde_json::from_str::<serde_json::Value>(json).unwrap() })
+}
+
+/// Whether process `pid` is running: a reaped process has no /proc
+/// entry, and a zombie counts as gone.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
     }
 }
 

@@ -493,6 +493,7 @@ impl Supervisor {
             pid: std::process::id(),
             generation: self.generation,
             serving_generation: self.rollouts.serving(self.generation),
+            ready: self.told_ready,
             dispatch: self.config.dispatch.name().to_string(),
             uptime_ms: now.duration_since(self.started).as_millis() as u64,
             line: self.board.line(),

@@ -24,6 +24,7 @@ impl Supervisor {
                 Ok(config) => config,
                 Err(e) => {
                     error!("reload failed, keeping the running configuration: {e}");
+                    self.totals.reloads_refused += 1;
                     return;
                 }
             },
@@ -31,6 +32,7 @@ impl Supervisor {
         };
         if let Err(e) = config.validate() {
             error!("reload refused, keeping the running configuration: {e}");
+            self.totals.reloads_refused += 1;
             return;
         }
         let no_protocol = |c: &PoolConfig| !c.dispatch.speaks_protocol();
@@ -38,10 +40,12 @@ impl Supervisor {
             // `none` makes the shared listeners blocking, which the
             // supervisor itself cannot accept from in the other modes.
             error!("reload refused: switching dispatch to or from 'none' needs a restart");
+            self.totals.reloads_refused += 1;
             return;
         }
         if let Err(e) = self.check_reloaded_config(&config) {
             error!("reload refused, keeping the running configuration: {e}");
+            self.totals.reloads_refused += 1;
             return;
         }
         if config.backlog != self.config.backlog {
@@ -56,6 +60,7 @@ impl Supervisor {
                 .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept));
             if let Err(e) = applied {
                 error!("reload refused, keeping the running configuration: {e}");
+                self.totals.reloads_refused += 1;
                 return;
             }
         }

@@ -100,7 +100,10 @@ impl Supervisor {
                     deadline: now + UPGRADE_TIMEOUT,
                 });
             }
-            Err(e) => error!("upgrade failed, this supervisor keeps serving: {e}"),
+            Err(e) => {
+                self.totals.upgrade_failures += 1;
+                error!("upgrade failed, this supervisor keeps serving: {e}");
+            }
         }
     }
 
@@ -186,6 +189,7 @@ impl Supervisor {
             Ok(_) => {
                 let pid = upgrade.pid;
                 self.end_upgrade();
+                self.totals.upgrade_failures += 1;
                 error!(
                     pid,
                     "upgrade failed: the new supervisor stopped before it was ready; \
@@ -195,6 +199,7 @@ impl Supervisor {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 self.end_upgrade();
+                self.totals.upgrade_failures += 1;
                 error!("upgrade failed: {e}; this supervisor keeps serving");
             }
         }
@@ -207,6 +212,7 @@ impl Supervisor {
                 let pid = upgrade.pid;
                 let _ = process::send_signal(pid, Signal::SIGKILL);
                 self.end_upgrade();
+                self.totals.upgrade_failures += 1;
                 error!(
                     pid,
                     "upgrade failed: the new supervisor was not ready within {UPGRADE_TIMEOUT:?}; \
@@ -224,6 +230,7 @@ impl Supervisor {
     pub(super) fn reaped_successor(&mut self, pid: i32, status: ExitStatus) -> bool {
         if self.upgrade.as_ref().is_some_and(|u| u.pid == pid) {
             self.end_upgrade();
+            self.totals.upgrade_failures += 1;
             error!(
                 pid,
                 %status,
