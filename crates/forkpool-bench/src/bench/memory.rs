@@ -61,7 +61,7 @@ pub fn measure(preload_mib: u64) -> Result<MemoryRow, String> {
     let row = MemoryRow {
         preload_mib,
         children: each.len(),
-        child_mean: mean(&each),
+        child_mean: Memory::mean(&each),
         parent,
     };
     progress(&format!(
@@ -69,13 +69,4 @@ pub fn measure(preload_mib: u64) -> Result<MemoryRow, String> {
         row.child_mean.uss_kib, row.child_mean.pss_kib, row.child_mean.rss_kib
     ));
     Ok(row)
-}
-
-fn mean(all: &[Memory]) -> Memory {
-    let n = all.len().max(1) as u64;
-    Memory {
-        rss_kib: all.iter().map(|m| m.rss_kib).sum::<u64>() / n,
-        pss_kib: all.iter().map(|m| m.pss_kib).sum::<u64>() / n,
-        uss_kib: all.iter().map(|m| m.uss_kib).sum::<u64>() / n,
-    }
 }

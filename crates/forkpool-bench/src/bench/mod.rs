@@ -11,19 +11,26 @@
 //!   under a load step, next to the same policy simulated at Apache's
 //!   once-a-second cadence ([`simulate`]);
 //! - [`memory`]: what an idle child costs (USS/PSS), with and without a
-//!   100 MiB table preloaded in the parent and shared copy-on-write.
+//!   100 MiB table preloaded in the parent and shared copy-on-write;
+//! - [`preload`]: a heavy Python app under `forkpool run` with and without
+//!   `--preload` (worker start, a burst, memory per worker), and
+//!   [`refork`]: a pool's memory before and after `--refork-after`.
 //!
 //! The tools they share: [`loadgen`] (the HTTP client, with [`target`],
 //! [`http`] and [`latency`]), [`procstat`] (reading `/proc`),
-//! [`pool_process`] (running `forkpool demo`), and [`table`] (the output).
+//! [`pool_process`] (running `forkpool demo`), [`app_pool`] (running
+//! `forkpool run` on a Python app), and [`table`] (the output).
 //! `docs/benchmarks.md` tells how to run them and what each column means.
 
+mod app_pool;
 mod http;
 mod latency;
 mod loadgen;
 mod memory;
 mod pool_process;
+mod preload;
 mod procstat;
+mod refork;
 mod scaleup;
 mod simulate;
 pub(crate) mod table;
@@ -101,6 +108,9 @@ pub enum Benchmark {
     /// Many mostly idle sessions: `forkpool demo --sessions` against a
     /// session pool and a thread per session (see `bench_sessions`).
     Sessions,
+    /// A heavy Python app with and without `forkpool run --preload`, and
+    /// refork (needs `python3` and `target/release/forkpool`).
+    Preload,
 }
 
 /// A server to compare with, named for the tables.
@@ -156,6 +166,8 @@ pub struct Report {
     pub memory: Vec<memory::MemoryRow>,
     /// See `bench_sessions`.
     pub sessions: Vec<crate::bench_sessions::SessionBenchRow>,
+    /// See [`preload`].
+    pub preload: Option<preload::PreloadReport>,
     /// What could not be measured, and why.
     pub notes: Vec<String>,
 }
@@ -167,6 +179,7 @@ impl Report {
             && self.scaleup.is_none()
             && self.memory.is_empty()
             && self.sessions.is_empty()
+            && self.preload.as_ref().is_none_or(|p| p.runs.is_empty())
     }
 
     /// Keeps a benchmark's rows, or notes why there are none.
@@ -196,11 +209,12 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         Benchmark::Scaleup,
         Benchmark::Memory,
         Benchmark::Sessions,
+        Benchmark::Preload,
     ];
     if args.url.is_some() {
         if pool_only.iter().any(|b| args.wants(*b)) {
             report.notes.push(
-                "wakeups, scaleup, memory and sessions start their own servers: \
+                "wakeups, scaleup, memory, sessions and preload start their own servers: \
                  they do not run with --url"
                     .to_string(),
             );
@@ -217,6 +231,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         }
         if args.wants(Benchmark::Sessions) {
             run_sessions(args.session_rounds, &mut report);
+        }
+        if args.wants(Benchmark::Preload) {
+            report.preload = Some(preload::run(&mut report.notes));
         }
     }
     if args.json {

@@ -74,10 +74,21 @@ impl PoolProcess {
         args: &[String],
         timeout: Duration,
     ) -> Result<PoolProcess, String> {
+        PoolProcess::start_with_env(program, args, &[], timeout)
+    }
+
+    /// [`PoolProcess::start`] with `env` added to the environment.
+    pub fn start_with_env(
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        timeout: Duration,
+    ) -> Result<PoolProcess, String> {
         let what = format!("{} {}", program.display(), args.join(" "));
         let mut command = Command::new(program);
         command
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

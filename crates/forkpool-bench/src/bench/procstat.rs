@@ -110,6 +110,18 @@ pub struct Memory {
     pub uss_kib: u64,
 }
 
+impl Memory {
+    /// The mean of `all` (zero for none).
+    pub fn mean(all: &[Memory]) -> Memory {
+        let n = all.len().max(1) as u64;
+        Memory {
+            rss_kib: all.iter().map(|m| m.rss_kib).sum::<u64>() / n,
+            pss_kib: all.iter().map(|m| m.pss_kib).sum::<u64>() / n,
+            uss_kib: all.iter().map(|m| m.uss_kib).sum::<u64>() / n,
+        }
+    }
+}
+
 /// Parses `/proc/PID/smaps_rollup`.
 pub fn parse_smaps_rollup(text: &str) -> Result<Memory, String> {
     let mut fields = HashMap::new();

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use super::loadgen::ErrorCounts;
 use super::procstat::Memory;
+use super::preload::{self, PreloadReport};
 use super::scaleup::ScaleupReport;
 use super::simulate::{self, Point};
 use super::Report;
@@ -135,6 +136,9 @@ pub fn render(report: &Report) -> String {
             t.row(cells);
         }
         out += &t.render();
+    }
+    if let Some(preload) = &report.preload {
+        out += &render_preload(preload);
     }
     if !report.sessions.is_empty() {
         out += &crate::bench_sessions::render(&report.sessions);
@@ -280,4 +284,79 @@ mod tests {
         };
         assert_eq!(errors(&e), "12 (reset 2, timeout 10)");
     }
+}
+
+fn render_preload(report: &PreloadReport) -> String {
+    let mut out = String::new();
+    if !report.runs.is_empty() {
+        let mut t = Table::new(
+            &format!(
+                "Preload: heavy Python app (100 MiB table, 0.5 s import); one start at a time, \
+                 then {} x {} ms requests at once on 2 resting workers; memory at the burst's size (MiB)",
+                preload::BURST,
+                preload::BURST_WORK_MS
+            ),
+            &[
+                "forkpool",
+                "start p50 ms",
+                "start p99 ms",
+                "burst start p50",
+                "burst start p99",
+                "burst done ms",
+                "errors",
+                "workers",
+                "worker USS",
+                "worker PSS",
+                "template PSS",
+                "pool PSS",
+            ],
+        );
+        for r in &report.runs {
+            let m = &r.memory;
+            t.row(vec![
+                if r.preload { "run --preload" } else { "run" }.to_string(),
+                ms(r.start_one.p50_ms),
+                ms(r.start_one.p99_ms),
+                ms(r.start_in_burst.p50_ms),
+                ms(r.start_in_burst.p99_ms),
+                r.burst_ms.to_string(),
+                r.burst_errors.to_string(),
+                m.workers.to_string(),
+                mib(m.worker_mean.uss_kib),
+                mib(m.worker_mean.pss_kib),
+                m.template.map_or("-".to_string(), |t| mib(t.pss_kib)),
+                mib(m.total_pss_kib),
+            ]);
+        }
+        out += &t.render();
+    }
+    if let Some(ms) = report.rust_demo_burst_ms {
+        writeln!(out, "The Rust demo (forked from its parent), same burst: {ms} ms\n")
+            .expect("writing to a String");
+    }
+    if let Some(r) = &report.refork {
+        let mut t = Table::new(
+            &format!(
+                "Refork: {} workers of an app that caches 50 MiB over its first requests, \
+                 --refork-after {} ({} requests, {} failed; MiB)",
+                r.workers, r.refork_after, r.requests, r.errors
+            ),
+            &["pool", "template pid", "worker USS", "worker PSS", "template PSS", "pool PSS"],
+        );
+        for (name, pid, m) in [
+            ("warm, before", r.template_pids.0, &r.before),
+            ("after refork", r.template_pids.1, &r.after),
+        ] {
+            t.row(vec![
+                name.to_string(),
+                pid.to_string(),
+                mib(m.worker_mean.uss_kib),
+                mib(m.worker_mean.pss_kib),
+                m.template.map_or("-".to_string(), |t| mib(t.pss_kib)),
+                mib(m.total_pss_kib),
+            ]);
+        }
+        out += &t.render();
+    }
+    out
 }
