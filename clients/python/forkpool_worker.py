@@ -428,25 +428,44 @@ class Template:
         # so copy the pages workers share: freeze them out of its reach.
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        # The kernel reaps each intermediate child as it exits, so the
+        # template takes the next order at once rather than waiting for
+        # the intermediate to be scheduled, fork and exit.
+        self._sigchld = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        worker = None
+        try:
+            worker = self._serve_orders()
+        finally:
+            if worker is None:
+                signal.signal(signal.SIGCHLD, self._restored_sigchld())
+        if worker is not None:
+            if gc_was_enabled:
+                gc.enable()
+            _assume(self, worker)
+            self.serve(handle)
+
+    def _serve_orders(self):
+        """Answers the supervisor until told to quit (None) or until this
+        process is a newly forked worker (that Worker)."""
         self._send(b"R", struct.pack(">I", self.pid))
         while True:
             message = self._receive()
             if message is None:
-                return
+                return None
             kind, payload, fds = message
             if kind == b"p":
                 self._send(b"P", payload)
             elif kind == b"Q":
-                return
+                return None
             else:  # F
                 slot, generation = struct.unpack(">II", payload)
                 worker = self._fork(slot, generation, fds)
                 if worker is not None:
-                    if gc_was_enabled:
-                        gc.enable()
-                    _assume(self, worker)
-                    self.serve(handle)
-                    return
+                    return worker
+
+    def _restored_sigchld(self):
+        # signal.signal returns None for a disposition set outside Python.
+        return signal.SIG_DFL if self._sigchld is None else self._sigchld
 
     def _send(self, kind, payload=b""):
         self.channel.send(bytes([TEMPLATE_PROTOCOL_VERSION]) + kind + payload)
@@ -488,8 +507,7 @@ class Template:
             os._exit(0)
         for fd in fds:
             os.close(fd)
-        os.waitpid(intermediate, 0)
-        return None
+        return None  # the intermediate is reaped by the kernel (SIGCHLD ignored)
 
     def _intermediate(self, slot):
         """In the intermediate child: fork the worker and report it. Returns
@@ -512,6 +530,8 @@ class Template:
         """In the forked worker: steps 1-4 of "What the forked worker does".
         `intermediate` is the pid of its parent at the fork (taken before
         the fork: by now that parent may be gone)."""
+        # The worker's children are its own to wait for.
+        signal.signal(signal.SIGCHLD, self._restored_sigchld())
         channel_fd, stderr_fd = fds
         place = _LISTEN_FDS_START + len(self.listeners)
         # 1. Close the template channel and whatever the program opened.

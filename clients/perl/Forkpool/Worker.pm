@@ -525,6 +525,10 @@ sub _send { Forkpool::Worker::_send(@_) }
 sub serve {
     my ($self, $handler) = @_;
     local $SIG{PIPE} = 'IGNORE';
+    # The kernel reaps each intermediate child as it exits, so the
+    # template takes the next order at once instead of waiting for it.
+    $self->{sigchld} = $SIG{CHLD};
+    local $SIG{CHLD} = 'IGNORE';
     $self->_send('R', pack('N', $$));
     while (1) {
         my ($data, $flags, @fds) = Forkpool::Worker::_recvmsg($self);
@@ -581,14 +585,15 @@ sub _fork {
         $self->_become_worker($slot, $generation, $me, @fds);
         return 1;
     }
-    POSIX::close($_) for @fds;
-    waitpid($intermediate, 0);
+    POSIX::close($_) for @fds;    # the intermediate is reaped by the kernel
     return 0;
 }
 
 # Steps 1-4 of "What the forked worker does" in docs/protocol.md.
 sub _become_worker {
     my ($self, $slot, $generation, $intermediate, $channel_fd, $stderr_fd) = @_;
+    # The worker's children are its own to wait for.
+    $SIG{CHLD} = $self->{sigchld} // 'DEFAULT';
     my $place = Forkpool::Worker::LISTEN_FDS_START + @{ $self->{listeners} };
     # 1. Close whatever the program opened. The template channel at $place
     # is replaced by dup2 below, so its Perl handle stays valid.

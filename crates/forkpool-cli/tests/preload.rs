@@ -95,6 +95,34 @@ fn open_fds(pid: i32) -> BTreeSet<i32> {
         .unwrap_or_default()
 }
 
+/// Whether `pid` ignores SIGCHLD (its `SigIgn` mask in `/proc`).
+fn ignores_sigchld(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    mask & (1 << (libc::SIGCHLD - 1)) != 0
+}
+
+/// The children of `pid` that are zombies (exited, not reaped).
+fn zombie_children(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .map(|(_, rest)| rest.split_whitespace().collect())
+                .unwrap_or_default();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&pid.to_string().as_str())
+        })
+        .collect()
+}
+
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
@@ -190,7 +218,15 @@ fn serves_grows_and_shrinks(mode: &str, cmd: &[&str]) {
             extra <= 1,
             "worker {pid} holds descriptors it should not: {fds:?}"
         );
+        // The template ignores SIGCHLD so the kernel reaps its
+        // intermediates; a worker's own children must stay waitable.
+        assert!(!ignores_sigchld(pid), "worker {pid} ignores SIGCHLD");
     }
+    assert_eq!(
+        zombie_children(template_pid),
+        Vec::<i32>::new(),
+        "the template left intermediates unreaped"
+    );
     let mut slots = BTreeSet::new();
     for r in &results {
         let r = r

@@ -59,7 +59,17 @@ impl AppPool {
         // must not be taken for a hung worker.
         args.extend(["--ping-timeout", "30s"].map(String::from));
         args.extend(options.iter().map(|s| s.to_string()));
-        args.extend(["--", "python3", "-m", "forkpool_wsgi", "--no-access-log", "--chdir"].map(String::from));
+        args.extend(
+            [
+                "--",
+                "python3",
+                "-m",
+                "forkpool_wsgi",
+                "--no-access-log",
+                "--chdir",
+            ]
+            .map(String::from),
+        );
         args.push(root.join("bench/apps").display().to_string());
         args.push(app.to_string());
         let env = [(
@@ -110,7 +120,9 @@ impl AppPool {
                     Ok(s) => format!("last status line: {}", s.line),
                     Err(e) => e,
                 };
-                return Err(format!("the pool was not {what} within {timeout:?} ({seen})"));
+                return Err(format!(
+                    "the pool was not {what} within {timeout:?} ({seen})"
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use super::loadgen::ErrorCounts;
-use super::procstat::Memory;
 use super::preload::{self, PreloadReport};
+use super::procstat::Memory;
 use super::scaleup::ScaleupReport;
 use super::simulate::{self, Point};
 use super::Report;
@@ -259,33 +259,6 @@ fn errors(e: &ErrorCounts) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn columns_line_up() {
-        let mut t = Table::new("T", &["name", "n"]);
-        t.row(vec!["a".to_string(), "1000".to_string()]);
-        t.row(vec!["longer".to_string(), "2".to_string()]);
-        assert_eq!(
-            t.render(),
-            "T\nname       n\n------  ----\na       1000\nlonger     2\n\n"
-        );
-    }
-
-    #[test]
-    fn error_cells() {
-        assert_eq!(errors(&ErrorCounts::default()), "0");
-        let e = ErrorCounts {
-            timeout: 10,
-            reset: 2,
-            ..ErrorCounts::default()
-        };
-        assert_eq!(errors(&e), "12 (reset 2, timeout 10)");
-    }
-}
-
 fn render_preload(report: &PreloadReport) -> String {
     let mut out = String::new();
     if !report.runs.is_empty() {
@@ -331,8 +304,11 @@ fn render_preload(report: &PreloadReport) -> String {
         out += &t.render();
     }
     if let Some(ms) = report.rust_demo_burst_ms {
-        writeln!(out, "The Rust demo (forked from its parent), same burst: {ms} ms\n")
-            .expect("writing to a String");
+        writeln!(
+            out,
+            "The Rust demo (forked from its parent), same burst: {ms} ms\n"
+        )
+        .expect("writing to a String");
     }
     if let Some(r) = &report.refork {
         let mut t = Table::new(
@@ -341,7 +317,14 @@ fn render_preload(report: &PreloadReport) -> String {
                  --refork-after {} ({} requests, {} failed; MiB)",
                 r.workers, r.refork_after, r.requests, r.errors
             ),
-            &["pool", "template pid", "worker USS", "worker PSS", "template PSS", "pool PSS"],
+            &[
+                "pool",
+                "template pid",
+                "worker USS",
+                "worker PSS",
+                "template PSS",
+                "pool PSS",
+            ],
         );
         for (name, pid, m) in [
             ("warm, before", r.template_pids.0, &r.before),
@@ -359,4 +342,31 @@ fn render_preload(report: &PreloadReport) -> String {
         out += &t.render();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up() {
+        let mut t = Table::new("T", &["name", "n"]);
+        t.row(vec!["a".to_string(), "1000".to_string()]);
+        t.row(vec!["longer".to_string(), "2".to_string()]);
+        assert_eq!(
+            t.render(),
+            "T\nname       n\n------  ----\na       1000\nlonger     2\n\n"
+        );
+    }
+
+    #[test]
+    fn error_cells() {
+        assert_eq!(errors(&ErrorCounts::default()), "0");
+        let e = ErrorCounts {
+            timeout: 10,
+            reset: 2,
+            ..ErrorCounts::default()
+        };
+        assert_eq!(errors(&e), "12 (reset 2, timeout 10)");
+    }
 }

@@ -276,15 +276,20 @@ pub fn arm_parent_death(supervisor: i32) -> io::Result<bool> {
     Ok(parent_pid() == supervisor)
 }
 
-/// Waits for the child `pid` to end, retrying on `EINTR`.
-pub fn reap(pid: i32) -> io::Result<()> {
-    loop {
-        match waitpid(Pid::from_raw(pid), None) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+/// Whether the kernel reaps this process's children as they exit
+/// (`SIGCHLD` ignored) instead of leaving them for `waitpid`. A template
+/// turns it on so that it need not wait for each intermediate process; a
+/// worker forked from it turns it off again, as its children are its own.
+pub fn reap_children_automatically(on: bool) -> io::Result<()> {
+    let handler = if on {
+        SigHandler::SigIgn
+    } else {
+        SigHandler::SigDfl
+    };
+    // SAFETY: installing SIG_IGN or SIG_DFL runs no code of ours in signal
+    // context.
+    unsafe { signal::signal(Signal::SIGCHLD, handler) }?;
+    Ok(())
 }
 
 /// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a

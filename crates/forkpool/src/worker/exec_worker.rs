@@ -415,6 +415,19 @@ impl Template {
     /// 0 (quit, or the supervisor gone), or, in a newly forked worker, what
     /// it starts with.
     fn run(self) -> Result<Option<ChildStart>, String> {
+        // The kernel reaps each intermediate as it exits, so the template
+        // takes the next order at once instead of waiting for it.
+        sys::process::reap_children_automatically(true)
+            .map_err(|e| format!("cannot ignore SIGCHLD: {e}"))?;
+        let served = self.obey();
+        if !matches!(served, Ok(Some(_))) {
+            let _ = sys::process::reap_children_automatically(false);
+        }
+        served
+    }
+
+    /// Says `Ready` and answers orders (see [`Template::run`]).
+    fn obey(self) -> Result<Option<ChildStart>, String> {
         let reply = |r: TemplateReply| {
             self.channel
                 .send_template_reply(r)
@@ -453,7 +466,7 @@ impl Template {
     }
 
     /// The double fork of one fork order. The template gets `Side::Template`
-    /// once it has reaped the intermediate (the caller then drops its
+    /// once the intermediate is forked (the caller then drops its
     /// copies of the two descriptors); the intermediate never returns.
     fn fork(&self, slot: u32) -> Result<Side, String> {
         let failed = |e: std::io::Error| TemplateReply::ForkFailed {
@@ -467,12 +480,13 @@ impl Template {
                  unsafe: start threads in the workers (an after_fork hook), not before serve"
             ));
         }
-        let middle = match sys::process::fork() {
+        match sys::process::fork() {
             Err(e) => {
                 let _ = self.channel.send_template_reply(failed(e));
-                return Ok(Side::Template);
+                Ok(Side::Template)
             }
-            Ok(Forked::Parent(middle)) => middle,
+            // The kernel reaps the intermediate (see `run`).
+            Ok(Forked::Parent(_)) => Ok(Side::Template),
             Ok(Forked::Child) => {
                 let middle = std::process::id() as i32;
                 let answer = match sys::process::fork() {
@@ -486,9 +500,7 @@ impl Template {
                 let sent = self.channel.send_template_reply(answer);
                 sys::process::exit_now(i32::from(sent.is_err()));
             }
-        };
-        sys::process::reap(middle).map_err(|e| format!("cannot reap the intermediate: {e}"))?;
-        Ok(Side::Template)
+        }
     }
 
     /// In the newly forked worker: the steps of `docs/protocol.md` ("What
@@ -501,6 +513,9 @@ impl Template {
         channel: OwnedFd,
         stderr: OwnedFd,
     ) -> Result<ChildStart, String> {
+        // The worker's children are its own to wait for.
+        sys::process::reap_children_automatically(false)
+            .map_err(|e| format!("cannot restore SIGCHLD: {e}"))?;
         let target = FIRST_FD + self.listeners.len() as RawFd;
         // 1. Close everything that is not ours; the template channel is
         // forgotten first, as it is closed by number.
