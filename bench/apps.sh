@@ -3,9 +3,9 @@
 # worker cap (16) everywhere:
 #
 #   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv), in
-#           handoff (the default) and shared dispatch
+#           handoff (the default) and shared dispatch, and with --preload
 #           gunicorn -w 16 (sync), gunicorn --preload -w 16
-#   Plack:  forkpool run -- perl clients/perl/forkpool-psgi (when it exists)
+#   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           starman --workers 16
 #
 #   bench/apps.sh install   Flask+gunicorn venv (.ci/deps/python.sh), wrk,
@@ -164,11 +164,16 @@ run() {
   row forkpool-wsgi-shared bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --dispatch shared --control "$scratch/control-shared.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-preload bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --preload --control "$scratch/control-preload.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row gunicorn-sync bench/apps "$WORKERS" "$VENV/bin/gunicorn" -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   row gunicorn-preload bench/apps "$WORKERS" "$VENV/bin/gunicorn" --preload -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   if [ -e clients/perl/forkpool-psgi ]; then
     row forkpool-psgi . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
       --control "$scratch/control-psgi.sock" -- perl clients/perl/forkpool-psgi bench/apps/hello.psgi
+    row forkpool-psgi-preload . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+      --preload --control "$scratch/control-psgi-preload.sock" -- perl clients/perl/forkpool-psgi bench/apps/hello.psgi
   else
     echo "forkpool-psgi              skipped: clients/perl/forkpool-psgi does not exist yet"
   fi

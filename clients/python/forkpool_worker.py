@@ -249,21 +249,41 @@ class Worker:
         self._serve(conn, listener, handle)
 
     def _serve(self, conn, listener, handle):
-        # Keep a duplicate open until Idle is sent, so the client sees the
-        # connection close only once the supervisor knows this worker is
-        # free: a client that reconnects at once then finds the same (hot)
-        # worker rather than the next one.
-        held = os.dup(conn.fileno())
+        while conn is not None:
+            # Keep a duplicate open until the report is sent, so the client
+            # sees the connection close only once the supervisor knows this
+            # worker is free: a client that reconnects at once then finds
+            # the same (hot) worker rather than the next one.
+            held = os.dup(conn.fileno())
+            try:
+                with conn:
+                    handle(conn, listener)
+                # A leaving worker does not report Idle: the supervisor could
+                # hand it a connection before it sees the exit, and that
+                # connection would die with the process.
+                if self.leaving:
+                    return
+                conn = self._take_next(listener)
+                self._send(b"I" if conn is None else b"N")
+            finally:
+                os.close(held)
+
+    def _take_next(self, listener):
+        """`handoff`: the next connection already waiting on `listener`, or
+        None. Taking it here saves the supervisor's accept and hand-over; it
+        would come to this worker anyway (the lowest idle one that is
+        running). A message from the supervisor goes first: Quit or Ping is
+        read after reporting Idle."""
+        if self.dispatch != "handoff" or listener >= len(self.listeners):
+            return None
+        if self.channel_waiting():
+            return None
         try:
-            with conn:
-                handle(conn, listener)
-            # A leaving worker does not report Idle: the supervisor could
-            # hand it a connection before it sees the exit, and that
-            # connection would die with the process.
-            if not self.leaving:
-                self._send(b"I")
-        finally:
-            os.close(held)
+            conn, _addr = self.listeners[listener].accept()
+        except OSError:  # nothing waiting (EAGAIN), or a failed accept
+            return None
+        conn.set_inheritable(False)
+        return conn
 
     def _wait_on_listeners(self, handle, exclusive):
         """`shared` (one worker woken per connection) and `herd`."""
@@ -354,9 +374,21 @@ class _BecomeTemplate(Exception):
         self.fd = fd
 
 
+def _prctl():
+    """libc's prctl, looked up once: a template looks it up before it forks
+    so that each worker does not build its own ctypes objects (memory it
+    would not share)."""
+    global _PRCTL
+    if _PRCTL is None:
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    return _PRCTL
+
+
+_PRCTL = None
+
+
 def _set_parent_death_signal(sig):
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _prctl()(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
@@ -428,6 +460,7 @@ class Template:
         # so copy the pages workers share: freeze them out of its reach.
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        _prctl()
         # The kernel reaps each intermediate child as it exits, so the
         # template takes the next order at once rather than waiting for
         # the intermediate to be scheduled, fork and exit.

@@ -368,19 +368,38 @@ sub _accept {
 # Serves one connection; false if the handler asked to leave.
 sub _serve {
     my ($self, $conn, $listener, $handler) = @_;
-    $conn->autoflush(1);
-    $handler->($conn, $listener);
-    if ($self->{leave}) {
-        # Still busy to the supervisor, so no connection can be on its
-        # way to this worker: leaving now loses nothing.
+    while ($conn) {
+        $conn->autoflush(1);
+        $handler->($conn, $listener);
+        if ($self->{leave}) {
+            # Still busy to the supervisor, so no connection can be on its
+            # way to this worker: leaving now loses nothing.
+            close($conn);
+            return 0;
+        }
+        my $next = $self->_take_next($listener);
+        # The report first, so the client sees the connection close only
+        # once the supervisor knows this worker is free.
+        $self->_send($next ? 'N' : 'I');
         close($conn);
-        return 0;
+        $conn = $next;
     }
-    # Idle first, so the client sees the connection close only once the
-    # supervisor knows this worker is free.
-    $self->_send('I');
-    close($conn);
     return 1;
+}
+
+# handoff: the next connection already waiting on the listener just
+# served, or undef. Taking it here saves the supervisor's accept and
+# hand-over; it would come to this worker anyway (the lowest idle one
+# that is running). A message from the supervisor goes first: Quit or
+# Ping is read after reporting Idle.
+sub _take_next {
+    my ($self, $listener) = @_;
+    return undef
+        if $self->{dispatch} ne 'handoff' || $listener >= @{ $self->{listeners} };
+    return undef if IO::Select->new($self->{channel})->can_read(0);
+    my $conn;
+    accept($conn, $self->{listeners}[$listener]) or return undef;
+    return $conn;
 }
 
 sub _wait_on_listeners {

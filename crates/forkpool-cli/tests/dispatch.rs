@@ -159,16 +159,7 @@ fn answer(mut stream: TcpStream) -> common::Response {
 
 /// A pool of exactly one child.
 fn one_child_pool(extra: &[&str]) -> DemoPool {
-    let mut args = vec![
-        "--min-children",
-        "1",
-        "--max-children",
-        "1",
-        "--min-spare",
-        "0",
-        "--max-spare",
-        "1",
-    ];
+    let mut args = common::ONE_CHILD.to_vec();
     args.extend_from_slice(extra);
     DemoPool::start(&args)
 }

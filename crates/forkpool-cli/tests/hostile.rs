@@ -235,18 +235,8 @@ fn metrics_clients_leave_descriptors_for_the_pool() {
 
 /// One child in `handoff` mode (so a stalled request would stall the whole
 /// pool, and a replaced child is easy to count).
-const ONE_DEMO_CHILD: [&str; 10] = [
-    "--dispatch",
-    "handoff",
-    "--min-children",
-    "1",
-    "--max-children",
-    "1",
-    "--min-spare",
-    "0",
-    "--max-spare",
-    "1",
-];
+static ONE_DEMO_CHILD: std::sync::LazyLock<Vec<&str>> =
+    std::sync::LazyLock::new(|| [&["--dispatch", "handoff"][..], &common::ONE_CHILD].concat());
 
 /// The demo's overall request deadline (`demo/http.rs`).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

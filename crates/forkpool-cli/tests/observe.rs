@@ -130,18 +130,7 @@ fn status_until(
 /// /proc and sock_diag see them.
 #[test]
 fn status_and_metrics_report_children_and_queue_as_proc_does() {
-    let pool = DemoPool::start(&[
-        "--min-children",
-        "1",
-        "--max-children",
-        "1",
-        "--min-spare",
-        "0",
-        "--max-spare",
-        "1",
-        "--metrics",
-        "127.0.0.1:0",
-    ]);
+    let pool = DemoPool::start(&[&common::ONE_CHILD[..], &["--metrics", "127.0.0.1:0"]].concat());
     let busy = common::send(pool.addr, "/?work_ms=20000");
     let client = busy.local_addr().unwrap().to_string();
     let waiting: Vec<_> = (0..3)

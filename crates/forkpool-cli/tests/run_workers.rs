@@ -184,6 +184,36 @@ fn rust_worker_in_order_and_shared_serves_side_by_side() {
 }
 
 /// `forkpool run ARGS -- CMD` for workers that never become ready.
+/// A pool of one worker gets 8 slow requests at once: while it serves one,
+/// the others wait in the backlog, and it takes each next one itself (`N`)
+/// rather than going idle and being handed it.
+fn takes_the_next_waiting_connection(cmd: &[&str]) {
+    let pool = start_run(&common::ONE_CHILD, cmd);
+    for r in concurrent_gets(pool.addr, "/?work_ms=50", 8) {
+        let r = r.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+        assert_eq!(r.status, 200);
+    }
+    let status = pool.status();
+    assert_eq!(total(&status, "accepted"), 8, "{status}");
+    assert!(total(&status, "taken_next") >= 1, "{status}");
+    assert_eq!(total(&status, "died"), 0, "{status}");
+}
+
+#[test]
+fn python_worker_in_handoff_takes_the_next_waiting_connection() {
+    takes_the_next_waiting_connection(&python(&[]));
+}
+
+#[test]
+fn perl_worker_in_handoff_takes_the_next_waiting_connection() {
+    takes_the_next_waiting_connection(&perl(&[]));
+}
+
+#[test]
+fn rust_worker_in_handoff_takes_the_next_waiting_connection() {
+    takes_the_next_waiting_connection(&[rust_worker()]);
+}
+
 fn start_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
     let mut command = Command::new(forkpool_bin());
     command.arg("run");
@@ -441,7 +471,7 @@ fn dispatch_none_stops_with_sigterm_then_sigkill_after_the_timeout() {
     );
     // The stubborn one is in slot 1; it must have its SIGTERM handler in
     // place before we ask, so wait until it serves.
-    let slot1 = (0..50)
+    let slot1 = (0..200)
         .find_map(|_| pool.get("/").ok().filter(|r| r.slot == Some(1)))
         .expect("slot 1 serves");
     let stubborn = slot1.pid.unwrap();
@@ -627,14 +657,18 @@ const SOCK_STREAM: i64 = 1;
 const SOCK_SEQPACKET: i64 = 5;
 
 #[test]
-fn fd_hygiene_handoff_worker_gets_only_the_channel() {
+fn fd_hygiene_handoff_worker_gets_the_listener_then_the_channel() {
     let (_pool, report) = fd_report("fds-handoff", &[]);
     let fds: Vec<i32> = report.fds.keys().copied().collect();
-    assert_eq!(fds, [0, 1, 2, 3], "{:?}", report.fds);
+    assert_eq!(fds, [0, 1, 2, 3, 4], "{:?}", report.fds);
     check_std_streams(&report);
-    assert_eq!(report.fds[&3]["type"], SOCK_SEQPACKET);
-    assert_eq!(report.fds[&3]["listening"], false);
-    assert_eq!(env_of(&report, "FORKPOOL_CHANNEL_FD").as_deref(), Some("3"));
+    // The listener, to take the next waiting connection itself (`N`).
+    assert_eq!(report.fds[&3]["type"], SOCK_STREAM);
+    assert_eq!(report.fds[&3]["listening"], true);
+    assert_eq!(report.fds[&3]["nonblocking"], true);
+    assert_eq!(report.fds[&4]["type"], SOCK_SEQPACKET);
+    assert_eq!(report.fds[&4]["listening"], false);
+    assert_eq!(env_of(&report, "FORKPOOL_CHANNEL_FD").as_deref(), Some("4"));
     assert_eq!(env_of(&report, "FORKPOOL_PROTOCOL").as_deref(), Some("1"));
     assert_eq!(env_of(&report, "FORKPOOL_SLOT").as_deref(), Some("0"));
     assert_eq!(env_of(&report, "FORKPOOL_GENERATION").as_deref(), Some("1"));
@@ -642,9 +676,12 @@ fn fd_hygiene_handoff_worker_gets_only_the_channel() {
         env_of(&report, "FORKPOOL_DISPATCH").as_deref(),
         Some("handoff")
     );
-    assert_eq!(env_of(&report, "LISTEN_FDS"), None);
-    assert_eq!(env_of(&report, "LISTEN_PID"), None);
-    assert_eq!(env_of(&report, "LISTEN_FDNAMES"), None);
+    assert_eq!(env_of(&report, "LISTEN_FDS").as_deref(), Some("1"));
+    assert_eq!(
+        env_of(&report, "LISTEN_PID"),
+        Some(report.pid.to_string()),
+        "LISTEN_PID must be the worker's own pid"
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! | 0           | `/dev/null`                                                 |
 //! | 1           | the supervisor's standard output, shared                    |
 //! | 2           | a pipe the supervisor reads; each line is logged with the slot and pid |
-//! | 3 … 3+n−1   | the n listening sockets (not in `handoff` mode, where n = 0) |
+//! | 3 … 3+n−1   | the n listening sockets, in every mode                      |
 //! | 3+n         | the back-channel (not in `none` mode)                       |
 //!
 //! No other descriptor is open. The environment says where things are:

@@ -12,10 +12,11 @@
 //! its own. `docs/protocol.md` describes the same layout for people writing
 //! workers in other languages; [`crate::worker::ExecWorker`] is the Rust side.
 //!
-//! Why `handoff` passes no listener: its workers only ever get connections
-//! over the channel, and a worker that holds the listener could accept
-//! behind the supervisor's back, which would break the hot-slot ordering
-//! and the back-pressure that handoff exists for.
+//! In `handoff` the workers get the listeners too, for one use only: a
+//! worker finishing a connection may accept the next one already waiting
+//! and report `Next` (`docs/protocol.md`, "Taking the next connection");
+//! accepting at any other time would break the hot-slot ordering and the
+//! back-pressure that handoff exists for.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -150,7 +151,7 @@ pub(crate) struct TemplateStart {
     pub channel: Channel,
     /// The dispatch mode of the workers it forks.
     pub mode: crate::config::DispatchMode,
-    /// The listeners its workers hold (none in `handoff`).
+    /// The listeners its workers hold.
     pub listeners: Vec<crate::listener::Listener>,
     /// The write end of the template's own stderr pipe.
     pub stderr: Option<OwnedFd>,

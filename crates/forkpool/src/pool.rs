@@ -283,6 +283,9 @@ impl Pool {
         }
         let mut supervisor = self.supervisor()?;
         supervisor.capture_output = true;
+        // Workers get the listeners in `handoff` too, so one finishing a
+        // connection may take the next waiting one itself (`N`).
+        supervisor.children_take_next = true;
         supervisor.templates.command = command.to_string();
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),

@@ -83,6 +83,19 @@ pub struct DemoPool {
     pub control: std::path::PathBuf,
 }
 
+/// Pool options for exactly one child, which the pool neither grows past
+/// nor retires for being idle.
+pub const ONE_CHILD: [&str; 8] = [
+    "--min-children",
+    "1",
+    "--max-children",
+    "1",
+    "--min-spare",
+    "0",
+    "--max-spare",
+    "1",
+];
+
 /// A fresh path in the temp dir, unique to this test process.
 pub fn temp_path(what: &str) -> std::path::PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};

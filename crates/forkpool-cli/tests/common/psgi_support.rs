@@ -48,20 +48,8 @@ pub fn require_plack() -> bool {
 /// `forkpool run` with one worker running CMD in dispatch MODE, once the
 /// worker is idle.
 pub fn start_pool(mode: &str, cmd: &[&str]) -> DemoPool {
-    let args = [
-        "--ping-timeout",
-        "20s",
-        "--dispatch",
-        mode,
-        "--min-children",
-        "1",
-        "--max-children",
-        "1",
-        "--min-spare",
-        "0",
-        "--max-spare",
-        "1",
-    ];
+    let mut args = vec!["--ping-timeout", "20s", "--dispatch", mode];
+    args.extend_from_slice(&crate::common::ONE_CHILD);
     let pool = DemoPool::start_run(&args, cmd);
     assert!(
         wait_idle(&pool, 1),

@@ -220,10 +220,9 @@ pub(crate) struct Supervisor {
     /// Give each child a pipe for its stderr and log what comes out
     /// (exec'd workers, see `output.rs`).
     pub capture_output: bool,
-    /// In `handoff` dispatch, give forked children the listeners so that
-    /// one finishing a connection takes the next waiting one itself
-    /// (`Next`, see `worker.rs`). Off for exec'd workers, whose interface
-    /// has no listeners in `handoff`, and for many-connection children.
+    /// In `handoff` dispatch, give children the listeners so that one
+    /// finishing a connection may take the next waiting one itself
+    /// (`Next`, see `worker.rs`). Off only for many-connection children.
     pub children_take_next: bool,
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
