@@ -171,9 +171,9 @@ run() {
   row gunicorn-preload bench/apps "$WORKERS" "$VENV/bin/gunicorn" --preload -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   if [ -e clients/perl/forkpool-psgi ]; then
     row forkpool-psgi . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
-      --control "$scratch/control-psgi.sock" -- perl clients/perl/forkpool-psgi bench/apps/hello.psgi
+      --control "$scratch/control-psgi.sock" -- perl clients/perl/forkpool-psgi --no-access-log bench/apps/hello.psgi
     row forkpool-psgi-preload . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
-      --preload --control "$scratch/control-psgi-preload.sock" -- perl clients/perl/forkpool-psgi bench/apps/hello.psgi
+      --preload --control "$scratch/control-psgi-preload.sock" -- perl clients/perl/forkpool-psgi --no-access-log bench/apps/hello.psgi
   else
     echo "forkpool-psgi              skipped: clients/perl/forkpool-psgi does not exist yet"
   fi

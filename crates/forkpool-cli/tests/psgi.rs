@@ -424,3 +424,47 @@ fn example_perl_worker_bounds_the_head_time_and_the_body_size() {
     assert_eq!(res.status, 413);
     assert_eq!(res.header("x-forkpool-pid"), Some(pid.to_string()));
 }
+
+/// The access log is a line per request on stderr: a busy worker logging
+/// hundreds of lines a second for longer than the stderr flood limit (5 s)
+/// is serving, not flooding, and must be neither cut off nor killed.
+#[test]
+fn a_busy_worker_logging_every_request_is_not_taken_for_a_flood() {
+    if !require_plack() {
+        return;
+    }
+    let pool = start_psgi("handoff", &[]);
+    let run_for = Duration::from_millis(6_500);
+    let started = Instant::now();
+    let answered: usize = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut ok = 0;
+                    while started.elapsed() < run_for {
+                        let r = pool.get("/?name=load").unwrap_or_else(|e| {
+                            panic!("{e}\n{}", pool.stderr.dump());
+                        });
+                        assert_eq!(r.status, 200);
+                        ok += 1;
+                    }
+                    ok
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).sum()
+    });
+    let per_second = answered as f64 / run_for.as_secs_f64();
+    assert!(
+        per_second > 400.0,
+        "only {per_second:.0} requests a second: too few to tell a flood rule apart"
+    );
+    let status = pool.status();
+    assert_eq!(common::total(&status, "killed"), 0, "{status}");
+    assert_eq!(common::total(&status, "died"), 0, "{status}");
+    assert_eq!(
+        common::total(&status, "stderr_lines_dropped"),
+        0,
+        "{status}"
+    );
+}
