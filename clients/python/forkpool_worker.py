@@ -183,7 +183,11 @@ class Worker:
 
     def _receive(self):
         """One message: (kind, payload, fd or None), or None at end of file."""
-        data, fds, flags, _addr = socket.recv_fds(self.channel, _RECV_SIZE, 1)
+        # Received close-on-exec: programs the handler starts must not
+        # inherit a connection, and this saves an fcntl per connection.
+        data, fds, flags, _addr = socket.recv_fds(
+            self.channel, _RECV_SIZE, 1, socket.MSG_CMSG_CLOEXEC
+        )
         fd = fds[0] if fds else None
         if not data and fd is None:
             return None
@@ -218,9 +222,7 @@ class Worker:
             raise _BecomeTemplate(fd)
         elif kind == b"C" and self.dispatch == "handoff":
             (listener,) = struct.unpack(">H", payload)
-            conn = socket.socket(fileno=fd)
-            conn.set_inheritable(False)
-            self._serve(conn, listener, handle)
+            self._serve(self._connection(fd, listener), listener, handle)
         elif kind == b"A" and self.dispatch == "order":
             (listener,) = struct.unpack(">H", payload)
             if listener >= len(self.listeners):
@@ -248,25 +250,36 @@ class Worker:
         self._send(b"B")
         self._serve(conn, listener, handle)
 
+    def _connection(self, fd, listener):
+        """The socket object for a connection passed as `fd`. Its family
+        is the listener's when the worker holds it, which spares the three
+        system calls Python would make to find out."""
+        if listener < len(self.listeners):
+            family = self.listeners[listener].family
+            return socket.socket(family, socket.SOCK_STREAM, 0, fileno=fd)
+        return socket.socket(fileno=fd)
+
     def _serve(self, conn, listener, handle):
         while conn is not None:
-            # Keep a duplicate open until the report is sent, so the client
-            # sees the connection close only once the supervisor knows this
-            # worker is free: a client that reconnects at once then finds
-            # the same (hot) worker rather than the next one.
-            held = os.dup(conn.fileno())
-            try:
-                with conn:
-                    handle(conn, listener)
+            with conn:
+                handle(conn, listener)
                 # A leaving worker does not report Idle: the supervisor could
                 # hand it a connection before it sees the exit, and that
                 # connection would die with the process.
                 if self.leaving:
                     return
-                conn = self._take_next(listener)
-                self._send(b"I" if conn is None else b"N")
-            finally:
-                os.close(held)
+                following = self._take_next(listener)
+                # The report goes before the close, so the client sees the
+                # connection end only once the supervisor knows this worker
+                # is free: a client that reconnects at once then finds the
+                # same (hot) worker rather than the next one.
+                try:
+                    self._send(b"I" if following is None else b"N")
+                except BaseException:
+                    if following is not None:
+                        following.close()
+                    raise
+            conn = following
 
     def _take_next(self, listener):
         """`handoff`: the next connection already waiting on `listener`, or
@@ -282,8 +295,7 @@ class Worker:
             conn, _addr = self.listeners[listener].accept()
         except OSError:  # nothing waiting (EAGAIN), or a failed accept
             return None
-        conn.set_inheritable(False)
-        return conn
+        return conn  # accept() makes it close-on-exec
 
     def _wait_on_listeners(self, handle, exclusive):
         """`shared` (one worker woken per connection) and `herd`."""

@@ -175,7 +175,7 @@ class Response:
         return "".join(lines).encode("latin-1")
 
     def _send(self, data):
-        self.conn.settimeout(self.timeout)
+        _set_timeout(self.conn, self.timeout)
         try:
             self.conn.sendall(data)
         except OSError as e:
@@ -212,7 +212,7 @@ class Response:
         except (OSError, ValueError):
             return False
         self.write(b"")
-        self.conn.settimeout(self.timeout)
+        _set_timeout(self.conn, self.timeout)
         try:
             self.sent += self.conn.sendfile(wrapper.filelike, count=self.length)
         except OSError as e:
@@ -432,6 +432,13 @@ class Server:
             self.worker.slot,
         )
         os.write(2, line.encode("utf-8", "replace"))
+
+
+def _set_timeout(conn, seconds):
+    """`conn.settimeout(seconds)` unless it is set already: each call costs
+    a system call (Python sets the descriptor's blocking mode every time)."""
+    if conn.gettimeout() != seconds:
+        conn.settimeout(seconds)
 
 
 def _drained(body):

@@ -95,17 +95,6 @@ fn open_fds(pid: i32) -> BTreeSet<i32> {
         .unwrap_or_default()
 }
 
-/// Whether `pid` ignores SIGCHLD (its `SigIgn` mask in `/proc`).
-fn ignores_sigchld(pid: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let mask = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigIgn:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    mask & (1 << (libc::SIGCHLD - 1)) != 0
-}
-
 /// The children of `pid` that are zombies (exited, not reaped).
 fn zombie_children(pid: i32) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -216,7 +205,10 @@ fn serves_grows_and_shrinks(mode: &str, cmd: &[&str]) {
         );
         // The template ignores SIGCHLD so the kernel reaps its
         // intermediates; a worker's own children must stay waitable.
-        assert!(!ignores_sigchld(pid), "worker {pid} ignores SIGCHLD");
+        assert!(
+            !common::ignores_signal(pid, libc::SIGCHLD),
+            "worker {pid} ignores SIGCHLD"
+        );
     }
     assert_eq!(
         zombie_children(template_pid),

@@ -469,12 +469,15 @@ fn dispatch_none_stops_with_sigterm_then_sigkill_after_the_timeout() {
         "{}",
         pool.stderr.dump()
     );
-    // The stubborn one is in slot 1; it must have its SIGTERM handler in
-    // place before we ask, so wait until it serves.
-    let slot1 = (0..200)
-        .find_map(|_| pool.get("/").ok().filter(|r| r.slot == Some(1)))
-        .expect("slot 1 serves");
-    let stubborn = slot1.pid.unwrap();
+    // The stubborn one is in slot 1; it must ignore SIGTERM before we ask.
+    let stubborn = |s: &serde_json::Value| {
+        let pid = s["slots"][1]["pid"].as_i64().unwrap_or(0) as i32;
+        (pid > 0 && common::ignores_signal(pid, libc::SIGTERM)).then_some(pid)
+    };
+    let status = pool
+        .wait_status(START, |s| stubborn(s).is_some())
+        .unwrap_or_else(|| panic!("slot 1 never ignored SIGTERM\n{}", pool.stderr.dump()));
+    let stubborn = stubborn(&status).unwrap();
     let asked = Instant::now();
     pool.signal(15);
     let status = pool

@@ -83,6 +83,17 @@ pub struct DemoPool {
     pub control: std::path::PathBuf,
 }
 
+/// Whether `pid` ignores signal `sig` (its `SigIgn` mask in `/proc`).
+pub fn ignores_signal(pid: i32, sig: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    mask & (1 << (sig - 1)) != 0
+}
+
 /// Pool options for exactly one child, which the pool neither grows past
 /// nor retires for being idle.
 pub const ONE_CHILD: [&str; 8] = [
