@@ -265,8 +265,10 @@ class Worker:
                 handle(conn, listener)
                 # A leaving worker does not report Idle: the supervisor could
                 # hand it a connection before it sees the exit, and that
-                # connection would die with the process.
+                # connection would die with the process. It says Leaving,
+                # so the exit counts as a retirement, not a death.
                 if self.leaving:
+                    self._say_leaving()
                     return
                 following = self._take_next(listener)
                 # The report goes before the close, so the client sees the
@@ -280,6 +282,12 @@ class Worker:
                         following.close()
                     raise
             conn = following
+
+    def _say_leaving(self):
+        try:
+            self._send(b"X")
+        except OSError:
+            pass  # the supervisor is gone; the exit says enough
 
     def _take_next(self, listener):
         """`handoff`: the next connection already waiting on `listener`, or

@@ -373,7 +373,9 @@ sub _serve {
         $handler->($conn, $listener);
         if ($self->{leave}) {
             # Still busy to the supervisor, so no connection can be on its
-            # way to this worker: leaving now loses nothing.
+            # way to this worker: leaving now loses nothing. Leaving (X)
+            # makes the exit count as a retirement, not a death.
+            eval { $self->_send('X') };
             close($conn);
             return 0;
         }

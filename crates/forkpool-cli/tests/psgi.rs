@@ -337,6 +337,10 @@ fn harakiri_ends_the_worker_after_its_response() {
         let next = pool.get("/").unwrap();
         assert_eq!(next.status, 200);
         assert_ne!(next.pid, Some(old), "{mode}: a new worker");
+        // It said Leaving (X): a retirement, not a death.
+        let status = pool.status();
+        assert_eq!(common::total(&status, "died"), 0, "{mode}: {status}");
+        assert!(common::total(&status, "retired") >= 1, "{mode}: {status}");
     }
 }
 

@@ -214,7 +214,11 @@ fn flask_app_over_http(dispatch: &str) {
     let mut conn = connect(addr);
     let next = request(&mut conn, "GET /pid HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_ne!(String::from_utf8(next.body).unwrap(), gone.to_string());
-    assert!(status_pid_of(&pool.status(), gone).is_none());
+    let status = pool.status();
+    assert!(status_pid_of(&status, gone).is_none());
+    // It said Leaving (X): a retirement, not a death.
+    assert_eq!(common::total(&status, "died"), 0, "{status}");
+    assert!(common::total(&status, "retired") >= 1, "{status}");
 }
 
 #[test]

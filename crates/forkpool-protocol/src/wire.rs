@@ -37,6 +37,10 @@ pub enum ChildMessage {
     /// forked children): `Idle` and a new connection in one message. It is
     /// still busy; the new connection's busy clock starts now.
     Next,
+    /// The child is leaving on purpose (its program asked to be recycled):
+    /// its connection, if it had one, is over, and it exits now. The
+    /// supervisor sends it nothing more and counts it as retired, not died.
+    Leaving,
     /// The child was woken or ordered to accept but found no connection
     /// waiting: a futile wake-up, counted by the supervisor.
     Missed,
@@ -151,6 +155,7 @@ impl ChildMessage {
             ChildMessage::Busy => put_bare(buf, b'B'),
             ChildMessage::Missed => put_bare(buf, b'M'),
             ChildMessage::Next => put_bare(buf, b'N'),
+            ChildMessage::Leaving => put_bare(buf, b'X'),
             ChildMessage::Pong { seq } => put_u32(buf, b'P', seq),
             ChildMessage::Load {
                 open,
@@ -178,6 +183,7 @@ impl ChildMessage {
             b'B' => bare(kind, payload, ChildMessage::Busy)?,
             b'M' => bare(kind, payload, ChildMessage::Missed)?,
             b'N' => bare(kind, payload, ChildMessage::Next)?,
+            b'X' => bare(kind, payload, ChildMessage::Leaving)?,
             b'P' => ChildMessage::Pong {
                 seq: get_u32(kind, payload)?,
             },

@@ -13,6 +13,7 @@ fn child_message() -> impl Strategy<Value = ChildMessage> {
         Just(ChildMessage::Busy),
         Just(ChildMessage::Missed),
         Just(ChildMessage::Next),
+        Just(ChildMessage::Leaving),
         any::<u32>().prop_map(|seq| ChildMessage::Pong { seq }),
         (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(open, capacity, received)| {
             ChildMessage::Load {
@@ -210,6 +211,7 @@ fn child_messages_have_the_documented_bytes() {
     assert_child(ChildMessage::Busy, "01 42");
     assert_child(ChildMessage::Missed, "01 4d");
     assert_child(ChildMessage::Next, "01 4e");
+    assert_child(ChildMessage::Leaving, "01 58");
     assert_child(ChildMessage::Pong { seq: 0xdead_beef }, "01 50 de ad be ef");
     assert_child(
         ChildMessage::Load {
@@ -241,8 +243,8 @@ fn only_connection_carries_a_descriptor() {
 fn malformed_messages_get_the_documented_errors() {
     assert_eq!(ChildMessage::decode(&[]), Err(ProtocolError::Empty));
     assert_eq!(
-        ChildMessage::decode(&[0x01, b'X']),
-        Err(ProtocolError::UnknownKind(b'X'))
+        ChildMessage::decode(&[0x01, b'Z']),
+        Err(ProtocolError::UnknownKind(b'Z'))
     );
     assert_eq!(
         ChildMessage::decode(&[0x01, b'R', 0, 0, 1]),

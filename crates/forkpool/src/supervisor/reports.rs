@@ -147,6 +147,15 @@ impl Supervisor {
                 self.totals.taken_next += 1;
                 self.after_connection(slot, now);
             }
+            ChildMessage::Leaving => {
+                // Its connection, if it had one, is over: count it as an
+                // `Idle` would, then the child is on its way out.
+                if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
+                    self.note_connection_end(slot, now);
+                    self.board.idle(slot, now).map_err(illegal)?;
+                }
+                self.retire(slot, "it asked to leave", now);
+            }
             ChildMessage::Missed => {
                 self.board.missed(slot, now).map_err(illegal)?;
                 self.totals.futile_wakeups += 1;
