@@ -1,0 +1,411 @@
+//! The supervisor, tested from the library: each scenario runs a real
+//! `Pool::run` in a process of its own and observes it only through the
+//! state it publishes (status snapshots on its control socket, the totals
+//! `run` returns), never through its log.
+//!
+//! `harness = false`: `Pool::run` forks, which needs a single-threaded
+//! process, and the default test harness runs each test on a thread of
+//! its own. So `main` runs the scenarios one after another; a name given
+//! on the command line runs only the scenarios containing it.
+//!
+//! The handler speaks a line protocol: `work MS` sleeps MS milliseconds
+//! and answers `slot S pid P`, `crash` exits the child with status 3.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use forkpool::config::{DispatchMode, PoolConfig};
+use forkpool::listener::ListenAddr;
+use forkpool::pool::Pool;
+use forkpool::status::Snapshot;
+use forkpool::worker::Connection;
+use forkpool::Totals;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, pipe, ForkResult, Pid};
+
+/// The longest any wait in a scenario may take.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+type Scenario = fn() -> Result<(), String>;
+
+fn main() {
+    let scenarios: [(&str, Scenario); 5] = [
+        (
+            "serves_from_the_lowest_slot_grows_and_shrinks",
+            serves_from_the_lowest_slot_grows_and_shrinks,
+        ),
+        (
+            "a_crashed_child_is_counted_as_died_and_replaced",
+            a_crashed_child_is_counted_as_died_and_replaced,
+        ),
+        (
+            "max_requests_retires_the_child_and_a_fresh_one_serves",
+            max_requests_retires_the_child_and_a_fresh_one_serves,
+        ),
+        (
+            "a_child_busy_past_busy_timeout_is_killed",
+            a_child_busy_past_busy_timeout_is_killed,
+        ),
+        (
+            "sigterm_lets_the_busy_child_finish_then_returns_the_totals",
+            sigterm_lets_the_busy_child_finish_then_returns_the_totals,
+        ),
+    ];
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut failed = 0;
+    for (name, scenario) in scenarios {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        match scenario() {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(why) => {
+                println!("test {name} ... FAILED\n  {why}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        println!("{failed} scenario(s) failed");
+        std::process::exit(1);
+    }
+}
+
+/// The handler every scenario's children run.
+fn line_handler(mut conn: Connection<'_>) {
+    let (slot, pid) = (conn.worker.slot, conn.worker.pid);
+    let _ = conn.stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut line = String::new();
+    if BufReader::new(&mut conn.stream)
+        .read_line(&mut line)
+        .is_err()
+    {
+        return;
+    }
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next().and_then(|w| w.parse().ok())) {
+        (Some("work"), Some(ms)) => std::thread::sleep(Duration::from_millis(ms)),
+        (Some("crash"), _) => std::process::exit(3),
+        _ => {}
+    }
+    let _ = writeln!(conn.stream, "slot {slot} pid {pid}");
+}
+
+/// A supervisor running `Pool::run` in a forked process.
+struct Running {
+    pid: Pid,
+    addr: SocketAddr,
+    control: PathBuf,
+    /// Where the supervisor writes its totals when `run` returns.
+    totals: std::fs::File,
+}
+
+impl Running {
+    /// Forks a process that builds a pool with `config` on a free
+    /// loopback port and runs it; returns once it listens.
+    fn start(config: PoolConfig) -> Result<Running, String> {
+        let control = std::env::temp_dir().join(format!(
+            "forkpool-lib-test-{}-{}.sock",
+            std::process::id(),
+            unique_suffix()
+        ));
+        let (read, write) = pipe().map_err(|e| format!("pipe: {e}"))?;
+        // SAFETY: this test process is single-threaded (harness = false),
+        // so the child may do anything after the fork.
+        match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+            ForkResult::Child => {
+                drop(read);
+                let code = supervise(config, &control, std::fs::File::from(write));
+                std::process::exit(code);
+            }
+            ForkResult::Parent { child } => {
+                drop(write);
+                let mut totals = std::fs::File::from(read);
+                let mut first = String::new();
+                read_line(&mut totals, &mut first)?;
+                let addr = first
+                    .trim()
+                    .strip_prefix("listening ")
+                    .and_then(|a| a.parse().ok())
+                    .ok_or_else(|| format!("the supervisor did not start: {first:?}"))?;
+                Ok(Running {
+                    pid: child,
+                    addr,
+                    control,
+                    totals,
+                })
+            }
+        }
+    }
+
+    /// One status snapshot from the control socket.
+    fn status(&self) -> Result<Snapshot, String> {
+        let mut stream = UnixStream::connect(&self.control)
+            .map_err(|e| format!("control socket {}: {e}", self.control.display()))?;
+        let mut text = String::new();
+        stream
+            .read_to_string(&mut text)
+            .map_err(|e| format!("reading status: {e}"))?;
+        serde_json::from_str(&text).map_err(|e| format!("status JSON: {e}"))
+    }
+
+    /// Polls the status until `cond` holds; the snapshot that met it.
+    fn wait_for(&self, what: &str, cond: impl Fn(&Snapshot) -> bool) -> Result<Snapshot, String> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let last = self.status();
+            if let Ok(s) = &last {
+                if cond(s) {
+                    return last;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("never {what}; last status: {last:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends SIGTERM and returns the totals `run` returned.
+    fn stop(mut self) -> Result<Totals, String> {
+        kill(self.pid, Signal::SIGTERM).map_err(|e| format!("SIGTERM: {e}"))?;
+        let mut line = String::new();
+        read_line(&mut self.totals, &mut line)?;
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(_, 0)) => break,
+                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                other => return Err(format!("the supervisor ended with {other:?}")),
+            }
+        }
+        serde_json::from_str(line.trim()).map_err(|e| format!("totals {line:?}: {e}"))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Children die with the supervisor (their parent-death signal).
+        if kill(self.pid, Signal::SIGKILL).is_ok() {
+            let _ = waitpid(self.pid, None);
+        }
+        let _ = std::fs::remove_file(&self.control);
+    }
+}
+
+/// In the forked process: the pool, its address on `report`, then its
+/// totals there when `run` returns. Returns the exit code.
+fn supervise(config: PoolConfig, control: &Path, mut report: std::fs::File) -> i32 {
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    let mut pool = Pool::new(config);
+    let addr = match pool.listen(&"127.0.0.1:0".parse::<ListenAddr>().expect("address")) {
+        Ok(addr) => addr,
+        Err(e) => {
+            let _ = writeln!(report, "cannot listen: {e}");
+            return 1;
+        }
+    };
+    if let Err(e) = pool.control_socket(control, false) {
+        let _ = writeln!(report, "cannot bind the control socket: {e}");
+        return 1;
+    }
+    let _ = writeln!(report, "listening {addr}");
+    match pool.run(line_handler) {
+        Ok(totals) => {
+            let json = serde_json::to_string(&totals).unwrap_or_default();
+            let _ = writeln!(report, "{json}");
+            0
+        }
+        Err(e) => {
+            let _ = writeln!(report, "run failed: {e}");
+            1
+        }
+    }
+}
+
+/// Reads one line from the pipe, a byte at a time (nothing after it is
+/// consumed), within [`PATIENCE`] as the other end promises.
+fn read_line(file: &mut std::fs::File, line: &mut String) -> Result<(), String> {
+    let mut byte = [0u8; 1];
+    loop {
+        match file.read(&mut byte) {
+            Ok(0) => return Err(format!("the supervisor closed its pipe after {line:?}")),
+            Ok(_) if byte[0] == b'\n' => return Ok(()),
+            Ok(_) => line.push(byte[0] as char),
+            Err(e) => return Err(format!("reading the supervisor's pipe: {e}")),
+        }
+    }
+}
+
+fn unique_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// One request: `line` out, the answer's `(slot, pid)` back.
+fn ask(addr: SocketAddr, line: &str) -> Result<(usize, u32), String> {
+    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(PATIENCE))
+        .map_err(|e| e.to_string())?;
+    writeln!(stream, "{line}").map_err(|e| format!("send: {e}"))?;
+    let mut answer = String::new();
+    BufReader::new(stream)
+        .read_line(&mut answer)
+        .map_err(|e| format!("receive: {e}"))?;
+    let mut words = answer.split_whitespace();
+    match (words.next(), words.next(), words.next(), words.next()) {
+        (Some("slot"), Some(slot), Some("pid"), Some(pid)) => Ok((
+            slot.parse().map_err(|_| answer.clone())?,
+            pid.parse().map_err(|_| answer.clone())?,
+        )),
+        _ => Err(format!("unexpected answer {answer:?}")),
+    }
+}
+
+fn config() -> PoolConfig {
+    PoolConfig {
+        dispatch: DispatchMode::Handoff,
+        min_children: 2,
+        min_spare: 1,
+        max_spare: 2,
+        max_children: 8,
+        retire_grace: Duration::from_millis(200),
+        shutdown_timeout: Duration::from_secs(10),
+        ..PoolConfig::default()
+    }
+}
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+fn serves_from_the_lowest_slot_grows_and_shrinks() -> Result<(), String> {
+    let pool = Running::start(config())?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    // One client at a time: every answer from slot 0, the hot one.
+    for _ in 0..10 {
+        let (slot, _) = ask(pool.addr, "work 0")?;
+        check(slot == 0, || {
+            format!("a sequential request went to slot {slot}")
+        })?;
+    }
+    // Six at once, each held: the pool grows to serve them all.
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| scope.spawn(|| ask(pool.addr, "work 800")))
+            .collect();
+        let grown = pool.wait_for("grown to 6 busy", |s| s.busy >= 6);
+        let answers = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        grown.map(|_| answers)
+    })?;
+    let slots: std::collections::BTreeSet<usize> = answers
+        .into_iter()
+        .map(|a| a.map(|(slot, _)| slot))
+        .collect::<Result<_, _>>()?;
+    check(slots.len() == 6, || {
+        format!("six held requests used slots {slots:?}")
+    })?;
+    // Back at rest, the surplus retires down to min_children.
+    pool.wait_for("shrunk", |s| s.slots.len() <= 3 && s.busy == 0)?;
+    let totals = pool.stop()?;
+    check(totals.accepted == 16, || format!("accepted {totals:?}"))?;
+    check(totals.died == 0 && totals.killed == 0, || {
+        format!("{totals:?}")
+    })?;
+    check(totals.retired >= 3, || format!("retired {totals:?}"))
+}
+
+fn a_crashed_child_is_counted_as_died_and_replaced() -> Result<(), String> {
+    let pool = Running::start(config())?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    let crashed = pool.status()?.slots[0].pid;
+    check(ask(pool.addr, "crash").is_err(), || {
+        "a crashing child answered".to_string()
+    })?;
+    let after = pool.wait_for("replaced the crashed child", |s| {
+        s.totals.died == 1 && s.idle >= 2 && s.slots.iter().all(|c| c.pid != crashed)
+    })?;
+    let (_, pid) = ask(pool.addr, "work 0")?;
+    check(pid as i32 != crashed, || {
+        "the dead child answered".to_string()
+    })?;
+    let totals = pool.stop()?;
+    check(totals.died == 1, || format!("{totals:?} after {after:?}"))
+}
+
+fn max_requests_retires_the_child_and_a_fresh_one_serves() -> Result<(), String> {
+    let pool = Running::start(PoolConfig {
+        max_requests_per_child: 3,
+        ..config()
+    })?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        pids.push(ask(pool.addr, "work 0")?.1);
+    }
+    check(pids.iter().all(|p| *p == pids[0]), || {
+        format!("three sequential requests went to {pids:?}")
+    })?;
+    let first = pids[0] as i32;
+    pool.wait_for("retired the child after 3", |s| {
+        s.totals.retired >= 1 && s.slots.iter().all(|c| c.pid != first) && s.idle >= 2
+    })?;
+    let (_, pid) = ask(pool.addr, "work 0")?;
+    check(pid as i32 != first, || {
+        "the retired child answered".to_string()
+    })?;
+    let totals = pool.stop()?;
+    check(totals.died == 0 && totals.killed == 0, || {
+        format!("{totals:?}")
+    })
+}
+
+fn a_child_busy_past_busy_timeout_is_killed() -> Result<(), String> {
+    let pool = Running::start(PoolConfig {
+        busy_timeout: Duration::from_millis(300),
+        ..config()
+    })?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    // The client gets no answer: the child is killed mid-request.
+    check(ask(pool.addr, "work 5000").is_err(), || {
+        "a child past busy_timeout answered".to_string()
+    })?;
+    let status = pool.wait_for("killed the stuck child", |s| {
+        s.totals.killed_by.busy_timeout == 1 && s.idle >= 2
+    })?;
+    check(status.totals.died == 0, || format!("{status:?}"))?;
+    ask(pool.addr, "work 0")?;
+    let totals = pool.stop()?;
+    check(totals.killed == 1, || format!("{totals:?}"))
+}
+
+fn sigterm_lets_the_busy_child_finish_then_returns_the_totals() -> Result<(), String> {
+    let pool = Running::start(config())?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    let addr = pool.addr;
+    let held = std::thread::spawn(move || ask(addr, "work 700"));
+    pool.wait_for("busy", |s| s.busy == 1)?;
+    let totals = pool.stop()?;
+    let answer = held.join().map_err(|_| "client panicked".to_string())?;
+    check(answer.is_ok(), || {
+        format!("the busy child's client got {answer:?}")
+    })?;
+    check(totals.accepted == 1 && totals.killed == 0, || {
+        format!("{totals:?}")
+    })
+}
