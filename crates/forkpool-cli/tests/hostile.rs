@@ -579,3 +579,37 @@ fn the_default_control_socket_is_in_a_private_directory() {
     let mode = std::fs::symlink_metadata(&private).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o700, "{} has mode {mode:o}", private.display());
 }
+
+/// An oversized request is refused with a clean close: the child answers
+/// 413, stops sending, and reads and drops what the client still sends
+/// for a moment before it closes. Closing on unread bytes instead makes
+/// the kernel reset the connection, and a client's stack may then throw
+/// the answer away before the client reads it (RFC 9112, 9.6).
+#[test]
+fn an_oversized_request_is_refused_with_a_clean_close() {
+    use std::io::{Read, Write};
+    let pool = DemoPool::start(&ONE_DEMO_CHILD);
+    let mut stream = TcpStream::connect(pool.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000000\r\n\r\n")
+        .unwrap();
+    stream.write_all(&vec![b'x'; 256 * 1024]).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ended = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) => break Err(e),
+        }
+    };
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 413 "), "got {answer:?}");
+    assert!(
+        ended.is_ok(),
+        "the connection ended with {ended:?} after the 413, not a clean close"
+    );
+}

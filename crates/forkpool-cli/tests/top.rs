@@ -160,17 +160,24 @@ impl Tmux {
         }
     }
 
-    /// `Some(exit status)` once the pane's program has exited.
+    /// `Some(exit status)` once the pane's program has exited (minus the
+    /// signal's number if a signal ended it). tmux may mark the pane dead
+    /// a moment before it records how the program ended: until then, `None`.
     fn exit_status(&self) -> Option<i32> {
         let out = self.run(&[
             "list-panes",
             "-t",
             "top",
             "-F",
-            "#{pane_dead} #{pane_dead_status}",
+            "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}",
         ]);
-        let mut words = out.split_whitespace();
-        (words.next() == Some("1")).then(|| words.next().and_then(|s| s.parse().ok()).unwrap_or(-1))
+        let mut fields = out.trim().split(':');
+        if fields.next() != Some("1") {
+            return None;
+        }
+        let status = fields.next().and_then(|s| s.parse::<i32>().ok());
+        let signal = fields.next().and_then(|s| s.parse::<i32>().ok());
+        status.or(signal.map(|sig| -sig))
     }
 }
 

@@ -171,7 +171,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
                 Parsed::Partial => None,
             };
             if let Some((status, why)) = refuse {
-                let _ = respond(&mut stream, status, &why, false, worker);
+                refuse_and_close(&mut stream, status, &why, worker);
                 return;
             }
             match read_before(&mut stream, &mut chunk, deadline) {
@@ -179,7 +179,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
                 // Quiet between requests: a kept-alive connection ends.
                 Err(Ended::Timeout) if buf.is_empty() && served > 0 => return,
                 Err(Ended::Timeout) => {
-                    let _ = respond(&mut stream, 408, "request head too slow\n", false, worker);
+                    refuse_and_close(&mut stream, 408, "request head too slow\n", worker);
                     return;
                 }
                 Err(Ended::Closed) => return,
@@ -187,7 +187,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         };
         if request.body_len > MAX_BODY {
             let why = format!("request body over {MAX_BODY} bytes\n");
-            let _ = respond(&mut stream, 413, &why, false, worker);
+            refuse_and_close(&mut stream, 413, &why, worker);
             return;
         }
         // Discard the body as it arrives; it is never kept.
@@ -199,7 +199,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
             match read_before(&mut stream, &mut chunk[..want], deadline) {
                 Ok(n) => left -= n as u64,
                 Err(Ended::Timeout) => {
-                    let _ = respond(&mut stream, 408, "request body too slow\n", false, worker);
+                    refuse_and_close(&mut stream, 408, "request body too slow\n", worker);
                     return;
                 }
                 Err(Ended::Closed) => return,
@@ -212,6 +212,45 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         let keep_alive = request.keep_alive && served < options.keepalive_requests;
         if answer(&mut stream, &request, keep_alive, worker, options).is_err() || !keep_alive {
             return;
+        }
+    }
+}
+
+/// How long, and how much, a refused client's input is read and dropped
+/// before the connection is closed.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Answers `status` and closes the connection gracefully. A client that
+/// is still sending (a dripping head, a body over the limit) has bytes
+/// the handler never read; closing on them makes the kernel reset the
+/// connection, and a reset can destroy the answer before the client reads
+/// it. So the handler stops sending (the client sees the end of the
+/// answer) and reads and drops what still comes, for a moment, as Apache
+/// and nginx linger on close.
+fn refuse_and_close(
+    stream: &mut forkpool::Stream,
+    status: u16,
+    why: &str,
+    worker: &forkpool::WorkerInfo,
+) {
+    if respond(stream, status, why, false, worker).is_err() {
+        return;
+    }
+    let shut = match stream {
+        forkpool::Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+        forkpool::Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+    };
+    if shut.is_err() {
+        return;
+    }
+    let deadline = Instant::now() + LINGER;
+    let mut sink = [0u8; 4096];
+    let mut dropped = 0;
+    while dropped < LINGER_BYTES {
+        match read_before(stream, &mut sink, deadline) {
+            Ok(n) => dropped += n,
+            Err(_) => return,
         }
     }
 }
