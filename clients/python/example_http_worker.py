@@ -54,6 +54,7 @@ def main():
             conn.settimeout(LIMITS.read_timeout)
             try:
                 conn.sendall(http.error_response(e.status, e.why))
+                http.close_after_refusal(conn)
             except OSError:
                 pass
             return

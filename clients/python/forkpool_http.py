@@ -443,6 +443,29 @@ def error_response(status, why, version="HTTP/1.1"):
     )
 
 
+def close_after_refusal(sock, seconds=2.0, most=1 << 20):
+    """After an error answer: stop sending (the client sees the answer end),
+    then read and drop what the client still sends, for up to `seconds` or
+    `most` bytes, before the caller closes. Closing on unread bytes makes
+    the kernel reset the connection, and a reset can destroy the answer
+    before the client reads it (RFC 9112, 9.6)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + seconds
+        dropped = 0
+        while dropped < most:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sock.settimeout(left)
+            data = sock.recv(65536)
+            if not data:
+                return
+            dropped += len(data)
+    except OSError:
+        pass
+
+
 def no_body_status(status):
     """Statuses whose responses never have a body."""
     return 100 <= status < 200 or status in (204, 304)

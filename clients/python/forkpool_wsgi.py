@@ -299,6 +299,7 @@ class Server:
         try:
             conn.settimeout(self.limits.read_timeout)
             conn.sendall(http.error_response(error.status, error.why))
+            http.close_after_refusal(conn)
         except OSError:
             pass
         self._log(peer, request_line, error.status, "-", started)

@@ -214,6 +214,28 @@ fn rust_worker_in_handoff_takes_the_next_waiting_connection() {
     takes_the_next_waiting_connection(&[rust_worker()]);
 }
 
+/// An oversized request gets its 413 and a clean close (FIN), not a reset,
+/// even though the client is still sending: the worker stops sending and
+/// drops what comes for a moment before it closes.
+#[test]
+fn python_worker_refuses_an_oversized_request_with_a_clean_close() {
+    use std::io::{Read, Write};
+    let pool = start_run(&common::ONE_CHILD, &python(&[]));
+    let mut stream = std::net::TcpStream::connect(pool.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000000\r\n\r\n")
+        .unwrap();
+    stream.write_all(&vec![b'x'; 256 * 1024]).unwrap();
+    let mut answer = Vec::new();
+    let ended = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 413 "), "got {answer:?}");
+    assert!(ended.is_ok(), "ended with {ended:?} after the 413");
+}
+
 fn start_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
     let mut command = Command::new(forkpool_bin());
     command.arg("run");
