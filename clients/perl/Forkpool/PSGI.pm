@@ -22,6 +22,7 @@ use warnings;
 use Errno ();
 use File::Temp ();
 use IO::Handle ();
+use IO::Select ();
 use overload ();
 use POSIX ();
 use Scalar::Util qw(blessed reftype);
@@ -44,7 +45,7 @@ our $VERSION = '1';
 our %DEFAULTS = (
     header_timeout         => 10,         # seconds for a whole request head
     keepalive_timeout      => 5,          # seconds of silence between requests
-    max_keepalive_requests => 10,         # requests per connection (see docs/benchmarks.md)
+    max_keepalive_requests => 100,        # requests per connection
     timeout                => 60,         # seconds per read or write of a body
     max_header_size        => 65536,      # bytes of request head
     max_body_size          => 1 << 30,    # bytes of request body; 0: no limit
@@ -100,6 +101,15 @@ sub run {
     local $self->{app}    = $app;
     $worker->serve(sub { $self->serve_connection(@_) });
     return;
+}
+
+# True when a listener this worker holds has a connection waiting: the
+# current one then closes after its response, so a kept-alive client does
+# not keep a busy pool from the clients queued behind it.
+sub _others_waiting {
+    my ($self) = @_;
+    my @listeners = $self->{worker}->listeners or return 0;
+    return scalar IO::Select->new(@listeners)->can_read(0);
 }
 
 # One connection: requests until the client or a limit ends it.
@@ -270,7 +280,8 @@ sub _serve_request {
         }
     }
     my $r = {
-        keep => keeps_alive($req) && $c->{served} < $self->{max_keepalive_requests},
+        keep => keeps_alive($req) && $c->{served} < $self->{max_keepalive_requests}
+            && !$self->_others_waiting,
         head => $req->{method} eq 'HEAD',
         minor => $req->{minor},
         status => undef, bytes => 0,

@@ -170,6 +170,7 @@ sub generation { $_[0]{generation} }
 sub pid        { $_[0]{pid} }
 sub dispatch   { $_[0]{dispatch} }
 sub channel    { $_[0]{channel} }
+sub listeners  { @{ $_[0]{listeners} || [] } }
 
 # Asks to leave once the current connection is closed: `serve` returns
 # instead of reporting idle (the program then exits). For a process the

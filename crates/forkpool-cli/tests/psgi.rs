@@ -472,3 +472,45 @@ fn a_busy_worker_logging_every_request_is_not_taken_for_a_flood() {
         "{status}"
     );
 }
+
+/// A kept-alive connection gives way: once another client waits on the
+/// listener (here behind the pool's only worker), the next response on
+/// the kept-alive connection says `Connection: close`, and the waiting
+/// client is served at once rather than after the keep-alive timeout.
+#[test]
+fn a_kept_alive_connection_gives_way_to_a_waiting_client() {
+    if !require_plack() {
+        return;
+    }
+    for mode in MODES {
+        let pool = start_psgi(mode, &[]);
+        let mut kept = connect(&pool);
+        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let first = read_response(&mut kept, false);
+        assert_eq!(first.header("connection"), None, "{mode}: kept alive");
+        // A second client, queued on the listener behind the busy worker.
+        let mut waiting = connect(&pool);
+        waiting
+            .write_all(b"GET /?name=b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        assert!(
+            common::DemoPool::wait_status(&pool, Duration::from_secs(10), |s| {
+                s["queues"][0]["waiting"] == 1
+            })
+            .is_some(),
+            "{mode}: the second client never waited on the listener"
+        );
+        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let second = read_response(&mut kept, false);
+        assert_eq!(
+            second.header("connection").as_deref(),
+            Some("close"),
+            "{mode}: the kept-alive connection did not give way"
+        );
+        drop(kept);
+        let served = read_response(&mut waiting, false);
+        assert_eq!(served.body_text(), "hello b\n");
+    }
+}
