@@ -13,6 +13,11 @@
 //! [`Scoreboard::lowest_with_room`] is where the next connection goes. For
 //! children that serve one connection at a time, having room is being idle,
 //! so the same lookup serves both kinds of pool.
+//!
+//! The table is the supervisor's one record of its children: each slot also
+//! carries the supervisor's side of its child (`L`, the back-channel and
+//! what liveness and recycling track), so that a slot and its link are
+//! created and freed together and can never disagree.
 
 use std::fmt;
 use std::time::Instant;
@@ -91,9 +96,10 @@ impl fmt::Display for IllegalTransition {
 
 impl std::error::Error for IllegalTransition {}
 
-/// One occupied slot.
+/// One occupied slot: the child's process, its state, and `link`, the
+/// supervisor's side of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Slot {
+pub struct Slot<L = ()> {
     /// The child's process id.
     pub pid: i32,
     /// What the child is doing.
@@ -108,9 +114,11 @@ pub struct Slot {
     pub last_heard: Instant,
     /// How full the child is, if it serves many connections at once.
     pub load: Option<SessionLoad>,
+    /// The supervisor's side of the child (its channel and bookkeeping).
+    pub link: L,
 }
 
-impl Slot {
+impl<L> Slot<L> {
     /// Whether the supervisor pings this child once it has been quiet for a
     /// while: an idle child, or a many-connection child in any serving
     /// state (its channel is read by a thread that serves no connection).
@@ -273,9 +281,9 @@ impl StateCounts {
 }
 
 /// Slot table plus an index of idle slots and one of slots with room.
-#[derive(Debug, Default)]
-pub struct Scoreboard {
-    slots: Vec<Option<Slot>>,
+#[derive(Debug)]
+pub struct Scoreboard<L = ()> {
+    slots: Vec<Option<Slot<L>>>,
     idle_bits: Vec<u64>,
     /// Slots that can take one more connection now.
     room_bits: Vec<u64>,
@@ -287,24 +295,36 @@ pub struct Scoreboard {
     changes: u64,
 }
 
-impl Scoreboard {
-    /// An empty scoreboard.
-    pub fn new() -> Self {
-        Self::default()
+impl<L> Default for Scoreboard<L> {
+    fn default() -> Self {
+        Scoreboard {
+            slots: Vec::new(),
+            idle_bits: Vec::new(),
+            room_bits: Vec::new(),
+            free_places: 0,
+            session_capacity: None,
+            counts: StateCounts::default(),
+            changes: 0,
+        }
     }
+}
 
+#[cfg(test)]
+impl Scoreboard {
     /// Puts a freshly forked child into the lowest free slot and returns it
     /// (the supervisor picks the slot first, with [`Scoreboard::lowest_free`],
     /// because it forks in between).
-    #[cfg(test)]
     pub fn occupy_lowest_free(&mut self, pid: i32, generation: u32, now: Instant) -> usize {
-        let slot = self
-            .slots
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or(self.slots.len());
-        self.occupy(slot, pid, generation, now);
+        let slot = self.lowest_free();
+        self.occupy(slot, pid, generation, now, ());
         slot
+    }
+}
+
+impl<L> Scoreboard<L> {
+    /// An empty scoreboard.
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// The lowest free slot number, without occupying it.
@@ -326,10 +346,11 @@ impl Scoreboard {
         self.session_capacity
     }
 
-    /// Puts a freshly forked child into `slot`, which must be free.
-    pub fn occupy(&mut self, slot: usize, pid: i32, generation: u32, now: Instant) {
+    /// Puts a freshly forked child, and the supervisor's `link` to it, into
+    /// `slot`, which must be free.
+    pub fn occupy(&mut self, slot: usize, pid: i32, generation: u32, now: Instant, link: L) {
         if slot >= self.slots.len() {
-            self.slots.resize(slot + 1, None);
+            self.slots.resize_with(slot + 1, || None);
             self.idle_bits.resize(self.slots.len().div_ceil(64), 0);
             self.room_bits.resize(self.slots.len().div_ceil(64), 0);
         }
@@ -342,6 +363,7 @@ impl Scoreboard {
             since: now,
             last_heard: now,
             load: self.session_capacity.map(SessionLoad::new),
+            link,
         });
         self.counts.starting += 1;
     }
@@ -356,7 +378,7 @@ impl Scoreboard {
     }
 
     /// Frees a slot whose child has been reaped; returns what it held.
-    pub fn vacate(&mut self, slot: usize) -> Option<Slot> {
+    pub fn vacate(&mut self, slot: usize) -> Option<Slot<L>> {
         self.slots.get(slot)?.as_ref()?;
         self.unindex_room(slot);
         let old = self.slots[slot].take()?;
@@ -371,8 +393,24 @@ impl Scoreboard {
     }
 
     /// The slot, if occupied.
-    pub fn get(&self, slot: usize) -> Option<&Slot> {
+    pub fn get(&self, slot: usize) -> Option<&Slot<L>> {
         self.slots.get(slot)?.as_ref()
+    }
+
+    /// The supervisor's link to the child in `slot`, if occupied.
+    pub fn link(&self, slot: usize) -> Option<&L> {
+        Some(&self.slots.get(slot)?.as_ref()?.link)
+    }
+
+    /// The link to the child in `slot`, to change; the slot's state itself
+    /// changes only through the transition methods.
+    pub fn link_mut(&mut self, slot: usize) -> Option<&mut L> {
+        Some(&mut self.slots.get_mut(slot)?.as_mut()?.link)
+    }
+
+    /// One past the highest slot in the table: every occupied slot is below.
+    pub fn span(&self) -> usize {
+        self.slots.len()
     }
 
     /// The slot holding `pid`, if any.
@@ -383,7 +421,7 @@ impl Scoreboard {
     }
 
     /// Occupied slots in slot order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, &Slot)> {
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &Slot<L>)> {
         self.slots
             .iter()
             .enumerate()
@@ -730,7 +768,7 @@ impl Scoreboard {
 
     /// Whether the occupied `slot` can take one more connection, and how
     /// many free places it adds to [`Scoreboard::free_places`].
-    fn room(entry: &Slot) -> (bool, u32) {
+    fn room(entry: &Slot<L>) -> (bool, u32) {
         match (entry.load, entry.state) {
             (None, state) => (state == SlotState::Idle, 0),
             (Some(load), SlotState::Idle | SlotState::Partial) => (load.free() > 0, load.free()),
@@ -1049,7 +1087,7 @@ mod tests {
         let now = Instant::now();
         let mut board = Scoreboard::new();
         board.host_sessions(2);
-        board.occupy(0, 10, 1, now);
+        board.occupy(0, 10, 1, now, ());
         assert!(matches!(
             board.report_load(0, 0, 2, 0, now),
             Err(LoadError::Illegal(_))

@@ -76,7 +76,7 @@ impl Supervisor {
             let msg = ParentMessage::Connection {
                 listener: listener as u16,
             };
-            let sent = match self.links.get(slot).and_then(Option::as_ref) {
+            let sent = match self.board.link(slot) {
                 Some(link) => link.send(msg, Some(fd.as_fd())),
                 None => Err(std::io::Error::other("no channel")),
             };

@@ -32,7 +32,7 @@ impl Supervisor {
             let msg = ParentMessage::Accept {
                 listener: listener as u16,
             };
-            let Some(link) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+            let Some(link) = self.board.link_mut(slot) else {
                 return;
             };
             if let Err(e) = link.send(msg, None) {
@@ -56,9 +56,8 @@ impl Supervisor {
     /// may hold more connections than orders now outstanding.
     pub(crate) fn order_answered(&mut self, slot: usize) {
         let ordered = self
-            .links
-            .get_mut(slot)
-            .and_then(Option::as_mut)
+            .board
+            .link_mut(slot)
             .and_then(|link| link.ordered_on.take());
         if let Some(listener) = ordered {
             let l = &mut self.listeners[listener];

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tracing::error;
 
-use super::{ChildLink, Supervisor};
+use super::{ChildLink, LeaveCause, Supervisor};
 use crate::sys::process::ExitStatus;
 
 /// How long a child must live before its start counts as proven.
@@ -68,7 +68,7 @@ impl StartBackoff {
 impl ChildLink {
     /// Whether this child has shown that the worker can start.
     pub(crate) fn start_proven(&self, now: Instant) -> bool {
-        self.ready && now.duration_since(self.spawned_at) >= START_WINDOW
+        self.is_ready() && now.duration_since(self.spawned_at) >= START_WINDOW
     }
 }
 
@@ -93,21 +93,21 @@ impl Supervisor {
         // A child started since the last failure that is up and proven
         // shows new starts work again; one that was up before proves
         // nothing about them.
-        for l in self.links.iter().flatten() {
-            if l.start_proven(now) {
-                self.start_backoff.proven(l.spawned_at);
+        for (_, child) in self.board.iter() {
+            if child.link.start_proven(now) {
+                self.start_backoff.proven(child.link.spawned_at);
             }
         }
         let delay = self.start_backoff.failed(now);
         let until = now + delay;
         self.spawn_blocked_until = Some(self.spawn_blocked_until.map_or(until, |t| t.max(until)));
-        let how = match &link.leaving {
-            Some(reason) => format!("killed: {reason}"),
-            None => status.to_string(),
+        let how = match link.leaving.as_ref().map(|l| &l.cause) {
+            Some(LeaveCause::Killed(reason)) => format!("killed: {reason}"),
+            _ => status.to_string(),
         };
         // In `none` mode `ready` is set from the start: the first second
         // is all the start-up there is.
-        let when = if link.ready && self.config.dispatch.speaks_protocol() {
+        let when = if link.is_ready() && self.config.dispatch.speaks_protocol() {
             format!("within {START_WINDOW:?} of starting")
         } else {
             "during start-up".to_string()

@@ -6,7 +6,7 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{debug, info, warn};
 
-use super::{ChildLink, ChildOutput, Supervisor, RESOURCE_BACKOFF};
+use super::{ChildLink, ChildOutput, LeaveCause, Leaving, Supervisor, RESOURCE_BACKOFF};
 use crate::channel::Channel;
 use crate::protocol::ParentMessage;
 use crate::scoreboard::SlotState;
@@ -81,20 +81,11 @@ impl Supervisor {
                         warn!(slot, pid, "cannot watch the worker's stderr: {e}");
                     }
                 }
-                self.board.occupy(slot, pid, self.generation, now);
+                let link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
+                self.board.occupy(slot, pid, self.generation, now, link);
                 if !reports {
                     let _ = self.board.assume_busy(slot, now);
                 }
-                if self.links.len() <= slot {
-                    self.links.resize_with(slot + 1, || None);
-                }
-                self.links[slot] = Some(ChildLink::new(
-                    ours,
-                    output,
-                    now,
-                    !reports,
-                    crate::protocol::VERSION,
-                ));
                 self.totals.spawned += 1;
                 info!(slot, pid, generation = self.generation, "child spawned");
                 Ok(None)
@@ -179,22 +170,20 @@ impl Supervisor {
         status: process::ExitStatus,
         now: Instant,
     ) {
-        let mut link = self.links[slot].take();
-        if let Some(link) = link.as_mut() {
-            // What it said last explains how it ended: log it first.
-            self.drain_output(slot, pid, link);
-        }
-        let state = self.board.get(slot).map(|s| s.state);
-        let generation = self.board.get(slot).map_or(0, |s| s.generation);
-        let served = self.board.get(slot).map_or(0, |s| s.served);
-        match link.as_ref().and_then(|l| l.leaving.as_deref()) {
-            Some(reason) if state == Some(SlotState::Killed) => {
+        let Some(mut child) = self.board.vacate(slot) else {
+            return;
+        };
+        // What it said last explains how it ended: log it first.
+        self.drain_output(slot, pid, &mut child.link);
+        let served = child.served;
+        match child.link.leaving.as_ref().map(|l| &l.cause) {
+            Some(LeaveCause::Killed(reason)) => {
                 info!(slot, pid, %status, served, "killed child reaped ({reason})");
             }
-            Some(reason) => {
+            Some(LeaveCause::Asked(reason)) => {
                 info!(slot, pid, %status, served, "child exited ({reason})");
             }
-            None => {
+            Some(LeaveCause::ChannelClosed) | None => {
                 self.totals.died += 1;
                 warn!(
                     slot,
@@ -206,15 +195,19 @@ impl Supervisor {
             }
         }
         self.sweep_group(slot, pid);
-        if let Some(link) = link {
-            let asked_to_stop = link.leaving.is_some() && state != Some(SlotState::Killed);
-            if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
-                self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
-            }
-            self.release_order(&link);
-            self.deregister_channel(&link.channel);
+        let link = child.link;
+        let asked_to_stop = matches!(
+            link.leaving,
+            Some(Leaving {
+                cause: LeaveCause::Asked(_),
+                ..
+            })
+        );
+        if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
+            self.rollout_start_failed(child.generation, &how, &link.stderr_tail, now);
         }
-        self.board.vacate(slot);
+        self.release_order(&link);
+        self.deregister_channel(&link.channel);
     }
 
     /// Frees `slot` whose worker was ordered from a template that will
@@ -224,27 +217,29 @@ impl Supervisor {
         if self.board.get(slot).is_some_and(|s| s.pid != 0) {
             return;
         }
-        if let Some(mut link) = self.links.get_mut(slot).and_then(Option::take) {
-            if let Some(output) = link.output.take() {
+        if let Some(mut child) = self.board.vacate(slot) {
+            if let Some(output) = child.link.output.take() {
                 self.forget_output(&output);
             }
-            self.release_order(&link);
-            self.deregister_channel(&link.channel);
+            self.release_order(&child.link);
+            self.deregister_channel(&child.link.channel);
         }
-        self.board.vacate(slot);
     }
 
     /// Tells a child to finish its connection, if any, and exit.
     pub(crate) fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
-        let Some(link) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+        let Some(child) = self.board.get(slot) else {
             return;
         };
-        if link.leaving.is_some() {
+        if child.link.told_to_leave() {
             return;
         }
-        link.leaving = Some(reason.to_string());
-        link.leave_deadline = Some(now + self.config.shutdown_timeout);
-        let pid = self.board.get(slot).map_or(0, |s| s.pid);
+        let pid = child.pid;
+        let link = self.board.link_mut(slot).expect("checked above");
+        link.leaving = Some(Leaving {
+            cause: LeaveCause::Asked(reason.to_string()),
+            deadline: Some(now + self.config.shutdown_timeout),
+        });
         let sent = if self.config.dispatch.speaks_protocol() {
             link.send(ParentMessage::Quit, None)
         } else {
@@ -293,9 +288,11 @@ impl Supervisor {
         let _ = self.board.kill(slot, now);
         self.totals.killed += 1;
         self.totals.killed_by.add(why);
-        if let Some(link) = self.links[slot].as_mut() {
-            link.leaving = Some(detail);
-            link.leave_deadline = None;
+        if let Some(link) = self.board.link_mut(slot) {
+            link.leaving = Some(Leaving {
+                cause: LeaveCause::Killed(detail),
+                deadline: None,
+            });
             link.ping = None;
             let ordered = link.ordered_on.take();
             if let Some(i) = ordered {

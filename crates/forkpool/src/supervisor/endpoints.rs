@@ -474,12 +474,7 @@ impl Supervisor {
                     uss_bytes: None,
                     peer: None,
                     last_capture: None,
-                    ready_after_ms: self
-                        .links
-                        .get(slot)
-                        .and_then(Option::as_ref)
-                        .and_then(|l| l.ready_after)
-                        .map(|d| d.as_millis() as u64),
+                    ready_after_ms: s.link.ready_after().map(|d| d.as_millis() as u64),
                 };
                 self.resources.fill(&mut status);
                 status

@@ -16,12 +16,12 @@ impl Supervisor {
     /// not answered within `ping_timeout`, a connection held past
     /// `busy_timeout`, a stop that never happened.
     pub(super) fn check_liveness(&mut self, now: Instant) {
-        for slot in 0..self.links.len() {
+        for slot in 0..self.board.span() {
             match self.next_check(slot) {
                 Some((due, Check::PingDue)) if now >= due => self.ping(slot, now),
                 Some((due, check)) if now >= due => {
                     let (why, detail) = self.describe(slot, check, now);
-                    let ordered_on = self.links[slot].as_ref().and_then(|l| l.ordered_on);
+                    let ordered_on = self.board.link(slot).and_then(|l| l.ordered_on);
                     let kill_now = if check == Check::Busy {
                         // Capture where it is stuck first (see slow.rs).
                         self.capture_before_kill(slot, why, detail, now)
@@ -44,7 +44,7 @@ impl Supervisor {
 
     /// The earliest liveness deadline, for the loop's timer.
     pub(super) fn liveness_deadline(&self) -> Option<Instant> {
-        (0..self.links.len())
+        (0..self.board.span())
             .filter_map(|slot| self.next_check(slot).map(|(due, _)| due))
             .min()
     }
@@ -53,9 +53,9 @@ impl Supervisor {
     /// Both acting on deadlines and setting the loop's timer use this, so
     /// the rules are stated once.
     fn next_check(&self, slot: usize) -> Option<(Instant, Check)> {
-        let link = self.links.get(slot)?.as_ref()?;
         let entry = self.board.get(slot)?;
-        if let Some(deadline) = link.leave_deadline {
+        let link = &entry.link;
+        if let Some(deadline) = link.leave_deadline() {
             return (entry.state != SlotState::Killed).then_some((deadline, Check::Stop));
         }
         if !self.config.dispatch.speaks_protocol() {
@@ -86,7 +86,7 @@ impl Supervisor {
 
     /// Why a child that missed `check` is killed, for the log and totals.
     fn describe(&self, slot: usize, check: Check, now: Instant) -> (KillReason, String) {
-        let channel_closed = self.links[slot].as_ref().is_some_and(|l| l.channel_closed);
+        let channel_closed = self.board.link(slot).is_some_and(|l| l.channel_closed);
         match check {
             Check::Stop if channel_closed => (
                 KillReason::ChannelFailed,
@@ -141,7 +141,7 @@ impl Supervisor {
     fn ping(&mut self, slot: usize, now: Instant) {
         self.ping_seq = self.ping_seq.wrapping_add(1);
         let seq = self.ping_seq;
-        let Some(link) = self.links[slot].as_mut() else {
+        let Some(link) = self.board.link_mut(slot) else {
             return;
         };
         match link.send(ParentMessage::Ping { seq }, None) {

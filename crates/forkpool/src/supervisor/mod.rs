@@ -23,6 +23,7 @@ mod containment;
 mod endpoints;
 mod event;
 mod generation;
+mod link;
 mod liveness;
 mod load;
 mod message_rules;
@@ -48,17 +49,16 @@ pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FR
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll};
 use tracing::{info, warn};
 
-use crate::channel::{Channel, Incoming};
+use crate::channel::Channel;
 use crate::config::PoolConfig;
 use crate::listener::Listener;
-use crate::protocol::{ChildMessage, ParentMessage, WorkerOrder, TEMPLATE_VERSION};
 use crate::scaling::{self, Decision, ScalingMemory};
 use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
@@ -66,6 +66,7 @@ use crate::worker::ChildStart;
 
 use backoff::StartBackoff;
 use event::Event;
+pub(crate) use link::{ChildLink, LeaveCause, Leaving, Readiness};
 use output::ChildOutput;
 use signals::{SignalPipe, Signals};
 
@@ -75,92 +76,6 @@ const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
 const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// After a failed fork or accept for lack of resources, wait this long.
 const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
-
-/// The supervisor's side of one child.
-#[derive(Debug)]
-pub(crate) struct ChildLink {
-    pub channel: Channel,
-    /// The ping we are waiting on: its sequence number and when it was sent.
-    pub ping: Option<(u32, Instant)>,
-    /// The sequence number of the last ping sent to this child.
-    pub pinged_up_to: u32,
-    /// The sequence number of the last ping it answered.
-    pub answered_up_to: u32,
-    /// Its back-channel message budget (`budget.rs`).
-    pub messages: budget::Budget,
-    /// In `order` dispatch, the listener the child was told to accept from.
-    pub ordered_on: Option<usize>,
-    /// Why the child is on its way out, once it is.
-    pub leaving: Option<String>,
-    /// When to SIGKILL a leaving child that has not exited.
-    pub leave_deadline: Option<Instant>,
-    /// The channel closed; the process should be reaped soon.
-    pub channel_closed: bool,
-    /// When the child was forked.
-    pub spawned_at: Instant,
-    /// It said `Ready` (always true in `none` dispatch, which has no
-    /// `Ready` to wait for).
-    pub ready: bool,
-    /// An exec'd worker's stderr, while it is open.
-    pub output: Option<ChildOutput>,
-    /// The last lines of its stderr once the pipe closed (for the log of
-    /// a failed reload).
-    pub stderr_tail: Vec<String>,
-    /// How long it took from its fork (or fork order) to `Ready`.
-    pub ready_after: Option<Duration>,
-    /// The protocol version it speaks: 2 for a worker forked from a
-    /// template (`--preload`), 1 otherwise.
-    pub version: u8,
-}
-
-impl ChildLink {
-    /// The supervisor's side of a child just forked (or ordered from a
-    /// template) at `now`, speaking protocol `version`. `ready` from the
-    /// start for children that never say so (`none` dispatch).
-    pub fn new(
-        channel: Channel,
-        output: Option<ChildOutput>,
-        now: Instant,
-        ready: bool,
-        version: u8,
-    ) -> ChildLink {
-        ChildLink {
-            channel,
-            ping: None,
-            pinged_up_to: 0,
-            answered_up_to: 0,
-            messages: budget::message_budget(),
-            ordered_on: None,
-            leaving: None,
-            leave_deadline: None,
-            channel_closed: false,
-            spawned_at: now,
-            ready,
-            output,
-            stderr_tail: Vec::new(),
-            ready_after: None,
-            version,
-        }
-    }
-
-    /// Sends `msg` (with `fd`, for a connection) in the child's version.
-    pub fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-        if self.version == TEMPLATE_VERSION {
-            self.channel.send_order(WorkerOrder::Parent(msg), fd)
-        } else {
-            self.channel.send_to_child(msg, fd)
-        }
-    }
-
-    /// Receives one report, decoded in the child's version.
-    pub fn receive(&self) -> io::Result<Incoming<ChildMessage>> {
-        if self.version == TEMPLATE_VERSION {
-            self.channel.recv_from_child_v2()
-        } else {
-            self.channel.recv_from_child()
-        }
-    }
-}
 
 /// A listener and whether the loop is watching it.
 #[derive(Debug)]
@@ -198,8 +113,8 @@ pub(crate) struct Supervisor {
     pub config: PoolConfig,
     poll: Poll,
     pub listeners: Vec<WatchedListener>,
-    pub board: Scoreboard,
-    pub links: Vec<Option<ChildLink>>,
+    /// The children, slot by slot, each with the supervisor's link to it.
+    pub board: Scoreboard<ChildLink>,
     /// Children with reports left unread last turn.
     unread: Vec<usize>,
     /// Connections accepted whose child died before it could take them;
@@ -294,7 +209,6 @@ impl Supervisor {
             poll,
             listeners,
             board: Scoreboard::new(),
-            links: Vec::new(),
             unread: Vec::new(),
             parked: VecDeque::new(),
             totals: Totals::default(),
@@ -484,8 +398,10 @@ impl Supervisor {
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.retire(slot, "shutdown", now);
-            if let Some(link) = self.links[slot].as_mut() {
-                link.leave_deadline = Some(deadline);
+            if let Some(Leaving { deadline: d, .. }) =
+                self.board.link_mut(slot).and_then(|l| l.leaving.as_mut())
+            {
+                *d = Some(deadline);
             }
         }
     }

@@ -154,7 +154,7 @@ impl Supervisor {
     /// The worker in `slot` wrote to its stderr.
     pub(super) fn read_output(&mut self, slot: usize) {
         let pid = self.board.get(slot).map_or(0, |s| s.pid);
-        let Some(link) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+        let Some(link) = self.board.link_mut(slot) else {
             return;
         };
         let Some(output) = link.output.as_mut() else {

@@ -132,8 +132,8 @@ impl Supervisor {
     fn recycle_due(&mut self, slot: usize, fresh_memory: bool, now: Instant) -> Option<Recycle> {
         let entry = self.board.get(slot)?;
         let (pid, served) = (entry.pid, entry.served);
-        let link = self.links.get(slot)?.as_ref()?;
-        if link.leaving.is_some() {
+        let link = &entry.link;
+        if link.told_to_leave() {
             return None;
         }
         let age = now.saturating_duration_since(link.spawned_at);

@@ -61,7 +61,7 @@ impl Supervisor {
                 return;
             }
         };
-        let Some(link) = self.links.first().and_then(Option::as_ref) else {
+        let Some(link) = self.board.link(0) else {
             return;
         };
         if let Err(e) = link
@@ -75,13 +75,12 @@ impl Supervisor {
         self.templates.reforks += 1;
         self.totals.reforks += 1;
         // The slot is no longer a worker: free it without a reap.
-        let mut link = self.links[0].take().expect("checked above");
+        let mut link = self.board.vacate(0).expect("checked above").link;
         self.deregister_channel(&link.channel);
         let output = link.output.take();
         if let Some(output) = &output {
             self.forget_output(output);
         }
-        self.board.vacate(0);
         let config = self.config.clone();
         self.begin_rollout(config);
         let generation = self.generation;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 
 use super::budget::MESSAGES_PER_SECOND;
-use super::{message_rules, Supervisor};
+use super::{message_rules, Readiness, Supervisor};
 use crate::channel::Incoming;
 use crate::protocol::ChildMessage;
 use crate::scoreboard::{IllegalTransition, SlotState};
@@ -34,7 +34,7 @@ impl Supervisor {
                 self.unread.push(slot);
                 return;
             }
-            let Some(link) = self.links.get(slot).and_then(Option::as_ref) else {
+            let Some(link) = self.board.link(slot) else {
                 return;
             };
             if link.channel_closed {
@@ -54,8 +54,9 @@ impl Supervisor {
             };
             match incoming {
                 Incoming::Message(msg, _) => {
-                    let over_budget = self.links[slot]
-                        .as_mut()
+                    let over_budget = self
+                        .board
+                        .link_mut(slot)
                         .is_some_and(|l| !l.messages.spend(now, 1));
                     if over_budget {
                         let why = format!(
@@ -104,8 +105,9 @@ impl Supervisor {
                 if i64::from(pid) != i64::from(expected) {
                     return Err(format!("said it is pid {pid}, but it is pid {expected}"));
                 }
-                if self.links[slot]
-                    .as_ref()
+                if self
+                    .board
+                    .link(slot)
                     .is_some_and(|l| l.version == crate::protocol::TEMPLATE_VERSION)
                 {
                     // Forked by a template, it is in the template's
@@ -115,9 +117,9 @@ impl Supervisor {
                     let _ = crate::sys::process::own_process_group(expected);
                 }
                 self.board.ready(slot, now).map_err(illegal)?;
-                if let Some(link) = self.links[slot].as_mut() {
-                    link.ready = true;
-                    link.ready_after = Some(now.saturating_duration_since(link.spawned_at));
+                if let Some(link) = self.board.link_mut(slot) {
+                    link.readiness =
+                        Readiness::Said(now.saturating_duration_since(link.spawned_at));
                 }
                 self.child_available(now);
             }
@@ -135,7 +137,7 @@ impl Supervisor {
                 // In `shared` mode a ping can cross this report: the child
                 // answers it after its connection. Stop the clock, but still
                 // accept that answer.
-                let link = self.links[slot].as_mut().expect("checked by caller");
+                let link = self.board.link_mut(slot).expect("checked by caller");
                 link.ping = None;
                 self.totals.accepted += 1;
                 self.order_answered(slot);
@@ -163,7 +165,7 @@ impl Supervisor {
                 self.child_available(now);
             }
             ChildMessage::Pong { seq } => {
-                let link = self.links[slot].as_mut().expect("checked by caller");
+                let link = self.board.link_mut(slot).expect("checked by caller");
                 // Sequence numbers only grow, so any pong up to the last
                 // ping sent is a real answer, possibly a late one (in
                 // `shared` mode a ping can cross a `Busy`); a pong for a
@@ -212,19 +214,17 @@ impl Supervisor {
         } else {
             self.config.ping_timeout.min(CLOSED_CHANNEL_GRACE)
         };
-        let Some(link) = self.links[slot].as_mut() else {
+        let Some(link) = self.board.link_mut(slot) else {
             return;
         };
         link.channel_closed = true;
         link.ping = None;
-        if link.leave_deadline.is_none_or(|t| t > now + grace) {
-            link.leave_deadline = Some(now + grace);
-        }
-        if let Some(link) = self.links[slot].as_ref() {
+        link.leave_by(now + grace);
+        if let Some(link) = self.board.link(slot) {
             self.deregister_channel(&link.channel);
         }
         // No more work can reach it: take it out of the idle set. Its
-        // `leaving` reason stays empty, so the reaper reports a death.
+        // leaving cause is a closed channel, so the reaper reports a death.
         let state = self.board.get(slot).map(|s| s.state);
         if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
             let _ = self.board.retire(slot, now);

@@ -144,8 +144,7 @@ impl Supervisor {
         self.board
             .iter()
             .filter(|(_, s)| s.generation == r.new && is_live(s.state))
-            .filter_map(|(slot, _)| self.links.get(slot)?.as_ref())
-            .map(|l| l.spawned_at + START_WINDOW)
+            .map(|(_, s)| s.link.spawned_at + START_WINDOW)
             .filter(|t| *t > now)
             .min()
     }
@@ -210,21 +209,21 @@ impl Supervisor {
     fn generation_counts(&self, new: u32, now: Instant) -> GenerationCounts {
         let mut c = GenerationCounts::default();
         let by_time = !self.config.dispatch.speaks_protocol();
-        for (slot, s) in self.board.iter() {
-            let link = self.links.get(slot).and_then(Option::as_ref);
+        for (_, s) in self.board.iter() {
             if s.generation != new {
                 c.old_live += u32::from(is_live(s.state));
                 continue;
             }
             // A new child that closed its channel on its own is on its way
             // to a start-up failure, not gone: no second canary meanwhile.
-            let Some(link) = link.filter(|l| l.leaving.is_none()) else {
+            let link = &s.link;
+            if link.told_to_leave() {
                 continue;
-            };
+            }
             c.new_live += 1;
             // Workers that never say `Ready` prove themselves by living
             // through the start window.
-            let ready = is_live(s.state) && link.ready && (!by_time || link.start_proven(now));
+            let ready = is_live(s.state) && link.is_ready() && (!by_time || link.start_proven(now));
             c.new_ready += u32::from(ready);
         }
         c

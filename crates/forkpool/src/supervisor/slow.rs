@@ -217,11 +217,7 @@ impl Supervisor {
         let peer = self.resources.peer(slot, pid);
         let busy = now.saturating_duration_since(since);
         let capture = SlowCapture::take(slot, pid, peer, busy);
-        let reads_stderr = self
-            .links
-            .get(slot)
-            .and_then(Option::as_ref)
-            .is_some_and(|l| l.output.is_some());
+        let reads_stderr = self.board.link(slot).is_some_and(|l| l.output.is_some());
         let mut pending = Pending {
             capture,
             connection: since,

@@ -413,11 +413,8 @@ impl Supervisor {
                 None
             }
         };
-        self.board.occupy(slot, 0, generation, now);
-        if self.links.len() <= slot {
-            self.links.resize_with(slot + 1, || None);
-        }
-        self.links[slot] = Some(ChildLink::new(ours, output, now, false, TEMPLATE_VERSION));
+        let link = ChildLink::new(ours, output, now, true, TEMPLATE_VERSION);
+        self.board.occupy(slot, 0, generation, now, link);
         self.totals.spawned += 1;
         Ok(())
     }
