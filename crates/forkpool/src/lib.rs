@@ -34,6 +34,7 @@ pub mod fleet;
 pub mod listener;
 mod metrics;
 pub mod observe;
+mod policy;
 pub mod pool;
 pub mod scaling;
 pub(crate) mod scoreboard;

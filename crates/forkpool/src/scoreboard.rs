@@ -118,19 +118,6 @@ pub struct Slot<L = ()> {
     pub link: L,
 }
 
-impl<L> Slot<L> {
-    /// Whether the supervisor pings this child once it has been quiet for a
-    /// while: an idle child, or a many-connection child in any serving
-    /// state (its channel is read by a thread that serves no connection).
-    pub fn awaits_pings(&self) -> bool {
-        match self.state {
-            SlotState::Idle => true,
-            SlotState::Partial | SlotState::Busy => self.load.is_some(),
-            _ => false,
-        }
-    }
-}
-
 /// The most connections a many-connection child may have on their way to it
 /// (handed, not yet counted in a report). The back-channel holds a few
 /// hundred messages before a send would fail; this keeps well below that,

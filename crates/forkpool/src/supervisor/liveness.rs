@@ -5,8 +5,8 @@ use std::time::Instant;
 use tracing::debug;
 
 use super::Supervisor;
+use crate::policy::liveness::{self, Check, ChildFacts, Deadlines};
 use crate::protocol::ParentMessage;
-use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 
 impl Supervisor {
@@ -49,39 +49,21 @@ impl Supervisor {
             .min()
     }
 
-    /// The one rule that applies to the child in `slot` next, and when.
-    /// Both acting on deadlines and setting the loop's timer use this, so
-    /// the rules are stated once.
+    /// The one rule that applies to the child in `slot` next, and when
+    /// (`policy::liveness`). Both acting on deadlines and setting the
+    /// loop's timer use this, so the rules are stated once.
     fn next_check(&self, slot: usize) -> Option<(Instant, Check)> {
         let entry = self.board.get(slot)?;
-        let link = &entry.link;
-        if let Some(deadline) = link.leave_deadline() {
-            return (entry.state != SlotState::Killed).then_some((deadline, Check::Stop));
-        }
-        if !self.config.dispatch.speaks_protocol() {
-            // Workers that never report have no start, ping or busy limits.
-            return None;
-        }
-        if self.slow.pending_for(slot) {
-            // A capture is gathering its stack; a kill it holds follows.
-            return None;
-        }
-        if let Some((_, sent)) = link.ping {
-            return Some((sent + self.config.ping_timeout, Check::PingAnswer));
-        }
-        match entry.state {
-            SlotState::Starting => Some((entry.since + self.start_timeout(), Check::Start)),
-            // An accept order takes one `accept` call: a child still
-            // sitting on it after a ping timeout is hung.
-            SlotState::Ordered => Some((entry.since + self.config.ping_timeout, Check::Order)),
-            _ if entry.awaits_pings() => {
-                Some((entry.last_heard + self.config.ping_interval, Check::PingDue))
-            }
-            SlotState::Busy if entry.load.is_none() && !self.config.busy_timeout.is_zero() => {
-                Some((entry.since + self.config.busy_timeout, Check::Busy))
-            }
-            _ => None,
-        }
+        let facts = ChildFacts {
+            state: entry.state,
+            since: entry.since,
+            last_heard: entry.last_heard,
+            leave_deadline: entry.link.leave_deadline(),
+            ping_sent: entry.link.ping.map(|(_, sent)| sent),
+            many_connections: entry.load.is_some(),
+            capture_pending: self.slow.pending_for(slot),
+        };
+        liveness::next_check(&facts, &Deadlines::of(&self.config))
     }
 
     /// Why a child that missed `check` is killed, for the log and totals.
@@ -160,25 +142,7 @@ impl Supervisor {
     }
 }
 
-/// A child (or a template) must say `Ready` within one ping interval plus
-/// one ping timeout.
+/// A child (or a template) must say `Ready` within this.
 pub(super) fn start_timeout(config: &crate::config::PoolConfig) -> std::time::Duration {
-    config.ping_interval + config.ping_timeout
-}
-
-/// What the next liveness deadline of a child is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Check {
-    /// Told to quit (or its channel closed): it must exit.
-    Stop,
-    /// A ping is outstanding: it must answer.
-    PingAnswer,
-    /// Forked: it must say `Ready`.
-    Start,
-    /// Ordered to accept (`order` dispatch): it must say `B` or `M`.
-    Order,
-    /// Idle and quiet: time to ping it.
-    PingDue,
-    /// Serving one connection: it must finish within `busy_timeout`.
-    Busy,
+    Deadlines::of(config).start_timeout()
 }

@@ -1,0 +1,5 @@
+//! The rules, apart from the mechanism.
+//!
+//! - `liveness.rs`: which deadline a child must meet next, and when.
+
+pub(crate) mod liveness;
