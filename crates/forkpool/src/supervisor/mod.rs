@@ -5,15 +5,20 @@
 //! or the next deadline), handles it, then lets the scaling policy look at
 //! the pool and carries out what it says. Every step is a named verb in one
 //! of the files beside this one:
+//! - `link.rs`: the supervisor's side of one child, kept in the child's
+//!   scoreboard slot (one table: slot -> pid, state, link);
 //! - `children.rs`: spawn, reap, retire, kill;
 //! - `reports.rs`: what a child's message means for its slot;
-//! - `liveness.rs`: pings, start and stop deadlines;
+//! - `liveness.rs`: pings, start and stop deadlines, as `policy::liveness`
+//!   decides them;
 //! - `backoff.rs`: holding spawns back while workers fail at start-up;
 //! - `output.rs`: exec'd workers' stderr, logged with the slot;
-//! - `signals.rs`: signal flags and the self-pipe that wakes the loop.
+//! - `signals.rs`: signal flags and the self-pipe that wakes the loop;
+//! - `event.rs`: everything the loop waits on, as one enum.
 //!
-//! How a connection reaches a child is in [`crate::dispatch`]; how many
-//! children there should be is [`crate::scaling::decide`].
+//! How a connection reaches a child is in [`crate::dispatch`]; the rules
+//! the supervisor follows (how many children, which child, which deadline)
+//! are pure functions in `crate::policy`.
 
 mod backoff;
 mod balancer;
