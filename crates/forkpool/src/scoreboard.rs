@@ -118,12 +118,7 @@ pub struct Slot<L = ()> {
     pub link: L,
 }
 
-/// The most connections a many-connection child may have on their way to it
-/// (handed, not yet counted in a report). The back-channel holds a few
-/// hundred messages before a send would fail; this keeps well below that,
-/// and a burst waits in the listen backlog for the child to catch up rather
-/// than spilling over to a higher slot.
-pub const MAX_IN_FLIGHT: u32 = 64;
+use crate::policy::dispatch;
 
 /// How full a many-connection child is, as the supervisor counts it.
 ///
@@ -451,11 +446,9 @@ impl<L> Scoreboard<L> {
             .map(|(i, word)| i * 64 + 63 - word.leading_zeros() as usize)
     }
 
-    /// The lowest-numbered slot that can take one more connection: the
-    /// lowest idle one when children serve one connection at a time, the
-    /// lowest under its capacity when they serve many. `None` also while
-    /// that child has [`MAX_IN_FLIGHT`] connections on their way to it: the
-    /// next one waits for it rather than going to a higher slot.
+    /// The lowest-numbered slot that can take one more connection, by the
+    /// rule in `policy::dispatch::lowest_with_room` (a property test checks
+    /// this bitset lookup gives the same answer).
     pub fn lowest_with_room(&self) -> Option<usize> {
         let slot = self
             .room_bits
@@ -463,10 +456,7 @@ impl<L> Scoreboard<L> {
             .enumerate()
             .find(|(_, word)| **word != 0)
             .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)?;
-        match self.get(slot)?.load {
-            Some(load) if load.in_flight() >= MAX_IN_FLIGHT => None,
-            _ => Some(slot),
-        }
+        (!dispatch::held_back(self.get(slot)?.load.as_ref())).then_some(slot)
     }
 
     /// Whether a connection can be handed out now
@@ -756,11 +746,8 @@ impl<L> Scoreboard<L> {
     /// Whether the occupied `slot` can take one more connection, and how
     /// many free places it adds to [`Scoreboard::free_places`].
     fn room(entry: &Slot<L>) -> (bool, u32) {
-        match (entry.load, entry.state) {
-            (None, state) => (state == SlotState::Idle, 0),
-            (Some(load), SlotState::Idle | SlotState::Partial) => (load.free() > 0, load.free()),
-            (Some(_), _) => (false, 0),
-        }
+        let room = dispatch::has_room(entry.state, entry.load.as_ref());
+        (room, entry.load.filter(|_| room).map_or(0, |l| l.free()))
     }
 
     fn room_at(&self, slot: usize) -> bool {
@@ -1025,7 +1012,7 @@ mod tests {
     #[test]
     fn a_child_far_behind_holds_the_next_connection_back() {
         let (mut board, now) = session_board(2, 1000);
-        for _ in 0..MAX_IN_FLIGHT {
+        for _ in 0..dispatch::MAX_IN_FLIGHT {
             assert_eq!(board.lowest_with_room(), Some(0));
             board.hand_connection(0, now).unwrap();
         }
@@ -1148,5 +1135,89 @@ mod tests {
         assert_eq!(c.live(), 3);
         board.vacate(3);
         assert_eq!(board.counts().leaving, 0);
+    }
+
+    mod agrees_with_the_policy {
+        use super::*;
+        use crate::policy::dispatch;
+        use proptest::prelude::*;
+
+        /// One thing that can happen to a slot.
+        #[derive(Debug, Clone)]
+        enum Op {
+            Occupy,
+            Ready,
+            Hand,
+            Idle,
+            Order,
+            Busy,
+            Load { open: u32, received: u32 },
+            Retire,
+            Kill,
+            Vacate,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                Just(Op::Occupy),
+                Just(Op::Ready),
+                Just(Op::Hand),
+                Just(Op::Idle),
+                Just(Op::Order),
+                Just(Op::Busy),
+                (0u32..8, 0u32..80).prop_map(|(open, received)| Op::Load { open, received }),
+                Just(Op::Retire),
+                Just(Op::Kill),
+                Just(Op::Vacate),
+            ]
+        }
+
+        fn apply(board: &mut Scoreboard, slot: usize, op: &Op, now: Instant) {
+            // Refused moves are part of the game: the board must stay
+            // consistent whatever a child sends.
+            match op {
+                Op::Occupy if board.get(slot).is_none() => {
+                    board.occupy(slot, 100 + slot as i32, 1, now, ())
+                }
+                Op::Occupy => {}
+                Op::Ready => drop(board.ready(slot, now)),
+                Op::Hand => drop(board.hand_connection(slot, now)),
+                Op::Idle => drop(board.idle(slot, now)),
+                Op::Order => drop(board.order_accept(slot, now)),
+                Op::Busy => drop(board.busy(slot, now)),
+                Op::Load { open, received } => {
+                    drop(board.report_load(slot, *open, 6, *received, now))
+                }
+                Op::Retire => drop(board.retire(slot, now)),
+                Op::Kill => drop(board.kill(slot, now)),
+                Op::Vacate => drop(board.vacate(slot)),
+            }
+        }
+
+        fn policy_answer(board: &Scoreboard) -> Option<usize> {
+            dispatch::lowest_with_room(
+                board
+                    .iter()
+                    .map(|(slot, s)| (slot, s.state, s.load.as_ref())),
+            )
+        }
+
+        proptest! {
+            #[test]
+            fn the_bitset_lookup_gives_the_policys_slot(
+                sessions in any::<bool>(),
+                ops in prop::collection::vec((0usize..70, op()), 0..400),
+            ) {
+                let now = Instant::now();
+                let mut board = Scoreboard::new();
+                if sessions {
+                    board.host_sessions(6);
+                }
+                for (slot, op) in &ops {
+                    apply(&mut board, *slot, op, now);
+                    prop_assert_eq!(board.lowest_with_room(), policy_answer(&board));
+                }
+            }
+        }
     }
 }

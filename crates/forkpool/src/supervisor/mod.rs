@@ -64,6 +64,8 @@ use tracing::{info, warn};
 use crate::channel::Channel;
 use crate::config::PoolConfig;
 use crate::listener::Listener;
+use crate::policy::dispatch;
+use crate::policy::shutdown::{self, Stop};
 use crate::scaling::{self, Decision, ScalingMemory};
 use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
@@ -359,19 +361,17 @@ impl Supervisor {
         if spare_change != 0 {
             self.adjust_spare(spare_change);
         }
-        if self.signals.take_quit() {
-            info!("SIGQUIT: stopping now");
-            self.stop_now(now);
-        }
+        let quit = self.signals.take_quit();
         let interrupts = self.signals.take_interrupts();
-        if interrupts > 0 && self.shutdown.is_some() {
-            info!("second interrupt: stopping now");
-            self.stop_now(now);
-        } else if interrupts > 1 {
-            info!("interrupted twice: stopping now");
-            self.stop_now(now);
-        } else if interrupts == 1 || self.signals.take_terminate() {
-            self.stop_requested(now);
+        let terminate = self.signals.take_terminate();
+        let stopping = self.shutdown.is_some();
+        match shutdown::on_stop_signals(interrupts, terminate, quit, stopping) {
+            Some(Stop::Now) => {
+                info!(quit, interrupts, stopping, "stopping now");
+                self.stop_now(now);
+            }
+            Some(Stop::Graceful) => self.stop_requested(now),
+            None => {}
         }
         Ok(())
     }
@@ -537,14 +537,12 @@ impl Supervisor {
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.templates_deadline());
-        // (Children that never report are never idle: nothing to look at.)
-        if !self.board.has_room()
-            && self.board.counts().live() > 0
-            && self.config.dispatch.speaks_protocol()
-        {
-            // Saturated or starting: look at the backlog again soon.
-            consider(Some(now + Duration::from_millis(50)));
-        }
+        consider(dispatch::backlog_recheck_due(
+            self.board.has_room(),
+            self.board.counts().live(),
+            self.config.dispatch.speaks_protocol(),
+            now,
+        ));
         next
     }
 
