@@ -445,7 +445,7 @@ impl Worker<'_> {
     /// and must not learn of the limit only after a connection too many.
     fn take_waiting(&self, listener: u16) -> Option<OwnedFd> {
         if self.mode != DispatchMode::Handoff
-            || (self.max_requests > 0 && self.served >= self.max_requests)
+            || crate::policy::recycle::requests_exhausted(self.served, self.max_requests)
         {
             return None;
         }

@@ -1,10 +1,15 @@
 //! The rules, apart from the mechanism.
 //!
+//! - `scaling.rs`: how many children there should be (public: [`crate::scaling`]);
 //! - `dispatch.rs`: which child gets the next connection, and when to look
 //!   at the backlog again when none can;
+//! - `recycle.rs`: when a child has done enough (connections, memory,
+//!   age) and is replaced, one rule for both sides of the fork;
 //! - `liveness.rs`: which deadline a child must meet next, and when;
 //! - `shutdown.rs`: which stop a burst of stop signals asks for.
 
 pub(crate) mod dispatch;
 pub(crate) mod liveness;
+pub(crate) mod recycle;
+pub mod scaling;
 pub(crate) mod shutdown;

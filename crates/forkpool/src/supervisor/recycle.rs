@@ -1,7 +1,9 @@
 //! Recycling children before they cost too much: after N connections
 //! (spread by a random jitter), once their unshared memory passes a limit,
-//! or once they are older than a lifetime. A recycled child finishes its
-//! current connection, then exits, and the pool starts a fresh one.
+//! or once they are older than a lifetime (the rule is
+//! `policy::recycle`; here are the per-child draws, the memory samples
+//! and the retiring). A recycled child finishes its current connection,
+//! then exits, and the pool starts a fresh one.
 //!
 //! Memory is judged on USS, not RSS: children share most pages with the
 //! supervisor copy-on-write, and RSS counts those in full in every child,
@@ -13,55 +15,12 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 use super::Supervisor;
+use crate::policy::recycle::{self, due, ChildLimits, ChildState, Recycle};
 use crate::scoreboard::SlotState;
 
 /// The environment variable that fixes the jitter's random seed, so a test
 /// (or an operator reproducing a pattern) gets the same limits every run.
 pub const JITTER_SEED_ENV: &str = "FORKPOOL_JITTER_SEED";
-
-/// Why a child is recycled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Recycle {
-    /// It served its (jittered) number of connections.
-    Requests(u64),
-    /// Its USS, in bytes, is above `max_child_memory`.
-    Memory(u64),
-    /// It is older than its (jittered) lifetime.
-    Lifetime(Duration),
-}
-
-/// One child's own limits, drawn once when it is first seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ChildLimits {
-    pid: i32,
-    /// Connections before recycling; 0 = no limit.
-    pub max_requests: u64,
-    /// Age before recycling; zero = no limit.
-    pub lifetime: Duration,
-}
-
-/// What one child looks like to the policy.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ChildState {
-    pub served: u64,
-    pub age: Duration,
-    pub uss: Option<u64>,
-}
-
-/// The policy: the first limit `child` is past, if any. `max_memory` 0
-/// means no memory limit. Pure.
-pub(crate) fn due(limits: &ChildLimits, max_memory: u64, child: ChildState) -> Option<Recycle> {
-    if limits.max_requests > 0 && child.served >= limits.max_requests {
-        return Some(Recycle::Requests(child.served));
-    }
-    if let Some(uss) = child.uss.filter(|&u| max_memory > 0 && u > max_memory) {
-        return Some(Recycle::Memory(uss));
-    }
-    if !limits.lifetime.is_zero() && child.age >= limits.lifetime {
-        return Some(Recycle::Lifetime(child.age));
-    }
-    None
-}
 
 /// Draws per-child limits with a seedable generator.
 #[derive(Debug)]
@@ -105,22 +64,7 @@ impl Recycler {
         if let Some(l) = self.limits[slot].filter(|l| l.pid == pid) {
             return l;
         }
-        let max_requests = if max_requests == 0 {
-            0
-        } else {
-            max_requests.saturating_add(self.rng.u64(0..=jitter))
-        };
-        let spread = lifetime.as_nanos() as u64 / 10;
-        let lifetime = if lifetime.is_zero() {
-            lifetime
-        } else {
-            lifetime + Duration::from_nanos(self.rng.u64(0..=spread))
-        };
-        let l = ChildLimits {
-            pid,
-            max_requests,
-            lifetime,
-        };
+        let l = recycle::draw(&mut self.rng, pid, max_requests, jitter, lifetime);
         self.limits[slot] = Some(l);
         l
     }
@@ -215,58 +159,6 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    const NONE: ChildLimits = ChildLimits {
-        pid: 1,
-        max_requests: 0,
-        lifetime: Duration::ZERO,
-    };
-
-    fn child(served: u64, age_s: u64, uss: Option<u64>) -> ChildState {
-        ChildState {
-            served,
-            age: Duration::from_secs(age_s),
-            uss,
-        }
-    }
-
-    #[test]
-    fn no_limits_never_recycle() {
-        assert_eq!(
-            due(&NONE, 0, child(1_000_000, 100_000, Some(1 << 40))),
-            None
-        );
-    }
-
-    #[test]
-    fn each_limit_applies_on_its_own() {
-        let requests = ChildLimits {
-            max_requests: 10,
-            ..NONE
-        };
-        assert_eq!(due(&requests, 0, child(9, 0, None)), None);
-        assert_eq!(
-            due(&requests, 0, child(10, 0, None)),
-            Some(Recycle::Requests(10))
-        );
-        assert_eq!(due(&NONE, 100, child(0, 0, Some(100))), None);
-        assert_eq!(
-            due(&NONE, 100, child(0, 0, Some(101))),
-            Some(Recycle::Memory(101))
-        );
-        // Unknown memory is never over the limit.
-        assert_eq!(due(&NONE, 100, child(0, 0, None)), None);
-        let old = ChildLimits {
-            lifetime: Duration::from_secs(60),
-            ..NONE
-        };
-        assert_eq!(due(&old, 0, child(0, 59, None)), None);
-        assert_eq!(
-            due(&old, 0, child(0, 60, None)),
-            Some(Recycle::Lifetime(Duration::from_secs(60)))
-        );
-    }
 
     #[test]
     fn a_fixed_seed_gives_the_same_limits() {
@@ -303,21 +195,5 @@ mod tests {
         assert_eq!(r.limits(0, 10, 100, 1_000_000, Duration::from_secs(100)), a);
         let b = r.limits(0, 11, 100, 1_000_000, Duration::from_secs(100));
         assert_ne!(a.max_requests, b.max_requests);
-    }
-
-    proptest! {
-        #[test]
-        fn drawn_limits_stay_within_their_spread(
-            seed: u64, max in 1u64..1_000_000, jitter in 0u64..1_000_000, life_s in 0u64..100_000,
-        ) {
-            let mut r = Recycler::with_seed(Some(seed));
-            let life = Duration::from_secs(life_s);
-            let l = r.limits(0, 1, max, jitter, life);
-            prop_assert!(l.max_requests >= max && l.max_requests <= max + jitter);
-            prop_assert!(l.lifetime >= life && l.lifetime <= life + life / 10);
-            let none = r.limits(1, 2, 0, jitter, Duration::ZERO);
-            prop_assert_eq!(none.max_requests, 0);
-            prop_assert_eq!(none.lifetime, Duration::ZERO);
-        }
     }
 }
