@@ -6,8 +6,11 @@
 //! - `recycle.rs`: when a child has done enough (connections, memory,
 //!   age) and is replaced, one rule for both sides of the fork;
 //! - `liveness.rs`: which deadline a child must meet next, and when;
+//! - `backoff.rs`: how long to hold spawns back while workers fail at
+//!   start-up, and what proves a start;
 //! - `shutdown.rs`: which stop a burst of stop signals asks for.
 
+pub(crate) mod backoff;
 pub(crate) mod dispatch;
 pub(crate) mod liveness;
 pub(crate) mod recycle;

@@ -71,7 +71,7 @@ use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
 
-use backoff::StartBackoff;
+use crate::policy::backoff::StartBackoff;
 use event::Event;
 pub(crate) use link::{ChildLink, LeaveCause, Leaving, Readiness};
 use output::ChildOutput;

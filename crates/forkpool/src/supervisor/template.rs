@@ -35,12 +35,12 @@ use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{error, info, warn};
 
-use super::backoff::{StartBackoff, START_WINDOW};
 use super::event::Event;
 use super::output::{ChildOutput, Left, BYTES_PER_TURN};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
 use crate::exec::TemplateStart;
+use crate::policy::backoff::{StartBackoff, START_WINDOW};
 use crate::protocol::{TemplateReply, TemplateRequest, TEMPLATE_VERSION};
 use crate::scoreboard::SlotState;
 use crate::sys::fds;
