@@ -94,35 +94,7 @@ impl Supervisor {
         self.check_report_kind(&msg)?;
         message_rules::mode_allows(self.config.dispatch, &msg)?;
         match msg {
-            ChildMessage::Ready { pid } => {
-                let mut expected = self.board.get(slot).map_or(0, |s| s.pid);
-                if expected == 0 {
-                    // Forked by a template whose `W` (sent before this) is
-                    // not read yet.
-                    self.learn_pid_from_template(slot, now);
-                    expected = self.board.get(slot).map_or(0, |s| s.pid);
-                }
-                if i64::from(pid) != i64::from(expected) {
-                    return Err(format!("said it is pid {pid}, but it is pid {expected}"));
-                }
-                if self
-                    .board
-                    .link(slot)
-                    .is_some_and(|l| l.version == crate::protocol::TEMPLATE_VERSION)
-                {
-                    // Forked by a template, it is in the template's
-                    // process group; now it is the supervisor's child, it
-                    // gets a group of its own like every worker
-                    // (`containment.rs`).
-                    let _ = crate::sys::process::own_process_group(expected);
-                }
-                self.board.ready(slot, now).map_err(illegal)?;
-                if let Some(link) = self.board.link_mut(slot) {
-                    link.readiness =
-                        Readiness::Said(now.saturating_duration_since(link.spawned_at));
-                }
-                self.child_available(now);
-            }
+            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now)?,
             ChildMessage::Idle => {
                 self.note_connection_end(slot, now);
                 let finished = self.board.idle(slot, now).map_err(illegal)?;
@@ -164,21 +136,7 @@ impl Supervisor {
                 self.order_answered(slot);
                 self.child_available(now);
             }
-            ChildMessage::Pong { seq } => {
-                let link = self.board.link_mut(slot).expect("checked by caller");
-                // Sequence numbers only grow, so any pong up to the last
-                // ping sent is a real answer, possibly a late one (in
-                // `shared` mode a ping can cross a `Busy`); a pong for a
-                // ping never sent is a lie.
-                if seq == 0 || seq > link.pinged_up_to {
-                    return Err(format!("sent pong {seq} for a ping it never got"));
-                }
-                message_rules::pong_is_new(seq, link.answered_up_to)?;
-                link.answered_up_to = seq;
-                if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
-                    link.ping = None;
-                }
-            }
+            ChildMessage::Pong { seq } => self.on_pong(slot, seq)?,
             ChildMessage::Load {
                 open,
                 capacity,
@@ -187,6 +145,59 @@ impl Supervisor {
                 self.apply_load(slot, open, capacity, received, now)?;
                 self.after_connection(slot, now);
             }
+        }
+        Ok(())
+    }
+
+    /// `Ready`: the child is up. Checks it is who it says it is, gives a
+    /// worker forked by a template its own process group, and records how
+    /// long its start took.
+    fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
+        let mut expected = self.board.get(slot).map_or(0, |s| s.pid);
+        if expected == 0 {
+            // Forked by a template whose `W` (sent before this) is
+            // not read yet.
+            self.learn_pid_from_template(slot, now);
+            expected = self.board.get(slot).map_or(0, |s| s.pid);
+        }
+        if i64::from(pid) != i64::from(expected) {
+            return Err(format!("said it is pid {pid}, but it is pid {expected}"));
+        }
+        if self
+            .board
+            .link(slot)
+            .is_some_and(|l| l.version == crate::protocol::TEMPLATE_VERSION)
+        {
+            // Forked by a template, it is in the template's
+            // process group; now it is the supervisor's child, it
+            // gets a group of its own like every worker
+            // (`containment.rs`).
+            let _ = crate::sys::process::own_process_group(expected);
+        }
+        self.board
+            .ready(slot, now)
+            .map_err(|e| format!("sent an out-of-order message: {e}"))?;
+        if let Some(link) = self.board.link_mut(slot) {
+            link.readiness = Readiness::Said(now.saturating_duration_since(link.spawned_at));
+        }
+        self.child_available(now);
+        Ok(())
+    }
+
+    /// `Pong`: the answer to a ping, possibly a late one.
+    fn on_pong(&mut self, slot: usize, seq: u32) -> Result<(), String> {
+        let link = self.board.link_mut(slot).expect("checked by caller");
+        // Sequence numbers only grow, so any pong up to the last
+        // ping sent is a real answer, possibly a late one (in
+        // `shared` mode a ping can cross a `Busy`); a pong for a
+        // ping never sent is a lie.
+        if seq == 0 || seq > link.pinged_up_to {
+            return Err(format!("sent pong {seq} for a ping it never got"));
+        }
+        message_rules::pong_is_new(seq, link.answered_up_to)?;
+        link.answered_up_to = seq;
+        if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
+            link.ping = None;
         }
         Ok(())
     }
