@@ -16,8 +16,9 @@ impl Supervisor {
     /// not answered within `ping_timeout`, a connection held past
     /// `busy_timeout`, a stop that never happened.
     pub(super) fn check_liveness(&mut self, now: Instant) {
+        let limits = Deadlines::of(&self.config);
         for slot in 0..self.board.span() {
-            match self.next_check(slot) {
+            match self.next_check(slot, &limits) {
                 Some((due, Check::PingDue)) if now >= due => self.ping(slot, now),
                 Some((due, check)) if now >= due => {
                     let (why, detail) = self.describe(slot, check, now);
@@ -44,15 +45,16 @@ impl Supervisor {
 
     /// The earliest liveness deadline, for the loop's timer.
     pub(super) fn liveness_deadline(&self) -> Option<Instant> {
+        let limits = Deadlines::of(&self.config);
         (0..self.board.span())
-            .filter_map(|slot| self.next_check(slot).map(|(due, _)| due))
+            .filter_map(|slot| self.next_check(slot, &limits).map(|(due, _)| due))
             .min()
     }
 
     /// The one rule that applies to the child in `slot` next, and when
     /// (`policy::liveness`). Both acting on deadlines and setting the
     /// loop's timer use this, so the rules are stated once.
-    fn next_check(&self, slot: usize) -> Option<(Instant, Check)> {
+    fn next_check(&self, slot: usize, limits: &Deadlines) -> Option<(Instant, Check)> {
         let entry = self.board.get(slot)?;
         let facts = ChildFacts {
             state: entry.state,
@@ -63,7 +65,7 @@ impl Supervisor {
             many_connections: entry.load.is_some(),
             capture_pending: self.slow.pending_for(slot),
         };
-        liveness::next_check(&facts, &Deadlines::of(&self.config))
+        liveness::next_check(&facts, limits)
     }
 
     /// Why a child that missed `check` is killed, for the log and totals.
