@@ -259,9 +259,13 @@ fn ask(addr: SocketAddr, line: &str) -> Result<(usize, u32), String> {
         .set_read_timeout(Some(PATIENCE))
         .map_err(|e| e.to_string())?;
     writeln!(stream, "{line}").map_err(|e| format!("send: {e}"))?;
+    // Read to the end, as a client of a one-shot protocol does: the child
+    // closes the connection only after telling the supervisor it is free,
+    // so the next request of a sequential client finds it idle. Stopping
+    // at the newline would race the child's report.
     let mut answer = String::new();
-    BufReader::new(stream)
-        .read_line(&mut answer)
+    stream
+        .read_to_string(&mut answer)
         .map_err(|e| format!("receive: {e}"))?;
     let mut words = answer.split_whitespace();
     match (words.next(), words.next(), words.next(), words.next()) {
