@@ -220,20 +220,6 @@ impl Supervisor {
         Ok(())
     }
 
-    /// `Load`: a many-connection child says how many connections it holds.
-    fn on_load(
-        &mut self,
-        slot: usize,
-        open: u32,
-        capacity: u32,
-        received: u32,
-        now: Instant,
-    ) -> Result<(), String> {
-        self.apply_load(slot, open, capacity, received, now)?;
-        self.after_connection(slot, now);
-        Ok(())
-    }
-
     /// A child finished a connection: recycle it if it is past a limit
     /// (see `recycle.rs`).
     fn after_connection(&mut self, slot: usize, now: Instant) {
