@@ -13,6 +13,10 @@ use forkpool::pool::{AGENT_FD_NAME, METRICS_FD_NAME, SOCKET_ACTIVATED_ENV, UPGRA
 
 /// Builds the pool and prints `forkpool: listening on ADDR` for each
 /// listener (and `forkpool: metrics on ...`) on standard output.
+///
+/// One function on purpose: the start-up steps in the order they must
+/// happen, with the lines collected as they go and printed only once every
+/// step has succeeded.
 pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
     let mut pool = Pool::new(settings.pool.clone());
     // Printed only once everything is bound, so a script that waits for

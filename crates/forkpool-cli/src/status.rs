@@ -96,6 +96,9 @@ fn millis(ms: u64) -> String {
 }
 
 /// The human-readable status page.
+///
+/// One function on purpose: the page is written top to bottom, header,
+/// slot table and template rows, in the order it is read.
 pub fn render(s: &Snapshot) -> String {
     let [min_c, max_c, min_s, max_s] = s.bounds;
     let mut out = format!(

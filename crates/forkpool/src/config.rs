@@ -260,6 +260,14 @@ impl PoolConfig {
     /// Checks that the settings can work together; the error names the field
     /// and what to change.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_pool_size()?;
+        self.validate_timing()?;
+        self.validate_limits()?;
+        self.validate_preload()
+    }
+
+    /// How many children, spare children and spawns a second.
+    fn validate_pool_size(&self) -> Result<(), ConfigError> {
         if self.max_children == 0 {
             return error(
                 "max_children",
@@ -316,6 +324,11 @@ impl PoolConfig {
                 "max_spawn_rate must be at least 1, or the pool could never grow".to_string(),
             );
         }
+        Ok(())
+    }
+
+    /// Pings, draining and deferred accepts.
+    fn validate_timing(&self) -> Result<(), ConfigError> {
         if self.ping_interval.is_zero() {
             return error(
                 "ping_interval",
@@ -349,6 +362,11 @@ impl PoolConfig {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// Per-child recycling limits and the listen backlog.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
         if self.max_requests_jitter > 0 && self.max_requests_per_child == 0 {
             return error(
                 "max_requests_jitter",
@@ -373,9 +391,10 @@ impl PoolConfig {
                 "backlog must be at least 1 (try 1024)".to_string(),
             );
         }
-        self.validate_preload()
+        Ok(())
     }
 
+    /// Preloading and reforking.
     fn validate_preload(&self) -> Result<(), ConfigError> {
         if self.preload && !self.dispatch.speaks_protocol() {
             return error(

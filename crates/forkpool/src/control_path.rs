@@ -46,6 +46,10 @@ fn refuse(text: String) -> io::Error {
 /// A directory this call creates, or one named `forkpool-UID` in the
 /// temporary directory, must be private: owned by us, no access for
 /// group or others.
+///
+/// One function on purpose: a flat list of checks on the same directory
+/// and its metadata, each refusing with its own fix, in the order a
+/// sysadmin would check them.
 pub fn prepare(path: &Path) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

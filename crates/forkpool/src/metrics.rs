@@ -30,6 +30,9 @@ fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
 
 /// Renders every metric. `service_time` is the histogram of how long each
 /// connection kept its child busy.
+///
+/// One function on purpose: it is a flat list of metrics, each registered
+/// once with its help text, and the list is easier to check read whole.
 pub fn render(
     snapshot: &Snapshot,
     dispatch_latency: &Histogram,

@@ -1,6 +1,7 @@
 //! The verbs that change which children exist: spawn, reap, retire, kill.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use nix::sys::signal::Signal;
@@ -15,6 +16,19 @@ use crate::sys::fds;
 use crate::sys::process::{self, Forked};
 use crate::worker::ChildStart;
 
+/// The ends a new child is given, both sides: the back-channel pair and,
+/// when the pool captures output, a stderr pipe.
+struct ChildEnds {
+    /// The supervisor's end of the back-channel.
+    ours: Channel,
+    /// The child's end of the back-channel.
+    theirs: Channel,
+    /// The end of the stderr pipe the supervisor reads.
+    output_read: Option<OwnedFd>,
+    /// The end of the stderr pipe the child writes.
+    output_write: Option<OwnedFd>,
+}
+
 impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
@@ -23,11 +37,39 @@ impl Supervisor {
             self.fork_from_template(now)?;
             return Ok(None);
         }
+        let Some(ends) = self.open_child_ends(now) else {
+            return Ok(None);
+        };
+        let slot = self.board.lowest_free();
+        match self.fork_child()? {
+            Ok(Forked::Child) => {
+                drop(ends.ours);
+                drop(ends.output_read);
+                Ok(Some(self.child_start(slot, ends.theirs, ends.output_write)))
+            }
+            Ok(Forked::Parent(pid)) => {
+                drop(ends.theirs);
+                drop(ends.output_write);
+                self.adopt_forked(slot, pid, ends.ours, ends.output_read, now)?;
+                Ok(None)
+            }
+            Err(e) => {
+                let hint = fork_failure_hint(e.raw_os_error());
+                self.resource_backoff(now, format!("fork failed: {e}{hint}"));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Opens the ends a new child is given: the back-channel pair and, when
+    /// the pool captures output, a stderr pipe. `None` when one cannot be
+    /// opened; spawning then backs off (see [`Self::resource_backoff`]).
+    fn open_child_ends(&mut self, now: Instant) -> Option<ChildEnds> {
         let (ours, theirs) = match Channel::pair() {
             Ok(pair) => pair,
             Err(e) => {
                 self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
-                return Ok(None);
+                return None;
             }
         };
         let (output_read, output_write) = if self.capture_output {
@@ -35,74 +77,73 @@ impl Supervisor {
                 Ok((r, w)) => (Some(r), Some(w)),
                 Err(e) => {
                     self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
-                    return Ok(None);
+                    return None;
                 }
             }
         } else {
             (None, None)
         };
-        let slot = self.board.lowest_free();
-        match self.fork_child()? {
-            Ok(Forked::Child) => {
-                drop(ours);
-                drop(output_read);
-                Ok(Some(ChildStart {
-                    slot,
-                    generation: self.generation,
-                    channel: theirs,
-                    mode: self.config.dispatch,
-                    listener_is_tcp: Vec::new(),
-                    listeners: Vec::new(),
-                    max_requests: self.config.max_requests_per_child,
-                    stderr: output_write,
-                }))
-            }
-            Ok(Forked::Parent(pid)) => {
-                let _ = process::own_process_group(pid);
-                drop(theirs);
-                drop(output_write);
-                let reports = self.config.dispatch.speaks_protocol();
-                // A child that speaks no protocol never gets its end of the
-                // channel (it is closed at exec), so ours is not watched.
-                // Keeping the pair costs a descriptor per child and spares
-                // every other path a "no channel" case.
-                if reports {
-                    self.register_channel(slot, &ours)?;
-                }
-                let output = match output_read.map(ChildOutput::new).transpose() {
-                    Ok(output) => output,
-                    Err(e) => {
-                        warn!(slot, pid, "cannot read the worker's stderr: {e}");
-                        None
-                    }
-                };
-                if let Some(output) = &output {
-                    if let Err(e) = self.register_output(slot, output) {
-                        warn!(slot, pid, "cannot watch the worker's stderr: {e}");
-                    }
-                }
-                let link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
-                self.board.occupy(slot, pid, self.generation, now, link);
-                if !reports {
-                    let _ = self.board.assume_busy(slot, now);
-                }
-                self.totals.spawned += 1;
-                info!(slot, pid, generation = self.generation, "child spawned");
-                Ok(None)
-            }
+        Some(ChildEnds {
+            ours,
+            theirs,
+            output_read,
+            output_write,
+        })
+    }
+
+    /// What the child just forked into `slot` needs to become a worker.
+    fn child_start(&self, slot: usize, channel: Channel, stderr: Option<OwnedFd>) -> ChildStart {
+        ChildStart {
+            slot,
+            generation: self.generation,
+            channel,
+            mode: self.config.dispatch,
+            listener_is_tcp: Vec::new(),
+            listeners: Vec::new(),
+            max_requests: self.config.max_requests_per_child,
+            stderr,
+        }
+    }
+
+    /// The parent's side of a fork: takes the child `pid` into `slot`,
+    /// watching its back-channel (`ours`) and its stderr (`output_read`).
+    fn adopt_forked(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        ours: Channel,
+        output_read: Option<OwnedFd>,
+        now: Instant,
+    ) -> io::Result<()> {
+        let _ = process::own_process_group(pid);
+        let reports = self.config.dispatch.speaks_protocol();
+        // A child that speaks no protocol never gets its end of the
+        // channel (it is closed at exec), so ours is not watched.
+        // Keeping the pair costs a descriptor per child and spares
+        // every other path a "no channel" case.
+        if reports {
+            self.register_channel(slot, &ours)?;
+        }
+        let output = match output_read.map(ChildOutput::new).transpose() {
+            Ok(output) => output,
             Err(e) => {
-                let hint = match e.raw_os_error() {
-                    Some(libc::EAGAIN) => {
-                        "; the process limit is reached: raise `ulimit -u` (or TasksMax) \
-                         or lower max_children"
-                    }
-                    Some(libc::ENOMEM) => "; out of memory: lower max_children",
-                    _ => "",
-                };
-                self.resource_backoff(now, format!("fork failed: {e}{hint}"));
-                Ok(None)
+                warn!(slot, pid, "cannot read the worker's stderr: {e}");
+                None
+            }
+        };
+        if let Some(output) = &output {
+            if let Err(e) = self.register_output(slot, output) {
+                warn!(slot, pid, "cannot watch the worker's stderr: {e}");
             }
         }
+        let link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
+        self.board.occupy(slot, pid, self.generation, now, link);
+        if !reports {
+            let _ = self.board.assume_busy(slot, now);
+        }
+        self.totals.spawned += 1;
+        info!(slot, pid, generation = self.generation, "child spawned");
+        Ok(())
     }
 
     /// Forks a child of the supervisor (a worker, or a template) and, in
@@ -305,5 +346,31 @@ impl Supervisor {
         if let Some(i) = link.ordered_on {
             self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
         }
+    }
+}
+
+/// What to add to a failed `fork`'s message so the operator knows the fix,
+/// from its `errno`.
+fn fork_failure_hint(errno: Option<i32>) -> &'static str {
+    match errno {
+        Some(libc::EAGAIN) => {
+            "; the process limit is reached: raise `ulimit -u` (or TasksMax) \
+             or lower max_children"
+        }
+        Some(libc::ENOMEM) => "; out of memory: lower max_children",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fork_failure_hint;
+
+    #[test]
+    fn a_fork_failure_names_the_limit_to_raise() {
+        assert!(fork_failure_hint(Some(libc::EAGAIN)).contains("ulimit -u"));
+        assert!(fork_failure_hint(Some(libc::ENOMEM)).contains("out of memory"));
+        assert_eq!(fork_failure_hint(Some(libc::EPERM)), "");
+        assert_eq!(fork_failure_hint(None), "");
     }
 }

@@ -240,76 +240,100 @@ impl Supervisor {
     /// A client connected to the control socket, the metrics endpoint or
     /// the agent port.
     pub(super) fn accept_endpoint_clients(&mut self, token: Token, now: Instant) {
-        loop {
-            let accepted = match token {
-                CONTROL_TOKEN => match self.endpoints.control.as_ref() {
-                    Some(c) => c.listener.accept().map(|(s, _)| ClientStream::Unix(s)),
-                    None => return,
-                },
-                AGENT_TOKEN => match self.endpoints.agent.as_ref() {
-                    Some(a) => a.accept().map(|(s, _)| ClientStream::Tcp(s)),
-                    None => return,
-                },
-                _ => match self.endpoints.metrics.as_ref() {
-                    Some(m) => m.accept().map(|(s, _)| ClientStream::Tcp(s)),
-                    None => return,
-                },
-            };
-            let stream = match accepted {
-                Ok(stream) => stream,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    warn!("status client accept failed: {e}");
-                    return;
-                }
-            };
-            // Too many clients, or descriptors running low: the oldest client
-            // makes room. With no client to close, the new one is refused.
-            let live = self.endpoints.clients.iter().flatten().count();
-            let low = in_fd_reserve(&stream);
-            if live >= MAX_ENDPOINT_CLIENTS || low {
-                let closed = self.close_oldest_client();
-                self.endpoint_client_displaced(low);
-                if !closed {
-                    continue;
-                }
-            }
-            // A client accepted into the reserve moves down to the
-            // descriptor just freed, so clients never hold the reserve.
-            let stream = if low {
-                match stream.moved_down() {
-                    Ok(stream) => stream,
-                    Err(_) => continue,
-                }
-            } else {
-                stream
-            };
-            let (request, out) = match (&stream, token) {
-                (ClientStream::Unix(_), _) => (None, self.status_json()),
-                (ClientStream::Tcp(_), AGENT_TOKEN) => (None, self.agent_line(now)),
-                (ClientStream::Tcp(_), _) => (Some(Vec::new()), Vec::new()),
-            };
-            let client = Client {
-                stream,
-                request,
-                out,
-                written: 0,
-                since: now,
-            };
-            let index = match self.endpoints.clients.iter().position(Option::is_none) {
-                Some(i) => i,
-                None => {
-                    self.endpoints.clients.push(None);
-                    self.endpoints.clients.len() - 1
-                }
-            };
-            self.endpoints.clients[index] = Some(client);
-            if self.register_client(index).is_err() {
-                self.endpoints.clients[index] = None;
+        while let Some(stream) = self.accept_endpoint_stream(token) {
+            let Some(stream) = self.make_room_for(stream) else {
                 continue;
+            };
+            let client = self.new_endpoint_client(stream, token, now);
+            if let Some(index) = self.add_endpoint_client(client) {
+                self.serve_client(index);
             }
-            self.serve_client(index);
         }
+    }
+
+    /// Accepts one connection on the endpoint `token` names; `None` when
+    /// that endpoint is not open, nothing is waiting, or the accept failed.
+    fn accept_endpoint_stream(&self, token: Token) -> Option<ClientStream> {
+        let accepted = match token {
+            CONTROL_TOKEN => {
+                let c = self.endpoints.control.as_ref()?;
+                c.listener.accept().map(|(s, _)| ClientStream::Unix(s))
+            }
+            AGENT_TOKEN => {
+                let a = self.endpoints.agent.as_ref()?;
+                a.accept().map(|(s, _)| ClientStream::Tcp(s))
+            }
+            _ => {
+                let m = self.endpoints.metrics.as_ref()?;
+                m.accept().map(|(s, _)| ClientStream::Tcp(s))
+            }
+        };
+        match accepted {
+            Ok(stream) => Some(stream),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            Err(e) => {
+                warn!("status client accept failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Keeps the client limits for a newly accepted `stream`; `None` when
+    /// it is refused.
+    fn make_room_for(&mut self, stream: ClientStream) -> Option<ClientStream> {
+        // Too many clients, or descriptors running low: the oldest client
+        // makes room. With no client to close, the new one is refused.
+        let live = self.endpoints.clients.iter().flatten().count();
+        let low = in_fd_reserve(&stream);
+        if live >= MAX_ENDPOINT_CLIENTS || low {
+            let closed = self.close_oldest_client();
+            self.endpoint_client_displaced(low);
+            if !closed {
+                return None;
+            }
+        }
+        // A client accepted into the reserve moves down to the
+        // descriptor just freed, so clients never hold the reserve.
+        if low {
+            stream.moved_down().ok()
+        } else {
+            Some(stream)
+        }
+    }
+
+    /// A new client on the endpoint `token` names, with its answer ready
+    /// unless it must send a request first (metrics).
+    fn new_endpoint_client(&self, stream: ClientStream, token: Token, now: Instant) -> Client {
+        let (request, out) = match (&stream, token) {
+            (ClientStream::Unix(_), _) => (None, self.status_json()),
+            (ClientStream::Tcp(_), AGENT_TOKEN) => (None, self.agent_line(now)),
+            (ClientStream::Tcp(_), _) => (Some(Vec::new()), Vec::new()),
+        };
+        Client {
+            stream,
+            request,
+            out,
+            written: 0,
+            since: now,
+        }
+    }
+
+    /// Puts `client` in a free place of the client table and watches it;
+    /// its index, or `None` when it cannot be watched (it is closed).
+    fn add_endpoint_client(&mut self, client: Client) -> Option<usize> {
+        let index = match self.endpoints.clients.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.endpoints.clients.push(None);
+                self.endpoints.clients.len() - 1
+            }
+        };
+        self.endpoints.clients[index] = Some(client);
+        if self.register_client(index).is_err() {
+            self.endpoints.clients[index] = None;
+            return None;
+        }
+        Some(index)
     }
 
     fn endpoint_client_displaced(&mut self, low_on_fds: bool) {

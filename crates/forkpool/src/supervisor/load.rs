@@ -38,9 +38,10 @@ impl Supervisor {
         }
     }
 
-    /// `L`: the child's load. A child that has room again takes the
-    /// connections parked for want of one first.
-    pub(super) fn apply_load(
+    /// `Load` (`L`): the child's load. A child that has room again takes
+    /// the connections parked for want of one first; one that finished
+    /// connections may be past a limit and is recycled (see `recycle.rs`).
+    pub(super) fn on_load(
         &mut self,
         slot: usize,
         open: u32,
@@ -58,6 +59,7 @@ impl Supervisor {
             .map_or(0, |load| load.in_flight());
         debug!(slot, open, capacity, in_flight, "load report");
         self.child_available(now);
+        self.recycle_after_connection(slot, now);
         Ok(())
     }
 

@@ -189,6 +189,11 @@ pub(crate) struct Supervisor {
 }
 
 impl Supervisor {
+    /// A supervisor for `config` serving `listeners`, with its poll, its
+    /// signal pipe and no children yet.
+    ///
+    /// One function on purpose: it is the constructor, listing every field
+    /// once with its starting value (each field's meaning is on the struct).
     pub fn new(config: PoolConfig, listeners: Vec<Listener>) -> io::Result<Supervisor> {
         for listener in &listeners {
             listener.set_defer_accept(config.defer_accept)?;

@@ -89,64 +89,25 @@ impl Supervisor {
         }
     }
 
+    /// Acts on one report from the child in `slot`: each kind of report is
+    /// one verb below. An `Err` is why the child is killed as misbehaved.
     fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
-        let illegal = |e: IllegalTransition| format!("sent an out-of-order message: {e}");
         self.check_report_kind(&msg)?;
         message_rules::mode_allows(self.config.dispatch, &msg)?;
         match msg {
-            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now)?,
-            ChildMessage::Idle => {
-                self.note_connection_end(slot, now);
-                let finished = self.board.idle(slot, now).map_err(illegal)?;
-                if finished {
-                    self.after_connection(slot, now);
-                }
-                self.child_available(now);
-            }
-            ChildMessage::Busy => {
-                self.board.busy(slot, now).map_err(illegal)?;
-                debug!(slot, "child accepted a connection");
-                // In `shared` mode a ping can cross this report: the child
-                // answers it after its connection. Stop the clock, but still
-                // accept that answer.
-                let link = self.board.link_mut(slot).expect("checked by caller");
-                link.ping = None;
-                self.totals.accepted += 1;
-                self.order_answered(slot);
-            }
-            ChildMessage::Next => {
-                self.note_connection_end(slot, now);
-                self.board.next(slot, now).map_err(illegal)?;
-                self.totals.accepted += 1;
-                self.totals.taken_next += 1;
-                self.after_connection(slot, now);
-            }
-            ChildMessage::Leaving => {
-                // Its connection, if it had one, is over: count it as an
-                // `Idle` would, then the child is on its way out.
-                if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
-                    self.note_connection_end(slot, now);
-                    self.board.idle(slot, now).map_err(illegal)?;
-                }
-                self.retire(slot, "it asked to leave", now);
-            }
-            ChildMessage::Missed => {
-                self.board.missed(slot, now).map_err(illegal)?;
-                self.totals.futile_wakeups += 1;
-                self.order_answered(slot);
-                self.child_available(now);
-            }
-            ChildMessage::Pong { seq } => self.on_pong(slot, seq)?,
+            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
+            ChildMessage::Idle => self.on_idle(slot, now),
+            ChildMessage::Busy => self.on_busy(slot, now),
+            ChildMessage::Next => self.on_next(slot, now),
+            ChildMessage::Leaving => self.on_leaving(slot, now),
+            ChildMessage::Missed => self.on_missed(slot, now),
+            ChildMessage::Pong { seq } => self.on_pong(slot, seq),
             ChildMessage::Load {
                 open,
                 capacity,
                 received,
-            } => {
-                self.apply_load(slot, open, capacity, received, now)?;
-                self.after_connection(slot, now);
-            }
+            } => self.on_load(slot, open, capacity, received, now),
         }
-        Ok(())
     }
 
     /// `Ready`: the child is up. Checks it is who it says it is, gives a
@@ -174,9 +135,7 @@ impl Supervisor {
             // (`containment.rs`).
             let _ = crate::sys::process::own_process_group(expected);
         }
-        self.board
-            .ready(slot, now)
-            .map_err(|e| format!("sent an out-of-order message: {e}"))?;
+        self.board.ready(slot, now).map_err(out_of_order)?;
         if let Some(link) = self.board.link_mut(slot) {
             link.readiness = Readiness::Said(now.saturating_duration_since(link.spawned_at));
         }
@@ -199,6 +158,65 @@ impl Supervisor {
         if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
             link.ping = None;
         }
+        Ok(())
+    }
+
+    /// `Idle`: the child finished its connection (or its start) and waits
+    /// for work.
+    fn on_idle(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.note_connection_end(slot, now);
+        let finished = self.board.idle(slot, now).map_err(out_of_order)?;
+        if finished {
+            self.after_connection(slot, now);
+        }
+        self.child_available(now);
+        Ok(())
+    }
+
+    /// `Busy`: the child accepted a connection itself.
+    fn on_busy(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.board.busy(slot, now).map_err(out_of_order)?;
+        debug!(slot, "child accepted a connection");
+        // In `shared` mode a ping can cross this report: the child
+        // answers it after its connection. Stop the clock, but still
+        // accept that answer.
+        let link = self.board.link_mut(slot).expect("checked by caller");
+        link.ping = None;
+        self.totals.accepted += 1;
+        self.order_answered(slot);
+        Ok(())
+    }
+
+    /// `Next`: the child finished one connection and took the next waiting
+    /// one itself.
+    fn on_next(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.note_connection_end(slot, now);
+        self.board.next(slot, now).map_err(out_of_order)?;
+        self.totals.accepted += 1;
+        self.totals.taken_next += 1;
+        self.after_connection(slot, now);
+        Ok(())
+    }
+
+    /// `Leaving`: the child is leaving on purpose; it is counted retired.
+    fn on_leaving(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        // Its connection, if it had one, is over: count it as an
+        // `Idle` would, then the child is on its way out.
+        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
+            self.note_connection_end(slot, now);
+            self.board.idle(slot, now).map_err(out_of_order)?;
+        }
+        self.retire(slot, "it asked to leave", now);
+        Ok(())
+    }
+
+    /// `Missed`: the child was woken or ordered to accept but found no
+    /// connection waiting (a futile wake-up).
+    fn on_missed(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.board.missed(slot, now).map_err(out_of_order)?;
+        self.totals.futile_wakeups += 1;
+        self.order_answered(slot);
+        self.child_available(now);
         Ok(())
     }
 
@@ -241,4 +259,9 @@ impl Supervisor {
             let _ = self.board.retire(slot, now);
         }
     }
+}
+
+/// Why a report that does not fit the child's state gets it killed.
+fn out_of_order(e: IllegalTransition) -> String {
+    format!("sent an out-of-order message: {e}")
 }

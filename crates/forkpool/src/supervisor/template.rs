@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
@@ -160,6 +160,56 @@ impl Templates {
 }
 
 impl Template {
+    /// `R`: the template is loaded and takes fork orders.
+    fn said_ready(&mut self, pid: u32, now: Instant) -> Result<(), String> {
+        if self.state != TemplateState::Starting {
+            return Err("said Ready twice".into());
+        }
+        if i64::from(pid) != i64::from(self.pid) {
+            return Err(format!("said it is pid {pid}, but it is pid {}", self.pid));
+        }
+        self.state = TemplateState::Ready;
+        self.ready_at = Some(now);
+        let took = now.duration_since(self.started_at);
+        info!(
+            pid,
+            generation = self.generation,
+            ?took,
+            "template ready: forking workers from it"
+        );
+        Ok(())
+    }
+
+    /// `W`: the template forked the worker for `slot`. Counts it and
+    /// returns the template's pid.
+    fn forked(&mut self, slot: usize) -> Result<i32, String> {
+        self.fork_answered(slot)?;
+        self.forks += 1;
+        Ok(self.pid)
+    }
+
+    /// The fork order for `slot` is answered; an error if none was
+    /// outstanding.
+    fn fork_answered(&mut self, slot: usize) -> Result<(), String> {
+        if self.pending.remove(&slot).is_none() {
+            return Err(format!(
+                "answered a fork order for slot {slot} that was not outstanding"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `P`: the answer to a ping; an error unless it answers the one sent.
+    fn pong(&mut self, seq: u32) -> Result<(), String> {
+        match self.ping {
+            Some((sent, _)) if sent == seq => {
+                self.ping = None;
+                Ok(())
+            }
+            _ => Err(format!("answered ping {seq}, which was never sent")),
+        }
+    }
+
     /// The one deadline that applies to it next, with what missing it means.
     fn next_check(&self, config: &crate::config::PoolConfig) -> Option<(Instant, Check)> {
         if let Some(deadline) = self.exit_deadline {
@@ -241,54 +291,19 @@ impl Supervisor {
             process::become_subreaper()?;
             self.templates.subreaper = true;
         }
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.hold_templates(now, format!("cannot create a template channel: {e}"));
-                return Ok(None);
-            }
-        };
-        let (output_read, output_write) = match fds::pipe() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.hold_templates(
-                    now,
-                    format!("cannot create the template's stderr pipe: {e}"),
-                );
-                return Ok(None);
-            }
+        let Some((ours, theirs, output_read, output_write)) = self.open_template_ends(now) else {
+            return Ok(None);
         };
         match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ours);
                 drop(output_read);
-                Ok(Some(TemplateStart {
-                    generation,
-                    channel: theirs,
-                    mode: self.config.dispatch,
-                    listeners: Vec::new(),
-                    stderr: Some(output_write),
-                    supervisor_pid: process::parent_pid() as u32,
-                }))
+                Ok(Some(self.template_start(generation, theirs, output_write)))
             }
             Ok(Forked::Parent(pid)) => {
-                let _ = process::own_process_group(pid);
                 drop(theirs);
                 drop(output_write);
-                let output = match ChildOutput::new(output_read) {
-                    Ok(output) => Some(output),
-                    Err(e) => {
-                        warn!(pid, "cannot read the template's stderr: {e}");
-                        None
-                    }
-                };
-                self.adopt_template(pid, generation, ours, output, now)?;
-                info!(
-                    pid,
-                    generation,
-                    "template started: `{}` loads once, workers are forked from it",
-                    self.templates.command
-                );
+                self.template_forked(pid, generation, ours, output_read, now)?;
                 Ok(None)
             }
             Err(e) => {
@@ -296,6 +311,70 @@ impl Supervisor {
                 Ok(None)
             }
         }
+    }
+
+    /// Opens a new template's channel pair (ours, theirs) and stderr pipe
+    /// (read, write). `None` when one cannot be opened; template starts
+    /// are then held back (see [`Self::hold_templates`]).
+    fn open_template_ends(&mut self, now: Instant) -> Option<(Channel, Channel, OwnedFd, OwnedFd)> {
+        let (ours, theirs) = match Channel::pair() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.hold_templates(now, format!("cannot create a template channel: {e}"));
+                return None;
+            }
+        };
+        match fds::pipe() {
+            Ok((output_read, output_write)) => Some((ours, theirs, output_read, output_write)),
+            Err(e) => {
+                self.hold_templates(
+                    now,
+                    format!("cannot create the template's stderr pipe: {e}"),
+                );
+                None
+            }
+        }
+    }
+
+    /// What the process just forked as the template of `generation` needs
+    /// to exec.
+    fn template_start(&self, generation: u32, channel: Channel, stderr: OwnedFd) -> TemplateStart {
+        TemplateStart {
+            generation,
+            channel,
+            mode: self.config.dispatch,
+            listeners: Vec::new(),
+            stderr: Some(stderr),
+            supervisor_pid: process::parent_pid() as u32,
+        }
+    }
+
+    /// The parent's side of forking a template: takes `pid` on as the
+    /// template of `generation` (see [`Self::adopt_template`]).
+    fn template_forked(
+        &mut self,
+        pid: i32,
+        generation: u32,
+        ours: Channel,
+        output_read: OwnedFd,
+        now: Instant,
+    ) -> io::Result<()> {
+        let _ = process::own_process_group(pid);
+        let output = match ChildOutput::new(output_read) {
+            Ok(output) => Some(output),
+            Err(e) => {
+                warn!(pid, "cannot read the template's stderr: {e}");
+                None
+            }
+        };
+        self.adopt_template(pid, generation, ours, output, now)?;
+        info!(
+            pid,
+            generation,
+            "template started: `{}` loads once, workers are forked from it",
+            self.templates.command
+        );
+        Ok(())
     }
 
     /// Takes `pid` on as the template of `generation`, starting (it must
@@ -481,58 +560,29 @@ impl Supervisor {
         let i = self.templates.index(generation).expect("caller found it");
         let t = &mut self.templates.list[i];
         match reply {
-            TemplateReply::Ready { pid } => {
-                if t.state != TemplateState::Starting {
-                    return Err("said Ready twice".into());
-                }
-                if i64::from(pid) != i64::from(t.pid) {
-                    return Err(format!("said it is pid {pid}, but it is pid {}", t.pid));
-                }
-                t.state = TemplateState::Ready;
-                t.ready_at = Some(now);
-                let took = now.duration_since(t.started_at);
-                info!(
-                    pid,
-                    generation,
-                    ?took,
-                    "template ready: forking workers from it"
-                );
-                Ok(())
-            }
+            TemplateReply::Ready { pid } => t.said_ready(pid, now),
             TemplateReply::Forked { slot, pid } => {
-                let slot = slot as usize;
-                if t.pending.remove(&slot).is_none() {
-                    return Err(format!(
-                        "answered a fork order for slot {slot} that was not outstanding"
-                    ));
-                }
-                t.forks += 1;
-                let template_pid = t.pid;
-                self.worker_forked(slot, pid, template_pid, now)
+                let template_pid = t.forked(slot as usize)?;
+                self.worker_forked(slot as usize, pid, template_pid, now)
             }
             TemplateReply::ForkFailed { slot, errno } => {
-                let slot = slot as usize;
-                if t.pending.remove(&slot).is_none() {
-                    return Err(format!(
-                        "answered a fork order for slot {slot} that was not outstanding"
-                    ));
-                }
-                let err = io::Error::from_raw_os_error(errno as i32);
-                self.drop_unforked(slot);
-                self.resource_backoff(
-                    now,
-                    format!("the template could not fork the worker for slot {slot}: {err}"),
-                );
+                t.fork_answered(slot as usize)?;
+                self.template_fork_failed(slot as usize, errno, now);
                 Ok(())
             }
-            TemplateReply::Pong { seq } => match t.ping {
-                Some((sent, _)) if sent == seq => {
-                    t.ping = None;
-                    Ok(())
-                }
-                _ => Err(format!("answered ping {seq}, which was never sent")),
-            },
+            TemplateReply::Pong { seq } => t.pong(seq),
         }
+    }
+
+    /// The template could not fork the worker for `slot` (`errno`): the
+    /// slot is freed and spawning backs off.
+    fn template_fork_failed(&mut self, slot: usize, errno: u32, now: Instant) {
+        let err = io::Error::from_raw_os_error(errno as i32);
+        self.drop_unforked(slot);
+        self.resource_backoff(
+            now,
+            format!("the template could not fork the worker for slot {slot}: {err}"),
+        );
     }
 
     /// The template said the worker for `slot` is `pid`.
@@ -742,7 +792,23 @@ impl Supervisor {
             return false;
         };
         let mut t = self.templates.list.remove(i);
-        let generation = t.generation;
+        self.close_template(&mut t, now);
+        // Its unanswered fork orders will never be answered.
+        for slot in t.pending.keys().copied() {
+            self.drop_unforked(slot);
+        }
+        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
+            info!(pid, generation = t.generation, %status, forks = t.forks, "template exited");
+        } else {
+            self.template_failed(t, status, now);
+        }
+        true
+    }
+
+    /// Stops watching a reaped template, logging the last of its stderr
+    /// (and keeping its tail to quote).
+    fn close_template(&mut self, t: &mut Template, now: Instant) {
+        let (generation, pid) = (t.generation, t.pid);
         if let Some(mut output) = t.output.take() {
             let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
             output.flush_partial(now, &mut |line| log_line(generation, pid, line));
@@ -755,14 +821,13 @@ impl Supervisor {
                 .registry()
                 .deregister(&mut SourceFd(&t.channel.as_raw_fd()));
         }
-        // Its unanswered fork orders will never be answered.
-        for slot in t.pending.keys().copied() {
-            self.drop_unforked(slot);
-        }
-        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
-            info!(pid, generation, %status, forks = t.forks, "template exited");
-            return true;
-        }
+    }
+
+    /// A template ended unasked (`status`): a reload whose new template
+    /// never got ready is abandoned; otherwise a new template is started
+    /// after a back-off.
+    fn template_failed(&mut self, mut t: Template, status: ExitStatus, now: Instant) {
+        let (generation, pid) = (t.generation, t.pid);
         let how = t.killed_for.take().map_or_else(
             || format!("exited unexpectedly ({status})"),
             |why| format!("was killed ({why})"),
@@ -781,7 +846,7 @@ impl Supervisor {
                 &t.stderr_tail,
                 now,
             );
-            return true;
+            return;
         }
         if t.ready_at
             .is_some_and(|at| now.duration_since(at) >= START_WINDOW)
@@ -803,7 +868,6 @@ impl Supervisor {
                 self.templates.command
             ),
         );
-        true
     }
 
     /// Each template as `forkpool status` shows it.

@@ -102,6 +102,9 @@ enum LayoutRole {
 
 /// Reads the layout from `var` (the environment, or a test's map) for the
 /// process `pid`.
+///
+/// One function on purpose: a flat list of variables, each read, checked
+/// and given an error that names the fix, in the order later checks need.
 fn read_layout(var: impl Fn(&str) -> Option<String>, pid: u32) -> Result<Layout, ExecWorkerError> {
     let required = |name: &str| {
         var(name).ok_or_else(|| ExecWorkerError {
