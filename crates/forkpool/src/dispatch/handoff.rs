@@ -7,109 +7,202 @@
 //! until `EAGAIN`) while a child has room, counts the connection against the
 //! child as it sends (one-connection children are marked busy), and never
 //! waits for an answer.
-//! A connection whose child turns out to be dead goes to the next idle
-//! child, or is parked until one is free: an accepted connection is never
-//! dropped because a child died.
+//! A connection whose child cannot take it is parked, and goes to the next
+//! child with room once the supervisor has dealt with the unreachable one:
+//! an accepted connection is never dropped because a child died.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use tracing::{debug, error, warn};
 
+use super::{Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
-use crate::status::KillReason;
-use crate::supervisor::Supervisor;
+use crate::scoreboard::Scoreboard;
+use crate::supervisor::ChildLink;
 use crate::sys;
 
 /// How long to stop accepting after running out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-impl Supervisor {
-    pub(crate) fn accept_and_hand_off(&mut self, listener: usize, now: Instant) {
+impl Dispatcher {
+    /// The listener numbered `index` is readable: accept what waits and
+    /// hand each connection on. `accepted` counts each accept, `handed`
+    /// hears of each connection sent (slot, pid, descriptor).
+    pub fn accept_and_hand_off(
+        &mut self,
+        index: usize,
+        listener: &WatchedListener,
+        board: &mut Scoreboard<ChildLink>,
+        now: Instant,
+        accepted: &mut u64,
+        mut handed: impl FnMut(usize, i32, BorrowedFd<'_>),
+    ) -> TurnEnd {
         // On TCP, take only the connections already waiting when this turn
         // began. Ones that arrive meanwhile fire the listener's event again
         // and are taken next turn, after the children's reports: a child
         // that has just finished is then known to be idle, and gets them.
-        let l = &self.listeners[listener].listener;
+        let l = &listener.listener;
         let mut budget = if l.is_tcp() { l.queued() } else { u32::MAX };
         while budget > 0 {
             budget -= 1;
-            let Some(slot) = self.board.lowest_with_room() else {
-                // Back-pressure: the rest wait in the kernel's backlog.
-                self.unwatch_listener(listener);
-                return;
+            let Some(slot) = board.lowest_with_room() else {
+                return TurnEnd::Saturated;
             };
-            let accepted = sys::socket::accept(self.listeners[listener].listener.as_fd());
-            match accepted {
+            match sys::socket::accept(l.as_fd()) {
                 Ok(fd) => {
-                    self.totals.accepted += 1;
-                    self.hand_off(slot, listener, fd, now);
+                    *accepted += 1;
+                    if let Err(end) = self.hand_off(board, slot, index, fd, now, &mut handed) {
+                        return end;
+                    }
                 }
-                Err(Errno::EAGAIN) => return,
+                Err(Errno::EAGAIN) => return TurnEnd::Done,
                 Err(Errno::ECONNABORTED | Errno::EPROTO) => continue,
                 Err(e @ (Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM)) => {
                     warn!(
-                        listener,
+                        listener = index,
                         "accept failed: {e}; the supervisor is out of descriptors or memory \
                          (raise `ulimit -n` / LimitNOFILE); pausing accepts for {ACCEPT_BACKOFF:?}"
                     );
-                    self.pause_listener(listener, now + ACCEPT_BACKOFF);
-                    return;
+                    return TurnEnd::Pause(now + ACCEPT_BACKOFF);
                 }
                 Err(e) => {
                     error!(
-                        listener,
+                        listener = index,
                         "accept failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}"
                     );
-                    self.pause_listener(listener, now + ACCEPT_BACKOFF);
-                    return;
+                    return TurnEnd::Pause(now + ACCEPT_BACKOFF);
                 }
             }
         }
+        TurnEnd::Done
     }
 
-    /// Sends `fd` to the child in `slot`; if that child cannot take it, to
-    /// the next child with room; if none has room, parks it.
-    pub(crate) fn hand_off(&mut self, mut slot: usize, listener: usize, fd: OwnedFd, now: Instant) {
-        loop {
-            let msg = ParentMessage::Connection {
-                listener: listener as u16,
-            };
-            let sent = match self.board.link(slot) {
-                Some(link) => link.send(msg, Some(fd.as_fd())),
-                None => Err(std::io::Error::other("no channel")),
-            };
-            match sent {
-                Ok(()) => {
-                    self.note_handoff(slot, &fd);
-                    // The child has its own copy now; ours closes on drop.
-                    let _ = self.board.hand_connection(slot, now);
-                    self.dispatch_latency.observe(now.elapsed().as_secs_f64());
-                    debug!(slot, listener, "connection handed off");
-                    return;
-                }
-                Err(e) => {
-                    self.kill(
-                        slot,
-                        KillReason::ChannelFailed,
-                        format!("cannot hand it a connection: {e}"),
-                        now,
-                    );
-                    match self.board.lowest_with_room() {
-                        Some(next) => slot = next,
-                        None => {
-                            self.parked.push_back((listener, fd));
-                            return;
-                        }
-                    }
-                }
-            }
+    /// Sends `fd` to the child in `slot` and counts it there; a child that
+    /// cannot take it ends the pass, with the connection parked.
+    pub(super) fn hand_off(
+        &mut self,
+        board: &mut Scoreboard<ChildLink>,
+        slot: usize,
+        listener: usize,
+        fd: OwnedFd,
+        now: Instant,
+        handed: &mut impl FnMut(usize, i32, BorrowedFd<'_>),
+    ) -> Result<(), TurnEnd> {
+        let msg = ParentMessage::Connection {
+            listener: listener as u16,
+        };
+        let sent = match board.link(slot) {
+            Some(link) => link.send(msg, Some(fd.as_fd())),
+            None => Err(std::io::Error::other("no channel")),
+        };
+        if let Err(e) = sent {
+            self.parked.push_back((listener, fd));
+            return Err(TurnEnd::Unreachable {
+                slot,
+                why: format!("cannot hand it a connection: {e}"),
+            });
+        }
+        if let Some(entry) = board.get(slot) {
+            handed(slot, entry.pid, fd.as_fd());
+        }
+        // The child has its own copy now; ours closes on drop.
+        let _ = board.hand_connection(slot, now);
+        self.latency.observe(now.elapsed().as_secs_f64());
+        debug!(slot, listener, "connection handed off");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpStream;
+
+    use super::*;
+    use crate::channel::{Channel, Incoming};
+    use crate::listener::{ListenAddr, Listener};
+    use crate::scoreboard::SlotState;
+
+    /// A loopback listener with one client connected and waiting.
+    fn listener_with_a_client() -> (WatchedListener, TcpStream) {
+        let addr: ListenAddr = "127.0.0.1:0".parse().unwrap();
+        let listener = Listener::bind(&addr, 16).unwrap();
+        let client = TcpStream::connect(listener.local_addr().to_string()).unwrap();
+        (WatchedListener::new(listener), client)
+    }
+
+    /// Puts an idle child on `slot` of `board`; returns the child's end.
+    fn idle_child(board: &mut Scoreboard<ChildLink>, slot: usize, now: Instant) -> Channel {
+        let (ours, theirs) = Channel::pair().unwrap();
+        let link = ChildLink::new(ours, None, now, true, 1);
+        board.occupy(slot, 1000 + slot as i32, 1, now, link);
+        board.ready(slot, now).unwrap();
+        theirs
+    }
+
+    #[test]
+    fn a_connection_its_child_cannot_take_is_parked_then_goes_to_the_next_child() {
+        let now = Instant::now();
+        let mut board = Scoreboard::new();
+        drop(idle_child(&mut board, 0, now)); // the child's end is gone
+        let second = idle_child(&mut board, 1, now);
+        let (listener, _client) = listener_with_a_client();
+        let mut dispatcher = Dispatcher::default();
+        let (mut accepted, mut handed) = (0, Vec::new());
+
+        let end = dispatcher.accept_and_hand_off(
+            0,
+            &listener,
+            &mut board,
+            now,
+            &mut accepted,
+            |slot, pid, _| handed.push((slot, pid)),
+        );
+        assert!(
+            matches!(end, TurnEnd::Unreachable { slot: 0, .. }),
+            "{end:?}"
+        );
+        assert_eq!((accepted, dispatcher.parked()), (1, 1));
+        assert!(handed.is_empty());
+
+        // The supervisor kills the unreachable child; the parked
+        // connection then goes to the next child with room.
+        board.kill(0, now).unwrap();
+        let end = dispatcher.hand_parked(&mut board, now, |slot, pid, _| handed.push((slot, pid)));
+        assert_eq!(end, TurnEnd::Done);
+        assert_eq!(dispatcher.parked(), 0);
+        assert_eq!(handed, vec![(1, 1001)]);
+        assert_eq!(board.get(1).unwrap().state, SlotState::Busy);
+        match second.recv_from_parent().unwrap() {
+            Incoming::Message(ParentMessage::Connection { listener: 0 }, Some(_fd)) => {}
+            other => panic!("the second child got {other:?}"),
         }
     }
 
-    fn pause_listener(&mut self, listener: usize, until: Instant) {
-        self.unwatch_listener(listener);
-        self.listeners[listener].resume_at = Some(until);
+    #[test]
+    fn with_no_child_with_room_the_listener_is_saturated_and_nothing_is_accepted() {
+        let now = Instant::now();
+        let mut board = Scoreboard::new();
+        let _child = idle_child(&mut board, 0, now);
+        board.hand_connection(0, now).unwrap();
+        let (listener, _client) = listener_with_a_client();
+        let mut dispatcher = Dispatcher::default();
+        let mut accepted = 0;
+        let end = dispatcher.accept_and_hand_off(
+            0,
+            &listener,
+            &mut board,
+            now,
+            &mut accepted,
+            |_, _, _| {},
+        );
+        assert_eq!(end, TurnEnd::Saturated);
+        assert_eq!(accepted, 0);
+        assert_eq!(
+            listener.listener.queued(),
+            1,
+            "the client waits in the backlog"
+        );
     }
 }

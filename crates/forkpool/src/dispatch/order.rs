@@ -10,61 +10,116 @@
 use std::os::fd::AsFd;
 use std::time::Instant;
 
+use super::{Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
-use crate::status::KillReason;
-use crate::supervisor::Supervisor;
+use crate::scoreboard::Scoreboard;
+use crate::supervisor::ChildLink;
 use crate::sys;
 
-impl Supervisor {
-    pub(crate) fn order_accepts(&mut self, listener: usize, now: Instant) {
-        let watched = &self.listeners[listener];
-        let waiting = if watched.listener.is_tcp() {
-            watched.listener.queued()
+impl Dispatcher {
+    /// The listener numbered `index` is readable: order as many idle
+    /// children to accept as connections wait without an order.
+    pub fn order_accepts(
+        &mut self,
+        index: usize,
+        listener: &mut WatchedListener,
+        board: &mut Scoreboard<ChildLink>,
+        now: Instant,
+    ) -> TurnEnd {
+        let waiting = if listener.listener.is_tcp() {
+            listener.listener.queued()
         } else {
-            u32::from(sys::socket::readable_now(watched.listener.as_fd()))
+            u32::from(sys::socket::readable_now(listener.listener.as_fd()))
         };
-        let mut wanted = waiting.saturating_sub(watched.orders_out);
+        let mut wanted = waiting.saturating_sub(listener.orders_out);
         while wanted > 0 {
-            let Some(slot) = self.board.lowest_idle() else {
-                self.unwatch_listener(listener);
-                return;
+            let Some(slot) = board.lowest_idle() else {
+                return TurnEnd::Saturated;
+            };
+            let Some(link) = board.link_mut(slot) else {
+                return TurnEnd::Done;
             };
             let msg = ParentMessage::Accept {
-                listener: listener as u16,
-            };
-            let Some(link) = self.board.link_mut(slot) else {
-                return;
+                listener: index as u16,
             };
             if let Err(e) = link.send(msg, None) {
-                self.kill(
+                return TurnEnd::Unreachable {
                     slot,
-                    KillReason::ChannelFailed,
-                    format!("cannot send an accept order: {e}"),
-                    now,
-                );
-                continue;
+                    why: format!("cannot send an accept order: {e}"),
+                };
             }
-            link.ordered_on = Some(listener);
-            let _ = self.board.order_accept(slot, now);
-            self.dispatch_latency.observe(now.elapsed().as_secs_f64());
-            self.listeners[listener].orders_out += 1;
+            link.ordered_on = Some(index);
+            let _ = board.order_accept(slot, now);
+            self.latency.observe(now.elapsed().as_secs_f64());
+            listener.orders_out += 1;
             wanted -= 1;
         }
+        TurnEnd::Done
     }
+}
 
-    /// A child answered its accept order (`Busy` or `Missed`): the listener
-    /// may hold more connections than orders now outstanding.
-    pub(crate) fn order_answered(&mut self, slot: usize) {
-        let ordered = self
-            .board
-            .link_mut(slot)
-            .and_then(|link| link.ordered_on.take());
-        if let Some(listener) = ordered {
-            let l = &mut self.listeners[listener];
-            l.orders_out = l.orders_out.saturating_sub(1);
-            // Decided after all of this turn's reports are read, so an
-            // `Idle` queued behind this report is seen first.
-            l.recheck = true;
+/// A child answered its accept order (`Busy` or `Missed`): the listener it
+/// was ordered on may hold more connections than orders now outstanding,
+/// so it is looked at again in this turn's dispatch pass (after all of the
+/// turn's reports, so an `Idle` queued behind this one is seen first).
+pub(crate) fn order_answered(link: &mut ChildLink, listeners: &mut [WatchedListener]) {
+    if let Some(l) = link.ordered_on.take().and_then(|i| listeners.get_mut(i)) {
+        l.orders_out = l.orders_out.saturating_sub(1);
+        l.recheck = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpStream;
+
+    use super::*;
+    use crate::channel::{Channel, Incoming};
+    use crate::listener::{ListenAddr, Listener};
+    use crate::scoreboard::SlotState;
+
+    #[test]
+    fn one_order_per_waiting_connection_and_an_answer_frees_the_count() {
+        let now = Instant::now();
+        let mut board = Scoreboard::new();
+        let mut children = Vec::new();
+        for slot in 0..2 {
+            let (ours, theirs) = Channel::pair().unwrap();
+            board.occupy(
+                slot,
+                1000 + slot as i32,
+                1,
+                now,
+                ChildLink::new(ours, None, now, true, 1),
+            );
+            board.ready(slot, now).unwrap();
+            children.push(theirs);
         }
+        let addr: ListenAddr = "127.0.0.1:0".parse().unwrap();
+        let mut listeners = vec![WatchedListener::new(Listener::bind(&addr, 16).unwrap())];
+        let _client = TcpStream::connect(listeners[0].listener.local_addr().to_string()).unwrap();
+        let mut dispatcher = Dispatcher::default();
+
+        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut board, now);
+        assert_eq!(end, TurnEnd::Done);
+        assert_eq!(listeners[0].orders_out, 1);
+        assert_eq!(board.get(0).unwrap().state, SlotState::Ordered);
+        match children[0].recv_from_parent().unwrap() {
+            Incoming::Message(ParentMessage::Accept { listener: 0 }, None) => {}
+            other => panic!("slot 0 got {other:?}"),
+        }
+        // The same connection still waits: no second child is woken for it.
+        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut board, now);
+        assert_eq!(end, TurnEnd::Done);
+        assert_eq!(listeners[0].orders_out, 1);
+        assert_eq!(board.get(1).unwrap().state, SlotState::Idle);
+
+        order_answered(board.link_mut(0).unwrap(), &mut listeners);
+        assert_eq!(listeners[0].orders_out, 0);
+        assert!(
+            listeners[0].recheck,
+            "the listener is looked at again this turn"
+        );
+        assert_eq!(board.link(0).unwrap().ordered_on, None);
     }
 }

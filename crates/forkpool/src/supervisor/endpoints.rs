@@ -542,7 +542,7 @@ impl Supervisor {
     fn metrics_text(&self) -> String {
         crate::metrics::render(
             &self.snapshot(Instant::now()),
-            &self.dispatch_latency,
+            self.dispatcher.latency(),
             &self.resources.service_time,
         )
     }

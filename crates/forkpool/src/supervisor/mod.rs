@@ -8,6 +8,8 @@
 //! - `link.rs`: the supervisor's side of one child, kept in the child's
 //!   scoreboard slot (one table: slot -> pid, state, link);
 //! - `children.rs`: spawn, reap, retire, kill;
+//! - `dispatching.rs`: lends [`crate::dispatch`] the slot table and acts on
+//!   how each pass ended (stop watching, pause, kill an unreachable child);
 //! - `reports.rs`: what a child's message means for its slot;
 //! - `liveness.rs`: pings, start and stop deadlines, as `policy::liveness`
 //!   decides them;
@@ -25,6 +27,7 @@ mod balancer;
 mod budget;
 mod children;
 mod containment;
+mod dispatching;
 mod endpoints;
 mod event;
 mod generation;
@@ -52,7 +55,6 @@ pub use endpoints::{AGENT_FD_NAME, METRICS_FD_NAME};
 pub use reload::ReloadSource;
 pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -63,6 +65,7 @@ use tracing::{info, warn};
 
 use crate::channel::Channel;
 use crate::config::PoolConfig;
+use crate::dispatch::{Dispatcher, WatchedListener};
 use crate::listener::Listener;
 use crate::policy::dispatch;
 use crate::policy::shutdown::{self, Stop};
@@ -83,20 +86,6 @@ const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
 const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// After a failed fork or accept for lack of resources, wait this long.
 const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
-
-/// A listener and whether the loop is watching it.
-#[derive(Debug)]
-pub(crate) struct WatchedListener {
-    pub listener: Listener,
-    /// Registered with the poll (handoff and order dispatch only).
-    pub watched: bool,
-    /// Accept paused until this time after running out of descriptors.
-    pub resume_at: Option<Instant>,
-    /// `order` dispatch: accept orders sent and not yet answered.
-    pub orders_out: u32,
-    /// Look at this listener in this turn's dispatch pass.
-    pub recheck: bool,
-}
 
 /// How the loop ended.
 pub(crate) enum Exit {
@@ -124,9 +113,6 @@ pub(crate) struct Supervisor {
     pub board: Scoreboard<ChildLink>,
     /// Children with reports left unread last turn.
     unread: Vec<usize>,
-    /// Connections accepted whose child died before it could take them;
-    /// the next idle child gets them first.
-    pub parked: VecDeque<(usize, OwnedFd)>,
     pub totals: Totals,
     pub generation: u32,
     memory: ScalingMemory,
@@ -184,7 +170,8 @@ pub(crate) struct Supervisor {
     slow: slow::SlowWatch,
     /// Templates the workers are forked from (`--preload`).
     pub(crate) templates: template::Templates,
-    pub(crate) dispatch_latency: prometheus_client::metrics::histogram::Histogram,
+    /// Where connections go: parked ones and the dispatch latency.
+    pub(crate) dispatcher: Dispatcher,
     started: Instant,
 }
 
@@ -206,23 +193,13 @@ impl Supervisor {
             Event::Signal.token(),
             Interest::READABLE,
         )?;
-        let listeners = listeners
-            .into_iter()
-            .map(|listener| WatchedListener {
-                listener,
-                watched: false,
-                resume_at: None,
-                orders_out: 0,
-                recheck: false,
-            })
-            .collect();
+        let listeners = listeners.into_iter().map(WatchedListener::new).collect();
         Ok(Supervisor {
             config,
             poll,
             listeners,
             board: Scoreboard::new(),
             unread: Vec::new(),
-            parked: VecDeque::new(),
             totals: Totals::default(),
             generation: 1,
             memory: ScalingMemory::default(),
@@ -255,7 +232,7 @@ impl Supervisor {
             recycler: recycle::Recycler::default(),
             slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
-            dispatch_latency: crate::metrics::dispatch_latency_histogram(),
+            dispatcher: Dispatcher::default(),
             started: Instant::now(),
         })
     }
@@ -301,27 +278,28 @@ impl Supervisor {
             for event in ready.iter().copied() {
                 self.handle(event, now)?;
             }
-            for i in 0..self.listeners.len() {
-                if std::mem::take(&mut self.listeners[i].recheck) && self.listeners[i].watched {
-                    self.dispatch(i, now);
-                }
-            }
-            let now = Instant::now();
-            if self.board.has_room() {
-                self.rewatch_listeners(now);
-            }
-            self.check_liveness(now);
-            self.check_templates(now);
-            self.notify_ready_once();
-            self.expire_clients(now);
-            self.check_upgrade(now);
-            self.check_drain(now);
-            self.check_backlog_finish(now);
-            self.log_scoreboard(now);
-            self.keep_watchdog(now);
-            self.sample_resources(now);
-            self.watch_slow(now);
+            self.dispatch_marked(now);
+            self.keep_up(Instant::now());
         }
+    }
+
+    /// After each turn's events: the checks that run whatever woke the
+    /// loop, each a verb that does nothing until its deadline or condition.
+    fn keep_up(&mut self, now: Instant) {
+        if self.board.has_room() {
+            self.rewatch_listeners(now);
+        }
+        self.check_liveness(now);
+        self.check_templates(now);
+        self.notify_ready_once();
+        self.expire_clients(now);
+        self.check_upgrade(now);
+        self.check_drain(now);
+        self.check_backlog_finish(now);
+        self.log_scoreboard(now);
+        self.keep_watchdog(now);
+        self.sample_resources(now);
+        self.watch_slow(now);
     }
 
     /// One event, one verb.
@@ -397,12 +375,12 @@ impl Supervisor {
             notify::stopping();
         }
         self.unwatch_listeners();
-        if !self.parked.is_empty() {
+        let parked = self.dispatcher.close_parked();
+        if parked > 0 {
             warn!(
-                count = self.parked.len(),
+                count = parked,
                 "closing connections that were waiting for a child"
             );
-            self.parked.clear();
         }
         self.quit_templates(now);
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();

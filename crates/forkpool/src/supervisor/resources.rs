@@ -132,6 +132,15 @@ impl Resources {
         self.entry(slot, pid).peer = peer;
     }
 
+    /// Records the peer of the connection `fd`, handed to `slot`.
+    pub fn note_handoff(&mut self, slot: usize, pid: i32, fd: impl AsFd) {
+        let peer = socket2::SockRef::from(&fd.as_fd())
+            .peer_addr()
+            .ok()
+            .and_then(|a| peer_name(&a));
+        self.handed(slot, pid, peer);
+    }
+
     /// Records the last capture of `slot`.
     pub fn captured(&mut self, slot: usize, pid: i32, record: String) {
         self.entry(slot, pid).last_capture = Some(record);
@@ -230,18 +239,6 @@ impl Supervisor {
             }
         }
         self.check_memory_and_lifetime(now);
-    }
-
-    /// The peer of a connection about to be handed to `slot`.
-    pub(crate) fn note_handoff(&mut self, slot: usize, fd: impl AsFd) {
-        let Some(pid) = self.board.get(slot).map(|s| s.pid) else {
-            return;
-        };
-        let peer = socket2::SockRef::from(&fd.as_fd())
-            .peer_addr()
-            .ok()
-            .and_then(|a| peer_name(&a));
-        self.resources.handed(slot, pid, peer);
     }
 
     /// A child in `slot` is about to report the end of a connection (idle,

@@ -57,7 +57,7 @@ impl Supervisor {
     /// does and the pool should.
     pub(super) fn stop_after_backlog(&mut self, now: Instant) {
         let queued = u64::from(self.queued());
-        let parked = self.parked.len() as u64;
+        let parked = self.dispatcher.parked() as u64;
         let applies = self.config.serve_backlog_on_stop
             && !self.listeners_outlive_pool
             && self.config.dispatch.speaks_protocol();
@@ -85,7 +85,7 @@ impl Supervisor {
         let Some(finish) = self.finishing else {
             return;
         };
-        let waiting = u64::from(self.queued()) + self.parked.len() as u64;
+        let waiting = u64::from(self.queued()) + self.dispatcher.parked() as u64;
         if finish.done(self.totals.accepted, waiting, now) {
             self.finishing = None;
             self.begin_shutdown(now);

@@ -1,0 +1,99 @@
+//! The supervisor's side of dispatch: it lends the dispatcher the slot
+//! table and a listener, then acts on how the pass ended — stops watching
+//! a saturated listener, pauses one out of descriptors, kills a child that
+//! could not be reached and goes again.
+
+use std::time::Instant;
+
+use crate::config::DispatchMode;
+use crate::dispatch::{order, TurnEnd};
+use crate::status::KillReason;
+
+use super::Supervisor;
+
+impl Supervisor {
+    /// Dispatches on each watched listener marked in this turn (it became
+    /// readable, or an order on it was answered), after all of the turn's
+    /// reports.
+    pub(crate) fn dispatch_marked(&mut self, now: Instant) {
+        for i in 0..self.listeners.len() {
+            if std::mem::take(&mut self.listeners[i].recheck) && self.listeners[i].watched {
+                self.dispatch(i, now);
+            }
+        }
+    }
+
+    /// A watched listener became readable (or is looked at again).
+    pub(crate) fn dispatch(&mut self, listener: usize, now: Instant) {
+        if listener >= self.listeners.len() {
+            return;
+        }
+        // Each pass that finds a child unreachable kills it, which takes
+        // it out of the children with room: at most one pass per slot.
+        for _ in 0..=self.board.span() {
+            let end = match self.config.dispatch {
+                DispatchMode::Handoff => {
+                    let resources = &mut self.resources;
+                    self.dispatcher.accept_and_hand_off(
+                        listener,
+                        &self.listeners[listener],
+                        &mut self.board,
+                        now,
+                        &mut self.totals.accepted,
+                        |slot, pid, fd| resources.note_handoff(slot, pid, fd),
+                    )
+                }
+                DispatchMode::Order => self.dispatcher.order_accepts(
+                    listener,
+                    &mut self.listeners[listener],
+                    &mut self.board,
+                    now,
+                ),
+                DispatchMode::Shared | DispatchMode::None => TurnEnd::Done,
+                #[cfg(feature = "herd")]
+                DispatchMode::Herd => TurnEnd::Done,
+            };
+            match end {
+                TurnEnd::Done => return,
+                TurnEnd::Saturated => return self.unwatch_listener(listener),
+                TurnEnd::Pause(until) => return self.pause_listener(listener, until),
+                TurnEnd::Unreachable { slot, why } => {
+                    self.kill(slot, KillReason::ChannelFailed, why, now);
+                    self.child_available(now);
+                }
+            }
+        }
+    }
+
+    /// A child became idle (or has room again): it takes a parked
+    /// connection first, if any. Paused listeners are watched again by the
+    /// loop.
+    pub(crate) fn child_available(&mut self, now: Instant) {
+        for _ in 0..=self.board.span() {
+            let resources = &mut self.resources;
+            let end = self
+                .dispatcher
+                .hand_parked(&mut self.board, now, |slot, pid, fd| {
+                    resources.note_handoff(slot, pid, fd)
+                });
+            match end {
+                TurnEnd::Unreachable { slot, why } => {
+                    self.kill(slot, KillReason::ChannelFailed, why, now)
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// A child answered its accept order (`Busy` or `Missed`).
+    pub(crate) fn order_answered(&mut self, slot: usize) {
+        if let Some(link) = self.board.link_mut(slot) {
+            order::order_answered(link, &mut self.listeners);
+        }
+    }
+
+    fn pause_listener(&mut self, listener: usize, until: Instant) {
+        self.unwatch_listener(listener);
+        self.listeners[listener].resume_at = Some(until);
+    }
+}
