@@ -10,9 +10,14 @@
 //!   serve one connection at a time, [`Pool::run_sessions`] for children
 //!   that each hold many (a [`sessions::SessionPool`] in every child);
 //! - [`config`]: every knob and its validation;
-//! - [`scaling`]: **who decides how many children there are** (a pure policy);
-//! - `dispatch`: **where a connection goes** (lowest idle child; handoff or order);
-//! - `scoreboard`: which child is in which slot, doing what (plain data, crate-private);
+//! - `policy`: the rules as pure functions, tested without processes:
+//!   [`scaling`] (**who decides how many children there are**), the
+//!   dispatch choice (lowest slot with room), liveness deadlines,
+//!   recycling, start back-off, shutdown escalation;
+//! - `dispatch`: **where a connection goes**, mechanically (`handoff` passes
+//!   the descriptor, `order` tells the child to accept);
+//! - `scoreboard`: the one slot table: which child is in which slot, doing
+//!   what, with the supervisor's link to it (crate-private);
 //! - [`protocol`]: the back-channel wire format (the `forkpool-protocol`
 //!   crate holds it, the channel and the exec'd worker's layout);
 //! - `supervisor`: the parent's event loop, carrying out the policy;

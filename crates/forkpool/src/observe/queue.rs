@@ -165,37 +165,7 @@ fn listeners(family: u8) -> io::Result<Vec<Listening>> {
                 NetlinkPayload::Error(e) => {
                     return Err(io::Error::other(format!("sock_diag refused: {e}")))
                 }
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                    found.push(Listening {
-                        inode: r.header.inode,
-                        address: std::net::SocketAddr::new(
-                            r.header.socket_id.source_address,
-                            r.header.socket_id.source_port,
-                        )
-                        .to_string(),
-                        queue: ListenQueue {
-                            waiting: r.header.recv_queue,
-                            backlog: r.header.send_queue,
-                        },
-                    });
-                }
-                NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r)) => {
-                    let address = match r.name() {
-                        Some(UnixDiagName::Pathname(p)) => p.to_string_lossy().into_owned(),
-                        Some(UnixDiagName::Abstract(a)) => {
-                            format!("@{}", String::from_utf8_lossy(a))
-                        }
-                        None => String::new(),
-                    };
-                    found.push(Listening {
-                        inode: r.header.inode,
-                        address,
-                        queue: ListenQueue {
-                            waiting: r.number_of_pending_connection().unwrap_or(0),
-                            backlog: r.max_number_of_pending_connection().unwrap_or(0),
-                        },
-                    });
-                }
+                NetlinkPayload::InnerMessage(answer) => found.extend(listening(answer)),
                 _ => {}
             }
             if length == 0 {
@@ -203,6 +173,40 @@ fn listeners(family: u8) -> io::Result<Vec<Listening>> {
             }
             offset += length;
         }
+    }
+}
+
+/// One socket of a `sock_diag` dump, as a listener and its queue.
+fn listening(answer: SockDiagMessage) -> Option<Listening> {
+    match answer {
+        SockDiagMessage::InetResponse(r) => Some(Listening {
+            inode: r.header.inode,
+            address: std::net::SocketAddr::new(
+                r.header.socket_id.source_address,
+                r.header.socket_id.source_port,
+            )
+            .to_string(),
+            queue: ListenQueue {
+                waiting: r.header.recv_queue,
+                backlog: r.header.send_queue,
+            },
+        }),
+        SockDiagMessage::UnixResponse(r) => {
+            let address = match r.name() {
+                Some(UnixDiagName::Pathname(p)) => p.to_string_lossy().into_owned(),
+                Some(UnixDiagName::Abstract(a)) => format!("@{}", String::from_utf8_lossy(a)),
+                None => String::new(),
+            };
+            Some(Listening {
+                inode: r.header.inode,
+                address,
+                queue: ListenQueue {
+                    waiting: r.number_of_pending_connection().unwrap_or(0),
+                    backlog: r.max_number_of_pending_connection().unwrap_or(0),
+                },
+            })
+        }
+        _ => None,
     }
 }
 
