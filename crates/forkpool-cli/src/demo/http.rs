@@ -155,6 +155,9 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
     if let forkpool::Stream::Unix(_) = stream {
         let _ = stream.set_read_timeout(Some(KEEPALIVE_TIMEOUT));
     }
+    // The read timeout the socket has now: set again only when it changes,
+    // which on a prompt client is never (one system call less per read).
+    let mut timeout = KEEPALIVE_TIMEOUT;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let mut served = 0u32;
@@ -174,7 +177,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
                 refuse_and_close(&mut stream, status, &why, worker);
                 return;
             }
-            match read_before(&mut stream, &mut chunk, deadline) {
+            match read_before(&mut stream, &mut chunk, deadline, &mut timeout) {
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 // Quiet between requests: a kept-alive connection ends.
                 Err(Ended::Timeout) if buf.is_empty() && served > 0 => return,
@@ -196,7 +199,7 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         let mut left = request.body_len - in_buf as u64;
         while left > 0 {
             let want = chunk.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-            match read_before(&mut stream, &mut chunk[..want], deadline) {
+            match read_before(&mut stream, &mut chunk[..want], deadline, &mut timeout) {
                 Ok(n) => left -= n as u64,
                 Err(Ended::Timeout) => {
                     refuse_and_close(&mut stream, 408, "request body too slow\n", worker);
@@ -247,8 +250,9 @@ fn refuse_and_close(
     let deadline = Instant::now() + LINGER;
     let mut sink = [0u8; 4096];
     let mut dropped = 0;
+    let mut timeout = Duration::ZERO; // not known here: set on the first read
     while dropped < LINGER_BYTES {
-        match read_before(stream, &mut sink, deadline) {
+        match read_before(stream, &mut sink, deadline, &mut timeout) {
             Ok(n) => dropped += n,
             Err(_) => return,
         }
@@ -265,16 +269,23 @@ enum Ended {
 
 /// One read that ends by `deadline`: the read timeout is what is left of
 /// the request's time, so a client dripping bytes cannot stretch it.
+/// `timeout` is the read timeout the socket has; it is set only when the
+/// read needs another.
 fn read_before(
     stream: &mut forkpool::Stream,
     buf: &mut [u8],
     deadline: Instant,
+    timeout: &mut Duration,
 ) -> Result<usize, Ended> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(Ended::Timeout);
     }
-    let _ = stream.set_read_timeout(Some(left.min(KEEPALIVE_TIMEOUT)));
+    let wanted = left.min(KEEPALIVE_TIMEOUT);
+    if wanted != *timeout {
+        let _ = stream.set_read_timeout(Some(wanted));
+        *timeout = wanted;
+    }
     match stream.read(buf) {
         Ok(0) => Err(Ended::Closed),
         Ok(n) => Ok(n),
