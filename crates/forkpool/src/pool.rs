@@ -396,7 +396,7 @@ impl Pool {
         supervisor.listeners_outlive_pool = self.listeners_outlive;
         supervisor.reload_source = self.reload;
         supervisor.credentials = self.credentials;
-        supervisor.upgrade_command = self.upgrade;
+        supervisor.handover.command = self.upgrade;
         Ok(supervisor)
     }
 }

@@ -91,7 +91,7 @@ impl Supervisor {
     /// The `USR2` successor is ready: hand over, after the drain delay.
     pub(super) fn successor_ready(&mut self, now: Instant) {
         // From now on the successor speaks to systemd.
-        self.handed_over = true;
+        self.handover.handed_over = true;
         let step = self.drain_machine().on_hand_over(now);
         self.drain_step(step, now);
     }

@@ -56,7 +56,7 @@ pub use reload::ReloadSource;
 pub use upgrade::{UpgradeCommand, READY_FD_ENV, SOCKET_ACTIVATED_ENV, UPGRADE_FROM_ENV};
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
@@ -149,15 +149,10 @@ pub(crate) struct Supervisor {
     pub(crate) listeners_outlive_pool: bool,
     /// Who children run as, if not the supervisor's own user.
     pub(crate) credentials: Option<crate::pool::Credentials>,
-    /// How to re-exec for a binary upgrade (SIGUSR2), if enabled.
-    pub(crate) upgrade_command: Option<UpgradeCommand>,
-    /// The upgrade in progress, if any.
-    upgrade: Option<upgrade::Upgrade>,
-    /// In a supervisor started by an upgrade: the pipe to report ready on.
-    predecessor: Option<OwnedFd>,
+    /// A binary upgrade's two ends: the command, the successor starting,
+    /// the predecessor waiting (`upgrade.rs`).
+    pub(crate) handover: upgrade::Handover,
     pid: u32,
-    /// This supervisor is draining because a successor took over.
-    handed_over: bool,
     /// Whether systemd has been told the pool is ready.
     told_ready: bool,
     /// systemd's watchdog, when the unit asks for one.
@@ -221,11 +216,11 @@ impl Supervisor {
             finishing: None,
             listeners_outlive_pool: false,
             credentials: None,
-            upgrade_command: None,
-            upgrade: None,
-            predecessor: crate::sys::process::take_fd_from_env(READY_FD_ENV)?,
+            handover: upgrade::Handover {
+                predecessor: crate::sys::process::take_fd_from_env(READY_FD_ENV)?,
+                ..Default::default()
+            },
             pid: std::process::id(),
-            handed_over: false,
             told_ready: false,
             watchdog: watchdog::Watchdog::from_env(Instant::now()),
             resources: resources::Resources::default(),
@@ -371,7 +366,7 @@ impl Supervisor {
             "shutting down: no new connections, waiting for busy children"
         );
         self.shutdown = Some(Shutdown { deadline });
-        if !self.handed_over {
+        if !self.handover.handed_over {
             notify::stopping();
         }
         self.unwatch_listeners();

@@ -63,6 +63,19 @@ impl UpgradeCommand {
     }
 }
 
+/// Both ends of a binary upgrade, as this supervisor sees them.
+#[derive(Default)]
+pub(crate) struct Handover {
+    /// How to re-exec for an upgrade (SIGUSR2), if enabled.
+    pub command: Option<UpgradeCommand>,
+    /// The successor being started, if an upgrade is in progress.
+    pub successor: Option<Upgrade>,
+    /// In a supervisor started by an upgrade: the pipe to report ready on.
+    pub predecessor: Option<OwnedFd>,
+    /// A successor took over: this supervisor is draining.
+    pub handed_over: bool,
+}
+
 /// An upgrade in progress.
 pub(crate) struct Upgrade {
     pid: i32,
@@ -73,11 +86,11 @@ pub(crate) struct Upgrade {
 impl Supervisor {
     /// SIGUSR2: start the new supervisor.
     pub(super) fn begin_upgrade(&mut self, now: Instant) {
-        let Some(command) = self.upgrade_command.clone() else {
+        let Some(command) = self.handover.command.clone() else {
             warn!("SIGUSR2 ignored: this pool was not built with binary upgrades enabled");
             return;
         };
-        if let Some(upgrade) = &self.upgrade {
+        if let Some(upgrade) = &self.handover.successor {
             warn!(
                 pid = upgrade.pid,
                 "SIGUSR2 ignored: an upgrade is already under way"
@@ -94,7 +107,7 @@ impl Supervisor {
                 ) {
                     error!("upgrade: cannot watch the new supervisor: {e}");
                 }
-                self.upgrade = Some(Upgrade {
+                self.handover.successor = Some(Upgrade {
                     pid,
                     ready,
                     deadline: now + UPGRADE_TIMEOUT,
@@ -172,7 +185,7 @@ impl Supervisor {
 
     /// The new supervisor wrote to, or closed, the readiness pipe.
     pub(super) fn upgrade_progress(&mut self, now: Instant) {
-        let Some(upgrade) = self.upgrade.as_mut() else {
+        let Some(upgrade) = self.handover.successor.as_mut() else {
             return;
         };
         let mut buf = [0u8; 16];
@@ -207,7 +220,7 @@ impl Supervisor {
 
     /// Kills a new supervisor that did not become ready in time.
     pub(super) fn check_upgrade(&mut self, now: Instant) {
-        if let Some(upgrade) = &self.upgrade {
+        if let Some(upgrade) = &self.handover.successor {
             if now >= upgrade.deadline {
                 let pid = upgrade.pid;
                 let _ = process::send_signal(pid, Signal::SIGKILL);
@@ -223,12 +236,17 @@ impl Supervisor {
     }
 
     pub(super) fn upgrade_deadline(&self) -> Option<Instant> {
-        self.upgrade.as_ref().map(|u| u.deadline)
+        self.handover.successor.as_ref().map(|u| u.deadline)
     }
 
     /// A process that held no slot was reaped: it may be the new supervisor.
     pub(super) fn reaped_successor(&mut self, pid: i32, status: ExitStatus) -> bool {
-        if self.upgrade.as_ref().is_some_and(|u| u.pid == pid) {
+        if self
+            .handover
+            .successor
+            .as_ref()
+            .is_some_and(|u| u.pid == pid)
+        {
             self.end_upgrade();
             self.totals.upgrade_failures += 1;
             error!(
@@ -242,7 +260,7 @@ impl Supervisor {
     }
 
     fn end_upgrade(&mut self) {
-        if let Some(upgrade) = self.upgrade.take() {
+        if let Some(upgrade) = self.handover.successor.take() {
             // A successor that became ready has moved its socket into
             // place already; one that failed may have left it beside ours.
             self.endpoints.remove_successor_control(upgrade.pid);
@@ -255,7 +273,7 @@ impl Supervisor {
 
     /// In a new supervisor: tell the old one we are ready (once).
     pub(super) fn tell_predecessor_ready(&mut self) {
-        if let Some(fd) = self.predecessor.take() {
+        if let Some(fd) = self.handover.predecessor.take() {
             if let Err(e) = self.endpoints.take_control_home() {
                 warn!("cannot move the control socket into place: {e}");
             }
