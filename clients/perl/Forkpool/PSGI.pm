@@ -22,7 +22,6 @@ use warnings;
 use Errno ();
 use File::Temp ();
 use IO::Handle ();
-use IO::Select ();
 use overload ();
 use POSIX ();
 use Scalar::Util qw(blessed reftype);
@@ -98,6 +97,7 @@ sub run {
         or die "the app is not a code reference: " . (ref $app || "'$app'") . "\n";
     my $worker = Forkpool::Worker->from_env;
     local $self->{worker} = $worker;
+    local $self->{listen_bits};
     local $self->{app}    = $app;
     $worker->serve(sub { $self->serve_connection(@_) });
     return;
@@ -106,10 +106,18 @@ sub run {
 # True when a listener this worker holds has a connection waiting: the
 # current one then closes after its response, so a kept-alive client does
 # not keep a busy pool from the clients queued behind it.
+# The listeners' select bits are worked out once per worker (its
+# listeners do not change while it serves), not once per request.
 sub _others_waiting {
     my ($self) = @_;
-    my @listeners = $self->{worker}->listeners or return 0;
-    return scalar IO::Select->new(@listeners)->can_read(0);
+    my $bits = $self->{listen_bits} //= do {
+        my $v = '';
+        vec($v, fileno($_), 1) = 1 for $self->{worker}->listeners;
+        $v;
+    };
+    return 0 if $bits eq '';
+    my $n = select(my $ready = $bits, undef, undef, 0);
+    return $n > 0 ? 1 : 0;
 }
 
 # One connection: requests until the client or a limit ends it.
