@@ -30,6 +30,30 @@ pub const MAX_IN_FLIGHT: u32 = 64;
 /// client's patience and costs 20 wake-ups a second at most while saturated.
 pub(crate) const BACKLOG_RECHECK: Duration = Duration::from_millis(50);
 
+/// While every child is busy, the supervisor reads its children's reports
+/// in batches: after a turn that only read reports and left no child with
+/// room, it waits this long before it looks for events again. Busy
+/// children take the connections waiting in the backlog themselves and say
+/// so (`N`), which changes nothing the supervisor must act on at once; read
+/// one at a time, each report would wake it, twice the context switches
+/// per request under load for no gain. An `Idle` waits at most this long
+/// more, and only while all the others are busy; a signal, the control
+/// socket and a new connection likewise.
+pub(crate) const REPORT_BATCH: Duration = Duration::from_millis(1);
+
+/// How long to wait before the next poll after a turn of `events` events:
+/// a [`REPORT_BATCH`] when they were all children's reports
+/// (`only_reports`), no child has room after them and the pool is not
+/// stopping; otherwise none.
+pub(crate) fn report_batch_pause(
+    has_room: bool,
+    events: usize,
+    only_reports: bool,
+    stopping: bool,
+) -> Option<Duration> {
+    (!has_room && events > 0 && only_reports && !stopping).then_some(REPORT_BATCH)
+}
+
 /// Whether the child in a slot, in `state` with `load` (for many-connection
 /// children), has room for one more connection.
 pub(crate) fn has_room(state: SlotState, load: Option<&SessionLoad>) -> bool {
@@ -129,6 +153,23 @@ mod tests {
         load.open = 2;
         assert!(!has_room(SlotState::Busy, Some(&load)));
         assert!(!has_room(SlotState::Partial, Some(&load)));
+    }
+
+    #[test]
+    fn reports_are_read_in_batches_only_while_saturated_and_serving() {
+        assert_eq!(
+            report_batch_pause(false, 3, true, false),
+            Some(REPORT_BATCH)
+        );
+        // A child has room: its next report may be the one a waiting
+        // connection needs.
+        assert_eq!(report_batch_pause(true, 3, true, false), None);
+        // Something else woke the loop (a listener, a signal, a client).
+        assert_eq!(report_batch_pause(false, 3, false, false), None);
+        // A timer woke it: nothing to batch.
+        assert_eq!(report_batch_pause(false, 0, true, false), None);
+        // Stopping: children's exits are awaited promptly.
+        assert_eq!(report_batch_pause(false, 3, true, true), None);
     }
 
     #[test]

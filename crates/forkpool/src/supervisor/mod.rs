@@ -275,6 +275,14 @@ impl Supervisor {
             }
             self.dispatch_marked(now);
             self.keep_up(Instant::now());
+            let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
+            let stopping = self.shutdown.is_some();
+            let has_room = self.board.has_room();
+            if let Some(pause) =
+                dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
+            {
+                std::thread::sleep(pause);
+            }
         }
     }
 
