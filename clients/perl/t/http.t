@@ -9,7 +9,7 @@ use lib "$FindBin::Bin/..";
 use Test::More;
 use Forkpool::HTTP qw(
     find_head_end parse_head body_framing keeps_alive expects_continue
-    env_headers parse_chunk_size status_text response_head access_line head_parser
+    env_headers parse_chunk_size status_text response_head access_line
 );
 
 sub head { parse_head(join('', map { "$_\r\n" } @_) . "\r\n") }
@@ -118,40 +118,6 @@ subtest 'access_line' => sub {
         'request, status, bytes, referer, agent, duration, slot');
     like(access_line(host => '::1', start => 0, status => 408, bytes => 0,
         duration => 1, slot => 0), qr{"-" 408 - }, 'no request line, no bytes');
-};
-
-subtest 'parse_head: the C parser agrees with the pure-Perl one' => sub {
-    # With HTTP::Parser::XS installed the plain heads take the C path;
-    # each result must equal the pure-Perl parser's (headers compared by
-    # name, since the C parser does not keep their order).
-    my $xs = eval { require HTTP::Parser::XS; 1 };
-    if ($ENV{FORKPOOL_PSGI_PURE_PERL} || !$xs) {
-        is(head_parser(), 'perl', 'pure Perl when forced or without the XS module');
-    } else {
-        is(head_parser(), 'xs', 'HTTP::Parser::XS used when installed');
-    }
-    my @heads = (
-        ['GET /a%20b?x=1&y HTTP/1.1', 'Host: example', 'Accept: */*'],
-        ['POST /form HTTP/1.0', 'Content-Type: text/plain', 'Content-Length: 3'],
-        ['GET / HTTP/1.1', 'X-A: 1', 'X-A: 2'],
-        ['GET / HTTP/1.1', 'X_A: 1', 'X-A: 2'],
-        ['GET / HTTP/1.1', 'Host: a  '],
-        ['G(T / HTTP/1.1', 'Host: a'],
-        ['GET / HTTP/1.1', 'A(b: 1'],
-        ['GET / HTTP/2.0', 'Host: a'],
-        ["GET /\xe9 HTTP/1.1", 'Host: a'],
-        ['GET / HTTP/1.1', "Host: \xe9"],
-    );
-    my $canon = sub {
-        my ($r, @rest) = @_;
-        return [@rest] unless $r;
-        return { %$r, headers => [sort { $a->[0] cmp $b->[0] } @{ $r->{headers} }] };
-    };
-    for my $lines (@heads) {
-        my $text = join('', map { "$_\r\n" } @$lines) . "\r\n";
-        is_deeply($canon->(parse_head($text)), $canon->(Forkpool::HTTP::_parse_head_perl($text)),
-            "same result: $lines->[0] / $lines->[-1]");
-    }
 };
 
 done_testing;
