@@ -131,10 +131,13 @@ impl Dispatcher {
         now: Instant,
         mut handed: impl FnMut(usize, i32, BorrowedFd<'_>),
     ) -> TurnEnd {
-        while let Some(slot) = board.lowest_with_room() {
-            let Some((listener, fd)) = self.parked.pop_front() else {
+        // Called on every report that frees a child: the queue, almost
+        // always empty, is looked at before the slot table.
+        while !self.parked.is_empty() {
+            let Some(slot) = board.lowest_with_room() else {
                 return TurnEnd::Done;
             };
+            let (listener, fd) = self.parked.pop_front().expect("checked non-empty");
             if let Err(end) = self.hand_off(board, slot, listener, fd, now, &mut handed) {
                 return end;
             }
