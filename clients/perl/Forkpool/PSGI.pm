@@ -34,7 +34,7 @@ use Time::HiRes ();
 
 use Forkpool::HTTP qw(
     find_head_end parse_head body_framing keeps_alive expects_continue
-    env_headers status_text response_head access_line
+    status_text response_head access_line
 );
 use Forkpool::Worker;
 
@@ -173,23 +173,23 @@ sub _address {
 
 # Waits until $fd is readable or, if given, the worker's channel is (the
 # supervisor has something to say, most likely quit), for at most
-# $timeout seconds. Returns 'conn', 'channel' or '' on timeout.
+# $timeout seconds. Returns 'conn', 'channel' or '' on timeout. Linux's
+# select says how much of the timeout is left, so a signal costs no clock
+# reads.
 sub _wait_readable {
     my ($fd, $timeout, $channel_fd) = @_;
-    my $deadline = Time::HiRes::time() + $timeout;
+    my $bits = '';
+    vec($bits, $fd, 1) = 1;
+    vec($bits, $channel_fd, 1) = 1 if defined $channel_fd;
     while (1) {
-        my $bits = '';
-        vec($bits, $fd, 1) = 1;
-        vec($bits, $channel_fd, 1) = 1 if defined $channel_fd;
-        my $left = $deadline - Time::HiRes::time();
-        return '' if $left <= 0;
-        my $n = select(my $ready = $bits, undef, undef, $left);
+        (my $n, $timeout) = select(my $ready = $bits, undef, undef, $timeout);
         if ($n > 0) {
             return 'channel' if defined $channel_fd && vec($ready, $channel_fd, 1);
             return 'conn';
         }
         return '' if $n == 0;
         die "select: $!\n" unless $!{EINTR};
+        return '' if $timeout <= 0;
     }
 }
 
@@ -198,16 +198,14 @@ sub _wait_readable {
 # requests, or the head was refused with an error response).
 sub _read_request {
     my ($self, $c) = @_;
-    my $start = Time::HiRes::time();
     if ($c->{served} && $c->{buf} eq '') {
-        my $channel = fileno($self->{worker}->channel);
+        $c->{channel_fd} //= fileno($self->{worker}->channel);
         return undef
-            unless _wait_readable($c->{fd}, $self->{keepalive_timeout}, $channel) eq 'conn';
-        $start = Time::HiRes::time();
+            unless _wait_readable($c->{fd}, $self->{keepalive_timeout}, $c->{channel_fd}) eq 'conn';
     }
-    my $deadline = $start + $self->{header_timeout};
-    my $end;
-    while (($end = find_head_end($c->{buf})) < 0) {
+    my $start = Time::HiRes::time();
+    my $end = $c->{buf} eq '' ? -1 : find_head_end($c->{buf});
+    while ($end < 0) {
         return $self->_refuse($c, $start, 431, 'request head over --max-header-size')
             if length $c->{buf} > $self->{max_header_size};
         # Most requests are there already: try before waiting.
@@ -215,10 +213,11 @@ sub _read_request {
         if (defined $n) {
             return undef unless length $data;    # the client closed the connection
             $c->{buf} .= $data;
+            $end = find_head_end($c->{buf});
             next;
         }
         return undef unless $!{EAGAIN} || $!{EWOULDBLOCK} || $!{EINTR};
-        my $left = $deadline - Time::HiRes::time();
+        my $left = $start + $self->{header_timeout} - Time::HiRes::time();
         unless ($left > 0 && _wait_readable($c->{fd}, $left) eq 'conn') {
             # A client that never started a request gets no answer.
             return undef if $c->{served} && $c->{buf} eq '';
@@ -244,7 +243,8 @@ sub _refuse {
             'Connection: close') . $body);
         1;
     };
-    $self->_log_access($c, $req, $status, $sent ? length $body : 0, $start);
+    $self->_log_access($c, $req, $status, $sent ? length $body : 0, $start)
+        if $self->{access_log};
     _linger($c);
     return undef;
 }
@@ -276,7 +276,8 @@ sub _serve_request {
     return $self->_refuse($c, $req->{start}, $status, $expect_why, $req)
         unless defined $continue;
 
-    my $input = Forkpool::PSGI::Input->new($self, $c, $framing, $length, $continue);
+    my $input = $framing eq 'none' ? $Forkpool::PSGI::Input::NO_BODY
+        : Forkpool::PSGI::Input->new($self, $c, $framing, $length, $continue);
     my $env = $self->_env($c, $req, $input);
     if ($framing eq 'chunked') {
         unless (eval { _spool_chunked($env, $input); 1 }) {
@@ -317,7 +318,8 @@ sub _serve_request {
         # The response had begun: all we can do is cut it short.
         $r->{keep} = 0;
     }
-    $self->_log_access($c, $req, $r->{status}, $r->{bytes}, $req->{start});
+    $self->_log_access($c, $req, $r->{status}, $r->{bytes}, $req->{start})
+        if $self->{access_log};
     $c->{leave} = 1 if $env->{'psgix.harakiri.commit'};
     return 0 unless $r->{keep} && !$c->{broken};
     return $input->finish;
@@ -376,19 +378,18 @@ sub _log_error {
     return;
 }
 
+# The access log line of a request (callers check --no-access-log).
 sub _log_access {
     my ($self, $c, $req, $status, $bytes, $start) = @_;
-    return unless $self->{access_log};
     my $now = Time::HiRes::time();
-    my $fields = $req ? $req->{fields} : {};
     syswrite(STDERR, access_line(
         host     => $c->{remote_addr} || '-',
         start    => $start,
         request  => $req ? "$req->{method} $req->{target} $req->{protocol}" : undef,
         status   => $status,
         bytes    => $bytes,
-        referer  => ($fields->{referer} || [])->[0],
-        agent    => ($fields->{'user-agent'} || [])->[0],
+        referer  => $req && $req->{referer},
+        agent    => $req && $req->{agent},
         duration => $now - $start,
         # Asked per line: under --preload, $worker is the template until
         # the fork makes it this worker.
@@ -401,11 +402,13 @@ sub _log_access {
 sub _env {
     my ($self, $c, $req, $input) = @_;
     my $path = $req->{path};
-    if ($path =~ s{\Ahttps?://[^/]*}{}i) {
+    if (substr($path, 0, 1) ne '/' && $path =~ s{\Ahttps?://[^/]*}{}i) {
         $path = '/' if $path eq '';    # absolute form, as proxies send it
     }
     $path =~ s/%([0-9A-Fa-f]{2})/chr hex $1/ge if index($path, '%') >= 0;
-    my $env = env_headers($req);
+    my $env = $req->{env};
+    # The log shows what the client sent, whatever the app does to $env.
+    @$req{qw(referer agent)} = @$env{qw(HTTP_REFERER HTTP_USER_AGENT)} if $self->{access_log};
     my ($host_name, $host_port) = ($env->{HTTP_HOST} // '') =~ /\A(\[[^\]]*\]|[^:]*)(?::(\d+))?\z/;
     unless (length($host_name // '')) {
         # No Host (HTTP/1.0): the address the client connected to.
@@ -541,9 +544,10 @@ sub _send_head {
     }
     my @extra;
     $r->{status} = $status;
-    $r->{with_body} = !$r->{head} && _has_body($status);
+    my $has_body = _has_body($status);
+    $r->{with_body} = !$r->{head} && $has_body;
     $r->{keep} = 0 if $app_close;
-    if (!_has_body($status)) {
+    if (!$has_body) {
         # no body, no framing
     }
     elsif (defined $app_length || $app_te) {
@@ -674,6 +678,10 @@ sub new {
         error    => undef,
     }, $class;
 }
+
+# The input of every request without a body: nothing to read, nothing
+# to drain, nothing per request to allocate.
+our $NO_BODY = __PACKAGE__->new(undef, undef, 'none', 0, 0);
 
 # read($buffer, $length, $offset): like Perl's read; 0 at the end of the
 # body. Dies if the body is malformed, too large or too slow.

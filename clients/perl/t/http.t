@@ -9,7 +9,7 @@ use lib "$FindBin::Bin/..";
 use Test::More;
 use Forkpool::HTTP qw(
     find_head_end parse_head body_framing keeps_alive expects_continue
-    env_headers parse_chunk_size status_text response_head access_line
+    parse_chunk_size status_text response_head access_line
 );
 
 sub head { parse_head(join('', map { "$_\r\n" } @_) . "\r\n") }
@@ -27,9 +27,12 @@ subtest 'parse_head: a good request' => sub {
     is($req->{path}, '/a%20b');
     is($req->{query}, 'x=1&y=2');
     is($req->{minor}, 1);
-    is_deeply($req->{headers}, [['host', 'example'], ['x-two', '1'], ['x-two', '2']]);
-    is_deeply($req->{fields}{'x-two'}, ['1', '2'], 'repeated headers kept in order');
+    is_deeply($req->{env}, { HTTP_HOST => 'example', HTTP_X_TWO => '1, 2' },
+        'repeated headers joined in order, blanks around a value dropped');
     ok(head("\r\nGET / HTTP/1.0"), 'a leading empty line is skipped');
+    my $blanks = head('GET / HTTP/1.1', "X-Tab: a\tb \t", 'X-Empty:   ', "X-High: caf\xe9");
+    is_deeply($blanks->{env}, { HTTP_X_TAB => "a\tb", HTTP_X_EMPTY => '', HTTP_X_HIGH => "caf\xe9" },
+        'blanks inside a value kept, around it dropped; empty and non-ASCII values');
 };
 
 subtest 'parse_head: refusals' => sub {
@@ -82,9 +85,9 @@ subtest 'expects_continue' => sub {
     is((expects_continue(head('POST / HTTP/1.1', 'Expect: teapot')))[1], 417);
 };
 
-subtest 'env_headers' => sub {
-    my $env = env_headers(head('POST / HTTP/1.1', 'Content-Type: text/plain',
-        'Content-Length: 3', 'X-Forwarded-For: a', 'x-forwarded-for: b', 'X_Sneaky: 1'));
+subtest 'parse_head: environment keys' => sub {
+    my $env = head('POST / HTTP/1.1', 'Content-Type: text/plain',
+        'Content-Length: 3', 'X-Forwarded-For: a', 'x-forwarded-for: b', 'X_Sneaky: 1')->{env};
     is_deeply($env, {
         CONTENT_TYPE => 'text/plain', CONTENT_LENGTH => 3,
         HTTP_X_FORWARDED_FOR => 'a, b',
