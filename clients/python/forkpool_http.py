@@ -21,6 +21,7 @@ block at a time, with a per-read timeout (`Limits.read_timeout`).
 """
 
 import re
+import select
 import socket
 import time
 
@@ -99,19 +100,27 @@ class Reader:
 
     def fill(self, deadline):
         """Reads one more block into the buffer before `deadline`; False at
-        end of file. Raises TimeoutError once the deadline has passed."""
+        end of file. Raises TimeoutError once the deadline has passed.
+
+        The read does not wait (MSG_DONTWAIT), and only when nothing has
+        come yet does it poll until the deadline: a request that is there
+        already costs one system call. (A Python socket timeout costs
+        three: setting the blocking mode, a poll, the read.) So the
+        socket is kept without a Python timeout here."""
         if self.eof:
             return False
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        self.sock.settimeout(left)
-        try:
-            data = self.sock.recv(self.block)
-        except socket.timeout as e:
-            raise TimeoutError("deadline passed") from e
-        except (ConnectionResetError, BrokenPipeError) as e:
-            raise ClientGone(str(e)) from e
+        if self.sock.gettimeout() is not None:
+            self.sock.settimeout(None)
+        while True:
+            try:
+                data = self.sock.recv(self.block, socket.MSG_DONTWAIT)
+                break
+            except BlockingIOError:
+                pass
+            except (ConnectionResetError, BrokenPipeError) as e:
+                raise ClientGone(str(e)) from e
+            if not wait_ready(self.sock, select.POLLIN, deadline - time.monotonic()):
+                raise TimeoutError("deadline passed")
         if not data:
             self.eof = True
             return False
@@ -175,6 +184,38 @@ class Reader:
             except TimeoutError:
                 raise ClientGone("the body stopped arriving") from None
         raise HttpError(400, "a chunk-size or trailer line is too long")
+
+
+def wait_ready(sock, events, timeout):
+    """True when `sock` has `events` (select.POLLIN, POLLOUT) within
+    `timeout` seconds; an error or hang-up counts as ready, so that the
+    next call on the socket reports it."""
+    if timeout <= 0:
+        return False
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(timeout * 1000))
+
+
+def send_all(sock, data, timeout):
+    """Sends all of `data`, each send without waiting (MSG_DONTWAIT): one
+    system call when the socket has room, as it nearly always has. When
+    it has none, waits for room for at most `timeout` seconds in all.
+    Raises ClientGone when the client has gone or does not read."""
+    view = memoryview(data)
+    deadline = None
+    while view:
+        try:
+            view = view[sock.send(view, socket.MSG_DONTWAIT) :]
+            continue
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            raise ClientGone(str(e)) from e
+        if deadline is None:
+            deadline = time.monotonic() + timeout
+        if not wait_ready(sock, select.POLLOUT, deadline - time.monotonic()):
+            raise ClientGone(f"the client did not read for {timeout:g} s")
 
 
 def check_head_size(head, limits):

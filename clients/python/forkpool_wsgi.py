@@ -175,11 +175,9 @@ class Response:
         return "".join(lines).encode("latin-1")
 
     def _send(self, data):
-        _set_timeout(self.conn, self.timeout)
-        try:
-            self.conn.sendall(data)
-        except OSError as e:
-            raise http.ClientGone(str(e)) from e
+        if self.conn.gettimeout() is not None:
+            self.conn.settimeout(None)  # see http.Reader.fill
+        http.send_all(self.conn, data, self.timeout)
 
     def write(self, data):
         """Sends body bytes; the head goes with the first non-empty write."""
@@ -212,11 +210,15 @@ class Response:
         except (OSError, ValueError):
             return False
         self.write(b"")
-        _set_timeout(self.conn, self.timeout)
+        # socket.sendfile needs a Python timeout; the reads and sends
+        # around it want none (see http.Reader.fill).
+        self.conn.settimeout(self.timeout)
         try:
             self.sent += self.conn.sendfile(wrapper.filelike, count=self.length)
         except OSError as e:
             raise http.ClientGone(str(e)) from e
+        finally:
+            self.conn.settimeout(None)
         return True
 
     def finish(self):
@@ -252,7 +254,6 @@ class Server:
         """One connection: requests until close, a limit, or an idle timeout."""
         reader = http.Reader(conn)
         peer = _peer(conn)
-        local = _local(conn)
         for number in range(self.limits.max_requests):
             if number and not self._next_request_waiting(conn, reader):
                 return
@@ -268,7 +269,7 @@ class Server:
             except (http.ClientGone, OSError):
                 return
             last = number + 1 == self.limits.max_requests
-            if not self.serve_request(conn, reader, request, peer, local, last, started):
+            if not self.serve_request(conn, reader, request, peer, last, started):
                 return
             if self.worker.leaving:
                 return
@@ -304,7 +305,7 @@ class Server:
             pass
         self._log(peer, request_line, error.status, "-", started)
 
-    def serve_request(self, conn, reader, request, peer, local, last, started):
+    def serve_request(self, conn, reader, request, peer, last, started):
         """Runs the app for one request; True when the connection stays open."""
         request_line = f"{request.method} {request.target} {request.version_text}"
         try:
@@ -316,11 +317,7 @@ class Server:
         continued = []
 
         def send_continue():
-            conn.settimeout(self.limits.read_timeout)
-            try:
-                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            except OSError as e:
-                raise http.ClientGone(str(e)) from e
+            http.send_all(conn, b"HTTP/1.1 100 Continue\r\n\r\n", self.limits.read_timeout)
             continued.append(True)
 
         body = http.Body(reader, self.limits, framing, length, send_continue if expect else None)
@@ -332,7 +329,7 @@ class Server:
             self.limits.read_timeout,
             lambda: self.worker.leaving,
         )
-        environ = self.environ(request, body, peer, local)
+        environ = self.environ(request, body, peer, conn)
         keep = False
         try:
             keep = self._run_app(environ, response, body)
@@ -376,22 +373,26 @@ class Server:
                 close()
         return response.finish()
 
-    def environ(self, request, body, peer, local):
-        """The PEP 3333 environ for one request."""
+    def environ(self, request, body, peer, conn):
+        """The PEP 3333 environ for one request. SERVER_NAME and SERVER_PORT
+        come from the Host header (port 80 when it names none); only a
+        request without one (HTTP/1.0) costs a getsockname."""
         target = request.target
         if "://" in target.split("?", 1)[0]:  # absolute-form
             target = "/" + target.split("://", 1)[1].partition("/")[2]
         path, _, query = target.partition("?")
         host = request.headers.get("host", "")
-        server_name, _, server_port = host.rpartition(":") if host.rsplit(":", 1)[-1].isdigit() else (host, "", "")
+        server_name, _, server_port = host.rpartition(":") if host.rsplit(":", 1)[-1].isdigit() else (host, "", "80")
+        if not server_name:
+            server_name, server_port = _local(conn)
         env = {
             "REQUEST_METHOD": request.method,
             "SCRIPT_NAME": "",
             "PATH_INFO": urllib.parse.unquote_to_bytes(path).decode("latin-1"),
             "QUERY_STRING": query,
             "RAW_URI": request.target,
-            "SERVER_NAME": server_name or local[0],
-            "SERVER_PORT": server_port or local[1],
+            "SERVER_NAME": server_name,
+            "SERVER_PORT": server_port,
             "SERVER_PROTOCOL": request.version_text,
             "REMOTE_ADDR": peer[0],
             "REMOTE_PORT": peer[1],
@@ -433,13 +434,6 @@ class Server:
             self.worker.slot,
         )
         os.write(2, line.encode("utf-8", "replace"))
-
-
-def _set_timeout(conn, seconds):
-    """`conn.settimeout(seconds)` unless it is set already: each call costs
-    a system call (Python sets the descriptor's blocking mode every time)."""
-    if conn.gettimeout() != seconds:
-        conn.settimeout(seconds)
 
 
 def _drained(body):

@@ -122,6 +122,16 @@ class ReadHead(unittest.TestCase):
         self.assertEqual(e.exception.status, 408)
         self.assertLess(time.monotonic() - started, 5)
 
+    def test_the_deadline_holds_whatever_timeout_the_socket_had(self):
+        reader, writer = pair(b"GET / HT", close=False)
+        reader.sock.settimeout(30)  # as an app or an earlier sendfile may leave it
+        started = time.monotonic()
+        with self.assertRaises(http.HttpError) as e:
+            reader.read_head(LIMITS, started + 0.2)
+        writer.close()
+        self.assertEqual(e.exception.status, 408)
+        self.assertLess(time.monotonic() - started, 5)
+
     def test_long_request_line_is_414_and_long_head_431(self):
         reader, _ = pair(b"GET /" + b"a" * LIMITS.max_request_line)
         with self.assertRaises(http.HttpError) as e:
@@ -186,6 +196,37 @@ class Bodies(unittest.TestCase):
         with self.assertRaises(http.ClientGone):
             body.read()
         writer.close()
+
+
+class SendAll(unittest.TestCase):
+    def test_everything_arrives_through_a_full_buffer(self):
+        a, b = socket.socketpair()
+        data = bytes(range(256)) * 8192  # 2 MiB: many times the socket buffer
+        got = bytearray()
+
+        def read():
+            while len(got) < len(data):
+                chunk = b.recv(65536)
+                if not chunk:
+                    return
+                got.extend(chunk)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        http.send_all(a, data, 5.0)
+        reader.join(10)
+        a.close()
+        b.close()
+        self.assertEqual(bytes(got), data)
+
+    def test_a_client_that_does_not_read_is_gone_after_the_timeout(self):
+        a, b = socket.socketpair()
+        started = time.monotonic()
+        with self.assertRaises(http.ClientGone):
+            http.send_all(a, b"x" * (8 << 20), 0.2)
+        a.close()
+        b.close()
+        self.assertLess(time.monotonic() - started, 5)
 
 
 class Responses(unittest.TestCase):
