@@ -168,7 +168,7 @@ pub fn render(s: &Snapshot) -> String {
         .collect();
     out += &format!(
         "\ntotals: accepted {} ({} taken next by a finishing child), spawned {}, retired {}, killed {}{}, died unexpectedly {}, \
-         futile wake-ups {}, at max-children {} ({} times), reloads {}{}\n",
+         futile wake-ups {}, at max-children {} ({} times), held with the CPUs taken {} times, reloads {}{}\n",
         t.accepted,
         t.taken_next,
         t.spawned,
@@ -183,6 +183,7 @@ pub fn render(s: &Snapshot) -> String {
         t.futile_wakeups,
         millis(t.saturated_ms),
         t.saturated,
+        t.cpu_bound,
         t.reloads,
         if t.reload_failures > 0 {
             format!(

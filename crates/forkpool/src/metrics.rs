@@ -103,6 +103,12 @@ pub fn render(
         "Times the pool was short of idle children at max_children",
         t.saturated,
     );
+    counter(
+        &mut registry,
+        "cpu_bound_holds",
+        "Times the pool held instead of growing because its busy children already waited for the CPUs",
+        t.cpu_bound,
+    );
     counter(&mut registry, "reloads", "Reloads applied", t.reloads);
     counter(
         &mut registry,

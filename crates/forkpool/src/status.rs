@@ -119,6 +119,10 @@ pub struct Totals {
     pub saturated: u64,
     /// Milliseconds spent at `max_children` with no idle child.
     pub saturated_ms: u64,
+    /// Times the pool was short of spare children but held, because its
+    /// busy children already waited for the CPUs (`grow_when_cpu_bound`
+    /// off).
+    pub cpu_bound: u64,
     /// Reloads (SIGHUP) applied.
     pub reloads: u64,
     /// Children recycled because their unshared memory (USS) went over

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use forkpool::config::PoolConfig;
-use forkpool::scaling::{decide, Decision, PoolCounts, ScalingMemory};
+use forkpool::scaling::{decide, CpuUse, Decision, PoolCounts, ScalingMemory};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -31,9 +31,10 @@ fn valid_config(max_children_cap: u32) -> impl Strategy<Value = PoolConfig> {
         // Large spawn rates matter: the ramp doubles towards this cap.
         prop_oneof![3 => 1u32..=64, 1 => any::<u32>()],
         prop_oneof![1 => Just(0u64), 4 => 1u64..=2_000],
+        any::<bool>(),
     )
         .prop_map(
-            |(max_children, min_children, min_spare, max_spare, max_spawn_rate, grace_ms)| {
+            |(max_children, min_children, min_spare, max_spare, max_spawn_rate, grace_ms, grow)| {
                 PoolConfig {
                     min_children,
                     max_children,
@@ -41,6 +42,7 @@ fn valid_config(max_children_cap: u32) -> impl Strategy<Value = PoolConfig> {
                     max_spare,
                     max_spawn_rate,
                     retire_grace: Duration::from_millis(grace_ms),
+                    grow_when_cpu_bound: grow,
                     ..PoolConfig::default()
                 }
             },
@@ -57,12 +59,18 @@ fn any_counts() -> impl Strategy<Value = PoolCounts> {
         children(),
         children(),
         prop_oneof![2 => Just(0u32), 2 => 0u32..=100, 1 => any::<u32>()],
+        prop_oneof![
+            2 => Just(CpuUse::NotLooked),
+            1 => Just(CpuUse::Measuring),
+            2 => (0u32..4000).prop_map(CpuUse::Waiting),
+        ],
     )
-        .prop_map(|(starting, idle, busy, queued)| PoolCounts {
+        .prop_map(|(starting, idle, busy, queued, cpu)| PoolCounts {
             starting,
             idle,
             busy,
             queued,
+            cpu,
         })
 }
 
@@ -92,6 +100,10 @@ fn check_decision(
     match decision {
         Decision::Spawn(n) => {
             prop_assert!(n >= 1, "Spawn(0) for {c:?}");
+            prop_assert!(
+                below_min || n == 1 || !c.cpu.careful() || config.grow_when_cpu_bound,
+                "Spawn({n}) while the CPUs fill up: {c:?}"
+            );
             prop_assert!(
                 live + n <= config.max_children,
                 "Spawn({n}) takes {live} live above max_children {}",
@@ -128,6 +140,16 @@ fn check_decision(
                 config.max_children
             );
             prop_assert!(short, "Saturated but not short of spare: {c:?}");
+        }
+        Decision::CpuBound => {
+            // Holding while short is allowed only for this reason, and
+            // never below min_children.
+            prop_assert!(short, "CpuBound but not short of spare: {c:?}");
+            prop_assert!(!below_min, "CpuBound below min_children: {c:?}");
+            prop_assert!(
+                c.cpu.holds() && !config.grow_when_cpu_bound,
+                "CpuBound while the CPUs have room: {c:?}"
+            );
         }
         Decision::Hold => {
             // A short pool must start someone, or say it cannot (Saturated):
@@ -238,6 +260,7 @@ impl ModelPool {
             idle: self.idle,
             busy: self.busy,
             queued: 0,
+            cpu: CpuUse::NotLooked,
         }
     }
 
@@ -249,7 +272,7 @@ impl ModelPool {
         match decision {
             Decision::Spawn(n) => self.starting += n,
             Decision::Retire(n) => self.idle -= n,
-            Decision::Hold | Decision::Saturated => {}
+            Decision::Hold | Decision::Saturated | Decision::CpuBound => {}
         }
         decision
     }
@@ -414,6 +437,7 @@ impl Sim {
             idle: self.idle,
             busy: self.busy.len() as u32,
             queued: self.queued,
+            cpu: CpuUse::NotLooked,
         };
         let clock = self.t0 + Duration::from_millis(now);
         let decision = decide(counts, &self.config, &mut self.memory, clock);
@@ -423,7 +447,7 @@ impl Sim {
                 self.starting.extend((0..n).map(|_| ready_at));
             }
             Decision::Retire(n) => self.idle -= n,
-            Decision::Hold | Decision::Saturated => {}
+            Decision::Hold | Decision::Saturated | Decision::CpuBound => {}
         }
         if decision != Decision::Hold {
             self.log.push((now, decision));

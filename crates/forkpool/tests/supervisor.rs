@@ -9,7 +9,8 @@
 //! on the command line runs only the scenarios containing it.
 //!
 //! The handler speaks a line protocol: `work MS` sleeps MS milliseconds
-//! and answers `slot S pid P`, `crash` exits the child with status 3.
+//! and answers `slot S pid P`, `spin MS` keeps a CPU busy for MS
+//! milliseconds before it answers, `crash` exits the child with status 3.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -33,7 +34,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 type Scenario = fn() -> Result<(), String>;
 
 fn main() {
-    let scenarios: [(&str, Scenario); 5] = [
+    let scenarios: [(&str, Scenario); 7] = [
         (
             "serves_from_the_lowest_slot_grows_and_shrinks",
             serves_from_the_lowest_slot_grows_and_shrinks,
@@ -53,6 +54,14 @@ fn main() {
         (
             "sigterm_lets_the_busy_child_finish_then_returns_the_totals",
             sigterm_lets_the_busy_child_finish_then_returns_the_totals,
+        ),
+        (
+            "children_that_wait_for_the_cpu_hold_the_pool",
+            children_that_wait_for_the_cpu_hold_the_pool,
+        ),
+        (
+            "grow_when_cpu_bound_grows_the_same_pool",
+            grow_when_cpu_bound_grows_the_same_pool,
         ),
     ];
     let filters: Vec<String> = std::env::args()
@@ -92,6 +101,13 @@ fn line_handler(mut conn: Connection<'_>) {
     let mut words = line.split_whitespace();
     match (words.next(), words.next().and_then(|w| w.parse().ok())) {
         (Some("work"), Some(ms)) => std::thread::sleep(Duration::from_millis(ms)),
+        (Some("spin"), Some(ms)) => {
+            let until = Instant::now() + Duration::from_millis(ms);
+            let mut n: u64 = 0;
+            while Instant::now() < until {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
         (Some("crash"), _) => std::process::exit(3),
         _ => {}
     }
@@ -111,6 +127,12 @@ impl Running {
     /// Forks a process that builds a pool with `config` on a free
     /// loopback port and runs it; returns once it listens.
     fn start(config: PoolConfig) -> Result<Running, String> {
+        Self::start_on_cpus(config, false)
+    }
+
+    /// As [`Running::start`]; with `one_cpu`, the supervisor (and so every
+    /// child) may run on one CPU only, whatever the machine has.
+    fn start_on_cpus(config: PoolConfig, one_cpu: bool) -> Result<Running, String> {
         let control = std::env::temp_dir().join(format!(
             "forkpool-lib-test-{}-{}.sock",
             std::process::id(),
@@ -122,6 +144,12 @@ impl Running {
         match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
             ForkResult::Child => {
                 drop(read);
+                if one_cpu {
+                    if let Err(e) = pin_to_one_cpu() {
+                        let _ = writeln!(std::fs::File::from(write), "{e}");
+                        std::process::exit(1);
+                    }
+                }
                 let code = supervise(config, &control, std::fs::File::from(write));
                 std::process::exit(code);
             }
@@ -230,6 +258,18 @@ fn supervise(config: PoolConfig, control: &Path, mut report: std::fs::File) -> i
             1
         }
     }
+}
+
+/// Limits this process (and what it forks) to the first CPU it may use.
+fn pin_to_one_cpu() -> Result<(), String> {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let allowed = sched_getaffinity(Pid::from_raw(0)).map_err(|e| format!("affinity: {e}"))?;
+    let first = (0..CpuSet::count())
+        .find(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+        .ok_or("no CPU in the affinity mask")?;
+    let mut one = CpuSet::new();
+    one.set(first).map_err(|e| format!("cpu {first}: {e}"))?;
+    sched_setaffinity(Pid::from_raw(0), &one).map_err(|e| format!("pin to cpu {first}: {e}"))
 }
 
 /// Reads one line from the pipe, a byte at a time (nothing after it is
@@ -411,5 +451,54 @@ fn sigterm_lets_the_busy_child_finish_then_returns_the_totals() -> Result<(), St
     })?;
     check(totals.accepted == 1 && totals.killed == 0, || {
         format!("{totals:?}")
+    })
+}
+
+/// Six clients at once, each asking for 400 ms of CPU, on a pool that may
+/// use one CPU; the most children the pool had while they were served.
+fn six_cpu_bound_clients(config: PoolConfig) -> Result<(usize, Totals), String> {
+    let pool = Running::start_on_cpus(config, true)?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    let most = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| scope.spawn(|| ask(pool.addr, "spin 400")))
+            .collect();
+        let mut most = 0;
+        while !clients.iter().all(|c| c.is_finished()) {
+            if let Ok(s) = pool.status() {
+                most = most.max(s.slots.len());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for client in clients {
+            client.join().unwrap()?;
+        }
+        Ok::<_, String>(most)
+    })?;
+    Ok((most, pool.stop()?))
+}
+
+fn children_that_wait_for_the_cpu_hold_the_pool() -> Result<(), String> {
+    // Two spinning children on one CPU already wait for it: the pool
+    // holds, and the other clients wait in the backlog for them.
+    let (most, totals) = six_cpu_bound_clients(config())?;
+    check(totals.cpu_bound > 0, || format!("never held: {totals:?}"))?;
+    check(most <= 4, || {
+        format!("the pool grew to {most} children for a CPU-bound load on one CPU")
+    })?;
+    check(totals.accepted == 6 && totals.died == 0, || {
+        format!("{totals:?}")
+    })
+}
+
+fn grow_when_cpu_bound_grows_the_same_pool() -> Result<(), String> {
+    let config = PoolConfig {
+        grow_when_cpu_bound: true,
+        ..config()
+    };
+    let (most, totals) = six_cpu_bound_clients(config)?;
+    check(totals.cpu_bound == 0, || format!("held: {totals:?}"))?;
+    check(most >= 6, || {
+        format!("the pool grew only to {most} children")
     })
 }

@@ -138,6 +138,7 @@ impl Pool {
             idle: self.idle,
             busy: self.busy.len() as u32,
             queued: self.queued,
+            cpu: forkpool::scaling::CpuUse::NotLooked,
         }
     }
 
@@ -176,7 +177,7 @@ impl Pool {
         match decision {
             Decision::Spawn(n) => (0..n).for_each(|_| self.starting.push(Reverse(ready_at))),
             Decision::Retire(n) => self.idle -= n.min(self.idle),
-            Decision::Hold | Decision::Saturated => {}
+            Decision::Hold | Decision::Saturated | Decision::CpuBound => {}
         }
     }
 }

@@ -55,8 +55,25 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
 
 /// The parent of `pid`, from `/proc/PID/stat`; `None` if it is gone.
 pub fn parent_of(pid: i32) -> Option<i32> {
+    read_stat(pid).map(|s| s.ppid)
+}
+
+fn read_stat(pid: i32) -> Option<Stat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text).ok().map(|s| s.ppid)
+    parse_stat(&text).ok()
+}
+
+/// Nanoseconds `pid` has spent waiting in a run queue for a CPU, from
+/// `/proc/PID/schedstat` (on a CPU, waiting, timeslices); `None` if it
+/// is gone or the kernel keeps no scheduler statistics.
+pub fn run_queue_wait_ns(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    parse_schedstat_wait(&text)
+}
+
+/// The second field of a `schedstat` line: time spent waiting to run.
+pub fn parse_schedstat_wait(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Memory of one process, in bytes.
@@ -214,6 +231,13 @@ impl CpuSampler {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_gives_the_time_spent_waiting_to_run() {
+        assert_eq!(parse_schedstat_wait("827505 12345 7\n"), Some(12345));
+        assert_eq!(parse_schedstat_wait("827505"), None);
+        assert_eq!(parse_schedstat_wait(""), None);
+    }
 
     const STAT: &str = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 1234 0 0 0 \
         250 75 0 0 20 0 1 0 123456 10000000 500 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n";

@@ -14,6 +14,21 @@
 //!   (1, 2, 4, ... `max_spawn_rate`) and falls back to 1 once it is not;
 //! - never more than `max_children` live; short at the ceiling is
 //!   [`Decision::Saturated`], which the supervisor logs once per interval;
+//! - short, but the busy children already wait for the CPUs (on average
+//!   one per CPU runnable but not running, [`CPU_WAIT_HOLD`]):
+//!   [`Decision::CpuBound`], no spawn (unless `grow_when_cpu_bound`). A
+//!   child more would take turns with them on the same CPUs, and each
+//!   would run slower for the switching and the caches they evict, while
+//!   the connection can as well wait in the backlog for the next of them
+//!   to finish (a finishing child takes it itself). Children blocked on a
+//!   database, a slow client or a lock do not wait for a CPU: while they
+//!   are what is busy, the pool grows as before. Until the supervisor has
+//!   measured it (two looks 20 ms apart once enough children are busy to
+//!   fill the CPUs, [`CpuUse::Measuring`]) the pool holds too, and while
+//!   the CPUs fill up ([`CPU_WAIT_CAREFUL`]) it grows one child at a
+//!   time, measured again after each: a burst's first moments would
+//!   otherwise fork up to `max_children`, and nothing shrinks a pool
+//!   whose children are all kept busy;
 //! - more than `max_spare` idle with nothing queued, continuously for
 //!   `retire_grace`: retire half the surplus, rounded up (never below
 //!   `min_children`), then start timing a fresh grace period. Shedding it
@@ -60,6 +75,53 @@ pub struct PoolCounts {
     pub busy: u32,
     /// Connections waiting in the listen backlog (0 when unknown).
     pub queued: u32,
+    /// How the busy children use the CPUs, as far as the supervisor knows.
+    pub cpu: CpuUse,
+}
+
+/// Busy children waiting for a CPU, per CPU, in thousandths, from which
+/// the pool holds: on average one child queued behind the one running on
+/// each CPU. The pool then keeps every CPU busy with a turn to spare, and
+/// a child more would only lengthen the queues.
+pub const CPU_WAIT_HOLD: u32 = 1000;
+
+/// From this much waiting per CPU (thousandths) the CPUs are filling up:
+/// the pool grows one child at a time, each measured before the next.
+/// Below it the children wait on something else, and the pool grows at
+/// its usual doubling pace.
+pub const CPU_WAIT_CAREFUL: u32 = 250;
+
+/// What the supervisor knows of how the busy children use the CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CpuUse {
+    /// Not looked at: fewer children are busy than there are CPUs (they
+    /// cannot fill them), or `grow_when_cpu_bound` is on.
+    #[default]
+    NotLooked,
+    /// Enough children are busy to fill the CPUs; how much they wait for
+    /// them is being measured.
+    Measuring,
+    /// How many busy children waited for a CPU, on average over the last
+    /// look, per CPU, in thousandths.
+    Waiting(u32),
+}
+
+impl CpuUse {
+    /// Whether growing should go one child at a time, each measured before
+    /// the next.
+    pub fn careful(&self) -> bool {
+        matches!(self, CpuUse::Waiting(per_cpu) if *per_cpu >= CPU_WAIT_CAREFUL)
+    }
+
+    /// Whether the pool should not grow for now: its busy children wait for
+    /// the CPUs, or it is being measured whether they do.
+    pub fn holds(&self) -> bool {
+        match self {
+            CpuUse::NotLooked => false,
+            CpuUse::Measuring => true,
+            CpuUse::Waiting(per_cpu) => *per_cpu >= CPU_WAIT_HOLD,
+        }
+    }
 }
 
 impl PoolCounts {
@@ -80,6 +142,9 @@ pub enum Decision {
     Retire(u32),
     /// The pool is short of spare children but already at `max_children`.
     Saturated,
+    /// The pool is short of spare children, but its busy children already
+    /// keep every CPU busy: it holds (see the module docs).
+    CpuBound,
 }
 
 /// What [`decide`] remembers between calls.
@@ -134,6 +199,7 @@ pub fn in_child_equivalents(places: PlaceCounts, per_child: u32) -> PoolCounts {
         idle,
         busy: places.serving - idle,
         queued: places.queued.div_ceil(per_child),
+        cpu: CpuUse::NotLooked,
     }
 }
 
@@ -159,10 +225,16 @@ pub fn decide(
         if room == 0 {
             return Decision::Saturated;
         }
+        if !config.grow_when_cpu_bound && counts.cpu.holds() {
+            // When growth resumes it starts from one child again.
+            memory.spawn_rate = 1;
+            return Decision::CpuBound;
+        }
         // The memory may come from before a reload that lowered the cap, and
         // the ramp must neither wrap (to 0, which would stall the pool for
         // good) nor overflow when the cap is near u32::MAX.
         let rate = memory.spawn_rate.clamp(1, config.max_spawn_rate);
+        let rate = if counts.cpu.careful() { 1 } else { rate };
         let n = (wanted - spare).min(rate).min(room);
         memory.spawn_rate = rate.saturating_mul(2).min(config.max_spawn_rate);
         return Decision::Spawn(n);
@@ -216,16 +288,81 @@ mod tests {
             idle,
             busy,
             queued,
+            cpu: CpuUse::NotLooked,
         }
     }
 
+    fn with(mut counts: PoolCounts, cpu: CpuUse) -> PoolCounts {
+        counts.cpu = cpu;
+        counts
+    }
+
     #[test]
-    fn a_fixed_pool_only_replaces_what_is_missing() {
+    fn a_pool_whose_busy_children_wait_for_the_cpus_holds() {
+        let mut memory = ScalingMemory::default();
+        let now = Instant::now();
+        let short = counts(0, 0, 4, 6);
         let c = config();
-        assert_eq!(fixed_size(counts(0, 0, 0, 0), &c), Decision::Spawn(2));
-        assert_eq!(fixed_size(counts(0, 0, 1, 50), &c), Decision::Spawn(1));
-        assert_eq!(fixed_size(counts(0, 0, 2, 50), &c), Decision::Hold);
-        assert_eq!(fixed_size(counts(0, 0, 3, 0), &c), Decision::Hold);
+        let waiting = |per_cpu| with(short, CpuUse::Waiting(per_cpu));
+        assert_eq!(
+            decide(waiting(CPU_WAIT_HOLD), &c, &mut memory, now),
+            Decision::CpuBound
+        );
+        assert_eq!(
+            decide(waiting(3000), &c, &mut memory, now),
+            Decision::CpuBound
+        );
+        assert_eq!(
+            decide(with(short, CpuUse::Measuring), &c, &mut memory, now),
+            Decision::CpuBound
+        );
+        // Filling up: one child at a time, whatever the ramp says.
+        memory.spawn_rate = 8;
+        assert_eq!(
+            decide(waiting(CPU_WAIT_HOLD - 1), &c, &mut memory, now),
+            Decision::Spawn(1)
+        );
+        assert_eq!(
+            decide(waiting(CPU_WAIT_CAREFUL), &c, &mut memory, now),
+            Decision::Spawn(1)
+        );
+        // Children blocked on I/O leave the CPUs free: grow as before.
+        memory.spawn_rate = 1;
+        assert_eq!(
+            decide(waiting(CPU_WAIT_CAREFUL - 1), &c, &mut memory, now),
+            Decision::Spawn(1)
+        );
+        assert_eq!(decide(short, &c, &mut memory, now), Decision::Spawn(2));
+        // The ramp starts again from one child after a hold.
+        decide(waiting(3000), &c, &mut memory, now);
+        assert_eq!(decide(short, &c, &mut memory, now), Decision::Spawn(1));
+        // Not short: nothing to hold.
+        assert_eq!(
+            decide(
+                with(counts(0, 3, 4, 0), CpuUse::Waiting(3000)),
+                &c,
+                &mut memory,
+                now
+            ),
+            Decision::Hold
+        );
+    }
+
+    #[test]
+    fn a_cpu_bound_pool_still_gets_min_children_and_may_be_told_to_grow() {
+        let mut memory = ScalingMemory::default();
+        let now = Instant::now();
+        let busy = with(counts(0, 0, 4, 6), CpuUse::Waiting(3000));
+        let c = PoolConfig {
+            min_children: 6,
+            ..config()
+        };
+        assert_eq!(decide(busy, &c, &mut memory, now), Decision::Spawn(2));
+        let grow = PoolConfig {
+            grow_when_cpu_bound: true,
+            ..config()
+        };
+        assert_eq!(decide(busy, &grow, &mut memory, now), Decision::Spawn(1));
     }
 
     #[test]

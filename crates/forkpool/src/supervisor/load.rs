@@ -80,6 +80,7 @@ impl Supervisor {
                 idle: counts.idle,
                 busy: counts.busy,
                 queued,
+                cpu: scaling::CpuUse::NotLooked,
             },
             Some(per_child) => scaling::in_child_equivalents(
                 PlaceCounts {

@@ -14,6 +14,8 @@
 //! - `liveness.rs`: pings, start and stop deadlines, as `policy::liveness`
 //!   decides them;
 //! - `backoff.rs`: holding spawns back while workers fail at start-up;
+//! - `cpu.rs`: how long the busy children wait for the CPUs (the scaling
+//!   policy holds the pool while they do);
 //! - `output.rs`: exec'd workers' stderr, logged with the slot;
 //! - `signals.rs`: signal flags and the self-pipe that wakes the loop;
 //! - `event.rs`: everything the loop waits on, as one enum.
@@ -27,6 +29,7 @@ mod balancer;
 mod budget;
 mod children;
 mod containment;
+mod cpu;
 mod dispatching;
 mod endpoints;
 mod event;
@@ -137,6 +140,9 @@ pub(crate) struct Supervisor {
     /// Since when the pool has been at `max_children` with no idle child.
     saturated_since: Option<Instant>,
     last_saturated_log: Option<Instant>,
+    /// How long the busy children wait for the CPUs (`cpu.rs`).
+    cpu: cpu::CpuWatch,
+    last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
     pub(crate) endpoints: endpoints::Endpoints,
@@ -210,6 +216,8 @@ impl Supervisor {
             reload_source: None,
             saturated_since: None,
             last_saturated_log: None,
+            cpu: cpu::CpuWatch::default(),
+            last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
             balancer: balancer::Balancer::default(),
@@ -425,8 +433,9 @@ impl Supervisor {
         if self.rollouts.active() {
             return self.advance_rollout(now);
         }
-        let pool = self.scaling_counts();
+        let mut pool = self.scaling_counts();
         let decision = if self.config.dispatch.speaks_protocol() {
+            pool.cpu = self.cpu_use(now);
             let at_ceiling =
                 !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
             self.account_saturation(at_ceiling, now);
@@ -440,6 +449,7 @@ impl Supervisor {
                 if self.spawn_blocked_until.is_some_and(|t| now < t) {
                     return Ok(None);
                 }
+                self.cpu_changed();
                 for _ in 0..n {
                     if let Some(start) = self.spawn_child(now)? {
                         return Ok(Some(start));
@@ -456,13 +466,20 @@ impl Supervisor {
                     }
                 }
             }
+            Decision::CpuBound => {
+                self.totals.cpu_bound += 1;
+                if log_due(&mut self.last_cpu_bound_log, now) {
+                    info!(
+                        children = pool.live(),
+                        "the busy children wait for the CPUs, so the pool holds and \
+                         connections wait in the backlog for the next child to finish \
+                         (--grow-when-cpu-bound grows it anyway)"
+                    );
+                }
+            }
             Decision::Saturated => {
                 self.totals.saturated += 1;
-                let due = self
-                    .last_saturated_log
-                    .is_none_or(|t| now.duration_since(t) >= SATURATED_LOG_INTERVAL);
-                if due {
-                    self.last_saturated_log = Some(now);
+                if log_due(&mut self.last_saturated_log, now) {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
                          (raise --max-children if the machine has room)",
@@ -642,4 +659,14 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// Whether a line logged at most once per [`SATURATED_LOG_INTERVAL`] is
+/// due now; if so, notes that it is logged.
+fn log_due(last: &mut Option<Instant>, now: Instant) -> bool {
+    let due = last.is_none_or(|t| now.duration_since(t) >= SATURATED_LOG_INTERVAL);
+    if due {
+        *last = Some(now);
+    }
+    due
 }

@@ -1,0 +1,195 @@
+//! How long the busy children wait for the CPUs: the fact behind the
+//! scaling policy's hold (`Decision::CpuBound`, see `policy/scaling.rs`).
+//!
+//! The kernel counts, for each process, the time it spent runnable but
+//! waiting in a run queue (`/proc/PID/schedstat`, second field). Summed
+//! over the busy children between two looks and divided by the time
+//! between them, that is how many of them waited for a CPU on average:
+//! near 0 while they wait on a database, a slow client or a lock (or the
+//! machine has CPUs to spare), 1 or more once they take turns on the
+//! CPUs. A rate over an interval, not a snapshot of who is running, so a
+//! look that happens to catch the children between two requests does not
+//! swing it.
+//!
+//! A look reads one small file per busy child (a few microseconds each),
+//! at most once per [`LOOK_INTERVAL`], and only while at least as many
+//! children are busy as there are CPUs (fewer cannot fill them). A look
+//! more than [`LOOK_STALE`] after the one before starts measuring afresh:
+//! an average over the quiet time before a burst would say nothing about
+//! the burst.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::Supervisor;
+use crate::observe::procfs;
+use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD};
+use crate::scoreboard::SlotState;
+
+/// The shortest time between two looks, and how long a result stands.
+/// Under a steady load the answer does not change from one connection to
+/// the next; 20 ms keeps the looks to 50 a second and still follows a
+/// change of load within a few dozen connections.
+pub(crate) const LOOK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// A look this long after the one before starts measuring afresh.
+const LOOK_STALE: Duration = Duration::from_millis(100);
+
+/// How long a look that found the CPUs taken stands against later looks
+/// that did not: the pool holds until [`FREE_LOOKS`] looks in a row find
+/// the CPUs free, and then grows one child at a time until this long has
+/// passed. The children of a CPU-bound pool now and then all wait on
+/// their clients at once, and one such look must not let it grow.
+const FULL_MEMORY: Duration = Duration::from_secs(1);
+
+/// Looks in a row (100 ms) that must find the CPUs free before a pool that
+/// found them taken grows again.
+const FREE_LOOKS: u32 = 5;
+
+/// The CPUs the pool may use and the busy children's run-queue waiting.
+#[derive(Debug)]
+pub(super) struct CpuWatch {
+    cpus: usize,
+    /// When the last look was, and each busy child's waiting total then.
+    last: Option<(Instant, HashMap<i32, u64>)>,
+    /// What the last look found.
+    use_now: CpuUse,
+    /// When a look last found the CPUs taken.
+    full_at: Option<Instant>,
+    /// Looks in a row since then that found them free.
+    free_looks: u32,
+}
+
+impl Default for CpuWatch {
+    /// The CPUs this process may run on: its affinity mask and, under
+    /// cgroup v2, its CPU quota (what `std` reports).
+    fn default() -> Self {
+        CpuWatch {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            last: None,
+            use_now: CpuUse::NotLooked,
+            full_at: None,
+            free_looks: 0,
+        }
+    }
+}
+
+impl CpuWatch {
+    /// What a look that measured `per_cpu` says, once the looks before it
+    /// are counted in (see [`FULL_MEMORY`]).
+    fn remembered(&mut self, per_cpu: u32, now: Instant) -> u32 {
+        if per_cpu >= CPU_WAIT_HOLD {
+            self.full_at = Some(now);
+            self.free_looks = 0;
+            return per_cpu;
+        }
+        self.free_looks = self.free_looks.saturating_add(1);
+        let recent = self
+            .full_at
+            .is_some_and(|at| now.saturating_duration_since(at) < FULL_MEMORY);
+        match (recent, self.free_looks < FREE_LOOKS) {
+            (true, true) => CPU_WAIT_HOLD,
+            (true, false) => per_cpu.max(CPU_WAIT_CAREFUL),
+            (false, _) => per_cpu,
+        }
+    }
+}
+
+/// Whether a child in `state` holds work that may keep a CPU busy.
+fn holds_work(state: SlotState) -> bool {
+    matches!(state, SlotState::Busy | SlotState::Partial)
+}
+
+impl Supervisor {
+    /// How the busy children use the CPUs, for the scaling policy, looking
+    /// again when the last look is [`LOOK_INTERVAL`] old.
+    pub(super) fn cpu_use(&mut self, now: Instant) -> CpuUse {
+        let holding = self
+            .board
+            .iter()
+            .filter(|(_, s)| holds_work(s.state))
+            .count();
+        if self.config.grow_when_cpu_bound || holding < self.cpu.cpus {
+            return CpuUse::NotLooked;
+        }
+        let due = self
+            .cpu
+            .last
+            .as_ref()
+            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= LOOK_INTERVAL);
+        if due {
+            self.look_at_cpu_waiting(now);
+        }
+        self.cpu.use_now
+    }
+
+    /// A child was started: while the CPUs fill up, the last look no
+    /// longer says how the pool uses them, and the next one decides.
+    pub(super) fn cpu_changed(&mut self) {
+        if self.cpu.use_now.careful() {
+            self.cpu.use_now = CpuUse::Measuring;
+        }
+    }
+
+    fn look_at_cpu_waiting(&mut self, now: Instant) {
+        let totals: HashMap<i32, u64> = self
+            .board
+            .iter()
+            .filter(|(_, s)| holds_work(s.state))
+            .filter_map(|(_, s)| procfs::run_queue_wait_ns(s.pid).map(|ns| (s.pid, ns)))
+            .collect();
+        self.cpu.use_now = match &self.cpu.last {
+            Some((at, before)) if now.saturating_duration_since(*at) < LOOK_STALE => {
+                let elapsed = now.saturating_duration_since(*at).as_nanos().max(1);
+                let waited: u128 = totals
+                    .iter()
+                    .filter_map(|(pid, ns)| {
+                        before.get(pid).map(|b| u128::from(ns.saturating_sub(*b)))
+                    })
+                    .sum();
+                let per_cpu = waited * 1000 / (elapsed * self.cpu.cpus as u128);
+                let per_cpu = u32::try_from(per_cpu).unwrap_or(u32::MAX);
+                CpuUse::Waiting(self.cpu.remembered(per_cpu, now))
+            }
+            _ => CpuUse::Measuring,
+        };
+        self.cpu.last = Some((now, totals));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watch() -> CpuWatch {
+        CpuWatch {
+            cpus: 2,
+            last: None,
+            use_now: CpuUse::NotLooked,
+            full_at: None,
+            free_looks: 0,
+        }
+    }
+
+    #[test]
+    fn a_pool_that_found_the_cpus_taken_grows_only_after_five_free_looks_then_carefully() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let at = |n: u32| t0 + LOOK_INTERVAL * n;
+        // Never taken: each look says what it measured.
+        assert_eq!(w.remembered(100, at(0)), 100);
+        assert_eq!(w.remembered(CPU_WAIT_HOLD, at(1)), CPU_WAIT_HOLD);
+        // Then four free looks still hold, the fifth lets it grow, one
+        // child at a time.
+        for n in 2..6 {
+            assert_eq!(w.remembered(100, at(n)), CPU_WAIT_HOLD, "look {n}");
+        }
+        assert_eq!(w.remembered(100, at(6)), CPU_WAIT_CAREFUL);
+        // A taken look starts the count again.
+        assert_eq!(w.remembered(1500, at(7)), 1500);
+        assert_eq!(w.remembered(0, at(8)), CPU_WAIT_HOLD);
+        // Long after the last taken look, a look is taken at its word.
+        let later = at(7) + FULL_MEMORY;
+        assert_eq!(w.remembered(0, later), 0);
+    }
+}
