@@ -76,11 +76,11 @@ pub struct PoolArgs {
     /// /ready answers 503 while every child the pool may have is busy.
     #[arg(long)]
     pub ready_unless_saturated: bool,
-    /// Keep growing the pool when its busy children already wait for the
-    /// CPUs (by default it holds, and connections wait in the backlog for
-    /// the next child to finish).
+    /// Hold the pool while its busy children already wait for the CPUs:
+    /// connections wait in the backlog for the next child to finish
+    /// instead (for CPU-bound apps with short requests).
     #[arg(long)]
-    pub grow_when_cpu_bound: bool,
+    pub hold_when_cpu_bound: bool,
     /// On TERM/INT, close the listeners at once instead of first serving
     /// the connections already queued on them.
     #[arg(long)]
@@ -129,8 +129,8 @@ impl PoolArgs {
         if self.ready_unless_saturated {
             config.ready_unless_saturated = true;
         }
-        if self.grow_when_cpu_bound {
-            config.grow_when_cpu_bound = true;
+        if self.hold_when_cpu_bound {
+            config.hold_when_cpu_bound = true;
         }
         if self.no_serve_backlog_on_stop {
             config.serve_backlog_on_stop = false;

@@ -186,14 +186,15 @@ pub struct PoolConfig {
     /// may have is busy or starting), so the balancer sends new work
     /// elsewhere until a child frees. Default false.
     pub ready_unless_saturated: bool,
-    /// Grow the pool while it is short of spare children even when its busy
-    /// children already wait for the CPUs. By default the pool holds then
-    /// (see `policy/scaling.rs`): a child more would only take turns with
-    /// them on the same CPUs, so the connection waits in the backlog for
-    /// the next child to finish. Turn it on for a mix of long CPU-heavy
-    /// and short requests, where a short one should not wait behind the
-    /// heavy ones. Default false.
-    pub grow_when_cpu_bound: bool,
+    /// Hold the pool, short of spare children, while its busy children
+    /// already wait for the CPUs (see `policy/scaling.rs`): a child more
+    /// would only take turns with them on the same CPUs, so the connection
+    /// waits in the backlog for the next child to finish instead. For a
+    /// CPU-bound app with short requests on few CPUs. Not for kept-alive
+    /// connections that outnumber the children it would hold to, nor for
+    /// a mix of long CPU-heavy and short requests (a short one would wait
+    /// behind the heavy ones). Default false.
+    pub hold_when_cpu_bound: bool,
     /// On a graceful stop, first accept and serve the connections already
     /// queued in the listen backlog (and any parked), within
     /// `shutdown_timeout`, then close the listeners. Not done for listeners
@@ -237,7 +238,7 @@ impl Default for PoolConfig {
             slow_threshold: Duration::ZERO,
             drain_delay: Duration::ZERO,
             ready_unless_saturated: false,
-            grow_when_cpu_bound: false,
+            hold_when_cpu_bound: false,
             serve_backlog_on_stop: true,
             preload: false,
             refork_after: Vec::new(),

@@ -120,8 +120,7 @@ pub struct Totals {
     /// Milliseconds spent at `max_children` with no idle child.
     pub saturated_ms: u64,
     /// Times the pool was short of spare children but held, because its
-    /// busy children already waited for the CPUs (`grow_when_cpu_bound`
-    /// off).
+    /// busy children already waited for the CPUs (`hold_when_cpu_bound`).
     pub cpu_bound: u64,
     /// Reloads (SIGHUP) applied.
     pub reloads: u64,

@@ -34,7 +34,7 @@ fn valid_config(max_children_cap: u32) -> impl Strategy<Value = PoolConfig> {
         any::<bool>(),
     )
         .prop_map(
-            |(max_children, min_children, min_spare, max_spare, max_spawn_rate, grace_ms, grow)| {
+            |(max_children, min_children, min_spare, max_spare, max_spawn_rate, grace_ms, hold)| {
                 PoolConfig {
                     min_children,
                     max_children,
@@ -42,7 +42,7 @@ fn valid_config(max_children_cap: u32) -> impl Strategy<Value = PoolConfig> {
                     max_spare,
                     max_spawn_rate,
                     retire_grace: Duration::from_millis(grace_ms),
-                    grow_when_cpu_bound: grow,
+                    hold_when_cpu_bound: hold,
                     ..PoolConfig::default()
                 }
             },
@@ -101,7 +101,7 @@ fn check_decision(
         Decision::Spawn(n) => {
             prop_assert!(n >= 1, "Spawn(0) for {c:?}");
             prop_assert!(
-                below_min || n == 1 || !c.cpu.careful() || config.grow_when_cpu_bound,
+                below_min || n == 1 || !c.cpu.careful() || !config.hold_when_cpu_bound,
                 "Spawn({n}) while the CPUs fill up: {c:?}"
             );
             prop_assert!(
@@ -147,7 +147,7 @@ fn check_decision(
             prop_assert!(short, "CpuBound but not short of spare: {c:?}");
             prop_assert!(!below_min, "CpuBound below min_children: {c:?}");
             prop_assert!(
-                c.cpu.holds() && !config.grow_when_cpu_bound,
+                c.cpu.holds() && config.hold_when_cpu_bound,
                 "CpuBound while the CPUs have room: {c:?}"
             );
         }

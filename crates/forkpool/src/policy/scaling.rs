@@ -16,7 +16,7 @@
 //!   [`Decision::Saturated`], which the supervisor logs once per interval;
 //! - short, but the busy children already wait for the CPUs (on average
 //!   one per CPU runnable but not running, [`CPU_WAIT_HOLD`]):
-//!   [`Decision::CpuBound`], no spawn (unless `grow_when_cpu_bound`). A
+//!   [`Decision::CpuBound`], no spawn (with `hold_when_cpu_bound`). A
 //!   child more would take turns with them on the same CPUs, and each
 //!   would run slower for the switching and the caches they evict, while
 //!   the connection can as well wait in the backlog for the next of them
@@ -95,7 +95,7 @@ pub const CPU_WAIT_CAREFUL: u32 = 250;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CpuUse {
     /// Not looked at: fewer children are busy than there are CPUs (they
-    /// cannot fill them), or `grow_when_cpu_bound` is on.
+    /// cannot fill them), or `hold_when_cpu_bound` is off.
     #[default]
     NotLooked,
     /// Enough children are busy to fill the CPUs; how much they wait for
@@ -225,7 +225,7 @@ pub fn decide(
         if room == 0 {
             return Decision::Saturated;
         }
-        if !config.grow_when_cpu_bound && counts.cpu.holds() {
+        if config.hold_when_cpu_bound && counts.cpu.holds() {
             // When growth resumes it starts from one child again.
             memory.spawn_rate = 1;
             return Decision::CpuBound;
@@ -234,7 +234,11 @@ pub fn decide(
         // the ramp must neither wrap (to 0, which would stall the pool for
         // good) nor overflow when the cap is near u32::MAX.
         let rate = memory.spawn_rate.clamp(1, config.max_spawn_rate);
-        let rate = if counts.cpu.careful() { 1 } else { rate };
+        let rate = if config.hold_when_cpu_bound && counts.cpu.careful() {
+            1
+        } else {
+            rate
+        };
         let n = (wanted - spare).min(rate).min(room);
         memory.spawn_rate = rate.saturating_mul(2).min(config.max_spawn_rate);
         return Decision::Spawn(n);
@@ -302,7 +306,10 @@ mod tests {
         let mut memory = ScalingMemory::default();
         let now = Instant::now();
         let short = counts(0, 0, 4, 6);
-        let c = config();
+        let c = PoolConfig {
+            hold_when_cpu_bound: true,
+            ..config()
+        };
         let waiting = |per_cpu| with(short, CpuUse::Waiting(per_cpu));
         assert_eq!(
             decide(waiting(CPU_WAIT_HOLD), &c, &mut memory, now),
@@ -349,20 +356,20 @@ mod tests {
     }
 
     #[test]
-    fn a_cpu_bound_pool_still_gets_min_children_and_may_be_told_to_grow() {
+    fn a_cpu_bound_pool_still_gets_min_children_and_grows_unless_told_to_hold() {
         let mut memory = ScalingMemory::default();
         let now = Instant::now();
         let busy = with(counts(0, 0, 4, 6), CpuUse::Waiting(3000));
         let c = PoolConfig {
             min_children: 6,
+            hold_when_cpu_bound: true,
             ..config()
         };
         assert_eq!(decide(busy, &c, &mut memory, now), Decision::Spawn(2));
-        let grow = PoolConfig {
-            grow_when_cpu_bound: true,
-            ..config()
-        };
-        assert_eq!(decide(busy, &grow, &mut memory, now), Decision::Spawn(1));
+        assert_eq!(
+            decide(busy, &config(), &mut memory, now),
+            Decision::Spawn(1)
+        );
     }
 
     #[test]

@@ -109,7 +109,7 @@ impl Supervisor {
             .iter()
             .filter(|(_, s)| holds_work(s.state))
             .count();
-        if self.config.grow_when_cpu_bound || holding < self.cpu.cpus {
+        if !self.config.hold_when_cpu_bound || holding < self.cpu.cpus {
             return CpuUse::NotLooked;
         }
         let due = self

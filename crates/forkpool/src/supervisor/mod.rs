@@ -473,7 +473,7 @@ impl Supervisor {
                         children = pool.live(),
                         "the busy children wait for the CPUs, so the pool holds and \
                          connections wait in the backlog for the next child to finish \
-                         (--grow-when-cpu-bound grows it anyway)"
+                         (--hold-when-cpu-bound)"
                     );
                 }
             }
