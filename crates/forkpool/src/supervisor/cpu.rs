@@ -104,12 +104,15 @@ impl Supervisor {
     /// How the busy children use the CPUs, for the scaling policy, looking
     /// again when the last look is [`LOOK_INTERVAL`] old.
     pub(super) fn cpu_use(&mut self, now: Instant) -> CpuUse {
+        if !self.config.hold_when_cpu_bound {
+            return CpuUse::NotLooked;
+        }
         let holding = self
             .board
             .iter()
             .filter(|(_, s)| holds_work(s.state))
             .count();
-        if !self.config.hold_when_cpu_bound || holding < self.cpu.cpus {
+        if holding < self.cpu.cpus {
             return CpuUse::NotLooked;
         }
         let due = self
