@@ -200,8 +200,11 @@ def wait_ready(sock, events, timeout):
 def send_all(sock, data, timeout):
     """Sends all of `data`, each send without waiting (MSG_DONTWAIT): one
     system call when the socket has room, as it nearly always has. When
-    it has none, waits for room for at most `timeout` seconds in all.
+    it has none, waits for room for at most `timeout` seconds in all (the
+    socket is kept without a Python timeout, as `Reader.fill` keeps it).
     Raises ClientGone when the client has gone or does not read."""
+    if sock.gettimeout() is not None:
+        sock.settimeout(None)  # see Reader.fill
     view = memoryview(data)
     deadline = None
     while view:

@@ -175,8 +175,6 @@ class Response:
         return "".join(lines).encode("latin-1")
 
     def _send(self, data):
-        if self.conn.gettimeout() is not None:
-            self.conn.settimeout(None)  # see http.Reader.fill
         http.send_all(self.conn, data, self.timeout)
 
     def write(self, data):

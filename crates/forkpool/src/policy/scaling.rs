@@ -143,7 +143,8 @@ pub enum Decision {
     /// The pool is short of spare children but already at `max_children`.
     Saturated,
     /// The pool is short of spare children, but its busy children already
-    /// keep every CPU busy: it holds (see the module docs).
+    /// wait for the CPUs (or it is measuring whether they do): it holds
+    /// (see the module docs).
     CpuBound,
 }
 
@@ -299,6 +300,15 @@ mod tests {
     fn with(mut counts: PoolCounts, cpu: CpuUse) -> PoolCounts {
         counts.cpu = cpu;
         counts
+    }
+
+    #[test]
+    fn a_fixed_pool_only_replaces_what_is_missing() {
+        let c = config();
+        assert_eq!(fixed_size(counts(0, 0, 0, 0), &c), Decision::Spawn(2));
+        assert_eq!(fixed_size(counts(0, 0, 1, 50), &c), Decision::Spawn(1));
+        assert_eq!(fixed_size(counts(0, 0, 2, 50), &c), Decision::Hold);
+        assert_eq!(fixed_size(counts(0, 0, 3, 0), &c), Decision::Hold);
     }
 
     #[test]

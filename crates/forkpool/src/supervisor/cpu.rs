@@ -107,12 +107,8 @@ impl Supervisor {
         if !self.config.hold_when_cpu_bound {
             return CpuUse::NotLooked;
         }
-        let holding = self
-            .board
-            .iter()
-            .filter(|(_, s)| holds_work(s.state))
-            .count();
-        if holding < self.cpu.cpus {
+        // The slot table keeps this count: no walk over it per turn.
+        if (self.board.counts().busy as usize) < self.cpu.cpus {
             return CpuUse::NotLooked;
         }
         let due = self
