@@ -71,8 +71,9 @@ class Limits:
         self,
         head_timeout=10.0,
         keepalive_timeout=5.0,
+        keepalive_turn=0.02,
         read_timeout=30.0,
-        max_requests=100,
+        max_requests=1000,
         max_request_line=8190,
         max_head=65536,
         max_headers=100,
@@ -80,6 +81,9 @@ class Limits:
     ):
         self.head_timeout = head_timeout
         self.keepalive_timeout = keepalive_timeout
+        # How long a kept-alive connection keeps its worker, from its first
+        # request, while other connections wait for one.
+        self.keepalive_turn = keepalive_turn
         self.read_timeout = read_timeout
         self.max_requests = max_requests
         self.max_request_line = max_request_line

@@ -252,6 +252,7 @@ class Server:
         """One connection: requests until close, a limit, or an idle timeout."""
         reader = http.Reader(conn)
         peer = _peer(conn)
+        opened = None
         for number in range(self.limits.max_requests):
             if number and not self._next_request_waiting(conn, reader):
                 return
@@ -266,7 +267,9 @@ class Server:
                 return
             except (http.ClientGone, OSError):
                 return
-            last = number + 1 == self.limits.max_requests
+            if opened is None:
+                opened = started
+            last = number + 1 == self.limits.max_requests or self._turn_over(opened, started)
             if not self.serve_request(conn, reader, request, peer, last, started):
                 return
             if self.worker.leaving:
@@ -285,12 +288,15 @@ class Server:
         fds = {fd for fd, _ in events}
         return conn.fileno() in fds and self.worker.channel.fileno() not in fds
 
-    def _others_waiting(self):
-        """True when a listener this worker holds (`order` and `shared`
-        dispatch) has a connection waiting: this one is then closed after
-        its response, so a kept-alive client does not keep a busy pool
-        from the clients queued behind it."""
-        if self._listener_poll is None:
+    def _turn_over(self, opened, now):
+        """True when a kept-alive connection has had its turn
+        (`--keepalive-turn` since its first request) and a listener this
+        worker holds has a connection waiting: this one is then closed
+        after its response, so a kept-alive client does not keep a busy
+        pool from the clients queued behind it. Not asked before the turn
+        is over: closing at once would cost a new connection per request
+        whenever clients outnumber workers."""
+        if self._listener_poll is None or now - opened < self.limits.keepalive_turn:
             return False
         return bool(self._listener_poll.poll(0))
 
@@ -322,8 +328,7 @@ class Server:
         response = Response(
             conn,
             request,
-            request.wants_keepalive() and not last and not self.worker.leaving
-            and not self._others_waiting(),
+            request.wants_keepalive() and not last and not self.worker.leaving,
             self.limits.read_timeout,
             lambda: self.worker.leaving,
         )
@@ -476,6 +481,9 @@ def parse_args(argv):
                    help=f"deadline for a whole request head, answered with 408 (default {d.head_timeout:g})")
     p.add_argument("--keepalive-timeout", type=_positive(float), default=d.keepalive_timeout, metavar="SECONDS",
                    help=f"how long a kept-alive connection may wait for its next request (default {d.keepalive_timeout:g})")
+    p.add_argument("--keepalive-turn", type=_not_negative(float), default=d.keepalive_turn, metavar="SECONDS",
+                   help="how long a kept-alive connection keeps its worker, from its first request, while other "
+                   f"connections wait on the listener; the next response then closes it (default {d.keepalive_turn:g}; 0: at once)")
     p.add_argument("--read-timeout", type=_positive(float), default=d.read_timeout, metavar="SECONDS",
                    help=f"longest wait for one read of a body or one write of a response (default {d.read_timeout:g})")
     p.add_argument("--max-requests-per-connection", type=_positive(int), default=d.max_requests, metavar="N",
@@ -492,13 +500,21 @@ def parse_args(argv):
 
 
 def _positive(kind):
+    return _bounded(kind, lambda value: value > 0, "greater than 0")
+
+
+def _not_negative(kind):
+    return _bounded(kind, lambda value: value >= 0, "0 or more")
+
+
+def _bounded(kind, allowed, what):
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        if not allowed(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {what}")
         return value
 
     parse.__name__ = kind.__name__
@@ -510,6 +526,7 @@ def limits_from(args):
     return http.Limits(
         head_timeout=args.head_timeout,
         keepalive_timeout=args.keepalive_timeout,
+        keepalive_turn=args.keepalive_turn,
         read_timeout=args.read_timeout,
         max_requests=args.max_requests_per_connection,
         max_request_line=args.max_request_line,

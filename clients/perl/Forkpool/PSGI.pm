@@ -44,7 +44,9 @@ our $VERSION = '1';
 our %DEFAULTS = (
     header_timeout         => 10,         # seconds for a whole request head
     keepalive_timeout      => 5,          # seconds of silence between requests
-    max_keepalive_requests => 100,        # requests per connection
+    max_keepalive_requests => 1000,       # requests per connection
+    keepalive_turn         => 0.02,       # seconds a kept-alive connection keeps
+                                          # its worker while others wait
     timeout                => 60,         # seconds per read or write of a body
     max_header_size        => 65536,      # bytes of request head
     max_body_size          => 1 << 30,    # bytes of request body; 0: no limit
@@ -81,7 +83,7 @@ sub new {
         defined $value && ($integer ? $value =~ /\A\d+\z/ : $value =~ /\A\d+(?:\.\d+)?\z/)
             or die "--$flag must be a " . ($integer ? 'whole number' : 'number of seconds')
             . ", not '" . ($value // '') . "'\n";
-        $name eq 'max_body_size' || $value > 0
+        $name eq 'max_body_size' || $name eq 'keepalive_turn' || $value > 0
             or die "--$flag must be more than 0\n";
         $self{$name} = $value + 0;
     }
@@ -105,7 +107,9 @@ sub run {
 
 # True when a listener this worker holds has a connection waiting: the
 # current one then closes after its response, so a kept-alive client does
-# not keep a busy pool from the clients queued behind it.
+# not keep a busy pool from the clients queued behind it. Asked only once
+# the connection has had its turn (--keepalive-turn): closing at once
+# would cost a new connection per request when clients outnumber workers.
 # The listeners' select bits are worked out once per worker (its
 # listeners do not change while it serves), not once per request.
 sub _others_waiting {
@@ -125,11 +129,12 @@ sub serve_connection {
     my ($self, $sock) = @_;
     my $c = {
         sock => $sock, fd => fileno($sock), buf => '', served => 0,
-        timeout => $self->{timeout}, armed => 0,
+        timeout => $self->{timeout}, armed => 0, opened => undef,
     };
     @$c{qw(remote_addr remote_port)} = _address(getpeername($sock));
     while (1) {
         my $req = $self->_read_request($c) or last;
+        $c->{opened} //= $req->{start};
         $c->{served}++;
         my $keep = $self->_serve_request($c, $req);
         last unless $keep && !$c->{leave};
@@ -290,7 +295,8 @@ sub _serve_request {
     }
     my $r = {
         keep => keeps_alive($req) && $c->{served} < $self->{max_keepalive_requests}
-            && !$self->_others_waiting,
+            && ($req->{start} - $c->{opened} < $self->{keepalive_turn}
+                || !$self->_others_waiting),
         head => $req->{method} eq 'HEAD',
         minor => $req->{minor},
         status => undef, bytes => 0,

@@ -473,44 +473,58 @@ fn a_busy_worker_logging_every_request_is_not_taken_for_a_flood() {
     );
 }
 
-/// A kept-alive connection gives way: once another client waits on the
-/// listener (here behind the pool's only worker), the next response on
-/// the kept-alive connection says `Connection: close`, and the waiting
-/// client is served at once rather than after the keep-alive timeout.
+/// A one-worker pool in dispatch MODE serving the Plack app with
+/// `--keepalive-turn TURN`: a kept-alive connection keeps the worker while
+/// a second client waits on the listener, until TURN has passed since its
+/// first request; the first response after that says `Connection: close`,
+/// and the waiting client is served at once rather than after the
+/// keep-alive timeout.
+fn kept_alive_connection_gives_way_after(mode: &str, turn: Duration) {
+    let turn_text = turn.as_secs_f64().to_string();
+    let pool = start_psgi(mode, &["--keepalive-turn", &turn_text]);
+    let mut kept = connect(&pool);
+    let opened = Instant::now();
+    kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let first = read_response(&mut kept, false);
+    assert_eq!(first.header("connection"), None, "{mode}: kept alive");
+    let mut waiting = connect(&pool);
+    waiting
+        .write_all(b"GET /?name=b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert!(
+        common::DemoPool::wait_status(&pool, Duration::from_secs(10), |s| {
+            s["queues"][0]["waiting"] == 1
+        })
+        .is_some(),
+        "{mode}: the second client never waited on the listener"
+    );
+    common::check_keepalive_turn(mode, turn, opened, || {
+        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let answer = read_response(&mut kept, false);
+        assert_eq!(answer.body_text(), "hello a\n");
+        answer.header("connection").as_deref() == Some("close")
+    });
+    drop(kept);
+    assert_eq!(read_response(&mut waiting, false).body_text(), "hello b\n");
+}
+
+/// `--keepalive-turn 0`: the connection gives way at its first chance.
 #[test]
-fn a_kept_alive_connection_gives_way_to_a_waiting_client() {
+fn a_kept_alive_connection_gives_way_at_once_without_a_turn() {
     if !require_plack() {
         return;
     }
     for mode in MODES {
-        let pool = start_psgi(mode, &[]);
-        let mut kept = connect(&pool);
-        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
-        let first = read_response(&mut kept, false);
-        assert_eq!(first.header("connection"), None, "{mode}: kept alive");
-        // A second client, queued on the listener behind the busy worker.
-        let mut waiting = connect(&pool);
-        waiting
-            .write_all(b"GET /?name=b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        assert!(
-            common::DemoPool::wait_status(&pool, Duration::from_secs(10), |s| {
-                s["queues"][0]["waiting"] == 1
-            })
-            .is_some(),
-            "{mode}: the second client never waited on the listener"
-        );
-        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
-        let second = read_response(&mut kept, false);
-        assert_eq!(
-            second.header("connection").as_deref(),
-            Some("close"),
-            "{mode}: the kept-alive connection did not give way"
-        );
-        drop(kept);
-        let served = read_response(&mut waiting, false);
-        assert_eq!(served.body_text(), "hello b\n");
+        kept_alive_connection_gives_way_after(mode, Duration::ZERO);
     }
+}
+
+#[test]
+fn a_kept_alive_connection_keeps_its_worker_for_its_turn() {
+    if !require_plack() {
+        return;
+    }
+    kept_alive_connection_gives_way_after("order", Duration::from_secs(3));
 }

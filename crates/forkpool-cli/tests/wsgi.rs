@@ -418,3 +418,64 @@ fn example_http_worker_bounds_the_head_and_the_body() {
     assert_eq!(read_response(&mut conn, false).status, 413);
     assert!(wait_status(&pool, Duration::from_secs(10), |s| s["busy"] == 0));
 }
+
+/// A one-worker `order` pool serving the Flask app with `--keepalive-turn
+/// TURN`: a kept-alive connection keeps the worker while a second client
+/// waits on the listener, until TURN has passed since its first request;
+/// the first response after that says `Connection: close`, and the
+/// waiting client is served.
+fn kept_alive_connection_gives_way_after(turn: Duration) {
+    let Some(python) = venv_python() else { return };
+    let mut command = Command::new(common::forkpool_bin());
+    command
+        .arg("run")
+        .current_dir(wsgi_support::apps_dir())
+        .env("PYTHONPATH", clients_dir());
+    let mut args = vec!["--ping-timeout", "20s", "--dispatch", "order"];
+    args.extend_from_slice(&common::ONE_CHILD);
+    let turn_text = turn.as_secs_f64().to_string();
+    let cmd = [
+        python.as_str(),
+        "-m",
+        "forkpool_wsgi",
+        "flask_app:app",
+        "--keepalive-turn",
+        turn_text.as_str(),
+    ];
+    let pool = DemoPool::launch(command, &args, &cmd, true);
+    let mut kept = connect(pool.addr);
+    let opened = std::time::Instant::now();
+    let first = request(&mut kept, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_eq!(first.header("connection"), None, "the first answer closed");
+    let mut waiting = connect(pool.addr);
+    waiting
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert!(
+        wait_status(&pool, Duration::from_secs(10), |s| s["queues"][0]
+            ["waiting"]
+            == 1),
+        "the second client never waited on the listener"
+    );
+    common::check_keepalive_turn("order", turn, opened, || {
+        let answer = request(&mut kept, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        assert_eq!(answer.body, b"hello");
+        answer.header("connection").as_deref() == Some("close")
+    });
+    drop(kept);
+    let served = read_response(&mut waiting, false);
+    assert_eq!(
+        (served.status, served.body.as_slice()),
+        (200, &b"hello"[..])
+    );
+}
+
+#[test]
+fn a_kept_alive_connection_gives_way_at_once_without_a_turn() {
+    kept_alive_connection_gives_way_after(Duration::ZERO);
+}
+
+#[test]
+fn a_kept_alive_connection_keeps_its_worker_for_its_turn() {
+    kept_alive_connection_gives_way_after(Duration::from_secs(3));
+}

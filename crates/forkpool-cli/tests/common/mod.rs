@@ -609,3 +609,51 @@ pub fn scrape_metrics(pool: &DemoPool) -> String {
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     text
 }
+
+// --- Keep-alive turns (psgi.rs, wsgi.rs) ----------------------------------
+
+/// Drives a kept-alive connection whose first request went out at
+/// `opened`, while another client waits for the one worker: `ask` sends
+/// the next request on it and says whether the answer closed it.
+/// Requests go a tenth of TURN apart (at least 50 ms), for at most two
+/// turns and ten seconds. Asserts that the connection was kept alive for
+/// its turn (at least three answers within it, unless TURN is zero) and
+/// closed by the first answer after it.
+pub fn check_keepalive_turn(
+    label: &str,
+    turn: Duration,
+    opened: Instant,
+    mut ask: impl FnMut() -> bool,
+) {
+    let pace = (turn / 10).max(Duration::from_millis(50));
+    let mut kept_within_turn = 0;
+    let closed_after = loop {
+        let sent = opened.elapsed();
+        assert!(
+            sent < (turn * 2).max(Duration::from_secs(10)),
+            "{label}: still kept alive after {sent:?}, with a client waiting"
+        );
+        if ask() {
+            break sent;
+        }
+        // The server's clock for the turn starts a little after ours.
+        assert!(
+            sent < turn + Duration::from_millis(50),
+            "{label}: still kept alive {sent:?} after the first request, with a client waiting"
+        );
+        if opened.elapsed() < turn {
+            kept_within_turn += 1;
+        }
+        std::thread::sleep(pace);
+    };
+    assert!(
+        closed_after >= turn,
+        "{label}: closed {closed_after:?} after the first request, within its turn of {turn:?}"
+    );
+    if !turn.is_zero() {
+        assert!(
+            kept_within_turn >= 3,
+            "{label}: only {kept_within_turn} requests kept alive within the turn"
+        );
+    }
+}
