@@ -4,10 +4,10 @@
 #
 #   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv), in
 #           handoff (the default) and shared dispatch, and with --preload
-#           (also with --hold-when-cpu-bound)
+#           (also with --no-hold-when-cpu-bound: a pool that grows to 16)
 #           gunicorn -w 16 (sync), gunicorn --preload -w 16
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
-#           (and --preload --hold-when-cpu-bound)
+#           (and --preload --no-hold-when-cpu-bound)
 #           starman --workers 16
 #
 #   bench/apps.sh install   Flask+gunicorn venv (.ci/deps/python.sh), wrk,
@@ -169,8 +169,8 @@ run() {
   row forkpool-wsgi-preload bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --preload --control "$scratch/control-preload.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
-  row forkpool-wsgi-preload-hold bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
-    --preload --hold-when-cpu-bound --control "$scratch/control-preload-hold.sock" \
+  row forkpool-wsgi-preload-nohold bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --preload --no-hold-when-cpu-bound --control "$scratch/control-preload-nohold.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row gunicorn-sync bench/apps "$WORKERS" "$VENV/bin/gunicorn" -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   row gunicorn-preload bench/apps "$WORKERS" "$VENV/bin/gunicorn" --preload -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
@@ -179,8 +179,8 @@ run() {
       --control "$scratch/control-psgi.sock" -- perl clients/perl/forkpool-psgi --no-access-log bench/apps/hello.psgi
     row forkpool-psgi-preload . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
       --preload --control "$scratch/control-psgi-preload.sock" -- perl clients/perl/forkpool-psgi --no-access-log bench/apps/hello.psgi
-    row forkpool-psgi-preload-hold . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
-      --preload --hold-when-cpu-bound --control "$scratch/control-psgi-preload-hold.sock" \
+    row forkpool-psgi-preload-nohold . 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+      --preload --no-hold-when-cpu-bound --control "$scratch/control-psgi-preload-nohold.sock" \
       -- perl clients/perl/forkpool-psgi --no-access-log bench/apps/hello.psgi
   else
     echo "forkpool-psgi              skipped: clients/perl/forkpool-psgi does not exist yet"

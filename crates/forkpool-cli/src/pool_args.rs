@@ -76,11 +76,15 @@ pub struct PoolArgs {
     /// /ready answers 503 while every child the pool may have is busy.
     #[arg(long)]
     pub ready_unless_saturated: bool,
-    /// Hold the pool while its busy children already wait for the CPUs:
-    /// connections wait in the backlog for the next child to finish
-    /// instead (for CPU-bound apps with short requests).
-    #[arg(long)]
+    /// Hold the pool while its busy children already wait for the CPUs
+    /// and keep finishing connections: connections wait in the backlog for
+    /// the next child to finish instead [default: on].
+    #[arg(long, overrides_with = "no_hold_when_cpu_bound")]
     pub hold_when_cpu_bound: bool,
+    /// Grow the pool whenever it is short of spare children, however much
+    /// its busy children wait for the CPUs.
+    #[arg(long, overrides_with = "hold_when_cpu_bound")]
+    pub no_hold_when_cpu_bound: bool,
     /// On TERM/INT, close the listeners at once instead of first serving
     /// the connections already queued on them.
     #[arg(long)]
@@ -132,6 +136,9 @@ impl PoolArgs {
         if self.hold_when_cpu_bound {
             config.hold_when_cpu_bound = true;
         }
+        if self.no_hold_when_cpu_bound {
+            config.hold_when_cpu_bound = false;
+        }
         if self.no_serve_backlog_on_stop {
             config.serve_backlog_on_stop = false;
         }
@@ -142,5 +149,50 @@ impl PoolArgs {
             config.refork_after = self.refork_after.clone();
         }
         config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        pool: PoolArgs,
+    }
+
+    /// The config `args` make of `base`.
+    fn applied(args: &[&str], base: PoolConfig) -> PoolConfig {
+        let argv = std::iter::once("forkpool").chain(args.iter().copied());
+        Cli::try_parse_from(argv).unwrap().pool.apply(base)
+    }
+
+    #[test]
+    fn the_cpu_hold_is_on_unless_turned_off_and_the_last_flag_wins() {
+        let off = PoolConfig {
+            hold_when_cpu_bound: false,
+            ..PoolConfig::default()
+        };
+        assert!(applied(&[], PoolConfig::default()).hold_when_cpu_bound);
+        // A config file's `false` stands unless a flag says otherwise.
+        assert!(!applied(&[], off.clone()).hold_when_cpu_bound);
+        assert!(applied(&["--hold-when-cpu-bound"], off.clone()).hold_when_cpu_bound);
+        assert!(!applied(&["--no-hold-when-cpu-bound"], PoolConfig::default()).hold_when_cpu_bound);
+        assert!(
+            applied(
+                &["--no-hold-when-cpu-bound", "--hold-when-cpu-bound"],
+                off.clone()
+            )
+            .hold_when_cpu_bound
+        );
+        assert!(
+            !applied(
+                &["--hold-when-cpu-bound", "--no-hold-when-cpu-bound"],
+                PoolConfig::default()
+            )
+            .hold_when_cpu_bound
+        );
     }
 }

@@ -189,11 +189,11 @@ pub struct PoolConfig {
     /// Hold the pool, short of spare children, while its busy children
     /// already wait for the CPUs (see `policy/scaling.rs`): a child more
     /// would only take turns with them on the same CPUs, so the connection
-    /// waits in the backlog for the next child to finish instead. For a
-    /// CPU-bound app with short requests on few CPUs. Not for kept-alive
-    /// connections that outnumber the children it would hold to, nor for
-    /// a mix of long CPU-heavy and short requests (a short one would wait
-    /// behind the heavy ones). Default false.
+    /// waits in the backlog for the next child to finish instead. Only
+    /// while children keep finishing connections: behind long requests the
+    /// pool grows one child at a time, so a short request does not wait
+    /// for them. Default true; false grows the pool whenever it is short
+    /// of spare children, as Apache does.
     pub hold_when_cpu_bound: bool,
     /// On a graceful stop, first accept and serve the connections already
     /// queued in the listen backlog (and any parked), within
@@ -238,7 +238,7 @@ impl Default for PoolConfig {
             slow_threshold: Duration::ZERO,
             drain_delay: Duration::ZERO,
             ready_unless_saturated: false,
-            hold_when_cpu_bound: false,
+            hold_when_cpu_bound: true,
             serve_backlog_on_stop: true,
             preload: false,
             refork_after: Vec::new(),

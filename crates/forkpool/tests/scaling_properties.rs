@@ -63,6 +63,7 @@ fn any_counts() -> impl Strategy<Value = PoolCounts> {
             2 => Just(CpuUse::NotLooked),
             1 => Just(CpuUse::Measuring),
             2 => (0u32..4000).prop_map(CpuUse::Waiting),
+            1 => Just(CpuUse::Stalled),
         ],
     )
         .prop_map(|(starting, idle, busy, queued, cpu)| PoolCounts {

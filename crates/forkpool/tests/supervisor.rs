@@ -12,6 +12,7 @@
 //! and answers `slot S pid P`, `spin MS` keeps a CPU busy for MS
 //! milliseconds before it answers, `crash` exits the child with status 3.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -34,7 +35,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 type Scenario = fn() -> Result<(), String>;
 
 fn main() {
-    let scenarios: [(&str, Scenario); 7] = [
+    let scenarios: [(&str, Scenario); 9] = [
         (
             "serves_from_the_lowest_slot_grows_and_shrinks",
             serves_from_the_lowest_slot_grows_and_shrinks,
@@ -62,6 +63,14 @@ fn main() {
         (
             "without_hold_when_cpu_bound_the_same_pool_grows",
             without_hold_when_cpu_bound_the_same_pool_grows,
+        ),
+        (
+            "a_short_request_does_not_wait_behind_long_cpu_bound_ones",
+            a_short_request_does_not_wait_behind_long_cpu_bound_ones,
+        ),
+        (
+            "sleeping_children_on_one_cpu_are_not_held",
+            sleeping_children_on_one_cpu_are_not_held,
         ),
     ];
     let filters: Vec<String> = std::env::args()
@@ -357,10 +366,7 @@ fn serves_from_the_lowest_slot_grows_and_shrinks() -> Result<(), String> {
         let answers = clients.into_iter().map(|c| c.join().unwrap()).collect();
         grown.map(|_| answers)
     })?;
-    let slots: std::collections::BTreeSet<usize> = answers
-        .into_iter()
-        .map(|a| a.map(|(slot, _)| slot))
-        .collect::<Result<_, _>>()?;
+    let slots = slots_of(answers)?;
     check(slots.len() == 6, || {
         format!("six held requests used slots {slots:?}")
     })?;
@@ -454,14 +460,22 @@ fn sigterm_lets_the_busy_child_finish_then_returns_the_totals() -> Result<(), St
     })
 }
 
-/// Six clients at once, each asking for 400 ms of CPU, on a pool that may
-/// use one CPU; the most children the pool had while they were served.
+/// Six clients at once, each asking for 5 ms of CPU forty times over, on
+/// a pool that may use one CPU; the most children the pool had while they
+/// were served.
 fn six_cpu_bound_clients(config: PoolConfig) -> Result<(usize, Totals), String> {
     let pool = Running::start_on_cpus(config, true)?;
     pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
     let most = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..6)
-            .map(|_| scope.spawn(|| ask(pool.addr, "spin 400")))
+            .map(|_| {
+                scope.spawn(|| {
+                    for _ in 0..40 {
+                        ask(pool.addr, "spin 5")?;
+                    }
+                    Ok::<_, String>(())
+                })
+            })
             .collect();
         let mut most = 0;
         while !clients.iter().all(|c| c.is_finished()) {
@@ -490,15 +504,84 @@ fn children_that_wait_for_the_cpu_hold_the_pool() -> Result<(), String> {
     check(most <= 4, || {
         format!("the pool grew to {most} children for a CPU-bound load on one CPU")
     })?;
-    check(totals.accepted == 6 && totals.died == 0, || {
+    check(totals.accepted == 240 && totals.died == 0, || {
         format!("{totals:?}")
     })
 }
 
 fn without_hold_when_cpu_bound_the_same_pool_grows() -> Result<(), String> {
-    let (most, totals) = six_cpu_bound_clients(config())?;
+    let (most, totals) = six_cpu_bound_clients(PoolConfig {
+        hold_when_cpu_bound: false,
+        ..config()
+    })?;
     check(totals.cpu_bound == 0, || format!("held: {totals:?}"))?;
     check(most >= 6, || {
         format!("the pool grew only to {most} children")
     })
+}
+
+/// A pool with the CPU hold on that may use one CPU, once it is ready.
+fn ready_pool_on_one_cpu() -> Result<Running, String> {
+    let pool = Running::start_on_cpus(
+        PoolConfig {
+            hold_when_cpu_bound: true,
+            ..config()
+        },
+        true,
+    )?;
+    pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
+    Ok(pool)
+}
+
+/// The slots that answered, or the first failed answer.
+fn slots_of(answers: Vec<Result<(usize, u32), String>>) -> Result<BTreeSet<usize>, String> {
+    answers
+        .into_iter()
+        .map(|a| a.map(|(slot, _)| slot))
+        .collect()
+}
+
+fn a_short_request_does_not_wait_behind_long_cpu_bound_ones() -> Result<(), String> {
+    // Three clients spin for two seconds each on one CPU: the CPUs are
+    // taken, but nothing finishes, so the pool grows for them and for a
+    // short request rather than holding it in the backlog for seconds.
+    let pool = ready_pool_on_one_cpu()?;
+    std::thread::scope(|scope| {
+        let spinners: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| ask(pool.addr, "spin 2000")))
+            .collect();
+        pool.wait_for("three spinning", |s| s.busy >= 3)?;
+        ask(pool.addr, "work 0")?;
+        check(spinners.iter().all(|c| !c.is_finished()), || {
+            "the short request was answered only after a long one".to_string()
+        })?;
+        for spinner in spinners {
+            spinner.join().unwrap()?;
+        }
+        Ok::<_, String>(())
+    })?;
+    let totals = pool.stop()?;
+    check(totals.accepted == 4 && totals.died == 0, || {
+        format!("{totals:?}")
+    })
+}
+
+fn sleeping_children_on_one_cpu_are_not_held() -> Result<(), String> {
+    // Six clients sleep 600 ms each on a pool that may use one CPU: the
+    // first two children are enough busy ones to fill it, but they wait
+    // for no CPU, so once measured the pool grows and the six are served
+    // at once, each by its own child.
+    let pool = ready_pool_on_one_cpu()?;
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| scope.spawn(|| ask(pool.addr, "work 600")))
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let slots = slots_of(answers)?;
+    check(slots.len() == 6, || {
+        format!("six sleeping requests were served by slots {slots:?}")
+    })?;
+    let totals = pool.stop()?;
+    check(totals.died == 0, || format!("{totals:?}"))
 }

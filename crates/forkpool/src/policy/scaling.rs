@@ -23,12 +23,16 @@
 //!   to finish (a finishing child takes it itself). Children blocked on a
 //!   database, a slow client or a lock do not wait for a CPU: while they
 //!   are what is busy, the pool grows as before. Until the supervisor has
-//!   measured it (two looks 20 ms apart once enough children are busy to
+//!   measured it (two looks 5 ms apart once enough children are busy to
 //!   fill the CPUs, [`CpuUse::Measuring`]) the pool holds too, and while
 //!   the CPUs fill up ([`CPU_WAIT_CAREFUL`]) it grows one child at a
 //!   time, measured again after each: a burst's first moments would
 //!   otherwise fork up to `max_children`, and nothing shrinks a pool
-//!   whose children are all kept busy;
+//!   whose children are all kept busy. A hold is only worth it while
+//!   children finish connections: when none has for [`HOLD_TURNOVER`],
+//!   the busy ones serve long requests ([`CpuUse::Stalled`]) and the pool
+//!   grows one child at a time, so a short request never waits in the
+//!   backlog behind seconds-long ones;
 //! - more than `max_spare` idle with nothing queued, continuously for
 //!   `retire_grace`: retire half the surplus, rounded up (never below
 //!   `min_children`), then start timing a fresh grace period. Shedding it
@@ -104,20 +108,37 @@ pub enum CpuUse {
     /// How many busy children waited for a CPU, on average over the last
     /// look, per CPU, in thousandths.
     Waiting(u32),
+    /// The busy children wait for the CPUs, but none has finished a
+    /// connection for [`HOLD_TURNOVER`]: they serve long requests, and a
+    /// connection held in the backlog would wait as long for one of them.
+    /// The pool grows one child at a time instead of holding.
+    Stalled,
 }
+
+/// How recently a child must have finished a connection for a hold to be
+/// worth it. A hold makes waiting connections wait for the next busy child
+/// to finish; with short requests one finishes every fraction of a
+/// millisecond, but behind a few long ones (a report, an upload) a short
+/// request would wait seconds for a child that a new one could give it
+/// at once, sharing the CPUs.
+pub const HOLD_TURNOVER: Duration = Duration::from_millis(50);
 
 impl CpuUse {
     /// Whether growing should go one child at a time, each measured before
     /// the next.
     pub fn careful(&self) -> bool {
-        matches!(self, CpuUse::Waiting(per_cpu) if *per_cpu >= CPU_WAIT_CAREFUL)
+        match self {
+            CpuUse::Waiting(per_cpu) => *per_cpu >= CPU_WAIT_CAREFUL,
+            CpuUse::Stalled => true,
+            CpuUse::NotLooked | CpuUse::Measuring => false,
+        }
     }
 
     /// Whether the pool should not grow for now: its busy children wait for
     /// the CPUs, or it is being measured whether they do.
     pub fn holds(&self) -> bool {
         match self {
-            CpuUse::NotLooked => false,
+            CpuUse::NotLooked | CpuUse::Stalled => false,
             CpuUse::Measuring => true,
             CpuUse::Waiting(per_cpu) => *per_cpu >= CPU_WAIT_HOLD,
         }
@@ -353,6 +374,12 @@ mod tests {
         // The ramp starts again from one child after a hold.
         decide(waiting(3000), &c, &mut memory, now);
         assert_eq!(decide(short, &c, &mut memory, now), Decision::Spawn(1));
+        // Long requests on the CPUs: no hold, one child at a time.
+        memory.spawn_rate = 8;
+        assert_eq!(
+            decide(with(short, CpuUse::Stalled), &c, &mut memory, now),
+            Decision::Spawn(1)
+        );
         // Not short: nothing to hold.
         assert_eq!(
             decide(
@@ -376,10 +403,11 @@ mod tests {
             ..config()
         };
         assert_eq!(decide(busy, &c, &mut memory, now), Decision::Spawn(2));
-        assert_eq!(
-            decide(busy, &config(), &mut memory, now),
-            Decision::Spawn(1)
-        );
+        let grows = PoolConfig {
+            hold_when_cpu_bound: false,
+            ..config()
+        };
+        assert_eq!(decide(busy, &grows, &mut memory, now), Decision::Spawn(1));
     }
 
     #[test]

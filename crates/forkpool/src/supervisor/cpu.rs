@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::Supervisor;
 use crate::observe::procfs;
-use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD};
+use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD, HOLD_TURNOVER};
 use crate::scoreboard::SlotState;
 
 /// The shortest time between two looks, and how long a result stands.
@@ -34,6 +34,13 @@ pub(crate) const LOOK_INTERVAL: Duration = Duration::from_millis(20);
 
 /// A look this long after the one before starts measuring afresh.
 const LOOK_STALE: Duration = Duration::from_millis(100);
+
+/// The second look of a fresh measurement comes this soon after the first:
+/// the pool holds until it comes, and a load step should not wait the
+/// whole [`LOOK_INTERVAL`] for its children. Children that take turns on
+/// the CPUs wait several CPUs' worth of time in any 5 ms; children that
+/// sleep wait next to none.
+const FIRST_LOOK_AFTER: Duration = Duration::from_millis(5);
 
 /// How long a look that found the CPUs taken stands against later looks
 /// that did not: the pool holds until [`FREE_LOOKS`] looks in a row find
@@ -54,8 +61,13 @@ pub(super) struct CpuWatch {
     last: Option<(Instant, HashMap<i32, u64>)>,
     /// What the last look found.
     use_now: CpuUse,
+    /// Whether the last look started a fresh measurement (the next one is
+    /// due after [`FIRST_LOOK_AFTER`]).
+    fresh: bool,
     /// When a look last found the CPUs taken.
     full_at: Option<Instant>,
+    /// When a child last finished a connection.
+    ended_at: Option<Instant>,
     /// Looks in a row since then that found them free.
     free_looks: u32,
 }
@@ -68,13 +80,55 @@ impl Default for CpuWatch {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             last: None,
             use_now: CpuUse::NotLooked,
+            fresh: false,
             full_at: None,
+            ended_at: None,
             free_looks: 0,
         }
     }
 }
 
 impl CpuWatch {
+    /// When the next look must happen without an event, with `busy`
+    /// children busy: while the last look holds the pool and they can
+    /// fill the CPUs. A look that is due but was not taken (the pool's
+    /// upkeep was busy with something else) is not a reason to spin.
+    fn look_due(&self, busy: usize, now: Instant) -> Option<Instant> {
+        if !self.use_now.holds() || busy < self.cpus {
+            return None;
+        }
+        self.next_look().filter(|t| *t > now)
+    }
+
+    /// A child finished a connection at `now`.
+    pub(super) fn connection_ended(&mut self, now: Instant) {
+        self.ended_at = Some(now);
+    }
+
+    /// What the last look says at `now`: a hold turns into careful growth
+    /// once no child has finished a connection for [`HOLD_TURNOVER`].
+    fn use_at(&self, now: Instant) -> CpuUse {
+        let turning_over = self
+            .ended_at
+            .is_some_and(|at| now.saturating_duration_since(at) < HOLD_TURNOVER);
+        match self.use_now {
+            CpuUse::Waiting(per_cpu) if per_cpu >= CPU_WAIT_HOLD && !turning_over => {
+                CpuUse::Stalled
+            }
+            other => other,
+        }
+    }
+
+    /// When the next look is due, if there was one before.
+    fn next_look(&self) -> Option<Instant> {
+        let interval = if self.fresh {
+            FIRST_LOOK_AFTER
+        } else {
+            LOOK_INTERVAL
+        };
+        self.last.as_ref().map(|(at, _)| *at + interval)
+    }
+
     /// What a look that measured `per_cpu` says, once the looks before it
     /// are counted in (see [`FULL_MEMORY`]).
     fn remembered(&mut self, per_cpu: u32, now: Instant) -> u32 {
@@ -111,15 +165,22 @@ impl Supervisor {
         if (self.board.counts().busy as usize) < self.cpu.cpus {
             return CpuUse::NotLooked;
         }
-        let due = self
-            .cpu
-            .last
-            .as_ref()
-            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= LOOK_INTERVAL);
-        if due {
+        if self.cpu.next_look().is_none_or(|due| now >= due) {
             self.look_at_cpu_waiting(now);
         }
-        self.cpu.use_now
+        self.cpu.use_at(now)
+    }
+
+    /// When the loop must wake for the next look without an event: while
+    /// the last look holds the pool (measuring, or the CPUs taken), so the
+    /// hold ends on a look rather than on the next connection or finished
+    /// request. A burst of slow requests gives neither for as long as
+    /// they take, and the pool would stay short that long.
+    pub(super) fn cpu_look_due(&self, now: Instant) -> Option<Instant> {
+        if !self.config.hold_when_cpu_bound {
+            return None;
+        }
+        self.cpu.look_due(self.board.counts().busy as usize, now)
     }
 
     /// A child was started: while the CPUs fill up, the last look no
@@ -137,8 +198,13 @@ impl Supervisor {
             .filter(|(_, s)| holds_work(s.state))
             .filter_map(|(_, s)| procfs::run_queue_wait_ns(s.pid).map(|ns| (s.pid, ns)))
             .collect();
+        let fresh = self
+            .cpu
+            .last
+            .as_ref()
+            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= LOOK_STALE);
         self.cpu.use_now = match &self.cpu.last {
-            Some((at, before)) if now.saturating_duration_since(*at) < LOOK_STALE => {
+            Some((at, before)) if !fresh => {
                 let elapsed = now.saturating_duration_since(*at).as_nanos().max(1);
                 let waited: u128 = totals
                     .iter()
@@ -152,6 +218,7 @@ impl Supervisor {
             }
             _ => CpuUse::Measuring,
         };
+        self.cpu.fresh = fresh;
         self.cpu.last = Some((now, totals));
     }
 }
@@ -165,9 +232,63 @@ mod tests {
             cpus: 2,
             last: None,
             use_now: CpuUse::NotLooked,
+            fresh: false,
             full_at: None,
+            ended_at: None,
             free_looks: 0,
         }
+    }
+
+    #[test]
+    fn a_hold_lasts_only_while_children_finish_connections() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        w.use_now = CpuUse::Waiting(3000);
+        // No connection has ended yet: long requests, grow carefully.
+        assert_eq!(w.use_at(t0), CpuUse::Stalled);
+        w.connection_ended(t0);
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER / 2), CpuUse::Waiting(3000));
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Stalled);
+        // Only a hold turns into careful growth.
+        w.use_now = CpuUse::Waiting(CPU_WAIT_HOLD - 1);
+        assert_eq!(
+            w.use_at(t0 + HOLD_TURNOVER),
+            CpuUse::Waiting(CPU_WAIT_HOLD - 1)
+        );
+        w.use_now = CpuUse::Measuring;
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Measuring);
+    }
+
+    #[test]
+    fn a_holding_pool_wakes_for_its_next_look() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        w.last = Some((t0, HashMap::new()));
+        w.fresh = true;
+        w.use_now = CpuUse::Measuring;
+        assert_eq!(w.look_due(2, t0), Some(t0 + FIRST_LOOK_AFTER));
+        // Too few busy to fill the CPUs: no look, no wake.
+        assert_eq!(w.look_due(1, t0), None);
+        // Past due (the loop did not look): no wake, or it would spin.
+        assert_eq!(w.look_due(2, t0 + FIRST_LOOK_AFTER), None);
+        w.fresh = false;
+        w.use_now = CpuUse::Waiting(CPU_WAIT_HOLD);
+        assert_eq!(w.look_due(2, t0), Some(t0 + LOOK_INTERVAL));
+        // Not holding: the next event is soon enough.
+        w.use_now = CpuUse::Waiting(CPU_WAIT_HOLD - 1);
+        assert_eq!(w.look_due(2, t0), None);
+    }
+
+    #[test]
+    fn a_fresh_measurement_looks_again_sooner() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        assert_eq!(w.next_look(), None);
+        w.last = Some((t0, HashMap::new()));
+        w.fresh = true;
+        assert_eq!(w.next_look(), Some(t0 + FIRST_LOOK_AFTER));
+        w.fresh = false;
+        assert_eq!(w.next_look(), Some(t0 + LOOK_INTERVAL));
     }
 
     #[test]

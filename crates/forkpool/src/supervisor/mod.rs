@@ -473,7 +473,7 @@ impl Supervisor {
                         children = pool.live(),
                         "the busy children wait for the CPUs, so the pool holds and \
                          connections wait in the backlog for the next child to finish \
-                         (--hold-when-cpu-bound)"
+                         (--no-hold-when-cpu-bound grows it anyway)"
                     );
                 }
             }
@@ -540,6 +540,7 @@ impl Supervisor {
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.templates_deadline());
+        consider(self.cpu_look_due(now));
         consider(dispatch::backlog_recheck_due(
             self.board.has_room(),
             self.board.counts().live(),

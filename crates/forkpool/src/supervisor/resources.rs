@@ -242,8 +242,10 @@ impl Supervisor {
     }
 
     /// A child in `slot` is about to report the end of a connection (idle,
-    /// or taking the next one itself): counts its service time.
+    /// or taking the next one itself): counts its service time, and tells
+    /// the CPU watch the pool is turning over.
     pub(super) fn note_connection_end(&mut self, slot: usize, now: Instant) {
+        self.cpu.connection_ended(now);
         let Some(entry) = self.board.get(slot) else {
             return;
         };
