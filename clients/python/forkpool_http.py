@@ -71,7 +71,7 @@ class Limits:
         self,
         head_timeout=10.0,
         keepalive_timeout=5.0,
-        keepalive_turn=0.02,
+        keepalive_turn=0.005,
         read_timeout=30.0,
         max_requests=1000,
         max_request_line=8190,
