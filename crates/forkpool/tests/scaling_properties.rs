@@ -148,7 +148,7 @@ fn check_decision(
             prop_assert!(short, "CpuBound but not short of spare: {c:?}");
             prop_assert!(!below_min, "CpuBound below min_children: {c:?}");
             prop_assert!(
-                c.cpu.holds() && config.hold_when_cpu_bound,
+                c.cpu_holds() && config.hold_when_cpu_bound,
                 "CpuBound while the CPUs have room: {c:?}"
             );
         }

@@ -146,6 +146,15 @@ impl CpuUse {
 }
 
 impl PoolCounts {
+    /// Whether the CPUs hold the pool (see [`CpuUse::holds`]). Behind long
+    /// requests ([`CpuUse::Stalled`]) the pool grows one child at a time:
+    /// not while one is still starting, because a child loading a large
+    /// app takes the CPUs from the busy ones as it starts, and the stall
+    /// that causes would call for yet another child.
+    pub fn cpu_holds(&self) -> bool {
+        self.cpu.holds() || (self.cpu == CpuUse::Stalled && self.starting > 0)
+    }
+
     /// Children that count against `max_children`.
     pub fn live(&self) -> u32 {
         self.starting + self.idle + self.busy
@@ -247,7 +256,7 @@ pub fn decide(
         if room == 0 {
             return Decision::Saturated;
         }
-        if config.hold_when_cpu_bound && counts.cpu.holds() {
+        if config.hold_when_cpu_bound && counts.cpu_holds() {
             // When growth resumes it starts from one child again.
             memory.spawn_rate = 1;
             return Decision::CpuBound;
@@ -374,11 +383,21 @@ mod tests {
         // The ramp starts again from one child after a hold.
         decide(waiting(3000), &c, &mut memory, now);
         assert_eq!(decide(short, &c, &mut memory, now), Decision::Spawn(1));
-        // Long requests on the CPUs: no hold, one child at a time.
+        // Long requests on the CPUs: no hold, one child at a time, and
+        // the next only once the last has started.
         memory.spawn_rate = 8;
         assert_eq!(
             decide(with(short, CpuUse::Stalled), &c, &mut memory, now),
             Decision::Spawn(1)
+        );
+        assert_eq!(
+            decide(
+                with(counts(1, 0, 4, 6), CpuUse::Stalled),
+                &c,
+                &mut memory,
+                now
+            ),
+            Decision::CpuBound
         );
         // Not short: nothing to hold.
         assert_eq!(
