@@ -65,14 +65,18 @@ fn any_counts() -> impl Strategy<Value = PoolCounts> {
             2 => (0u32..4000).prop_map(CpuUse::Waiting),
             1 => Just(CpuUse::Stalled),
         ],
+        prop_oneof![2 => Just(0u32), 1 => 1u32..=8],
     )
-        .prop_map(|(starting, idle, busy, queued, cpu)| PoolCounts {
-            starting,
-            idle,
-            busy,
-            queued,
-            cpu,
-        })
+        .prop_map(
+            |(starting, idle, busy, queued, cpu, start_limit)| PoolCounts {
+                starting,
+                idle,
+                busy,
+                queued,
+                cpu,
+                start_limit,
+            },
+        )
 }
 
 // ---------------------------------------------------------------------------
@@ -111,6 +115,10 @@ fn check_decision(
                 config.max_children
             );
             prop_assert!(below_min || short, "Spawn({n}) without need: {c:?}");
+            prop_assert!(
+                below_min || c.start_limit == 0 || c.starting + n <= c.start_limit,
+                "Spawn({n}) beyond the start limit: {c:?}"
+            );
             if !below_min {
                 prop_assert!(
                     n <= config.max_spawn_rate,
@@ -148,7 +156,8 @@ fn check_decision(
             prop_assert!(short, "CpuBound but not short of spare: {c:?}");
             prop_assert!(!below_min, "CpuBound below min_children: {c:?}");
             prop_assert!(
-                c.cpu_holds() && config.hold_when_cpu_bound,
+                (c.cpu_holds() && config.hold_when_cpu_bound)
+                    || (c.start_limit > 0 && c.starting >= c.start_limit),
                 "CpuBound while the CPUs have room: {c:?}"
             );
         }
@@ -262,6 +271,7 @@ impl ModelPool {
             busy: self.busy,
             queued: 0,
             cpu: CpuUse::NotLooked,
+            start_limit: 0,
         }
     }
 
@@ -439,6 +449,7 @@ impl Sim {
             busy: self.busy.len() as u32,
             queued: self.queued,
             cpu: CpuUse::NotLooked,
+            start_limit: 0,
         };
         let clock = self.t0 + Duration::from_millis(now);
         let decision = decide(counts, &self.config, &mut self.memory, clock);

@@ -139,6 +139,7 @@ impl Pool {
             busy: self.busy.len() as u32,
             queued: self.queued,
             cpu: forkpool::scaling::CpuUse::NotLooked,
+            start_limit: 0,
         }
     }
 

@@ -81,6 +81,13 @@ pub struct PoolCounts {
     pub queued: u32,
     /// How the busy children use the CPUs, as far as the supervisor knows.
     pub cpu: CpuUse,
+    /// How many children may be starting at once beyond `min_children`
+    /// (0: no bound). With `hold_when_cpu_bound`, the CPUs: a child that
+    /// loads a large app as it starts (an exec'd Python or Perl worker
+    /// without `--preload`) takes a CPU for hundreds of milliseconds, and
+    /// more of them at once only make each ready later while they take the
+    /// CPUs from the busy ones.
+    pub start_limit: u32,
 }
 
 /// Busy children waiting for a CPU, per CPU, in thousandths, from which
@@ -231,6 +238,7 @@ pub fn in_child_equivalents(places: PlaceCounts, per_child: u32) -> PoolCounts {
         busy: places.serving - idle,
         queued: places.queued.div_ceil(per_child),
         cpu: CpuUse::NotLooked,
+        start_limit: 0,
     }
 }
 
@@ -271,6 +279,11 @@ pub fn decide(
             rate
         };
         let n = (wanted - spare).min(rate).min(room);
+        let n = match counts.start_limit {
+            0 => n,
+            limit if counts.starting >= limit => return Decision::CpuBound,
+            limit => n.min(limit - counts.starting),
+        };
         memory.spawn_rate = rate.saturating_mul(2).min(config.max_spawn_rate);
         return Decision::Spawn(n);
     }
@@ -324,6 +337,7 @@ mod tests {
             busy,
             queued,
             cpu: CpuUse::NotLooked,
+            start_limit: 0,
         }
     }
 
@@ -397,6 +411,24 @@ mod tests {
                 &mut memory,
                 now
             ),
+            Decision::CpuBound
+        );
+        // No more starting at once than the start limit.
+        memory.spawn_rate = 8;
+        let starting = |n| PoolCounts {
+            start_limit: 2,
+            ..counts(n, 0, 4, 6)
+        };
+        assert_eq!(
+            decide(starting(0), &c, &mut memory, now),
+            Decision::Spawn(2)
+        );
+        assert_eq!(
+            decide(starting(1), &c, &mut memory, now),
+            Decision::Spawn(1)
+        );
+        assert_eq!(
+            decide(starting(2), &c, &mut memory, now),
             Decision::CpuBound
         );
         // Not short: nothing to hold.

@@ -183,6 +183,11 @@ impl Supervisor {
         self.cpu.look_due(self.board.counts().busy as usize, now)
     }
 
+    /// The CPUs the pool may use.
+    pub(super) fn cpu_count(&self) -> u32 {
+        u32::try_from(self.cpu.cpus).unwrap_or(u32::MAX)
+    }
+
     /// A child was started: while the CPUs fill up, the last look no
     /// longer says how the pool uses them, and the next one decides.
     pub(super) fn cpu_changed(&mut self) {

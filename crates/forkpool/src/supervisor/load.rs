@@ -81,6 +81,11 @@ impl Supervisor {
                 busy: counts.busy,
                 queued,
                 cpu: scaling::CpuUse::NotLooked,
+                start_limit: if self.config.hold_when_cpu_bound {
+                    self.cpu_count()
+                } else {
+                    0
+                },
             },
             Some(per_child) => scaling::in_child_equivalents(
                 PlaceCounts {
