@@ -32,7 +32,8 @@
 //!   children finish connections: when none has for [`HOLD_TURNOVER`],
 //!   the busy ones serve long requests ([`CpuUse::Stalled`]) and the pool
 //!   grows one child at a time, so a short request never waits in the
-//!   backlog behind seconds-long ones;
+//!   backlog behind seconds-long ones. With the hold on, no more children
+//!   start at once than there are CPUs (`PoolCounts::start_limit`);
 //! - more than `max_spare` idle with nothing queued, continuously for
 //!   `retire_grace`: retire half the surplus, rounded up (never below
 //!   `min_children`), then start timing a fresh grace period. Shedding it
