@@ -12,11 +12,14 @@
 //! swing it.
 //!
 //! A look reads one small file per busy child (a few microseconds each),
-//! at most once per [`LOOK_INTERVAL`], and only while at least as many
-//! children are busy as there are CPUs (fewer cannot fill them). A look
-//! more than [`LOOK_STALE`] after the one before starts measuring afresh:
-//! an average over the quiet time before a burst would say nothing about
-//! the burst.
+//! at most once per [`LOOK_INTERVAL`] (the second of a fresh measurement
+//! after [`FIRST_LOOK_AFTER`]), and only while at least as many children
+//! are busy as there are CPUs (fewer cannot fill them). A look more than
+//! [`LOOK_STALE`] after the one before starts measuring afresh: an average
+//! over the quiet time before a burst would say nothing about the burst.
+//! While a look holds the pool, the supervisor wakes for the next one.
+//! The busy children's connection ends tell whether a hold is worth it
+//! ([`HOLD_TURNOVER`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
