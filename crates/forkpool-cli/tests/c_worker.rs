@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -48,6 +48,8 @@ struct Pool {
     sup: Child,
     control: PathBuf,
     addr: SocketAddr,
+    /// The supervisor's stdout, kept open for what it prints at exit.
+    _stdout: BufReader<ChildStdout>,
     _dir: tempfile_dir::Dir,
 }
 
@@ -83,11 +85,16 @@ mod tempfile_dir {
     }
 }
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// The address the supervisor says it listens on (`forkpool: listening on
+/// ADDR`, its first line): the port is the kernel's choice, so no other
+/// test's connection can take it between a probe and the bind.
+fn listening_address(stdout: &mut BufReader<ChildStdout>) -> SocketAddr {
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read forkpool's stdout");
+    line.trim()
+        .strip_prefix("forkpool: listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("forkpool did not say where it listens: {line:?}"))
 }
 
 impl Pool {
@@ -95,10 +102,9 @@ impl Pool {
         let dir = tempfile_dir::Dir::new(mode);
         let worker = build_worker(dir.path())?;
         let control = dir.path().join("control.sock");
-        let addr = free_port();
-        let sup = Command::new(env!("CARGO_BIN_EXE_forkpool"))
+        let mut sup = Command::new(env!("CARGO_BIN_EXE_forkpool"))
             .arg("run")
-            .args(["--dispatch", mode, "--listen", &addr.to_string()])
+            .args(["--dispatch", mode, "--listen", "127.0.0.1:0"])
             .arg("--control")
             .arg(&control)
             .args(["--ping-interval", "300ms", "--ping-timeout", "1s"])
@@ -106,14 +112,17 @@ impl Pool {
             .args(extra)
             .arg("--")
             .arg(&worker)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start forkpool run");
+        let mut stdout = BufReader::new(sup.stdout.take().expect("piped stdout"));
+        let addr = listening_address(&mut stdout);
         let pool = Pool {
             sup,
             control,
             addr,
+            _stdout: stdout,
             _dir: dir,
         };
         pool.wait_for("the pool to come up with idle workers", |s| {
