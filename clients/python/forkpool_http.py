@@ -71,7 +71,7 @@ class Limits:
         self,
         head_timeout=10.0,
         keepalive_timeout=5.0,
-        keepalive_turn=0.005,
+        keepalive_turn=0.0,
         read_timeout=30.0,
         max_requests=1000,
         max_request_line=8190,
@@ -82,7 +82,8 @@ class Limits:
         self.head_timeout = head_timeout
         self.keepalive_timeout = keepalive_timeout
         # How long a kept-alive connection keeps its worker, from its first
-        # request, while other connections wait for one.
+        # request, while other connections wait for one (0: it gives way
+        # at once; a WSGI request costs far more than a new connection).
         self.keepalive_turn = keepalive_turn
         self.read_timeout = read_timeout
         self.max_requests = max_requests
