@@ -97,10 +97,16 @@ impl CpuWatch {
     /// fill the CPUs. A look that is due but was not taken (the pool's
     /// upkeep was busy with something else) is not a reason to spin.
     fn look_due(&self, busy: usize, now: Instant) -> Option<Instant> {
-        if !self.use_now.holds() || busy < self.cpus {
+        if !self.use_now.holds() || !self.can_fill(busy) {
             return None;
         }
         self.next_look().filter(|t| *t > now)
+    }
+
+    /// Whether `busy` busy children can fill the CPUs (fewer are not
+    /// looked at).
+    fn can_fill(&self, busy: usize) -> bool {
+        busy >= self.cpus
     }
 
     /// A child finished a connection at `now`.
@@ -165,7 +171,7 @@ impl Supervisor {
             return CpuUse::NotLooked;
         }
         // The slot table keeps this count: no walk over it per turn.
-        if (self.board.counts().busy as usize) < self.cpu.cpus {
+        if !self.cpu.can_fill(self.board.counts().busy as usize) {
             return CpuUse::NotLooked;
         }
         if self.cpu.next_look().is_none_or(|due| now >= due) {
@@ -238,12 +244,7 @@ mod tests {
     fn watch() -> CpuWatch {
         CpuWatch {
             cpus: 2,
-            last: None,
-            use_now: CpuUse::NotLooked,
-            fresh: false,
-            full_at: None,
-            ended_at: None,
-            free_looks: 0,
+            ..CpuWatch::default()
         }
     }
 
