@@ -71,6 +71,9 @@ pub(super) struct CpuWatch {
     full_at: Option<Instant>,
     /// When a child last finished a connection.
     ended_at: Option<Instant>,
+    /// When the last fresh measurement began: a burst's first requests
+    /// get [`HOLD_TURNOVER`] to finish before the pool counts as stalled.
+    burst_at: Option<Instant>,
     /// Looks in a row since then that found them free.
     free_looks: u32,
 }
@@ -86,6 +89,7 @@ impl Default for CpuWatch {
             fresh: false,
             full_at: None,
             ended_at: None,
+            burst_at: None,
             free_looks: 0,
         }
     }
@@ -119,6 +123,7 @@ impl CpuWatch {
     fn use_at(&self, now: Instant) -> CpuUse {
         let turning_over = self
             .ended_at
+            .max(self.burst_at)
             .is_some_and(|at| now.saturating_duration_since(at) < HOLD_TURNOVER);
         match self.use_now {
             CpuUse::Waiting(per_cpu) if per_cpu >= CPU_WAIT_HOLD && !turning_over => {
@@ -232,6 +237,9 @@ impl Supervisor {
             }
             _ => CpuUse::Measuring,
         };
+        if fresh {
+            self.cpu.burst_at = Some(now);
+        }
         self.cpu.fresh = fresh;
         self.cpu.last = Some((now, totals));
     }
@@ -266,6 +274,12 @@ mod tests {
         );
         w.use_now = CpuUse::Measuring;
         assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Measuring);
+        // A burst's first requests get the turnover time to finish.
+        let mut w = watch();
+        w.use_now = CpuUse::Waiting(3000);
+        w.burst_at = Some(t0);
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER / 2), CpuUse::Waiting(3000));
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Stalled);
     }
 
     #[test]
