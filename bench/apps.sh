@@ -17,7 +17,8 @@
 # For each server and each of c=16 and c=64, close-per-request and
 # keep-alive: requests/s and p99 (wrk --latency), server CPU per request
 # (utime+stime of the whole process tree over the window) and context
-# switches per request (bench/lib/treestat.py), then PSS per idle worker.
+# switches per request, all, voluntary and involuntary
+# (bench/lib/treestat.py), then PSS per idle worker.
 # Then one row driven by forkpool's own load generator. Environment:
 # DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
 # names to run). Every server listens on 127.0.0.1 and is stopped by pid.
@@ -114,7 +115,9 @@ stop_server() {
   fi
 }
 
-# One wrk cell: prints "req/s p99 cpu_us/req ctxsw/req errors".
+# One wrk cell: prints "req/s p99 cpu_us/req ctxsw/req voluntary/req
+# involuntary/req errors" (the last two split the context switches into
+# wake-ups and preemptions).
 cell() { # CONCURRENCY close|keepalive
   local c=$1 mode=$2 header=() before after out requests rps p99 errors
   [ "$mode" = close ] && header=(-H "Connection: close")

@@ -5,7 +5,10 @@
                                        of ROOT and all its descendants
     treestat.py per-request BEFORE AFTER REQUESTS
                                        CPU microseconds and context switches
-                                       per request between two snapshots
+                                       per request between two snapshots:
+                                       all, then voluntary (the process
+                                       slept: a wake-up) and involuntary
+                                       (the scheduler preempted it)
     treestat.py pss ROOT_PID           average PSS (KiB) of ROOT's children
 
 CPU is utime+stime of every live process in the tree, plus the cutime+
@@ -52,16 +55,18 @@ def stat_fields(pid):
 
 
 def ctx_switches(pid):
-    total = 0
+    """(voluntary, involuntary) context switches of one process."""
+    counts = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                total += int(line.split()[1])
-    return total
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                counts[key] = int(value)
+    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
 
 
 def snapshot(root):
-    ticks = ctx = 0
+    ticks = voluntary = involuntary = 0
     procs = 0
     for pid in tree(root):
         try:
@@ -69,19 +74,28 @@ def snapshot(root):
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
             if pid == root:
                 ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
-            ctx += ctx_switches(pid)
+            vol, invol = ctx_switches(pid)
+            voluntary += vol
+            involuntary += invol
             procs += 1
         except OSError:
             continue  # exited meanwhile
-    return {"ticks": ticks, "hz": os.sysconf("SC_CLK_TCK"), "ctxsw": ctx, "procs": procs}
+    return {
+        "ticks": ticks,
+        "hz": os.sysconf("SC_CLK_TCK"),
+        "voluntary": voluntary,
+        "involuntary": involuntary,
+        "procs": procs,
+    }
 
 
 def per_request(before, after, requests):
     b, a = json.loads(before), json.loads(after)
     requests = max(int(requests), 1)
     cpu_us = (a["ticks"] - b["ticks"]) / a["hz"] * 1e6 / requests
-    ctx = (a["ctxsw"] - b["ctxsw"]) / requests
-    return f"{cpu_us:.0f} {ctx:.2f}"
+    vol = (a["voluntary"] - b["voluntary"]) / requests
+    invol = (a["involuntary"] - b["involuntary"]) / requests
+    return f"{cpu_us:.0f} {vol + invol:.2f} {vol:.2f} {invol:.2f}"
 
 
 def pss(root):

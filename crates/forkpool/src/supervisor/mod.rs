@@ -116,6 +116,8 @@ pub(crate) struct Supervisor {
     pub board: Scoreboard<ChildLink>,
     /// Children with reports left unread last turn.
     unread: Vec<usize>,
+    /// How long to wait before reading a saturated pool's reports again.
+    report_batch: dispatch::ReportBatch,
     pub totals: Totals,
     pub generation: u32,
     memory: ScalingMemory,
@@ -201,6 +203,7 @@ impl Supervisor {
             listeners,
             board: Scoreboard::new(),
             unread: Vec::new(),
+            report_batch: dispatch::ReportBatch::default(),
             totals: Totals::default(),
             generation: 1,
             memory: ScalingMemory::default(),
@@ -287,7 +290,8 @@ impl Supervisor {
             let stopping = self.shutdown.is_some();
             let has_room = self.board.has_room();
             if let Some(pause) =
-                dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
+                self.report_batch
+                    .after_turn(has_room, ready.len(), only_reports, stopping)
             {
                 std::thread::sleep(pause);
             }
