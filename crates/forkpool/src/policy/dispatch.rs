@@ -36,49 +36,41 @@ pub(crate) const BACKLOG_RECHECK: Duration = Duration::from_millis(50);
 /// connections waiting in the backlog themselves and say so (`N`), which
 /// changes nothing the supervisor must act on at once; read one at a time,
 /// each report would wake it, twice the context switches per request under
-/// load for no gain. The first pause is this long; see [`ReportBatch`].
+/// load for no gain. An `Idle` waits at most this long more, and only while
+/// all the others are busy; a signal, the control socket and a new
+/// connection likewise.
 pub(crate) const REPORT_BATCH: Duration = Duration::from_millis(1);
 
-/// The longest pause between batches of reports. An `Idle` waits at most
-/// this long more, and only while all the other children are busy and
-/// after [`REPORT_BATCH_DOUBLINGS`] turns in a row that found none free.
-pub(crate) const REPORT_BATCH_MAX: Duration = Duration::from_millis(4);
+/// The pause instead of [`REPORT_BATCH`] while at least as many connections
+/// wait in the backlog as there are busy children. A child reports `Idle`
+/// only when it finds the backlog empty, so none can come free before each
+/// busy child has served one more of those connections: the reports in
+/// between are all `N`, and reading them four times less often saves the
+/// supervisor's wake-ups (and the preemption of a worker each one causes
+/// on a busy machine) at no cost.
+pub(crate) const REPORT_BATCH_DEEP_BACKLOG: Duration = Duration::from_millis(4);
 
-/// How many paused turns in a row double the pause, from [`REPORT_BATCH`]
-/// up to [`REPORT_BATCH_MAX`].
-const REPORT_BATCH_DOUBLINGS: u32 = 2;
-
-/// How long the supervisor pauses after a turn, given how many turns in a
-/// row have paused. A pool that stays saturated (every report an `N`) is
-/// read every 1, 2, then 4 ms; a turn that leaves a child free, or that
-/// something other than reports woke, starts the run again at 1 ms, so a
-/// pool where children come free often is read as promptly as before.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReportBatch {
-    /// Paused turns in a row.
-    streak: u32,
-}
-
-impl ReportBatch {
-    /// The pause after a turn of `events` events: one when they were all
-    /// children's reports (`only_reports`), no child has room after them
-    /// and the pool is not stopping; otherwise none, and the run of pauses
-    /// ends.
-    pub(crate) fn after_turn(
-        &mut self,
-        has_room: bool,
-        events: usize,
-        only_reports: bool,
-        stopping: bool,
-    ) -> Option<Duration> {
-        if has_room || events == 0 || !only_reports || stopping {
-            self.streak = 0;
-            return None;
-        }
-        let pause = REPORT_BATCH * (1 << self.streak.min(REPORT_BATCH_DOUBLINGS));
-        self.streak = self.streak.saturating_add(1);
-        Some(pause.min(REPORT_BATCH_MAX))
+/// How long to wait before the next poll after a turn of `events` events:
+/// a pause when they were all children's reports (`only_reports`), no
+/// child has room after them and the pool is not stopping; otherwise none.
+/// The pause is [`REPORT_BATCH_DEEP_BACKLOG`] when `waiting` connections
+/// in the backlog are at least the `busy` children, else [`REPORT_BATCH`].
+pub(crate) fn report_batch_pause(
+    has_room: bool,
+    events: usize,
+    only_reports: bool,
+    stopping: bool,
+    waiting: u32,
+    busy: u32,
+) -> Option<Duration> {
+    if has_room || events == 0 || !only_reports || stopping {
+        return None;
     }
+    Some(if busy > 0 && waiting >= busy {
+        REPORT_BATCH_DEEP_BACKLOG
+    } else {
+        REPORT_BATCH
+    })
 }
 
 /// Whether the child in a slot, in `state` with `load` (for many-connection
@@ -184,50 +176,30 @@ mod tests {
 
     #[test]
     fn reports_are_read_in_batches_only_while_saturated_and_serving() {
-        let pause = |has_room, events, only_reports, stopping| {
-            ReportBatch::default().after_turn(has_room, events, only_reports, stopping)
-        };
-        assert_eq!(pause(false, 3, true, false), Some(REPORT_BATCH));
+        assert_eq!(
+            report_batch_pause(false, 3, true, false, 0, 4),
+            Some(REPORT_BATCH)
+        );
         // A child has room: its next report may be the one a waiting
         // connection needs.
-        assert_eq!(pause(true, 3, true, false), None);
+        assert_eq!(report_batch_pause(true, 3, true, false, 9, 4), None);
         // Something else woke the loop (a listener, a signal, a client).
-        assert_eq!(pause(false, 3, false, false), None);
+        assert_eq!(report_batch_pause(false, 3, false, false, 9, 4), None);
         // A timer woke it: nothing to batch.
-        assert_eq!(pause(false, 0, true, false), None);
+        assert_eq!(report_batch_pause(false, 0, true, false, 9, 4), None);
         // Stopping: children's exits are awaited promptly.
-        assert_eq!(pause(false, 3, true, true), None);
+        assert_eq!(report_batch_pause(false, 3, true, true, 9, 4), None);
     }
 
     #[test]
-    fn a_pool_that_stays_saturated_is_read_less_often_up_to_the_longest_pause() {
-        let mut batch = ReportBatch::default();
-        let pauses: Vec<_> = (0..6)
-            .map(|_| batch.after_turn(false, 3, true, false))
-            .collect();
-        let ms = |n| Some(Duration::from_millis(n));
-        assert_eq!(pauses, [ms(1), ms(2), ms(4), ms(4), ms(4), ms(4)]);
-        assert_eq!(REPORT_BATCH_MAX, Duration::from_millis(4));
-    }
-
-    #[test]
-    fn any_turn_that_does_not_pause_starts_the_run_again() {
-        for (has_room, events, only_reports, stopping) in [
-            (true, 3, true, false),
-            (false, 0, true, false),
-            (false, 3, false, false),
-            (false, 3, true, true),
-        ] {
-            let mut batch = ReportBatch::default();
-            for _ in 0..5 {
-                batch.after_turn(false, 3, true, false);
-            }
-            assert_eq!(
-                batch.after_turn(has_room, events, only_reports, stopping),
-                None
-            );
-            assert_eq!(batch.after_turn(false, 3, true, false), Some(REPORT_BATCH));
-        }
+    fn the_pause_is_longer_only_while_every_busy_child_has_a_connection_waiting() {
+        let pause = |waiting, busy| report_batch_pause(false, 3, true, false, waiting, busy);
+        assert_eq!(pause(3, 4), Some(REPORT_BATCH));
+        assert_eq!(pause(4, 4), Some(REPORT_BATCH_DEEP_BACKLOG));
+        assert_eq!(pause(60, 7), Some(REPORT_BATCH_DEEP_BACKLOG));
+        // Only starting children: nothing to batch for long.
+        assert_eq!(pause(5, 0), Some(REPORT_BATCH));
+        assert!(REPORT_BATCH_DEEP_BACKLOG > REPORT_BATCH);
     }
 
     #[test]

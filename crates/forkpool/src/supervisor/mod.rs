@@ -116,8 +116,6 @@ pub(crate) struct Supervisor {
     pub board: Scoreboard<ChildLink>,
     /// Children with reports left unread last turn.
     unread: Vec<usize>,
-    /// How long to wait before reading a saturated pool's reports again.
-    report_batch: dispatch::ReportBatch,
     pub totals: Totals,
     pub generation: u32,
     memory: ScalingMemory,
@@ -203,7 +201,6 @@ impl Supervisor {
             listeners,
             board: Scoreboard::new(),
             unread: Vec::new(),
-            report_batch: dispatch::ReportBatch::default(),
             totals: Totals::default(),
             generation: 1,
             memory: ScalingMemory::default(),
@@ -289,10 +286,19 @@ impl Supervisor {
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
             let stopping = self.shutdown.is_some();
             let has_room = self.board.has_room();
-            if let Some(pause) =
-                self.report_batch
-                    .after_turn(has_room, ready.len(), only_reports, stopping)
-            {
+            let (waiting, busy) = if has_room {
+                (0, 0)
+            } else {
+                (self.queued(), self.board.counts().busy)
+            };
+            if let Some(pause) = dispatch::report_batch_pause(
+                has_room,
+                ready.len(),
+                only_reports,
+                stopping,
+                waiting,
+                busy,
+            ) {
                 std::thread::sleep(pause);
             }
         }
