@@ -32,45 +32,26 @@ pub(crate) const BACKLOG_RECHECK: Duration = Duration::from_millis(50);
 
 /// While every child is busy, the supervisor reads its children's reports
 /// in batches: after a turn that only read reports and left no child with
-/// room, it waits before it looks for events again. Busy children take the
-/// connections waiting in the backlog themselves and say so (`N`), which
-/// changes nothing the supervisor must act on at once; read one at a time,
-/// each report would wake it, twice the context switches per request under
-/// load for no gain. An `Idle` waits at most this long more, and only while
-/// all the others are busy; a signal, the control socket and a new
-/// connection likewise.
+/// room, it waits this long before it looks for events again. Busy
+/// children take the connections waiting in the backlog themselves and say
+/// so (`N`), which changes nothing the supervisor must act on at once; read
+/// one at a time, each report would wake it, twice the context switches
+/// per request under load for no gain. An `Idle` waits at most this long
+/// more, and only while all the others are busy; a signal, the control
+/// socket and a new connection likewise.
 pub(crate) const REPORT_BATCH: Duration = Duration::from_millis(1);
 
-/// The pause instead of [`REPORT_BATCH`] while at least as many connections
-/// wait in the backlog as there are busy children. A child reports `Idle`
-/// only when it finds the backlog empty, so none can come free before each
-/// busy child has served one more of those connections: the reports in
-/// between are all `N`, and reading them four times less often saves the
-/// supervisor's wake-ups (and the preemption of a worker each one causes
-/// on a busy machine) at no cost.
-pub(crate) const REPORT_BATCH_DEEP_BACKLOG: Duration = Duration::from_millis(4);
-
 /// How long to wait before the next poll after a turn of `events` events:
-/// a pause when they were all children's reports (`only_reports`), no
-/// child has room after them and the pool is not stopping; otherwise none.
-/// The pause is [`REPORT_BATCH_DEEP_BACKLOG`] when `waiting` connections
-/// in the backlog are at least the `busy` children, else [`REPORT_BATCH`].
+/// a [`REPORT_BATCH`] when they were all children's reports
+/// (`only_reports`), no child has room after them and the pool is not
+/// stopping; otherwise none.
 pub(crate) fn report_batch_pause(
     has_room: bool,
     events: usize,
     only_reports: bool,
     stopping: bool,
-    waiting: u32,
-    busy: u32,
 ) -> Option<Duration> {
-    if has_room || events == 0 || !only_reports || stopping {
-        return None;
-    }
-    Some(if busy > 0 && waiting >= busy {
-        REPORT_BATCH_DEEP_BACKLOG
-    } else {
-        REPORT_BATCH
-    })
+    (!has_room && events > 0 && only_reports && !stopping).then_some(REPORT_BATCH)
 }
 
 /// Whether the child in a slot, in `state` with `load` (for many-connection
@@ -177,29 +158,18 @@ mod tests {
     #[test]
     fn reports_are_read_in_batches_only_while_saturated_and_serving() {
         assert_eq!(
-            report_batch_pause(false, 3, true, false, 0, 4),
+            report_batch_pause(false, 3, true, false),
             Some(REPORT_BATCH)
         );
         // A child has room: its next report may be the one a waiting
         // connection needs.
-        assert_eq!(report_batch_pause(true, 3, true, false, 9, 4), None);
+        assert_eq!(report_batch_pause(true, 3, true, false), None);
         // Something else woke the loop (a listener, a signal, a client).
-        assert_eq!(report_batch_pause(false, 3, false, false, 9, 4), None);
+        assert_eq!(report_batch_pause(false, 3, false, false), None);
         // A timer woke it: nothing to batch.
-        assert_eq!(report_batch_pause(false, 0, true, false, 9, 4), None);
+        assert_eq!(report_batch_pause(false, 0, true, false), None);
         // Stopping: children's exits are awaited promptly.
-        assert_eq!(report_batch_pause(false, 3, true, true, 9, 4), None);
-    }
-
-    #[test]
-    fn the_pause_is_longer_only_while_every_busy_child_has_a_connection_waiting() {
-        let pause = |waiting, busy| report_batch_pause(false, 3, true, false, waiting, busy);
-        assert_eq!(pause(3, 4), Some(REPORT_BATCH));
-        assert_eq!(pause(4, 4), Some(REPORT_BATCH_DEEP_BACKLOG));
-        assert_eq!(pause(60, 7), Some(REPORT_BATCH_DEEP_BACKLOG));
-        // Only starting children: nothing to batch for long.
-        assert_eq!(pause(5, 0), Some(REPORT_BATCH));
-        assert!(REPORT_BATCH_DEEP_BACKLOG > REPORT_BATCH);
+        assert_eq!(report_batch_pause(false, 3, true, true), None);
     }
 
     #[test]

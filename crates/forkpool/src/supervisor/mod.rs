@@ -286,19 +286,9 @@ impl Supervisor {
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
             let stopping = self.shutdown.is_some();
             let has_room = self.board.has_room();
-            let (waiting, busy) = if has_room {
-                (0, 0)
-            } else {
-                (self.queued(), self.board.counts().busy)
-            };
-            if let Some(pause) = dispatch::report_batch_pause(
-                has_room,
-                ready.len(),
-                only_reports,
-                stopping,
-                waiting,
-                busy,
-            ) {
+            if let Some(pause) =
+                dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
+            {
                 std::thread::sleep(pause);
             }
         }
