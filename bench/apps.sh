@@ -162,7 +162,7 @@ run() {
   local fp
   fp=$(forkpool_bin)
   echo "# $(date -u +%FT%TZ) load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, ${DURATION}s per cell"
-  echo "# server                     conc  mode         req/s      p99 cpu_us/req ctxsw/req [errors]"
+  echo "# server                     conc  mode         req/s      p99 cpu_us/req ctxsw/req vol/req invol/req [errors]"
   export PYTHONPATH=$root/clients/python
   row forkpool-wsgi bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --control "$scratch/control.sock" -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
