@@ -191,6 +191,15 @@ fn an_app_that_dies_gets_a_500_and_the_worker_serves_on() {
             .unwrap();
         let res = read_response(&mut conn, false);
         assert_eq!(res.status, 500);
+        // The error reaches the supervisor's log with the worker's slot.
+        assert!(
+            pool.stderr.wait_for_all(
+                &["the app failed on purpose", &format!("pid={pid}"), "slot="],
+                Duration::from_secs(5)
+            ),
+            "{mode}: the error is not in the log with the slot:\n{}",
+            pool.stderr.dump()
+        );
         let again = pool.get("/?name=again").unwrap();
         assert_eq!((again.status, again.body.as_str()), (200, "hello again\n"));
         assert_eq!(again.pid, Some(pid), "{mode}: the same worker");

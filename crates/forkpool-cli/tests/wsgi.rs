@@ -140,6 +140,18 @@ fn flask_app_over_http(dispatch: &str) {
     let failed = request(&mut conn, "GET /raise HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_eq!(failed.status, 500);
     drop(conn);
+    // Its traceback reaches the supervisor's log, which names the slot.
+    assert!(
+        pool.stderr.wait_for_all(
+            &["Traceback (most recent call last)", "slot="],
+            Duration::from_secs(5)
+        ) && pool.stderr.wait_for_all(
+            &["RuntimeError: the test app fails on purpose", "slot="],
+            Duration::from_secs(5)
+        ),
+        "no traceback with a slot in the log:\n{}",
+        pool.stderr.dump()
+    );
     let mut conn = connect(addr);
     assert_eq!(
         request(&mut conn, "GET / HTTP/1.1\r\nHost: t\r\n\r\n").body,

@@ -22,12 +22,12 @@ impl Lines {
         self.grew.notify_all();
     }
 
-    /// Waits until `count` lines contain `needle`; false on timeout.
-    pub fn wait_for_count(&self, needle: &str, count: usize, timeout: Duration) -> bool {
+    /// Waits until the lines so far satisfy `done`; false on timeout.
+    fn wait_until(&self, timeout: Duration, done: impl Fn(&[String]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         let mut lines = self.lines.lock().unwrap();
         loop {
-            if lines.iter().filter(|l| l.contains(needle)).count() >= count {
+            if done(&lines) {
                 return true;
             }
             let now = Instant::now();
@@ -36,6 +36,23 @@ impl Lines {
             }
             lines = self.grew.wait_timeout(lines, deadline - now).unwrap().0;
         }
+    }
+
+    /// Waits until `count` lines contain `needle`; false on timeout.
+    pub fn wait_for_count(&self, needle: &str, count: usize, timeout: Duration) -> bool {
+        self.wait_until(timeout, |lines| {
+            lines.iter().filter(|l| l.contains(needle)).count() >= count
+        })
+    }
+
+    /// Waits for one line containing every one of `needles`; false on
+    /// timeout.
+    pub fn wait_for_all(&self, needles: &[&str], timeout: Duration) -> bool {
+        self.wait_until(timeout, |lines| {
+            lines
+                .iter()
+                .any(|l| needles.iter().all(|needle| l.contains(needle)))
+        })
     }
 
     /// Waits for one line containing `needle`.
