@@ -9,7 +9,7 @@ mod worker_files;
 
 use std::time::Duration;
 
-use common::DemoPool;
+use common::{killed_by, DemoPool};
 use worker_files::{good_app, wait_status, Scratch};
 
 /// Python that says Ready on the back-channel; `ch` is the channel.
@@ -36,10 +36,6 @@ fn app_with_a_hostile_first_child(flag: &str, hostile: &str, ready: bool) -> Str
              else:\n        hostile()\n        sys.exit(0)\n{}",
         good_app()
     )
-}
-
-fn killed_by(status: &serde_json::Value, reason: &str) -> u64 {
-    status["totals"]["killed_by"][reason].as_u64().unwrap_or(0)
 }
 
 /// A pool of two children where slot 0's first child runs `hostile`.

@@ -236,12 +236,6 @@ fn python_worker_refuses_an_oversized_request_with_a_clean_close() {
     assert!(ended.is_ok(), "ended with {ended:?} after the 413");
 }
 
-fn start_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
-    let mut command = Command::new(forkpool_bin());
-    command.arg("run");
-    DemoPool::launch(command, args, cmd, false)
-}
-
 /// Without a usable syscall.ph (here: an empty one, found first on @INC)
 /// the Perl helper cannot call recvmsg(2), and refuses `handoff` naming
 /// the fix.
@@ -250,7 +244,8 @@ fn perl_without_syscall_ph_refuses_handoff_with_a_clear_error() {
     let scratch = Scratch::new("no-syscall-ph");
     scratch.write("syscall.ph", "1;\n");
     let dir = scratch.0.to_str().unwrap();
-    let pool = start_unready(&["--min-children", "1"], &["perl", "-I", dir, PERL_WORKER]);
+    let pool =
+        DemoPool::start_run_unready(&["--min-children", "1"], &["perl", "-I", dir, PERL_WORKER]);
     // The worker dies at start-up and never becomes ready...
     assert!(pool.wait_total("died", 1, START), "{}", pool.stderr.dump());
     assert_eq!(pool.status()["idle"], 0);
@@ -518,7 +513,7 @@ fn dispatch_none_stops_with_sigterm_then_sigkill_after_the_timeout() {
 /// A worker that can never start is retried with a growing delay: a
 /// handful of attempts in 3 s, never a fork loop, and a clear error.
 fn backs_off(args: &[&str], cmd: &[&str], status: &str) -> DemoPool {
-    let pool = start_unready(args, cmd);
+    let pool = DemoPool::start_run_unready(args, cmd);
     // Without back-off this would be hundreds within the 3 s.
     assert!(!pool.wait_total("spawned", 16, Duration::from_secs(3)));
     let spawned = total(&pool.status(), "spawned");

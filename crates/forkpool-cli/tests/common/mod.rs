@@ -162,6 +162,15 @@ impl DemoPool {
         Self::launch(command, args, cmd, true)
     }
 
+    /// Like [`DemoPool::start_run`] without waiting for the pool to be
+    /// ready: for workers that never stay ready long enough to make it so
+    /// (send no signals to such a pool before its status answers).
+    pub fn start_run_unready(args: &[&str], cmd: &[&str]) -> DemoPool {
+        let mut command = Command::new(forkpool_bin());
+        command.arg("run");
+        Self::launch(command, args, cmd, false)
+    }
+
     /// Runs `command` (a program and its subcommand, or a wrapper that
     /// `exec`s one) with ARGS, a `--listen` and `--control` unless ARGS
     /// have their own, then `-- CMD` if CMD is not empty, with debug logs.
