@@ -88,10 +88,8 @@ fn descriptors_sent_by_a_worker_are_closed_and_the_worker_is_killed() {
         let before = fd_count(pool.pid);
         // Each Pong costs the worker its life; three of them in a row.
         assert!(
-            wait_until(Duration::from_secs(30), || killed_by(
-                &pool.status(),
-                "misbehaved"
-            ) >= 3),
+            pool.wait_status(Duration::from_secs(30), |s| killed_by(s, "misbehaved") >= 3)
+                .is_some(),
             "{n} fds: the worker was not killed as misbehaved three times: {}\n{}",
             pool.status()["totals"],
             pool.stderr.dump()
@@ -129,10 +127,9 @@ fn an_empty_datagram_closes_the_channel_and_the_child_is_killed_promptly() {
     // the pool may never count as ready: do not wait for it.
     let pool = DemoPool::start_run_unready(&args.concat(), &["python3", "-c", EMPTY_SENDER]);
     assert!(
-        wait_until(Duration::from_secs(20), || killed_by(
-            &pool.status(),
-            "channel_failed"
-        ) >= 1),
+        pool.wait_status(Duration::from_secs(20), |s| killed_by(s, "channel_failed")
+            >= 1)
+            .is_some(),
         "the child that sent an empty datagram was not killed as channel_failed: {}\n{}",
         pool.status(),
         pool.stderr.dump()

@@ -195,16 +195,7 @@ pub fn wait_status(
     timeout: Duration,
     cond: impl Fn(&serde_json::Value) -> bool,
 ) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond(&pool.status()) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    pool.wait_status(timeout, cond).is_some()
 }
 
 /// A process's peak resident memory (VmHWM), in KiB.
