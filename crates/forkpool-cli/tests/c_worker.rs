@@ -18,28 +18,20 @@ use serde_json::Value;
 
 use common::alive;
 
-/// Compiles the worker into `dir`, or says why it cannot (no `cc`).
+/// Compiles the worker into `dir`; `None` when there is no C compiler
+/// and the test must return without running (see `common::require`).
 fn build_worker(dir: &Path) -> Option<PathBuf> {
+    let cc = common::require_program("cc", "run bash .ci/deps/system-tools.sh (gcc)")?;
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/c/forkpool_worker.c");
     let out = dir.join("forkpool-c-worker");
-    let status = Command::new("cc")
+    let status = Command::new(cc)
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&out)
         .arg(&src)
-        .status();
-    match status {
-        Ok(s) => {
-            assert!(s.success(), "cc failed to compile {}", src.display());
-            Some(out)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("a C compiler (`cc`) is needed for this test: {e}; install gcc (apt-get install -y gcc)");
-            }
-            println!("skipped: no C compiler `cc` ({e}); install gcc");
-            None
-        }
-    }
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "cc failed to compile {}", src.display());
+    Some(out)
 }
 
 /// A running `forkpool run` pool of the C worker, killed (with its workers)

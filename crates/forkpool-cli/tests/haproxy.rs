@@ -20,7 +20,7 @@ use forkpool::fleet::agent::AgentReply;
 use forkpool::fleet::{Capacity, Phase};
 
 use common::{kill9, temp_path, DemoPool};
-use haproxy_support::{haproxy_or_skip, Haproxy, Load, Outcomes, Server};
+use haproxy_support::{require_haproxy, Haproxy, Load, Outcomes, Server};
 
 const POOL_ARGS: &[&str] = &["--min-children", "2", "--max-children", "4"];
 
@@ -77,7 +77,7 @@ fn report(what: &str, outcomes: &Outcomes) {
 
 #[test]
 fn reloads_of_one_pool_under_load_fail_nothing() {
-    let Some(program) = haproxy_or_skip("reloads_of_one_pool") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     let a = DemoPool::start(POOL_ARGS);
@@ -136,7 +136,7 @@ impl Drop for Successor {
 
 #[test]
 fn upgrade_of_one_pool_under_load_fails_nothing() {
-    let Some(program) = haproxy_or_skip("upgrade_of_one_pool") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     // Its own copy of the binary, which the successor re-executes.
@@ -165,7 +165,7 @@ fn upgrade_of_one_pool_under_load_fails_nothing() {
 
 #[test]
 fn sigkill_of_one_supervisor_marks_it_down_and_fails_only_what_was_in_flight() {
-    let Some(program) = haproxy_or_skip("sigkill_of_one_supervisor") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     // pool_a also answers the agent check: a killed supervisor must be
@@ -265,7 +265,7 @@ fn agent_port(pool: &DemoPool) -> u16 {
 /// queued on them is served: no request fails.
 #[test]
 fn term_of_one_pool_with_a_drain_delay_fails_nothing() {
-    let Some(program) = haproxy_or_skip("term_of_one_pool") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     let mut args = POOL_ARGS.to_vec();
@@ -293,7 +293,7 @@ fn term_of_one_pool_with_a_drain_delay_fails_nothing() {
 /// requests to the other pool within 2 s, and shares again once it frees.
 #[test]
 fn a_saturated_pool_gets_new_work_only_after_it_frees() {
-    let Some(program) = haproxy_or_skip("a_saturated_pool") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     let a = DemoPool::start(&[
@@ -410,7 +410,7 @@ fn capacity(idle: u32, busy: u32, phase: Phase) -> Capacity {
 
 #[test]
 fn haproxy_understands_every_agent_reply() {
-    let Some(program) = haproxy_or_skip("haproxy_understands_every_agent_reply") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     let pool = DemoPool::start(POOL_ARGS);
@@ -457,7 +457,7 @@ fn haproxy_understands_every_agent_reply() {
 
 #[test]
 fn the_example_config_is_valid() {
-    let Some(program) = haproxy_or_skip("the_example_config_is_valid") else {
+    let Some(program) = require_haproxy() else {
         return;
     };
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/haproxy/haproxy.cfg");

@@ -41,17 +41,13 @@ fn have_python() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// Skips (or, under CI, fails) a test that needs python3.
-fn python_or_skip() -> bool {
-    if have_python() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "python3 (3.9+) is missing: install it (apt-get install -y python3)"
-    );
-    eprintln!("skipped: python3 (3.9+) is missing");
-    false
+/// Whether a test that needs python3 can run (see `common::require`).
+fn require_python() -> bool {
+    common::require(
+        have_python(),
+        "python3 (3.9+, for socket.send_fds)",
+        "apt-get install -y python3",
+    )
 }
 
 /// A worker that says Ready, then answers every Ping with a Pong that
@@ -76,7 +72,7 @@ while True:
 /// supervisor.
 #[test]
 fn descriptors_sent_by_a_worker_are_closed_and_the_worker_is_killed() {
-    if !python_or_skip() {
+    if !require_python() {
         return;
     }
     for n in ["5", "8", "64"] {
@@ -119,7 +115,7 @@ time.sleep(3600)
 /// after, not left until a long `ping_timeout`.
 #[test]
 fn an_empty_datagram_closes_the_channel_and_the_child_is_killed_promptly() {
-    if !python_or_skip() {
+    if !require_python() {
         return;
     }
     let args = [&ONE_DEMO_CHILD[..], &["--ping-timeout", "60s"]];
@@ -408,15 +404,15 @@ impl Drop for ScratchDir {
 
 const NOBODY: u32 = 65534;
 
-/// Whether this test runs as root (needed to act as another user).
-fn root_or_skip() -> bool {
-    // SAFETY-free: `id -u` avoids needing libc in the tests.
+/// Whether this test runs as root, which acting as another local user
+/// needs (see `common::require`).
+fn require_root() -> bool {
     let out = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&out.stdout).trim() == "0" {
-        return true;
-    }
-    eprintln!("skipped: acting as another local user needs root");
-    false
+    common::require(
+        String::from_utf8_lossy(&out.stdout).trim() == "0",
+        "root (to act as another local user)",
+        "run the tests as root",
+    )
 }
 
 /// Starts `forkpool demo --control PATH`, expects it to refuse and exit
@@ -463,7 +459,7 @@ fn refused_control(path: &Path) -> String {
 /// Item 10: a control path in a directory another user owns is refused.
 #[test]
 fn a_control_directory_owned_by_another_user_is_refused() {
-    if !root_or_skip() {
+    if !require_root() {
         return;
     }
     let dir = ScratchDir::new("nobodys", 0o755, Some(NOBODY));
@@ -494,7 +490,7 @@ fn a_world_writable_control_directory_is_refused_unless_sticky() {
 /// neither trusted by `forkpool status` nor taken by the supervisor.
 #[test]
 fn a_spoofed_control_socket_is_refused() {
-    if !root_or_skip() || !python_or_skip() {
+    if !require_root() || !require_python() {
         return;
     }
     use std::os::unix::process::CommandExt;

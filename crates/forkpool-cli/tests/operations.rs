@@ -276,10 +276,16 @@ fn children_run_as_the_configured_user() {
         .lines()
         .find(|l| l.starts_with("nobody:"))
         .and_then(|l| l.split(':').nth(2)?.parse::<u32>().ok());
-    let (true, Some(nobody_uid)) = (am_root, nobody) else {
-        eprintln!("skipped: needs root and a 'nobody' user");
+    if !common::require(am_root, "root (to switch user)", "run the tests as root")
+        || !common::require(
+            nobody.is_some(),
+            "a 'nobody' user",
+            "add one: useradd --system nobody",
+        )
+    {
         return;
-    };
+    }
+    let nobody_uid = nobody.unwrap();
     let pool = DemoPool::start(&["--min-children", "2", "--user", "nobody"]);
     assert!(pool.wait_children(Duration::from_secs(5), |n| n == 2));
     let served = pool.get("/").unwrap();

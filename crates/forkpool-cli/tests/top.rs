@@ -90,17 +90,10 @@ struct Tmux {
 }
 
 impl Tmux {
-    /// `None` (skip) when tmux is missing outside CI; in CI a failure
-    /// naming the install script.
+    /// `None` when tmux is missing and the test must return without
+    /// running (see `common::require`: under CI that is a failure).
     fn start(command: &str) -> Option<Tmux> {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "tmux is missing: run bash .ci/deps/tmux.sh"
-            );
-            eprintln!("skipped: tmux is not installed (run bash .ci/deps/tmux.sh)");
-            return None;
-        }
+        common::require_program("tmux", "run bash .ci/deps/tmux.sh")?;
         let tmux = Tmux {
             socket: format!("forkpool-top-test-{}", std::process::id()),
         };

@@ -19,22 +19,10 @@ use super::common::{parse_response, temp_path};
 /// answered (HAProxy's own name for it, e.g. `pool_a`).
 pub const SERVED_BY: &str = "x-haproxy-server";
 
-/// The `haproxy` program, or `None` after saying the test is skipped.
-/// Under `CI` a missing HAProxy fails the test instead.
-pub fn haproxy_or_skip(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-            .map(|dir| dir.join("haproxy"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{test}: haproxy is not installed; run bash .ci/deps/haproxy.sh");
-        }
-        println!("skipped: {test}: haproxy is not installed (run bash .ci/deps/haproxy.sh)");
-    }
-    found
+/// The `haproxy` program, or `None` when the test must return without
+/// running (see `common::require`: under CI a missing HAProxy fails).
+pub fn require_haproxy() -> Option<PathBuf> {
+    super::common::require_program("haproxy", "run bash .ci/deps/haproxy.sh")
 }
 
 /// One backend server: a forkpool pool's listener.

@@ -23,8 +23,8 @@ pub const TEST_APP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/p
 /// loaded machine; a quiet one never waits this long.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// True if Plack (and plackup) are installed. Without them: under CI a
-/// failure naming the install script, elsewhere a skip.
+/// True if Plack (and plackup) are installed; without them the test must
+/// return without running (see `common::require`: under CI a failure).
 pub fn require_plack() -> bool {
     let plack = Command::new("perl")
         .args(["-MPlack::Request", "-MPlack::Builder", "-e1"])
@@ -34,15 +34,11 @@ pub fn require_plack() -> bool {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if plack && plackup {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "Plack is not installed: run bash .ci/deps/perl.sh"
-    );
-    eprintln!("skipped: Plack is not installed (run bash .ci/deps/perl.sh)");
-    false
+    crate::common::require(
+        plack && plackup,
+        "Plack (and plackup)",
+        "run bash .ci/deps/perl.sh",
+    )
 }
 
 /// `forkpool run` with one worker running CMD in dispatch MODE, once the

@@ -27,8 +27,9 @@ pub fn apps_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps")
 }
 
-/// The venv's python with Flask, or None (after saying why) when it is
-/// missing outside CI; in CI a missing venv fails the test.
+/// The venv's python with Flask, or `None` when it is missing and the
+/// test must return without running (see `common::require`: under CI a
+/// failure).
 pub fn venv_python() -> Option<String> {
     let python = target_dir().join("py-venv/bin/python");
     let flask = python.exists()
@@ -36,18 +37,9 @@ pub fn venv_python() -> Option<String> {
             .args(["-c", "import flask"])
             .status()
             .is_ok_and(|s| s.success());
-    if flask {
-        return Some(python.to_str().unwrap().to_string());
-    }
-    let why = format!(
-        "no Flask venv at {} (run bash .ci/deps/python.sh)",
-        python.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{why}");
-    }
-    println!("skipped: {why}");
-    None
+    let why = format!("a Flask venv at {}", python.display());
+    crate::common::require(flask, &why, "run bash .ci/deps/python.sh")
+        .then(|| python.to_str().unwrap().to_string())
 }
 
 /// A connection with generous read and write timeouts.
