@@ -565,7 +565,12 @@ class Template:
     def _intermediate(self, slot):
         """In the intermediate child: fork the worker and report it. Returns
         0 in the worker; the intermediate itself never returns."""
+        # The template's SIG_IGN would make the kernel reap a worker that
+        # dies before this process exits: nobody would see it go, and its
+        # slot would never be freed. With the default, it stays a zombie
+        # for the supervisor to reap once it adopts it.
         try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             worker = os.fork()
         except OSError as e:
             self._send(b"E", struct.pack(">II", slot, e.errno or 0))

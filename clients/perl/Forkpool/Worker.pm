@@ -595,6 +595,11 @@ sub _fork {
     }
     if ($intermediate == 0) {
         my $me = $$;
+        # The template's 'IGNORE' would make the kernel reap a worker that
+        # dies before this process exits: nobody would see it go, and its
+        # slot would never be freed. With the default it stays a zombie
+        # for the supervisor to reap once it adopts it.
+        $SIG{CHLD} = 'DEFAULT';
         my $worker = fork;
         if (!defined $worker) {
             $self->_send('E', pack('N N', $slot, $! + 0));
