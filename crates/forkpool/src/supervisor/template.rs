@@ -614,7 +614,7 @@ impl Supervisor {
             .ok()
             .filter(|p| *p > 0)
             .ok_or_else(|| format!("said slot {slot} is pid {pid}, which is no process id"))?;
-        if self.pid_taken(pid) {
+        if self.pid_taken(pid, None) {
             return Err(format!(
                 "said slot {slot} is pid {pid}, which a template or another slot holds"
             ));

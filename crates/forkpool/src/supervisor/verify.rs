@@ -87,7 +87,7 @@ impl Supervisor {
                 "said slot {slot} is pid {sender}, which is not a child of the supervisor"
             ));
         }
-        if self.pid_taken(sender) {
+        if self.pid_taken(sender, Some(slot)) {
             return Err(format!(
                 "said slot {slot} is pid {sender}, which another slot or a template holds"
             ));
@@ -99,10 +99,12 @@ impl Supervisor {
         Ok(true)
     }
 
-    /// Whether a slot or a template holds `pid`, or a slot claims it.
-    pub(super) fn pid_taken(&self, pid: i32) -> bool {
+    /// Whether a template or a slot (other than `except`) holds `pid`,
+    /// or such a slot claims it.
+    pub(super) fn pid_taken(&self, pid: i32, except: Option<usize>) -> bool {
         self.board
             .iter()
+            .filter(|(slot, _)| Some(*slot) != except)
             .any(|(_, s)| s.pid == pid || s.link.claimed == Some(pid))
             || self.templates.list.iter().any(|t| t.pid == pid)
     }
