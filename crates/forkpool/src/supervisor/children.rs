@@ -33,9 +33,10 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.board.occupied() >= slot_limit(self.config.max_children) {
-            // Children on their way out hold slots until reaped; however
-            // many a fault leaves there, the table stays bounded.
+        if self.board.occupied() >= slot_limit(self.config.max_children, self.rollouts.active()) {
+            // Children on their way out hold slots until reaped: a
+            // replacement waits for them, so however many a fault leaves
+            // there, the table stays bounded.
             debug!("every slot is taken, counting children on their way out: not spawning");
             return Ok(None);
         }
@@ -379,11 +380,16 @@ impl Supervisor {
     }
 }
 
-/// The most slots in use at once: `max_children` live children, and as
-/// many again on their way out (a rolling reload replaces children one
-/// for one while the old ones finish).
-pub(super) fn slot_limit(max_children: u32) -> usize {
-    2 * max_children as usize
+/// The most slots in use at once, counting children on their way out:
+/// `max_children`, and twice that while a reload rolls (it starts each
+/// new child while the old one it replaces finishes its connection).
+pub(super) fn slot_limit(max_children: u32, rolling: bool) -> usize {
+    let max = max_children as usize;
+    if rolling {
+        2 * max
+    } else {
+        max
+    }
 }
 
 /// Whether a failed send means the child closed its end of the channel.

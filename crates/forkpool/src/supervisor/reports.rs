@@ -247,6 +247,11 @@ impl Supervisor {
         } else {
             self.config.ping_timeout.min(CLOSED_CHANNEL_GRACE)
         };
+        if self.unverified(slot) && self.claim_vanished(slot) {
+            // Nothing will ever come from it, nor be reaped: free it now.
+            self.give_up_unverified(slot, "closed its channel", now);
+            return;
+        }
         let Some(link) = self.board.link_mut(slot) else {
             return;
         };

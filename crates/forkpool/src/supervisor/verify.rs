@@ -136,9 +136,8 @@ impl Supervisor {
     /// goes to the claimed pid.
     pub(super) fn give_up_unverified(&mut self, slot: usize, detail: &str, now: Instant) {
         let claim = self.board.link(slot).and_then(|l| l.claimed);
-        let me = self.pid as i32;
         match claim {
-            Some(pid) if parent_of(pid) != Some(me) => {
+            Some(pid) if self.claim_vanished(slot) => {
                 self.totals.lost += 1;
                 warn!(
                     slot,
@@ -164,6 +163,17 @@ impl Supervisor {
                 now,
             ),
         }
+    }
+
+    /// Whether the process the template claimed for `slot` is not (or no
+    /// longer) the supervisor's child: reaped by someone else, or never
+    /// ours. A zombie the supervisor has not reaped yet is still its child.
+    pub(super) fn claim_vanished(&self, slot: usize) -> bool {
+        let me = self.pid as i32;
+        self.board
+            .link(slot)
+            .and_then(|l| l.claimed)
+            .is_some_and(|pid| parent_of(pid) != Some(me))
     }
 
     /// Frees `slot`, whose worker was never verified: no process to
