@@ -102,6 +102,16 @@ fn stop_in_time(pool: &mut DemoPool) {
     eprintln!("stopped in {:?}", asked.elapsed());
 }
 
+/// Waits until the lying template has been replaced twice; checks it was
+/// killed for it (not merely died) and returns that snapshot.
+fn lied_twice(pool: &DemoPool) -> serde_json::Value {
+    let status = pool
+        .wait_status(Duration::from_secs(20), |s| total(s, "template_restarts") >= 2)
+        .unwrap_or_else(|| panic!("the lying template was not replaced twice: {}", pool.status()));
+    assert!(total(&status, "templates_killed") >= 2, "{status}");
+    status
+}
+
 /// Polls status for `period`, checking at every snapshot that the slot
 /// table holds at most `max` slots; returns the last snapshot.
 fn slots_stay_within(pool: &DemoPool, max: usize, period: Duration) -> serde_json::Value {
@@ -153,13 +163,12 @@ fn a_template_naming_the_supervisors_own_sidecar_cannot_get_it_killed() {
     let sidecars = children_named(pool.pid, "sleep");
     assert_eq!(sidecars.len(), 1, "the sidecar is the supervisor's child");
     let sidecar = Adopted(sidecars[0]);
-    let status = pool
-        .wait_status(Duration::from_secs(20), |s| total(s, "templates_killed") >= 2)
-        .unwrap_or_else(|| panic!("the lying template was not killed twice: {}", pool.status()));
+    let status = lied_twice(&pool);
+    assert!(alive(sidecar.0), "the supervisor killed its sidecar: {status}");
     assert_eq!(total(&status, "killed"), 0, "no worker was ever verified: {status}");
     slots_stay_within(&pool, 4, Duration::from_millis(500));
     stop_in_time(&mut pool);
-    assert!(alive(sidecar.0), "the supervisor killed its sidecar");
+    assert!(alive(sidecar.0), "the supervisor killed its sidecar as it stopped");
 }
 
 #[test]
@@ -170,19 +179,17 @@ fn a_template_naming_a_process_outside_the_pool_cannot_get_it_killed() {
         None,
         &[("HOSTILE_PID", outsider.pid().to_string())],
     );
-    pool.wait_status(Duration::from_secs(20), |s| total(s, "templates_killed") >= 2)
-        .unwrap_or_else(|| panic!("the lying template was not killed twice: {}", pool.status()));
+    let status = lied_twice(&pool);
+    assert!(alive(outsider.pid()), "the supervisor killed a process outside the pool: {status}");
     slots_stay_within(&pool, 4, Duration::from_millis(500));
     stop_in_time(&mut pool);
-    assert!(alive(outsider.pid()), "the supervisor killed a process outside the pool");
+    assert!(alive(outsider.pid()), "the supervisor killed a process outside the pool as it stopped");
 }
 
 #[test]
 fn a_template_naming_itself_is_killed_and_its_slots_freed() {
     let mut pool = start("lie-template", None, &[]);
-    let status = pool
-        .wait_status(Duration::from_secs(20), |s| total(s, "templates_killed") >= 2)
-        .unwrap_or_else(|| panic!("the lying template was not killed twice: {}", pool.status()));
+    let status = lied_twice(&pool);
     assert_eq!(total(&status, "killed"), 0, "{status}");
     slots_stay_within(&pool, 4, Duration::from_millis(500));
     stop_in_time(&mut pool);
