@@ -35,8 +35,8 @@ use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{debug, error, info, warn};
 
-use super::event::Event;
 use super::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
+use super::event::Event;
 use super::output::{ChildOutput, Left, BYTES_PER_TURN};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
@@ -620,7 +620,9 @@ impl Supervisor {
             ));
         }
         let Some(link) = self.board.link_mut(slot) else {
-            return Err(format!("said slot {slot} is pid {pid}, but the slot is gone"));
+            return Err(format!(
+                "said slot {slot} is pid {pid}, but the slot is gone"
+            ));
         };
         link.claimed = Some(pid);
         if let Some(status) = self.templates.take_orphan(pid) {
