@@ -228,6 +228,12 @@ fn template_rows(s: &Snapshot) -> String {
     if s.totals.template_restarts > 0 {
         out += &format!("template restarts: {}\n", s.totals.template_restarts);
     }
+    if s.totals.templates_killed > 0 {
+        out += &format!("templates killed: {}\n", s.totals.templates_killed);
+    }
+    if s.totals.lost > 0 {
+        out += &format!("workers lost: {}\n", s.totals.lost);
+    }
     out
 }
 

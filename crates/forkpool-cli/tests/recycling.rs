@@ -1,13 +1,14 @@
 //! Recycling end to end: `--max-requests-jitter` spreads the retirements of
 //! children started together, and `--max-child-lifetime` replaces children
-//! after their lifetime without failing a request.
+//! after their lifetime without failing a request; a worker that says it
+//! is leaving is let go without a word.
 
 mod common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{concurrent_gets, DemoPool};
+use common::{concurrent_gets, total, DemoPool};
 
 /// Children in the fixed pool of the jitter test.
 const POOL: usize = 4;
@@ -179,4 +180,42 @@ fn lifetime_replaces_children_without_failing_requests() {
         totals["recycled_lifetime"].as_u64().unwrap_or(0) >= 2,
         "totals: {totals}"
     );
+}
+
+/// A worker that asks to leave after each connection (`X`), as the Python
+/// helper's `worker.leave()` does, exits at once: the supervisor must send
+/// it nothing more. A `Q` sent after its `X` found the channel closed and
+/// got it killed as `channel_failed` (9 of 12 recycles before the fix).
+#[test]
+fn a_worker_that_says_it_is_leaving_is_sent_nothing_more() {
+    let program = common::temp_path("leaving_worker.py");
+    std::fs::write(
+        &program,
+        format!(
+            "import sys\nsys.path.insert(0, {python:?})\nimport forkpool_worker\n\
+             worker = forkpool_worker.Worker.from_env()\n\
+             def handle(conn, listener):\n\
+             \x20   conn.recv(65536)\n\
+             \x20   conn.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok')\n\
+             \x20   worker.leave()\n\
+             worker.serve(handle)\n",
+            python = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python"),
+        ),
+    )
+    .unwrap();
+    let program_path = program.display().to_string();
+    let pool = DemoPool::start_run(&common::ONE_CHILD, &["python3", &program_path]);
+    const RECYCLES: u64 = 12;
+    for i in 0..RECYCLES {
+        let response = pool.get("/").unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(response.status, 200, "request {i}");
+    }
+    let status = pool
+        .wait_status(Duration::from_secs(20), |s| {
+            total(s, "retired") >= RECYCLES && s["idle"] == 1
+        })
+        .unwrap_or_else(|| panic!("{RECYCLES} workers did not leave: {}", pool.status()));
+    assert_eq!(total(&status, "killed"), 0, "a leaving worker was killed: {status}");
+    assert_eq!(total(&status, "died"), 0, "{status}");
+    let _ = std::fs::remove_file(program);
 }

@@ -100,7 +100,7 @@ impl Channel {
     /// connection handoff may carry a descriptor, exactly one, and it must.
     pub fn recv_from_parent(&self) -> io::Result<Incoming<ParentMessage>> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(buf, n, mut fds) => match ParentMessage::decode(&buf[..n]) {
+            Raw::Bytes(buf, n, mut fds, _) => match ParentMessage::decode(&buf[..n]) {
                 Ok(msg) if fds.len() != usize::from(msg.carries_fd()) => {
                     Incoming::Malformed(Malformed::UnexpectedFd)
                 }
@@ -125,6 +125,22 @@ impl Channel {
         self.recv_without_fds(decode_child_v2)
     }
 
+    /// Supervisor side: from now on, every message received on this end
+    /// carries its sender's pid as the kernel knows it (`SO_PASSCRED`),
+    /// read with [`Channel::recv_from_child_v2_sent_by`]. Set it before the
+    /// other end is handed to anyone.
+    pub fn pass_credentials(&self) -> io::Result<()> {
+        fdpass::pass_credentials(self.fd.as_fd())
+    }
+
+    /// Supervisor side, version 2, like [`Channel::recv_from_child_v2`],
+    /// with the pid of the process that sent the message as the kernel
+    /// vouches for it (`None` unless [`Channel::pass_credentials`] was
+    /// set, or for anything but a message).
+    pub fn recv_from_child_v2_sent_by(&self) -> io::Result<(Incoming<ChildMessage>, Option<i32>)> {
+        self.recv_without_fds_sent_by(decode_child_v2)
+    }
+
     /// Supervisor side: receives one reply from a template (or its
     /// intermediate child). Templates never send descriptors; one that
     /// does has sent a malformed message, and they are closed here.
@@ -138,15 +154,24 @@ impl Channel {
         &self,
         decode: impl Fn(&[u8]) -> Result<M, ProtocolError>,
     ) -> io::Result<Incoming<M>> {
+        Ok(self.recv_without_fds_sent_by(decode)?.0)
+    }
+
+    /// [`Channel::recv_without_fds`], with the sender's pid if the kernel
+    /// attached it.
+    fn recv_without_fds_sent_by<M>(
+        &self,
+        decode: impl Fn(&[u8]) -> Result<M, ProtocolError>,
+    ) -> io::Result<(Incoming<M>, Option<i32>)> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(_, _, fds) if !fds.is_empty() => {
-                Incoming::Malformed(Malformed::UnexpectedFd)
+            Raw::Bytes(_, _, fds, sender) if !fds.is_empty() => {
+                (Incoming::Malformed(Malformed::UnexpectedFd), sender)
             }
-            Raw::Bytes(buf, n, _) => match decode(&buf[..n]) {
-                Ok(msg) => Incoming::Message(msg, None),
-                Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
+            Raw::Bytes(buf, n, _, sender) => match decode(&buf[..n]) {
+                Ok(msg) => (Incoming::Message(msg, None), sender),
+                Err(e) => (Incoming::Malformed(Malformed::Protocol(e)), sender),
             },
-            Raw::Other(other) => other,
+            Raw::Other(other) => (other, None),
         })
     }
 
@@ -164,7 +189,7 @@ impl Channel {
     /// are closed here).
     pub fn recv_order(&self) -> io::Result<Incoming<WorkerOrder>> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(buf, n, mut fds) => match WorkerOrder::decode(&buf[..n]) {
+            Raw::Bytes(buf, n, mut fds, _) => match WorkerOrder::decode(&buf[..n]) {
                 Ok(order) if fds.len() != order.fd_count() => {
                     Incoming::Malformed(Malformed::UnexpectedFd)
                 }
@@ -198,7 +223,7 @@ impl Channel {
     /// descriptors it must carry is malformed (and they are closed here).
     pub fn recv_template_request(&self) -> io::Result<Incoming<TemplateRequest, Vec<OwnedFd>>> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(buf, n, fds) => match TemplateRequest::decode(&buf[..n]) {
+            Raw::Bytes(buf, n, fds, _) => match TemplateRequest::decode(&buf[..n]) {
                 Ok(request) if fds.len() != request.fd_count() => {
                     Incoming::Malformed(Malformed::UnexpectedFd)
                 }
@@ -214,7 +239,9 @@ impl Channel {
         // is caught by MSG_TRUNC rather than silently cut to a valid length.
         let mut buf = [0u8; MAX_MESSAGE_LEN + 1];
         Ok(match fdpass::recv(self.fd.as_fd(), &mut buf)? {
-            Received::Message(n, fds) if n <= MAX_MESSAGE_LEN => Raw::Bytes(buf, n, fds),
+            Received::Message(n, fds, sender) if n <= MAX_MESSAGE_LEN => {
+                Raw::Bytes(buf, n, fds, sender)
+            }
             Received::Message(..) | Received::Oversized => {
                 Raw::Other(Incoming::Malformed(Malformed::Oversized))
             }
@@ -228,7 +255,7 @@ impl Channel {
 }
 
 enum Raw<M> {
-    Bytes([u8; MAX_MESSAGE_LEN + 1], usize, Vec<OwnedFd>),
+    Bytes([u8; MAX_MESSAGE_LEN + 1], usize, Vec<OwnedFd>, Option<i32>),
     Other(Incoming<M>),
 }
 
@@ -333,7 +360,7 @@ mod tests {
             .send_template_reply(TemplateReply::Pong { seq: 7 })
             .unwrap();
         let mut buf = [0u8; 16];
-        let Received::Message(n, _) = fdpass::recv(supervisor.as_fd(), &mut buf).unwrap() else {
+        let Received::Message(n, _, _) = fdpass::recv(supervisor.as_fd(), &mut buf).unwrap() else {
             panic!("expected the pong");
         };
         assert_eq!(&buf[..n], b"\x02P\x00\x00\x00\x07");
@@ -365,10 +392,24 @@ mod tests {
         ));
         worker.send_to_parent_v2(ChildMessage::Idle).unwrap();
         let mut buf = [0u8; 16];
-        let Received::Message(n, _) = fdpass::recv(supervisor.as_fd(), &mut buf).unwrap() else {
+        let Received::Message(n, _, _) = fdpass::recv(supervisor.as_fd(), &mut buf).unwrap() else {
             panic!("expected Idle");
         };
         assert_eq!(&buf[..n], b"\x02I");
+    }
+
+    #[test]
+    fn the_kernel_names_the_sender_only_once_asked() {
+        let (parent, child) = Channel::pair().unwrap();
+        child.send_to_parent_v2(ChildMessage::Idle).unwrap();
+        let (msg, sender) = parent.recv_from_child_v2_sent_by().unwrap();
+        assert!(matches!(msg, Incoming::Message(ChildMessage::Idle, None)));
+        assert_eq!(sender, None);
+        parent.pass_credentials().unwrap();
+        child.send_to_parent_v2(ChildMessage::Idle).unwrap();
+        let (msg, sender) = parent.recv_from_child_v2_sent_by().unwrap();
+        assert!(matches!(msg, Incoming::Message(ChildMessage::Idle, None)));
+        assert_eq!(sender, Some(std::process::id() as i32));
     }
 
     #[test]

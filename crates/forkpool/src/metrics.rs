@@ -118,6 +118,18 @@ pub fn render(
     );
     counter(
         &mut registry,
+        "workers_lost",
+        "Workers a template said it forked that vanished without being reaped by the supervisor",
+        t.lost,
+    );
+    counter(
+        &mut registry,
+        "templates_killed",
+        "Templates killed for breaking the protocol, lying about a worker, missing a deadline or flooding stderr",
+        t.templates_killed,
+    );
+    counter(
+        &mut registry,
         "reforks",
         "Times the lowest slot's worker was made the template (--refork-after)",
         t.reforks,

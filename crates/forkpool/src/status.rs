@@ -158,6 +158,16 @@ pub struct Totals {
     /// was made the template.
     #[serde(default)]
     pub reforks: u64,
+    /// Workers a template said it forked that vanished without the
+    /// supervisor ever reaping them (reaped behind its back, or never
+    /// its child): their slots were freed after a deadline.
+    #[serde(default)]
+    pub lost: u64,
+    /// Templates killed (with their process group) for breaking the
+    /// protocol, lying about a worker, missing a deadline or flooding
+    /// stderr.
+    #[serde(default)]
+    pub templates_killed: u64,
 }
 
 /// One slot as the control socket reports it.

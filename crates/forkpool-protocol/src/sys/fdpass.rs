@@ -16,8 +16,10 @@ use nix::sys::socket::{
 /// closed when dropped: nothing a peer sends can leak descriptors into us.
 #[derive(Debug)]
 pub enum Received {
-    /// A datagram of this many bytes, and every descriptor that came with it.
-    Message(usize, Vec<OwnedFd>),
+    /// A datagram of this many bytes, every descriptor that came with it,
+    /// and the sender's pid as the kernel vouches for it (`SCM_CREDENTIALS`,
+    /// present only once [`pass_credentials`] was set on the receiving end).
+    Message(usize, Vec<OwnedFd>, Option<i32>),
     /// A datagram larger than the buffer (never a valid message).
     Oversized,
     /// The ancillary data did not fit (`MSG_CTRUNC`): more descriptors than
@@ -38,7 +40,9 @@ const SCM_MAX_FD: usize = 253;
 
 /// Control buffer, in `u64`s so that it is aligned for `cmsghdr`: its
 /// header, plus `SCM_MAX_FD` descriptors, plus slack for a second header.
-const CONTROL_WORDS: usize = (2 * size_of::<libc::cmsghdr>() + SCM_MAX_FD * 4) / 8 + 2;
+/// Then room for one `SCM_CREDENTIALS` header and its `ucred`.
+const CONTROL_WORDS: usize =
+    (3 * size_of::<libc::cmsghdr>() + SCM_MAX_FD * 4 + size_of::<libc::ucred>()) / 8 + 3;
 
 /// A connected `SOCK_SEQPACKET` pair, close-on-exec, both ends non-blocking.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -104,7 +108,7 @@ pub fn recv(channel: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
                 e => return Err(e.into()),
             }
         }
-        let fds = take_descriptors(&hdr);
+        let (fds, sender) = take_control(&hdr);
         if hdr.msg_flags & libc::MSG_CTRUNC != 0 {
             drop(fds);
             return Ok(Received::TruncatedControl);
@@ -115,15 +119,19 @@ pub fn recv(channel: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
         if n == 0 && fds.is_empty() {
             return Ok(Received::Closed);
         }
-        return Ok(Received::Message(n as usize, fds));
+        return Ok(Received::Message(n as usize, fds, sender));
     }
 }
 
 /// Takes ownership of every descriptor in the `SCM_RIGHTS` messages the
 /// kernel wrote into `hdr`'s control buffer, including when it set
-/// `MSG_CTRUNC` (the headers then cover only the descriptors installed).
-fn take_descriptors(hdr: &libc::msghdr) -> Vec<OwnedFd> {
+/// `MSG_CTRUNC` (the headers then cover only the descriptors installed),
+/// and reads the sender's pid from an `SCM_CREDENTIALS` message, if any.
+fn take_control(hdr: &libc::msghdr) -> (Vec<OwnedFd>, Option<i32>) {
     let mut fds = Vec::new();
+    let mut sender = None;
+    // SAFETY: CMSG_LEN is plain arithmetic.
+    let credentials_len = unsafe { libc::CMSG_LEN(size_of::<libc::ucred>() as u32) } as usize;
     // SAFETY: `hdr` was filled in by a successful recvmsg; the CMSG_* macros
     // walk only within `msg_control[..msg_controllen]`.
     let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(hdr) };
@@ -144,9 +152,25 @@ fn take_descriptors(hdr: &libc::msghdr) -> Vec<OwnedFd> {
                 let owned = unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) };
                 fds.push(owned);
             }
+        } else if header.cmsg_level == libc::SOL_SOCKET
+            && header.cmsg_type == libc::SCM_CREDENTIALS
+            && header.cmsg_len as usize >= credentials_len
+        {
+            // SAFETY: the header is long enough for one `ucred`, which the
+            // kernel wrote at its data.
+            let cred = unsafe { libc::CMSG_DATA(cmsg).cast::<libc::ucred>().read_unaligned() };
+            sender = Some(cred.pid);
         }
         // SAFETY: `cmsg` is a header inside `hdr`'s control buffer.
         cmsg = unsafe { libc::CMSG_NXTHDR(hdr, cmsg) };
     }
-    fds
+    (fds, sender)
+}
+
+/// Asks the kernel to attach the sender's credentials (`SCM_CREDENTIALS`)
+/// to every datagram this end receives from now on (`SO_PASSCRED`): the
+/// pid comes from the kernel, whatever the sender says about itself.
+pub fn pass_credentials(channel: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sys::socket::setsockopt(&channel, nix::sys::socket::sockopt::PassCred, &true)
+        .map_err(io::Error::from)
 }

@@ -33,6 +33,13 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
+        if self.board.occupied() >= slot_limit(self.config.max_children, self.rollouts.active()) {
+            // Children on their way out hold slots until reaped: a
+            // replacement waits for them, so however many a fault leaves
+            // there, the table stays bounded.
+            debug!("every slot is taken, counting children on their way out: not spawning");
+            return Ok(None);
+        }
         if self.config.preload {
             self.fork_from_template(now)?;
             return Ok(None);
@@ -188,7 +195,11 @@ impl Supervisor {
             if self.template_exited(pid, status, now) {
                 continue;
             }
-            let Some(slot) = self.board.slot_of_pid(pid) else {
+            let Some(slot) = self
+                .board
+                .slot_of_pid(pid)
+                .or_else(|| self.slot_claiming(pid))
+            else {
                 if !self.reaped_successor(pid, status) {
                     // Perhaps a worker whose template has not said its
                     // pid yet (it died at once): kept for that answer.
@@ -211,9 +222,22 @@ impl Supervisor {
         status: process::ExitStatus,
         now: Instant,
     ) {
+        // A worker whose pid the kernel never confirmed may have been
+        // named by a lying template: its process group is not swept.
+        let verified = !self.unverified(slot);
         let Some(mut child) = self.board.vacate(slot) else {
             return;
         };
+        if !verified {
+            if let Some(t) = self
+                .templates
+                .list
+                .iter_mut()
+                .find(|t| t.generation == child.generation)
+            {
+                t.forget_order(slot);
+            }
+        }
         // What it said last explains how it ended: log it first.
         self.drain_output(slot, pid, &mut child.link);
         let served = child.served;
@@ -235,7 +259,9 @@ impl Supervisor {
                 );
             }
         }
-        self.sweep_group(slot, pid);
+        if verified {
+            self.sweep_group(slot, pid);
+        }
         let link = child.link;
         let asked_to_stop = matches!(
             link.leaving,
@@ -251,29 +277,48 @@ impl Supervisor {
         self.deregister_channel(&link.channel);
     }
 
-    /// Frees `slot` whose worker was ordered from a template that will
-    /// never fork it (the template failed the order or died first):
-    /// there is no process to reap, only the supervisor's ends to close.
-    pub(super) fn drop_unforked(&mut self, slot: usize) {
-        if self.board.get(slot).is_some_and(|s| s.pid != 0) {
+    /// Tells a child to finish its connection, if any, and exit.
+    pub(crate) fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
+        let Some(pid) = self.mark_leaving(slot, reason, now) else {
             return;
-        }
-        if let Some(mut child) = self.board.vacate(slot) {
-            if let Some(output) = child.link.output.take() {
-                self.forget_output(&output);
-            }
-            self.release_order(&child.link);
-            self.deregister_channel(&child.link.channel);
+        };
+        let link = self.board.link(slot).expect("marked above");
+        let sent = if link.channel_closed {
+            // It is on its way out already; nothing can reach it.
+            Ok(())
+        } else if self.config.dispatch.speaks_protocol() {
+            link.send(ParentMessage::Quit, None)
+        } else {
+            // No channel to say quit on: SIGTERM, as systemd and every
+            // init system would; SIGKILL follows at the leave deadline.
+            process::send_signal(pid, Signal::SIGTERM)
+        };
+        match sent {
+            // Its end is closed: it is exiting already, and is reaped (or
+            // killed at its leave deadline) like any child told to go.
+            Err(e) if is_peer_gone(&e) => {}
+            Err(e) => self.kill(
+                slot,
+                KillReason::ChannelFailed,
+                format!("cannot send quit: {e}"),
+                now,
+            ),
+            Ok(()) => {}
         }
     }
 
-    /// Tells a child to finish its connection, if any, and exit.
-    pub(crate) fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
-        let Some(child) = self.board.get(slot) else {
-            return;
-        };
+    /// A child said it is leaving (`X`): it is retired like one told to
+    /// quit, and sent nothing more, since it may have closed its channel.
+    pub(super) fn let_leave(&mut self, slot: usize, now: Instant) {
+        self.mark_leaving(slot, "it asked to leave", now);
+    }
+
+    /// Marks the child in `slot` as leaving for `reason`, with its leave
+    /// deadline. Returns its pid, or `None` if it was told to go already.
+    fn mark_leaving(&mut self, slot: usize, reason: &str, now: Instant) -> Option<i32> {
+        let child = self.board.get(slot)?;
         if child.link.told_to_leave() {
-            return;
+            return None;
         }
         let pid = child.pid;
         let link = self.board.link_mut(slot).expect("checked above");
@@ -281,24 +326,10 @@ impl Supervisor {
             cause: LeaveCause::Asked(reason.to_string()),
             deadline: Some(now + self.config.shutdown_timeout),
         });
-        let sent = if self.config.dispatch.speaks_protocol() {
-            link.send(ParentMessage::Quit, None)
-        } else {
-            // No channel to say quit on: SIGTERM, as systemd and every
-            // init system would; SIGKILL follows at the leave deadline.
-            process::send_signal(pid, Signal::SIGTERM)
-        };
         let _ = self.board.retire(slot, now);
         self.totals.retired += 1;
         debug!(slot, pid, "retiring child: {reason}");
-        if let Err(e) = sent {
-            self.kill(
-                slot,
-                KillReason::ChannelFailed,
-                format!("cannot send quit: {e}"),
-                now,
-            );
-        }
+        Some(pid)
     }
 
     /// SIGKILLs a child and marks its slot; it is reaped by the loop.
@@ -309,20 +340,20 @@ impl Supervisor {
         if entry.state == SlotState::Killed {
             return;
         }
+        if self.unverified(slot) {
+            // No pid the kernel vouched for: nothing to signal (see
+            // `verify.rs`); the template answers for it.
+            self.give_up_unverified(slot, &detail, now);
+            return;
+        }
         let pid = entry.pid;
         warn!(slot, pid, reason = why.key(), "killing child: {detail}");
         // The whole group: what the worker started dies with it. A child
-        // whose group is missing gets the signal alone. A worker a
-        // template has not said the pid of yet (pid 0, which would name
-        // the supervisor's own group) is killed when the pid comes.
-        let sent = if pid <= 0 {
-            Ok(())
-        } else {
-            process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
-                true => Ok(()),
-                false => process::send_signal(pid, Signal::SIGKILL),
-            })
-        };
+        // whose group is missing gets the signal alone.
+        let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
+            true => Ok(()),
+            false => process::send_signal(pid, Signal::SIGKILL),
+        });
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }
@@ -342,11 +373,31 @@ impl Supervisor {
         }
     }
 
-    fn release_order(&mut self, link: &ChildLink) {
+    pub(super) fn release_order(&mut self, link: &ChildLink) {
         if let Some(i) = link.ordered_on {
             self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
         }
     }
+}
+
+/// The most slots in use at once, counting children on their way out:
+/// `max_children`, and twice that while a reload rolls (it starts each
+/// new child while the old one it replaces finishes its connection).
+pub(super) fn slot_limit(max_children: u32, rolling: bool) -> usize {
+    let max = max_children as usize;
+    if rolling {
+        2 * max
+    } else {
+        max
+    }
+}
+
+/// Whether a failed send means the child closed its end of the channel.
+fn is_peer_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ECONNREFUSED)
+    )
 }
 
 /// What to add to a failed `fork`'s message so the operator knows the fix,

@@ -36,3 +36,24 @@ impl Supervisor {
         }
     }
 }
+
+impl Supervisor {
+    /// After reaping the template `pid` of `generation`: kill what it
+    /// left in its group (helpers it started, which may hold the
+    /// listeners, and workers it forked that were never verified).
+    pub(super) fn sweep_template_group(&mut self, pid: i32, generation: u32) {
+        match process::signal_group(pid, Signal::SIGKILL) {
+            Ok(true) => {
+                self.totals.strays_killed += 1;
+                warn!(
+                    pid,
+                    generation,
+                    "killed processes the template left behind in its process group \
+                     (a template must not leave processes running when it exits)"
+                );
+            }
+            Ok(false) => {}
+            Err(e) => debug!(pid, "cannot signal the template's process group: {e}"),
+        }
+    }
+}

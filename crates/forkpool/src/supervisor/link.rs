@@ -40,6 +40,10 @@ pub(crate) struct ChildLink {
     /// The protocol version it speaks: 2 for a worker forked from a
     /// template (`--preload`), 1 otherwise.
     pub version: u8,
+    /// For a worker ordered from a template: the pid its template said
+    /// (`W`). Only a claim: the slot's pid is set, and the process may be
+    /// signalled, once the kernel has confirmed it (`verify.rs`).
+    pub claimed: Option<i32>,
 }
 
 /// Whether a child has shown it is up.
@@ -104,6 +108,7 @@ impl ChildLink {
             output,
             stderr_tail: Vec::new(),
             version,
+            claimed: None,
         }
     }
 
@@ -164,12 +169,14 @@ impl ChildLink {
         }
     }
 
-    /// Receives one report, decoded in the child's version.
-    pub fn receive(&self) -> io::Result<Incoming<ChildMessage>> {
+    /// Receives one report, decoded in the child's version, with the
+    /// sender's pid where the kernel attaches it (the channels of workers
+    /// ordered from a template, see `verify.rs`).
+    pub fn receive(&self) -> io::Result<(Incoming<ChildMessage>, Option<i32>)> {
         if self.version == TEMPLATE_VERSION {
-            self.channel.recv_from_child_v2()
+            self.channel.recv_from_child_v2_sent_by()
         } else {
-            self.channel.recv_from_child()
+            Ok((self.channel.recv_from_child()?, None))
         }
     }
 }

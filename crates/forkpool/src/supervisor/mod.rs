@@ -51,6 +51,7 @@ mod slow;
 mod stop_backlog;
 mod template;
 mod upgrade;
+mod verify;
 mod watchdog;
 
 pub(crate) use endpoints::Endpoints;
@@ -101,10 +102,19 @@ pub(crate) enum Exit {
     Template(crate::exec::TemplateStart),
 }
 
+/// How long past its deadline a stop may take at most: children killed at
+/// the deadline are normally reaped within milliseconds; what is not gone
+/// by then (a process stuck in the kernel) is left behind, logged, rather
+/// than let the stop hang.
+const STOP_OVERRUN: Duration = Duration::from_secs(1);
+
 /// The shutdown in progress, if any.
 #[derive(Debug, Clone, Copy)]
 struct Shutdown {
+    /// Children still there are killed at this moment.
     deadline: Instant,
+    /// The supervisor exits at this moment, whatever is left.
+    exit_by: Instant,
 }
 
 /// The parent process's state.
@@ -255,7 +265,7 @@ impl Supervisor {
             if let Some(start) = self.maintain_pool(now)? {
                 return Ok(Exit::Child(self.into_child(start)));
             }
-            if self.finished() {
+            if self.finished(now) {
                 info!(totals = ?self.totals, "all children gone, supervisor exiting");
                 self.endpoints.remove_control_file();
                 return Ok(Exit::Done(self.totals));
@@ -381,7 +391,10 @@ impl Supervisor {
             timeout = ?self.config.shutdown_timeout,
             "shutting down: no new connections, waiting for busy children"
         );
-        self.shutdown = Some(Shutdown { deadline });
+        self.shutdown = Some(Shutdown {
+            deadline,
+            exit_by: deadline + STOP_OVERRUN,
+        });
         if !self.handover.handed_over {
             notify::stopping();
         }
@@ -408,6 +421,9 @@ impl Supervisor {
     /// Immediate stop: SIGKILL every child; the loop reaps them and exits.
     fn stop_now(&mut self, now: Instant) {
         self.begin_shutdown(now);
+        if let Some(s) = self.shutdown.as_mut() {
+            s.exit_by = s.exit_by.min(now + STOP_OVERRUN);
+        }
         self.kill_templates();
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
@@ -420,8 +436,26 @@ impl Supervisor {
         }
     }
 
-    fn finished(&self) -> bool {
-        self.shutdown.is_some() && self.board.occupied() == 0 && self.templates.list.is_empty()
+    /// Whether the stop is over: every child and template reaped, or the
+    /// stop's last moment passed (what is left is logged).
+    fn finished(&self, now: Instant) -> bool {
+        let Some(shutdown) = self.shutdown else {
+            return false;
+        };
+        let empty = self.board.occupied() == 0 && self.templates.list.is_empty();
+        if !empty && now >= shutdown.exit_by {
+            let children: Vec<(usize, i32)> =
+                self.board.iter().map(|(slot, s)| (slot, s.pid)).collect();
+            let templates: Vec<i32> = self.templates.list.iter().map(|t| t.pid).collect();
+            tracing::error!(
+                ?children,
+                ?templates,
+                "stop deadline passed with processes not yet reaped (slot, pid); \
+                 exiting anyway: they were sent SIGKILL and get SIGTERM from the \
+                 parent-death signal"
+            );
+        }
+        empty || now >= shutdown.exit_by
     }
 
     /// Asks the policy what to do and does it.
@@ -522,7 +556,10 @@ impl Supervisor {
         // Holds that have passed stay recorded until the next one; a past
         // instant here would make the loop spin.
         consider(self.spawn_blocked_until.filter(|t| *t > now));
-        consider(self.shutdown.map(|s| s.deadline));
+        // A passed deadline has been acted on; waking for it again would
+        // make the loop spin.
+        consider(self.shutdown.map(|s| s.deadline).filter(|t| *t > now));
+        consider(self.shutdown.map(|s| s.exit_by));
         consider(
             self.listeners
                 .iter()

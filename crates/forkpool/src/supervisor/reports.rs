@@ -40,8 +40,8 @@ impl Supervisor {
             if link.channel_closed {
                 return;
             }
-            let incoming = match link.receive() {
-                Ok(incoming) => incoming,
+            let (incoming, sender) = match link.receive() {
+                Ok(received) => received,
                 Err(e) => {
                     self.kill(
                         slot,
@@ -54,6 +54,16 @@ impl Supervisor {
             };
             match incoming {
                 Incoming::Message(msg, _) => {
+                    if self.unverified(slot) {
+                        match self.verify_worker(slot, sender, now) {
+                            Ok(true) => {}
+                            Ok(false) => return,
+                            Err(why) => {
+                                self.template_failed_worker(slot, why, now);
+                                return;
+                            }
+                        }
+                    }
                     let over_budget = self
                         .board
                         .link_mut(slot)
@@ -114,13 +124,7 @@ impl Supervisor {
     /// worker forked by a template its own process group, and records how
     /// long its start took.
     fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
-        let mut expected = self.board.get(slot).map_or(0, |s| s.pid);
-        if expected == 0 {
-            // Forked by a template whose `W` (sent before this) is
-            // not read yet.
-            self.learn_pid_from_template(slot, now);
-            expected = self.board.get(slot).map_or(0, |s| s.pid);
-        }
+        let expected = self.board.get(slot).map_or(0, |s| s.pid);
         if i64::from(pid) != i64::from(expected) {
             return Err(format!("said it is pid {pid}, but it is pid {expected}"));
         }
@@ -206,7 +210,7 @@ impl Supervisor {
             self.note_connection_end(slot, now);
             self.board.idle(slot, now).map_err(out_of_order)?;
         }
-        self.retire(slot, "it asked to leave", now);
+        self.let_leave(slot, now);
         Ok(())
     }
 
@@ -243,6 +247,11 @@ impl Supervisor {
         } else {
             self.config.ping_timeout.min(CLOSED_CHANNEL_GRACE)
         };
+        if self.unverified(slot) && self.claim_vanished(slot) {
+            // Nothing will ever come from it, nor be reaped: free it now.
+            self.give_up_unverified(slot, "closed its channel", now);
+            return;
+        }
         let Some(link) = self.board.link_mut(slot) else {
             return;
         };

@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::Interest;
 use nix::sys::signal::Signal;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
+use super::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use super::event::Event;
 use super::output::{ChildOutput, Left, BYTES_PER_TURN};
 use super::{ChildLink, Supervisor};
@@ -42,7 +43,6 @@ use crate::channel::{Channel, Incoming};
 use crate::exec::TemplateStart;
 use crate::policy::backoff::{StartBackoff, START_WINDOW};
 use crate::protocol::{TemplateReply, TemplateRequest, TEMPLATE_VERSION};
-use crate::scoreboard::SlotState;
 use crate::sys::fds;
 use crate::sys::process::{self, ExitStatus, Forked};
 
@@ -186,6 +186,12 @@ impl Template {
         self.fork_answered(slot)?;
         self.forks += 1;
         Ok(self.pid)
+    }
+
+    /// The slot of a fork order was freed: an answer for it is no longer
+    /// expected (one that comes anyway breaks the protocol).
+    pub(super) fn forget_order(&mut self, slot: usize) {
+        self.pending.remove(&slot);
     }
 
     /// The fork order for `slot` is answered; an error if none was
@@ -446,7 +452,9 @@ impl Supervisor {
     /// a ready template, nothing happens: spawns wait for it.
     pub(super) fn fork_from_template(&mut self, now: Instant) -> io::Result<()> {
         let generation = self.generation;
-        if self.templates.ready(generation).is_none() {
+        if self.templates.ready(generation).is_none()
+            || self.unverified_of(generation) >= super::verify::UNVERIFIED_PER_TEMPLATE
+        {
             return Ok(());
         }
         let (ours, theirs) = match Channel::pair() {
@@ -463,6 +471,11 @@ impl Supervisor {
                 return Ok(());
             }
         };
+        // The worker's pid is taken from the kernel, not from the template.
+        if let Err(e) = ours.pass_credentials() {
+            self.resource_backoff(now, format!("cannot ask for a worker's credentials: {e}"));
+            return Ok(());
+        }
         let slot = self.board.lowest_free();
         let order = TemplateRequest::Fork {
             slot: slot as u32,
@@ -562,8 +575,15 @@ impl Supervisor {
         match reply {
             TemplateReply::Ready { pid } => t.said_ready(pid, now),
             TemplateReply::Forked { slot, pid } => {
-                let template_pid = t.forked(slot as usize)?;
-                self.worker_forked(slot as usize, pid, template_pid, now)
+                t.forked(slot as usize)?;
+                let claimed = self.worker_forked(slot as usize, pid, now);
+                if claimed.is_err() {
+                    // Its order is answered, badly: no worker will come
+                    // for this slot that the supervisor could trust.
+                    self.abandon_unverified(slot as usize);
+                    self.count_failed_start(now);
+                }
+                claimed
             }
             TemplateReply::ForkFailed { slot, errno } => {
                 t.fork_answered(slot as usize)?;
@@ -578,46 +598,44 @@ impl Supervisor {
     /// slot is freed and spawning backs off.
     fn template_fork_failed(&mut self, slot: usize, errno: u32, now: Instant) {
         let err = io::Error::from_raw_os_error(errno as i32);
-        self.drop_unforked(slot);
+        self.abandon_unverified(slot);
         self.resource_backoff(
             now,
             format!("the template could not fork the worker for slot {slot}: {err}"),
         );
     }
 
-    /// The template said the worker for `slot` is `pid`.
-    fn worker_forked(
-        &mut self,
-        slot: usize,
-        pid: u32,
-        template_pid: i32,
-        now: Instant,
-    ) -> Result<(), String> {
+    /// The template said the worker for `slot` is `pid`: a claim, kept
+    /// until the worker's first message proves it (`verify.rs`). Refused
+    /// outright when it names no process, a template, or a pid a slot
+    /// already holds or claims.
+    fn worker_forked(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
         let pid = i32::try_from(pid)
             .ok()
             .filter(|p| *p > 0)
             .ok_or_else(|| format!("said slot {slot} is pid {pid}, which is no process id"))?;
-        let orphan = self.templates.take_orphan(pid);
-        if orphan.is_none() && !descends_from(pid, template_pid) {
+        if self.pid_taken(pid, None) {
             return Err(format!(
-                "said slot {slot} is pid {pid}, which is neither the supervisor's child \
-                 nor the template's grandchild"
+                "said slot {slot} is pid {pid}, which a template or another slot holds"
             ));
         }
-        self.board.set_pid(slot, pid);
-        if let Some(status) = orphan {
+        let Some(link) = self.board.link_mut(slot) else {
+            return Err(format!(
+                "said slot {slot} is pid {pid}, but the slot is gone"
+            ));
+        };
+        link.claimed = Some(pid);
+        if let Some(status) = self.templates.take_orphan(pid) {
+            // It died before its template's answer was read: a start that
+            // failed, reaped by the supervisor, so the claim holds.
             self.child_exited(slot, pid, status, now);
             return Ok(());
         }
-        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Killed) {
-            // Killed while its pid was not known: now it can be.
-            let _ = process::send_signal(pid, Signal::SIGKILL);
-        }
-        info!(
+        debug!(
             slot,
             pid,
             generation = self.generation,
-            "child forked from the template"
+            "the template forked a worker; its pid is trusted once the kernel confirms it"
         );
         Ok(())
     }
@@ -635,6 +653,16 @@ impl Supervisor {
         let now = Instant::now();
         let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
         self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        if output.gate.flooding_too_long(now) {
+            self.kill_template(
+                generation,
+                format!(
+                    "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
+                     for {STDERR_FLOOD_LIMIT:?}"
+                ),
+            );
+            return;
+        }
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
@@ -666,12 +694,22 @@ impl Supervisor {
             return;
         }
         warn!(pid = t.pid, generation, "killing the template: {why}");
-        if let Err(e) = process::send_signal(t.pid, Signal::SIGKILL) {
+        // Its whole group: its helpers, and the workers it forked that
+        // the kernel has not vouched for yet (verified workers have a
+        // group of their own and keep serving).
+        let sent = process::signal_group(t.pid, Signal::SIGKILL).and_then(|any| match any {
+            true => Ok(()),
+            false => process::send_signal(t.pid, Signal::SIGKILL),
+        });
+        if let Err(e) = sent {
             warn!(pid = t.pid, "kill failed: {e}");
         }
         t.state = TemplateState::Killed;
         t.killed_for = Some(why);
         t.ping = None;
+        if self.shutdown.is_none() {
+            self.totals.templates_killed += 1;
+        }
     }
 
     /// Tells the template of `generation` to exit.
@@ -737,10 +775,14 @@ impl Supervisor {
                     "did not say Ready within {:?} of starting",
                     super::liveness::start_timeout(&self.config)
                 ),
-                Check::Fork => format!(
-                    "did not answer a fork order within {:?}",
-                    super::liveness::start_timeout(&self.config)
-                ),
+                Check::Fork => {
+                    // The order it sat on is a worker that did not start.
+                    self.count_failed_start(now);
+                    format!(
+                        "did not answer a fork order within {:?}",
+                        super::liveness::start_timeout(&self.config)
+                    )
+                }
                 Check::PingAnswer => format!(
                     "did not answer a ping within {:?}",
                     self.config.ping_timeout
@@ -793,9 +835,17 @@ impl Supervisor {
         };
         let mut t = self.templates.list.remove(i);
         self.close_template(&mut t, now);
-        // Its unanswered fork orders will never be answered.
-        for slot in t.pending.keys().copied() {
-            self.drop_unforked(slot);
+        self.sweep_template_group(pid, t.generation);
+        // Its unanswered fork orders will never be answered, and the
+        // workers it forked that were not verified died in its group.
+        let unverified: Vec<usize> = self
+            .board
+            .iter()
+            .filter(|(slot, s)| s.generation == t.generation && self.unverified(*slot))
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in unverified {
+            self.abandon_unverified(slot);
         }
         if t.state == TemplateState::Quitting || self.shutdown.is_some() {
             info!(pid, generation = t.generation, %status, forks = t.forks, "template exited");
@@ -905,25 +955,6 @@ impl Supervisor {
         };
         self.read_template(generation, now);
     }
-}
-
-/// Whether `pid` is a child of this process, or a child of a child of
-/// the template: the worker the intermediate forked, before or after it
-/// was reparented.
-fn descends_from(pid: i32, template: i32) -> bool {
-    use crate::observe::procfs::parent_of;
-    let me = std::process::id() as i32;
-    // The intermediate may exit (and be reaped) between the two reads, by
-    // which time the worker has been reparented: read once more then.
-    for _ in 0..2 {
-        let Some(parent) = parent_of(pid) else {
-            return false;
-        };
-        if parent == me || parent_of(parent) == Some(template) {
-            return true;
-        }
-    }
-    false
 }
 
 fn log_line(generation: u32, pid: i32, line: &str) {

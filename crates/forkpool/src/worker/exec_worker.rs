@@ -492,6 +492,13 @@ impl Template {
             Ok(Forked::Parent(_)) => Ok(Side::Template),
             Ok(Forked::Child) => {
                 let middle = std::process::id() as i32;
+                // With SIGCHLD ignored here too, a worker that died before
+                // this process exits would be reaped by the kernel, never
+                // by the supervisor (docs/protocol.md, "The double fork").
+                if let Err(e) = sys::process::reap_children_automatically(false) {
+                    let _ = self.channel.send_template_reply(failed(e));
+                    sys::process::exit_now(1);
+                }
                 let answer = match sys::process::fork() {
                     Err(e) => failed(e),
                     Ok(Forked::Parent(pid)) => TemplateReply::Forked {

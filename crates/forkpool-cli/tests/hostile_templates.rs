@@ -1,0 +1,314 @@
+//! Templates (`--preload`) written as a hostile or careless author would
+//! write them (`clients/tests/hostile_template.py`), against the real
+//! supervisor: it signals only processes the kernel vouches for, keeps
+//! its slots bounded, sweeps what a template leaves behind, and every stop
+//! finishes in time. Each check reads status or the process table, never
+//! the log.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{alive, total, DemoPool};
+
+const TEMPLATE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/tests/hostile_template.py"
+);
+
+/// The stop deadline the pools below are given; a stop must end within it
+/// plus one second.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pool options: a small preloaded pool with a short stop deadline.
+const POOL: [&str; 12] = [
+    "--preload",
+    "--min-children",
+    "2",
+    "--max-children",
+    "4",
+    "--min-spare",
+    "1",
+    "--max-spare",
+    "2",
+    "--shutdown-timeout",
+    "2s",
+    "--dispatch",
+];
+
+/// A process the test starts and kills by pid, whatever happens.
+struct Sacrifice(Child);
+
+impl Sacrifice {
+    fn sleep() -> Sacrifice {
+        Sacrifice(
+            Command::new("sleep")
+                .arg("1000")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start sleep"),
+        )
+    }
+
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+}
+
+impl Drop for Sacrifice {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `forkpool run POOL handoff -- python3 hostile_template.py MODE`,
+/// started through `wrapper` (`sh -c SCRIPT`, which ends by exec'ing the
+/// supervisor) or directly, not waiting for readiness: most of these
+/// templates never make a pool ready.
+fn start(mode: &str, wrapper: Option<&str>, env: &[(&str, String)]) -> DemoPool {
+    let mut command = match wrapper {
+        Some(script) => {
+            let mut c = Command::new("sh");
+            c.args(["-c", script, common::forkpool_bin(), "run"]);
+            c
+        }
+        None => {
+            let mut c = Command::new(common::forkpool_bin());
+            c.arg("run");
+            c
+        }
+    };
+    command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+    let mut args: Vec<&str> = POOL.to_vec();
+    args.push("handoff");
+    DemoPool::launch(command, &args, &["python3", TEMPLATE, mode], false)
+}
+
+/// Sends SIGTERM and checks the supervisor exits within the stop deadline
+/// plus one second.
+fn stop_in_time(pool: &mut DemoPool) {
+    let asked = Instant::now();
+    pool.signal(libc::SIGTERM);
+    let exited = pool.wait_exit(SHUTDOWN_TIMEOUT + Duration::from_secs(1));
+    assert!(
+        exited.is_some(),
+        "TERM did not finish within {:?}; status: {:?}\nstderr:\n{}",
+        SHUTDOWN_TIMEOUT + Duration::from_secs(1),
+        pool.try_status(),
+        pool.stderr.dump()
+    );
+    eprintln!("stopped in {:?}", asked.elapsed());
+}
+
+/// Waits until the lying template has been replaced twice; returns that
+/// snapshot.
+fn lied_twice(pool: &DemoPool) -> serde_json::Value {
+    pool.wait_status(Duration::from_secs(20), |s| {
+        total(s, "template_restarts") >= 2
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the lying template was not replaced twice: {}",
+            pool.status()
+        )
+    })
+}
+
+/// The template was killed for its lies, not merely replaced.
+fn killed_for_lying(status: &serde_json::Value) {
+    assert!(total(status, "templates_killed") >= 2, "{status}");
+}
+
+/// Polls status for `period`, checking at every snapshot that the slot
+/// table holds at most `max` slots; returns the last snapshot.
+fn slots_stay_within(pool: &DemoPool, max: usize, period: Duration) -> serde_json::Value {
+    let until = Instant::now() + period;
+    loop {
+        let status = pool.status();
+        let slots = status["slots"].as_array().map_or(0, Vec::len);
+        assert!(
+            slots <= max,
+            "{slots} slots with max-children {max}: {status}"
+        );
+        if Instant::now() >= until {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits up to `within` for `pid` to be gone; whether it is.
+fn gone(pid: i32, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while alive(pid) {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The supervisor's children named `comm`, from /proc.
+fn children_named(parent: i32, comm: &str) -> Vec<i32> {
+    let list = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .unwrap_or_default();
+    list.split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
+#[test]
+fn a_template_naming_the_supervisors_own_sidecar_cannot_get_it_killed() {
+    // The wrapper leaves a sidecar behind as the supervisor's own child,
+    // and the template names it in every `W`.
+    let script = r#"sleep 1000 & HOSTILE_PID=$! exec "$0" "$@""#;
+    let mut pool = start("lie-pid", Some(script), &[]);
+    let sidecars = children_named(pool.pid, "sleep");
+    assert_eq!(sidecars.len(), 1, "the sidecar is the supervisor's child");
+    let sidecar = Adopted(sidecars[0]);
+    let status = lied_twice(&pool);
+    assert!(
+        alive(sidecar.0),
+        "the supervisor killed its sidecar: {status}"
+    );
+    killed_for_lying(&status);
+    assert_eq!(
+        total(&status, "killed"),
+        0,
+        "no worker was ever verified: {status}"
+    );
+    slots_stay_within(&pool, 4, Duration::from_millis(500));
+    stop_in_time(&mut pool);
+    assert!(
+        alive(sidecar.0),
+        "the supervisor killed its sidecar as it stopped"
+    );
+}
+
+#[test]
+fn a_template_naming_a_process_outside_the_pool_cannot_get_it_killed() {
+    let outsider = Sacrifice::sleep();
+    let mut pool = start(
+        "lie-pid",
+        None,
+        &[("HOSTILE_PID", outsider.pid().to_string())],
+    );
+    let status = lied_twice(&pool);
+    assert!(
+        alive(outsider.pid()),
+        "the supervisor killed a process outside the pool: {status}"
+    );
+    killed_for_lying(&status);
+    slots_stay_within(&pool, 4, Duration::from_millis(500));
+    stop_in_time(&mut pool);
+    assert!(
+        alive(outsider.pid()),
+        "the supervisor killed a process outside the pool as it stopped"
+    );
+}
+
+#[test]
+fn a_template_naming_itself_is_killed_and_its_slots_freed() {
+    let mut pool = start("lie-template", None, &[]);
+    let status = lied_twice(&pool);
+    killed_for_lying(&status);
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+    slots_stay_within(&pool, 4, Duration::from_millis(500));
+    stop_in_time(&mut pool);
+}
+
+#[test]
+fn a_template_that_never_answers_fork_orders_cannot_storm() {
+    let mut pool = start("silent", None, &[]);
+    let status = slots_stay_within(&pool, 4, Duration::from_secs(5));
+    let spawned = total(&status, "spawned");
+    assert!(
+        spawned <= 40,
+        "{spawned} fork orders in 5 s to a template that answers none: {status}"
+    );
+    assert!(total(&status, "templates_killed") >= 1, "{status}");
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", pool.pid))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(fds < 64, "the supervisor holds {fds} descriptors");
+    stop_in_time(&mut pool);
+}
+
+#[test]
+fn workers_reaped_behind_the_supervisors_back_are_counted_lost_and_stops_finish() {
+    let mut pool = start("reaped", None, &[]);
+    let status = pool
+        .wait_status(Duration::from_secs(20), |s| total(s, "lost") >= 2)
+        .unwrap_or_else(|| panic!("no worker counted lost: {}", pool.status()));
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+    slots_stay_within(&pool, 4, Duration::from_millis(500));
+    stop_in_time(&mut pool);
+}
+
+#[test]
+fn what_a_template_started_does_not_outlive_the_pool() {
+    let pid_file = common::temp_path("helper.pid");
+    let mut pool = start(
+        "helper",
+        None,
+        &[("HOSTILE_PID_FILE", pid_file.display().to_string())],
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    let helper = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            break pid;
+        }
+        assert!(
+            Instant::now() < until,
+            "the template never started its helper"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _guard = Adopted(helper);
+    assert!(
+        pool.wait_status(Duration::from_secs(20), |s| s["ready"] == true)
+            .is_some(),
+        "the pool never became ready"
+    );
+    assert_eq!(pool.get("/").map(|r| r.status), Ok(200));
+    let addr = pool.addr;
+    stop_in_time(&mut pool);
+    assert!(
+        gone(helper, Duration::from_secs(1)),
+        "the template's helper {helper} outlived the pool"
+    );
+    assert!(
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
+        "something still listens on the pool's port after the stop"
+    );
+    let _ = std::fs::remove_file(pid_file);
+}
+
+#[test]
+fn a_template_flooding_stderr_is_killed() {
+    let mut pool = start("flood", None, &[]);
+    pool.wait_status(Duration::from_secs(30), |s| {
+        total(s, "templates_killed") >= 1
+    })
+    .unwrap_or_else(|| panic!("the flooding template was not killed: {}", pool.status()));
+    stop_in_time(&mut pool);
+}
+
+/// A process the test did not start but must not leave running: kept by
+/// pid, SIGKILLed when the test ends.
+struct Adopted(i32);
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        common::kill9(self.0);
+    }
+}
