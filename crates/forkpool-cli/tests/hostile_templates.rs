@@ -312,3 +312,54 @@ impl Drop for Adopted {
         common::kill9(self.0);
     }
 }
+
+/// The pids the supervisor holds pidfds for (`/proc/PID/fdinfo`'s `Pid:`
+/// of each `anon_inode:[pidfd]` descriptor).
+fn pidfd_targets(supervisor: i32) -> Vec<i32> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{supervisor}/fd")) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = fds
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == "anon_inode:[pidfd]")
+        })
+        .filter_map(|e| {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{supervisor}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            info.lines()
+                .find_map(|l| l.strip_prefix("Pid:"))
+                .and_then(|p| p.trim().parse().ok())
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[test]
+fn every_worker_and_template_is_held_by_a_pidfd() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../clients/python/example_http_worker.py"
+    );
+    let mut args: Vec<&str> = POOL.to_vec();
+    args.push("handoff");
+    let mut pool = DemoPool::start_run(&args, &["python3", example]);
+    let status = pool
+        .wait_status(Duration::from_secs(20), |s| s["idle"] == 2)
+        .unwrap_or_else(|| panic!("two idle workers never came: {}", pool.status()));
+    let mut expected: Vec<i32> = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(status["templates"].as_array().unwrap())
+        .map(|c| c["pid"].as_i64().unwrap() as i32)
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(expected.len(), 3, "{status}");
+    assert_eq!(pidfd_targets(pool.pid), expected, "{status}");
+    stop_in_time(&mut pool);
+}

@@ -215,7 +215,11 @@ fn a_worker_that_says_it_is_leaving_is_sent_nothing_more() {
             total(s, "retired") >= RECYCLES && s["idle"] == 1
         })
         .unwrap_or_else(|| panic!("{RECYCLES} workers did not leave: {}", pool.status()));
-    assert_eq!(total(&status, "killed"), 0, "a leaving worker was killed: {status}");
+    assert_eq!(
+        total(&status, "killed"),
+        0,
+        "a leaving worker was killed: {status}"
+    );
     assert_eq!(total(&status, "died"), 0, "{status}");
     let _ = std::fs::remove_file(program);
 }

@@ -143,7 +143,9 @@ impl Supervisor {
                 warn!(slot, pid, "cannot watch the worker's stderr: {e}");
             }
         }
-        let link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
+        let mut link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
+        // Just forked and not reaped: the pid is certainly this child.
+        link.pidfd = hold(pid);
         self.board.occupy(slot, pid, self.generation, now, link);
         if !reports {
             let _ = self.board.assume_busy(slot, now);
@@ -291,7 +293,7 @@ impl Supervisor {
         } else {
             // No channel to say quit on: SIGTERM, as systemd and every
             // init system would; SIGKILL follows at the leave deadline.
-            process::send_signal(pid, Signal::SIGTERM)
+            signal_child(link, pid, Signal::SIGTERM)
         };
         match sent {
             // Its end is closed: it is exiting already, and is reaped (or
@@ -350,9 +352,10 @@ impl Supervisor {
         warn!(slot, pid, reason = why.key(), "killing child: {detail}");
         // The whole group: what the worker started dies with it. A child
         // whose group is missing gets the signal alone.
+        let link = &entry.link;
         let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
             true => Ok(()),
-            false => process::send_signal(pid, Signal::SIGKILL),
+            false => signal_child(link, pid, Signal::SIGKILL),
         });
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
@@ -377,6 +380,28 @@ impl Supervisor {
         if let Some(i) = link.ordered_on {
             self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
         }
+    }
+}
+
+/// A pidfd for `pid`, a child the caller knows is its own and unreaped;
+/// `None` where the kernel has none to give (then signals go by the
+/// verified pid, which cannot be reused before the supervisor reaps it).
+pub(super) fn hold(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    match process::pidfd_open(pid) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            debug!(pid, "no pidfd for the child: {e}");
+            None
+        }
+    }
+}
+
+/// Sends `sig` to the child of `link` alone, `pid` (verified), through
+/// its pidfd when it has one.
+pub(super) fn signal_child(link: &ChildLink, pid: i32, sig: Signal) -> io::Result<()> {
+    match &link.pidfd {
+        Some(fd) => process::pidfd_signal(std::os::fd::AsFd::as_fd(fd), sig),
+        None => process::send_signal(pid, sig),
     }
 }
 

@@ -44,6 +44,10 @@ pub(crate) struct ChildLink {
     /// (`W`). Only a claim: the slot's pid is set, and the process may be
     /// signalled, once the kernel has confirmed it (`verify.rs`).
     pub claimed: Option<i32>,
+    /// The child held by a pidfd, taken while its pid was certainly the
+    /// supervisor's (just forked, or verified): every signal to the child
+    /// alone goes through it (`signal_child`).
+    pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 
 /// Whether a child has shown it is up.
@@ -109,6 +113,7 @@ impl ChildLink {
             stderr_tail: Vec::new(),
             version,
             claimed: None,
+            pidfd: None,
         }
     }
 

@@ -90,7 +90,8 @@ impl Supervisor {
             generation,
             "refork: slot 0 becomes the template; rolling the pool onto workers forked from it"
         );
-        if let Err(e) = self.adopt_template(pid, generation, ours, output, now) {
+        let pidfd = link.pidfd.take();
+        if let Err(e) = self.adopt_template(pid, pidfd, generation, ours, output, now) {
             warn!(pid, "cannot watch the new template: {e}");
             self.kill_template(generation, format!("cannot watch its channel: {e}"));
         }

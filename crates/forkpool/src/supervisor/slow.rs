@@ -20,7 +20,6 @@ use super::Supervisor;
 use crate::observe::{CaptureLimiter, SlowCapture};
 use crate::scoreboard::SlotState;
 use crate::status::KillReason;
-use crate::sys::process;
 
 /// The longest a capture waits for the worker's stack.
 pub(crate) const STACK_WAIT: Duration = Duration::from_secs(2);
@@ -227,7 +226,11 @@ impl Supervisor {
             then_kill,
         };
         if reads_stderr {
-            match process::send_signal(pid, Signal::SIGURG) {
+            let sent = match self.board.link(slot) {
+                Some(link) => super::children::signal_child(link, pid, Signal::SIGURG),
+                None => Ok(()),
+            };
+            match sent {
                 Ok(()) => {
                     self.slow.pending.push(pending);
                     return true;

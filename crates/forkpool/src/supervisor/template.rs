@@ -105,6 +105,8 @@ pub(crate) struct Template {
     stderr_tail: Vec<String>,
     /// Workers it has forked.
     pub forks: u64,
+    /// The template held by a pidfd (see `ChildLink::pidfd`).
+    pidfd: Option<OwnedFd>,
 }
 
 /// Every template the supervisor has (one per generation, two while a
@@ -373,7 +375,9 @@ impl Supervisor {
                 None
             }
         };
-        self.adopt_template(pid, generation, ours, output, now)?;
+        // Just forked and not reaped: the pid is certainly the template.
+        let pidfd = super::children::hold(pid);
+        self.adopt_template(pid, pidfd, generation, ours, output, now)?;
         info!(
             pid,
             generation,
@@ -388,6 +392,7 @@ impl Supervisor {
     pub(super) fn adopt_template(
         &mut self,
         pid: i32,
+        pidfd: Option<OwnedFd>,
         generation: u32,
         channel: Channel,
         output: Option<ChildOutput>,
@@ -409,6 +414,7 @@ impl Supervisor {
             output,
             stderr_tail: Vec::new(),
             forks: 0,
+            pidfd,
         });
         let t = self.templates.list.last().expect("just pushed");
         if let Some(output) = &t.output {
@@ -699,7 +705,10 @@ impl Supervisor {
         // group of their own and keep serving).
         let sent = process::signal_group(t.pid, Signal::SIGKILL).and_then(|any| match any {
             true => Ok(()),
-            false => process::send_signal(t.pid, Signal::SIGKILL),
+            false => match &t.pidfd {
+                Some(fd) => process::pidfd_signal(fd.as_fd(), Signal::SIGKILL),
+                None => process::send_signal(t.pid, Signal::SIGKILL),
+            },
         });
         if let Err(e) = sent {
             warn!(pid = t.pid, "kill failed: {e}");

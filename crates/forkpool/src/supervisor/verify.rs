@@ -95,6 +95,8 @@ impl Supervisor {
         self.board.set_pid(slot, sender);
         if let Some(link) = self.board.link_mut(slot) {
             link.claimed = None;
+            // The supervisor's unreaped child: the pid is certainly it.
+            link.pidfd = super::children::hold(sender);
         }
         Ok(true)
     }

@@ -167,6 +167,43 @@ pub fn send_signal(pid: i32, sig: Signal) -> io::Result<()> {
     }
 }
 
+/// A pidfd for `pid` (`pidfd_open`): a handle on that very process, which
+/// cannot come to name another one when the pid is reused. Take it while
+/// the pid is certainly the caller's: its own unreaped child.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new
+    // descriptor or -1; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sends `sig` to the process `pidfd` holds (`pidfd_send_signal`); a
+/// process that has exited already is not an error.
+pub fn pidfd_signal(pidfd: BorrowedFd<'_>, sig: Signal) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal takes a descriptor, a signal number, a null
+    // siginfo and flags; no memory of ours is written.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => match Errno::last() {
+            Errno::ESRCH => Ok(()),
+            e => Err(e.into()),
+        },
+    }
+}
+
 /// Makes `pid` (0: this process) the leader of a process group of its
 /// own, so that what it starts can be signalled with it. Called in both
 /// the child and the parent after a fork, as shells do, so the group
@@ -300,4 +337,24 @@ pub fn reap_children_automatically(on: bool) -> io::Result<()> {
 pub fn become_subreaper() -> io::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pidfd_signals_the_process_it_holds_and_a_gone_one_is_no_error() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let pidfd = pidfd_open(child.id() as i32).unwrap();
+        pidfd_signal(pidfd.as_fd(), Signal::SIGKILL).unwrap();
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // Reaped: the pidfd still names that process, which is gone.
+        pidfd_signal(pidfd.as_fd(), Signal::SIGKILL).unwrap();
+    }
 }
