@@ -96,6 +96,23 @@ impl fmt::Display for IllegalTransition {
 
 impl std::error::Error for IllegalTransition {}
 
+/// A move the supervisor makes itself (retire, kill, hand a connection,
+/// order an accept), which its own record says is legal: a refusal means
+/// that record is wrong, a bug in forkpool, never something a child did.
+/// It is logged loudly rather than dropped; the move's other effects
+/// (the child is told, signalled or sent the connection) stand.
+pub fn own_move<T>(result: Result<T, IllegalTransition>) -> Option<T> {
+    match result {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!(
+                "internal error, please report it: the supervisor's own move was refused: {e}"
+            );
+            None
+        }
+    }
+}
+
 /// One occupied slot: the child's process, its state, and `link`, the
 /// supervisor's side of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -814,6 +831,17 @@ impl<L> Scoreboard<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_own_move_is_reported_not_dropped_silently() {
+        assert_eq!(own_move(Ok(3)), Some(3));
+        let refused = IllegalTransition {
+            slot: 2,
+            from: SlotState::Killed,
+            event: "retire",
+        };
+        assert_eq!(own_move::<()>(Err(refused)), None);
+    }
 
     fn board_with(n: usize) -> (Scoreboard, Instant) {
         let now = Instant::now();

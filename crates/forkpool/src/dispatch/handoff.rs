@@ -108,7 +108,7 @@ impl Dispatcher {
             handed(slot, entry.pid, fd.as_fd());
         }
         // The child has its own copy now; ours closes on drop.
-        let _ = board.hand_connection(slot, now);
+        crate::scoreboard::own_move(board.hand_connection(slot, now));
         self.latency.observe(now.elapsed().as_secs_f64());
         debug!(slot, listener, "connection handed off");
         Ok(())

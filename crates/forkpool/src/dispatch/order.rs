@@ -49,7 +49,7 @@ impl Dispatcher {
                 };
             }
             link.ordered_on = Some(index);
-            let _ = board.order_accept(slot, now);
+            crate::scoreboard::own_move(board.order_accept(slot, now));
             self.latency.observe(now.elapsed().as_secs_f64());
             listener.orders_out += 1;
             wanted -= 1;

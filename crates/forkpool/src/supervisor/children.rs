@@ -148,7 +148,7 @@ impl Supervisor {
         link.pidfd = hold(pid);
         self.board.occupy(slot, pid, self.generation, now, link);
         if !reports {
-            let _ = self.board.assume_busy(slot, now);
+            crate::scoreboard::own_move(self.board.assume_busy(slot, now));
         }
         self.totals.spawned += 1;
         info!(slot, pid, generation = self.generation, "child spawned");
@@ -328,7 +328,7 @@ impl Supervisor {
             cause: LeaveCause::Asked(reason.to_string()),
             deadline: Some(now + self.config.shutdown_timeout),
         });
-        let _ = self.board.retire(slot, now);
+        crate::scoreboard::own_move(self.board.retire(slot, now));
         self.totals.retired += 1;
         debug!(slot, pid, "retiring child: {reason}");
         Some(pid)
@@ -360,7 +360,7 @@ impl Supervisor {
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }
-        let _ = self.board.kill(slot, now);
+        crate::scoreboard::own_move(self.board.kill(slot, now));
         self.totals.killed += 1;
         self.totals.killed_by.add(why);
         if let Some(link) = self.board.link_mut(slot) {

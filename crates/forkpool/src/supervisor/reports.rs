@@ -265,7 +265,7 @@ impl Supervisor {
         // leaving cause is a closed channel, so the reaper reports a death.
         let state = self.board.get(slot).map(|s| s.state);
         if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
-            let _ = self.board.retire(slot, now);
+            crate::scoreboard::own_move(self.board.retire(slot, now));
         }
     }
 }
