@@ -32,9 +32,19 @@ pub struct PoolArgs {
     /// Ping idle children this often [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ping_interval: Option<Duration>,
-    /// Kill a child that does not answer a ping within this [default: 2s].
+    /// Kill a child that does not answer a ping (or, with --dispatch order,
+    /// an accept order) within this [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ping_timeout: Option<Duration>,
+    /// Kill a new child (or --preload template) that has not said Ready
+    /// within this; raise it for an app whose start-up is slow [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub start_timeout: Option<Duration>,
+    /// Kill a child still running this long after it closed its back-channel
+    /// (or a template after it was told to quit), counted as exit_timeout;
+    /// a large heap takes seconds to tear down [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub exit_timeout: Option<Duration>,
     /// On shutdown, give busy children this long [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub shutdown_timeout: Option<Duration>,
@@ -119,6 +129,8 @@ impl PoolArgs {
             max_requests_per_child,
             ping_interval,
             ping_timeout,
+            start_timeout,
+            exit_timeout,
             shutdown_timeout,
             busy_timeout,
             retire_grace,
@@ -167,6 +179,28 @@ mod tests {
     fn applied(args: &[&str], base: PoolConfig) -> PoolConfig {
         let argv = std::iter::once("forkpool").chain(args.iter().copied());
         Cli::try_parse_from(argv).unwrap().pool.apply(base)
+    }
+
+    #[test]
+    fn deadline_flags_set_their_fields_and_leave_the_others() {
+        let c = applied(
+            &["--exit-timeout", "250ms", "--start-timeout", "2m"],
+            PoolConfig::default(),
+        );
+        assert_eq!(c.exit_timeout, Duration::from_millis(250));
+        assert_eq!(c.start_timeout, Duration::from_secs(120));
+        assert_eq!(c.ping_timeout, PoolConfig::default().ping_timeout);
+        // Without the flags, a config file's values stand.
+        let file = PoolConfig {
+            exit_timeout: Duration::from_secs(20),
+            start_timeout: Duration::from_secs(90),
+            ..PoolConfig::default()
+        };
+        let c = applied(&[], file.clone());
+        assert_eq!(
+            (c.exit_timeout, c.start_timeout),
+            (file.exit_timeout, file.start_timeout)
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! min_children = 2
 //! max_children = 64
 //! busy_timeout = "30s"
+//! exit_timeout = "10s"
 //! ```
 
 use std::net::SocketAddr;
@@ -277,6 +278,40 @@ mod tests {
         assert_eq!(parse_mode("0660").unwrap(), 0o660);
         assert!(parse_mode("rw").unwrap_err().contains("0660"));
         assert!(parse_mode("1777").is_err());
+    }
+
+    #[test]
+    fn deadlines_come_from_the_file_flags_win_and_a_reload_rereads_them() {
+        let path = std::env::temp_dir().join(format!(
+            "forkpool-settings-deadlines-{}.toml",
+            std::process::id()
+        ));
+        let write = |exit: &str| {
+            let text = format!(
+                "[pool]\nexit_timeout = \"{exit}\"\nstart_timeout = \"90s\"\nping_timeout = \"3s\"\n"
+            );
+            std::fs::write(&path, text).unwrap();
+        };
+        write("12s");
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            pool: PoolArgs {
+                start_timeout: Some(std::time::Duration::from_secs(120)),
+                ..PoolArgs::default()
+            },
+            ..ServeArgs::default()
+        };
+        let pool = args.resolve().unwrap().pool;
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(pool.exit_timeout, secs(12));
+        assert_eq!(pool.ping_timeout, secs(3));
+        assert_eq!(pool.start_timeout, secs(120), "the flag wins");
+        let mut reload = args.reloader();
+        write("20s");
+        let reloaded = reload().unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(reloaded.exit_timeout, secs(20));
+        assert_eq!(reloaded.start_timeout, secs(120));
     }
 
     #[test]

@@ -257,4 +257,18 @@ mod tests {
         assert!(row.contains("3.0M") && row.contains("12.5"), "{text}");
         assert!(row.ends_with("127.0.0.1:4000"), "{text}");
     }
+
+    #[test]
+    fn a_slow_exit_shows_under_its_own_kill_reason() {
+        let mut s = crate::top::test_snapshot(1_000, 2, 0);
+        s.totals.killed = 3;
+        s.totals.killed_by.add(KillReason::ExitTimeout);
+        s.totals.killed_by.add(KillReason::ExitTimeout);
+        s.totals.killed_by.add(KillReason::Misbehaved);
+        let text = render(&s);
+        assert!(
+            text.contains("killed 3 (exit_timeout 2, misbehaved 1)"),
+            "{text}"
+        );
+    }
 }

@@ -120,9 +120,29 @@ pub struct PoolConfig {
     #[serde(with = "humantime_serde_compat")]
     pub ping_interval: Duration,
     /// A child that has not answered a ping after this long is killed and
-    /// replaced. Default 2 s.
+    /// replaced; an accept order (`order` dispatch) must be answered within
+    /// it too. Default 5 s: an idle child that is merely waiting for a CPU
+    /// on a saturated machine answers well within it (see
+    /// `docs/operations.md`, "Deadlines").
     #[serde(with = "humantime_serde_compat")]
     pub ping_timeout: Duration,
+    /// A new child (or a `preload` template) must say `Ready` within this
+    /// of being started, and a template must answer a fork order within it.
+    /// Default 60 s: a large application's imports and set-up (a spam
+    /// filter compiling its rule set, a framework loading its plugins) take
+    /// seconds, more on a loaded machine.
+    #[serde(with = "humantime_serde_compat")]
+    pub start_timeout: Duration,
+    /// A child that closed its back-channel (it is on its way out, asked
+    /// or not), or a template told to quit or that closed its channel,
+    /// must have exited this long after; then it is killed and counted as
+    /// `exit_timeout`. Default 10 s: tearing down a large interpreter heap
+    /// takes seconds (Perl frees a 250 MB heap in about 0.5 s on an idle
+    /// machine, 2 s on a saturated one, and a 2.5 GB heap in 7 s). Never
+    /// extends a stop: a child told to quit keeps the earlier of this and
+    /// its `shutdown_timeout`.
+    #[serde(with = "humantime_serde_compat")]
+    pub exit_timeout: Duration,
     /// On shutdown, busy children get this long to finish before SIGKILL.
     /// Default 30 s.
     #[serde(with = "humantime_serde_compat")]
@@ -224,7 +244,9 @@ impl Default for PoolConfig {
             max_spare: 8,
             max_requests_per_child: 0,
             ping_interval: Duration::from_secs(5),
-            ping_timeout: Duration::from_secs(2),
+            ping_timeout: Duration::from_secs(5),
+            start_timeout: Duration::from_secs(60),
+            exit_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
             busy_timeout: Duration::ZERO,
             retire_grace: Duration::from_secs(1),
@@ -348,7 +370,21 @@ impl PoolConfig {
         if self.ping_timeout.is_zero() {
             return error(
                 "ping_timeout",
-                "ping_timeout must be longer than 0 (try 2s)".to_string(),
+                "ping_timeout must be longer than 0 (try 5s)".to_string(),
+            );
+        }
+        if self.start_timeout.is_zero() {
+            return error(
+                "start_timeout",
+                "start_timeout must be longer than 0 (try 60s)".to_string(),
+            );
+        }
+        if self.exit_timeout.is_zero() {
+            return error(
+                "exit_timeout",
+                "exit_timeout must be longer than 0: a child needs a moment between \
+                 closing its channel and the kernel reporting its exit (try 10s)"
+                    .to_string(),
             );
         }
         if self.drain_delay > MAX_DRAIN_DELAY {
@@ -634,6 +670,44 @@ mod tests {
             invalid(|c| c.ping_timeout = Duration::ZERO).field,
             "ping_timeout"
         );
+    }
+
+    #[test]
+    fn zero_start_and_exit_timeouts_name_the_fix() {
+        let e = invalid(|c| c.start_timeout = Duration::ZERO);
+        assert_eq!(e.field, "start_timeout");
+        assert!(e.message.contains("try 60s"), "{}", e.message);
+        let e = invalid(|c| c.exit_timeout = Duration::ZERO);
+        assert_eq!(e.field, "exit_timeout");
+        assert!(e.message.contains("try 10s"), "{}", e.message);
+        let short = PoolConfig {
+            start_timeout: Duration::from_millis(1),
+            exit_timeout: Duration::from_millis(1),
+            ..PoolConfig::default()
+        };
+        assert!(short.validate().is_ok());
+    }
+
+    #[test]
+    fn the_deadlines_default_to_what_a_large_interpreter_meets() {
+        let c = PoolConfig::default();
+        // Measured on a saturated 2-core machine (docs/operations.md,
+        // "Deadlines"): a 250 MB Perl heap took up to 2 s to tear down, an
+        // idle child up to 0.8 s to answer a ping.
+        assert!(c.exit_timeout >= Duration::from_secs(5), "{c:?}");
+        assert!(c.ping_timeout >= Duration::from_secs(4), "{c:?}");
+        assert!(c.start_timeout >= Duration::from_secs(30), "{c:?}");
+    }
+
+    #[test]
+    fn deadlines_read_from_a_config_file() {
+        let c: PoolConfig = serde_json::from_str(
+            r#"{"exit_timeout": "7s", "start_timeout": "2m", "ping_timeout": "3s"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.exit_timeout, Duration::from_secs(7));
+        assert_eq!(c.start_timeout, Duration::from_secs(120));
+        assert_eq!(c.ping_timeout, Duration::from_secs(3));
     }
 
     #[test]

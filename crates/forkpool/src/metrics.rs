@@ -285,6 +285,8 @@ mod tests {
             ..Totals::default()
         };
         totals.killed_by.add(KillReason::PingTimeout);
+        totals.killed_by.add(KillReason::ExitTimeout);
+        totals.killed_by.add(KillReason::ExitTimeout);
         let snapshot = Snapshot {
             pid: 1,
             generation: 3,
@@ -314,6 +316,10 @@ mod tests {
         assert!(text.contains("forkpool_spawns_total 5"));
         assert!(text.contains("forkpool_children{state=\"idle\"} 1"));
         assert!(text.contains("forkpool_kills_total{reason=\"ping_timeout\"} 1"));
+        // A slow exit has its own label, apart from misbehaviour.
+        assert!(text.contains("forkpool_kills_total{reason=\"exit_timeout\"} 2"));
+        assert!(text.contains("forkpool_kills_total{reason=\"channel_failed\"} 0"));
+        assert!(text.contains("forkpool_kills_total{reason=\"misbehaved\"} 0"));
         assert!(text.contains("forkpool_generation 3"));
         assert!(text.contains("forkpool_serving_generation 2"));
         assert!(text.contains("forkpool_dispatch_latency_seconds_count 1"));

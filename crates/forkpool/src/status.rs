@@ -10,13 +10,19 @@ pub enum KillReason {
     PingTimeout,
     /// A new child did not report ready in time.
     StartTimeout,
-    /// A child told to quit did not exit within `shutdown_timeout`.
+    /// A child told to quit did not exit within `shutdown_timeout`, and had
+    /// not closed its back-channel either.
     StopTimeout,
+    /// A child closed its back-channel (it was leaving, asked or not) but
+    /// was still running `exit_timeout` later: slow to exit, most often
+    /// tearing down a large heap, not misbehaving.
+    ExitTimeout,
     /// A child stayed busy on one connection longer than `busy_timeout`.
     BusyTimeout,
     /// A child sent a malformed or out-of-order message.
     Misbehaved,
-    /// The back-channel to the child failed.
+    /// The back-channel to the child failed: a read or send on it failed,
+    /// or the child sent an empty datagram and kept its channel open.
     ChannelFailed,
     /// An immediate stop (SIGQUIT, or a second SIGINT).
     ImmediateStop,
@@ -29,6 +35,7 @@ impl KillReason {
             KillReason::PingTimeout => "ping_timeout",
             KillReason::StartTimeout => "start_timeout",
             KillReason::StopTimeout => "stop_timeout",
+            KillReason::ExitTimeout => "exit_timeout",
             KillReason::BusyTimeout => "busy_timeout",
             KillReason::Misbehaved => "misbehaved",
             KillReason::ChannelFailed => "channel_failed",
@@ -37,10 +44,11 @@ impl KillReason {
     }
 
     /// Every reason, in a fixed order.
-    pub const ALL: [KillReason; 7] = [
+    pub const ALL: [KillReason; 8] = [
         KillReason::PingTimeout,
         KillReason::StartTimeout,
         KillReason::StopTimeout,
+        KillReason::ExitTimeout,
         KillReason::BusyTimeout,
         KillReason::Misbehaved,
         KillReason::ChannelFailed,
@@ -48,8 +56,10 @@ impl KillReason {
     ];
 }
 
-/// Kills counted by reason.
+/// Kills counted by reason. Missing fields read as 0 (a supervisor from
+/// before a reason was added).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct KilledBy {
     /// See [`KillReason::PingTimeout`].
     pub ping_timeout: u64,
@@ -57,6 +67,8 @@ pub struct KilledBy {
     pub start_timeout: u64,
     /// See [`KillReason::StopTimeout`].
     pub stop_timeout: u64,
+    /// See [`KillReason::ExitTimeout`].
+    pub exit_timeout: u64,
     /// See [`KillReason::BusyTimeout`].
     pub busy_timeout: u64,
     /// See [`KillReason::Misbehaved`].
@@ -84,6 +96,7 @@ impl KilledBy {
             KillReason::PingTimeout => &mut self.ping_timeout,
             KillReason::StartTimeout => &mut self.start_timeout,
             KillReason::StopTimeout => &mut self.stop_timeout,
+            KillReason::ExitTimeout => &mut self.exit_timeout,
             KillReason::BusyTimeout => &mut self.busy_timeout,
             KillReason::Misbehaved => &mut self.misbehaved,
             KillReason::ChannelFailed => &mut self.channel_failed,
@@ -304,4 +317,36 @@ pub struct TemplateStatus {
     pub pss_bytes: Option<u64>,
     /// Its unshared memory.
     pub uss_bytes: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_own_key_and_counter() {
+        let mut by = KilledBy::default();
+        for (i, reason) in KillReason::ALL.into_iter().enumerate() {
+            for _ in 0..=i {
+                by.add(reason);
+            }
+        }
+        for (i, reason) in KillReason::ALL.into_iter().enumerate() {
+            assert_eq!(by.get(reason), i as u64 + 1, "{}", reason.key());
+        }
+        let json = serde_json::to_value(by).unwrap();
+        for reason in KillReason::ALL {
+            assert_eq!(json[reason.key()], by.get(reason), "{}", reason.key());
+        }
+        assert_eq!(json["exit_timeout"], by.get(KillReason::ExitTimeout));
+    }
+
+    #[test]
+    fn kills_from_a_supervisor_without_exit_timeout_still_read() {
+        let old = r#"{"ping_timeout":1,"start_timeout":0,"stop_timeout":2,"busy_timeout":0,
+                      "misbehaved":0,"channel_failed":3,"immediate_stop":0}"#;
+        let by: KilledBy = serde_json::from_str(old).unwrap();
+        assert_eq!(by.exit_timeout, 0);
+        assert_eq!(by.channel_failed, 3);
+    }
 }

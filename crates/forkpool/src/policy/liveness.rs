@@ -8,11 +8,24 @@
 //! pinged; a child serving one connection must finish within
 //! `busy_timeout`. The supervisor both acts on the answer and sets its
 //! timer from it, so the rules are stated once, here.
+//!
+//! A child that is merely slow is not a child that misbehaves: one that
+//! closed its channel and is still tearing down its heap when
+//! `exit_timeout` runs out is killed as `exit_timeout`, one that sent an
+//! empty datagram and kept its channel open as `channel_failed`
+//! ([`closed_channel_grace`], [`missed_exit`]).
 
 use std::time::{Duration, Instant};
 
 use crate::config::PoolConfig;
 use crate::scoreboard::SlotState;
+use crate::status::KillReason;
+
+/// How long a child that sent an empty datagram (its channel reads as
+/// closed, but its end of it is still open) has to exit. The protocol
+/// forbids the empty datagram, so this is short and has no setting; a
+/// child that really closed its channel gets `exit_timeout` instead.
+pub(crate) const EMPTY_DATAGRAM_GRACE: Duration = Duration::from_millis(500);
 
 /// What the next liveness deadline of a child is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +71,10 @@ pub(crate) struct Deadlines {
     pub ping_interval: Duration,
     /// A ping or accept order must be answered within this.
     pub ping_timeout: Duration,
+    /// A new child must say `Ready` within this.
+    pub start_timeout: Duration,
+    /// A child that closed its channel must exit within this.
+    pub exit_timeout: Duration,
     /// One connection may take this long (zero: no limit).
     pub busy_timeout: Duration,
     /// Children report (every dispatch mode but `none`).
@@ -70,15 +87,64 @@ impl Deadlines {
         Deadlines {
             ping_interval: config.ping_interval,
             ping_timeout: config.ping_timeout,
+            start_timeout: config.start_timeout,
+            exit_timeout: config.exit_timeout,
             busy_timeout: config.busy_timeout,
             speaks_protocol: config.dispatch.speaks_protocol(),
         }
     }
+}
 
-    /// A child (or a template) must say `Ready` within one ping interval
-    /// plus one ping timeout.
-    pub fn start_timeout(&self) -> Duration {
-        self.ping_interval + self.ping_timeout
+/// How long a child whose channel just read as closed has to exit.
+/// `peer_hung_up`: its end of the channel is closed too, so it is on its
+/// way out (asked or not) and gets `exit_timeout` for its tear-down;
+/// otherwise it sent an empty datagram and keeps its channel open, and it
+/// gets [`EMPTY_DATAGRAM_GRACE`] (or `ping_timeout`, if shorter). Either
+/// way a deadline already set (a stop's) is only ever moved earlier.
+pub(crate) fn closed_channel_grace(peer_hung_up: bool, limits: &Deadlines) -> Duration {
+    if peer_hung_up {
+        limits.exit_timeout
+    } else {
+        EMPTY_DATAGRAM_GRACE.min(limits.ping_timeout)
+    }
+}
+
+/// How long a worker ordered from a template, not verified yet, has
+/// after its channel closed. With no `W` for it yet (`claimed` false)
+/// the template's answer is due at once: the intermediate sends it right
+/// after its fork, so a template that closed the order's descriptors
+/// without answering is caught within the short grace. A claimed worker
+/// is exiting like any other and has its tear-down time.
+pub(crate) fn unverified_closed_grace(claimed: bool, limits: &Deadlines) -> Duration {
+    closed_channel_grace(claimed, limits)
+}
+
+/// When a child told to quit at `now`, or whose channel closed at `now`,
+/// must be gone: `exit_timeout` later, but never after `stop_deadline` (a
+/// graceful stop's), so a long `exit_timeout` cannot stretch a stop past
+/// its `shutdown_timeout`.
+pub(crate) fn exit_deadline(
+    now: Instant,
+    exit_timeout: Duration,
+    stop_deadline: Option<Instant>,
+) -> Instant {
+    let by = now + exit_timeout;
+    stop_deadline.map_or(by, |stop| stop.min(by))
+}
+
+/// Why a child still running at its leave deadline is killed.
+/// `channel_closed`: its channel read as closed; `peer_hung_up`: its end
+/// is closed (checked at the deadline, so a child that sent an empty
+/// datagram and then closed counts as closed). A child that closed its
+/// channel is leaving and only slow to exit (`exit_timeout`); one that
+/// sent an empty datagram and kept its channel broke the protocol
+/// (`channel_failed`); one that never closed it did not stop within its
+/// `shutdown_timeout` (`stop_timeout`).
+pub(crate) fn missed_exit(channel_closed: bool, peer_hung_up: bool) -> KillReason {
+    match (channel_closed, peer_hung_up) {
+        (true, true) => KillReason::ExitTimeout,
+        (true, false) => KillReason::ChannelFailed,
+        (false, _) => KillReason::StopTimeout,
     }
 }
 
@@ -107,7 +173,7 @@ pub(crate) fn next_check(child: &ChildFacts, limits: &Deadlines) -> Option<(Inst
         return Some((sent + limits.ping_timeout, Check::PingAnswer));
     }
     match child.state {
-        SlotState::Starting => Some((child.since + limits.start_timeout(), Check::Start)),
+        SlotState::Starting => Some((child.since + limits.start_timeout, Check::Start)),
         // An accept order takes one `accept` call: a child still sitting
         // on it after a ping timeout is hung.
         SlotState::Ordered => Some((child.since + limits.ping_timeout, Check::Order)),
@@ -126,12 +192,21 @@ pub(crate) fn next_check(child: &ChildFacts, limits: &Deadlines) -> Option<(Inst
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_unanswered_order_whose_channel_closed_gets_the_short_grace() {
+        let l = limits();
+        assert!(unverified_closed_grace(false, &l) <= EMPTY_DATAGRAM_GRACE);
+        assert_eq!(unverified_closed_grace(true, &l), l.exit_timeout);
+    }
+
     const SEC: Duration = Duration::from_secs(1);
 
     fn limits() -> Deadlines {
         Deadlines {
             ping_interval: 10 * SEC,
             ping_timeout: 3 * SEC,
+            start_timeout: 45 * SEC,
+            exit_timeout: 8 * SEC,
             busy_timeout: 60 * SEC,
             speaks_protocol: true,
         }
@@ -150,10 +225,64 @@ mod tests {
     }
 
     #[test]
-    fn a_starting_child_must_say_ready_within_interval_plus_timeout() {
+    fn a_starting_child_must_say_ready_within_start_timeout() {
         let t0 = Instant::now();
         let got = next_check(&child(SlotState::Starting, t0), &limits());
-        assert_eq!(got, Some((t0 + 13 * SEC, Check::Start)));
+        assert_eq!(got, Some((t0 + 45 * SEC, Check::Start)));
+        // Its own setting: not derived from the ping settings.
+        let short_pings = Deadlines {
+            ping_interval: SEC,
+            ping_timeout: SEC,
+            ..limits()
+        };
+        let got = next_check(&child(SlotState::Starting, t0), &short_pings);
+        assert_eq!(got, Some((t0 + 45 * SEC, Check::Start)));
+    }
+
+    #[test]
+    fn a_child_that_closed_its_channel_has_exit_timeout_to_exit() {
+        assert_eq!(closed_channel_grace(true, &limits()), 8 * SEC);
+        // Longer than the ping timeout: a tear-down is not a ping.
+        let long_exit = Deadlines {
+            exit_timeout: 30 * SEC,
+            ..limits()
+        };
+        assert_eq!(closed_channel_grace(true, &long_exit), 30 * SEC);
+    }
+
+    #[test]
+    fn an_empty_datagram_gets_the_short_grace_whatever_exit_timeout_is() {
+        assert_eq!(closed_channel_grace(false, &limits()), EMPTY_DATAGRAM_GRACE);
+        let short_ping = Deadlines {
+            ping_timeout: Duration::from_millis(100),
+            ..limits()
+        };
+        assert_eq!(
+            closed_channel_grace(false, &short_ping),
+            Duration::from_millis(100)
+        );
+    }
+
+    #[test]
+    fn an_exit_deadline_never_stretches_a_stop() {
+        let t0 = Instant::now();
+        assert_eq!(exit_deadline(t0, 10 * SEC, None), t0 + 10 * SEC);
+        assert_eq!(
+            exit_deadline(t0, 10 * SEC, Some(t0 + 4 * SEC)),
+            t0 + 4 * SEC
+        );
+        assert_eq!(
+            exit_deadline(t0, 10 * SEC, Some(t0 + 30 * SEC)),
+            t0 + 10 * SEC
+        );
+    }
+
+    #[test]
+    fn a_slow_exit_is_counted_apart_from_misbehaviour_and_a_missed_stop() {
+        assert_eq!(missed_exit(true, true), KillReason::ExitTimeout);
+        assert_eq!(missed_exit(true, false), KillReason::ChannelFailed);
+        assert_eq!(missed_exit(false, false), KillReason::StopTimeout);
+        assert_eq!(missed_exit(false, true), KillReason::StopTimeout);
     }
 
     #[test]

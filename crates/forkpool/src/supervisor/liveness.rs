@@ -14,7 +14,8 @@ impl Supervisor {
     /// kills children that missed a deadline: a ping not answered within
     /// `ping_timeout`, a start-up that never said `Ready`, an accept order
     /// not answered within `ping_timeout`, a connection held past
-    /// `busy_timeout`, a stop that never happened.
+    /// `busy_timeout`, a stop that never happened, an exit that took longer
+    /// than `exit_timeout`.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         let limits = Deadlines::of(&self.config);
         for slot in 0..self.board.span() {
@@ -70,19 +71,31 @@ impl Supervisor {
 
     /// Why a child that missed `check` is killed, for the log and totals.
     fn describe(&self, slot: usize, check: Check, now: Instant) -> (KillReason, String) {
-        let channel_closed = self.board.link(slot).is_some_and(|l| l.channel_closed);
+        let link = self.board.link(slot);
+        let channel_closed = link.is_some_and(|l| l.channel_closed);
+        let peer_hung_up = link.is_some_and(|l| super::reports::peer_hung_up(&l.channel));
         match check {
-            Check::Stop if channel_closed => (
-                KillReason::ChannelFailed,
-                "closed its back-channel (or sent an empty datagram) but did not exit".to_string(),
-            ),
-            Check::Stop => (
-                KillReason::StopTimeout,
-                format!(
-                    "did not exit within {:?} of being told to quit",
-                    self.config.shutdown_timeout
+            Check::Stop => match liveness::missed_exit(channel_closed, peer_hung_up) {
+                KillReason::ExitTimeout => (
+                    KillReason::ExitTimeout,
+                    format!(
+                        "closed its back-channel but was still running {:?} later \
+                         (exit_timeout; a large heap takes long to tear down)",
+                        self.config.exit_timeout
+                    ),
                 ),
-            ),
+                KillReason::ChannelFailed => (
+                    KillReason::ChannelFailed,
+                    "sent an empty datagram but kept its channel open and did not exit".to_string(),
+                ),
+                reason => (
+                    reason,
+                    format!(
+                        "did not exit within {:?} of being told to quit",
+                        self.config.shutdown_timeout
+                    ),
+                ),
+            },
             Check::PingAnswer => (
                 KillReason::PingTimeout,
                 format!(
@@ -99,7 +112,10 @@ impl Supervisor {
             ),
             Check::Start => (
                 KillReason::StartTimeout,
-                format!("did not report ready within {:?}", self.start_timeout()),
+                format!(
+                    "did not report ready within {:?} (start_timeout)",
+                    self.config.start_timeout
+                ),
             ),
             Check::Busy => {
                 let busy_for = self
@@ -116,10 +132,6 @@ impl Supervisor {
             }
             Check::PingDue => unreachable!("a due ping is sent, not a kill"),
         }
-    }
-
-    fn start_timeout(&self) -> std::time::Duration {
-        start_timeout(&self.config)
     }
 
     fn ping(&mut self, slot: usize, now: Instant) {
@@ -146,5 +158,16 @@ impl Supervisor {
 
 /// A child (or a template) must say `Ready` within this.
 pub(super) fn start_timeout(config: &crate::config::PoolConfig) -> std::time::Duration {
-    Deadlines::of(config).start_timeout()
+    Deadlines::of(config).start_timeout
+}
+
+/// When a template told to quit now, or whose channel closed now, must be
+/// gone: `exit_timeout` later, but never after a graceful stop's deadline
+/// (`policy::liveness::exit_deadline`).
+pub(super) fn exit_by(
+    now: Instant,
+    config: &crate::config::PoolConfig,
+    stopping: Option<&super::Shutdown>,
+) -> Instant {
+    liveness::exit_deadline(now, config.exit_timeout, stopping.map(|s| s.deadline))
 }

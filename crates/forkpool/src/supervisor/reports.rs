@@ -2,13 +2,15 @@
 //! the child's state, or does not decode, gets the child killed; nothing a
 //! child writes can stop the supervisor.
 
-use std::time::{Duration, Instant};
+use std::os::fd::AsFd;
+use std::time::Instant;
 
 use tracing::debug;
 
 use super::budget::MESSAGES_PER_SECOND;
 use super::{message_rules, Readiness, Supervisor};
-use crate::channel::Incoming;
+use crate::channel::{Channel, Incoming};
+use crate::policy::liveness::{closed_channel_grace, unverified_closed_grace, Deadlines};
 use crate::protocol::ChildMessage;
 use crate::scoreboard::{IllegalTransition, SlotState};
 use crate::status::KillReason;
@@ -19,12 +21,6 @@ use crate::status::KillReason;
 /// `WouldBlock` without noting it would leave those reports unread until
 /// the child sent another, and a child whose channel is full sends nothing.
 const REPORTS_PER_TURN: usize = 64;
-
-/// How long a child that closed its channel unasked (or sent an empty
-/// datagram) may take to exit: a child that is exiting closes its channel
-/// a moment before the kernel reports its death; one still running after
-/// this is not coming back.
-const CLOSED_CHANNEL_GRACE: Duration = Duration::from_millis(500);
 
 impl Supervisor {
     /// Reads what the child in `slot` has sent.
@@ -231,29 +227,30 @@ impl Supervisor {
     }
 
     /// The child's end closed. The process is normally about to be reaped;
-    /// stop talking to it and give the reaper a moment before SIGKILL.
+    /// stop talking to it and give it time to exit before SIGKILL.
     /// A 0-byte read: the child closed its channel, or sent an empty
-    /// datagram (on `SOCK_SEQPACKET` the two read alike, so both get this
-    /// one rule). A child that was not told to leave has
-    /// [`CLOSED_CHANNEL_GRACE`] to exit before it is killed as
-    /// `channel_failed`; one that was told keeps at most `ping_timeout`.
+    /// datagram (on `SOCK_SEQPACKET` the two read alike). Its end of the
+    /// socket tells them apart: a child that closed it, asked to leave or
+    /// not, is exiting and has `exit_timeout` for its tear-down (a large
+    /// heap takes seconds); one that keeps it open sent the empty datagram
+    /// the protocol forbids and has only a short grace
+    /// (`policy::liveness::closed_channel_grace`). A stop deadline already
+    /// set is only moved earlier.
     fn channel_closed(&mut self, slot: usize, now: Instant) {
-        let told_to_leave = self
-            .board
-            .get(slot)
-            .is_some_and(|s| matches!(s.state, SlotState::Retiring | SlotState::Killed));
-        let grace = if told_to_leave {
-            self.config.ping_timeout
-        } else {
-            self.config.ping_timeout.min(CLOSED_CHANNEL_GRACE)
-        };
         if self.unverified(slot) && self.claim_vanished(slot) {
             // Nothing will ever come from it, nor be reaped: free it now.
             self.give_up_unverified(slot, "closed its channel", now);
             return;
         }
+        let unverified = self.unverified(slot);
         let Some(link) = self.board.link_mut(slot) else {
             return;
+        };
+        let limits = Deadlines::of(&self.config);
+        let grace = if unverified {
+            unverified_closed_grace(link.claimed.is_some(), &limits)
+        } else {
+            closed_channel_grace(peer_hung_up(&link.channel), &limits)
         };
         link.channel_closed = true;
         link.ping = None;
@@ -273,4 +270,36 @@ impl Supervisor {
 /// Why a report that does not fit the child's state gets it killed.
 fn out_of_order(e: IllegalTransition) -> String {
     format!("sent an out-of-order message: {e}")
+}
+
+/// Whether the child's end of `channel` is closed (or shut down for
+/// writing), as the kernel reports it to a zero-timeout `poll`: after a
+/// 0-byte read, a child that closed its channel shows `POLLRDHUP`, one that
+/// sent an empty datagram does not.
+pub(super) fn peer_hung_up(channel: &Channel) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    // nix names no POLLRDHUP (and its `revents()` reads a set with that bit
+    // as none), so ask for it alone and count the ready descriptors: what
+    // else the kernel reports unasked (POLLHUP, POLLERR) means hung up too.
+    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
+    let mut polled = [PollFd::new(channel.as_fd(), rdhup)];
+    matches!(poll(&mut polled, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{send, MsgFlags};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_closed_end_hangs_up_and_an_empty_datagram_does_not() {
+        let (parent, child) = Channel::pair().unwrap();
+        assert!(!peer_hung_up(&parent));
+        send(child.as_raw_fd(), b"", MsgFlags::empty()).unwrap();
+        assert!(matches!(parent.recv_from_child(), Ok(Incoming::Closed)));
+        assert!(!peer_hung_up(&parent), "an empty datagram is not a close");
+        drop(child);
+        assert!(peer_hung_up(&parent));
+    }
 }

@@ -546,7 +546,8 @@ impl Supervisor {
                 Incoming::Closed => {
                     let t = &mut self.templates.list[i];
                     t.channel_closed = true;
-                    let deadline = now + self.config.ping_timeout;
+                    let deadline =
+                        super::liveness::exit_by(now, &self.config, self.shutdown.as_ref());
                     t.exit_deadline = Some(t.exit_deadline.map_or(deadline, |d| d.min(deadline)));
                     let fd = t.channel.as_raw_fd();
                     let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
@@ -726,7 +727,7 @@ impl Supervisor {
         let Some(i) = self.templates.index(generation) else {
             return;
         };
-        let deadline = now + self.config.ping_timeout;
+        let deadline = super::liveness::exit_by(now, &self.config, self.shutdown.as_ref());
         let t = &mut self.templates.list[i];
         if !matches!(t.state, TemplateState::Starting | TemplateState::Ready) {
             return;
@@ -776,10 +777,11 @@ impl Supervisor {
                     self.ping_template(generation, now);
                     continue;
                 }
-                Check::Exit => {
-                    "did not exit in time after being told to quit (or closing its channel)"
-                        .to_string()
-                }
+                Check::Exit => format!(
+                    "did not exit in time after being told to quit or closing its channel \
+                     (exit_timeout {:?}, or the stop's deadline if sooner)",
+                    self.config.exit_timeout
+                ),
                 Check::Start => format!(
                     "did not say Ready within {:?} of starting",
                     super::liveness::start_timeout(&self.config)
