@@ -151,15 +151,12 @@ fn gone(pid: i32, within: Duration) -> bool {
     true
 }
 
-/// The supervisor's children named `comm`, from /proc.
-fn children_named(parent: i32, comm: &str) -> Vec<i32> {
-    let list = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
-        .unwrap_or_default();
-    list.split_whitespace()
+/// The supervisor's children, from /proc.
+fn children_of(parent: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
         .filter_map(|p| p.parse::<i32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
-        })
         .collect()
 }
 
@@ -167,11 +164,22 @@ fn children_named(parent: i32, comm: &str) -> Vec<i32> {
 fn a_template_naming_the_supervisors_own_sidecar_cannot_get_it_killed() {
     // The wrapper leaves a sidecar behind as the supervisor's own child,
     // and the template names it in every `W`.
-    let script = r#"sleep 1000 & HOSTILE_PID=$! exec "$0" "$@""#;
-    let mut pool = start("lie-pid", Some(script), &[]);
-    let sidecars = children_named(pool.pid, "sleep");
-    assert_eq!(sidecars.len(), 1, "the sidecar is the supervisor's child");
-    let sidecar = Adopted(sidecars[0]);
+    let pid_file = common::temp_path("sidecar.pid");
+    let script = format!(
+        r#"sleep 1000 & echo $! > {}; HOSTILE_PID=$! exec "$0" "$@""#,
+        pid_file.display()
+    );
+    let mut pool = start("lie-pid", Some(&script), &[]);
+    let sidecar = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .expect("the wrapper wrote its sidecar's pid before exec'ing the supervisor");
+    let _ = std::fs::remove_file(&pid_file);
+    let sidecar = Adopted(sidecar);
+    assert!(
+        children_of(pool.pid).contains(&sidecar.0),
+        "the sidecar is the supervisor's child"
+    );
     let status = lied_twice(&pool);
     assert!(
         alive(sidecar.0),
