@@ -100,7 +100,9 @@ else:
 
 
 def handle(conn, listener):
-    conn.recv(65536)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += conn.recv(65536) or b"\r\n\r\n"
     conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
 

@@ -195,7 +195,9 @@ fn a_worker_that_says_it_is_leaving_is_sent_nothing_more() {
             "import sys\nsys.path.insert(0, {python:?})\nimport forkpool_worker\n\
              worker = forkpool_worker.Worker.from_env()\n\
              def handle(conn, listener):\n\
-             \x20   conn.recv(65536)\n\
+             \x20   head = b''\n\
+             \x20   while b'\\r\\n\\r\\n' not in head:\n\
+             \x20       head += conn.recv(65536) or b'\\r\\n\\r\\n'\n\
              \x20   conn.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok')\n\
              \x20   worker.leave()\n\
              worker.serve(handle)\n",
