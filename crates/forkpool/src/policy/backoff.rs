@@ -149,7 +149,12 @@ impl StartBackoff {
 pub(crate) struct ReplacementRate {
     /// Deaths of started workers not replaced yet. A fork while any are
     /// owed is a replacement and counts against the rate; the others
-    /// (the pool growing, recycled workers) do not.
+    /// (the pool growing, recycled workers) do not. A death the pool did
+    /// not replace (it had children to spare) stays owed until a later
+    /// fork, which then counts: forgetting it after a quiet spell would
+    /// let a worker that lives about that long fork past the bound. It
+    /// costs little: such deaths are at most the pool's surplus, and a
+    /// fork they count against still goes at once within the burst.
     owed: u32,
     /// When the replacements forked so far will have been paid for at
     /// `rate` a second.
@@ -586,14 +591,14 @@ mod tests {
         fn a_crash_loop_of_ready_workers_is_bounded_by_the_rate(
             rate in 1u32..40,
             max_children in 1u32..40,
-            life_ms in 0u64..50,
+            life_ms in prop_oneof![0u64..50, 0u64..3_000],
         ) {
             let t0 = Instant::now();
             let mut gate = SpawnGate::default();
             let mut alive: Vec<Instant> = Vec::new(); // when each dies
             let mut forks: Vec<Instant> = Vec::new();
             let mut now = t0;
-            while now < t0 + Duration::from_secs(5) {
+            while now < t0 + Duration::from_secs(8) {
                 // Deaths first, then as many spawns as the gate allows.
                 alive.retain(|dies| {
                     if *dies <= now {
@@ -619,8 +624,11 @@ mod tests {
                     prop_assert!(n <= bound, "{} forks in {}s, bound {}", n, span_s, bound);
                 }
             }
-            // And it does keep replacing them: the pool is not stuck.
-            prop_assert!(forks.len() as u64 >= u64::from(rate.min(max_children)) * 4);
+            // And it does keep replacing them: the pool is not stuck (one
+            // slot alone, replaced at once, or at the rate, would fork
+            // about this many times in 8 s).
+            let one_slot = 7_000 / (life_ms + 1);
+            prop_assert!(forks.len() as u64 >= one_slot.min(7 * u64::from(rate)));
         }
     }
 }
