@@ -159,7 +159,9 @@ pub struct PoolConfig {
     pub retire_grace: Duration,
     /// At most this many children are started per scaling round; the rate
     /// doubles each round the pool is still short, from 1 up to this cap
-    /// (Apache's idle-spawn-rate ramp). Default 32.
+    /// (Apache's idle-spawn-rate ramp). Also the most replacements a
+    /// second for workers that had started and died (a burst of this many,
+    /// then this many a second: `policy::backoff`). Default 32.
     pub max_spawn_rate: u32,
     /// How connections reach children. Default `handoff`.
     pub dispatch: DispatchMode,

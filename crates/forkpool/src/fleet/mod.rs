@@ -46,8 +46,9 @@ pub struct Capacity {
     /// The pool's ceiling (`max_children`); children leaving do not count.
     pub max_children: u32,
     /// True while the supervisor holds new children back (workers failing
-    /// at start-up, or fork failing): room below `max_children` is then
-    /// no capacity.
+    /// at start-up, fork failing, or replacements of workers that died
+    /// waiting for `max_spawn_rate`): room below `max_children` is then no
+    /// capacity.
     pub spawn_held_back: bool,
     /// Where the pool is in its life.
     pub phase: Phase,

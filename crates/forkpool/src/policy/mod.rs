@@ -7,7 +7,8 @@
 //!   age) and is replaced, one rule for both sides of the fork;
 //! - `liveness.rs`: which deadline a child must meet next, and when;
 //! - `backoff.rs`: how long to hold spawns back while workers fail at
-//!   start-up, and what proves a start;
+//!   start-up, what a start is, and how fast workers that had started
+//!   are replaced;
 //! - `shutdown.rs`: which stop a burst of stop signals asks for.
 
 pub(crate) mod backoff;

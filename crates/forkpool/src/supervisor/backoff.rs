@@ -1,26 +1,35 @@
-//! Holding spawns back while workers fail at start-up: the judgement of
-//! each reaped child's start, and the log line that explains it. The rule
-//! (what proves a start, how the delay grows) is `policy::backoff`.
+//! Holding spawns back: the supervisor's side of `policy::backoff`. It
+//! tells the rule how far each reaped worker had got in starting, asks it
+//! whether a spawn may go ahead, and logs what it decided. The rule
+//! itself (what a start is, how the delay grows, how fast started workers
+//! are replaced) is `policy::backoff`.
 
+use std::io;
 use std::time::Instant;
 
-use tracing::error;
+use tracing::{error, warn};
 
-use super::{ChildLink, LeaveCause, Supervisor};
-use crate::policy::backoff::{self, START_WINDOW};
+use super::{log_due, ChildLink, LeaveCause, Readiness, Supervisor};
+use crate::policy::backoff::{fails_a_reload, Start, Verdict, START_WINDOW};
 use crate::sys::process::ExitStatus;
+use crate::worker::ChildStart;
 
 impl ChildLink {
-    /// Whether this child has shown that the worker can start.
-    pub(crate) fn start_proven(&self, now: Instant) -> bool {
-        backoff::start_proven(self.is_ready(), self.spawned_at, now)
+    /// How far this worker has got in starting.
+    pub(crate) fn start(&self) -> Start {
+        match self.readiness {
+            Readiness::Awaited => Start::Awaited,
+            Readiness::Said(after) => Start::Ready(self.spawned_at + after),
+            Readiness::Assumed => Start::Unannounced(self.spawned_at),
+        }
     }
 }
 
 impl Supervisor {
     /// Called for every child reaped: a start-up failure holds spawns
-    /// back; a proven start ends the current run of failures. Returns how
-    /// the child failed at start-up, if it did.
+    /// back; the death of a worker that had started is replaced (within
+    /// the replacement rate). Returns how the child failed, if its end
+    /// fails a reload that is rolling its generation in.
     pub(super) fn judge_start(
         &mut self,
         link: &ChildLink,
@@ -28,38 +37,93 @@ impl Supervisor {
         asked_to_stop: bool,
         now: Instant,
     ) -> Option<String> {
-        if link.start_proven(now) {
-            self.start_backoff.proven(link.spawned_at);
-            return None;
-        }
-        if asked_to_stop || self.shutdown.is_some() {
-            return None;
-        }
-        // A child started since the last failure that is up and proven
-        // shows new starts work again; one that was up before proves
-        // nothing about them.
-        for (_, child) in self.board.iter() {
-            if child.link.start_proven(now) {
-                self.start_backoff.proven(child.link.spawned_at);
-            }
-        }
-        let delay = self.start_backoff.failed(now);
-        let until = now + delay;
-        self.spawn_blocked_until = Some(self.spawn_blocked_until.map_or(until, |t| t.max(until)));
+        let asked = asked_to_stop || self.shutdown.is_some();
+        // A worker up since the last failure ends that run before this
+        // end is counted.
+        self.note_starts(now);
+        let verdict = self.spawn_gate.child_exited(link.start(), asked, now);
         let how = match link.leaving.as_ref().map(|l| &l.cause) {
             Some(LeaveCause::Killed(reason)) => format!("killed: {reason}"),
             _ => status.to_string(),
         };
-        // In `none` mode `ready` is set from the start: the first second
-        // is all the start-up there is.
-        let when = if link.is_ready() && self.config.dispatch.speaks_protocol() {
-            format!("within {START_WINDOW:?} of starting")
-        } else {
-            "during start-up".to_string()
+        if let Verdict::FailedStart { delay } = verdict {
+            error!(
+                "worker exited during start-up ({how}); check the command and its stderr: \
+                 retrying in {delay:?}"
+            );
+            return Some(format!("exited during start-up ({how})"));
+        }
+        fails_a_reload(verdict, link.spawned_at, now)
+            .then(|| format!("exited within {:?} of starting ({how})", START_WINDOW))
+    }
+
+    /// Tells the gate of every worker that has started, while a run of
+    /// start-up failures holds spawns: one that started after the last
+    /// failure ends the run and lifts its hold.
+    fn note_starts(&mut self, now: Instant) {
+        if !self.spawn_gate.failures_hold(now) {
+            return;
+        }
+        for (_, child) in self.board.iter() {
+            if let Some(at) = child.link.start().started_at().filter(|at| *at <= now) {
+                self.spawn_gate.started(at);
+            }
+        }
+    }
+
+    /// Whether spawns wait at `now`: for a run of start-up failures (unless
+    /// a worker has started since), or for the replacement rate.
+    pub(super) fn spawns_held(&mut self, now: Instant) -> bool {
+        self.note_starts(now);
+        self.spawn_gate
+            .held_until(now, self.config.max_spawn_rate)
+            .is_some()
+    }
+
+    /// Until when spawns wait, if they do, for the loop's timer.
+    pub(super) fn spawns_held_until(&self, now: Instant) -> Option<Instant> {
+        self.spawn_gate.held_until(now, self.config.max_spawn_rate)
+    }
+
+    /// Spawns up to `n` children, one at a time while spawns are not held.
+    /// In a child, returns what it needs to become a worker.
+    pub(super) fn spawn_gated(&mut self, n: u32, now: Instant) -> io::Result<Option<ChildStart>> {
+        for _ in 0..n {
+            if self.spawns_held(now) {
+                break;
+            }
+            let spawned = self.totals.spawned;
+            let start = self.spawn_child(now)?;
+            if start.is_some() {
+                return Ok(start);
+            }
+            if self.totals.spawned > spawned {
+                self.spawn_gate.forked(now, self.config.max_spawn_rate);
+            } else if self.spawns_held(now) {
+                break;
+            }
+        }
+        self.log_replacements_held(now);
+        Ok(None)
+    }
+
+    /// Says, at most once per log interval, that workers that had started
+    /// die faster than they may be replaced.
+    fn log_replacements_held(&mut self, now: Instant) {
+        if self.spawn_gate.failures_hold(now) {
+            return;
+        }
+        let Some(until) = self.spawns_held_until(now) else {
+            return;
         };
-        error!(
-            "worker exited {when} ({how}); check the command and its stderr: retrying in {delay:?}"
+        if !log_due(&mut self.last_replacements_held_log, now) {
+            return;
+        }
+        warn!(
+            rate = self.config.max_spawn_rate,
+            "workers that had started are dying faster than max_spawn_rate a second; \
+             their replacements wait {:?} (check the workers' stderr for why they die)",
+            until - now
         );
-        Some(format!("exited {when} ({how})"))
     }
 }

@@ -44,7 +44,7 @@ impl Supervisor {
             busy: counts.busy,
             starting: counts.starting,
             max_children: self.config.max_children,
-            spawn_held_back: self.spawn_blocked_until.is_some_and(|t| now < t),
+            spawn_held_back: self.spawns_held_until(now).is_some(),
             phase: self.phase(),
         }
     }

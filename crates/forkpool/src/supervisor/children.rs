@@ -186,9 +186,8 @@ impl Supervisor {
     /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
     /// reached does not make the supervisor retry in a tight loop.
     pub(super) fn resource_backoff(&mut self, now: Instant, why: String) {
-        let delay = self.start_backoff.failed(now).max(RESOURCE_BACKOFF);
+        let delay = self.spawn_gate.failed(now, RESOURCE_BACKOFF);
         warn!("{why}; trying again in {delay:?}");
-        self.spawn_blocked_until = Some(now + delay);
     }
 
     /// Collects every child that has exited and frees its slot.

@@ -78,7 +78,7 @@ use crate::scoreboard::Scoreboard;
 use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
 
-use crate::policy::backoff::StartBackoff;
+use crate::policy::backoff::SpawnGate;
 use event::Event;
 pub(crate) use link::{ChildLink, LeaveCause, Leaving, Readiness};
 use output::ChildOutput;
@@ -133,9 +133,11 @@ pub(crate) struct Supervisor {
     signal_pipe: SignalPipe,
     shutdown: Option<Shutdown>,
     pub ping_seq: u32,
-    spawn_blocked_until: Option<Instant>,
-    /// The run of start-up failures, which holds spawns back.
-    start_backoff: StartBackoff,
+    /// What holds spawns back: a run of start-up failures, and the rate
+    /// of replacing workers that had started (`backoff.rs`).
+    spawn_gate: SpawnGate,
+    /// When the supervisor last said that replacements wait for the rate.
+    last_replacements_held_log: Option<Instant>,
     /// The reload rolling out, if any (`rollout.rs`).
     rollouts: rollout::Rollouts,
     /// Give each child a pipe for its stderr and log what comes out
@@ -218,8 +220,8 @@ impl Supervisor {
             signal_pipe,
             shutdown: None,
             ping_seq: 0,
-            spawn_blocked_until: None,
-            start_backoff: StartBackoff::default(),
+            spawn_gate: SpawnGate::default(),
+            last_replacements_held_log: None,
             rollouts: rollout::Rollouts::default(),
             capture_output: false,
             children_take_next: false,
@@ -480,18 +482,11 @@ impl Supervisor {
         match decision {
             Decision::Hold => {}
             Decision::Spawn(n) => {
-                if self.spawn_blocked_until.is_some_and(|t| now < t) {
+                if self.spawns_held(now) {
                     return Ok(None);
                 }
                 self.cpu_changed();
-                for _ in 0..n {
-                    if let Some(start) = self.spawn_child(now)? {
-                        return Ok(Some(start));
-                    }
-                    if self.spawn_blocked_until.is_some_and(|t| now < t) {
-                        break;
-                    }
-                }
+                return self.spawn_gated(n, now);
             }
             Decision::Retire(n) => {
                 for _ in 0..n {
@@ -555,7 +550,7 @@ impl Supervisor {
         );
         // Holds that have passed stay recorded until the next one; a past
         // instant here would make the loop spin.
-        consider(self.spawn_blocked_until.filter(|t| *t > now));
+        consider(self.spawns_held_until(now));
         // A passed deadline has been acted on; waking for it again would
         // make the loop spin.
         consider(self.shutdown.map(|s| s.deadline).filter(|t| *t > now));

@@ -82,8 +82,7 @@ impl Supervisor {
         });
         // A start-up failure of the generation before says nothing of
         // this one.
-        self.start_backoff.reset();
-        self.spawn_blocked_until = None;
+        self.spawn_gate.forget_failures();
         info!(
             generation = self.generation,
             serving, target, "reloading: rolling children to a new generation, a canary first"
@@ -120,18 +119,7 @@ impl Supervisor {
                 self.retire(slot, "reload", now);
             }
         }
-        if self.spawn_blocked_until.is_some_and(|t| now < t) {
-            return Ok(None);
-        }
-        for _ in 0..step.spawn {
-            if let Some(start) = self.spawn_child(now)? {
-                return Ok(Some(start));
-            }
-            if self.spawn_blocked_until.is_some_and(|t| now < t) {
-                break;
-            }
-        }
-        Ok(None)
+        self.spawn_gated(step.spawn, now)
     }
 
     /// When a new child of the rollout proves its start by time alone
@@ -179,8 +167,7 @@ impl Supervisor {
         self.totals.reload_failures += 1;
         // This generation will not be started again: its failures hold
         // nothing back for the one that serves.
-        self.start_backoff.reset();
-        self.spawn_blocked_until = None;
+        self.spawn_gate.forget_failures();
         let failed: Vec<usize> = self
             .board
             .iter()
@@ -223,7 +210,8 @@ impl Supervisor {
             c.new_live += 1;
             // Workers that never say `Ready` prove themselves by living
             // through the start window.
-            let ready = is_live(s.state) && link.is_ready() && (!by_time || link.start_proven(now));
+            let ready =
+                is_live(s.state) && link.is_ready() && (!by_time || link.start().started_by(now));
             c.new_ready += u32::from(ready);
         }
         c

@@ -204,8 +204,6 @@ impl Supervisor {
 
     /// A worker did not start: hold spawns back as the back-off says.
     pub(super) fn count_failed_start(&mut self, now: Instant) {
-        let delay = self.start_backoff.failed(now);
-        let until = now + delay;
-        self.spawn_blocked_until = Some(self.spawn_blocked_until.map_or(until, |t| t.max(until)));
+        self.spawn_gate.failed(now, std::time::Duration::ZERO);
     }
 }
