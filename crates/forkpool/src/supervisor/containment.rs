@@ -21,39 +21,43 @@ use crate::sys::process;
 impl Supervisor {
     /// After reaping the child of `slot`: kill what it left in its group.
     pub(super) fn sweep_group(&mut self, slot: usize, pid: i32) {
-        match process::signal_group(pid, Signal::SIGKILL) {
-            Ok(true) => {
-                self.totals.strays_killed += 1;
-                warn!(
-                    slot,
-                    pid,
-                    "killed processes the worker left behind in its process group \
-                     (a worker must not leave processes running when it exits)"
-                );
-            }
-            Ok(false) => {}
-            Err(e) => debug!(slot, pid, "cannot signal the worker's process group: {e}"),
+        if self.sweep(pid, "worker") {
+            warn!(
+                slot,
+                pid,
+                "killed processes the worker left behind in its process group \
+                 (a worker must not leave processes running when it exits)"
+            );
         }
     }
-}
 
-impl Supervisor {
     /// After reaping the template `pid` of `generation`: kill what it
     /// left in its group (helpers it started, which may hold the
     /// listeners, and workers it forked that were never verified).
     pub(super) fn sweep_template_group(&mut self, pid: i32, generation: u32) {
-        match process::signal_group(pid, Signal::SIGKILL) {
+        if self.sweep(pid, "template") {
+            warn!(
+                pid,
+                generation,
+                "killed processes the template left behind in its process group \
+                 (a template must not leave processes running when it exits)"
+            );
+        }
+    }
+
+    /// SIGKILLs the process group `pgid` of a reaped `who`; whether
+    /// anything was left in it (counted in `strays_killed`).
+    fn sweep(&mut self, pgid: i32, who: &str) -> bool {
+        match process::signal_group(pgid, Signal::SIGKILL) {
             Ok(true) => {
                 self.totals.strays_killed += 1;
-                warn!(
-                    pid,
-                    generation,
-                    "killed processes the template left behind in its process group \
-                     (a template must not leave processes running when it exits)"
-                );
+                true
             }
-            Ok(false) => {}
-            Err(e) => debug!(pid, "cannot signal the template's process group: {e}"),
+            Ok(false) => false,
+            Err(e) => {
+                debug!(pgid, "cannot signal the {who}'s process group: {e}");
+                false
+            }
         }
     }
 }
