@@ -9,7 +9,9 @@
 //! - `backoff.rs`: how long to hold spawns back while workers fail at
 //!   start-up, what a start is, and how fast workers that had started
 //!   are replaced;
-//! - `shutdown.rs`: which stop a burst of stop signals asks for.
+//! - `shutdown.rs`: which stop a burst of stop signals asks for;
+//! - `verification.rs`: whether a template's word about a worker's pid
+//!   holds, by what the kernel says.
 
 pub(crate) mod backoff;
 pub(crate) mod dispatch;
@@ -17,3 +19,4 @@ pub(crate) mod liveness;
 pub(crate) mod recycle;
 pub mod scaling;
 pub(crate) mod shutdown;
+pub(crate) mod verification;

@@ -617,15 +617,8 @@ impl Supervisor {
     /// outright when it names no process, a template, or a pid a slot
     /// already holds or claims.
     fn worker_forked(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
-        let pid = i32::try_from(pid)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("said slot {slot} is pid {pid}, which is no process id"))?;
-        if self.pid_taken(pid, None) {
-            return Err(format!(
-                "said slot {slot} is pid {pid}, which a template or another slot holds"
-            ));
-        }
+        let pid = crate::policy::verification::claimable(pid, |p| self.pid_taken(p, None))
+            .map_err(|why| format!("said slot {slot} is pid {why}"))?;
         let Some(link) = self.board.link_mut(slot) else {
             return Err(format!(
                 "said slot {slot} is pid {pid}, but the slot is gone"

@@ -30,6 +30,7 @@ use tracing::warn;
 
 use super::Supervisor;
 use crate::observe::procfs::parent_of;
+use crate::policy::verification::{self, FirstMessage, GaveUp};
 
 /// Unverified workers (fork orders unanswered, or claimed and silent) one
 /// template may have at once: a template that never delivers a worker
@@ -73,25 +74,13 @@ impl Supervisor {
         if self.board.get(slot).is_some_and(|s| s.pid != 0) {
             return Ok(true);
         }
-        let claim = link
-            .claimed
-            .ok_or("its worker spoke before the template said which process it is")?;
-        let sender = sender.ok_or("its worker's message came without the kernel's credentials")?;
-        if sender != claim {
-            return Err(format!(
-                "said slot {slot} is pid {claim}, but the kernel says the worker is pid {sender}"
-            ));
-        }
-        if parent_of(sender) != Some(self.pid as i32) {
-            return Err(format!(
-                "said slot {slot} is pid {sender}, which is not a child of the supervisor"
-            ));
-        }
-        if self.pid_taken(sender, Some(slot)) {
-            return Err(format!(
-                "said slot {slot} is pid {sender}, which another slot or a template holds"
-            ));
-        }
+        let facts = FirstMessage {
+            claimed: link.claimed,
+            sender,
+            sender_is_child: sender.is_some_and(|p| self.is_our_child(p)),
+            sender_taken: sender.is_some_and(|p| self.pid_taken(p, Some(slot))),
+        };
+        let sender = verification::verify(facts).map_err(|lie| lie.describe(slot))?;
         self.board.set_pid(slot, sender);
         if let Some(link) = self.board.link_mut(slot) {
             link.claimed = None;
@@ -138,8 +127,9 @@ impl Supervisor {
     /// goes to the claimed pid.
     pub(super) fn give_up_unverified(&mut self, slot: usize, detail: &str, now: Instant) {
         let claim = self.board.link(slot).and_then(|l| l.claimed);
-        match claim {
-            Some(pid) if self.claim_vanished(slot) => {
+        let claimed_is_child = claim.is_some_and(|p| self.is_our_child(p));
+        match (claim, verification::gave_up(claim, claimed_is_child)) {
+            (Some(pid), GaveUp::Lost) => {
                 self.totals.lost += 1;
                 warn!(
                     slot,
@@ -171,11 +161,16 @@ impl Supervisor {
     /// longer) the supervisor's child: reaped by someone else, or never
     /// ours. A zombie the supervisor has not reaped yet is still its child.
     pub(super) fn claim_vanished(&self, slot: usize) -> bool {
-        let me = self.pid as i32;
         self.board
             .link(slot)
             .and_then(|l| l.claimed)
-            .is_some_and(|pid| parent_of(pid) != Some(me))
+            .is_some_and(|pid| !self.is_our_child(pid))
+    }
+
+    /// Whether `pid` is this process's child (a zombie not reaped yet
+    /// included), as `/proc` says.
+    fn is_our_child(&self, pid: i32) -> bool {
+        parent_of(pid) == Some(self.pid as i32)
     }
 
     /// Frees `slot`, whose worker was never verified: no process to
