@@ -11,13 +11,15 @@
 //! child with room once the supervisor has dealt with the unreachable one:
 //! an accepted connection is never dropped because a child died.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::AsFd;
+
+use socket2::SockAddr;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use tracing::{debug, error, warn};
 
-use super::{Dispatcher, TurnEnd, WatchedListener};
+use super::{Accepted, Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
 use crate::scoreboard::Scoreboard;
 use crate::supervisor::ChildLink;
@@ -37,7 +39,7 @@ impl Dispatcher {
         board: &mut Scoreboard<ChildLink>,
         now: Instant,
         accepted: &mut u64,
-        mut handed: impl FnMut(usize, i32, BorrowedFd<'_>),
+        mut handed: impl FnMut(usize, i32, Option<&SockAddr>),
     ) -> TurnEnd {
         // On TCP, take only the connections already waiting when this turn
         // began. Ones that arrive meanwhile fire the listener's event again
@@ -50,10 +52,15 @@ impl Dispatcher {
             let Some(slot) = board.lowest_with_room() else {
                 return TurnEnd::Saturated;
             };
-            match sys::socket::accept(l.as_fd()) {
-                Ok(fd) => {
+            match sys::socket::accept_with_peer(l.as_fd()) {
+                Ok((fd, peer)) => {
                     *accepted += 1;
-                    if let Err(end) = self.hand_off(board, slot, index, fd, now, &mut handed) {
+                    let connection = Accepted {
+                        listener: index,
+                        fd,
+                        peer,
+                    };
+                    if let Err(end) = self.hand_off(board, slot, connection, now, &mut handed) {
                         return end;
                     }
                 }
@@ -79,33 +86,33 @@ impl Dispatcher {
         TurnEnd::Done
     }
 
-    /// Sends `fd` to the child in `slot` and counts it there; a child that
-    /// cannot take it ends the pass, with the connection parked.
+    /// Sends `connection` to the child in `slot` and counts it there; a
+    /// child that cannot take it ends the pass, with the connection parked.
     pub(super) fn hand_off(
         &mut self,
         board: &mut Scoreboard<ChildLink>,
         slot: usize,
-        listener: usize,
-        fd: OwnedFd,
+        connection: Accepted,
         now: Instant,
-        handed: &mut impl FnMut(usize, i32, BorrowedFd<'_>),
+        handed: &mut impl FnMut(usize, i32, Option<&SockAddr>),
     ) -> Result<(), TurnEnd> {
+        let listener = connection.listener;
         let msg = ParentMessage::Connection {
             listener: listener as u16,
         };
         let sent = match board.link(slot) {
-            Some(link) => link.send(msg, Some(fd.as_fd())),
+            Some(link) => link.send(msg, Some(connection.fd.as_fd())),
             None => Err(std::io::Error::other("no channel")),
         };
         if let Err(e) = sent {
-            self.parked.push_back((listener, fd));
+            self.parked.push_back(connection);
             return Err(TurnEnd::Unreachable {
                 slot,
                 why: format!("cannot hand it a connection: {e}"),
             });
         }
         if let Some(entry) = board.get(slot) {
-            handed(slot, entry.pid, fd.as_fd());
+            handed(slot, entry.pid, Some(&connection.peer));
         }
         // The child has its own copy now; ours closes on drop.
         crate::scoreboard::own_move(board.hand_connection(slot, now));

@@ -28,7 +28,9 @@ pub(crate) mod handoff;
 pub(crate) mod order;
 
 use std::collections::VecDeque;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use socket2::SockAddr;
 use std::time::Instant;
 
 use prometheus_client::metrics::histogram::Histogram;
@@ -85,11 +87,21 @@ pub(crate) enum TurnEnd {
     },
 }
 
+/// A connection the supervisor accepted, on its way to a child.
+pub(crate) struct Accepted {
+    /// The listener it came in on.
+    listener: usize,
+    /// The connection.
+    fd: OwnedFd,
+    /// Its peer, as `accept` gave it (for the status page).
+    peer: SockAddr,
+}
+
 /// What dispatch keeps between turns.
 pub(crate) struct Dispatcher {
     /// Connections accepted whose child could not take them; the next
     /// child with room gets them first.
-    parked: VecDeque<(usize, OwnedFd)>,
+    parked: VecDeque<Accepted>,
     /// From readiness to the connection (or the order) sent.
     latency: Histogram,
 }
@@ -129,7 +141,7 @@ impl Dispatcher {
         &mut self,
         board: &mut Scoreboard<ChildLink>,
         now: Instant,
-        mut handed: impl FnMut(usize, i32, BorrowedFd<'_>),
+        mut handed: impl FnMut(usize, i32, Option<&SockAddr>),
     ) -> TurnEnd {
         // Called on every report that frees a child: the queue, almost
         // always empty, is looked at before the slot table.
@@ -137,8 +149,8 @@ impl Dispatcher {
             let Some(slot) = board.lowest_with_room() else {
                 return TurnEnd::Done;
             };
-            let (listener, fd) = self.parked.pop_front().expect("checked non-empty");
-            if let Err(end) = self.hand_off(board, slot, listener, fd, now, &mut handed) {
+            let accepted = self.parked.pop_front().expect("checked non-empty");
+            if let Err(end) = self.hand_off(board, slot, accepted, now, &mut handed) {
                 return end;
             }
         }

@@ -40,7 +40,7 @@ impl Supervisor {
                         &mut self.board,
                         now,
                         &mut self.totals.accepted,
-                        |slot, pid, fd| resources.note_handoff(slot, pid, fd),
+                        |slot, pid, peer| resources.handed(slot, pid, peer),
                     )
                 }
                 DispatchMode::Order => self.dispatcher.order_accepts(
@@ -73,8 +73,8 @@ impl Supervisor {
             let resources = &mut self.resources;
             let end = self
                 .dispatcher
-                .hand_parked(&mut self.board, now, |slot, pid, fd| {
-                    resources.note_handoff(slot, pid, fd)
+                .hand_parked(&mut self.board, now, |slot, pid, peer| {
+                    resources.handed(slot, pid, peer)
                 });
             match end {
                 TurnEnd::Unreachable { slot, why } => {

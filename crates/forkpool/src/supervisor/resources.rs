@@ -36,8 +36,9 @@ pub(crate) struct ChildFigures {
     sample: Option<ProcessSample>,
     cpu_percent: Option<f64>,
     /// The client of the connection the supervisor handed it last, while
-    /// it serves that connection.
-    peer: Option<String>,
+    /// it serves that connection: the address `accept` returned, put into
+    /// words only when status or a capture asks.
+    peer: Option<socket2::SockAddr>,
     /// The last slow-request capture, as logged.
     pub last_capture: Option<String>,
 }
@@ -124,22 +125,15 @@ impl Resources {
 
     /// The client of the connection `slot` serves, when known.
     pub fn peer(&self, slot: usize, pid: i32) -> Option<String> {
-        self.of(slot, pid)?.peer.clone()
+        self.of(slot, pid)?.peer.as_ref().and_then(peer_name)
     }
 
-    /// Records the peer of a connection handed to `slot`.
-    pub fn handed(&mut self, slot: usize, pid: i32, peer: Option<String>) {
-        self.entry(slot, pid).peer = peer;
+    /// Records the peer of a connection handed to `slot` (`None`: it
+    /// finished).
+    pub fn handed(&mut self, slot: usize, pid: i32, peer: Option<&socket2::SockAddr>) {
+        self.entry(slot, pid).peer = peer.cloned();
     }
 
-    /// Records the peer of the connection `fd`, handed to `slot`.
-    pub fn note_handoff(&mut self, slot: usize, pid: i32, fd: impl AsFd) {
-        let peer = socket2::SockRef::from(&fd.as_fd())
-            .peer_addr()
-            .ok()
-            .and_then(|a| peer_name(&a));
-        self.handed(slot, pid, peer);
-    }
 
     /// Records the last capture of `slot`.
     pub fn captured(&mut self, slot: usize, pid: i32, record: String) {
@@ -159,7 +153,7 @@ impl Resources {
         }
         status.cpu_percent = f.cpu_percent;
         if status.busy_for_ms.is_some() {
-            status.peer = f.peer.clone();
+            status.peer = f.peer.as_ref().and_then(peer_name);
         }
         status.last_capture = f.last_capture.clone();
     }
@@ -297,7 +291,8 @@ mod tests {
         let mut r = Resources::default();
         let me = std::process::id() as i32;
         r.sample_child(0, me, Instant::now());
-        r.handed(0, me, Some("127.0.0.1:5".into()));
+        let addr: std::net::SocketAddr = "127.0.0.1:5".parse().unwrap();
+        r.handed(0, me, Some(&addr.into()));
         let mut s = status(0, me, true);
         r.fill(&mut s);
         assert!(s.rss_bytes.unwrap() > 0);
@@ -311,7 +306,8 @@ mod tests {
     #[test]
     fn peer_is_shown_only_while_busy() {
         let mut r = Resources::default();
-        r.handed(1, 7, Some("[::1]:80".into()));
+        let addr: std::net::SocketAddr = "[::1]:80".parse().unwrap();
+        r.handed(1, 7, Some(&addr.into()));
         let mut idle = status(1, 7, false);
         r.fill(&mut idle);
         assert_eq!(idle.peer, None);

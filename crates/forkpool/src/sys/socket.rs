@@ -19,6 +19,23 @@ pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     }
 }
 
+/// Accepts one connection (close-on-exec) with its peer's address, which
+/// `accept4` returns at no extra cost: the supervisor keeps it for the
+/// status page instead of asking the kernel again (`getpeername`) for
+/// every connection it hands on.
+pub fn accept_with_peer(listener: BorrowedFd<'_>) -> Result<(OwnedFd, socket2::SockAddr), Errno> {
+    let listener = socket2::SockRef::from(&listener);
+    loop {
+        match listener.accept() {
+            Ok((socket, peer)) => return Ok((OwnedFd::from(socket), peer)),
+            Err(e) => match Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)) {
+                Errno::EINTR => continue,
+                errno => return Err(errno),
+            },
+        }
+    }
+}
+
 /// Connections waiting in a TCP listener's accept queue. Linux reports it
 /// in `tcpi_unacked` of `TCP_INFO` on a listening socket. `None` for sockets
 /// that are not TCP listeners.
