@@ -134,7 +134,6 @@ impl Resources {
         self.entry(slot, pid).peer = peer.cloned();
     }
 
-
     /// Records the last capture of `slot`.
     pub fn captured(&mut self, slot: usize, pid: i32, record: String) {
         self.entry(slot, pid).last_capture = Some(record);
