@@ -10,13 +10,22 @@
 //!   start-up, what a start is, and how fast workers that had started
 //!   are replaced;
 //! - `shutdown.rs`: which stop a burst of stop signals asks for;
+//! - `rollout.rs`: how a reload rolls from one generation to the next
+//!   (the canary first, an old child retired only for a new one ready);
+//! - `messages.rs`: which reports a child of each dispatch mode can
+//!   honestly send;
+//! - `budget.rs`: what one child may make the supervisor do per second
+//!   (messages, stderr lines and bytes);
 //! - `verification.rs`: whether a template's word about a worker's pid
 //!   holds, by what the kernel says.
 
 pub(crate) mod backoff;
+pub(crate) mod budget;
 pub(crate) mod dispatch;
 pub(crate) mod liveness;
+pub(crate) mod messages;
 pub(crate) mod recycle;
+pub(crate) mod rollout;
 pub mod scaling;
 pub(crate) mod shutdown;
 pub(crate) mod verification;

@@ -5,9 +5,9 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use super::budget;
 use super::output::ChildOutput;
 use crate::channel::{Channel, Incoming};
+use crate::policy::budget;
 use crate::protocol::{ChildMessage, ParentMessage, WorkerOrder, TEMPLATE_VERSION};
 
 /// The supervisor's side of one child.

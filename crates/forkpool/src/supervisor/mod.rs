@@ -26,18 +26,15 @@
 
 mod backoff;
 mod balancer;
-mod budget;
 mod children;
 mod containment;
 mod cpu;
 mod dispatching;
 mod endpoints;
 mod event;
-mod generation;
 mod link;
 mod liveness;
 mod load;
-mod message_rules;
 mod notify;
 mod output;
 mod recycle;

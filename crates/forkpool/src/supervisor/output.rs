@@ -20,9 +20,9 @@ use mio::unix::SourceFd;
 use mio::Interest;
 use tracing::{info, warn};
 
-use super::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use super::event::Event;
 use super::{ChildLink, Supervisor};
+use crate::policy::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::status::KillReason;
 use crate::sys;
 

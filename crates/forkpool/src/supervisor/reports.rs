@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use tracing::debug;
 
-use super::budget::MESSAGES_PER_SECOND;
-use super::{message_rules, Readiness, Supervisor};
+use super::{Readiness, Supervisor};
 use crate::channel::{Channel, Incoming};
+use crate::policy::budget::MESSAGES_PER_SECOND;
 use crate::policy::liveness::{closed_channel_grace, unverified_closed_grace, Deadlines};
+use crate::policy::messages;
 use crate::protocol::ChildMessage;
 use crate::scoreboard::{IllegalTransition, SlotState};
 use crate::status::KillReason;
@@ -99,7 +100,7 @@ impl Supervisor {
     /// one verb below. An `Err` is why the child is killed as misbehaved.
     fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
         self.check_report_kind(&msg)?;
-        message_rules::mode_allows(self.config.dispatch, &msg)?;
+        messages::mode_allows(self.config.dispatch, &msg)?;
         match msg {
             ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
             ChildMessage::Idle => self.on_idle(slot, now),
@@ -153,7 +154,7 @@ impl Supervisor {
         if seq == 0 || seq > link.pinged_up_to {
             return Err(format!("sent pong {seq} for a ping it never got"));
         }
-        message_rules::pong_is_new(seq, link.answered_up_to)?;
+        messages::pong_is_new(seq, link.answered_up_to)?;
         link.answered_up_to = seq;
         if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
             link.ping = None;

@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use tracing::{error, info};
 
-use super::generation::{rollout_step, GenerationCounts};
 use super::{notify, Supervisor};
 use crate::config::PoolConfig;
 use crate::policy::backoff::START_WINDOW;
+use crate::policy::rollout::{rollout_step, GenerationCounts};
 use crate::scoreboard::SlotState;
 use crate::worker::ChildStart;
 

@@ -35,13 +35,13 @@ use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{debug, error, info, warn};
 
-use super::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use super::event::Event;
 use super::output::{ChildOutput, Left, BYTES_PER_TURN};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
 use crate::exec::TemplateStart;
 use crate::policy::backoff::{StartBackoff, START_WINDOW};
+use crate::policy::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::protocol::{TemplateReply, TemplateRequest, TEMPLATE_VERSION};
 use crate::sys::fds;
 use crate::sys::process::{self, ExitStatus, Forked};

@@ -1,7 +1,7 @@
 //! Budgets that bound what one child can make the supervisor do: the
 //! messages it may send on its back-channel per second, and the stderr
 //! lines and bytes per second the supervisor logs for it. Pure rules with
-//! no I/O; `reports.rs` and `output.rs` apply them.
+//! no I/O; `supervisor/reports.rs` and `supervisor/output.rs` apply them.
 
 use std::time::{Duration, Instant};
 

@@ -14,7 +14,7 @@
 //! - the rollout is done when no old child is left and a new one is ready.
 //!
 //! A new child failing at start-up abandons the rollout; that decision is
-//! the subsystem's (`rollout.rs`), since it needs no counting.
+//! the supervisor's (`supervisor/rollout.rs`), since it needs no counting.
 
 /// The children the policy looks at. "Live" excludes children already
 /// told to quit or killed.
