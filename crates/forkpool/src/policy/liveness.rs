@@ -188,9 +188,144 @@ pub(crate) fn next_check(child: &ChildFacts, limits: &Deadlines) -> Option<(Inst
     }
 }
 
+/// What a template's next deadline is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TemplateCheck {
+    /// Told to quit (or its channel closed): it must exit.
+    Exit,
+    /// Started: it must say `R`.
+    Start,
+    /// Ordered to fork: it must answer `W` or `E`.
+    Fork,
+    /// A ping is outstanding: it must answer.
+    PingAnswer,
+    /// Quiet: time to ping it.
+    PingDue,
+}
+
+/// Where a template is, as its deadlines see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TemplatePhase {
+    /// Exec'd, loading; it has not said `R`.
+    Starting,
+    /// Taking fork orders.
+    Ready,
+    /// Told to quit, or killed: only its exit deadline, if any, applies.
+    Leaving,
+}
+
+/// What the rule reads about one template.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TemplateFacts {
+    /// Where it is.
+    pub phase: TemplatePhase,
+    /// When it was started.
+    pub started_at: Instant,
+    /// When it last sent anything.
+    pub last_heard: Instant,
+    /// By when it must have exited (told to quit, or its channel closed);
+    /// none once it has been killed.
+    pub exit_deadline: Option<Instant>,
+    /// When its oldest unanswered fork order was sent.
+    pub oldest_order: Option<Instant>,
+    /// When the ping it has not answered yet was sent.
+    pub ping_sent: Option<Instant>,
+}
+
+/// The one rule that applies to a template next, and when: its exit
+/// deadline once it has one; before `R`, the start deadline; once ready,
+/// the earliest of its oldest fork order's deadline and its ping's.
+pub(crate) fn template_check(
+    t: &TemplateFacts,
+    limits: &Deadlines,
+) -> Option<(Instant, TemplateCheck)> {
+    if let Some(deadline) = t.exit_deadline {
+        return Some((deadline, TemplateCheck::Exit));
+    }
+    match t.phase {
+        TemplatePhase::Starting => {
+            Some((t.started_at + limits.start_timeout, TemplateCheck::Start))
+        }
+        TemplatePhase::Ready => {
+            let fork = t
+                .oldest_order
+                .map(|sent| (sent + limits.start_timeout, TemplateCheck::Fork));
+            let ping = match t.ping_sent {
+                Some(sent) => (sent + limits.ping_timeout, TemplateCheck::PingAnswer),
+                None => (t.last_heard + limits.ping_interval, TemplateCheck::PingDue),
+            };
+            Some(fork.map_or(ping, |f| if f.0 < ping.0 { f } else { ping }))
+        }
+        TemplatePhase::Leaving => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn template(phase: TemplatePhase, t0: Instant) -> TemplateFacts {
+        TemplateFacts {
+            phase,
+            started_at: t0,
+            last_heard: t0,
+            exit_deadline: None,
+            oldest_order: None,
+            ping_sent: None,
+        }
+    }
+
+    #[test]
+    fn a_template_meets_one_deadline_at_a_time() {
+        let (t0, l) = (Instant::now(), limits());
+        let starting = template(TemplatePhase::Starting, t0);
+        assert_eq!(
+            template_check(&starting, &l),
+            Some((t0 + l.start_timeout, TemplateCheck::Start))
+        );
+        let ready = template(TemplatePhase::Ready, t0);
+        assert_eq!(
+            template_check(&ready, &l),
+            Some((t0 + l.ping_interval, TemplateCheck::PingDue))
+        );
+        let pinged = TemplateFacts {
+            ping_sent: Some(t0),
+            ..ready
+        };
+        assert_eq!(
+            template_check(&pinged, &l),
+            Some((t0 + l.ping_timeout, TemplateCheck::PingAnswer))
+        );
+        // An order older than the ping's deadline comes first.
+        let old_order = t0 - l.start_timeout;
+        let ordered = TemplateFacts {
+            oldest_order: Some(old_order),
+            ..pinged
+        };
+        assert_eq!(
+            template_check(&ordered, &l),
+            Some((t0, TemplateCheck::Fork))
+        );
+        // Told to quit: only the exit deadline, in any phase.
+        for phase in [
+            TemplatePhase::Starting,
+            TemplatePhase::Ready,
+            TemplatePhase::Leaving,
+        ] {
+            let quitting = TemplateFacts {
+                exit_deadline: Some(t0 + SEC),
+                ..template(phase, t0)
+            };
+            assert_eq!(
+                template_check(&quitting, &l),
+                Some((t0 + SEC, TemplateCheck::Exit))
+            );
+        }
+        assert_eq!(
+            template_check(&template(TemplatePhase::Leaving, t0), &l),
+            None
+        );
+    }
 
     #[test]
     fn an_unanswered_order_whose_channel_closed_gets_the_short_grace() {

@@ -42,6 +42,9 @@ use crate::channel::{Channel, Incoming};
 use crate::exec::TemplateStart;
 use crate::policy::backoff::{StartBackoff, START_WINDOW};
 use crate::policy::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
+use crate::policy::liveness::{
+    template_check, Deadlines, TemplateCheck as Check, TemplateFacts, TemplatePhase,
+};
 use crate::protocol::{TemplateReply, TemplateRequest, TEMPLATE_VERSION};
 use crate::sys::fds;
 use crate::sys::process::{self, ExitStatus, Forked};
@@ -218,41 +221,26 @@ impl Template {
         }
     }
 
-    /// The one deadline that applies to it next, with what missing it means.
+    /// The one deadline that applies to it next, with what missing it
+    /// means (`policy::liveness::template_check`).
     fn next_check(&self, config: &crate::config::PoolConfig) -> Option<(Instant, Check)> {
-        if let Some(deadline) = self.exit_deadline {
-            return (self.state != TemplateState::Killed).then_some((deadline, Check::Exit));
-        }
-        match self.state {
-            TemplateState::Starting => Some((
-                self.started_at + super::liveness::start_timeout(config),
-                Check::Start,
-            )),
-            TemplateState::Ready => {
-                let fork = self
-                    .pending
-                    .values()
-                    .min()
-                    .map(|sent| (*sent + super::liveness::start_timeout(config), Check::Fork));
-                let ping = match self.ping {
-                    Some((_, sent)) => (sent + config.ping_timeout, Check::PingAnswer),
-                    None => (self.last_heard + config.ping_interval, Check::PingDue),
-                };
-                Some(fork.map_or(ping, |f| if f.0 < ping.0 { f } else { ping }))
-            }
-            TemplateState::Quitting | TemplateState::Killed => None,
-        }
+        let facts = TemplateFacts {
+            phase: match self.state {
+                TemplateState::Starting => TemplatePhase::Starting,
+                TemplateState::Ready => TemplatePhase::Ready,
+                TemplateState::Quitting | TemplateState::Killed => TemplatePhase::Leaving,
+            },
+            started_at: self.started_at,
+            last_heard: self.last_heard,
+            // A killed template only waits to be reaped.
+            exit_deadline: self
+                .exit_deadline
+                .filter(|_| self.state != TemplateState::Killed),
+            oldest_order: self.pending.values().min().copied(),
+            ping_sent: self.ping.map(|(_, sent)| sent),
+        };
+        template_check(&facts, &Deadlines::of(config))
     }
-}
-
-/// What a template's next deadline is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Check {
-    Exit,
-    Start,
-    Fork,
-    PingAnswer,
-    PingDue,
 }
 
 impl Supervisor {
