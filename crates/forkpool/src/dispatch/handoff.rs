@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use tracing::{debug, error, warn};
 
-use super::{Accepted, Dispatcher, TurnEnd, WatchedListener};
+use super::{Accepted, ChildEnd, Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
 use crate::scoreboard::Scoreboard;
-use crate::supervisor::ChildLink;
 use crate::sys;
 
 /// How long to stop accepting after running out of descriptors or memory.
@@ -36,7 +35,7 @@ impl Dispatcher {
         &mut self,
         index: usize,
         listener: &WatchedListener,
-        board: &mut Scoreboard<ChildLink>,
+        board: &mut Scoreboard<impl ChildEnd>,
         now: Instant,
         accepted: &mut u64,
         mut handed: impl FnMut(usize, i32, Option<&SockAddr>),
@@ -90,7 +89,7 @@ impl Dispatcher {
     /// child that cannot take it ends the pass, with the connection parked.
     pub(super) fn hand_off(
         &mut self,
-        board: &mut Scoreboard<ChildLink>,
+        board: &mut Scoreboard<impl ChildEnd>,
         slot: usize,
         connection: Accepted,
         now: Instant,
@@ -130,6 +129,7 @@ mod tests {
     use crate::channel::{Channel, Incoming};
     use crate::listener::{ListenAddr, Listener};
     use crate::scoreboard::SlotState;
+    use crate::supervisor::ChildLink;
 
     /// A loopback listener with one client connected and waiting.
     fn listener_with_a_client() -> (WatchedListener, TcpStream) {

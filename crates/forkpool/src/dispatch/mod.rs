@@ -28,7 +28,7 @@ pub(crate) mod handoff;
 pub(crate) mod order;
 
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use socket2::SockAddr;
 use std::time::Instant;
@@ -36,8 +36,20 @@ use std::time::Instant;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::listener::Listener;
+use crate::protocol::ParentMessage;
 use crate::scoreboard::Scoreboard;
-use crate::supervisor::ChildLink;
+
+/// What dispatch needs of the supervisor's side of a child, and no more:
+/// a way to send it a connection or an order, and where to note the
+/// listener it was ordered to accept from. The supervisor's `ChildLink`
+/// is one; dispatch knows nothing else of the supervisor.
+pub(crate) trait ChildEnd {
+    /// Sends `msg`, with `fd` (a connection) if given.
+    fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()>;
+    /// The listener the child was last ordered to accept from, until it
+    /// answers.
+    fn ordered_on(&mut self) -> &mut Option<usize>;
+}
 
 /// A listener and its dispatch state.
 #[derive(Debug)]
@@ -139,7 +151,7 @@ impl Dispatcher {
     /// (slot, pid, descriptor) as it goes.
     pub fn hand_parked(
         &mut self,
-        board: &mut Scoreboard<ChildLink>,
+        board: &mut Scoreboard<impl ChildEnd>,
         now: Instant,
         mut handed: impl FnMut(usize, i32, Option<&SockAddr>),
     ) -> TurnEnd {

@@ -10,10 +10,9 @@
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use super::{Dispatcher, TurnEnd, WatchedListener};
+use super::{ChildEnd, Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
 use crate::scoreboard::Scoreboard;
-use crate::supervisor::ChildLink;
 use crate::sys;
 
 impl Dispatcher {
@@ -23,7 +22,7 @@ impl Dispatcher {
         &mut self,
         index: usize,
         listener: &mut WatchedListener,
-        board: &mut Scoreboard<ChildLink>,
+        board: &mut Scoreboard<impl ChildEnd>,
         now: Instant,
     ) -> TurnEnd {
         let waiting = if listener.listener.is_tcp() {
@@ -48,7 +47,7 @@ impl Dispatcher {
                     why: format!("cannot send an accept order: {e}"),
                 };
             }
-            link.ordered_on = Some(index);
+            *link.ordered_on() = Some(index);
             crate::scoreboard::own_move(board.order_accept(slot, now));
             self.latency.observe(now.elapsed().as_secs_f64());
             listener.orders_out += 1;
@@ -62,8 +61,8 @@ impl Dispatcher {
 /// was ordered on may hold more connections than orders now outstanding,
 /// so it is looked at again in this turn's dispatch pass (after all of the
 /// turn's reports, so an `Idle` queued behind this one is seen first).
-pub(crate) fn order_answered(link: &mut ChildLink, listeners: &mut [WatchedListener]) {
-    if let Some(l) = link.ordered_on.take().and_then(|i| listeners.get_mut(i)) {
+pub(crate) fn order_answered(link: &mut impl ChildEnd, listeners: &mut [WatchedListener]) {
+    if let Some(l) = link.ordered_on().take().and_then(|i| listeners.get_mut(i)) {
         l.orders_out = l.orders_out.saturating_sub(1);
         l.recheck = true;
     }
@@ -77,6 +76,7 @@ mod tests {
     use crate::channel::{Channel, Incoming};
     use crate::listener::{ListenAddr, Listener};
     use crate::scoreboard::SlotState;
+    use crate::supervisor::ChildLink;
 
     #[test]
     fn one_order_per_waiting_connection_and_an_answer_frees_the_count() {

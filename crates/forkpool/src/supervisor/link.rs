@@ -82,6 +82,16 @@ pub(crate) enum LeaveCause {
     ChannelClosed,
 }
 
+impl crate::dispatch::ChildEnd for ChildLink {
+    fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        ChildLink::send(self, msg, fd)
+    }
+
+    fn ordered_on(&mut self) -> &mut Option<usize> {
+        &mut self.ordered_on
+    }
+}
+
 impl ChildLink {
     /// The supervisor's side of a child just forked (or ordered from a
     /// template) at `now`, speaking protocol `version`. `speaks` is false
