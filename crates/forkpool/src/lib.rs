@@ -43,6 +43,7 @@ mod policy;
 pub use policy::scaling;
 pub mod pool;
 pub(crate) mod scoreboard;
+pub(crate) mod slot;
 pub mod status;
 mod supervisor;
 #[allow(unsafe_code)]

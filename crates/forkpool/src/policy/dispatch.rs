@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::scoreboard::{SessionLoad, SlotState};
+use crate::slot::{SessionLoad, SlotState};
 
 /// The most connections a many-connection child may have on their way to it
 /// (handed, not yet counted in a report). The back-channel holds a few
