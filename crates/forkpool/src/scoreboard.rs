@@ -22,7 +22,7 @@
 use std::fmt;
 use std::time::Instant;
 
-pub use crate::slot::{SessionLoad, SlotState};
+pub use crate::slot::{SessionLoad, SlotEvent, SlotState};
 
 /// A move the scoreboard refused: the child reported something that cannot
 /// follow what it was doing.
@@ -391,11 +391,7 @@ impl<L> Scoreboard<L> {
 
     /// `Ready`: a starting child is now idle.
     pub fn ready(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
-        self.transition(slot, "ready", now, |from| match from {
-            SlotState::Starting => Some(SlotState::Idle),
-            SlotState::Retiring | SlotState::Killed => Some(from),
-            _ => None,
-        })
+        self.transition(slot, SlotEvent::Ready, now)
     }
 
     /// A child that will never report (`none` dispatch: an unmodified
@@ -403,10 +399,7 @@ impl<L> Scoreboard<L> {
     /// supervisor cannot know when it is idle, so it never sends it work,
     /// pings it or retires it as surplus.
     pub fn assume_busy(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
-        self.transition(slot, "assume busy", now, |from| match from {
-            SlotState::Starting => Some(SlotState::Busy),
-            _ => None,
-        })
+        self.transition(slot, SlotEvent::AssumeBusy, now)
     }
 
     /// The supervisor handed the child a connection (`handoff`). A
@@ -415,10 +408,7 @@ impl<L> Scoreboard<L> {
         if self.get(slot).is_some_and(|s| s.load.is_some()) {
             return self.hand_session(slot, now);
         }
-        self.transition(slot, "connection", now, |from| match from {
-            SlotState::Idle => Some(SlotState::Busy),
-            _ => None,
-        })
+        self.transition(slot, SlotEvent::Connection, now)
     }
 
     fn hand_session(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
@@ -520,30 +510,19 @@ impl<L> Scoreboard<L> {
     /// The supervisor ordered the child to accept (`order`).
     pub fn order_accept(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
         self.refuse_for_sessions(slot, "accept order")?;
-        self.transition(slot, "accept order", now, |from| match from {
-            SlotState::Idle => Some(SlotState::Ordered),
-            _ => None,
-        })
+        self.transition(slot, SlotEvent::OrderAccept, now)
     }
 
     /// `Busy`: the child accepted a connection itself.
     pub fn busy(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
         self.refuse_for_sessions(slot, "busy")?;
-        self.transition(slot, "busy", now, |from| match from {
-            SlotState::Ordered | SlotState::Idle => Some(SlotState::Busy),
-            SlotState::Retiring | SlotState::Killed => Some(from),
-            _ => None,
-        })
+        self.transition(slot, SlotEvent::Busy, now)
     }
 
     /// `Missed`: the child was woken or ordered but found no connection.
     pub fn missed(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
         self.refuse_for_sessions(slot, "missed")?;
-        self.transition(slot, "missed", now, |from| match from {
-            SlotState::Ordered | SlotState::Idle => Some(SlotState::Idle),
-            SlotState::Retiring | SlotState::Killed => Some(from),
-            _ => None,
-        })
+        self.transition(slot, SlotEvent::Missed, now)
     }
 
     /// `Idle`: the child finished its connection. Returns whether it had
@@ -551,11 +530,7 @@ impl<L> Scoreboard<L> {
     pub fn idle(&mut self, slot: usize, now: Instant) -> Result<bool, IllegalTransition> {
         self.refuse_for_sessions(slot, "idle")?;
         let was_busy = self.get(slot).map(|s| s.state == SlotState::Busy);
-        self.transition(slot, "idle", now, |from| match from {
-            SlotState::Busy => Some(SlotState::Idle),
-            SlotState::Retiring | SlotState::Killed => Some(from),
-            _ => None,
-        })?;
+        self.transition(slot, SlotEvent::Idle, now)?;
         if was_busy == Some(true) {
             if let Some(Some(s)) = self.slots.get_mut(slot) {
                 s.served += 1;
@@ -569,39 +544,25 @@ impl<L> Scoreboard<L> {
     /// goes up.
     pub fn next(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
         self.refuse_for_sessions(slot, "next")?;
-        let Some(Some(entry)) = self.slots.get_mut(slot) else {
-            return Err(IllegalTransition {
-                slot,
-                from: SlotState::Killed,
-                event: "next",
-            });
-        };
-        match entry.state {
-            SlotState::Busy => {
-                entry.served += 1;
-                entry.since = now;
-                Ok(())
-            }
-            SlotState::Retiring | SlotState::Killed => Ok(()),
-            from => Err(IllegalTransition {
-                slot,
-                from,
-                event: "next",
-            }),
+        let was_busy = self.get(slot).map(|s| s.state) == Some(SlotState::Busy);
+        self.transition(slot, SlotEvent::Next, now)?;
+        if was_busy {
+            // Still busy, on a new connection: its clock starts again.
+            let entry = self.slots[slot].as_mut().expect("just moved");
+            entry.served += 1;
+            entry.since = now;
         }
+        Ok(())
     }
 
     /// The supervisor told the child to quit.
     pub fn retire(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
-        self.transition(slot, "retire", now, |from| match from {
-            SlotState::Killed => None,
-            _ => Some(SlotState::Retiring),
-        })
+        self.transition(slot, SlotEvent::Retire, now)
     }
 
     /// The supervisor sent SIGKILL. Always allowed on an occupied slot.
     pub fn kill(&mut self, slot: usize, now: Instant) -> Result<(), IllegalTransition> {
-        self.transition(slot, "kill", now, |_| Some(SlotState::Killed))
+        self.transition(slot, SlotEvent::Kill, now)
     }
 
     /// Many-connection children report their load instead of `idle`,
@@ -621,22 +582,27 @@ impl<L> Scoreboard<L> {
         }
     }
 
+    /// Moves `slot` as the transition table says `event` does
+    /// ([`SlotState::after`]), keeping the counts and indexes in step.
     fn transition(
         &mut self,
         slot: usize,
-        event: &'static str,
+        event: SlotEvent,
         now: Instant,
-        next: impl FnOnce(SlotState) -> Option<SlotState>,
     ) -> Result<(), IllegalTransition> {
         let Some(Some(entry)) = self.slots.get(slot) else {
             return Err(IllegalTransition {
                 slot,
                 from: SlotState::Killed,
-                event,
+                event: event.name(),
             });
         };
         let from = entry.state;
-        let mut to = next(from).ok_or(IllegalTransition { slot, from, event })?;
+        let mut to = from.after(event).ok_or(IllegalTransition {
+            slot,
+            from,
+            event: event.name(),
+        })?;
         if let (Some(load), SlotState::Idle) = (entry.load, to) {
             // A many-connection child that becomes ready serves from then
             // on, in whatever state its load puts it.
