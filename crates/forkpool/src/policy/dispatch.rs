@@ -37,8 +37,9 @@ pub(crate) const BACKLOG_RECHECK: Duration = Duration::from_millis(50);
 /// so (`N`), which changes nothing the supervisor must act on at once; read
 /// one at a time, each report would wake it, twice the context switches
 /// per request under load for no gain. An `Idle` waits at most this long
-/// more, and only while all the others are busy; a signal, the control
-/// socket and a new connection likewise.
+/// more, and only while all the others are busy; the control socket and
+/// a new connection likewise. A signal ends the pause at once (it is a
+/// wait on the signal pipe, not a sleep).
 pub(crate) const REPORT_BATCH: Duration = Duration::from_millis(1);
 
 /// How long to wait before the next poll after a turn of `events` events:

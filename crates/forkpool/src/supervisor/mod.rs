@@ -298,7 +298,8 @@ impl Supervisor {
             if let Some(pause) =
                 dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
             {
-                std::thread::sleep(pause);
+                // Waits for a signal, never past the pause.
+                self.signal_pipe.wait(pause);
             }
         }
     }
