@@ -230,14 +230,7 @@ impl Supervisor {
             return;
         };
         if !verified {
-            if let Some(t) = self
-                .templates
-                .list
-                .iter_mut()
-                .find(|t| t.generation == child.generation)
-            {
-                t.forget_order(slot);
-            }
+            self.templates.forget_order(child.generation, slot);
         }
         // What it said last explains how it ended: log it first.
         self.drain_output(slot, pid, &mut child.link);

@@ -145,6 +145,15 @@ impl Templates {
         self.orphans.remove(i).map(|(_, status)| status)
     }
 
+    /// The slot of a fork order to the template of `generation` was
+    /// freed: an answer for it is no longer expected (one that comes
+    /// anyway breaks the protocol).
+    pub fn forget_order(&mut self, generation: u32, slot: usize) {
+        if let Some(i) = self.index(generation) {
+            self.list[i].pending.remove(&slot);
+        }
+    }
+
     fn index(&self, generation: u32) -> Option<usize> {
         self.list.iter().position(|t| t.generation == generation)
     }
@@ -185,18 +194,11 @@ impl Template {
         Ok(())
     }
 
-    /// `W`: the template forked the worker for `slot`. Counts it and
-    /// returns the template's pid.
-    fn forked(&mut self, slot: usize) -> Result<i32, String> {
+    /// `W`: the template forked the worker for `slot`; counts it.
+    fn forked(&mut self, slot: usize) -> Result<(), String> {
         self.fork_answered(slot)?;
         self.forks += 1;
-        Ok(self.pid)
-    }
-
-    /// The slot of a fork order was freed: an answer for it is no longer
-    /// expected (one that comes anyway breaks the protocol).
-    pub(super) fn forget_order(&mut self, slot: usize) {
-        self.pending.remove(&slot);
+        Ok(())
     }
 
     /// The fork order for `slot` is answered; an error if none was

@@ -180,14 +180,7 @@ impl Supervisor {
         let Some(generation) = self.board.get(slot).map(|s| s.generation) else {
             return;
         };
-        if let Some(t) = self
-            .templates
-            .list
-            .iter_mut()
-            .find(|t| t.generation == generation)
-        {
-            t.forget_order(slot);
-        }
+        self.templates.forget_order(generation, slot);
         if let Some(mut child) = self.board.vacate(slot) {
             if let Some(output) = child.link.output.take() {
                 self.forget_output(&output);
