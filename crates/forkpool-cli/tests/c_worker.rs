@@ -249,7 +249,11 @@ fn sigkilled_worker_is_replaced(mode: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(get(pool.addr, 0).0, 200);
-    let s = pool.wait_for("two idle workers", |s| s["idle"].as_u64().unwrap_or(0) >= 2);
+    // The answer can reach the client before the worker reports Idle, and
+    // the pool may have grown a spare meanwhile: wait for slot 0 itself.
+    let s = pool.wait_for("two idle workers, slot 0 among them", |s| {
+        s["idle"].as_u64().unwrap_or(0) >= 2 && s["slots"][0]["state"] == "idle"
+    });
     let victim = s["slots"][0]["pid"].as_i64().unwrap() as i32;
     let others = Pool::worker_pids(&s);
     assert!(alive(victim));
