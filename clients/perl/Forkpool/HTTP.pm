@@ -4,12 +4,14 @@ package Forkpool::HTTP;
 # no I/O: every function takes bytes or parsed data and returns data, so
 # each is tested on its own (clients/perl/t/http.t). Core modules only.
 #
-# The rules follow RFC 9112 where a lenient parser would open a hole:
-# a request with both Transfer-Encoding and Content-Length, or with two
-# different lengths, is refused (request smuggling); header names are
-# tokens with no space before the colon; obsolete line folding is refused.
-# Where being strict buys nothing, parsing is lenient: a bare LF ends a
-# line as well as CRLF.
+# The rules are docs/http.md's, strict RFC 9110/9112 throughout: a line
+# ends in CRLF (a bare CR or LF is refused), header names are tokens with
+# no space before the colon, obsolete line folding and NUL are refused, an
+# HTTP/1.1 request has exactly one Host, the body's framing has one
+# meaning (no Content-Length with Transfer-Encoding, no differing lengths,
+# chunked last), and the limits answer 414 for a long request line, 431
+# for a long field line, too many fields or a large head. The shared
+# corpus, tests/http-corpus/, holds one request per rule.
 
 use strict;
 use warnings;
@@ -20,8 +22,9 @@ use POSIX ();
 our $VERSION = '1';
 
 our @EXPORT_OK = qw(
-    find_head_end parse_head body_framing keeps_alive expects_continue
-    parse_chunk_size status_text response_head clf_time access_line
+    find_head_end incomplete_head_problem parse_head body_framing keeps_alive
+    expects_continue parse_chunk_size trailer_problem status_text
+    response_header_problem response_head clf_time access_line
 );
 
 my %STATUS_TEXT = (
@@ -50,25 +53,44 @@ my %STATUS_TEXT = (
 
 my $TOKEN = qr/[!#\$%&'*+\-.^_`|~0-9A-Za-z]+/;
 
+# The limits docs/http.md sets (the head as a whole is bounded by the
+# server's --max-header-size).
+use constant MAX_LINE   => 8190;    # request line, and each field line
+use constant MAX_FIELDS => 100;
+
 # The offset just past the blank line that ends a request head in $buf,
-# or -1 if the head is not complete yet. Empty lines before the request
-# line (RFC 9112 section 2.2) are part of the head and skipped by
-# parse_head.
+# or -1 if the head is not complete yet. A bare LF ends the head too, so
+# that parse_head can refuse it instead of waiting for a CRLF that never
+# comes.
 sub find_head_end {
     my ($buf) = @_;
     return $+[0] if $buf =~ /\n\r?\n/;
     return -1;
 }
 
+# The status for a head that is still incomplete in $buf but already
+# breaks a limit: 414 when the request line is over MAX_LINE, else 0.
+# (A head over the byte limit is the caller's 431.)
+sub incomplete_head_problem {
+    my ($buf) = @_;
+    $buf =~ /\A(?:\r\n)*/g;
+    my $from = pos($buf) // 0;
+    my $eol = index($buf, "\n", $from);
+    my $line = ($eol < 0 ? length $buf : $eol) - $from;
+    return $line > MAX_LINE + 1 ? 414 : 0;
+}
+
 # Parses a complete request head. Returns a hash reference
-#   { method, target, path, query, protocol, minor, env }
-# where `env` holds the headers as PSGI/CGI environment keys (HTTP_X_FOO
-# for X-Foo; CONTENT_TYPE and CONTENT_LENGTH without the prefix; repeated
-# headers joined with ", ", as RFC 9110 section 5.3 allows), or (undef,
-# STATUS, WHY) for a request to refuse with that status. A header name
-# with an underscore would collide with the dash form once translated,
-# and is dropped, as nginx does. The framing rules below read the same
-# keys, so a header is looked at once, where it is parsed.
+#   { method, target, path, query, protocol, minor, host, env }
+# where `path` is the target's path (still percent-encoded), `query` its
+# query without `?`, any `#fragment` stripped from both, and `env` holds
+# the headers as PSGI/CGI environment keys (HTTP_X_FOO for X-Foo;
+# CONTENT_TYPE and CONTENT_LENGTH without the prefix; repeated headers
+# joined with ", ", as RFC 9110 section 5.3 allows), or (undef, STATUS,
+# WHY) for a request to refuse with that status. A header name with an
+# underscore would collide with the dash form once translated, and is
+# dropped, as nginx does. The framing rules below read the same keys, so
+# a header is looked at once, where it is parsed.
 #
 # Core Perl only. HTTP::Parser::XS was tried for plain heads: with the
 # checks that keep its result to these rules (no merged repeats, no "_"
@@ -76,86 +98,159 @@ sub find_head_end {
 # for curl's, against 3.9 and 8.3 us for this parser (Benchmark, one core).
 sub parse_head {
     my ($head) = @_;
+    # One scan for the bytes no line may hold: NUL, a CR not ending a
+    # line, a LF not after a CR.
+    if ($head =~ /(\0)|\r(?!\n)|(?<!\r)\n/) {
+        return (undef, 400, defined $1 ? 'NUL byte in the request head'
+            : 'a line of the request head does not end in CRLF');
+    }
     # One pass with \G: the head is parsed where it lies, line by line,
     # without splitting it into copies first. Empty lines before the
     # request line are skipped. /o: $TOKEN never changes, so the patterns
     # are compiled once, not checked for a change on every request.
-    $head =~ m{\G(?:\r?\n)*($TOKEN) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\r?\n}gco
-        or return (undef, 400, _request_line_problem($head));
-    my ($method, $target, $major, $minor) = ($1, $2, $3, $4);
+    $head =~ /\G((?:\r\n)*)([^\r]*)\r\n/gc;
+    my $line = $2 // '';
+    return (undef, 400, 'more than 8 empty lines before the request line')
+        if length($1 // '') > 16;
+    return (undef, 414, 'request line over ' . MAX_LINE . ' bytes') if length $line > MAX_LINE;
+    my ($method, $target, $major, $minor) = $line =~ m{\A($TOKEN) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\z}o
+        or return (undef, 400, _request_line_problem($line));
     return (undef, 505, "HTTP/$major.$minor is not supported") unless $major == 1;
-    my %env;
+    $minor = 1 if $minor > 1;    # a later 1.x is served as 1.1 (RFC 9110 section 2.5)
+    my (%env, $fields, $hosts);
     # A value is empty or ends in a visible byte, so the blanks after it
     # fall to `[ \t]*`. (A lazy `*?` before the blanks says the same and
     # took 3 us a header: it tries the rest of the line after every byte.)
-    while ($head =~ /\G($TOKEN):[ \t]*((?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)[ \t]*\r?\n/gco) {
+    while ($head =~ /\G($TOKEN):[ \t]*((?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)[ \t]*\r\n/gco) {
+        return (undef, 431, 'more than ' . MAX_FIELDS . ' header fields') if ++$fields > MAX_FIELDS;
+        return (undef, 431, "header field $1 over " . MAX_LINE . ' bytes')
+            if $+[0] - $-[0] > MAX_LINE + 2;
         next if index($1, '_') >= 0;
         my $value = $2;
         (my $key = uc $1) =~ tr/-/_/;
         $key = "HTTP_$key" unless $key eq 'CONTENT_TYPE' || $key eq 'CONTENT_LENGTH';
-        $env{$key} = exists $env{$key} ? "$env{$key}, $value" : $value;
+        if (exists $env{$key}) {
+            return (undef, 400, 'more than one Host header') if $key eq 'HTTP_HOST';
+            $env{$key} .= ", $value";
+        }
+        else {
+            $env{$key} = $value;
+        }
     }
-    $head =~ /\G\r?\n\z/gc
-        or return (undef, 400, _header_problem(substr($head, pos($head) // 0)));
-    my ($path, $query) = split /\?/, $target, 2;
-    return {
+    $head =~ /\G\r\n\z/gc
+        or return (undef, _field_problem(substr($head, pos($head) // 0)));
+    my $req = {
         method   => $method,
         target   => $target,
-        path     => $path,
-        query    => $query // '',
         protocol => "HTTP/$major.$minor",
         minor    => $minor + 0,
         env      => \%env,
     };
+    my ($status, $why) = _read_target($req);
+    return (undef, $status, $why) if $status;
+    my $host = $env{HTTP_HOST};
+    return (undef, 400, 'an HTTP/1.1 request without a Host header')
+        if !defined $host && $minor == 1;
+    return (undef, 400, "malformed Host header '$host'")
+        if defined $host && $host !~ /\A(?:\[[0-9A-Fa-f:.]+\]|[-A-Za-z0-9._~%!\$&'()*+;=]*)(?::\d*)?\z/;
+    $env{HTTP_HOST} = $req->{authority} if defined $req->{authority};
+    return $req;
+}
+
+# Sets the path and query of $req from its target, in the forms RFC 9112
+# section 3.2 allows for its method; the status and reason if none fits.
+sub _read_target {
+    my ($req) = @_;
+    my $target = $req->{target};
+    $target =~ s/#.*//s;    # a fragment is not for the server
+    $req->{target} = $target;
+    if ($target =~ m{\A/}) {
+        @$req{qw(path query)} = split /\?/, $target, 2;
+    }
+    elsif ($target =~ m{\A(?i:https?)://([^/?]*)(.*)\z}s) {
+        # absolute-form: its authority is the Host (RFC 9112 section 3.2.2)
+        my ($authority, $rest) = ($1, $2);
+        return (400, 'absolute-form target without a host')
+            if $authority eq '' || $authority =~ /@/;
+        $req->{authority} = $authority;
+        $rest = "/$rest" unless $rest =~ m{\A/};
+        @$req{qw(path query)} = split /\?/, $rest, 2;
+    }
+    elsif ($target eq '*') {
+        return (400, "the target '*' is only for OPTIONS") unless $req->{method} eq 'OPTIONS';
+        @$req{qw(path query)} = ('*', '');
+    }
+    elsif ($req->{method} eq 'CONNECT') {
+        return (501, 'CONNECT is not served: this is an origin server, not a tunnel');
+    }
+    else {
+        return (400, "request target '$target' is not a path starting with '/' "
+            . 'nor an absolute URI');
+    }
+    $req->{query} //= '';
+    return (400, 'a % in the path not followed by two hex digits')
+        if $req->{path} =~ /%(?![0-9A-Fa-f]{2})/;
+    return;
 }
 
 # Why a request line was refused.
 sub _request_line_problem {
-    my ($head) = @_;
-    my ($line) = $head =~ /\A(?:\r?\n)*([^\n]*)/;
+    my ($line) = @_;
     return 'request target with control or non-ASCII bytes'
-        if $line =~ m{\A$TOKEN (.+) HTTP/\d\.\d\r?\z} && $1 !~ / /;
+        if $line =~ m{\A$TOKEN (.+) HTTP/\d\.\d\z}o && $1 !~ / /;
     return 'malformed request line';
 }
 
-# Why the header line at the start of $rest was refused.
-sub _header_problem {
+# The status and reason for the header line at the start of $rest.
+sub _field_problem {
     my ($rest) = @_;
-    return 'obsolete header line folding' if $rest =~ /\A[ \t]/;
-    return "control character in header $1" if $rest =~ /\A($TOKEN):/;
-    return 'malformed header line';
+    my ($line) = $rest =~ /\A([^\r]*)/;
+    return (431, 'a header field over ' . MAX_LINE . ' bytes') if length $line > MAX_LINE;
+    return (400, 'obsolete header line folding') if $line =~ /\A[ \t]/;
+    return (400, "whitespace before the colon of header $1") if $line =~ /\A($TOKEN)[ \t]+:/o;
+    return (400, "control character in header $1") if $line =~ /\A($TOKEN):/o;
+    return (400, 'malformed header line');
 }
 
-# The comma-separated items of a header's (joined) value.
+# The comma-separated items of a header's (joined) value; an empty item
+# stays, as '' (so that `chunked,` is not `chunked`).
 sub _items {
     my ($value) = @_;
-    return defined $value ? split(/\s*,\s*/, $value) : ();
+    return () unless defined $value;
+    return map { s/\A[ \t]+|[ \t]+\z//gr } split /,/, $value, -1;
 }
 
 # How the request's body is delimited: ('none'), ('length', N) or
 # ('chunked'), or (undef, STATUS, WHY). $max_body (0: no limit) turns a
-# declared length beyond it into 413.
+# declared length beyond it into 413. A list of equal Content-Length
+# values becomes that one value in the environment.
 sub body_framing {
     my ($req, $max_body) = @_;
     my ($te, $cl) = @{ $req->{env} }{qw(HTTP_TRANSFER_ENCODING CONTENT_LENGTH)};
     return ('none') unless defined $te || defined $cl;
-    my @te = _items($te);
-    if (@te) {
+    if (defined $te) {
         return (undef, 400, 'both Transfer-Encoding and Content-Length') if defined $cl;
         return (undef, 400, 'Transfer-Encoding in an HTTP/1.0 request')
             if $req->{minor} == 0;
-        return (undef, 501, "Transfer-Encoding '@te' is not supported")
-            unless @te == 1 && lc $te[0] eq 'chunked';
+        my @te = map { lc } _items($te);
+        return (undef, 400, "Transfer-Encoding '$te' does not end in chunked")
+            unless @te && $te[-1] eq 'chunked';
+        return (undef, 400, "malformed Transfer-Encoding '$te'")
+            if grep { !/\A$TOKEN\z/o } @te;
+        return (undef, 400, "Transfer-Encoding '$te' has chunked twice")
+            if grep({ $_ eq 'chunked' } @te) > 1;
+        return (undef, 501, "Transfer-Encoding '$te' is not supported") if @te > 1;
         return ('chunked');
     }
-    return ('none') unless defined $cl;
     my %lengths = map { $_ => 1 } _items($cl);
-    my @lengths = keys %lengths;
-    return (undef, 400, 'conflicting Content-Length values') if @lengths != 1;
-    my ($length) = @lengths;
-    return (undef, 400, 'malformed Content-Length') unless $length =~ /\A\d{1,18}\z/;
+    return (undef, 400, "malformed Content-Length '$cl'")
+        if grep { !/\A\d{1,18}\z/ } keys %lengths;
+    my %values = map { $_ + 0 => 1 } keys %lengths;
+    return (undef, 400, "conflicting Content-Length values '$cl'") if keys %values != 1;
+    my ($length) = keys %values;
     return (undef, 413, "body of $length bytes is over the limit of $max_body")
         if $max_body && $length > $max_body;
+    $req->{env}{CONTENT_LENGTH} = $length;
     return ('length', $length + 0);
 }
 
@@ -182,12 +277,31 @@ sub expects_continue {
     return (undef, 417, "unsupported expectation '@expect'");
 }
 
-# The size in a chunk-size line (without its line end), ignoring chunk
-# extensions; undef if the line is malformed.
+# The size in a chunk-size line (without its CRLF), its extensions
+# checked against RFC 9112 section 7.1.1's grammar and ignored; undef if
+# the line is malformed or the size is over 2^63 - 1.
+my $QUOTED = qr/"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"/;
 sub parse_chunk_size {
     my ($line) = @_;
-    my ($hex) = $line =~ /\A([0-9A-Fa-f]{1,15})[ \t]*(?:;.*)?\z/s or return undef;
+    my ($hex) = $line =~ /\A([0-9A-Fa-f]{1,16})(?:[ \t]*;[ \t]*$TOKEN(?:[ \t]*=[ \t]*(?:$TOKEN|$QUOTED))?)*\z/o
+        or return undef;
+    return undef if length $hex == 16 && $hex =~ /\A[89A-Fa-f]/;
+    no warnings 'portable';
     return hex $hex;
+}
+
+# Checks the trailer field lines of a chunked body (each without its
+# CRLF) by the rules of header field lines: undef if they are well
+# formed, else (STATUS, WHY). They are then discarded: the app has been
+# called with the header section, and no trailer may change it
+# (docs/http.md, "Trailers").
+sub trailer_problem {
+    my (@lines) = @_;
+    for my $line (@lines) {
+        $line =~ /\A$TOKEN:[ \t]*(?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?[ \t]*\z/o
+            or return (400, 'malformed trailer field line');
+    }
+    return;
 }
 
 # The reason phrase for a status code.
@@ -198,21 +312,34 @@ sub status_text {
         : $status < 500 ? 'Client Error' : 'Server Error');
 }
 
+# What is wrong with a response's header list (flat, as PSGI gives it),
+# naming the header, or undef if nothing is: a name that is not a token,
+# or a value with CR, LF or NUL, which would let an app's input split the
+# response or smuggle another one behind it.
+sub response_header_problem {
+    my ($headers) = @_;
+    for (my $i = 0; $i < @$headers; $i += 2) {
+        my ($name, $value) = @$headers[$i, $i + 1];
+        return 'a response header has no name' unless defined $name;
+        (my $shown = $name) =~ s/([^\x21-\x7e])/sprintf('\\x%02x', ord $1)/ge;
+        return "the response header name '$shown' is not a token" if $name !~ /\A$TOKEN\z/o;
+        return "the response header $name has no value" unless defined $value;
+        return "the app's header '$name' has a CR, LF or NUL" if $value =~ /[\r\n\0]/;
+        return "the app's header '$name' has a control character"
+            if $value =~ /[\x01-\x08\x0b-\x1f\x7f]/;
+    }
+    return undef;
+}
+
 # A response head: "HTTP/1.1 STATUS TEXT", the header pairs of the flat
-# list $headers (as PSGI gives them), then each line of @extra.
-# Header values with a line break are refused with a die, since they
-# would let an app's input split the response.
+# list $headers (as PSGI gives them), then each line of @extra. Headers
+# from an app must have passed response_header_problem first.
 sub response_head {
     my ($status, $headers, @extra) = @_;
     my $head = "HTTP/1.1 $status " . status_text($status) . "\r\n";
     for (my $i = 0; $i < @$headers; $i += 2) {
         $head .= "$headers->[$i]: $headers->[$i + 1]\r\n";
     }
-    # One count of line-break bytes over the whole head, instead of a
-    # look at each header: one CR and one LF per line, no more.
-    my $lines = 1 + @$headers / 2;
-    ($head =~ tr/\n//) == $lines && ($head =~ tr/\r//) == $lines
-        or die "a response header has a line break in its name or value\n";
     $head .= "$_\r\n" for @extra;
     return "$head\r\n";
 }

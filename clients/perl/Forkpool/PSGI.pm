@@ -33,8 +33,9 @@ use Socket qw(
 use Time::HiRes ();
 
 use Forkpool::HTTP qw(
-    find_head_end parse_head body_framing keeps_alive expects_continue
-    status_text response_head access_line
+    find_head_end incomplete_head_problem parse_head body_framing keeps_alive
+    expects_continue status_text response_header_problem response_head
+    access_line
 );
 use Forkpool::Worker;
 
@@ -48,11 +49,17 @@ our %DEFAULTS = (
     keepalive_turn         => 0.02,       # seconds a kept-alive connection keeps
                                           # its worker while others wait
     timeout                => 60,         # seconds per read or write of a body
+    body_timeout           => 30,         # seconds for a whole request body
     max_header_size        => 65536,      # bytes of request head
     max_body_size          => 1 << 30,    # bytes of request body; 0: no limit
     access_log             => 1,
 );
 
+# How long a kept-alive connection waiting for its next request lets a
+# connection wait on a listener before it gives way: long enough for an
+# idle worker to take it (then nobody needs this one's worker), well
+# inside the 100 ms docs/http.md allows.
+use constant GIVE_WAY_AFTER => 0.05;
 # Unread body left after a response that is read and thrown away to keep
 # the connection; beyond it the connection is closed instead.
 use constant MAX_DRAIN => 256 * 1024;
@@ -114,14 +121,20 @@ sub run {
 # listeners do not change while it serves), not once per request.
 sub _others_waiting {
     my ($self) = @_;
-    my $bits = $self->{listen_bits} //= do {
+    my $bits = $self->_listen_bits;
+    return 0 if $bits eq '';
+    my $n = select(my $ready = $bits, undef, undef, 0);
+    return $n > 0 ? 1 : 0;
+}
+
+# The select bits of the listeners this worker holds ('' for none).
+sub _listen_bits {
+    my ($self) = @_;
+    return $self->{listen_bits} //= do {
         my $v = '';
         vec($v, fileno($_), 1) = 1 for $self->{worker}->listeners;
         $v;
     };
-    return 0 if $bits eq '';
-    my $n = select(my $ready = $bits, undef, undef, 0);
-    return $n > 0 ? 1 : 0;
 }
 
 # One connection: requests until the client or a limit ends it.
@@ -177,20 +190,22 @@ sub _address {
 }
 
 # Waits until $fd is readable or, if given, the worker's channel is (the
-# supervisor has something to say, most likely quit), for at most
-# $timeout seconds. Returns 'conn', 'channel' or '' on timeout. Linux's
-# select says how much of the timeout is left, so a signal costs no clock
-# reads.
+# supervisor has something to say, most likely quit) or one of the
+# listeners in the select bits $listeners is, for at most $timeout
+# seconds. Returns 'conn', 'channel', 'listener' or '' on timeout, the
+# channel first, then the connection. Linux's select says how much of
+# the timeout is left, so a signal costs no clock reads.
 sub _wait_readable {
-    my ($fd, $timeout, $channel_fd) = @_;
-    my $bits = '';
+    my ($fd, $timeout, $channel_fd, $listeners) = @_;
+    my $bits = defined $listeners ? $listeners : '';
     vec($bits, $fd, 1) = 1;
     vec($bits, $channel_fd, 1) = 1 if defined $channel_fd;
     while (1) {
         (my $n, $timeout) = select(my $ready = $bits, undef, undef, $timeout);
         if ($n > 0) {
             return 'channel' if defined $channel_fd && vec($ready, $channel_fd, 1);
-            return 'conn';
+            return 'conn' if vec($ready, $fd, 1);
+            return 'listener';
         }
         return '' if $n == 0;
         die "select: $!\n" unless $!{EINTR};
@@ -204,13 +219,15 @@ sub _wait_readable {
 sub _read_request {
     my ($self, $c) = @_;
     if ($c->{served} && $c->{buf} eq '') {
-        $c->{channel_fd} //= fileno($self->{worker}->channel);
-        return undef
-            unless _wait_readable($c->{fd}, $self->{keepalive_timeout}, $c->{channel_fd}) eq 'conn';
+        return undef unless $self->_next_request_comes($c);
     }
     my $start = Time::HiRes::time();
     my $end = $c->{buf} eq '' ? -1 : find_head_end($c->{buf});
     while ($end < 0) {
+        if (length $c->{buf} > Forkpool::HTTP::MAX_LINE) {
+            return $self->_refuse($c, $start, 414, 'request line over 8190 bytes')
+                if incomplete_head_problem($c->{buf}) == 414;
+        }
         return $self->_refuse($c, $start, 431, 'request head over --max-header-size')
             if length $c->{buf} > $self->{max_header_size};
         # Most requests are there already: try before waiting.
@@ -229,13 +246,51 @@ sub _read_request {
             return $self->_refuse($c, $start, 408, 'request head not complete within --header-timeout');
         }
     }
-    return $self->_refuse($c, $start, 431, 'request head over --max-header-size')
-        if $end > $self->{max_header_size};
     my $head = substr($c->{buf}, 0, $end, '');
     my ($req, $status, $why) = parse_head($head);
     return $self->_refuse($c, $start, $status, $why) unless $req;
+    return $self->_refuse($c, $start, 431, 'request head over --max-header-size')
+        if $end > $self->{max_header_size};
     $req->{start} = $start;
     return $req;
+}
+
+# Between two requests on a kept-alive connection: true when the next
+# request starts within --keepalive-timeout. False when the client is
+# quiet that long, when the supervisor has a message for this worker (a
+# Quit, most likely), or when, the connection's turn (--keepalive-turn)
+# being over, another connection has waited on a listener this worker
+# holds for GIVE_WAY_AFTER: no worker is free to take it, so this idle
+# one gives way (docs/protocol.md, "Kept-alive connections: giving
+# way"); its client expects an idle connection to close and retries on a
+# new one.
+sub _next_request_comes {
+    my ($self, $c) = @_;
+    $c->{channel_fd} //= fileno($self->{worker}->channel);
+    my $now = Time::HiRes::time();
+    my $deadline = $now + $self->{keepalive_timeout};
+    my $turn_over = $c->{opened} + $self->{keepalive_turn};
+    my $listeners = $self->_listen_bits;
+    while (1) {
+        my $left = $deadline - $now;
+        return 0 unless $left > 0;
+        my $ready;
+        if ($turn_over > $now && $turn_over < $deadline) {
+            # Still its turn: only the client and the channel count.
+            $ready = _wait_readable($c->{fd}, $turn_over - $now, $c->{channel_fd});
+        }
+        else {
+            $ready = _wait_readable($c->{fd}, $left, $c->{channel_fd}, $listeners);
+            if ($ready eq 'listener') {
+                # Someone waits: give a free worker, if any, a moment to
+                # take it first.
+                $ready = _wait_readable($c->{fd}, GIVE_WAY_AFTER, $c->{channel_fd});
+                return 0 if $ready eq '' && $self->_others_waiting;
+            }
+        }
+        return $ready eq 'conn' if $ready ne '';
+        $now = Time::HiRes::time();
+    }
 }
 
 # Answers an unusable request with STATUS and closes the connection.
@@ -301,6 +356,7 @@ sub _serve_request {
         minor => $req->{minor},
         status => undef, bytes => 0,
     };
+    $c->{r} = $r;    # for psgix.informational's check of the app's headers
     my $ok = eval {
         my $res = $self->{app}->($env);
         $self->_respond($c, $r, $res);
@@ -313,6 +369,12 @@ sub _serve_request {
             # The body was bad (too large, malformed, too slow): the
             # client's fault, answered as such if nothing is sent yet.
             return $self->_refuse($c, $req->{start}, @{ $input->{error} }, $req)
+                unless defined $r->{status};
+        }
+        elsif ($r->{bad_response}) {
+            _log_error("the response of the app to $req->{method} $req->{target} "
+                . "is refused, not sent: $r->{bad_response}");
+            return $self->_refuse($c, $req->{start}, 500, 'the application gave a malformed response', $req)
                 unless defined $r->{status};
         }
         else {
@@ -408,9 +470,6 @@ sub _log_access {
 sub _env {
     my ($self, $c, $req, $input) = @_;
     my $path = $req->{path};
-    if (substr($path, 0, 1) ne '/' && $path =~ s{\Ahttps?://[^/]*}{}i) {
-        $path = '/' if $path eq '';    # absolute form, as proxies send it
-    }
     $path =~ s/%([0-9A-Fa-f]{2})/chr hex $1/ge if index($path, '%') >= 0;
     my $env = $req->{env};
     # The log shows what the client sent, whatever the app does to $env.
@@ -445,10 +504,23 @@ sub _env {
     return $env;
 }
 
+# Dies, before anything of the response is sent, if the app's headers
+# would not make a well-formed head (response_header_problem), noting
+# why in $r so that the request is answered 500 and the log names the
+# header.
+sub _refuse_bad_headers {
+    my ($r, $headers) = @_;
+    my $problem = response_header_problem($headers);
+    return unless defined $problem;
+    $r->{bad_response} = $problem;
+    die "$problem\n";
+}
+
 # psgix.informational: a 1xx response before the final one.
 sub _informational {
     my ($c, $status, $headers) = @_;
     return unless $c->{minor} >= 1 && $status >= 100 && $status < 200;
+    _refuse_bad_headers($c->{r}, $headers || []);
     _write($c, response_head($status, $headers || []));
     return;
 }
@@ -536,6 +608,7 @@ sub _send_response {
 # $length is the body's length when the server knows it.
 sub _send_head {
     my ($self, $c, $r, $status, $headers, $length, $hold) = @_;
+    _refuse_bad_headers($r, $headers);
     my @headers;
     my ($app_length, $app_te, $app_close);
     for (my $i = 0; $i < @$headers; $i += 2) {
@@ -669,7 +742,7 @@ sub poll_cb {
 # it, never whole into memory.
 package Forkpool::PSGI::Input;
 
-use Forkpool::HTTP qw(parse_chunk_size);
+use Forkpool::HTTP qw(parse_chunk_size trailer_problem);
 
 sub new {
     my ($class, $server, $c, $framing, $length, $continue) = @_;
@@ -682,6 +755,7 @@ sub new {
         continue => $continue,
         total    => 0,
         error    => undef,
+        deadline => undef,    # set by the first read: --body-timeout from then
     }, $class;
 }
 
@@ -709,6 +783,7 @@ sub close { return 1 }
 # Up to $max bytes of body; '' at the end.
 sub _take {
     my ($self, $max) = @_;
+    $self->{deadline} //= Time::HiRes::time() + $self->{server}{body_timeout};
     if ($self->{continue}) {
         $self->{continue} = 0;
         Forkpool::PSGI::_write($self->{c}, "HTTP/1.1 100 Continue\r\n\r\n");
@@ -722,7 +797,7 @@ sub _take {
         my $size = parse_chunk_size($self->_read_line);
         $self->_fail(400, 'malformed chunk size in the request body') unless defined $size;
         if ($size == 0) {
-            $self->_skip_trailers;
+            $self->_read_trailers;
             $self->{done} = 1;
             return '';
         }
@@ -749,12 +824,21 @@ sub _read_some {
 }
 
 # One read of at most $max bytes from the client; dies at the end of
-# the stream or when the client is silent for --timeout.
+# the stream, when the client is silent for --timeout, or when the body
+# is not complete by its deadline (--body-timeout), however the bytes
+# trickle in.
 sub _recv {
     my ($self, $max) = @_;
     my $c = $self->{c};
     Forkpool::PSGI::_arm($c);
     while (1) {
+        my $left = $self->{deadline} - Time::HiRes::time();
+        my $wait = $left < $c->{timeout} ? $left : $c->{timeout};
+        unless ($wait > 0 && Forkpool::PSGI::_wait_readable($c->{fd}, $wait) eq 'conn') {
+            $self->_fail(408, $left <= $c->{timeout}
+                ? 'request body not complete within --body-timeout'
+                : 'request body not sent within --timeout');
+        }
         my $n = sysread($c->{sock}, my $data, $max);
         return $data if $n;
         next if !defined $n && $!{EINTR};
@@ -765,27 +849,34 @@ sub _recv {
     }
 }
 
-# One line of chunk framing, without its line end.
+# One line of chunk framing, without its CRLF; a line ending in a bare
+# LF, or holding a bare CR, is refused (docs/http.md).
 sub _read_line {
     my ($self) = @_;
     my $c = $self->{c};
-    while ((my $at = index($c->{buf}, "\n")) < 0) {
+    my $at;
+    while (($at = index($c->{buf}, "\n")) < 0) {
         $self->_fail(400, 'chunk framing line too long') if length $c->{buf} > 4096;
         $c->{buf} .= $self->_recv(Forkpool::PSGI::READ_SIZE());
     }
-    my $line = substr($c->{buf}, 0, index($c->{buf}, "\n") + 1, '');
-    $line =~ s/\r?\n\z//;
+    my $line = substr($c->{buf}, 0, $at + 1, '');
+    $line =~ s/\r\n\z// && index($line, "\r") < 0
+        or $self->_fail(400, 'a line of the chunked body does not end in CRLF');
     return $line;
 }
 
-sub _skip_trailers {
+# Reads the trailer section after the last chunk, checks it and drops it.
+sub _read_trailers {
     my ($self) = @_;
-    my $size = 0;
+    my ($size, @lines) = (0);
     while ((my $line = $self->_read_line) ne '') {
         $size += length $line;
         $self->_fail(431, 'chunked body trailers over --max-header-size')
-            if $size > $self->{server}{max_header_size};
+            if $size > $self->{server}{max_header_size} || @lines >= Forkpool::HTTP::MAX_FIELDS;
+        push @lines, $line;
     }
+    my ($status, $why) = trailer_problem(@lines);
+    $self->_fail($status, $why) if $status;
     return;
 }
 

@@ -36,6 +36,12 @@ builder {
         return text("$length $sum\n");
     };
     mount '/die' => sub { die "the app failed on purpose\n" };
+    # A header value with a line break, as an app that copies its input
+    # into a header would give: the server must answer 500 instead.
+    mount '/inject' => sub {
+        return [200, ['Content-Type', 'text/plain', @whoami,
+            'X-Injected', "a\r\nSet-Cookie: stolen=1"], ["injected\n"]];
+    };
     mount '/stream' => sub {
         my $req = Plack::Request->new(shift);
         my $parts = $req->parameters->{parts} // 3;
