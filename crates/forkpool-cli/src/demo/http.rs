@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use forkpool::Connection;
 
+use super::request::{chunked_body, parse_request, Framing, Parsed, Refusal, Request};
+
 /// The body every successful response carries.
 pub const BODY: &[u8] = b"hello\n";
 /// How long a kept-alive connection may sit idle before the child drops it.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The largest request head accepted; a longer one is answered 431.
-pub const MAX_HEAD: usize = 8 * 1024;
 /// The largest request body accepted (and read only to be discarded); a
 /// longer `Content-Length` is answered 413 without reading it.
 pub const MAX_BODY: u64 = 1024 * 1024;
@@ -56,85 +56,6 @@ impl Default for DemoOptions {
     }
 }
 
-/// A parsed request: just what the demo needs.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Request {
-    /// The request method.
-    pub method: String,
-    /// The path without the query.
-    pub path: String,
-    /// The raw query string, if any.
-    pub query: Option<String>,
-    /// Whether the connection stays open after the response.
-    pub keep_alive: bool,
-    /// Bytes of body that follow the head (Content-Length).
-    pub body_len: u64,
-}
-
-/// The outcome of parsing a buffer.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Parsed {
-    /// A full head of this many bytes.
-    Complete(Request, usize),
-    /// More bytes needed.
-    Partial,
-    /// Not HTTP, with the reason.
-    Invalid(String),
-    /// HTTP this server does not implement (a transfer coding).
-    Unsupported(String),
-}
-
-/// Parses one request head at the start of `buf`.
-pub fn parse_request(buf: &[u8]) -> Parsed {
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(e) => return Parsed::Invalid(e.to_string()),
-    };
-    let version = req.version.unwrap_or(1);
-    let mut keep_alive = version >= 1;
-    let mut body_len = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("connection") {
-            let value = String::from_utf8_lossy(h.value).to_ascii_lowercase();
-            if value.contains("close") {
-                keep_alive = false;
-            } else if value.contains("keep-alive") {
-                keep_alive = true;
-            }
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            match std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-            {
-                Some(n) if body_len.is_none_or(|len| len == n) => body_len = Some(n),
-                Some(_) => return Parsed::Invalid("conflicting Content-Length headers".into()),
-                None => return Parsed::Invalid("bad Content-Length".into()),
-            }
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            return Parsed::Unsupported("Transfer-Encoding is not supported".into());
-        }
-    }
-    let body_len = body_len.unwrap_or(0);
-    let target = req.path.unwrap_or("/");
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_string(), Some(q.to_string())),
-        None => (target.to_string(), None),
-    };
-    Parsed::Complete(
-        Request {
-            method: req.method.unwrap_or("").to_string(),
-            path,
-            query,
-            keep_alive,
-            body_len,
-        },
-        head_len,
-    )
-}
-
 /// The value of `key` in a query string such as `work_ms=50&cpu_ms=2`.
 pub fn query_value<'q>(query: Option<&'q str>, key: &str) -> Option<&'q str> {
     query?
@@ -164,18 +85,13 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
     loop {
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         let (request, head_len) = loop {
-            let refuse = match parse_request(&buf) {
+            match parse_request(&buf) {
                 Parsed::Complete(req, n) => break (req, n),
-                Parsed::Invalid(why) => Some((400, format!("bad request: {why}\n"))),
-                Parsed::Unsupported(why) => Some((501, format!("{why}\n"))),
-                Parsed::Partial if buf.len() >= MAX_HEAD => {
-                    Some((431, "request head too large\n".to_string()))
+                Parsed::Refused(Refusal { status, why }) => {
+                    refuse_and_close(&mut stream, status, &format!("{why}\n"), worker);
+                    return;
                 }
-                Parsed::Partial => None,
-            };
-            if let Some((status, why)) = refuse {
-                refuse_and_close(&mut stream, status, &why, worker);
-                return;
+                Parsed::Partial => {}
             }
             match read_before(&mut stream, &mut chunk, deadline, &mut timeout) {
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -188,25 +104,38 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
                 Err(Ended::Closed) => return,
             }
         };
-        if request.body_len > MAX_BODY {
-            let why = format!("request body over {MAX_BODY} bytes\n");
-            refuse_and_close(&mut stream, 413, &why, worker);
-            return;
-        }
-        // Discard the body as it arrives; it is never kept.
-        let in_buf = (buf.len() - head_len).min(request.body_len as usize);
-        buf.drain(..head_len + in_buf);
-        let mut left = request.body_len - in_buf as u64;
-        while left > 0 {
-            let want = chunk.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-            match read_before(&mut stream, &mut chunk[..want], deadline, &mut timeout) {
-                Ok(n) => left -= n as u64,
-                Err(Ended::Timeout) => {
-                    refuse_and_close(&mut stream, 408, "request body too slow\n", worker);
-                    return;
-                }
-                Err(Ended::Closed) => return,
+        if request.expects_continue && buf.len() == head_len {
+            if stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
+                return;
             }
+        }
+        let body = match request.framing {
+            Framing::None => Ok(()),
+            Framing::Length(len) => discard_body(
+                &mut stream,
+                &mut buf,
+                head_len,
+                len,
+                &mut chunk,
+                deadline,
+                &mut timeout,
+            ),
+            Framing::Chunked => discard_chunked(
+                &mut stream,
+                &mut buf,
+                head_len,
+                &mut chunk,
+                deadline,
+                &mut timeout,
+            ),
+        };
+        match body {
+            Ok(()) => {}
+            Err(Some(Refusal { status, why })) => {
+                refuse_and_close(&mut stream, status, &format!("{why}\n"), worker);
+                return;
+            }
+            Err(None) => return,
         }
 
         served += 1;
@@ -215,6 +144,59 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         let keep_alive = request.keep_alive && served < options.keepalive_requests;
         if answer(&mut stream, &request, keep_alive, worker, options).is_err() || !keep_alive {
             return;
+        }
+    }
+}
+
+/// Reads and drops a body of `len` bytes after the head that ends at
+/// `head_len` in `buf`; `buf` then starts with what follows it. Err(None)
+/// when the client left, Err(Some) for a refusal (too large, too slow).
+fn discard_body(
+    stream: &mut forkpool::Stream,
+    buf: &mut Vec<u8>,
+    head_len: usize,
+    len: u64,
+    chunk: &mut [u8],
+    deadline: Instant,
+    timeout: &mut Duration,
+) -> Result<(), Option<Refusal>> {
+    if len > MAX_BODY {
+        return Err(Some(Refusal {
+            status: 413,
+            why: "request body over 1 MiB",
+        }));
+    }
+    let in_buf = (buf.len() - head_len).min(len as usize);
+    buf.drain(..head_len + in_buf);
+    let mut left = len - in_buf as u64;
+    while left > 0 {
+        let want = chunk.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        match read_before(stream, &mut chunk[..want], deadline, timeout) {
+            Ok(n) => left -= n as u64,
+            Err(ended) => return Err(ended.refusal()),
+        }
+    }
+    Ok(())
+}
+
+/// Like [`discard_body`] for a chunked body: read until its last chunk
+/// and trailers are in `buf`, checked by the chunked grammar.
+fn discard_chunked(
+    stream: &mut forkpool::Stream,
+    buf: &mut Vec<u8>,
+    head_len: usize,
+    chunk: &mut [u8],
+    deadline: Instant,
+    timeout: &mut Duration,
+) -> Result<(), Option<Refusal>> {
+    loop {
+        if let Some(used) = chunked_body(&buf[head_len..], MAX_BODY, &mut |_| {}).map_err(Some)? {
+            buf.drain(..head_len + used);
+            return Ok(());
+        }
+        match read_before(stream, chunk, deadline, timeout) {
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(ended) => return Err(ended.refusal()),
         }
     }
 }
@@ -265,6 +247,20 @@ enum Ended {
     Timeout,
     /// The client closed or reset the connection.
     Closed,
+}
+
+impl Ended {
+    /// The answer to a body that ended so: 408 if it was too slow,
+    /// none if the client left.
+    fn refusal(self) -> Option<Refusal> {
+        match self {
+            Ended::Timeout => Some(Refusal {
+                status: 408,
+                why: "request body too slow",
+            }),
+            Ended::Closed => None,
+        }
+    }
 }
 
 /// One read that ends by `deadline`: the read timeout is what is left of
@@ -383,8 +379,11 @@ fn respond_with_body(
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         413 => "Content Too Large",
+        414 => "URI Too Long",
+        417 => "Expectation Failed",
         431 => "Request Header Fields Too Large",
         501 => "Not Implemented",
+        505 => "HTTP Version Not Supported",
         _ => "Error",
     };
     let connection = if keep_alive { "keep-alive" } else { "close" };
@@ -420,7 +419,7 @@ mod tests {
         };
         assert!(!req.keep_alive);
         let Parsed::Complete(req, _) =
-            parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            parse_request(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         else {
             panic!()
         };
@@ -428,24 +427,27 @@ mod tests {
     }
 
     #[test]
-    fn partial_and_invalid_heads() {
+    fn partial_and_refused_heads() {
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Parsed::Partial);
-        assert!(matches!(
-            parse_request(b"\x00\x01garbage\r\n\r\n"),
-            Parsed::Invalid(_)
-        ));
-        assert!(matches!(
-            parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
-            Parsed::Invalid(_)
-        ));
-        assert!(matches!(
-            parse_request(b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
-            Parsed::Invalid(_)
-        ));
-        assert!(matches!(
-            parse_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
-            Parsed::Unsupported(_)
-        ));
+        let status = |head: &[u8]| match parse_request(head) {
+            Parsed::Refused(r) => r.status,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(status(b"\x00\x01garbage\r\n\r\n"), 400);
+        assert_eq!(
+            status(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            501
+        );
+        assert_eq!(status(b"GET / HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status(b"GET / HTTP/1.1\nHost: x\n\n"), 400);
     }
 
     #[test]

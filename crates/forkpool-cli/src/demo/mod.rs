@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod line;
+pub mod request;
 pub mod sessions;
 
 use clap::Args;
