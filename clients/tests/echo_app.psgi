@@ -21,7 +21,7 @@ my $app = sub {
             : $key eq 'CONTENT_TYPE' || $key eq 'CONTENT_LENGTH' ? $key
             : next;
         ($name = lc $name) =~ tr/_/-/;
-        $headers{$name} = $env->{$key};
+        $headers{$name} = "$env->{$key}";    # a header is text, even a length
     }
     my $body = '';
     while ($env->{'psgi.input'}->read(my $piece, 65536)) {

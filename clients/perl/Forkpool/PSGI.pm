@@ -394,9 +394,10 @@ sub _serve_request {
 }
 
 # A chunked body is decoded into a spool (memory, then a temporary file
-# past SPOOL_MEMORY), and the app sees it as a body with a
-# CONTENT_LENGTH, as Starman does: Plack::Request and HTTP::Entity::Parser
-# would otherwise take psgi.input for the raw chunked stream.
+# past SPOOL_MEMORY), and the app sees it with a CONTENT_LENGTH, as
+# Starman does: Plack::Request and HTTP::Entity::Parser read a body by
+# CONTENT_LENGTH, and without one would take psgi.input for the raw
+# chunked stream. HTTP_TRANSFER_ENCODING stays, as sent (docs/http.md).
 sub _spool_chunked {
     my ($env, $input) = @_;
     my $memory = '';
@@ -420,7 +421,6 @@ sub _spool_chunked {
     else {
         open($file, '<', \$memory) or die "cannot read the spooled body: $!\n";
     }
-    delete $env->{HTTP_TRANSFER_ENCODING};
     $env->{CONTENT_LENGTH} = $length;
     $env->{'psgi.input'} = $file;
     $env->{'psgix.input.buffered'} = 1;
@@ -859,6 +859,7 @@ sub _read_line {
         $self->_fail(400, 'chunk framing line too long') if length $c->{buf} > 4096;
         $c->{buf} .= $self->_recv(Forkpool::PSGI::READ_SIZE());
     }
+    $self->_fail(400, 'chunk framing line too long') if $at > 4097;
     my $line = substr($c->{buf}, 0, $at + 1, '');
     $line =~ s/\r\n\z// && index($line, "\r") < 0
         or $self->_fail(400, 'a line of the chunked body does not end in CRLF');

@@ -64,6 +64,41 @@ pub fn start_psgi(mode: &str, server_args: &[&str]) -> DemoPool {
     start_pool(mode, &cmd)
 }
 
+/// The shared corpus's echo app (clients/tests): it reads the whole body,
+/// and needs no Plack.
+pub const ECHO_APP: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/tests/echo_app.psgi"
+);
+
+/// A pool of `workers` forkpool-psgi workers, run with `server_args`,
+/// serving the echo app in `handoff`, once they are all idle.
+pub fn start_echo_pool(workers: &str, server_args: &[&str]) -> DemoPool {
+    let args = [
+        "--ping-timeout",
+        "20s",
+        "--min-children",
+        workers,
+        "--max-children",
+        workers,
+        "--min-spare",
+        "0",
+        "--max-spare",
+        workers,
+    ];
+    let mut cmd = vec!["perl", PSGI_SERVER];
+    cmd.extend_from_slice(server_args);
+    cmd.push(ECHO_APP);
+    let pool = DemoPool::start_run(&args, &cmd);
+    let n: u64 = workers.parse().unwrap();
+    assert!(
+        wait_idle(&pool, n),
+        "the workers never became idle:\n{}",
+        pool.stderr.dump()
+    );
+    pool
+}
+
 /// Polls `forkpool status` until `n` workers are idle and none busy.
 pub fn wait_idle(pool: &DemoPool, n: u64) -> bool {
     let deadline = Instant::now() + PATIENCE;
