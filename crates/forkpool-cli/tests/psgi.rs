@@ -519,14 +519,36 @@ fn kept_alive_connection_gives_way_after(mode: &str, turn: Duration) {
     assert_eq!(read_response(&mut waiting, false).body_text(), "hello b\n");
 }
 
-/// `--keepalive-turn 0`: the connection gives way at its first chance.
+/// `--keepalive-turn 0`: the connection gives way at its first chance,
+/// which for an idle one is as soon as a client waits (docs/http.md,
+/// give-way): the waiting client is served without the kept-alive one
+/// sending anything, and the kept-alive one finds its connection closed.
 #[test]
 fn a_kept_alive_connection_gives_way_at_once_without_a_turn() {
     if !require_plack() {
         return;
     }
     for mode in MODES {
-        kept_alive_connection_gives_way_after(mode, Duration::ZERO);
+        let pool = start_psgi(mode, &["--keepalive-turn", "0"]);
+        let mut kept = connect(&pool);
+        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let first = read_response(&mut kept, false);
+        assert_eq!(first.header("connection"), None, "{mode}: kept alive");
+        let started = Instant::now();
+        let mut waiting = connect(&pool);
+        waiting
+            .write_all(b"GET /?name=b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut waiting, false).body_text(), "hello b\n");
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(2),
+            "{mode}: the waiting client waited {waited:?} (the keep-alive timeout is 5 s)"
+        );
+        let mut rest = Vec::new();
+        kept.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{mode}: the idle connection was closed");
     }
 }
 

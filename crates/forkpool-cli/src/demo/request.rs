@@ -176,7 +176,11 @@ fn version_problem(buf: &[u8], field: &mut dyn FnMut(&str, &[u8])) -> Parsed {
         .map_or(buf.len(), |p| start + p);
     let line = &buf[start..line_end];
     let version_at = line.iter().rposition(|&b| b == b' ').map_or(0, |p| p + 1);
+    let parts = line.split(|&b| b == b' ');
+    let well_formed = parts.clone().count() == 3 && parts.clone().all(|p| !p.is_empty());
     match &line[version_at..] {
+        _ if line.len() > MAX_LINE => Parsed::Refused(refuse(414, "request line over 8190 bytes")),
+        _ if !well_formed => Parsed::Refused(refuse(400, "malformed request line")),
         [b'H', b'T', b'T', b'P', b'/', b'1', b'.', b'2'..=b'9'] => {
             let mut copy = buf.to_vec();
             copy[start + version_at + 7] = b'1';
@@ -190,7 +194,6 @@ fn version_problem(buf: &[u8], field: &mut dyn FnMut(&str, &[u8])) -> Parsed {
         {
             Parsed::Refused(refuse(505, "HTTP version not supported"))
         }
-        _ if line.len() > MAX_LINE => Parsed::Refused(refuse(414, "request line over 8190 bytes")),
         _ => Parsed::Refused(refuse(400, "malformed request line")),
     }
 }
