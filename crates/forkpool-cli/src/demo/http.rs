@@ -110,7 +110,10 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
             }
         }
         let body = match request.framing {
-            Framing::None => Ok(()),
+            Framing::None => {
+                buf.drain(..head_len);
+                Ok(())
+            }
             Framing::Length(len) => discard_body(
                 &mut stream,
                 &mut buf,
