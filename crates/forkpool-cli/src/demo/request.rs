@@ -74,9 +74,10 @@ pub fn parse_request(buf: &[u8]) -> Parsed {
     parse_head(buf, &mut |_, _| {}).0
 }
 
-/// Parses one request head, telling `field` each header that reaches the
-/// app (name, value); also returns the authority of an absolute-form
+/// Parses one request head, telling `field` each header (name, value);
+/// also returns the authority of an absolute-form
 /// target, which replaces the Host the app sees.
+#[inline]
 fn parse_head<'b>(buf: &'b [u8], field: &mut dyn FnMut(&str, &[u8])) -> (Parsed, Option<&'b str>) {
     let mut headers = [httparse::EMPTY_HEADER; COMMON_FIELDS];
     match parse_with(buf, &mut headers, field) {
@@ -96,6 +97,7 @@ fn parse_head<'b>(buf: &'b [u8], field: &mut dyn FnMut(&str, &[u8])) -> (Parsed,
 
 type HeadResult<'b> = Result<(Parsed, Option<&'b str>), httparse::Error>;
 
+#[inline]
 fn settle<'b>(
     buf: &'b [u8],
     result: HeadResult<'b>,
@@ -120,6 +122,7 @@ fn settle<'b>(
     }
 }
 
+#[inline]
 fn parse_with<'b>(
     buf: &'b [u8],
     headers: &mut [httparse::Header<'b>],
@@ -137,6 +140,7 @@ fn parse_with<'b>(
 }
 
 /// Where the request line starts: after up to MAX_EMPTY_LINES CRLFs.
+#[inline]
 fn request_line_start(buf: &[u8]) -> Result<usize, Refusal> {
     let mut at = 0;
     while buf[at..].starts_with(b"\r\n") {
@@ -199,6 +203,7 @@ fn version_problem(buf: &[u8], field: &mut dyn FnMut(&str, &[u8])) -> Parsed {
 }
 
 /// The checks httparse leaves to its caller, on a complete head.
+#[inline]
 fn check_head<'b>(
     buf: &'b [u8],
     head_len: usize,
@@ -207,25 +212,33 @@ fn check_head<'b>(
 ) -> Result<(Request, Option<&'b str>), Refusal> {
     let head = &buf[..head_len];
     let start = request_line_start(head)?;
-    // httparse takes a bare LF for a line end; docs/http.md does not.
-    let mut previous = 0u8;
-    for &b in head {
-        if b == b'\n' && previous != b'\r' {
-            return Err(refuse(400, "a line of the head does not end in CRLF"));
-        }
-        previous = b;
+    let method = req.method.unwrap_or("");
+    let target = req.path.unwrap_or("");
+    // httparse takes a bare LF for a line end (and skips leading empty
+    // lines that are bare LFs); docs/http.md does not. A field value
+    // holds no CR or LF, so each line ends just before the next line
+    // starts: the request line where the first field's name starts, each
+    // field where the next one's starts, the last line before the final
+    // CRLF. Checking those ends is a few compares, not a scan.
+    let offset = |s: &str| s.as_ptr() as usize - buf.as_ptr() as usize;
+    let line_starts = req.headers.iter().map(|h| offset(h.name));
+    let crlf_before = |at: usize| at >= 2 && &head[at - 2..at] == b"\r\n";
+    if offset(method) != start
+        || !line_starts.clone().all(crlf_before)
+        || !crlf_before(head_len)
+        || !crlf_before(head_len - 2)
+    {
+        return Err(refuse(400, "a line of the head does not end in CRLF"));
     }
-    let line_len = head[start..].iter().position(|&b| b == b'\r').unwrap_or(0);
-    if line_len > MAX_LINE {
+    let line_end = line_starts.clone().next().unwrap_or(head_len - 2) - 2;
+    if line_end - start > MAX_LINE {
         return Err(refuse(414, "request line over 8190 bytes"));
     }
     if head_len > MAX_HEAD {
         return Err(refuse(431, "request head over 65536 bytes"));
     }
-    let method = req.method.unwrap_or("");
-    let target = req.path.unwrap_or("");
     // httparse lets bytes above 0x7F into the target.
-    if !target.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+    if !target.is_ascii() {
         return Err(refuse(400, "request target with non-ASCII bytes"));
     }
     let (path, query, authority) = split_target(method, target)?;
@@ -244,10 +257,13 @@ fn check_head<'b>(
             return Err(refuse(431, "a header field over 8190 bytes"));
         }
         let name = h.name;
-        if name.eq_ignore_ascii_case("host") {
+        // The names looked at, told apart by length first: most fields
+        // are none of them and cost one compare.
+        let is = |wanted: &str| name.len() == wanted.len() && name.eq_ignore_ascii_case(wanted);
+        if is("host") {
             hosts += 1;
             host = Some(h.value);
-        } else if name.eq_ignore_ascii_case("content-length") {
+        } else if is("content-length") {
             for item in h.value.split(|&b| b == b',') {
                 let n = content_length(trim(item))?;
                 if length.is_some_and(|l| l != n) {
@@ -255,23 +271,21 @@ fn check_head<'b>(
                 }
                 length = Some(n);
             }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if is("transfer-encoding") {
             te_lines += 1;
             te = Some(transfer_coding(h.value, te, te_lines)?);
-        } else if name.eq_ignore_ascii_case("connection") {
+        } else if is("connection") {
             for option in h.value.split(|&b| b == b',').map(trim) {
                 close |= option.eq_ignore_ascii_case(b"close");
                 keep |= option.eq_ignore_ascii_case(b"keep-alive");
             }
-        } else if name.eq_ignore_ascii_case("expect") {
+        } else if is("expect") {
             if !trim(h.value).eq_ignore_ascii_case(b"100-continue") {
                 return Err(refuse(417, "unsupported expectation"));
             }
             expects_continue = minor == 1;
         }
-        if !name.contains('_') {
-            field(name, h.value);
-        }
+        field(name, h.value);
     }
     if hosts > 1 {
         return Err(refuse(400, "more than one Host header"));
@@ -312,6 +326,7 @@ fn check_head<'b>(
 }
 
 /// The path, query and (absolute-form) authority of a target.
+#[inline]
 fn split_target<'t>(
     method: &str,
     target: &'t str,
@@ -344,6 +359,9 @@ fn split_target<'t>(
         None => (origin, None),
     };
     let path = if path.is_empty() { "/" } else { path };
+    if !path.contains('%') {
+        return Ok((path, query, authority));
+    }
     let bytes = path.as_bytes();
     for (i, &b) in bytes.iter().enumerate() {
         if b == b'%'
@@ -365,6 +383,7 @@ fn strip_scheme(target: &str) -> Option<&str> {
 }
 
 /// `uri-host [":" port]`: a reg-name (no comma) or a bracketed IP literal.
+#[inline]
 fn valid_host(value: &[u8]) -> bool {
     let (host, port) = if value.first() == Some(&b'[') {
         match value.iter().position(|&b| b == b']') {
@@ -384,9 +403,7 @@ fn valid_host(value: &[u8]) -> bool {
         let colon = value.iter().position(|&b| b == b':').unwrap_or(value.len());
         (&value[..colon], &value[colon..])
     };
-    let reg_name = host
-        .iter()
-        .all(|&b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+;=".contains(&b));
+    let reg_name = host.iter().all(|&b| REG_NAME[usize::from(b)]);
     let port_ok = match port {
         [] => true,
         [b':', digits @ ..] => digits.iter().all(u8::is_ascii_digit),
@@ -394,6 +411,36 @@ fn valid_host(value: &[u8]) -> bool {
     };
     reg_name && port_ok
 }
+
+/// The bytes of a reg-name (RFC 3986 section 3.2.2) but the comma, which
+/// would make a Host a list.
+const REG_NAME: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b';'
+                    | b'='
+            );
+        b += 1;
+    }
+    table
+};
 
 /// One member of a Content-Length list: 1 to 18 digits.
 fn content_length(item: &[u8]) -> Result<u64, Refusal> {
@@ -609,6 +656,9 @@ pub struct Seen {
 pub fn parse_message(buf: &[u8]) -> Result<Option<(Seen, usize)>, Refusal> {
     let mut headers: Vec<(String, String)> = Vec::new();
     let mut field = |name: &str, value: &[u8]| {
+        if name.contains('_') {
+            return; // dropped: HTTP_X_Y could not tell it from X-Y (http.md)
+        }
         let name = name.to_ascii_lowercase();
         let value = latin1(trim(value));
         match headers.iter_mut().find(|(n, _)| *n == name) {
