@@ -7,6 +7,9 @@
 #[path = "common/http_corpus.rs"]
 mod http_corpus;
 
+#[path = "common/corpus_check.rs"]
+mod corpus_check;
+
 use forkpool_cli::demo::request::{parse_message, Seen};
 use serde_json::{json, Map, Value};
 
@@ -66,22 +69,5 @@ fn check(case: &http_corpus::Case) -> Result<(), String> {
 
 #[test]
 fn the_demo_parser_passes_the_whole_corpus() {
-    let failures: Vec<http_corpus::Failure> = http_corpus::load_cases()
-        .iter()
-        .filter_map(|case| {
-            let what = check(case).err()?;
-            Some(http_corpus::Failure {
-                case: case.name.clone(),
-                what,
-            })
-        })
-        .collect();
-    let report: Vec<String> = failures.iter().map(|f| f.to_string()).collect();
-    assert!(
-        failures.is_empty(),
-        "{} corpus cases failed ({:?}):\n{}",
-        failures.len(),
-        http_corpus::failures_by_class(&failures),
-        report.join("\n")
-    );
+    corpus_check::assert_every_case_passes(http_corpus::load_cases(), check);
 }

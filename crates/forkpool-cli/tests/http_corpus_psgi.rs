@@ -6,6 +6,9 @@ mod common;
 #[path = "common/http_corpus.rs"]
 mod http_corpus;
 
+#[path = "common/corpus_check.rs"]
+mod corpus_check;
+
 #[path = "common/psgi_support.rs"]
 mod psgi_support;
 
@@ -40,23 +43,7 @@ fn forkpool_psgi_passes_the_whole_corpus() {
         return;
     }
     let pool = psgi_support::start_echo_pool("4", &["--no-access-log", "--header-timeout", "5"]);
-    let failures: Vec<http_corpus::Failure> = http_corpus::load_cases()
-        .into_iter()
-        .filter_map(|mut case| {
-            as_psgi_sees_it(&mut case);
-            let what = http_corpus::run_case(pool.addr, &case).err()?;
-            Some(http_corpus::Failure {
-                case: case.name,
-                what,
-            })
-        })
-        .collect();
-    let report: Vec<String> = failures.iter().map(|f| f.to_string()).collect();
-    assert!(
-        failures.is_empty(),
-        "{} corpus cases failed ({:?}):\n{}",
-        failures.len(),
-        http_corpus::failures_by_class(&failures),
-        report.join("\n")
-    );
+    let mut cases = http_corpus::load_cases();
+    cases.iter_mut().for_each(as_psgi_sees_it);
+    corpus_check::assert_every_case_passes(cases, |case| http_corpus::run_case(pool.addr, case));
 }
