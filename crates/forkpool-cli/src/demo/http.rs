@@ -104,10 +104,11 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
                 Err(Ended::Closed) => return,
             }
         };
-        if request.expects_continue && buf.len() == head_len {
-            if stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
-                return;
-            }
+        if request.expects_continue
+            && buf.len() == head_len
+            && stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err()
+        {
+            return;
         }
         let body = match request.framing {
             Framing::None => {

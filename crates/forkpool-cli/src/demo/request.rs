@@ -459,8 +459,7 @@ fn transfer_coding(
     lines: usize,
 ) -> Result<(bool, bool), Refusal> {
     let (mut last_chunked, mut only_chunked) = before.map_or((false, true), |(l, _)| (l, false));
-    let mut members = 0;
-    for item in value.split(|&b| b == b',').map(trim) {
+    for (members, item) in value.split(|&b| b == b',').map(trim).enumerate() {
         if item.is_empty() || !item.iter().all(|&b| is_token(b)) {
             return Err(refuse(400, "malformed Transfer-Encoding"));
         }
@@ -469,7 +468,6 @@ fn transfer_coding(
         }
         last_chunked = item.eq_ignore_ascii_case(b"chunked");
         only_chunked &= last_chunked && members == 0 && lines == 1;
-        members += 1;
     }
     Ok((last_chunked, only_chunked))
 }
