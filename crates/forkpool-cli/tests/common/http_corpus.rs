@@ -187,7 +187,7 @@ fn read_line(reader: &mut impl BufRead) -> Result<String, String> {
     match reader.read_until(b'\n', &mut line) {
         Ok(0) => return Err("the connection closed with no (further) response".into()),
         Ok(_) => {}
-        Err(e) if is_timeout(&e) => return Err(format!("no answer within {READ_TIMEOUT:?}")),
+        Err(e) if is_timeout(&e) => return Err("no answer before the read timeout".into()),
         Err(e) => return Err(format!("read: {e}")),
     }
     if !line.ends_with(b"\r\n") {
