@@ -281,7 +281,7 @@ class Server:
         peer = _peer(conn)
         opened = None
         for number in range(self.limits.max_requests):
-            if number and not self._next_request_waiting(conn, reader):
+            if number and not self._next_request_waiting(conn, reader, opened):
                 return
             started = time.monotonic()
             try:
@@ -302,12 +302,13 @@ class Server:
             if self.worker.leaving:
                 return
 
-    def _next_request_waiting(self, conn, reader):
+    def _next_request_waiting(self, conn, reader, opened):
         """Between two requests on a kept-alive connection: True when the
         client sends more within the keep-alive timeout; False when it does
         not, when the supervisor has a message (a Quit) for this worker, or
-        when a client waits on a listener this worker holds and no other
-        worker takes it (the idle connection gives way)."""
+        when, its turn over (`--keepalive-turn` since `opened`), the idle
+        connection gives way to a client waiting on a listener this worker
+        holds that no other worker takes within a short grace."""
         if reader.buf:
             return not self.worker.channel_waiting()
         own = select.poll()
@@ -320,13 +321,17 @@ class Server:
             watch.register(listener.fileno(), select.POLLIN)
         grace = GIVE_WAY_GRACE + GIVE_WAY_STEP * (self.worker.slot % 4)
         deadline = time.monotonic() + self.limits.keepalive_timeout
+        turn_ends = opened + self.limits.keepalive_turn
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
-            fds = {fd for fd, _ in watch.poll(left * 1000)}
+            if now < turn_ends:
+                fds = {fd for fd, _ in own.poll((min(deadline, turn_ends) - now) * 1000)}
+            else:
+                fds = {fd for fd, _ in watch.poll((deadline - now) * 1000)}
             if not fds:
-                return False
+                continue
             if fds - {conn.fileno(), self.worker.channel.fileno()}:
                 # A client waits: give it a moment to find a free worker.
                 fds = {fd for fd, _ in own.poll(grace * 1000)}
