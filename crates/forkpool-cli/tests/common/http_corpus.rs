@@ -18,7 +18,7 @@ use serde_json::Value;
 
 /// How long one read may wait for the server: a case that gets no answer
 /// within it fails (a server waiting for bytes that never come).
-const READ_TIMEOUT: Duration = Duration::from_secs(3);
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The request sent after a `"close": false` case, on the same connection.
 const FOLLOW_UP: &[u8] = b"GET /follow-up HTTP/1.1\r\nHost: h\r\n\r\n";
