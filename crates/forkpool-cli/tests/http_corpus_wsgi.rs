@@ -68,16 +68,24 @@ fn forkpool_wsgi_passes_the_whole_corpus() {
     assert_passes(&http_corpus::run_corpus(pool.addr));
 }
 
-/// The valid cases again, with the echo app behind `wsgiref.validate`
-/// (PEP 3333's checker): a complaint is an exception, so a 500.
+/// Every case the app answers, again with the echo app behind
+/// `wsgiref.validate` (PEP 3333's checker: a complaint is an exception, so
+/// a 500). Not `OPTIONS *`: the checker wants PATH_INFO to start with `/`,
+/// which PEP 3333 itself does not ask, and docs/http.md gives the app `*`.
 #[test]
-fn forkpool_wsgi_keeps_pep_3333_on_the_valid_cases() {
+fn forkpool_wsgi_keeps_pep_3333_on_every_served_case() {
     let Some(pool) = start_app("echo_app:validated", "4", &[]) else {
         return;
     };
-    let failures: Vec<http_corpus::Failure> = http_corpus::load_cases()
+    let cases = http_corpus::load_cases();
+    let served: Vec<&http_corpus::Case> = cases
         .iter()
-        .filter(|case| case.class() == "valid")
+        .filter(|case| case.responses.iter().all(|r| r.get("app").is_some()))
+        .filter(|case| case.name != "target/options-asterisk")
+        .collect();
+    assert!(served.len() > 80, "only {} served cases", served.len());
+    let failures: Vec<http_corpus::Failure> = served
+        .into_iter()
         .filter_map(|case| {
             let what = http_corpus::run_case(pool.addr, case).err()?;
             let case = case.name.clone();
