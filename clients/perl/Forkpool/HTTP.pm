@@ -360,6 +360,8 @@ sub response_header_problem {
         return "the app's header '$name' has a CR, LF or NUL" if $value =~ /[\r\n\0]/;
         return "the app's header '$name' has a control character"
             if $value =~ /[\x01-\x08\x0b-\x1f\x7f]/;
+        return "the app's header '$name' has a character beyond Latin-1 (encode it to bytes)"
+            if $value =~ /[^\x00-\xff]/;
     }
     return undef;
 }

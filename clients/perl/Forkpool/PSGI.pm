@@ -57,9 +57,12 @@ our %DEFAULTS = (
 
 # How long a kept-alive connection waiting for its next request lets a
 # connection wait on a listener before it gives way: long enough for an
-# idle worker to take it (then nobody needs this one's worker), well
-# inside the 100 ms docs/http.md allows.
-use constant GIVE_WAY_AFTER => 0.05;
+# idle worker to take it (then nobody needs this one's worker), plus a
+# step per slot (modulo 4) so that one idle worker gives way, not all at
+# once; at most 70 ms, inside the 100 ms docs/http.md allows. The same
+# as forkpool_wsgi's.
+use constant GIVE_WAY_GRACE => 0.01;
+use constant GIVE_WAY_STEP  => 0.02;
 # Unread body left after a response that is read and thrown away to keep
 # the connection; beyond it the connection is closed instead.
 use constant MAX_DRAIN => 256 * 1024;
@@ -260,7 +263,7 @@ sub _read_request {
 # quiet that long, when the supervisor has a message for this worker (a
 # Quit, most likely), or when, the connection's turn (--keepalive-turn)
 # being over, another connection has waited on a listener this worker
-# holds for GIVE_WAY_AFTER: no worker is free to take it, so this idle
+# holds for its grace (GIVE_WAY_GRACE and STEP): no worker is free to take it, so this idle
 # one gives way (docs/protocol.md, "Kept-alive connections: giving
 # way"); its client expects an idle connection to close and retries on a
 # new one.
@@ -271,6 +274,7 @@ sub _next_request_comes {
     my $deadline = $now + $self->{keepalive_timeout};
     my $turn_over = $c->{opened} + $self->{keepalive_turn};
     my $listeners = $self->_listen_bits;
+    my $grace = GIVE_WAY_GRACE + GIVE_WAY_STEP * (($self->{worker}->slot // 0) % 4);
     while (1) {
         my $left = $deadline - $now;
         return 0 unless $left > 0;
@@ -284,7 +288,7 @@ sub _next_request_comes {
             if ($ready eq 'listener') {
                 # Someone waits: give a free worker, if any, a moment to
                 # take it first.
-                $ready = _wait_readable($c->{fd}, GIVE_WAY_AFTER, $c->{channel_fd});
+                $ready = _wait_readable($c->{fd}, $grace, $c->{channel_fd});
                 return 0 if $ready eq '' && $self->_others_waiting;
             }
         }
