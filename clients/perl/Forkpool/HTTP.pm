@@ -24,7 +24,7 @@ our $VERSION = '1';
 our @EXPORT_OK = qw(
     find_head_end incomplete_head_problem parse_head body_framing keeps_alive
     expects_continue parse_chunk_size trailer_problem status_text
-    response_header_problem response_head clf_time access_line
+    response_head clf_time access_line
 );
 
 my %STATUS_TEXT = (
@@ -345,38 +345,42 @@ sub status_text {
         : $status < 500 ? 'Client Error' : 'Server Error');
 }
 
-# What is wrong with a response's header list (flat, as PSGI gives it),
-# naming the header, or undef if nothing is: a name that is not a token,
-# or a value with CR, LF or NUL, which would let an app's input split the
-# response or smuggle another one behind it.
-sub response_header_problem {
-    my ($headers) = @_;
-    for (my $i = 0; $i < @$headers; $i += 2) {
-        my ($name, $value) = @$headers[$i, $i + 1];
-        return 'a response header has no name' unless defined $name;
-        (my $shown = $name) =~ s/([^\x21-\x7e])/sprintf('\\x%02x', ord $1)/ge;
-        return "the response header name '$shown' is not a token" if $name !~ /\A$TOKEN\z/o;
-        return "the response header $name has no value" unless defined $value;
-        return "the app's header '$name' has a CR, LF or NUL" if $value =~ /[\r\n\0]/;
-        return "the app's header '$name' has a control character"
-            if $value =~ /[\x01-\x08\x0b-\x1f\x7f]/;
-        return "the app's header '$name' has a character beyond Latin-1 (encode it to bytes)"
-            if $value =~ /[^\x00-\xff]/;
-    }
-    return undef;
-}
-
 # A response head: "HTTP/1.1 STATUS TEXT", the header pairs of the flat
-# list $headers (as PSGI gives them), then each line of @extra. Headers
-# from an app must have passed response_header_problem first.
+# list $headers (as PSGI gives them), then each line of @extra; or
+# (undef, WHY) naming the first header that cannot be sent: a name that
+# is not a token, or a value with CR, LF, NUL or another control byte but
+# tab, or with a character beyond Latin-1 (docs/http.md, "Responses from
+# the app"). CR and LF would let an app's input split the response or
+# smuggle another behind it. Checked while the head is built, on every
+# response: a header passes on three tr counts, and only a bad one goes
+# through the matches that say why.
 sub response_head {
     my ($status, $headers, @extra) = @_;
     my $head = "HTTP/1.1 $status " . status_text($status) . "\r\n";
     for (my $i = 0; $i < @$headers; $i += 2) {
-        $head .= "$headers->[$i]: $headers->[$i + 1]\r\n";
+        my ($name, $value) = @$headers[$i, $i + 1];
+        return (undef, _header_problem($name, $value))
+            unless defined $name && length $name && defined $value
+            && !($name =~ tr/!#$%&'*+\-.^_`|~0-9A-Za-z//c)
+            && !($value =~ tr/\x00-\x08\x0a-\x1f\x7f//)
+            && !(utf8::is_utf8($value) && $value =~ /[^\x00-\xff]/);
+        $head .= "$name: $value\r\n";
     }
     $head .= "$_\r\n" for @extra;
     return "$head\r\n";
+}
+
+# Why the app's header ($name, $value) cannot be sent.
+sub _header_problem {
+    my ($name, $value) = @_;
+    return 'a response header has no name' unless defined $name && length $name;
+    (my $shown = $name) =~ s/([^\x21-\x7e])/sprintf('\\x%02x', ord $1)/ge;
+    return "the response header name '$shown' is not a token" if $name !~ /\A$TOKEN\z/o;
+    return "the response header $name has no value" unless defined $value;
+    return "the app's header '$name' has a CR, LF or NUL" if $value =~ /[\r\n\0]/;
+    return "the app's header '$name' has a control character"
+        if $value =~ /[\x01-\x08\x0b-\x1f\x7f]/;
+    return "the app's header '$name' has a character beyond Latin-1 (encode it to bytes)";
 }
 
 my ($clf_second, $clf_text) = (-1, '');

@@ -34,7 +34,7 @@ use Time::HiRes ();
 
 use Forkpool::HTTP qw(
     find_head_end incomplete_head_problem parse_head body_framing keeps_alive
-    expects_continue status_text response_header_problem response_head
+    expects_continue status_text response_head
     access_line
 );
 use Forkpool::Worker;
@@ -110,6 +110,7 @@ sub run {
     my $worker = Forkpool::Worker->from_env;
     local $self->{worker} = $worker;
     local $self->{listen_bits};
+    local $self->{give_way_grace};
     local $self->{app}    = $app;
     $worker->serve(sub { $self->serve_connection(@_) });
     return;
@@ -151,6 +152,7 @@ sub serve_connection {
     while (1) {
         my $req = $self->_read_request($c) or last;
         $c->{opened} //= $req->{start};
+        $c->{last_start} = $req->{start};
         $c->{served}++;
         my $keep = $self->_serve_request($c, $req);
         last unless $keep && !$c->{leave};
@@ -270,30 +272,32 @@ sub _read_request {
 sub _next_request_comes {
     my ($self, $c) = @_;
     $c->{channel_fd} //= fileno($self->{worker}->channel);
-    my $now = Time::HiRes::time();
-    my $deadline = $now + $self->{keepalive_timeout};
-    my $turn_over = $c->{opened} + $self->{keepalive_turn};
-    my $listeners = $self->_listen_bits;
-    my $grace = GIVE_WAY_GRACE + GIVE_WAY_STEP * (($self->{worker}->slot // 0) % 4);
+    my $timeout = $self->{keepalive_timeout};
+    # Still its turn (counted to the last request's start, so a little
+    # long; no clock is read on this path): only the client and the
+    # channel count.
+    my $turn_left = $c->{opened} + $self->{keepalive_turn} - $c->{last_start};
+    if ($turn_left > 0) {
+        my $ready = _wait_readable($c->{fd}, $turn_left < $timeout ? $turn_left : $timeout,
+            $c->{channel_fd});
+        return $ready eq 'conn' if $ready ne '' || $turn_left >= $timeout;
+        $timeout -= $turn_left;
+    }
+    my $listeners = $self->{listen_bits} // $self->_listen_bits;
+    my $deadline;
     while (1) {
-        my $left = $deadline - $now;
-        return 0 unless $left > 0;
-        my $ready;
-        if ($turn_over > $now && $turn_over < $deadline) {
-            # Still its turn: only the client and the channel count.
-            $ready = _wait_readable($c->{fd}, $turn_over - $now, $c->{channel_fd});
-        }
-        else {
-            $ready = _wait_readable($c->{fd}, $left, $c->{channel_fd}, $listeners);
-            if ($ready eq 'listener') {
-                # Someone waits: give a free worker, if any, a moment to
-                # take it first.
-                $ready = _wait_readable($c->{fd}, $grace, $c->{channel_fd});
-                return 0 if $ready eq '' && $self->_others_waiting;
-            }
-        }
+        my $ready = _wait_readable($c->{fd}, $timeout, $c->{channel_fd}, $listeners);
+        return $ready eq 'conn' unless $ready eq 'listener';
+        # Someone waits: give a free worker, if any, a moment to take it
+        # first.
+        $deadline //= Time::HiRes::time() + $timeout;
+        my $grace = $self->{give_way_grace}
+            //= GIVE_WAY_GRACE + GIVE_WAY_STEP * (($self->{worker}->slot // 0) % 4);
+        $ready = _wait_readable($c->{fd}, $grace, $c->{channel_fd});
         return $ready eq 'conn' if $ready ne '';
-        $now = Time::HiRes::time();
+        return 0 if $self->_others_waiting;
+        $timeout = $deadline - Time::HiRes::time();
+        return 0 unless $timeout > 0;
     }
 }
 
@@ -508,14 +512,15 @@ sub _env {
     return $env;
 }
 
-# Dies, before anything of the response is sent, if the app's headers
-# would not make a well-formed head (response_header_problem), noting
-# why in $r so that the request is answered 500 and the log names the
-# header.
-sub _refuse_bad_headers {
-    my ($r, $headers) = @_;
-    my $problem = response_header_problem($headers);
-    return unless defined $problem;
+# The head of a response, or a death, before anything of it is sent, if
+# the app's headers would not make a well-formed head (response_head
+# says why); the reason goes in $r, so that the request is answered 500
+# and the log names the header.
+sub _head_or_refuse {
+    my ($r, @head) = @_;
+    my ($head, $problem) = response_head(@head);
+    return $head if defined $head;
+    $r->{status} = undef;    # nothing was sent: the 500 can still go out
     $r->{bad_response} = $problem;
     die "$problem\n";
 }
@@ -524,8 +529,7 @@ sub _refuse_bad_headers {
 sub _informational {
     my ($c, $status, $headers) = @_;
     return unless $c->{minor} >= 1 && $status >= 100 && $status < 200;
-    _refuse_bad_headers($c->{r}, $headers || []);
-    _write($c, response_head($status, $headers || []));
+    _write($c, _head_or_refuse($c->{r}, $status, $headers || []));
     return;
 }
 
@@ -612,7 +616,6 @@ sub _send_response {
 # $length is the body's length when the server knows it.
 sub _send_head {
     my ($self, $c, $r, $status, $headers, $length, $hold) = @_;
-    _refuse_bad_headers($r, $headers);
     my @headers;
     my ($app_length, $app_te, $app_close);
     for (my $i = 0; $i < @$headers; $i += 2) {
@@ -651,7 +654,7 @@ sub _send_head {
     }
     push @extra, !$r->{keep} ? 'Connection: close'
         : $r->{minor} == 0 ? 'Connection: keep-alive' : ();
-    my $head = response_head($status, \@headers, @extra);
+    my $head = _head_or_refuse($r, $status, \@headers, @extra);
     _write($c, $head) unless $hold;
     return $head;
 }

@@ -485,9 +485,10 @@ fn a_busy_worker_logging_every_request_is_not_taken_for_a_flood() {
 /// A one-worker pool in dispatch MODE serving the Plack app with
 /// `--keepalive-turn TURN`: a kept-alive connection keeps the worker while
 /// a second client waits on the listener, until TURN has passed since its
-/// first request; the first response after that says `Connection: close`,
-/// and the waiting client is served at once rather than after the
-/// keep-alive timeout.
+/// first request; after that it gives way, either way docs/http.md allows:
+/// its next response says `Connection: close`, or, idle between two
+/// requests, it is closed; and the waiting client is served at once
+/// rather than after the keep-alive timeout.
 fn kept_alive_connection_gives_way_after(mode: &str, turn: Duration) {
     let turn_text = turn.as_secs_f64().to_string();
     let pool = start_psgi(mode, &["--keepalive-turn", &turn_text]);
@@ -509,8 +510,15 @@ fn kept_alive_connection_gives_way_after(mode: &str, turn: Duration) {
         "{mode}: the second client never waited on the listener"
     );
     common::check_keepalive_turn(mode, turn, opened, || {
-        kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
+        if kept
+            .write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+            .is_err()
+        {
+            return true; // closed while idle
+        }
+        if !matches!(kept.peek(&mut [0]), Ok(1)) {
+            return true; // closed while idle: no answer comes
+        }
         let answer = read_response(&mut kept, false);
         assert_eq!(answer.body_text(), "hello a\n");
         answer.header("connection").as_deref() == Some("close")
