@@ -120,6 +120,6 @@ mod tests {
             listeners[0].recheck,
             "the listener is looked at again this turn"
         );
-        assert_eq!(board.link(0).unwrap().ordered_on, None);
+        assert_eq!(board.link(0).unwrap().child.ordered_on, None);
     }
 }

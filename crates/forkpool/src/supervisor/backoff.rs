@@ -9,21 +9,10 @@ use std::time::Instant;
 
 use tracing::{error, warn};
 
-use super::{log_due, ChildLink, LeaveCause, Readiness, Supervisor};
-use crate::policy::backoff::{fails_a_reload, Start, Verdict, START_WINDOW};
+use super::{log_due, ChildLink, LeaveCause, Supervisor};
+use crate::policy::backoff::{fails_a_reload, Verdict, START_WINDOW};
 use crate::sys::process::ExitStatus;
 use crate::worker::ChildStart;
-
-impl ChildLink {
-    /// How far this worker has got in starting.
-    pub(crate) fn start(&self) -> Start {
-        match self.readiness {
-            Readiness::Awaited => Start::Awaited,
-            Readiness::Said(after) => Start::Ready(self.spawned_at + after),
-            Readiness::Assumed => Start::Unannounced(self.spawned_at),
-        }
-    }
-}
 
 impl Supervisor {
     /// Called for every child reaped: a start-up failure holds spawns
@@ -37,12 +26,15 @@ impl Supervisor {
         asked_to_stop: bool,
         now: Instant,
     ) -> Option<String> {
-        let asked = asked_to_stop || self.shutdown.is_some();
+        let asked = asked_to_stop || self.core.shutdown.is_some();
         // A worker up since the last failure ends that run before this
         // end is counted.
         self.note_starts(now);
-        let verdict = self.spawn_gate.child_exited(link.start(), asked, now);
-        let how = match link.leaving.as_ref().map(|l| &l.cause) {
+        let verdict = self
+            .core
+            .spawn_gate
+            .child_exited(link.child.start(), asked, now);
+        let how = match link.child.leaving.as_ref().map(|l| &l.cause) {
             Some(LeaveCause::Killed(reason)) => format!("killed: {reason}"),
             _ => status.to_string(),
         };
@@ -53,7 +45,7 @@ impl Supervisor {
             );
             return Some(format!("exited during start-up ({how})"));
         }
-        fails_a_reload(verdict, link.spawned_at, now)
+        fails_a_reload(verdict, link.child.spawned_at, now)
             .then(|| format!("exited within {:?} of starting ({how})", START_WINDOW))
     }
 
@@ -61,12 +53,18 @@ impl Supervisor {
     /// start-up failures holds spawns: one that started after the last
     /// failure ends the run and lifts its hold.
     fn note_starts(&mut self, now: Instant) {
-        if !self.spawn_gate.failures_hold(now) {
+        if !self.core.spawn_gate.failures_hold(now) {
             return;
         }
-        for (_, child) in self.board.iter() {
-            if let Some(at) = child.link.start().started_at().filter(|at| *at <= now) {
-                self.spawn_gate.started(at);
+        for (_, child) in self.core.board.iter() {
+            if let Some(at) = child
+                .link
+                .child
+                .start()
+                .started_at()
+                .filter(|at| *at <= now)
+            {
+                self.core.spawn_gate.started(at);
             }
         }
     }
@@ -75,14 +73,17 @@ impl Supervisor {
     /// a worker has started since), or for the replacement rate.
     pub(super) fn spawns_held(&mut self, now: Instant) -> bool {
         self.note_starts(now);
-        self.spawn_gate
-            .held_until(now, self.config.max_spawn_rate)
+        self.core
+            .spawn_gate
+            .held_until(now, self.core.config.max_spawn_rate)
             .is_some()
     }
 
     /// Until when spawns wait, if they do, for the loop's timer.
     pub(super) fn spawns_held_until(&self, now: Instant) -> Option<Instant> {
-        self.spawn_gate.held_until(now, self.config.max_spawn_rate)
+        self.core
+            .spawn_gate
+            .held_until(now, self.core.config.max_spawn_rate)
     }
 
     /// Spawns up to `n` children, one at a time while spawns are not held.
@@ -92,13 +93,15 @@ impl Supervisor {
             if self.spawns_held(now) {
                 break;
             }
-            let spawned = self.totals.spawned;
+            let spawned = self.core.totals.spawned;
             let start = self.spawn_child(now)?;
             if start.is_some() {
                 return Ok(start);
             }
-            if self.totals.spawned > spawned {
-                self.spawn_gate.forked(now, self.config.max_spawn_rate);
+            if self.core.totals.spawned > spawned {
+                self.core
+                    .spawn_gate
+                    .forked(now, self.core.config.max_spawn_rate);
             } else if self.spawns_held(now) {
                 break;
             }
@@ -110,7 +113,7 @@ impl Supervisor {
     /// Says, at most once per log interval, that workers that had started
     /// die faster than they may be replaced.
     fn log_replacements_held(&mut self, now: Instant) {
-        if self.spawn_gate.failures_hold(now) {
+        if self.core.spawn_gate.failures_hold(now) {
             return;
         }
         let Some(until) = self.spawns_held_until(now) else {
@@ -120,7 +123,7 @@ impl Supervisor {
             return;
         }
         warn!(
-            rate = self.config.max_spawn_rate,
+            rate = self.core.config.max_spawn_rate,
             "workers that had started are dying faster than max_spawn_rate a second; \
              their replacements wait {:?} (check the workers' stderr for why they die)",
             until - now

@@ -33,21 +33,23 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.board.occupied() >= slot_limit(self.config.max_children, self.rollouts.active()) {
+        if self.core.board.occupied()
+            >= slot_limit(self.core.config.max_children, self.rollouts.active())
+        {
             // Children on their way out hold slots until reaped: a
             // replacement waits for them, so however many a fault leaves
             // there, the table stays bounded.
             debug!("every slot is taken, counting children on their way out: not spawning");
             return Ok(None);
         }
-        if self.config.preload {
+        if self.core.config.preload {
             self.fork_from_template(now)?;
             return Ok(None);
         }
         let Some(ends) = self.open_child_ends(now) else {
             return Ok(None);
         };
-        let slot = self.board.lowest_free();
+        let slot = self.core.board.lowest_free();
         match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ends.ours);
@@ -102,12 +104,12 @@ impl Supervisor {
     fn child_start(&self, slot: usize, channel: Channel, stderr: Option<OwnedFd>) -> ChildStart {
         ChildStart {
             slot,
-            generation: self.generation,
+            generation: self.core.generation,
             channel,
-            mode: self.config.dispatch,
+            mode: self.core.config.dispatch,
             listener_is_tcp: Vec::new(),
             listeners: Vec::new(),
-            max_requests: self.config.max_requests_per_child,
+            max_requests: self.core.config.max_requests_per_child,
             stderr,
         }
     }
@@ -123,7 +125,7 @@ impl Supervisor {
         now: Instant,
     ) -> io::Result<()> {
         let _ = process::own_process_group(pid);
-        let reports = self.config.dispatch.speaks_protocol();
+        let reports = self.core.config.dispatch.speaks_protocol();
         // A child that speaks no protocol never gets its end of the
         // channel (it is closed at exec), so ours is not watched.
         // Keeping the pair costs a descriptor per child and spares
@@ -146,12 +148,19 @@ impl Supervisor {
         let mut link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
         // Just forked and not reaped: the pid is certainly this child.
         link.pidfd = hold(pid);
-        self.board.occupy(slot, pid, self.generation, now, link);
+        self.core
+            .board
+            .occupy(slot, pid, self.core.generation, now, link);
         if !reports {
-            crate::scoreboard::own_move(self.board.assume_busy(slot, now));
+            crate::scoreboard::own_move(self.core.board.assume_busy(slot, now));
         }
-        self.totals.spawned += 1;
-        info!(slot, pid, generation = self.generation, "child spawned");
+        self.core.totals.spawned += 1;
+        info!(
+            slot,
+            pid,
+            generation = self.core.generation,
+            "child spawned"
+        );
         Ok(())
     }
 
@@ -186,7 +195,7 @@ impl Supervisor {
     /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
     /// reached does not make the supervisor retry in a tight loop.
     pub(super) fn resource_backoff(&mut self, now: Instant, why: String) {
-        let delay = self.spawn_gate.failed(now, RESOURCE_BACKOFF);
+        let delay = self.core.spawn_gate.failed(now, RESOURCE_BACKOFF);
         warn!("{why}; trying again in {delay:?}");
     }
 
@@ -197,6 +206,7 @@ impl Supervisor {
                 continue;
             }
             let Some(slot) = self
+                .core
                 .board
                 .slot_of_pid(pid)
                 .or_else(|| self.slot_claiming(pid))
@@ -226,7 +236,7 @@ impl Supervisor {
         // A worker whose pid the kernel never confirmed may have been
         // named by a lying template: its process group is not swept.
         let verified = !self.unverified(slot);
-        let Some(mut child) = self.board.vacate(slot) else {
+        let Some(mut child) = self.core.board.vacate(slot) else {
             return;
         };
         if !verified {
@@ -235,7 +245,7 @@ impl Supervisor {
         // What it said last explains how it ended: log it first.
         self.drain_output(slot, pid, &mut child.link);
         let served = child.served;
-        match child.link.leaving.as_ref().map(|l| &l.cause) {
+        match child.link.child.leaving.as_ref().map(|l| &l.cause) {
             Some(LeaveCause::Killed(reason)) => {
                 info!(slot, pid, %status, served, "killed child reaped ({reason})");
             }
@@ -243,7 +253,7 @@ impl Supervisor {
                 info!(slot, pid, %status, served, "child exited ({reason})");
             }
             Some(LeaveCause::ChannelClosed) | None => {
-                self.totals.died += 1;
+                self.core.totals.died += 1;
                 warn!(
                     slot,
                     pid,
@@ -258,7 +268,7 @@ impl Supervisor {
         }
         let link = child.link;
         let asked_to_stop = matches!(
-            link.leaving,
+            link.child.leaving,
             Some(Leaving {
                 cause: LeaveCause::Asked(_),
                 ..
@@ -276,11 +286,11 @@ impl Supervisor {
         let Some(pid) = self.mark_leaving(slot, reason, now) else {
             return;
         };
-        let link = self.board.link(slot).expect("marked above");
-        let sent = if link.channel_closed {
+        let link = self.core.board.link(slot).expect("marked above");
+        let sent = if link.child.channel_closed {
             // It is on its way out already; nothing can reach it.
             Ok(())
-        } else if self.config.dispatch.speaks_protocol() {
+        } else if self.core.config.dispatch.speaks_protocol() {
             link.send(ParentMessage::Quit, None)
         } else {
             // No channel to say quit on: SIGTERM, as systemd and every
@@ -310,25 +320,25 @@ impl Supervisor {
     /// Marks the child in `slot` as leaving for `reason`, with its leave
     /// deadline. Returns its pid, or `None` if it was told to go already.
     fn mark_leaving(&mut self, slot: usize, reason: &str, now: Instant) -> Option<i32> {
-        let child = self.board.get(slot)?;
-        if child.link.told_to_leave() {
+        let child = self.core.board.get(slot)?;
+        if child.link.child.told_to_leave() {
             return None;
         }
         let pid = child.pid;
-        let link = self.board.link_mut(slot).expect("checked above");
-        link.leaving = Some(Leaving {
+        let link = self.core.board.link_mut(slot).expect("checked above");
+        link.child.leaving = Some(Leaving {
             cause: LeaveCause::Asked(reason.to_string()),
-            deadline: Some(now + self.config.shutdown_timeout),
+            deadline: Some(now + self.core.config.shutdown_timeout),
         });
-        crate::scoreboard::own_move(self.board.retire(slot, now));
-        self.totals.retired += 1;
+        crate::scoreboard::own_move(self.core.board.retire(slot, now));
+        self.core.totals.retired += 1;
         debug!(slot, pid, "retiring child: {reason}");
         Some(pid)
     }
 
     /// SIGKILLs a child and marks its slot; it is reaped by the loop.
     pub(crate) fn kill(&mut self, slot: usize, why: KillReason, detail: String, now: Instant) {
-        let Some(entry) = self.board.get(slot) else {
+        let Some(entry) = self.core.board.get(slot) else {
             return;
         };
         if entry.state == SlotState::Killed {
@@ -352,16 +362,16 @@ impl Supervisor {
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }
-        crate::scoreboard::own_move(self.board.kill(slot, now));
-        self.totals.killed += 1;
-        self.totals.killed_by.add(why);
-        if let Some(link) = self.board.link_mut(slot) {
-            link.leaving = Some(Leaving {
+        crate::scoreboard::own_move(self.core.board.kill(slot, now));
+        self.core.totals.killed += 1;
+        self.core.totals.killed_by.add(why);
+        if let Some(link) = self.core.board.link_mut(slot) {
+            link.child.leaving = Some(Leaving {
                 cause: LeaveCause::Killed(detail),
                 deadline: None,
             });
-            link.ping = None;
-            let ordered = link.ordered_on.take();
+            link.child.ping = None;
+            let ordered = link.child.ordered_on.take();
             if let Some(i) = ordered {
                 self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
             }
@@ -369,7 +379,7 @@ impl Supervisor {
     }
 
     pub(super) fn release_order(&mut self, link: &ChildLink) {
-        if let Some(i) = link.ordered_on {
+        if let Some(i) = link.child.ordered_on {
             self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
         }
     }

@@ -172,11 +172,11 @@ impl Supervisor {
     /// How the busy children use the CPUs, for the scaling policy, looking
     /// again when the last look is [`LOOK_INTERVAL`] old.
     pub(super) fn cpu_use(&mut self, now: Instant) -> CpuUse {
-        if !self.config.hold_when_cpu_bound {
+        if !self.core.config.hold_when_cpu_bound {
             return CpuUse::NotLooked;
         }
         // The slot table keeps this count: no walk over it per turn.
-        if !self.cpu.can_fill(self.board.counts().busy as usize) {
+        if !self.cpu.can_fill(self.core.board.counts().busy as usize) {
             return CpuUse::NotLooked;
         }
         if self.cpu.next_look().is_none_or(|due| now >= due) {
@@ -191,10 +191,11 @@ impl Supervisor {
     /// request. A burst of slow requests gives neither for as long as
     /// they take, and the pool would stay short that long.
     pub(super) fn cpu_look_due(&self, now: Instant) -> Option<Instant> {
-        if !self.config.hold_when_cpu_bound {
+        if !self.core.config.hold_when_cpu_bound {
             return None;
         }
-        self.cpu.look_due(self.board.counts().busy as usize, now)
+        self.cpu
+            .look_due(self.core.board.counts().busy as usize, now)
     }
 
     /// The CPUs the pool may use.
@@ -212,6 +213,7 @@ impl Supervisor {
 
     fn look_at_cpu_waiting(&mut self, now: Instant) {
         let totals: HashMap<i32, u64> = self
+            .core
             .board
             .iter()
             .filter(|(_, s)| holds_work(s.state))

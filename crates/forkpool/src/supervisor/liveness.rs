@@ -17,13 +17,13 @@ impl Supervisor {
     /// `busy_timeout`, a stop that never happened, an exit that took longer
     /// than `exit_timeout`.
     pub(super) fn check_liveness(&mut self, now: Instant) {
-        let limits = Deadlines::of(&self.config);
-        for slot in 0..self.board.span() {
+        let limits = Deadlines::of(&self.core.config);
+        for slot in 0..self.core.board.span() {
             match self.next_check(slot, &limits) {
                 Some((due, Check::PingDue)) if now >= due => self.ping(slot, now),
                 Some((due, check)) if now >= due => {
                     let (why, detail) = self.describe(slot, check, now);
-                    let ordered_on = self.board.link(slot).and_then(|l| l.ordered_on);
+                    let ordered_on = self.core.board.link(slot).and_then(|l| l.child.ordered_on);
                     let kill_now = if check == Check::Busy {
                         // Capture where it is stuck first (see slow.rs).
                         self.capture_before_kill(slot, why, detail, now)
@@ -46,8 +46,8 @@ impl Supervisor {
 
     /// The earliest liveness deadline, for the loop's timer.
     pub(super) fn liveness_deadline(&self) -> Option<Instant> {
-        let limits = Deadlines::of(&self.config);
-        (0..self.board.span())
+        let limits = Deadlines::of(&self.core.config);
+        (0..self.core.board.span())
             .filter_map(|slot| self.next_check(slot, &limits).map(|(due, _)| due))
             .min()
     }
@@ -56,13 +56,13 @@ impl Supervisor {
     /// (`policy::liveness`). Both acting on deadlines and setting the
     /// loop's timer use this, so the rules are stated once.
     fn next_check(&self, slot: usize, limits: &Deadlines) -> Option<(Instant, Check)> {
-        let entry = self.board.get(slot)?;
+        let entry = self.core.board.get(slot)?;
         let facts = ChildFacts {
             state: entry.state,
             since: entry.since,
             last_heard: entry.last_heard,
-            leave_deadline: entry.link.leave_deadline(),
-            ping_sent: entry.link.ping.map(|(_, sent)| sent),
+            leave_deadline: entry.link.child.leave_deadline(),
+            ping_sent: entry.link.child.ping.map(|(_, sent)| sent),
             many_connections: entry.load.is_some(),
             capture_pending: self.slow.pending_for(slot),
         };
@@ -71,8 +71,8 @@ impl Supervisor {
 
     /// Why a child that missed `check` is killed, for the log and totals.
     fn describe(&self, slot: usize, check: Check, now: Instant) -> (KillReason, String) {
-        let link = self.board.link(slot);
-        let channel_closed = link.is_some_and(|l| l.channel_closed);
+        let link = self.core.board.link(slot);
+        let channel_closed = link.is_some_and(|l| l.child.channel_closed);
         let peer_hung_up = link.is_some_and(|l| super::reports::peer_hung_up(&l.channel));
         match check {
             Check::Stop => match liveness::missed_exit(channel_closed, peer_hung_up) {
@@ -81,7 +81,7 @@ impl Supervisor {
                     format!(
                         "closed its back-channel but was still running {:?} later \
                          (exit_timeout; a large heap takes long to tear down)",
-                        self.config.exit_timeout
+                        self.core.config.exit_timeout
                     ),
                 ),
                 KillReason::ChannelFailed => (
@@ -92,7 +92,7 @@ impl Supervisor {
                     reason,
                     format!(
                         "did not exit within {:?} of being told to quit",
-                        self.config.shutdown_timeout
+                        self.core.config.shutdown_timeout
                     ),
                 ),
             },
@@ -100,25 +100,26 @@ impl Supervisor {
                 KillReason::PingTimeout,
                 format!(
                     "did not answer a ping within {:?}",
-                    self.config.ping_timeout
+                    self.core.config.ping_timeout
                 ),
             ),
             Check::Order => (
                 KillReason::PingTimeout,
                 format!(
                     "sat on an accept order for {:?} without accepting or answering",
-                    self.config.ping_timeout
+                    self.core.config.ping_timeout
                 ),
             ),
             Check::Start => (
                 KillReason::StartTimeout,
                 format!(
                     "did not report ready within {:?} (start_timeout)",
-                    self.config.start_timeout
+                    self.core.config.start_timeout
                 ),
             ),
             Check::Busy => {
                 let busy_for = self
+                    .core
                     .board
                     .get(slot)
                     .map_or_else(Default::default, |e| now.duration_since(e.since));
@@ -126,7 +127,7 @@ impl Supervisor {
                     KillReason::BusyTimeout,
                     format!(
                         "busy on one connection for {busy_for:?} (busy_timeout {:?})",
-                        self.config.busy_timeout
+                        self.core.config.busy_timeout
                     ),
                 )
             }
@@ -135,16 +136,16 @@ impl Supervisor {
     }
 
     fn ping(&mut self, slot: usize, now: Instant) {
-        self.ping_seq = self.ping_seq.wrapping_add(1);
-        let seq = self.ping_seq;
-        let Some(link) = self.board.link_mut(slot) else {
+        self.core.ping_seq = self.core.ping_seq.wrapping_add(1);
+        let seq = self.core.ping_seq;
+        let Some(link) = self.core.board.link_mut(slot) else {
             return;
         };
         match link.send(ParentMessage::Ping { seq }, None) {
             Ok(()) => {
                 debug!(slot, seq, "ping");
-                link.ping = Some((seq, now));
-                link.pinged_up_to = seq;
+                link.child.ping = Some((seq, now));
+                link.child.pinged_up_to = seq;
             }
             Err(e) => self.kill(
                 slot,

@@ -14,7 +14,7 @@ use crate::scaling::{self, PlaceCounts, PoolCounts};
 impl Supervisor {
     /// Whether this pool's children serve many connections at once.
     pub(super) fn hosts_sessions(&self) -> bool {
-        self.board.session_capacity().is_some()
+        self.core.board.session_capacity().is_some()
     }
 
     /// Refuses a report of the wrong kind for this pool's children: load
@@ -49,10 +49,12 @@ impl Supervisor {
         received: u32,
         now: Instant,
     ) -> Result<(), String> {
-        self.board
+        self.core
+            .board
             .report_load(slot, open, capacity, received, now)
             .map_err(|e| format!("sent an impossible load report: {e}"))?;
         let in_flight = self
+            .core
             .board
             .get(slot)
             .and_then(|s| s.load)
@@ -68,20 +70,20 @@ impl Supervisor {
     /// to be dispatched. (A many-connection child with free places that
     /// is catching up on connections in flight still has room.)
     pub(super) fn scaling_counts(&self) -> PoolCounts {
-        let counts = self.board.counts();
-        let room = match self.board.session_capacity() {
-            None => self.board.has_room(),
-            Some(_) => self.board.free_places() > 0,
+        let counts = self.core.board.counts();
+        let room = match self.core.board.session_capacity() {
+            None => self.core.board.has_room(),
+            Some(_) => self.core.board.free_places() > 0,
         };
         let queued = if room { 0 } else { self.queued() };
-        match self.board.session_capacity() {
+        match self.core.board.session_capacity() {
             None => PoolCounts {
                 starting: counts.starting,
                 idle: counts.idle,
                 busy: counts.busy,
                 queued,
                 cpu: scaling::CpuUse::NotLooked,
-                start_limit: if self.config.hold_when_cpu_bound {
+                start_limit: if self.core.config.hold_when_cpu_bound {
                     self.cpu_count()
                 } else {
                     0
@@ -91,7 +93,7 @@ impl Supervisor {
                 PlaceCounts {
                     starting: counts.starting,
                     serving: counts.idle + counts.busy,
-                    free: self.board.free_places(),
+                    free: self.core.board.free_places(),
                     queued,
                 },
                 per_child,

@@ -70,14 +70,14 @@ use crate::dispatch::{Dispatcher, WatchedListener};
 use crate::listener::Listener;
 use crate::policy::dispatch;
 use crate::policy::shutdown::{self, Stop};
-use crate::scaling::{self, Decision, ScalingMemory};
-use crate::scoreboard::Scoreboard;
+use crate::scaling::{self, Decision};
 use crate::status::{KillReason, Totals};
 use crate::worker::ChildStart;
 
-use crate::policy::backoff::SpawnGate;
+pub(crate) use crate::core::child::{LeaveCause, Leaving, Readiness};
+use crate::core::{Core, Shutdown};
 use event::Event;
-pub(crate) use link::{ChildLink, LeaveCause, Leaving, Readiness};
+pub(crate) use link::ChildLink;
 use output::ChildOutput;
 use signals::{SignalPipe, Signals};
 
@@ -105,34 +105,16 @@ pub(crate) enum Exit {
 /// than let the stop hang.
 const STOP_OVERRUN: Duration = Duration::from_secs(1);
 
-/// The shutdown in progress, if any.
-#[derive(Debug, Clone, Copy)]
-struct Shutdown {
-    /// Children still there are killed at this moment.
-    deadline: Instant,
-    /// The supervisor exits at this moment, whatever is left.
-    exit_by: Instant,
-}
-
 /// The parent process's state.
 pub(crate) struct Supervisor {
-    pub config: PoolConfig,
     poll: Poll,
     pub listeners: Vec<WatchedListener>,
-    /// The children, slot by slot, each with the supervisor's link to it.
-    pub board: Scoreboard<ChildLink>,
+    /// The children, slot by slot, and the rules' memory (no I/O).
+    pub core: Core<ChildLink>,
     /// Children with reports left unread last turn.
     unread: Vec<usize>,
-    pub totals: Totals,
-    pub generation: u32,
-    memory: ScalingMemory,
     signals: Signals,
     signal_pipe: SignalPipe,
-    shutdown: Option<Shutdown>,
-    pub ping_seq: u32,
-    /// What holds spawns back: a run of start-up failures, and the rate
-    /// of replacing workers that had started (`backoff.rs`).
-    spawn_gate: SpawnGate,
     /// When the supervisor last said that replacements wait for the rate.
     last_replacements_held_log: Option<Instant>,
     /// The reload rolling out, if any (`rollout.rs`).
@@ -205,19 +187,12 @@ impl Supervisor {
         )?;
         let listeners = listeners.into_iter().map(WatchedListener::new).collect();
         Ok(Supervisor {
-            config,
+            core: Core::new(config),
             poll,
             listeners,
-            board: Scoreboard::new(),
             unread: Vec::new(),
-            totals: Totals::default(),
-            generation: 1,
-            memory: ScalingMemory::default(),
             signals,
             signal_pipe,
-            shutdown: None,
-            ping_seq: 0,
-            spawn_gate: SpawnGate::default(),
             last_replacements_held_log: None,
             rollouts: rollout::Rollouts::default(),
             capture_output: false,
@@ -265,9 +240,9 @@ impl Supervisor {
                 return Ok(Exit::Child(self.into_child(start)));
             }
             if self.finished(now) {
-                info!(totals = ?self.totals, "all children gone, supervisor exiting");
+                info!(totals = ?self.core.totals, "all children gone, supervisor exiting");
                 self.endpoints.remove_control_file();
-                return Ok(Exit::Done(self.totals));
+                return Ok(Exit::Done(self.core.totals));
             }
             let timeout = if self.unread.is_empty() {
                 self.next_deadline(now)
@@ -293,8 +268,8 @@ impl Supervisor {
             self.dispatch_marked(now);
             self.keep_up(Instant::now());
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
-            let stopping = self.shutdown.is_some();
-            let has_room = self.board.has_room();
+            let stopping = self.core.shutdown.is_some();
+            let has_room = self.core.board.has_room();
             if let Some(pause) =
                 dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
             {
@@ -307,7 +282,7 @@ impl Supervisor {
     /// After each turn's events: the checks that run whatever woke the
     /// loop, each a verb that does nothing until its deadline or condition.
     fn keep_up(&mut self, now: Instant) {
-        if self.board.has_room() {
+        if self.core.board.has_room() {
             self.rewatch_listeners(now);
         }
         self.check_liveness(now);
@@ -351,14 +326,14 @@ impl Supervisor {
         if self.signals.take_child_exited() {
             self.reap_children(now)?;
         }
-        if self.signals.take_reload() && self.shutdown.is_none() {
+        if self.signals.take_reload() && self.core.shutdown.is_none() {
             notify::reloading();
             self.reload(now);
             if !self.rollouts.active() {
                 notify::ready();
             }
         }
-        if self.signals.take_upgrade() && self.shutdown.is_none() {
+        if self.signals.take_upgrade() && self.core.shutdown.is_none() {
             self.begin_upgrade(now);
         }
         let spare_change = self.signals.take_spare_change();
@@ -368,7 +343,7 @@ impl Supervisor {
         let quit = self.signals.take_quit();
         let interrupts = self.signals.take_interrupts();
         let terminate = self.signals.take_terminate();
-        let stopping = self.shutdown.is_some();
+        let stopping = self.core.shutdown.is_some();
         match shutdown::on_stop_signals(interrupts, terminate, quit, stopping) {
             Some(Stop::Now) => {
                 info!(quit, interrupts, stopping, "stopping now");
@@ -383,15 +358,15 @@ impl Supervisor {
     /// Graceful stop: no new connections, idle children quit now, busy ones
     /// after their connection, SIGKILL for stragglers at the deadline.
     fn begin_shutdown(&mut self, now: Instant) {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return;
         }
-        let deadline = now + self.config.shutdown_timeout;
+        let deadline = now + self.core.config.shutdown_timeout;
         info!(
-            timeout = ?self.config.shutdown_timeout,
+            timeout = ?self.core.config.shutdown_timeout,
             "shutting down: no new connections, waiting for busy children"
         );
-        self.shutdown = Some(Shutdown {
+        self.core.shutdown = Some(Shutdown {
             deadline,
             exit_by: deadline + STOP_OVERRUN,
         });
@@ -407,11 +382,14 @@ impl Supervisor {
             );
         }
         self.quit_templates(now);
-        let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
+        let slots: Vec<usize> = self.core.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.retire(slot, "shutdown", now);
-            if let Some(Leaving { deadline: d, .. }) =
-                self.board.link_mut(slot).and_then(|l| l.leaving.as_mut())
+            if let Some(Leaving { deadline: d, .. }) = self
+                .core
+                .board
+                .link_mut(slot)
+                .and_then(|l| l.child.leaving.as_mut())
             {
                 *d = Some(deadline);
             }
@@ -421,11 +399,11 @@ impl Supervisor {
     /// Immediate stop: SIGKILL every child; the loop reaps them and exits.
     fn stop_now(&mut self, now: Instant) {
         self.begin_shutdown(now);
-        if let Some(s) = self.shutdown.as_mut() {
+        if let Some(s) = self.core.shutdown.as_mut() {
             s.exit_by = s.exit_by.min(now + STOP_OVERRUN);
         }
         self.kill_templates();
-        let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
+        let slots: Vec<usize> = self.core.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.kill(
                 slot,
@@ -439,13 +417,17 @@ impl Supervisor {
     /// Whether the stop is over: every child and template reaped, or the
     /// stop's last moment passed (what is left is logged).
     fn finished(&self, now: Instant) -> bool {
-        let Some(shutdown) = self.shutdown else {
+        let Some(shutdown) = self.core.shutdown else {
             return false;
         };
-        let empty = self.board.occupied() == 0 && self.templates.list.is_empty();
+        let empty = self.core.board.occupied() == 0 && self.templates.list.is_empty();
         if !empty && now >= shutdown.exit_by {
-            let children: Vec<(usize, i32)> =
-                self.board.iter().map(|(slot, s)| (slot, s.pid)).collect();
+            let children: Vec<(usize, i32)> = self
+                .core
+                .board
+                .iter()
+                .map(|(slot, s)| (slot, s.pid))
+                .collect();
             let templates: Vec<i32> = self.templates.list.iter().map(|t| t.pid).collect();
             tracing::error!(
                 ?children,
@@ -460,7 +442,7 @@ impl Supervisor {
 
     /// Asks the policy what to do and does it.
     fn maintain_pool(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return Ok(None);
         }
         self.consider_refork(now);
@@ -468,14 +450,14 @@ impl Supervisor {
             return self.advance_rollout(now);
         }
         let mut pool = self.scaling_counts();
-        let decision = if self.config.dispatch.speaks_protocol() {
+        let decision = if self.core.config.dispatch.speaks_protocol() {
             pool.cpu = self.cpu_use(now);
-            let at_ceiling =
-                !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
+            let at_ceiling = !self.core.board.has_room()
+                && self.core.board.counts().live() >= self.core.config.max_children;
             self.account_saturation(at_ceiling, now);
-            scaling::decide(pool, &self.config, &mut self.memory, now)
+            scaling::decide(pool, &self.core.config, &mut self.core.memory, now)
         } else {
-            scaling::fixed_size(pool, &self.config)
+            scaling::fixed_size(pool, &self.core.config)
         };
         match decision {
             Decision::Hold => {}
@@ -488,13 +470,13 @@ impl Supervisor {
             }
             Decision::Retire(n) => {
                 for _ in 0..n {
-                    if let Some(slot) = self.board.highest_idle() {
+                    if let Some(slot) = self.core.board.highest_idle() {
                         self.retire(slot, "surplus idle child", now);
                     }
                 }
             }
             Decision::CpuBound => {
-                self.totals.cpu_bound += 1;
+                self.core.totals.cpu_bound += 1;
                 if log_due(&mut self.last_cpu_bound_log, now) {
                     info!(
                         children = pool.live(),
@@ -505,12 +487,12 @@ impl Supervisor {
                 }
             }
             Decision::Saturated => {
-                self.totals.saturated += 1;
+                self.core.totals.saturated += 1;
                 if log_due(&mut self.last_saturated_log, now) {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
                          (raise --max-children if the machine has room)",
-                        self.config.max_children
+                        self.core.config.max_children
                     );
                 }
             }
@@ -521,7 +503,7 @@ impl Supervisor {
     /// Adds the time spent at the ceiling to the totals.
     fn account_saturation(&mut self, at_ceiling: bool, now: Instant) {
         if let Some(since) = self.saturated_since.take() {
-            self.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
+            self.core.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
         }
         if at_ceiling {
             self.saturated_since = Some(now);
@@ -542,8 +524,9 @@ impl Supervisor {
             }
         };
         consider(
-            self.memory
-                .retire_due_in(&self.config, now)
+            self.core
+                .memory
+                .retire_due_in(&self.core.config, now)
                 .map(|d| now + d),
         );
         // Holds that have passed stay recorded until the next one; a past
@@ -551,8 +534,8 @@ impl Supervisor {
         consider(self.spawns_held_until(now));
         // A passed deadline has been acted on; waking for it again would
         // make the loop spin.
-        consider(self.shutdown.map(|s| s.deadline).filter(|t| *t > now));
-        consider(self.shutdown.map(|s| s.exit_by));
+        consider(self.core.shutdown.map(|s| s.deadline).filter(|t| *t > now));
+        consider(self.core.shutdown.map(|s| s.exit_by));
         consider(
             self.listeners
                 .iter()
@@ -572,9 +555,9 @@ impl Supervisor {
         consider(self.templates_deadline());
         consider(self.cpu_look_due(now));
         consider(dispatch::backlog_recheck_due(
-            self.board.has_room(),
-            self.board.counts().live(),
-            self.config.dispatch.speaks_protocol(),
+            self.core.board.has_room(),
+            self.core.board.counts().live(),
+            self.core.config.dispatch.speaks_protocol(),
             now,
         ));
         next
@@ -583,12 +566,12 @@ impl Supervisor {
     /// Logs the "child states" line when it changed, at most once per
     /// interval; a change held back is logged when the interval ends.
     fn log_scoreboard(&mut self, now: Instant) {
-        let changes = self.board.changes();
+        let changes = self.core.board.changes();
         if changes == self.scoreboard_logged.1 || self.scoreboard_log_due().is_some_and(|t| now < t)
         {
             return;
         }
-        let line = self.board.line();
+        let line = self.core.board.line();
         info!("child states: {line}");
         notify::status(&line);
         self.scoreboard_logged = (Some(now), changes);
@@ -596,7 +579,7 @@ impl Supervisor {
 
     fn scoreboard_log_due(&self) -> Option<Instant> {
         match self.scoreboard_logged {
-            (Some(at), changes) if changes != self.board.changes() => {
+            (Some(at), changes) if changes != self.core.board.changes() => {
                 Some(at + SCOREBOARD_LOG_INTERVAL)
             }
             _ => None,
@@ -642,8 +625,8 @@ impl Supervisor {
     pub(crate) fn watch_listener(&mut self, i: usize, now: Instant) -> io::Result<()> {
         let l = &mut self.listeners[i];
         if l.watched
-            || self.shutdown.is_some()
-            || !self.config.dispatch.parent_watches_listeners()
+            || self.core.shutdown.is_some()
+            || !self.core.config.dispatch.parent_watches_listeners()
             || l.resume_at.is_some_and(|t| now < t)
         {
             return Ok(());
@@ -678,7 +661,7 @@ impl Supervisor {
 
     /// Resumes listeners paused for lack of idle children or descriptors.
     pub(crate) fn rewatch_listeners(&mut self, now: Instant) {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return;
         }
         for i in 0..self.listeners.len() {

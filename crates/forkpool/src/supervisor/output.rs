@@ -153,8 +153,8 @@ impl Supervisor {
 
     /// The worker in `slot` wrote to its stderr.
     pub(super) fn read_output(&mut self, slot: usize) {
-        let pid = self.board.get(slot).map_or(0, |s| s.pid);
-        let Some(link) = self.board.link_mut(slot) else {
+        let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
+        let Some(link) = self.core.board.link_mut(slot) else {
             return;
         };
         let Some(output) = link.output.as_mut() else {
@@ -166,7 +166,7 @@ impl Supervisor {
             log_line(slot, pid, line);
             slow.line(slot, pid, line, now);
         });
-        self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
         if output.gate.flooding_too_long(now) {
             self.kill(
                 slot,
@@ -211,7 +211,7 @@ impl Supervisor {
             let now = Instant::now();
             let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(slot, pid, line));
             output.flush_partial(now, &mut |line| log_line(slot, pid, line));
-            self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+            self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
             output.save_tail(&mut link.stderr_tail);
             self.forget_output(&output);
         }

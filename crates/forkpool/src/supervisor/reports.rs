@@ -31,10 +31,10 @@ impl Supervisor {
                 self.unread.push(slot);
                 return;
             }
-            let Some(link) = self.board.link(slot) else {
+            let Some(link) = self.core.board.link(slot) else {
                 return;
             };
-            if link.channel_closed {
+            if link.child.channel_closed {
                 return;
             }
             let (incoming, sender) = match link.receive() {
@@ -62,9 +62,10 @@ impl Supervisor {
                         }
                     }
                     let over_budget = self
+                        .core
                         .board
                         .link_mut(slot)
-                        .is_some_and(|l| !l.messages.spend(now, 1));
+                        .is_some_and(|l| !l.child.messages.spend(now, 1));
                     if over_budget {
                         let why = format!(
                             "sent more than {MESSAGES_PER_SECOND} messages a second on its back-channel"
@@ -72,7 +73,7 @@ impl Supervisor {
                         self.kill(slot, KillReason::Misbehaved, why, now);
                         return;
                     }
-                    self.board.heard_from(slot, now);
+                    self.core.board.heard_from(slot, now);
                     if let Err(why) = self.apply_report(slot, msg, now) {
                         self.kill(slot, KillReason::Misbehaved, why, now);
                         return;
@@ -100,7 +101,7 @@ impl Supervisor {
     /// one verb below. An `Err` is why the child is killed as misbehaved.
     fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
         self.check_report_kind(&msg)?;
-        messages::mode_allows(self.config.dispatch, &msg)?;
+        messages::mode_allows(self.core.config.dispatch, &msg)?;
         match msg {
             ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
             ChildMessage::Idle => self.on_idle(slot, now),
@@ -121,14 +122,15 @@ impl Supervisor {
     /// worker forked by a template its own process group, and records how
     /// long its start took.
     fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
-        let expected = self.board.get(slot).map_or(0, |s| s.pid);
+        let expected = self.core.board.get(slot).map_or(0, |s| s.pid);
         if i64::from(pid) != i64::from(expected) {
             return Err(format!("said it is pid {pid}, but it is pid {expected}"));
         }
         if self
+            .core
             .board
             .link(slot)
-            .is_some_and(|l| l.version == crate::protocol::TEMPLATE_VERSION)
+            .is_some_and(|l| l.child.version == crate::protocol::TEMPLATE_VERSION)
         {
             // Forked by a template, it is in the template's
             // process group; now it is the supervisor's child, it
@@ -136,9 +138,10 @@ impl Supervisor {
             // (`containment.rs`).
             let _ = crate::sys::process::own_process_group(expected);
         }
-        self.board.ready(slot, now).map_err(out_of_order)?;
-        if let Some(link) = self.board.link_mut(slot) {
-            link.readiness = Readiness::Said(now.saturating_duration_since(link.spawned_at));
+        self.core.board.ready(slot, now).map_err(out_of_order)?;
+        if let Some(link) = self.core.board.link_mut(slot) {
+            link.child.readiness =
+                Readiness::Said(now.saturating_duration_since(link.child.spawned_at));
         }
         self.child_available(now);
         Ok(())
@@ -146,18 +149,22 @@ impl Supervisor {
 
     /// `Pong`: the answer to a ping, possibly a late one.
     fn on_pong(&mut self, slot: usize, seq: u32) -> Result<(), String> {
-        let link = self.board.link_mut(slot).expect("checked by caller");
+        let link = self.core.board.link_mut(slot).expect("checked by caller");
         // Sequence numbers only grow, so any pong up to the last
         // ping sent is a real answer, possibly a late one (in
         // `shared` mode a ping can cross a `Busy`); a pong for a
         // ping never sent is a lie.
-        if seq == 0 || seq > link.pinged_up_to {
+        if seq == 0 || seq > link.child.pinged_up_to {
             return Err(format!("sent pong {seq} for a ping it never got"));
         }
-        messages::pong_is_new(seq, link.answered_up_to)?;
-        link.answered_up_to = seq;
-        if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
-            link.ping = None;
+        messages::pong_is_new(seq, link.child.answered_up_to)?;
+        link.child.answered_up_to = seq;
+        if link
+            .child
+            .ping
+            .is_some_and(|(outstanding, _)| seq >= outstanding)
+        {
+            link.child.ping = None;
         }
         Ok(())
     }
@@ -166,7 +173,7 @@ impl Supervisor {
     /// for work.
     fn on_idle(&mut self, slot: usize, now: Instant) -> Result<(), String> {
         self.note_connection_end(slot, now);
-        let finished = self.board.idle(slot, now).map_err(out_of_order)?;
+        let finished = self.core.board.idle(slot, now).map_err(out_of_order)?;
         if finished {
             self.after_connection(slot, now);
         }
@@ -176,14 +183,14 @@ impl Supervisor {
 
     /// `Busy`: the child accepted a connection itself.
     fn on_busy(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        self.board.busy(slot, now).map_err(out_of_order)?;
+        self.core.board.busy(slot, now).map_err(out_of_order)?;
         debug!(slot, "child accepted a connection");
         // In `shared` mode a ping can cross this report: the child
         // answers it after its connection. Stop the clock, but still
         // accept that answer.
-        let link = self.board.link_mut(slot).expect("checked by caller");
-        link.ping = None;
-        self.totals.accepted += 1;
+        let link = self.core.board.link_mut(slot).expect("checked by caller");
+        link.child.ping = None;
+        self.core.totals.accepted += 1;
         self.order_answered(slot);
         Ok(())
     }
@@ -192,9 +199,9 @@ impl Supervisor {
     /// one itself.
     fn on_next(&mut self, slot: usize, now: Instant) -> Result<(), String> {
         self.note_connection_end(slot, now);
-        self.board.next(slot, now).map_err(out_of_order)?;
-        self.totals.accepted += 1;
-        self.totals.taken_next += 1;
+        self.core.board.next(slot, now).map_err(out_of_order)?;
+        self.core.totals.accepted += 1;
+        self.core.totals.taken_next += 1;
         self.after_connection(slot, now);
         Ok(())
     }
@@ -203,9 +210,9 @@ impl Supervisor {
     fn on_leaving(&mut self, slot: usize, now: Instant) -> Result<(), String> {
         // Its connection, if it had one, is over: count it as an
         // `Idle` would, then the child is on its way out.
-        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
+        if self.core.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
             self.note_connection_end(slot, now);
-            self.board.idle(slot, now).map_err(out_of_order)?;
+            self.core.board.idle(slot, now).map_err(out_of_order)?;
         }
         self.let_leave(slot, now);
         Ok(())
@@ -214,8 +221,8 @@ impl Supervisor {
     /// `Missed`: the child was woken or ordered to accept but found no
     /// connection waiting (a futile wake-up).
     fn on_missed(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        self.board.missed(slot, now).map_err(out_of_order)?;
-        self.totals.futile_wakeups += 1;
+        self.core.board.missed(slot, now).map_err(out_of_order)?;
+        self.core.totals.futile_wakeups += 1;
         self.order_answered(slot);
         self.child_available(now);
         Ok(())
@@ -244,26 +251,26 @@ impl Supervisor {
             return;
         }
         let unverified = self.unverified(slot);
-        let Some(link) = self.board.link_mut(slot) else {
+        let Some(link) = self.core.board.link_mut(slot) else {
             return;
         };
-        let limits = Deadlines::of(&self.config);
+        let limits = Deadlines::of(&self.core.config);
         let grace = if unverified {
-            unverified_closed_grace(link.claimed.is_some(), &limits)
+            unverified_closed_grace(link.child.claimed.is_some(), &limits)
         } else {
             closed_channel_grace(peer_hung_up(&link.channel), &limits)
         };
-        link.channel_closed = true;
-        link.ping = None;
-        link.leave_by(now + grace);
-        if let Some(link) = self.board.link(slot) {
+        link.child.channel_closed = true;
+        link.child.ping = None;
+        link.child.leave_by(now + grace);
+        if let Some(link) = self.core.board.link(slot) {
             self.deregister_channel(&link.channel);
         }
         // No more work can reach it: take it out of the idle set. Its
         // leaving cause is a closed channel, so the reaper reports a death.
-        let state = self.board.get(slot).map(|s| s.state);
+        let state = self.core.board.get(slot).map(|s| s.state);
         if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
-            crate::scoreboard::own_move(self.board.retire(slot, now));
+            crate::scoreboard::own_move(self.core.board.retire(slot, now));
         }
     }
 }

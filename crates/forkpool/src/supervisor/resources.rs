@@ -191,6 +191,7 @@ impl Supervisor {
             r.round_started = now;
         }
         let children: Vec<(usize, i32)> = self
+            .core
             .board
             .iter()
             // A slot whose template has not said the pid yet has pid 0.
@@ -239,7 +240,7 @@ impl Supervisor {
     /// the CPU watch the pool is turning over.
     pub(super) fn note_connection_end(&mut self, slot: usize, now: Instant) {
         self.cpu.connection_ended(now);
-        let Some(entry) = self.board.get(slot) else {
+        let Some(entry) = self.core.board.get(slot) else {
             return;
         };
         if entry.state == SlotState::Busy && entry.load.is_none() {

@@ -251,17 +251,17 @@ impl Supervisor {
     /// (unless its back-off holds). In the forked template process,
     /// returns what it needs to exec.
     pub(super) fn maintain_templates(&mut self, now: Instant) -> io::Result<Option<TemplateStart>> {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return Ok(None);
         }
-        let current = self.generation;
+        let current = self.core.generation;
         let serving = self.rollouts.serving(current);
         let unneeded: Vec<u32> = self
             .templates
             .list
             .iter()
             .filter(|t| {
-                let needed = (t.generation == current && self.config.preload)
+                let needed = (t.generation == current && self.core.config.preload)
                     || (t.generation == serving && self.rollouts.active());
                 !needed && matches!(t.state, TemplateState::Starting | TemplateState::Ready)
             })
@@ -270,7 +270,7 @@ impl Supervisor {
         for generation in unneeded {
             self.quit_template(generation, now);
         }
-        if !self.config.preload
+        if !self.core.config.preload
             || self.templates.index(current).is_some()
             || self.templates.blocked_until.is_some_and(|t| now < t)
         {
@@ -340,7 +340,7 @@ impl Supervisor {
         TemplateStart {
             generation,
             channel,
-            mode: self.config.dispatch,
+            mode: self.core.config.dispatch,
             listeners: Vec::new(),
             stderr: Some(stderr),
             supervisor_pid: process::parent_pid() as u32,
@@ -447,7 +447,7 @@ impl Supervisor {
     /// the template of the current generation to fork its worker. Without
     /// a ready template, nothing happens: spawns wait for it.
     pub(super) fn fork_from_template(&mut self, now: Instant) -> io::Result<()> {
-        let generation = self.generation;
+        let generation = self.core.generation;
         if self.templates.ready(generation).is_none()
             || self.unverified_of(generation) >= super::verify::UNVERIFIED_PER_TEMPLATE
         {
@@ -472,7 +472,7 @@ impl Supervisor {
             self.resource_backoff(now, format!("cannot ask for a worker's credentials: {e}"));
             return Ok(());
         }
-        let slot = self.board.lowest_free();
+        let slot = self.core.board.lowest_free();
         let order = TemplateRequest::Fork {
             slot: slot as u32,
             generation,
@@ -502,8 +502,8 @@ impl Supervisor {
             }
         };
         let link = ChildLink::new(ours, output, now, true, TEMPLATE_VERSION);
-        self.board.occupy(slot, 0, generation, now, link);
-        self.totals.spawned += 1;
+        self.core.board.occupy(slot, 0, generation, now, link);
+        self.core.totals.spawned += 1;
         Ok(())
     }
 
@@ -536,8 +536,11 @@ impl Supervisor {
                 Incoming::Closed => {
                     let t = &mut self.templates.list[i];
                     t.channel_closed = true;
-                    let deadline =
-                        super::liveness::exit_by(now, &self.config, self.shutdown.as_ref());
+                    let deadline = super::liveness::exit_by(
+                        now,
+                        &self.core.config,
+                        self.core.shutdown.as_ref(),
+                    );
                     t.exit_deadline = Some(t.exit_deadline.map_or(deadline, |d| d.min(deadline)));
                     let fd = t.channel.as_raw_fd();
                     let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
@@ -609,12 +612,12 @@ impl Supervisor {
     fn worker_forked(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
         let pid = crate::policy::verification::claimable(pid, |p| self.pid_taken(p, None))
             .map_err(|why| format!("said slot {slot} is pid {why}"))?;
-        let Some(link) = self.board.link_mut(slot) else {
+        let Some(link) = self.core.board.link_mut(slot) else {
             return Err(format!(
                 "said slot {slot} is pid {pid}, but the slot is gone"
             ));
         };
-        link.claimed = Some(pid);
+        link.child.claimed = Some(pid);
         if let Some(status) = self.templates.take_orphan(pid) {
             // It died before its template's answer was read: a start that
             // failed, reaped by the supervisor, so the claim holds.
@@ -624,7 +627,7 @@ impl Supervisor {
         debug!(
             slot,
             pid,
-            generation = self.generation,
+            generation = self.core.generation,
             "the template forked a worker; its pid is trusted once the kernel confirms it"
         );
         Ok(())
@@ -642,7 +645,7 @@ impl Supervisor {
         };
         let now = Instant::now();
         let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-        self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
         if output.gate.flooding_too_long(now) {
             self.kill_template(
                 generation,
@@ -700,8 +703,8 @@ impl Supervisor {
         t.state = TemplateState::Killed;
         t.killed_for = Some(why);
         t.ping = None;
-        if self.shutdown.is_none() {
-            self.totals.templates_killed += 1;
+        if self.core.shutdown.is_none() {
+            self.core.totals.templates_killed += 1;
         }
     }
 
@@ -710,7 +713,8 @@ impl Supervisor {
         let Some(i) = self.templates.index(generation) else {
             return;
         };
-        let deadline = super::liveness::exit_by(now, &self.config, self.shutdown.as_ref());
+        let deadline =
+            super::liveness::exit_by(now, &self.core.config, self.core.shutdown.as_ref());
         let t = &mut self.templates.list[i];
         if !matches!(t.state, TemplateState::Starting | TemplateState::Ready) {
             return;
@@ -750,7 +754,7 @@ impl Supervisor {
             .list
             .iter()
             .filter_map(|t| {
-                let (at, check) = t.next_check(&self.config)?;
+                let (at, check) = t.next_check(&self.core.config)?;
                 (now >= at).then_some((t.generation, check))
             })
             .collect();
@@ -763,23 +767,23 @@ impl Supervisor {
                 Check::Exit => format!(
                     "did not exit in time after being told to quit or closing its channel \
                      (exit_timeout {:?}, or the stop's deadline if sooner)",
-                    self.config.exit_timeout
+                    self.core.config.exit_timeout
                 ),
                 Check::Start => format!(
                     "did not say Ready within {:?} of starting",
-                    super::liveness::start_timeout(&self.config)
+                    super::liveness::start_timeout(&self.core.config)
                 ),
                 Check::Fork => {
                     // The order it sat on is a worker that did not start.
                     self.count_failed_start(now);
                     format!(
                         "did not answer a fork order within {:?}",
-                        super::liveness::start_timeout(&self.config)
+                        super::liveness::start_timeout(&self.core.config)
                     )
                 }
                 Check::PingAnswer => format!(
                     "did not answer a ping within {:?}",
-                    self.config.ping_timeout
+                    self.core.config.ping_timeout
                 ),
             };
             self.kill_template(generation, why);
@@ -787,8 +791,8 @@ impl Supervisor {
     }
 
     fn ping_template(&mut self, generation: u32, now: Instant) {
-        self.ping_seq = self.ping_seq.wrapping_add(1);
-        let seq = self.ping_seq;
+        self.core.ping_seq = self.core.ping_seq.wrapping_add(1);
+        let seq = self.core.ping_seq;
         let Some(i) = self.templates.index(generation) else {
             return;
         };
@@ -808,12 +812,11 @@ impl Supervisor {
             .templates
             .list
             .iter()
-            .filter_map(|t| t.next_check(&self.config).map(|(at, _)| at))
+            .filter_map(|t| t.next_check(&self.core.config).map(|(at, _)| at))
             .min();
-        let start = self
-            .templates
-            .blocked_until
-            .filter(|_| self.config.preload && self.templates.index(self.generation).is_none());
+        let start = self.templates.blocked_until.filter(|_| {
+            self.core.config.preload && self.templates.index(self.core.generation).is_none()
+        });
         match (next_check, start) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -833,6 +836,7 @@ impl Supervisor {
         // Its unanswered fork orders will never be answered, and the
         // workers it forked that were not verified died in its group.
         let unverified: Vec<usize> = self
+            .core
             .board
             .iter()
             .filter(|(slot, s)| s.generation == t.generation && self.unverified(*slot))
@@ -841,7 +845,7 @@ impl Supervisor {
         for slot in unverified {
             self.abandon_unverified(slot);
         }
-        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
+        if t.state == TemplateState::Quitting || self.core.shutdown.is_some() {
             info!(pid, generation = t.generation, %status, forks = t.forks, "template exited");
         } else {
             self.template_failed(t, status, now);
@@ -881,7 +885,7 @@ impl Supervisor {
         } else {
             format!("stderr: {}", t.stderr_tail.join(" | "))
         };
-        let in_rollout = self.rollouts.active() && generation == self.generation;
+        let in_rollout = self.rollouts.active() && generation == self.core.generation;
         if t.ready_at.is_none() && in_rollout {
             // The reload's new code does not start: keep the old one.
             self.rollout_start_failed(
@@ -898,7 +902,7 @@ impl Supervisor {
             // It had been up: this is not a run of start-up failures.
             self.templates.backoff.reset();
         }
-        self.totals.template_restarts += 1;
+        self.core.totals.template_restarts += 1;
         let stage = if t.ready_at.is_none() {
             " before it was ready"
         } else {
@@ -944,7 +948,7 @@ impl Supervisor {
     /// For a worker that says `Ready` before its template's `W` was read:
     /// reads the template's replies first (they were sent before it).
     pub(super) fn learn_pid_from_template(&mut self, slot: usize, now: Instant) {
-        let Some(generation) = self.board.get(slot).map(|s| s.generation) else {
+        let Some(generation) = self.core.board.get(slot).map(|s| s.generation) else {
             return;
         };
         self.read_template(generation, now);

@@ -41,14 +41,15 @@ impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
     /// the kernel has not confirmed yet.
     pub(super) fn unverified(&self, slot: usize) -> bool {
-        self.board
-            .get(slot)
-            .is_some_and(|s| s.pid == 0 && s.link.version == crate::protocol::TEMPLATE_VERSION)
+        self.core.board.get(slot).is_some_and(|s| {
+            s.pid == 0 && s.link.child.version == crate::protocol::TEMPLATE_VERSION
+        })
     }
 
     /// Workers of `generation` not verified yet.
     pub(super) fn unverified_of(&self, generation: u32) -> usize {
-        self.board
+        self.core
+            .board
             .iter()
             .filter(|(slot, s)| s.generation == generation && self.unverified(*slot))
             .count()
@@ -64,26 +65,31 @@ impl Supervisor {
         sender: Option<i32>,
         now: Instant,
     ) -> Result<bool, String> {
-        if self.board.link(slot).is_some_and(|l| l.claimed.is_none()) {
+        if self
+            .core
+            .board
+            .link(slot)
+            .is_some_and(|l| l.child.claimed.is_none())
+        {
             // The template's `W` was sent before this; read it first.
             self.learn_pid_from_template(slot, now);
         }
-        let Some(link) = self.board.link(slot) else {
+        let Some(link) = self.core.board.link(slot) else {
             return Ok(false);
         };
-        if self.board.get(slot).is_some_and(|s| s.pid != 0) {
+        if self.core.board.get(slot).is_some_and(|s| s.pid != 0) {
             return Ok(true);
         }
         let facts = FirstMessage {
-            claimed: link.claimed,
+            claimed: link.child.claimed,
             sender,
             sender_is_child: sender.is_some_and(|p| self.is_our_child(p)),
             sender_taken: sender.is_some_and(|p| self.pid_taken(p, Some(slot))),
         };
         let sender = verification::verify(facts).map_err(|lie| lie.describe(slot))?;
-        self.board.set_pid(slot, sender);
-        if let Some(link) = self.board.link_mut(slot) {
-            link.claimed = None;
+        self.core.board.set_pid(slot, sender);
+        if let Some(link) = self.core.board.link_mut(slot) {
+            link.child.claimed = None;
             // The supervisor's unreaped child: the pid is certainly it.
             link.pidfd = super::children::hold(sender);
         }
@@ -93,19 +99,21 @@ impl Supervisor {
     /// Whether a template or a slot (other than `except`) holds `pid`,
     /// or such a slot claims it.
     pub(super) fn pid_taken(&self, pid: i32, except: Option<usize>) -> bool {
-        self.board
+        self.core
+            .board
             .iter()
             .filter(|(slot, _)| Some(*slot) != except)
-            .any(|(_, s)| s.pid == pid || s.link.claimed == Some(pid))
+            .any(|(_, s)| s.pid == pid || s.link.child.claimed == Some(pid))
             || self.templates.list.iter().any(|t| t.pid == pid)
     }
 
     /// The slot whose template claimed `pid` for it and whose worker has
     /// not been verified: the slot a reaped `pid` belongs to.
     pub(super) fn slot_claiming(&self, pid: i32) -> Option<usize> {
-        self.board
+        self.core
+            .board
             .iter()
-            .find(|(_, s)| s.pid == 0 && s.link.claimed == Some(pid))
+            .find(|(_, s)| s.pid == 0 && s.link.child.claimed == Some(pid))
             .map(|(slot, _)| slot)
     }
 
@@ -113,7 +121,7 @@ impl Supervisor {
     /// (`why`): the template's group is killed and the slot freed, as a
     /// failed start.
     pub(super) fn template_failed_worker(&mut self, slot: usize, why: String, now: Instant) {
-        if let Some(generation) = self.board.get(slot).map(|s| s.generation) {
+        if let Some(generation) = self.core.board.get(slot).map(|s| s.generation) {
             self.kill_template(generation, why);
         }
         self.abandon_unverified(slot);
@@ -126,11 +134,11 @@ impl Supervisor {
     /// template is at fault. Either way the slot is freed, and no signal
     /// goes to the claimed pid.
     pub(super) fn give_up_unverified(&mut self, slot: usize, detail: &str, now: Instant) {
-        let claim = self.board.link(slot).and_then(|l| l.claimed);
+        let claim = self.core.board.link(slot).and_then(|l| l.child.claimed);
         let claimed_is_child = claim.is_some_and(|p| self.is_our_child(p));
         match (claim, verification::gave_up(claim, claimed_is_child)) {
             (Some(pid), GaveUp::Lost) => {
-                self.totals.lost += 1;
+                self.core.totals.lost += 1;
                 warn!(
                     slot,
                     pid,
@@ -139,12 +147,12 @@ impl Supervisor {
                      e.g. by ignoring SIGCHLD: see docs/protocol.md); counted lost"
                 );
                 self.abandon_unverified(slot);
-                if self.shutdown.is_none() {
+                if self.core.shutdown.is_none() {
                     self.count_failed_start(now);
                 }
             }
-            _ if self.shutdown.is_some() => {
-                if let Some(generation) = self.board.get(slot).map(|s| s.generation) {
+            _ if self.core.shutdown.is_some() => {
+                if let Some(generation) = self.core.board.get(slot).map(|s| s.generation) {
                     self.kill_template(generation, format!("its worker for slot {slot} {detail}"));
                 }
                 self.abandon_unverified(slot);
@@ -161,9 +169,10 @@ impl Supervisor {
     /// longer) the supervisor's child: reaped by someone else, or never
     /// ours. A zombie the supervisor has not reaped yet is still its child.
     pub(super) fn claim_vanished(&self, slot: usize) -> bool {
-        self.board
+        self.core
+            .board
             .link(slot)
-            .and_then(|l| l.claimed)
+            .and_then(|l| l.child.claimed)
             .is_some_and(|pid| !self.is_our_child(pid))
     }
 
@@ -177,11 +186,11 @@ impl Supervisor {
     /// signal or reap as its own, only the supervisor's ends to close and
     /// the template's order to forget.
     pub(super) fn abandon_unverified(&mut self, slot: usize) {
-        let Some(generation) = self.board.get(slot).map(|s| s.generation) else {
+        let Some(generation) = self.core.board.get(slot).map(|s| s.generation) else {
             return;
         };
         self.templates.forget_order(generation, slot);
-        if let Some(mut child) = self.board.vacate(slot) {
+        if let Some(mut child) = self.core.board.vacate(slot) {
             if let Some(output) = child.link.output.take() {
                 self.forget_output(&output);
             }
@@ -192,6 +201,6 @@ impl Supervisor {
 
     /// A worker did not start: hold spawns back as the back-off says.
     pub(super) fn count_failed_start(&mut self, now: Instant) {
-        self.spawn_gate.failed(now, std::time::Duration::ZERO);
+        self.core.spawn_gate.failed(now, std::time::Duration::ZERO);
     }
 }
