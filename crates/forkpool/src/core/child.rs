@@ -25,6 +25,9 @@ pub(crate) struct Child {
     pub leaving: Option<Leaving>,
     /// The channel closed; the process should be reaped soon.
     pub channel_closed: bool,
+    /// Its end of the channel is closed, as the kernel says (a child that
+    /// sent an empty datagram has not hung up, until it closes).
+    pub hung_up: bool,
     /// When the child was forked (or ordered from a template).
     pub spawned_at: Instant,
     /// Whether it has said `Ready`.
@@ -86,6 +89,7 @@ impl Child {
             ordered_on: None,
             leaving: None,
             channel_closed: false,
+            hung_up: false,
             spawned_at: now,
             readiness: if speaks {
                 Readiness::Awaited

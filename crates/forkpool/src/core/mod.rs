@@ -6,11 +6,21 @@
 //! very same code with a fake clock and simulated children.
 
 pub(crate) mod child;
+mod effect;
+mod input;
+mod lifecycle;
+mod liveness;
+mod reports;
+mod stop;
+
+pub(crate) use effect::{Effect, Gone};
+pub(crate) use input::Input;
 
 use std::time::Instant;
 
 use crate::config::PoolConfig;
 use crate::policy::backoff::SpawnGate;
+use crate::policy::shutdown::Stop;
 use crate::scaling::ScalingMemory;
 use crate::scoreboard::Scoreboard;
 use crate::status::Totals;
@@ -45,6 +55,8 @@ pub(crate) struct Core<L> {
     pub spawn_gate: SpawnGate,
     /// What the scaling rule remembers between turns.
     pub memory: ScalingMemory,
+    /// What the shell must carry out, in order.
+    effects: Vec<Effect<L>>,
 }
 
 impl<L: HasChild> Core<L> {
@@ -59,6 +71,61 @@ impl<L: HasChild> Core<L> {
             shutdown: None,
             spawn_gate: SpawnGate::default(),
             memory: ScalingMemory::default(),
+            effects: Vec::new(),
         }
+    }
+
+    /// Takes `input` at `now`; what the shell must do comes out of
+    /// [`Core::take_effects`].
+    pub fn on(&mut self, input: Input, now: Instant) {
+        match input {
+            Input::Report { slot, msg } => self.report(slot, msg, now),
+            Input::Broken {
+                slot,
+                reason,
+                detail,
+            } => self.kill(slot, reason, detail, now),
+            Input::ChannelClosed { slot, hung_up } => self.channel_closed(slot, hung_up, now),
+            Input::HungUp { slot } => {
+                if let Some(link) = self.board.link_mut(slot) {
+                    link.child_mut().hung_up = true;
+                }
+            }
+            Input::SendFailed {
+                slot,
+                peer_gone,
+                detail,
+            } => self.send_failed(slot, peer_gone, detail, now),
+            Input::Reaped { slot, pid, status } => self.reaped(slot, pid, status, now),
+            Input::Stop(Stop::Graceful) => self.begin_shutdown(now),
+            Input::Stop(Stop::Now) => {
+                tracing::info!("stopping now");
+                self.stop_now(now)
+            }
+            Input::Tick => self.check_liveness(now),
+        }
+    }
+
+    /// What the shell must carry out, oldest first; the core forgets them.
+    pub fn take_effects(&mut self) -> Vec<Effect<L>> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The earliest moment the core must be ticked without an input: a
+    /// liveness deadline, the end of a spawn hold, a stop's deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        [
+            self.liveness_deadline(),
+            // Holds that have passed stay recorded until the next one; a
+            // past instant here would make the loop spin.
+            self.spawns_held_until(now),
+            self.stop_deadline(now),
+            self.memory
+                .retire_due_in(&self.config, now)
+                .map(|d| now + d),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }

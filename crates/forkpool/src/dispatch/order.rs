@@ -57,14 +57,22 @@ impl Dispatcher {
     }
 }
 
-/// A child answered its accept order (`Busy` or `Missed`): the listener it
-/// was ordered on may hold more connections than orders now outstanding,
-/// so it is looked at again in this turn's dispatch pass (after all of the
+/// A child answered its accept order on `listener` (`Busy` or `Missed`):
+/// the listener may hold more connections than orders now outstanding, so
+/// it is looked at again in this turn's dispatch pass (after all of the
 /// turn's reports, so an `Idle` queued behind this one is seen first).
-pub(crate) fn order_answered(link: &mut impl ChildEnd, listeners: &mut [WatchedListener]) {
-    if let Some(l) = link.ordered_on().take().and_then(|i| listeners.get_mut(i)) {
+pub(crate) fn order_answered(listener: usize, listeners: &mut [WatchedListener]) {
+    if let Some(l) = listeners.get_mut(listener) {
         l.orders_out = l.orders_out.saturating_sub(1);
         l.recheck = true;
+    }
+}
+
+/// An accept order on `listener` will never be answered (its child was
+/// killed): one fewer is out.
+pub(crate) fn order_dropped(listener: usize, listeners: &mut [WatchedListener]) {
+    if let Some(l) = listeners.get_mut(listener) {
+        l.orders_out = l.orders_out.saturating_sub(1);
     }
 }
 
@@ -114,12 +122,13 @@ mod tests {
         assert_eq!(listeners[0].orders_out, 1);
         assert_eq!(board.get(1).unwrap().state, SlotState::Idle);
 
-        order_answered(board.link_mut(0).unwrap(), &mut listeners);
+        let ordered_on = board.link_mut(0).unwrap().child.ordered_on.take();
+        assert_eq!(ordered_on, Some(0), "the child remembers its listener");
+        order_answered(0, &mut listeners);
         assert_eq!(listeners[0].orders_out, 0);
         assert!(
             listeners[0].recheck,
             "the listener is looked at again this turn"
         );
-        assert_eq!(board.link(0).unwrap().child.ordered_on, None);
     }
 }

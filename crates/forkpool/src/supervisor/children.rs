@@ -7,10 +7,9 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{debug, info, warn};
 
-use super::{ChildLink, ChildOutput, LeaveCause, Leaving, Supervisor, RESOURCE_BACKOFF};
+use super::{ChildLink, ChildOutput, Supervisor, RESOURCE_BACKOFF};
 use crate::channel::Channel;
-use crate::protocol::ParentMessage;
-use crate::scoreboard::SlotState;
+use crate::core::{Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
@@ -224,8 +223,9 @@ impl Supervisor {
         Ok(())
     }
 
-    /// The child in `slot`, `pid`, has been reaped with `status`: logs how
-    /// it ended, judges its start and frees the slot.
+    /// The child in `slot`, `pid`, has been reaped with `status`: what it
+    /// said last is logged first (it explains how it ended), then the core
+    /// frees the slot and hands back what the shell kept for it.
     pub(super) fn child_exited(
         &mut self,
         slot: usize,
@@ -233,127 +233,67 @@ impl Supervisor {
         status: process::ExitStatus,
         now: Instant,
     ) {
-        // A worker whose pid the kernel never confirmed may have been
-        // named by a lying template: its process group is not swept.
-        let verified = !self.unverified(slot);
-        let Some(mut child) = self.core.board.vacate(slot) else {
-            return;
-        };
-        if !verified {
-            self.templates.forget_order(child.generation, slot);
-        }
-        // What it said last explains how it ended: log it first.
-        self.drain_output(slot, pid, &mut child.link);
-        let served = child.served;
-        match child.link.child.leaving.as_ref().map(|l| &l.cause) {
-            Some(LeaveCause::Killed(reason)) => {
-                info!(slot, pid, %status, served, "killed child reaped ({reason})");
-            }
-            Some(LeaveCause::Asked(reason)) => {
-                info!(slot, pid, %status, served, "child exited ({reason})");
-            }
-            Some(LeaveCause::ChannelClosed) | None => {
-                self.core.totals.died += 1;
-                warn!(
-                    slot,
-                    pid,
-                    %status,
-                    served,
-                    "child died unexpectedly; a replacement will be started"
-                );
+        if let Some(link) = self.core.board.link_mut(slot) {
+            let mut taken = std::mem::take(&mut link.output);
+            let mut tail = std::mem::take(&mut link.stderr_tail);
+            self.drain_output(slot, pid, &mut taken, &mut tail);
+            if let Some(link) = self.core.board.link_mut(slot) {
+                link.output = taken;
+                link.stderr_tail = tail;
             }
         }
+        self.core.on(Input::Reaped { slot, pid, status }, now);
+        self.carry_out(now);
+    }
+
+    /// The shell's part of a child's end: its template forgets the order of
+    /// a worker never verified; a verified one's process group is swept; a
+    /// start that failed a reload is told to the rollout; its channel and
+    /// order are let go.
+    pub(super) fn child_gone(&mut self, gone: Gone<ChildLink>, now: Instant) {
+        let Gone {
+            slot,
+            pid,
+            generation,
+            verified,
+            start_failure,
+            link,
+        } = gone;
         if verified {
             self.sweep_group(slot, pid);
+        } else {
+            self.templates.forget_order(generation, slot);
         }
-        let link = child.link;
-        let asked_to_stop = matches!(
-            link.child.leaving,
-            Some(Leaving {
-                cause: LeaveCause::Asked(_),
-                ..
-            })
-        );
-        if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
-            self.rollout_start_failed(child.generation, &how, &link.stderr_tail, now);
+        if let Some(how) = start_failure {
+            self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
         }
         self.release_order(&link);
+        if let Some(output) = &link.output {
+            self.forget_output(output);
+        }
         self.deregister_channel(&link.channel);
     }
 
     /// Tells a child to finish its connection, if any, and exit.
     pub(crate) fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
-        let Some(pid) = self.mark_leaving(slot, reason, now) else {
-            return;
-        };
-        let link = self.core.board.link(slot).expect("marked above");
-        let sent = if link.child.channel_closed {
-            // It is on its way out already; nothing can reach it.
-            Ok(())
-        } else if self.core.config.dispatch.speaks_protocol() {
-            link.send(ParentMessage::Quit, None)
-        } else {
-            // No channel to say quit on: SIGTERM, as systemd and every
-            // init system would; SIGKILL follows at the leave deadline.
-            signal_child(link, pid, Signal::SIGTERM)
-        };
-        match sent {
-            // Its end is closed: it is exiting already, and is reaped (or
-            // killed at its leave deadline) like any child told to go.
-            Err(e) if is_peer_gone(&e) => {}
-            Err(e) => self.kill(
-                slot,
-                KillReason::ChannelFailed,
-                format!("cannot send quit: {e}"),
-                now,
-            ),
-            Ok(()) => {}
-        }
-    }
-
-    /// A child said it is leaving (`X`): it is retired like one told to
-    /// quit, and sent nothing more, since it may have closed its channel.
-    pub(super) fn let_leave(&mut self, slot: usize, now: Instant) {
-        self.mark_leaving(slot, "it asked to leave", now);
-    }
-
-    /// Marks the child in `slot` as leaving for `reason`, with its leave
-    /// deadline. Returns its pid, or `None` if it was told to go already.
-    fn mark_leaving(&mut self, slot: usize, reason: &str, now: Instant) -> Option<i32> {
-        let child = self.core.board.get(slot)?;
-        if child.link.child.told_to_leave() {
-            return None;
-        }
-        let pid = child.pid;
-        let link = self.core.board.link_mut(slot).expect("checked above");
-        link.child.leaving = Some(Leaving {
-            cause: LeaveCause::Asked(reason.to_string()),
-            deadline: Some(now + self.core.config.shutdown_timeout),
-        });
-        crate::scoreboard::own_move(self.core.board.retire(slot, now));
-        self.core.totals.retired += 1;
-        debug!(slot, pid, "retiring child: {reason}");
-        Some(pid)
+        self.core.retire(slot, reason, now);
+        self.carry_out(now);
     }
 
     /// SIGKILLs a child and marks its slot; it is reaped by the loop.
     pub(crate) fn kill(&mut self, slot: usize, why: KillReason, detail: String, now: Instant) {
+        self.core.kill(slot, why, detail, now);
+        self.carry_out(now);
+    }
+
+    /// Carries out [`crate::core::Effect::Kill`]: SIGKILL to the child's
+    /// whole group (what the worker started dies with it); a child whose
+    /// group is missing gets the signal alone, through its pidfd.
+    pub(super) fn kill_verified(&mut self, slot: usize) {
         let Some(entry) = self.core.board.get(slot) else {
             return;
         };
-        if entry.state == SlotState::Killed {
-            return;
-        }
-        if self.unverified(slot) {
-            // No pid the kernel vouched for: nothing to signal (see
-            // `verify.rs`); the template answers for it.
-            self.give_up_unverified(slot, &detail, now);
-            return;
-        }
         let pid = entry.pid;
-        warn!(slot, pid, reason = why.key(), "killing child: {detail}");
-        // The whole group: what the worker started dies with it. A child
-        // whose group is missing gets the signal alone.
         let link = &entry.link;
         let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
             true => Ok(()),
@@ -361,20 +301,6 @@ impl Supervisor {
         });
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
-        }
-        crate::scoreboard::own_move(self.core.board.kill(slot, now));
-        self.core.totals.killed += 1;
-        self.core.totals.killed_by.add(why);
-        if let Some(link) = self.core.board.link_mut(slot) {
-            link.child.leaving = Some(Leaving {
-                cause: LeaveCause::Killed(detail),
-                deadline: None,
-            });
-            link.child.ping = None;
-            let ordered = link.child.ordered_on.take();
-            if let Some(i) = ordered {
-                self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
-            }
         }
     }
 
@@ -420,7 +346,7 @@ pub(super) fn slot_limit(max_children: u32, rolling: bool) -> usize {
 }
 
 /// Whether a failed send means the child closed its end of the channel.
-fn is_peer_gone(e: &io::Error) -> bool {
+pub(super) fn is_peer_gone(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ECONNREFUSED)

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::config::DispatchMode;
-use crate::dispatch::{order, TurnEnd};
+use crate::dispatch::TurnEnd;
 use crate::status::KillReason;
 
 use super::Supervisor;
@@ -82,13 +82,6 @@ impl Supervisor {
                 }
                 _ => return,
             }
-        }
-    }
-
-    /// A child answered its accept order (`Busy` or `Missed`).
-    pub(crate) fn order_answered(&mut self, slot: usize) {
-        if let Some(link) = self.core.board.link_mut(slot) {
-            order::order_answered(link, &mut self.listeners);
         }
     }
 

@@ -2,67 +2,14 @@
 //! mean, and how the pool's size is counted when what is spare is places
 //! for connections rather than idle children.
 
-use std::time::Instant;
-
-use tracing::debug;
-
 use super::Supervisor;
 use crate::config::{ConfigError, PoolConfig};
-use crate::protocol::ChildMessage;
 use crate::scaling::{self, PlaceCounts, PoolCounts};
 
 impl Supervisor {
     /// Whether this pool's children serve many connections at once.
     pub(super) fn hosts_sessions(&self) -> bool {
-        self.core.board.session_capacity().is_some()
-    }
-
-    /// Refuses a report of the wrong kind for this pool's children: load
-    /// from a one-connection child, idle/busy/missed from a many-connection
-    /// one.
-    pub(super) fn check_report_kind(&self, msg: &ChildMessage) -> Result<(), String> {
-        let hosts = self.hosts_sessions();
-        match msg {
-            ChildMessage::Load { .. } if !hosts => {
-                Err("sent a load report, but this pool runs one connection per child".into())
-            }
-            ChildMessage::Idle | ChildMessage::Busy | ChildMessage::Missed | ChildMessage::Next
-                if hosts =>
-            {
-                Err(format!(
-                    "sent {msg:?}, but this pool's children serve many connections and \
-                 report their load instead"
-                ))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// `Load` (`L`): the child's load. A child that has room again takes
-    /// the connections parked for want of one first; one that finished
-    /// connections may be past a limit and is recycled (see `recycle.rs`).
-    pub(super) fn on_load(
-        &mut self,
-        slot: usize,
-        open: u32,
-        capacity: u32,
-        received: u32,
-        now: Instant,
-    ) -> Result<(), String> {
-        self.core
-            .board
-            .report_load(slot, open, capacity, received, now)
-            .map_err(|e| format!("sent an impossible load report: {e}"))?;
-        let in_flight = self
-            .core
-            .board
-            .get(slot)
-            .and_then(|s| s.load)
-            .map_or(0, |load| load.in_flight());
-        debug!(slot, open, capacity, in_flight, "load report");
-        self.child_available(now);
-        self.recycle_after_connection(slot, now);
-        Ok(())
+        self.core.hosts_sessions()
     }
 
     /// The pool as the scaling policy sees it. The backlog only matters

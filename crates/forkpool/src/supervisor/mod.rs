@@ -30,6 +30,7 @@ mod children;
 mod containment;
 mod cpu;
 mod dispatching;
+mod effects;
 mod endpoints;
 mod event;
 mod link;
@@ -71,11 +72,10 @@ use crate::listener::Listener;
 use crate::policy::dispatch;
 use crate::policy::shutdown::{self, Stop};
 use crate::scaling::{self, Decision};
-use crate::status::{KillReason, Totals};
+use crate::status::Totals;
 use crate::worker::ChildStart;
 
-pub(crate) use crate::core::child::{LeaveCause, Leaving, Readiness};
-use crate::core::{Core, Shutdown};
+use crate::core::{Core, Input as CoreInput};
 use event::Event;
 pub(crate) use link::ChildLink;
 use output::ChildOutput;
@@ -98,12 +98,6 @@ pub(crate) enum Exit {
     /// exec the worker program as one.
     Template(crate::exec::TemplateStart),
 }
-
-/// How long past its deadline a stop may take at most: children killed at
-/// the deadline are normally reaped within milliseconds; what is not gone
-/// by then (a process stuck in the kernel) is left behind, logged, rather
-/// than let the stop hang.
-const STOP_OVERRUN: Duration = Duration::from_secs(1);
 
 /// The parent process's state.
 pub(crate) struct Supervisor {
@@ -346,8 +340,9 @@ impl Supervisor {
         let stopping = self.core.shutdown.is_some();
         match shutdown::on_stop_signals(interrupts, terminate, quit, stopping) {
             Some(Stop::Now) => {
-                info!(quit, interrupts, stopping, "stopping now");
-                self.stop_now(now);
+                info!(quit, interrupts, stopping, "stop signals");
+                self.core.on(CoreInput::Stop(Stop::Now), now);
+                self.carry_out(now);
             }
             Some(Stop::Graceful) => self.stop_requested(now),
             None => {}
@@ -355,73 +350,20 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Graceful stop: no new connections, idle children quit now, busy ones
-    /// after their connection, SIGKILL for stragglers at the deadline.
+    /// Graceful stop (`core/stop.rs`).
     fn begin_shutdown(&mut self, now: Instant) {
-        if self.core.shutdown.is_some() {
-            return;
-        }
-        let deadline = now + self.core.config.shutdown_timeout;
-        info!(
-            timeout = ?self.core.config.shutdown_timeout,
-            "shutting down: no new connections, waiting for busy children"
-        );
-        self.core.shutdown = Some(Shutdown {
-            deadline,
-            exit_by: deadline + STOP_OVERRUN,
-        });
-        if !self.handover.handed_over {
-            notify::stopping();
-        }
-        self.unwatch_listeners();
-        let parked = self.dispatcher.close_parked();
-        if parked > 0 {
-            warn!(
-                count = parked,
-                "closing connections that were waiting for a child"
-            );
-        }
-        self.quit_templates(now);
-        let slots: Vec<usize> = self.core.board.iter().map(|(slot, _)| slot).collect();
-        for slot in slots {
-            self.retire(slot, "shutdown", now);
-            if let Some(Leaving { deadline: d, .. }) = self
-                .core
-                .board
-                .link_mut(slot)
-                .and_then(|l| l.child.leaving.as_mut())
-            {
-                *d = Some(deadline);
-            }
-        }
-    }
-
-    /// Immediate stop: SIGKILL every child; the loop reaps them and exits.
-    fn stop_now(&mut self, now: Instant) {
-        self.begin_shutdown(now);
-        if let Some(s) = self.core.shutdown.as_mut() {
-            s.exit_by = s.exit_by.min(now + STOP_OVERRUN);
-        }
-        self.kill_templates();
-        let slots: Vec<usize> = self.core.board.iter().map(|(slot, _)| slot).collect();
-        for slot in slots {
-            self.kill(
-                slot,
-                KillReason::ImmediateStop,
-                "immediate stop".into(),
-                now,
-            );
-        }
+        self.core.on(CoreInput::Stop(Stop::Graceful), now);
+        self.carry_out(now);
     }
 
     /// Whether the stop is over: every child and template reaped, or the
     /// stop's last moment passed (what is left is logged).
     fn finished(&self, now: Instant) -> bool {
-        let Some(shutdown) = self.core.shutdown else {
+        let templates_left = !self.templates.list.is_empty();
+        if !self.core.finished(templates_left, now) {
             return false;
-        };
-        let empty = self.core.board.occupied() == 0 && self.templates.list.is_empty();
-        if !empty && now >= shutdown.exit_by {
+        }
+        if self.core.board.occupied() > 0 || templates_left {
             let children: Vec<(usize, i32)> = self
                 .core
                 .board
@@ -437,7 +379,7 @@ impl Supervisor {
                  parent-death signal"
             );
         }
-        empty || now >= shutdown.exit_by
+        true
     }
 
     /// Asks the policy what to do and does it.
@@ -517,25 +459,12 @@ impl Supervisor {
 
     /// The earliest moment the loop must wake without an event.
     fn next_deadline(&self, now: Instant) -> Option<Instant> {
-        let mut next = self.liveness_deadline();
+        let mut next = self.core.next_deadline(now);
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t {
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
             }
         };
-        consider(
-            self.core
-                .memory
-                .retire_due_in(&self.core.config, now)
-                .map(|d| now + d),
-        );
-        // Holds that have passed stay recorded until the next one; a past
-        // instant here would make the loop spin.
-        consider(self.spawns_held_until(now));
-        // A passed deadline has been acted on; waking for it again would
-        // make the loop spin.
-        consider(self.core.shutdown.map(|s| s.deadline).filter(|t| *t > now));
-        consider(self.core.shutdown.map(|s| s.exit_by));
         consider(
             self.listeners
                 .iter()

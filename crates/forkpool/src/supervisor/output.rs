@@ -21,7 +21,7 @@ use mio::Interest;
 use tracing::{info, warn};
 
 use super::event::Event;
-use super::{ChildLink, Supervisor};
+use super::Supervisor;
 use crate::policy::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::status::KillReason;
 use crate::sys;
@@ -204,15 +204,21 @@ impl Supervisor {
     }
 
     /// At reap: log what the worker wrote before it died, then close.
-    pub(super) fn drain_output(&mut self, slot: usize, pid: i32, link: &mut ChildLink) {
-        if let Some(mut output) = link.output.take() {
+    pub(super) fn drain_output(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        output: &mut Option<ChildOutput>,
+        tail: &mut Vec<String>,
+    ) {
+        if let Some(mut output) = output.take() {
             // The writer is dead, so this ends at once unless it left a
             // background process holding the pipe, which the budget bounds.
             let now = Instant::now();
             let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(slot, pid, line));
             output.flush_partial(now, &mut |line| log_line(slot, pid, line));
             self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
-            output.save_tail(&mut link.stderr_tail);
+            output.save_tail(tail);
             self.forget_output(&output);
         }
     }

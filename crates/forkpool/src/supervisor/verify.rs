@@ -41,9 +41,7 @@ impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
     /// the kernel has not confirmed yet.
     pub(super) fn unverified(&self, slot: usize) -> bool {
-        self.core.board.get(slot).is_some_and(|s| {
-            s.pid == 0 && s.link.child.version == crate::protocol::TEMPLATE_VERSION
-        })
+        self.core.unverified(slot)
     }
 
     /// Workers of `generation` not verified yet.
@@ -201,6 +199,6 @@ impl Supervisor {
 
     /// A worker did not start: hold spawns back as the back-off says.
     pub(super) fn count_failed_start(&mut self, now: Instant) {
-        self.core.spawn_gate.failed(now, std::time::Duration::ZERO);
+        self.core.count_failed_start(now);
     }
 }

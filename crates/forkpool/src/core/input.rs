@@ -1,0 +1,67 @@
+//! What the shell feeds the core.
+
+use crate::policy::shutdown::Stop;
+use crate::protocol::ChildMessage;
+use crate::status::KillReason;
+use crate::sys::process::ExitStatus;
+
+/// One thing that happened, for [`super::Core::on`].
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// The child in `slot` sent `msg` (decoded; from a process the kernel
+    /// vouched for).
+    Report {
+        /// The child.
+        slot: usize,
+        /// What it said.
+        msg: ChildMessage,
+    },
+    /// The child in `slot` sent something that does not decode, or its
+    /// channel failed: it is killed for `reason`.
+    Broken {
+        /// The child.
+        slot: usize,
+        /// Why, for the totals.
+        reason: KillReason,
+        /// Why, for the log.
+        detail: String,
+    },
+    /// A 0-byte read on the channel of the child in `slot`: `hung_up`
+    /// when its end is closed (it is exiting), not when it sent an empty
+    /// datagram.
+    ChannelClosed {
+        /// The child.
+        slot: usize,
+        /// Whether the kernel says its end is closed.
+        hung_up: bool,
+    },
+    /// The child in `slot`, whose channel read 0 bytes without its end
+    /// closed (an empty datagram), has now closed its end.
+    HungUp {
+        /// The child.
+        slot: usize,
+    },
+    /// A send to the child in `slot` failed; `peer_gone` when its end was
+    /// closed (it is exiting, not misbehaving).
+    SendFailed {
+        /// The child.
+        slot: usize,
+        /// Whether its end of the channel is closed.
+        peer_gone: bool,
+        /// What the send said.
+        detail: String,
+    },
+    /// The child in `slot`, `pid`, was reaped with `status`.
+    Reaped {
+        /// Its slot.
+        slot: usize,
+        /// Its pid.
+        pid: i32,
+        /// How it ended.
+        status: ExitStatus,
+    },
+    /// The operator asked for a stop.
+    Stop(Stop),
+    /// Time passed: deadlines and pings.
+    Tick,
+}
