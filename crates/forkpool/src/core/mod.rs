@@ -10,11 +10,13 @@ mod effect;
 mod input;
 mod lifecycle;
 mod liveness;
+mod pool;
 mod reports;
 mod stop;
 
 pub(crate) use effect::{Effect, Gone};
 pub(crate) use input::Input;
+pub(crate) use pool::slot_limit;
 
 use std::time::Instant;
 
@@ -55,6 +57,8 @@ pub(crate) struct Core<L> {
     pub spawn_gate: SpawnGate,
     /// What the scaling rule remembers between turns.
     pub memory: ScalingMemory,
+    /// Since when the pool has been at `max_children` with no idle child.
+    saturated_since: Option<Instant>,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
 }
@@ -71,6 +75,7 @@ impl<L: HasChild> Core<L> {
             shutdown: None,
             spawn_gate: SpawnGate::default(),
             memory: ScalingMemory::default(),
+            saturated_since: None,
             effects: Vec::new(),
         }
     }

@@ -27,7 +27,7 @@ impl Supervisor {
     /// In a child, returns what it needs to become a worker.
     pub(super) fn spawn_gated(&mut self, n: u32, now: Instant) -> io::Result<Option<ChildStart>> {
         for _ in 0..n {
-            if self.spawns_held(now) {
+            if !self.core.may_spawn(self.rollouts.active(), now) {
                 break;
             }
             let spawned = self.core.totals.spawned;
@@ -35,11 +35,7 @@ impl Supervisor {
             if start.is_some() {
                 return Ok(start);
             }
-            if self.core.totals.spawned > spawned {
-                self.core
-                    .spawn_gate
-                    .forked(now, self.core.config.max_spawn_rate);
-            } else if self.spawns_held(now) {
+            if self.core.totals.spawned == spawned && self.spawns_held(now) {
                 break;
             }
         }

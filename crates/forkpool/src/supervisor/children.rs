@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use super::{ChildLink, ChildOutput, Supervisor, RESOURCE_BACKOFF};
 use crate::channel::Channel;
-use crate::core::{Gone, Input};
+use crate::core::{slot_limit, Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
@@ -147,13 +147,8 @@ impl Supervisor {
         let mut link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
         // Just forked and not reaped: the pid is certainly this child.
         link.pidfd = hold(pid);
-        self.core
-            .board
-            .occupy(slot, pid, self.core.generation, now, link);
-        if !reports {
-            crate::scoreboard::own_move(self.core.board.assume_busy(slot, now));
-        }
-        self.core.totals.spawned += 1;
+        let generation = self.core.generation;
+        self.core.adopt(slot, pid, generation, link, now);
         info!(
             slot,
             pid,
@@ -330,18 +325,6 @@ pub(super) fn signal_child(link: &ChildLink, pid: i32, sig: Signal) -> io::Resul
     match &link.pidfd {
         Some(fd) => process::pidfd_signal(std::os::fd::AsFd::as_fd(fd), sig),
         None => process::send_signal(pid, sig),
-    }
-}
-
-/// The most slots in use at once, counting children on their way out:
-/// `max_children`, and twice that while a reload rolls (it starts each
-/// new child while the old one it replaces finishes its connection).
-pub(super) fn slot_limit(max_children: u32, rolling: bool) -> usize {
-    let max = max_children as usize;
-    if rolling {
-        2 * max
-    } else {
-        max
     }
 }
 

@@ -506,7 +506,7 @@ impl Supervisor {
             })
             .collect();
         let mut totals = self.core.totals;
-        if let Some(since) = self.saturated_since {
+        if let Some(since) = self.core.saturated_since() {
             totals.saturated_ms += now.duration_since(since).as_millis() as u64;
         }
         Snapshot {

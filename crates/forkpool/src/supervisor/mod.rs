@@ -71,7 +71,7 @@ use crate::dispatch::{Dispatcher, WatchedListener};
 use crate::listener::Listener;
 use crate::policy::dispatch;
 use crate::policy::shutdown::{self, Stop};
-use crate::scaling::{self, Decision};
+use crate::scaling::Decision;
 use crate::status::Totals;
 use crate::worker::ChildStart;
 
@@ -122,8 +122,6 @@ pub(crate) struct Supervisor {
     pub children_take_next: bool,
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
-    /// Since when the pool has been at `max_children` with no idle child.
-    saturated_since: Option<Instant>,
     last_saturated_log: Option<Instant>,
     /// How long the busy children wait for the CPUs (`cpu.rs`).
     cpu: cpu::CpuWatch,
@@ -192,7 +190,6 @@ impl Supervisor {
             capture_output: false,
             children_take_next: false,
             reload_source: None,
-            saturated_since: None,
             last_saturated_log: None,
             cpu: cpu::CpuWatch::default(),
             last_cpu_bound_log: None,
@@ -392,15 +389,10 @@ impl Supervisor {
             return self.advance_rollout(now);
         }
         let mut pool = self.scaling_counts();
-        let decision = if self.core.config.dispatch.speaks_protocol() {
+        if self.core.config.dispatch.speaks_protocol() {
             pool.cpu = self.cpu_use(now);
-            let at_ceiling = !self.core.board.has_room()
-                && self.core.board.counts().live() >= self.core.config.max_children;
-            self.account_saturation(at_ceiling, now);
-            scaling::decide(pool, &self.core.config, &mut self.core.memory, now)
-        } else {
-            scaling::fixed_size(pool, &self.core.config)
-        };
+        }
+        let decision = self.core.decide(pool, now);
         match decision {
             Decision::Hold => {}
             Decision::Spawn(n) => {
@@ -410,15 +402,8 @@ impl Supervisor {
                 self.cpu_changed();
                 return self.spawn_gated(n, now);
             }
-            Decision::Retire(n) => {
-                for _ in 0..n {
-                    if let Some(slot) = self.core.board.highest_idle() {
-                        self.retire(slot, "surplus idle child", now);
-                    }
-                }
-            }
+            Decision::Retire(_) => self.carry_out(now),
             Decision::CpuBound => {
-                self.core.totals.cpu_bound += 1;
                 if log_due(&mut self.last_cpu_bound_log, now) {
                     info!(
                         children = pool.live(),
@@ -429,7 +414,6 @@ impl Supervisor {
                 }
             }
             Decision::Saturated => {
-                self.core.totals.saturated += 1;
                 if log_due(&mut self.last_saturated_log, now) {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
@@ -440,16 +424,6 @@ impl Supervisor {
             }
         }
         Ok(None)
-    }
-
-    /// Adds the time spent at the ceiling to the totals.
-    fn account_saturation(&mut self, at_ceiling: bool, now: Instant) {
-        if let Some(since) = self.saturated_since.take() {
-            self.core.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
-        }
-        if at_ceiling {
-            self.saturated_since = Some(now);
-        }
     }
 
     /// Connections waiting in the listen backlogs, where the kernel says.

@@ -502,8 +502,7 @@ impl Supervisor {
             }
         };
         let link = ChildLink::new(ours, output, now, true, TEMPLATE_VERSION);
-        self.core.board.occupy(slot, 0, generation, now, link);
-        self.core.totals.spawned += 1;
+        self.core.adopt(slot, 0, generation, link, now);
         Ok(())
     }
 
