@@ -12,6 +12,8 @@ mod lifecycle;
 mod liveness;
 mod pool;
 mod reports;
+#[cfg(test)]
+mod sim;
 mod stop;
 
 pub(crate) use effect::{Effect, Gone};
@@ -125,8 +127,11 @@ impl<L: HasChild> Core<L> {
             // past instant here would make the loop spin.
             self.spawns_held_until(now),
             self.stop_deadline(now),
+            // The pool is not sized while it stops: a retire that fell due
+            // would be due for ever, and the loop would spin.
             self.memory
                 .retire_due_in(&self.config, now)
+                .filter(|_| self.shutdown.is_none())
                 .map(|d| now + d),
         ]
         .into_iter()

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::child::{HasChild, Readiness};
 use super::Core;
-use crate::scaling::{self, Decision, PoolCounts};
+use crate::scaling::{self, Decision, PlaceCounts, PoolCounts};
 use crate::scoreboard::own_move;
 
 impl<L: HasChild> Core<L> {
@@ -42,6 +42,50 @@ impl<L: HasChild> Core<L> {
     /// Since when the pool has been at `max_children` with no idle child.
     pub fn saturated_since(&self) -> Option<Instant> {
         self.saturated_since
+    }
+
+    /// The pool as the scaling rule sees it. The backlog (`queued`, asked
+    /// only when needed) only matters when no child has room: otherwise
+    /// every waiting connection is about to be dispatched. `cpus` bounds
+    /// the children starting at once when the pool holds for the CPUs.
+    pub fn pool_counts(&self, queued: impl FnOnce() -> u32, cpus: u32) -> PoolCounts {
+        let counts = self.board.counts();
+        let room = match self.board.session_capacity() {
+            None => self.board.has_room(),
+            Some(_) => self.board.free_places() > 0,
+        };
+        let queued = if room { 0 } else { queued() };
+        match self.board.session_capacity() {
+            None => PoolCounts {
+                starting: counts.starting,
+                idle: counts.idle,
+                busy: counts.busy,
+                queued,
+                cpu: scaling::CpuUse::NotLooked,
+                start_limit: if self.config.hold_when_cpu_bound {
+                    cpus
+                } else {
+                    0
+                },
+            },
+            Some(per_child) => scaling::in_child_equivalents(
+                PlaceCounts {
+                    starting: counts.starting,
+                    serving: counts.idle + counts.busy,
+                    free: self.board.free_places(),
+                    queued,
+                },
+                per_child,
+            ),
+        }
+    }
+
+    /// A fork (or what it needs) failed for lack of resources: spawns back
+    /// off like a start-up failure, at least `floor`, so a process limit
+    /// reached does not make the supervisor retry in a tight loop. Returns
+    /// the delay.
+    pub fn fork_failed(&mut self, now: Instant, floor: std::time::Duration) -> std::time::Duration {
+        self.spawn_gate.failed(now, floor)
     }
 
     /// Adds the time spent at the ceiling to the totals.

@@ -81,8 +81,9 @@ impl<L: HasChild> Core<L> {
     /// deadline has been acted on; waking for it again would spin).
     pub fn stop_deadline(&self, now: Instant) -> Option<Instant> {
         let s = self.shutdown?;
+        // An immediate stop moves `exit_by` before the graceful deadline.
         Some(if s.deadline > now {
-            s.deadline
+            s.deadline.min(s.exit_by)
         } else {
             s.exit_by
         })

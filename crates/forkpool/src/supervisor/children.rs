@@ -189,7 +189,7 @@ impl Supervisor {
     /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
     /// reached does not make the supervisor retry in a tight loop.
     pub(super) fn resource_backoff(&mut self, now: Instant, why: String) {
-        let delay = self.core.spawn_gate.failed(now, RESOURCE_BACKOFF);
+        let delay = self.core.fork_failed(now, RESOURCE_BACKOFF);
         warn!("{why}; trying again in {delay:?}");
     }
 

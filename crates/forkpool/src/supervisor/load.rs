@@ -4,7 +4,7 @@
 
 use super::Supervisor;
 use crate::config::{ConfigError, PoolConfig};
-use crate::scaling::{self, PlaceCounts, PoolCounts};
+use crate::scaling::PoolCounts;
 
 impl Supervisor {
     /// Whether this pool's children serve many connections at once.
@@ -17,35 +17,8 @@ impl Supervisor {
     /// to be dispatched. (A many-connection child with free places that
     /// is catching up on connections in flight still has room.)
     pub(super) fn scaling_counts(&self) -> PoolCounts {
-        let counts = self.core.board.counts();
-        let room = match self.core.board.session_capacity() {
-            None => self.core.board.has_room(),
-            Some(_) => self.core.board.free_places() > 0,
-        };
-        let queued = if room { 0 } else { self.queued() };
-        match self.core.board.session_capacity() {
-            None => PoolCounts {
-                starting: counts.starting,
-                idle: counts.idle,
-                busy: counts.busy,
-                queued,
-                cpu: scaling::CpuUse::NotLooked,
-                start_limit: if self.core.config.hold_when_cpu_bound {
-                    self.cpu_count()
-                } else {
-                    0
-                },
-            },
-            Some(per_child) => scaling::in_child_equivalents(
-                PlaceCounts {
-                    starting: counts.starting,
-                    serving: counts.idle + counts.busy,
-                    free: self.core.board.free_places(),
-                    queued,
-                },
-                per_child,
-            ),
-        }
+        let cpus = self.cpu_count();
+        self.core.pool_counts(|| self.queued(), cpus)
     }
 
     /// A configuration read on reload must suit the children this pool

@@ -1,0 +1,252 @@
+//! The simulated world: processes that follow the protocol or break it in
+//! each documented way, connections, and a clock that only moves when the
+//! next thing is due.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use super::rng::Rng;
+use crate::policy::shutdown::Stop;
+
+/// How a simulated worker behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Behaviour {
+    /// Follows the protocol.
+    Good,
+    /// Exits before saying `Ready`.
+    CrashAtStart,
+    /// Dies at a random moment after `Ready`.
+    CrashLater,
+    /// Never says anything and never exits.
+    Silent,
+    /// Says `Ready`, then never answers a ping.
+    Deaf,
+    /// Ignores `Quit`.
+    HangOnQuit,
+    /// On `Quit`, closes its channel at once and takes up to 15 s to exit.
+    SlowExit,
+    /// Sends hundreds of messages at once.
+    Flood,
+    /// Says `Ready` with another pid.
+    LiesAboutPid,
+    /// Says `Idle` before `Ready`.
+    OutOfOrder,
+    /// Sends an empty datagram and keeps its channel open.
+    EmptyDatagram,
+}
+
+impl Behaviour {
+    /// Every behaviour, for random picks.
+    pub const ALL: [Behaviour; 11] = [
+        Behaviour::Good,
+        Behaviour::CrashAtStart,
+        Behaviour::CrashLater,
+        Behaviour::Silent,
+        Behaviour::Deaf,
+        Behaviour::HangOnQuit,
+        Behaviour::SlowExit,
+        Behaviour::Flood,
+        Behaviour::LiesAboutPid,
+        Behaviour::OutOfOrder,
+        Behaviour::EmptyDatagram,
+    ];
+}
+
+/// One simulated process.
+#[derive(Debug)]
+pub(super) struct Proc {
+    pub slot: usize,
+    pub behaviour: Behaviour,
+    /// It has exited (a zombie until reaped, or reaped).
+    pub exited: bool,
+    /// Its channel is closed.
+    pub closed: bool,
+    /// The connection it holds.
+    pub serving: Option<u64>,
+    /// It was told to quit.
+    pub told_quit: bool,
+    /// It said `Ready`.
+    pub ready: bool,
+}
+
+/// Something the world does at a moment.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Happening {
+    Ready(i32),
+    Finish(i32, u64),
+    Pong(i32, u32),
+    Exit(i32, bool),
+    Reap(i32),
+    Close(i32, bool),
+    Flood(i32),
+    Lie(i32),
+    OutOfOrder(i32),
+    Arrival,
+    ExternalKill,
+    Stop(StopKind),
+}
+
+/// A stop signal, orderable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum StopKind {
+    Graceful,
+    Now,
+}
+
+impl StopKind {
+    pub fn stop(self) -> Stop {
+        match self {
+            StopKind::Graceful => Stop::Graceful,
+            StopKind::Now => Stop::Now,
+        }
+    }
+}
+
+/// Where a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Conn {
+    Queued,
+    Held(i32),
+    Served,
+    Failed,
+    Closed,
+}
+
+/// The world's state.
+pub(super) struct World {
+    pub rng: Rng,
+    /// Nanoseconds since the start.
+    pub now: u64,
+    queue: BinaryHeap<Reverse<(u64, u64, Happening)>>,
+    order: u64,
+    pub procs: BTreeMap<i32, Proc>,
+    pub next_pid: i32,
+    pub backlog: VecDeque<u64>,
+    pub conns: Vec<Conn>,
+    /// Forks, by when (for the rate check).
+    pub forks: VecDeque<u64>,
+    /// Connections failed with their child.
+    pub failed: u64,
+}
+
+pub(super) const MS: u64 = 1_000_000;
+pub(super) const SEC: u64 = 1_000_000_000;
+
+impl World {
+    pub fn new(seed: u64) -> World {
+        World {
+            rng: Rng::new(seed),
+            now: 0,
+            queue: BinaryHeap::new(),
+            order: 0,
+            procs: BTreeMap::new(),
+            next_pid: 1000,
+            backlog: VecDeque::new(),
+            conns: Vec::new(),
+            forks: VecDeque::new(),
+            failed: 0,
+        }
+    }
+
+    /// Schedules `what` `after` nanoseconds from now.
+    pub fn at(&mut self, after: u64, what: Happening) {
+        self.order += 1;
+        self.queue
+            .push(Reverse((self.now + after, self.order, what)));
+    }
+
+    /// When the next happening is due.
+    pub fn next_due(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// The next happening, if due by `t`.
+    pub fn pop_due(&mut self, t: u64) -> Option<Happening> {
+        if self.next_due()? > t {
+            return None;
+        }
+        self.queue.pop().map(|Reverse((_, _, what))| what)
+    }
+
+    /// A random span in `lo..hi` milliseconds.
+    pub fn ms(&mut self, lo: u64, hi: u64) -> u64 {
+        (lo + self.rng.below(hi - lo + 1)) * MS
+    }
+
+    /// A process forked into `slot`: its behaviour's first steps are
+    /// scheduled.
+    pub fn fork(&mut self, slot: usize, behaviour: Behaviour) -> i32 {
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        self.forks.push_back(self.now);
+        self.procs.insert(
+            pid,
+            Proc {
+                slot,
+                behaviour,
+                exited: false,
+                closed: false,
+                serving: None,
+                told_quit: false,
+                ready: false,
+            },
+        );
+        let start = self.ms(1, 50);
+        match behaviour {
+            Behaviour::CrashAtStart => self.at(start, Happening::Exit(pid, false)),
+            Behaviour::Silent => {}
+            Behaviour::LiesAboutPid => self.at(start, Happening::Lie(pid)),
+            Behaviour::OutOfOrder => self.at(start, Happening::OutOfOrder(pid)),
+            _ => self.at(start, Happening::Ready(pid)),
+        }
+        pid
+    }
+
+    /// What a process does once it said `Ready`.
+    pub fn after_ready(&mut self, pid: i32) {
+        let behaviour = self.procs[&pid].behaviour;
+        match behaviour {
+            Behaviour::CrashLater => {
+                let t = self.ms(50, 3000);
+                self.at(t, Happening::Exit(pid, false))
+            }
+            Behaviour::Flood => {
+                let t = self.ms(0, 500);
+                self.at(t, Happening::Flood(pid))
+            }
+            Behaviour::EmptyDatagram => {
+                let t = self.ms(0, 2000);
+                self.at(t, Happening::Close(pid, false))
+            }
+            _ => {}
+        }
+    }
+
+    /// The process exits now (or dies): its channel closes and the
+    /// supervisor reaps it, in either order.
+    pub fn exit(&mut self, pid: i32) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if p.exited {
+            return;
+        }
+        p.exited = true;
+        if let Some(conn) = p.serving.take() {
+            self.conns[conn as usize] = Conn::Failed;
+            self.failed += 1;
+        }
+        let close = self.ms(0, 2);
+        let reap = self.ms(0, 2);
+        if !self.procs[&pid].closed {
+            self.at(close, Happening::Close(pid, true));
+        }
+        self.at(reap, Happening::Reap(pid));
+    }
+}
+
+/// The time as the core sees it: `base` plus the world's clock.
+pub(super) fn span(nanos: u64) -> Duration {
+    Duration::from_nanos(nanos)
+}
