@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::protocol::ParentMessage;
+use crate::protocol::{ParentMessage, TemplateRequest};
 use crate::status::KillReason;
 
 /// One thing for the shell to carry out.
@@ -102,13 +102,64 @@ pub(crate) enum Effect<L> {
     /// A child has been reaped and its slot freed; the shell closes what
     /// it held for it.
     Gone(Gone<L>),
+    /// A process the core does not know was reaped (a binary upgrade's
+    /// successor, say): the shell looks; if it is not its own either, it
+    /// goes back as an orphan a template's `W` may yet name.
+    Stranger {
+        /// Its pid.
+        pid: i32,
+        /// How it ended.
+        status: crate::sys::process::ExitStatus,
+    },
     /// A stop began: stop accepting, close the parked connections, tell
     /// systemd.
     StopListening,
-    /// Tell the templates to quit (a graceful stop).
-    QuitTemplates,
-    /// SIGKILL the templates (an immediate stop).
-    KillTemplates,
+    /// The worker in `slot` was never verified and its slot is freed: the
+    /// shell closes what it held for it (no process to signal or reap).
+    Abandoned(Abandoned<L>),
+    /// Send `request` to the template of `generation`. A failure comes
+    /// back as [`super::Input::TemplateSendFailed`].
+    SendTemplate {
+        /// The template.
+        generation: u32,
+        /// What to send (a ping or a quit).
+        request: TemplateRequest,
+    },
+    /// SIGKILL the template of `generation` and its process group.
+    KillTemplate {
+        /// The template.
+        generation: u32,
+    },
+    /// The template of `generation`, `pid`, has been reaped: the shell
+    /// closes its ends and sweeps its process group; when it ended unasked
+    /// (`failure`), its reload fails or a new one is started after the
+    /// back-off.
+    TemplateGone {
+        /// Its generation.
+        generation: u32,
+        /// Its pid.
+        pid: i32,
+        /// How it failed, when it ended unasked.
+        failure: Option<TemplateFailure>,
+    },
+}
+
+/// How a template ended unasked.
+#[derive(Debug)]
+pub(crate) struct TemplateFailure {
+    /// How, for the log.
+    pub how: String,
+    /// Whether it had said `R`.
+    pub was_ready: bool,
+}
+
+/// A worker never verified whose slot the core freed.
+#[derive(Debug)]
+pub(crate) struct Abandoned<L> {
+    /// Its slot.
+    pub slot: usize,
+    /// What the shell kept for it.
+    pub link: L,
 }
 
 /// A child reaped, its slot freed: what the shell needs to let it go.

@@ -1,7 +1,7 @@
 //! What the shell feeds the core.
 
 use crate::policy::shutdown::Stop;
-use crate::protocol::ChildMessage;
+use crate::protocol::{ChildMessage, TemplateReply};
 use crate::status::KillReason;
 use crate::sys::process::ExitStatus;
 
@@ -51,14 +51,34 @@ pub(crate) enum Input {
         /// What the send said.
         detail: String,
     },
-    /// The child in `slot`, `pid`, was reaped with `status`.
+    /// The process `pid` (a worker, a template, or a process the core
+    /// does not know) was reaped with `status`.
     Reaped {
-        /// Its slot.
-        slot: usize,
         /// Its pid.
         pid: i32,
         /// How it ended.
         status: ExitStatus,
+    },
+    /// The template of `generation` replied.
+    TemplateReply {
+        /// The template.
+        generation: u32,
+        /// What it said.
+        reply: TemplateReply,
+    },
+    /// The template of `generation` closed its channel.
+    TemplateClosed {
+        /// The template.
+        generation: u32,
+    },
+    /// The template of `generation` sent what does not decode, its
+    /// channel failed, a send to it failed, or it floods its stderr: it is
+    /// killed.
+    TemplateBroken {
+        /// The template.
+        generation: u32,
+        /// Why, for the log.
+        detail: String,
     },
     /// The operator asked for a stop.
     Stop(Stop),

@@ -162,6 +162,18 @@ impl<L: HasChild> Core<L> {
         self.kill(slot, KillReason::ChannelFailed, detail, now);
     }
 
+    /// The process `pid` was reaped with `status`: a template, a worker in
+    /// a slot (or claimed for one), or a stranger the shell looks at.
+    pub fn reaped_pid(&mut self, pid: i32, status: ExitStatus, now: Instant) {
+        if self.template_exited(pid, status, now) {
+            return;
+        }
+        match self.slot_of(pid) {
+            Some(slot) => self.reaped(slot, pid, status, now),
+            None => self.effects.push(Effect::Stranger { pid, status }),
+        }
+    }
+
     /// The child in `slot`, `pid`, has been reaped with `status`: logs how
     /// it ended, judges its start and frees the slot; the shell gets what
     /// it kept for the child back in [`Effect::Gone`].
@@ -170,6 +182,16 @@ impl<L: HasChild> Core<L> {
         let Some(entry) = self.board.vacate(slot) else {
             return;
         };
+        if !verified {
+            // Its template no longer owes an answer for it.
+            if let Some(t) = self
+                .templates
+                .iter_mut()
+                .find(|t| t.generation == entry.generation)
+            {
+                t.pending.remove(&slot);
+            }
+        }
         let child = entry.link.child();
         let served = entry.served;
         match child.leaving.as_ref().map(|l| &l.cause) {

@@ -15,20 +15,31 @@ mod reports;
 #[cfg(test)]
 mod sim;
 mod stop;
+pub(crate) mod template;
+mod templates;
+mod vouch;
 
-pub(crate) use effect::{Effect, Gone};
+pub(crate) use effect::{Effect, Gone, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use crate::config::PoolConfig;
 use crate::policy::backoff::SpawnGate;
+use crate::policy::backoff::StartBackoff;
 use crate::policy::shutdown::Stop;
 use crate::scaling::ScalingMemory;
 use crate::scoreboard::Scoreboard;
 use crate::status::Totals;
+use crate::sys::process::ExitStatus;
 use child::HasChild;
+use template::Template;
+
+/// After a fork that failed for lack of resources (or a template that
+/// could not fork), spawns wait at least this long.
+pub(crate) const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
 
 /// The shutdown in progress, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +70,16 @@ pub(crate) struct Core<L> {
     pub spawn_gate: SpawnGate,
     /// What the scaling rule remembers between turns.
     pub memory: ScalingMemory,
+    /// The templates (`--preload`): one per generation, two while a
+    /// reload rolls.
+    pub templates: Vec<Template>,
+    /// Template start-up failures and unplanned ends in a row.
+    template_backoff: StartBackoff,
+    /// No template is started before this.
+    templates_blocked_until: Option<Instant>,
+    /// Processes reaped that held no slot, in case a template's `W`
+    /// names one of them afterwards (a worker that died at once).
+    orphans: VecDeque<(i32, ExitStatus)>,
     /// Since when the pool has been at `max_children` with no idle child.
     saturated_since: Option<Instant>,
     /// What the shell must carry out, in order.
@@ -77,6 +98,10 @@ impl<L: HasChild> Core<L> {
             shutdown: None,
             spawn_gate: SpawnGate::default(),
             memory: ScalingMemory::default(),
+            templates: Vec::new(),
+            template_backoff: StartBackoff::default(),
+            templates_blocked_until: None,
+            orphans: VecDeque::new(),
             saturated_since: None,
             effects: Vec::new(),
         }
@@ -103,13 +128,21 @@ impl<L: HasChild> Core<L> {
                 peer_gone,
                 detail,
             } => self.send_failed(slot, peer_gone, detail, now),
-            Input::Reaped { slot, pid, status } => self.reaped(slot, pid, status, now),
+            Input::Reaped { pid, status } => self.reaped_pid(pid, status, now),
+            Input::TemplateReply { generation, reply } => {
+                self.template_reply(generation, reply, now)
+            }
+            Input::TemplateClosed { generation } => self.template_closed(generation, now),
+            Input::TemplateBroken { generation, detail } => self.kill_template(generation, detail),
             Input::Stop(Stop::Graceful) => self.begin_shutdown(now),
             Input::Stop(Stop::Now) => {
                 tracing::info!("stopping now");
                 self.stop_now(now)
             }
-            Input::Tick => self.check_liveness(now),
+            Input::Tick => {
+                self.check_liveness(now);
+                self.check_templates(now);
+            }
         }
     }
 
@@ -127,6 +160,7 @@ impl<L: HasChild> Core<L> {
             // past instant here would make the loop spin.
             self.spawns_held_until(now),
             self.stop_deadline(now),
+            self.templates_deadline(),
             // The pool is not sized while it stops: a retire that fell due
             // would be due for ever, and the loop would spin.
             self.memory

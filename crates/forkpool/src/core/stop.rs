@@ -34,7 +34,7 @@ impl<L: HasChild> Core<L> {
             exit_by: deadline + STOP_OVERRUN,
         });
         self.effects.push(Effect::StopListening);
-        self.effects.push(Effect::QuitTemplates);
+        self.quit_templates(now);
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.retire(slot, "shutdown", now);
@@ -55,7 +55,7 @@ impl<L: HasChild> Core<L> {
         if let Some(s) = self.shutdown.as_mut() {
             s.exit_by = s.exit_by.min(now + STOP_OVERRUN);
         }
-        self.effects.push(Effect::KillTemplates);
+        self.kill_templates();
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.kill(
@@ -67,14 +67,13 @@ impl<L: HasChild> Core<L> {
         }
     }
 
-    /// Whether the stop is over: no child left (`templates_left` is what
-    /// the shell still holds of templates), or the stop's last moment has
-    /// passed.
-    pub fn finished(&self, templates_left: bool, now: Instant) -> bool {
+    /// Whether the stop is over: no child or template left, or the
+    /// stop's last moment has passed.
+    pub fn finished(&self, now: Instant) -> bool {
         let Some(shutdown) = self.shutdown else {
             return false;
         };
-        (self.board.occupied() == 0 && !templates_left) || now >= shutdown.exit_by
+        (self.board.occupied() == 0 && self.templates.is_empty()) || now >= shutdown.exit_by
     }
 
     /// The stop's deadlines still ahead, for the loop's timer (a passed

@@ -7,8 +7,9 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{debug, info, warn};
 
-use super::{ChildLink, ChildOutput, Supervisor, RESOURCE_BACKOFF};
+use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
+use crate::core::RESOURCE_BACKOFF;
 use crate::core::{slot_limit, Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
@@ -193,27 +194,10 @@ impl Supervisor {
         warn!("{why}; trying again in {delay:?}");
     }
 
-    /// Collects every child that has exited and frees its slot.
+    /// Collects every child that has exited and hands each to the core.
     pub(super) fn reap_children(&mut self, now: Instant) -> io::Result<()> {
         while let Some((pid, status)) = process::reap_one()? {
-            if self.template_exited(pid, status, now) {
-                continue;
-            }
-            let Some(slot) = self
-                .core
-                .board
-                .slot_of_pid(pid)
-                .or_else(|| self.slot_claiming(pid))
-            else {
-                if !self.reaped_successor(pid, status) {
-                    // Perhaps a worker whose template has not said its
-                    // pid yet (it died at once): kept for that answer.
-                    self.templates.remember_orphan(pid, status);
-                    debug!(pid, %status, "reaped a process that held no slot");
-                }
-                continue;
-            };
-            self.child_exited(slot, pid, status, now);
+            self.child_exited(pid, status, now);
         }
         Ok(())
     }
@@ -221,14 +205,10 @@ impl Supervisor {
     /// The child in `slot`, `pid`, has been reaped with `status`: what it
     /// said last is logged first (it explains how it ended), then the core
     /// frees the slot and hands back what the shell kept for it.
-    pub(super) fn child_exited(
-        &mut self,
-        slot: usize,
-        pid: i32,
-        status: process::ExitStatus,
-        now: Instant,
-    ) {
-        if let Some(link) = self.core.board.link_mut(slot) {
+    pub(super) fn child_exited(&mut self, pid: i32, status: process::ExitStatus, now: Instant) {
+        let slot = self.core.slot_of(pid);
+        if let Some(link) = slot.and_then(|slot| self.core.board.link_mut(slot)) {
+            let slot = slot.expect("found above");
             let mut taken = std::mem::take(&mut link.output);
             let mut tail = std::mem::take(&mut link.stderr_tail);
             self.drain_output(slot, pid, &mut taken, &mut tail);
@@ -237,7 +217,7 @@ impl Supervisor {
                 link.stderr_tail = tail;
             }
         }
-        self.core.on(Input::Reaped { slot, pid, status }, now);
+        self.core.on(Input::Reaped { pid, status }, now);
         self.carry_out(now);
     }
 
@@ -256,8 +236,6 @@ impl Supervisor {
         } = gone;
         if verified {
             self.sweep_group(slot, pid);
-        } else {
-            self.templates.forget_order(generation, slot);
         }
         if let Some(how) = start_failure {
             self.rollout_start_failed(generation, &how, &link.stderr_tail, now);

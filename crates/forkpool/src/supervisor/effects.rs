@@ -110,8 +110,25 @@ impl Supervisor {
                     );
                 }
             }
-            Effect::QuitTemplates => self.quit_templates(now),
-            Effect::KillTemplates => self.kill_templates(),
+            Effect::Abandoned(abandoned) => self.close_abandoned(abandoned.slot, &abandoned.link),
+            Effect::SendTemplate {
+                generation,
+                request,
+            } => self.send_to_template(generation, request, now),
+            Effect::KillTemplate { generation } => self.signal_template(generation),
+            Effect::TemplateGone {
+                generation,
+                pid,
+                failure,
+            } => self.template_gone(generation, pid, failure, now),
+            Effect::Stranger { pid, status } => {
+                if !self.reaped_successor(pid, status) {
+                    // Perhaps a worker whose template has not said its pid
+                    // yet (it died at once): kept for that answer.
+                    self.core.remember_orphan(pid, status);
+                    tracing::debug!(pid, %status, "reaped a process that held no slot");
+                }
+            }
         }
     }
 

@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use super::Supervisor;
 use crate::core::Input;
-use crate::policy::liveness::{self, Deadlines};
 
 impl Supervisor {
     /// The core's deadlines (`core/liveness.rs`): first what only the
@@ -32,20 +31,4 @@ impl Supervisor {
         self.core.on(Input::Tick, now);
         self.carry_out(now);
     }
-}
-
-/// A child (or a template) must say `Ready` within this.
-pub(super) fn start_timeout(config: &crate::config::PoolConfig) -> std::time::Duration {
-    Deadlines::of(config).start_timeout
-}
-
-/// When a template told to quit now, or whose channel closed now, must be
-/// gone: `exit_timeout` later, but never after a graceful stop's deadline
-/// (`policy::liveness::exit_deadline`).
-pub(super) fn exit_by(
-    now: Instant,
-    config: &crate::config::PoolConfig,
-    stopping: Option<&crate::core::Shutdown>,
-) -> Instant {
-    liveness::exit_deadline(now, config.exit_timeout, stopping.map(|s| s.deadline))
 }

@@ -85,9 +85,6 @@ use signals::{SignalPipe, Signals};
 /// are logged.
 const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
 const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// After a failed fork or accept for lack of resources, wait this long.
-const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
-
 /// How the loop ended.
 pub(crate) enum Exit {
     /// The pool shut down; these are its totals.
@@ -277,7 +274,6 @@ impl Supervisor {
             self.rewatch_listeners(now);
         }
         self.check_liveness(now);
-        self.check_templates(now);
         self.notify_ready_once();
         self.expire_clients(now);
         self.check_upgrade(now);
@@ -356,18 +352,17 @@ impl Supervisor {
     /// Whether the stop is over: every child and template reaped, or the
     /// stop's last moment passed (what is left is logged).
     fn finished(&self, now: Instant) -> bool {
-        let templates_left = !self.templates.list.is_empty();
-        if !self.core.finished(templates_left, now) {
+        if !self.core.finished(now) {
             return false;
         }
-        if self.core.board.occupied() > 0 || templates_left {
+        if self.core.board.occupied() > 0 || !self.core.templates.is_empty() {
             let children: Vec<(usize, i32)> = self
                 .core
                 .board
                 .iter()
                 .map(|(slot, s)| (slot, s.pid))
                 .collect();
-            let templates: Vec<i32> = self.templates.list.iter().map(|t| t.pid).collect();
+            let templates: Vec<i32> = self.core.templates.iter().map(|t| t.pid).collect();
             tracing::error!(
                 ?children,
                 ?templates,
@@ -455,7 +450,6 @@ impl Supervisor {
         consider(self.rollout_deadline(now));
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
-        consider(self.templates_deadline());
         consider(self.cpu_look_due(now));
         consider(dispatch::backlog_recheck_due(
             self.core.board.has_room(),

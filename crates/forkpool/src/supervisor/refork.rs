@@ -50,7 +50,7 @@ impl Supervisor {
                 self.templates.reforks,
                 entry.served,
             );
-        if !eligible || !self.templates.has_ready(self.core.generation) {
+        if !eligible || !self.core.has_ready_template(self.core.generation) {
             return;
         }
         let (pid, served) = (entry.pid, entry.served);
@@ -93,7 +93,7 @@ impl Supervisor {
         let pidfd = link.pidfd.take();
         if let Err(e) = self.adopt_template(pid, pidfd, generation, ours, output, now) {
             warn!(pid, "cannot watch the new template: {e}");
-            self.kill_template(generation, format!("cannot watch its channel: {e}"));
+            self.template_broken(generation, format!("cannot watch its channel: {e}"), now);
         }
     }
 }

@@ -135,7 +135,7 @@ impl Sim {
             self.maintain()?;
             self.dispatch()?;
             self.check()?;
-            if self.core.finished(false, now) {
+            if self.core.finished(now) {
                 return self.finish();
             }
             // The core must never ask to be woken at a moment passed.
@@ -253,7 +253,7 @@ impl Sim {
                     return Err(format!("reaped pid {pid}, which no slot holds"));
                 }
                 let status = ExitStatus::Code(0);
-                self.core.on(Input::Reaped { slot, pid, status }, now);
+                self.core.on(Input::Reaped { pid, status }, now);
             }
             Happening::Arrival => {
                 if self.core.shutdown.is_none() {
@@ -429,9 +429,16 @@ impl Sim {
             | Effect::OrderDropped { .. }
             | Effect::ConnectionEnded { .. }
             | Effect::Served { .. }
-            | Effect::Redispatch { .. }
-            | Effect::QuitTemplates
-            | Effect::KillTemplates => {}
+            | Effect::Redispatch { .. } => {}
+            Effect::Stranger { pid, .. } => {
+                return Err(format!("the core did not know reaped pid {pid}"))
+            }
+            Effect::Abandoned(_)
+            | Effect::SendTemplate { .. }
+            | Effect::KillTemplate { .. }
+            | Effect::TemplateGone { .. } => {
+                return Err("a template effect in a pool without templates".into())
+            }
         }
         Ok(())
     }
