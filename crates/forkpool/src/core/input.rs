@@ -28,12 +28,17 @@ pub(crate) enum Input {
     },
     /// A 0-byte read on the channel of the child in `slot`: `hung_up`
     /// when its end is closed (it is exiting), not when it sent an empty
-    /// datagram.
+    /// datagram. A worker never verified whose claimed process is gone is
+    /// freed at once: nothing will ever come from it, nor be reaped.
     ChannelClosed {
         /// The child.
         slot: usize,
         /// Whether the kernel says its end is closed.
         hung_up: bool,
+        /// For a worker not verified yet: whether the process its template
+        /// claimed is still the supervisor's child (`/proc`); true when
+        /// nothing is claimed.
+        claimed_is_child: bool,
     },
     /// The child in `slot`, whose channel read 0 bytes without its end
     /// closed (an empty datagram), has now closed its end.

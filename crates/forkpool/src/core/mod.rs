@@ -117,7 +117,18 @@ impl<L: HasChild> Core<L> {
                 reason,
                 detail,
             } => self.kill(slot, reason, detail, now),
-            Input::ChannelClosed { slot, hung_up } => self.channel_closed(slot, hung_up, now),
+            Input::ChannelClosed {
+                slot,
+                hung_up,
+                claimed_is_child,
+            } => {
+                let claimed = self.board.link(slot).and_then(|l| l.child().claimed);
+                if self.unverified(slot) && claimed.is_some() && !claimed_is_child {
+                    self.give_up_unverified(slot, "closed its channel", false, now);
+                } else {
+                    self.channel_closed(slot, hung_up, now);
+                }
+            }
             Input::HungUp { slot } => {
                 if let Some(link) = self.board.link_mut(slot) {
                     link.child_mut().hung_up = true;

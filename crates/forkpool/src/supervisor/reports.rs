@@ -89,19 +89,19 @@ impl Supervisor {
     }
 
     /// A 0-byte read on the child's channel: see
-    /// [`crate::core::Core::channel_closed`]. A worker never verified whose
-    /// claimed process is gone is freed at once: nothing will ever come
-    /// from it, nor be reaped.
+    /// [`crate::core::Input::ChannelClosed`].
     fn channel_closed(&mut self, slot: usize, now: Instant) {
-        if self.unverified(slot) && self.claim_vanished(slot) {
-            self.give_up_unverified(slot, "closed its channel", now);
-            return;
-        }
+        let claimed_is_child = !self.claim_vanished(slot);
         let Some(link) = self.core.board.link(slot) else {
             return;
         };
         let hung_up = peer_hung_up(&link.channel);
-        self.core.on(Input::ChannelClosed { slot, hung_up }, now);
+        let input = Input::ChannelClosed {
+            slot,
+            hung_up,
+            claimed_is_child,
+        };
+        self.core.on(input, now);
         self.carry_out(now);
     }
 }

@@ -22,6 +22,7 @@
 //!   replacement burst and rate, whatever the children do.
 
 mod rng;
+mod templates;
 mod world;
 
 use std::time::{Duration, Instant};
@@ -50,6 +51,10 @@ struct Scenario {
     fork_fails_per_mille: u64,
     /// Steps at most.
     steps: u64,
+    /// Workers are forked from templates (`--preload`).
+    preload: bool,
+    /// Out of a thousand templates, how many misbehave.
+    bad_templates_per_mille: u64,
 }
 
 /// How a run ended.
@@ -62,6 +67,8 @@ struct Outcome {
     /// The longest time with no live child, while not stopping, after
     /// the pool first had one.
     longest_empty: u64,
+    /// The core's totals at the end.
+    totals: crate::status::Totals,
 }
 
 /// The simulated shell: the world, the core, and the checks.
@@ -88,6 +95,7 @@ impl Sim {
             ping_timeout: Duration::from_secs(1),
             start_timeout: Duration::from_secs(3),
             exit_timeout: Duration::from_secs(10),
+            preload: scenario.preload,
             ..PoolConfig::default()
         };
         config
@@ -163,6 +171,7 @@ impl Sim {
             };
             self.world.now = next.max(self.world.now);
         }
+        self.outcome.totals = self.core.totals;
         Ok(std::mem::take(&mut self.outcome))
     }
 
@@ -180,6 +189,7 @@ impl Sim {
                 return Err(format!("connection {i} is still {c:?} after the stop"));
             }
         }
+        self.outcome.totals = self.core.totals;
         Ok(std::mem::take(&mut self.outcome))
     }
 
@@ -242,16 +252,22 @@ impl Sim {
                 if !p.closed {
                     p.closed = true;
                     let slot = p.slot;
-                    if self.core.board.get(slot).is_some_and(|s| s.pid == pid) {
-                        self.core.on(Input::ChannelClosed { slot, hung_up }, now);
+                    let vanished = p.vanished;
+                    let ours = self.core.board.get(slot).is_some_and(|s| {
+                        s.pid == pid || (s.pid == 0 && s.link.claimed == Some(pid))
+                    });
+                    if ours {
+                        let claimed_is_child = !vanished;
+                        let input = Input::ChannelClosed {
+                            slot,
+                            hung_up,
+                            claimed_is_child,
+                        };
+                        self.core.on(input, now);
                     }
                 }
             }
             Happening::Reap(pid) => {
-                let slot = self.world.procs[&pid].slot;
-                if self.core.board.get(slot).is_none_or(|s| s.pid != pid) {
-                    return Err(format!("reaped pid {pid}, which no slot holds"));
-                }
                 let status = ExitStatus::Code(0);
                 self.core.on(Input::Reaped { pid, status }, now);
             }
@@ -285,6 +301,7 @@ impl Sim {
             Happening::Stop(kind) => {
                 self.core.on(Input::Stop(kind.stop()), now);
             }
+            other => self.template_happens(other)?,
         }
         self.carry_out()
     }
@@ -351,10 +368,28 @@ impl Sim {
         let now = self.now();
         match effect {
             Effect::Send { slot, msg } => {
-                let pid = self.core.board.get(slot).map(|s| s.pid);
-                let Some(pid) = pid.filter(|p| self.world.procs.contains_key(p)) else {
-                    return Err(format!("a send to slot {slot}, which holds no process"));
+                let Some(pid) = self.core.board.get(slot).map(|s| s.pid) else {
+                    return Err(format!("a send to slot {slot}, which is free"));
                 };
+                // A worker not verified yet reads its channel once it runs;
+                // one that never will (its template never forked it) never
+                // does, and the send still succeeds.
+                let pid = if pid == 0 {
+                    let forked = self.world.procs.iter().find(|(_, p)| {
+                        p.slot == slot && p.in_group_of.is_some() && !p.exited && !p.closed
+                    });
+                    match forked {
+                        Some((pid, _)) => *pid,
+                        None => return Ok(()),
+                    }
+                } else {
+                    pid
+                };
+                if !self.world.procs.contains_key(&pid) {
+                    return Err(format!(
+                        "a send to slot {slot}, whose pid {pid} is no process"
+                    ));
+                }
                 let p = &self.world.procs[&pid];
                 if p.closed || p.exited {
                     self.core.on(
@@ -380,9 +415,9 @@ impl Sim {
             }
             Effect::Kill { slot } => {
                 let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
-                if pid <= 0 {
+                if pid <= 0 || pid == world::SIDECAR || self.world.templates.contains_key(&pid) {
                     return Err(format!(
-                        "a kill for slot {slot}, whose pid was never vouched for"
+                        "a kill for slot {slot}, whose pid {pid} is not a worker the kernel vouched for"
                     ));
                 }
                 match self.world.procs.get(&pid) {
@@ -399,10 +434,18 @@ impl Sim {
                     "SIGTERM to slot {slot} in a pool whose children speak"
                 ))
             }
-            Effect::GiveUpUnverified { slot, .. } => {
-                return Err(format!(
-                    "slot {slot} is unverified, but every worker here was forked"
-                ))
+            Effect::GiveUpUnverified { slot, detail } => {
+                if !self.scenario.preload {
+                    return Err(format!(
+                        "slot {slot} is unverified, but every worker was forked"
+                    ));
+                }
+                let claim = self.core.board.link(slot).and_then(|l| l.claimed);
+                let claimed_is_child = claim.is_some_and(|p| {
+                    p == world::SIDECAR || self.world.procs.get(&p).is_some_and(|w| !w.vanished)
+                });
+                self.core
+                    .give_up_unverified(slot, &detail, claimed_is_child, now);
             }
             Effect::BusyTooLong {
                 slot,
@@ -423,21 +466,37 @@ impl Sim {
                 }
             }
             Effect::StopReading { .. }
-            | Effect::OwnGroup { .. }
             | Effect::Room
             | Effect::OrderAnswered { .. }
             | Effect::OrderDropped { .. }
             | Effect::ConnectionEnded { .. }
             | Effect::Served { .. }
             | Effect::Redispatch { .. } => {}
-            Effect::Stranger { pid, .. } => {
-                return Err(format!("the core did not know reaped pid {pid}"))
+            Effect::Stranger { pid, status } => {
+                if !self.scenario.preload {
+                    return Err(format!("the core did not know reaped pid {pid}"));
+                }
+                // A worker whose claim was refused, reaped: an orphan.
+                self.core.remember_orphan(pid, status);
             }
-            Effect::Abandoned(_)
-            | Effect::SendTemplate { .. }
-            | Effect::KillTemplate { .. }
-            | Effect::TemplateGone { .. } => {
-                return Err("a template effect in a pool without templates".into())
+            Effect::OwnGroup { slot } => {
+                let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
+                if let Some(p) = self.world.procs.get_mut(&pid) {
+                    p.in_group_of = None;
+                }
+            }
+            Effect::Abandoned(_) | Effect::TemplateGone { .. } => {}
+            Effect::SendTemplate {
+                generation,
+                request,
+            } => self.template_effect_checks(generation, request),
+            Effect::KillTemplate { generation } => {
+                let Some(pid) = self.template_pid(generation) else {
+                    return Err(format!(
+                        "a kill for the template of {generation}, which is gone"
+                    ));
+                };
+                self.world.template_exit(pid);
             }
         }
         Ok(())
@@ -453,12 +512,19 @@ impl Sim {
         let pool = self.core.pool_counts(|| backlog, 2);
         let decision = self.core.decide(pool, now);
         self.carry_out()?;
+        self.maintain_template();
         let Decision::Spawn(n) = decision else {
             return Ok(());
         };
         for _ in 0..n {
             if !self.core.may_spawn(false, now) {
                 break;
+            }
+            if self.scenario.preload {
+                if !self.order_fork() {
+                    break;
+                }
+                continue;
             }
             if self.world.rng.per_mille(self.scenario.fork_fails_per_mille) {
                 self.core.fork_failed(now, Duration::from_millis(250));
@@ -509,6 +575,7 @@ impl Sim {
 
     /// The invariants that hold after every step.
     fn check(&mut self) -> Result<(), String> {
+        self.check_templates()?;
         let max = self.core.config.max_children as usize;
         if self.core.board.occupied() > max {
             return Err(format!(
@@ -598,6 +665,8 @@ fn scenario_of(seed: u64) -> Scenario {
         stop: Some((stop_at, kind)),
         fork_fails_per_mille: if rng.per_mille(200) { 100 } else { 0 },
         steps: 20_000,
+        preload: rng.per_mille(500),
+        bad_templates_per_mille: rng.below(600),
     }
 }
 
@@ -606,14 +675,30 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let started = std::time::Instant::now();
     let mut steps = 0;
     let mut seed = 0;
+    let mut seen = crate::status::Totals::default();
     while steps < 1_000_000 {
-        steps += run_seed(seed, scenario_of(seed)).steps;
+        let outcome = run_seed(seed, scenario_of(seed));
+        steps += outcome.steps;
+        seen.spawned += outcome.totals.spawned;
+        seen.killed += outcome.totals.killed;
+        seen.died += outcome.totals.died;
+        seen.lost += outcome.totals.lost;
+        seen.templates_killed += outcome.totals.templates_killed;
         seed += 1;
     }
     eprintln!(
-        "simulator: {steps} steps over {seed} seeds in {:?}",
-        started.elapsed()
+        "simulator: {steps} steps over {seed} seeds in {:?}: {} workers started, {} killed, \
+         {} died, {} lost, {} templates killed",
+        started.elapsed(),
+        seen.spawned,
+        seen.killed,
+        seen.died,
+        seen.lost,
+        seen.templates_killed,
     );
+    // The schedules reach what they are for: misbehaving workers and
+    // templates, lies caught, workers lost behind the supervisor's back.
+    assert!(seen.killed > 0 && seen.died > 0 && seen.lost > 0 && seen.templates_killed > 0);
 }
 
 /// Replays one seed: `FORKPOOL_SIM_SEED=<seed>`.
@@ -641,6 +726,8 @@ fn a_kill_storm_never_empties_the_pool() {
             stop: Some((30 * SEC, StopKind::Graceful)),
             fork_fails_per_mille: 0,
             steps: 2_000_000,
+            preload: seed % 2 == 1,
+            bad_templates_per_mille: 0,
         };
         let storm = Scenario {
             kill_every: 200 * MS,

@@ -53,10 +53,65 @@ impl Behaviour {
     ];
 }
 
+/// How a simulated template behaves (`--preload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum TemplateBehaviour {
+    /// Follows the protocol.
+    Good,
+    /// Exits before saying `R`.
+    CrashAtStart,
+    /// Takes fork orders and never answers them.
+    SilentOnOrders,
+    /// Names, in `W`, the supervisor's own sidecar.
+    LieSidecar,
+    /// Names itself in `W`.
+    LieSelf,
+    /// Names another slot's worker in `W`.
+    LieOtherSlot,
+    /// Ignores SIGCHLD: the worker it forks dies and is reaped behind the
+    /// supervisor's back.
+    ReapBehindBack,
+    /// Floods its stderr.
+    Flood,
+    /// Answers `E` (could not fork) to every order.
+    ForkFails,
+}
+
+impl TemplateBehaviour {
+    /// Every behaviour, for random picks.
+    pub const ALL: [TemplateBehaviour; 9] = [
+        TemplateBehaviour::Good,
+        TemplateBehaviour::CrashAtStart,
+        TemplateBehaviour::SilentOnOrders,
+        TemplateBehaviour::LieSidecar,
+        TemplateBehaviour::LieSelf,
+        TemplateBehaviour::LieOtherSlot,
+        TemplateBehaviour::ReapBehindBack,
+        TemplateBehaviour::Flood,
+        TemplateBehaviour::ForkFails,
+    ];
+}
+
+/// One simulated template.
+#[derive(Debug)]
+pub(super) struct TemplateProc {
+    pub generation: u32,
+    pub behaviour: TemplateBehaviour,
+    pub exited: bool,
+}
+
+/// The supervisor's sidecar: its child, never part of the pool. No
+/// signal may ever reach it.
+pub(super) const SIDECAR: i32 = 999;
+
 /// One simulated process.
 #[derive(Debug)]
 pub(super) struct Proc {
     pub slot: usize,
+    /// The template that forked it, until it has a group of its own.
+    pub in_group_of: Option<i32>,
+    /// Reaped by its template behind the supervisor's back.
+    pub vanished: bool,
     pub behaviour: Behaviour,
     /// It has exited (a zombie until reaped, or reaped).
     pub exited: bool,
@@ -85,6 +140,19 @@ pub(super) enum Happening {
     Arrival,
     ExternalKill,
     Stop(StopKind),
+    /// A template says `R`.
+    TemplateReady(i32),
+    /// A template answers the fork order for a slot.
+    TemplateAnswer(i32, usize),
+    /// A template answers a ping.
+    TemplatePong(i32, u32),
+    /// A template exits.
+    TemplateExit(i32),
+    /// A template floods its stderr.
+    TemplateFlood(i32),
+    /// A worker forked by a template sends its first message, with its
+    /// pid as the kernel says.
+    FirstMessage(i32),
 }
 
 /// A stop signal, orderable.
@@ -128,6 +196,8 @@ pub(super) struct World {
     pub forks: VecDeque<u64>,
     /// Connections failed with their child.
     pub failed: u64,
+    /// The templates, by pid.
+    pub templates: BTreeMap<i32, TemplateProc>,
 }
 
 pub(super) const MS: u64 = 1_000_000;
@@ -146,6 +216,7 @@ impl World {
             conns: Vec::new(),
             forks: VecDeque::new(),
             failed: 0,
+            templates: BTreeMap::new(),
         }
     }
 
@@ -184,6 +255,8 @@ impl World {
             pid,
             Proc {
                 slot,
+                in_group_of: None,
+                vanished: false,
                 behaviour,
                 exited: false,
                 closed: false,
@@ -242,11 +315,82 @@ impl World {
         if !self.procs[&pid].closed {
             self.at(close, Happening::Close(pid, true));
         }
-        self.at(reap, Happening::Reap(pid));
+        // A worker reaped behind the supervisor's back leaves no zombie.
+        if !self.procs[&pid].vanished {
+            self.at(reap, Happening::Reap(pid));
+        }
     }
 }
 
 /// The time as the core sees it: `base` plus the world's clock.
 pub(super) fn span(nanos: u64) -> Duration {
     Duration::from_nanos(nanos)
+}
+
+impl World {
+    /// A template for `generation` started.
+    pub fn fork_template(&mut self, generation: u32, behaviour: TemplateBehaviour) -> i32 {
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        self.templates.insert(
+            pid,
+            TemplateProc {
+                generation,
+                behaviour,
+                exited: false,
+            },
+        );
+        let t = self.ms(1, 100);
+        match behaviour {
+            TemplateBehaviour::CrashAtStart => self.at(t, Happening::TemplateExit(pid)),
+            _ => self.at(t, Happening::TemplateReady(pid)),
+        }
+        pid
+    }
+
+    /// A worker the template `template` forked for `slot`: in the
+    /// template's process group until it says `Ready`.
+    pub fn fork_for_template(&mut self, template: i32, slot: usize, behaviour: Behaviour) -> i32 {
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        self.forks.push_back(self.now);
+        self.procs.insert(
+            pid,
+            Proc {
+                slot,
+                in_group_of: Some(template),
+                vanished: false,
+                behaviour,
+                exited: false,
+                closed: false,
+                serving: None,
+                told_quit: false,
+                ready: false,
+            },
+        );
+        pid
+    }
+
+    /// The template `pid` exits (or is killed with its group): the workers
+    /// still in its group die with it.
+    pub fn template_exit(&mut self, pid: i32) {
+        let Some(t) = self.templates.get_mut(&pid) else {
+            return;
+        };
+        if t.exited {
+            return;
+        }
+        t.exited = true;
+        let in_group: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.in_group_of == Some(pid) && !p.exited)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for worker in in_group {
+            self.exit(worker);
+        }
+        let t = self.ms(0, 2);
+        self.at(t, Happening::Reap(pid));
+    }
 }
