@@ -121,7 +121,7 @@ pub(crate) struct Supervisor {
     pub reload_source: Option<ReloadSource>,
     last_saturated_log: Option<Instant>,
     /// How long the busy children wait for the CPUs (`cpu.rs`).
-    cpu: cpu::CpuWatch,
+    cpu: crate::policy::cpu_wait::CpuWatch,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -188,7 +188,7 @@ impl Supervisor {
             children_take_next: false,
             reload_source: None,
             last_saturated_log: None,
-            cpu: cpu::CpuWatch::default(),
+            cpu: crate::policy::cpu_wait::CpuWatch::default(),
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
