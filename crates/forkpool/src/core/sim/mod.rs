@@ -3,7 +3,8 @@
 //! It plays the shell: it feeds the very [`Core`] the supervisor runs with
 //! seeded random schedules against a simulated world (a fake clock,
 //! simulated workers that follow the protocol or break it in every
-//! documented way, connections arriving, a kill storm, stop signals), and
+//! documented way, templates that lie or stall, connections arriving, a
+//! kill storm, stop signals alone or in pairs), and
 //! carries out the core's effects on that world. After every step it
 //! checks the invariants below. A failing seed prints the command that
 //! replays it: `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib
@@ -47,6 +48,9 @@ struct Scenario {
     arrive_every: u64,
     /// A stop comes at this moment, of this kind.
     stop: Option<(u64, StopKind)>,
+    /// A second stop signal comes this long after the first (an operator
+    /// pressing Ctrl-C twice, a QUIT after a TERM), of this kind.
+    second_stop: Option<(u64, StopKind)>,
     /// A fork fails (EAGAIN) this often, in a thousand.
     fork_fails_per_mille: u64,
     /// Steps at most.
@@ -107,6 +111,9 @@ impl Sim {
         world.at(scenario.arrive_every, Happening::Arrival);
         if let Some((at, kind)) = scenario.stop {
             world.at(at, Happening::Stop(kind));
+            if let Some((after, kind)) = scenario.second_stop {
+                world.at(at + after, Happening::Stop(kind));
+            }
         }
         Sim {
             core: Core::new(config),
@@ -663,6 +670,14 @@ fn scenario_of(seed: u64) -> Scenario {
         kill_every: if rng.per_mille(300) { 200 * MS } else { 0 },
         arrive_every: (1 + rng.below(20)) * MS,
         stop: Some((stop_at, kind)),
+        second_stop: rng.per_mille(300).then(|| {
+            let kind = if rng.per_mille(500) {
+                StopKind::Now
+            } else {
+                StopKind::Graceful
+            };
+            (rng.below(3000) * MS, kind)
+        }),
         fork_fails_per_mille: if rng.per_mille(200) { 100 } else { 0 },
         steps: 20_000,
         preload: rng.per_mille(500),
@@ -724,6 +739,7 @@ fn a_kill_storm_never_empties_the_pool() {
             kill_every: 0,
             arrive_every: 2 * MS,
             stop: Some((30 * SEC, StopKind::Graceful)),
+            second_stop: None,
             fork_fails_per_mille: 0,
             steps: 2_000_000,
             preload: seed % 2 == 1,
