@@ -6,6 +6,7 @@
 //! very same code with a fake clock and simulated children.
 
 pub(crate) mod child;
+mod connections;
 mod effect;
 mod input;
 mod lifecycle;

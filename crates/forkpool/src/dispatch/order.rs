@@ -10,9 +10,8 @@
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use super::{ChildEnd, Dispatcher, TurnEnd, WatchedListener};
+use super::{Children, Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
-use crate::scoreboard::Scoreboard;
 use crate::sys;
 
 impl Dispatcher {
@@ -22,7 +21,7 @@ impl Dispatcher {
         &mut self,
         index: usize,
         listener: &mut WatchedListener,
-        board: &mut Scoreboard<impl ChildEnd>,
+        children: &mut impl Children,
         now: Instant,
     ) -> TurnEnd {
         let waiting = if listener.listener.is_tcp() {
@@ -32,23 +31,19 @@ impl Dispatcher {
         };
         let mut wanted = waiting.saturating_sub(listener.orders_out);
         while wanted > 0 {
-            let Some(slot) = board.lowest_idle() else {
+            let Some(slot) = children.lowest_idle() else {
                 return TurnEnd::Saturated;
-            };
-            let Some(link) = board.link_mut(slot) else {
-                return TurnEnd::Done;
             };
             let msg = ParentMessage::Accept {
                 listener: index as u16,
             };
-            if let Err(e) = link.send(msg, None) {
+            if let Err(e) = children.send(slot, msg, None) {
                 return TurnEnd::Unreachable {
                     slot,
                     why: format!("cannot send an accept order: {e}"),
                 };
             }
-            *link.ordered_on() = Some(index);
-            crate::scoreboard::own_move(board.order_accept(slot, now));
+            children.ordered(slot, index, now);
             self.latency.observe(now.elapsed().as_secs_f64());
             listener.orders_out += 1;
             wanted -= 1;
@@ -82,6 +77,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Channel, Incoming};
+    use crate::core::Core;
     use crate::listener::{ListenAddr, Listener};
     use crate::scoreboard::SlotState;
     use crate::supervisor::ChildLink;
@@ -89,7 +85,8 @@ mod tests {
     #[test]
     fn one_order_per_waiting_connection_and_an_answer_frees_the_count() {
         let now = Instant::now();
-        let mut board = Scoreboard::new();
+        let mut core: Core<ChildLink> = Core::new(crate::config::PoolConfig::default());
+        let board = &mut core.board;
         let mut children = Vec::new();
         for slot in 0..2 {
             let (ours, theirs) = Channel::pair().unwrap();
@@ -108,21 +105,21 @@ mod tests {
         let _client = TcpStream::connect(listeners[0].listener.local_addr().to_string()).unwrap();
         let mut dispatcher = Dispatcher::default();
 
-        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut board, now);
+        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut core, now);
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(listeners[0].orders_out, 1);
-        assert_eq!(board.get(0).unwrap().state, SlotState::Ordered);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Ordered);
         match children[0].recv_from_parent().unwrap() {
             Incoming::Message(ParentMessage::Accept { listener: 0 }, None) => {}
             other => panic!("slot 0 got {other:?}"),
         }
         // The same connection still waits: no second child is woken for it.
-        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut board, now);
+        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut core, now);
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(listeners[0].orders_out, 1);
-        assert_eq!(board.get(1).unwrap().state, SlotState::Idle);
+        assert_eq!(core.board.get(1).unwrap().state, SlotState::Idle);
 
-        let ordered_on = board.link_mut(0).unwrap().child.ordered_on.take();
+        let ordered_on = core.board.link_mut(0).unwrap().child.ordered_on.take();
         assert_eq!(ordered_on, Some(0), "the child remembers its listener");
         order_answered(0, &mut listeners);
         assert_eq!(listeners[0].orders_out, 0);

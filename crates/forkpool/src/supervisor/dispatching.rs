@@ -34,19 +34,22 @@ impl Supervisor {
             let end = match self.core.config.dispatch {
                 DispatchMode::Handoff => {
                     let resources = &mut self.resources;
-                    self.dispatcher.accept_and_hand_off(
+                    let mut accepted = 0;
+                    let end = self.dispatcher.accept_and_hand_off(
                         listener,
                         &self.listeners[listener],
-                        &mut self.core.board,
+                        &mut self.core,
                         now,
-                        &mut self.core.totals.accepted,
+                        &mut accepted,
                         |slot, pid, peer| resources.handed(slot, pid, peer),
-                    )
+                    );
+                    self.core.totals.accepted += accepted;
+                    end
                 }
                 DispatchMode::Order => self.dispatcher.order_accepts(
                     listener,
                     &mut self.listeners[listener],
-                    &mut self.core.board,
+                    &mut self.core,
                     now,
                 ),
                 DispatchMode::Shared | DispatchMode::None => TurnEnd::Done,
@@ -73,7 +76,7 @@ impl Supervisor {
             let resources = &mut self.resources;
             let end = self
                 .dispatcher
-                .hand_parked(&mut self.core.board, now, |slot, pid, peer| {
+                .hand_parked(&mut self.core, now, |slot, pid, peer| {
                     resources.handed(slot, pid, peer)
                 });
             match end {

@@ -38,13 +38,9 @@ impl HasChild for ChildLink {
     }
 }
 
-impl crate::dispatch::ChildEnd for ChildLink {
+impl crate::dispatch::Sends for ChildLink {
     fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         ChildLink::send(self, msg, fd)
-    }
-
-    fn ordered_on(&mut self) -> &mut Option<usize> {
-        &mut self.child.ordered_on
     }
 }
 

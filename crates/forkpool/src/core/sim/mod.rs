@@ -573,7 +573,7 @@ impl Sim {
             self.world.backlog.pop_front();
             p.serving = Some(conn);
             self.world.conns[conn as usize] = Conn::Held(pid);
-            crate::scoreboard::own_move(self.core.board.hand_connection(slot, now));
+            self.core.handed(slot, now);
             let t = self.world.ms(1, 40);
             self.world.at(t, Happening::Finish(pid, conn));
         }
