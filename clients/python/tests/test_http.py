@@ -23,6 +23,22 @@ def pair(data=b"", close=True):
     return http.Reader(a), b
 
 
+def drip(writer, every=0.05):
+    """Sends a byte on `writer` every `every` seconds, from a thread,
+    until the Event it returns is set."""
+    stop = threading.Event()
+
+    def send():
+        while not stop.wait(every):
+            try:
+                writer.send(b"x")
+            except OSError:
+                return
+
+    threading.Thread(target=send, daemon=True).start()
+    return stop
+
+
 def refusal(head):
     try:
         http.parse_head(head, LIMITS)
@@ -79,7 +95,9 @@ class ParseHead(unittest.TestCase):
         self.assertEqual(framing(b"Content-Length: 1\r\nContent-Length: 2\r\n"), 400)
         self.assertEqual(framing(b"Content-Length: -1\r\n"), 400)
         self.assertEqual(framing(b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n"), 400)
-        self.assertEqual(framing(b"Transfer-Encoding: gzip, chunked\r\n"), 400)
+        self.assertEqual(framing(b"Transfer-Encoding: gzip, chunked\r\n"), 501)
+        self.assertEqual(framing(b"Transfer-Encoding: chunked, gzip\r\n"), 400)
+        self.assertEqual(framing(b"Content-Length: 5, 5\r\n"), ("length", 5))
         self.assertEqual(framing(b"Content-Length: 1001\r\n"), 413)
 
     def test_expect(self):
@@ -89,6 +107,31 @@ class ParseHead(unittest.TestCase):
         with self.assertRaises(http.HttpError) as e:
             r.expects_continue()
         self.assertEqual(e.exception.status, 417)
+
+
+class Targets(unittest.TestCase):
+    def test_forms_and_what_the_app_gets(self):
+        def target(line):
+            r = http.parse_head(line + b"\r\nHost: h\r\n\r\n", LIMITS)
+            return r.path, r.query, r.headers["host"]
+
+        self.assertEqual(target(b"GET /a%20b?x=1#f HTTP/1.1"), ("/a%20b", "x=1", "h"))
+        self.assertEqual(target(b"GET http://u.example:8/p?q HTTP/1.1"), ("/p", "q", "u.example:8"))
+        self.assertEqual(target(b"GET http://u.example HTTP/1.1"), ("/", "", "u.example"))
+        self.assertEqual(target(b"OPTIONS * HTTP/1.1"), ("*", "", "h"))
+
+    def test_refused_targets(self):
+        for line, status in [
+            (b"GET * HTTP/1.1", 400),
+            (b"GET foo HTTP/1.1", 400),
+            (b"GET h.example:443 HTTP/1.1", 400),
+            (b"GET ftp://h/ HTTP/1.1", 400),
+            (b"GET http://u@h/ HTTP/1.1", 400),
+            (b"GET /%zz HTTP/1.1", 400),
+            (b"GET /\xc3\xa9 HTTP/1.1", 400),
+            (b"CONNECT h:443 HTTP/1.1", 501),
+        ]:
+            self.assertEqual(refusal(line + b"\r\nHost: h\r\n\r\n"), status, line)
 
 
 class ReadHead(unittest.TestCase):
@@ -104,16 +147,7 @@ class ReadHead(unittest.TestCase):
 
     def test_a_dripping_client_gets_408_at_the_deadline(self):
         reader, writer = pair(b"GET / HT", close=False)
-        stop = threading.Event()
-
-        def drip():
-            while not stop.wait(0.05):
-                try:
-                    writer.send(b"x")
-                except OSError:
-                    return
-
-        threading.Thread(target=drip, daemon=True).start()
+        stop = drip(writer)
         started = time.monotonic()
         with self.assertRaises(http.HttpError) as e:
             reader.read_head(LIMITS, started + 0.5)
@@ -131,6 +165,13 @@ class ReadHead(unittest.TestCase):
         writer.close()
         self.assertEqual(e.exception.status, 408)
         self.assertLess(time.monotonic() - started, 5)
+
+    def test_a_bare_lf_is_400_without_waiting_for_more(self):
+        reader, writer = pair(b"GET / HTTP/1.1\nHost: x\n\n", close=False)
+        with self.assertRaises(http.HttpError) as e:
+            reader.read_head(LIMITS, time.monotonic() + 5)
+        writer.close()
+        self.assertEqual(e.exception.status, 400)
 
     def test_long_request_line_is_414_and_long_head_431(self):
         reader, _ = pair(b"GET /" + b"a" * LIMITS.max_request_line)
@@ -196,6 +237,18 @@ class Bodies(unittest.TestCase):
         with self.assertRaises(http.ClientGone):
             body.read()
         writer.close()
+
+    def test_a_dripping_body_gets_408_at_the_body_deadline(self):
+        reader, writer = pair(b"a", close=False)
+        stop = drip(writer)
+        limits = http.Limits(read_timeout=5.0, body_timeout=0.3)
+        started = time.monotonic()
+        with self.assertRaises(http.HttpError) as e:
+            http.Body(reader, limits, "length", 60).read()  # 3 s of drip
+        stop.set()
+        writer.close()
+        self.assertEqual(e.exception.status, 408)
+        self.assertLess(time.monotonic() - started, 3)
 
 
 class SendAll(unittest.TestCase):
