@@ -176,12 +176,11 @@ module Forkpool
     end
 
     # Closes every descriptor the program opened while loading, keeping
-    # `keep`, those open when the helper was loaded (BOOT_FDS: the VM's
-    # own) and eventfds (the VM's too, should it have made new ones). IO
-    # objects on a closed descriptor are told not to close it again: their
-    # finalizer would otherwise close whatever reuses the number later.
+    # `keep`, the VM's own (BOOT_FDS, still what they were, and any
+    # eventfd, should the VM have made new ones). IO objects on a closed
+    # descriptor are told not to close it again: their finalizer would
+    # otherwise close whatever reuses the number later.
     def close_program_descriptors(keep)
-      keep = (keep + BOOT_FDS).uniq
       doomed = Dir.children("/proc/self/fd").map(&:to_i).reject do |fd|
         keep.include?(fd) || vm_descriptor?(fd)
       end
@@ -196,7 +195,8 @@ module Forkpool
     end
 
     def vm_descriptor?(fd)
-      File.readlink("/proc/self/fd/#{fd}") == "anon_inode:[eventfd]"
+      target = File.readlink("/proc/self/fd/#{fd}")
+      target == "anon_inode:[eventfd]" || BOOT_FDS[fd] == target
     rescue SystemCallError
       true # gone already (the directory listing's own descriptor)
     end

@@ -45,11 +45,18 @@ module Forkpool
   # Supervisor-to-template messages.
   TEMPLATE_PAYLOAD = { "F" => 8, "p" => 4, "Q" => 0 }.freeze
 
-  # The descriptors open when this file was loaded: the interpreter's own
-  # (Ruby's VM keeps eventfds for its threads and signals) and what the
-  # supervisor passed. A forked worker never closes these: closing the
-  # VM's descriptors aborts the interpreter at its next signal.
-  BOOT_FDS = Dir.children("/proc/self/fd").map(&:to_i).freeze
+  # The interpreter's own descriptors, as they were when this file was
+  # loaded: Ruby's VM keeps eventfds (and, elsewhere, pipes) for its
+  # threads and signals, made before the program runs. A forked worker
+  # never closes these: closing them aborts the interpreter at its next
+  # signal. Files are not among them (a file open now is one being
+  # `require`d, closed soon, its number reused by the program).
+  BOOT_FDS = Dir.children("/proc/self/fd").each_with_object({}) do |name, fds|
+    target = File.readlink("/proc/self/fd/#{name}")
+    fds[name.to_i] = target if target.start_with?("anon_inode:", "pipe:")
+  rescue SystemCallError
+    nil
+  end.freeze
 
   # The supervisor sent something this worker does not understand.
   class ProtocolError < StandardError; end
