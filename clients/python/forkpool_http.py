@@ -4,17 +4,23 @@ Standard library only. Every function here works on bytes or on a
 `Reader` (a buffered socket with deadlines), so each piece can be tested
 without a server. `forkpool_wsgi` and `example_http_worker.py` use it.
 
-What it guards against, and the answer a client gets:
+It implements the rule set every forkpool server shares, docs/http.md
+(strict RFC 9110/9112, proven by the corpus in tests/http-corpus). In short:
 
 - a request head that does not arrive whole within `Limits.head_timeout`
-  seconds (a client dripping bytes): 408;
-- a request line longer than `Limits.max_request_line`: 414; a head longer
-  than `Limits.max_head` or with more than `Limits.max_headers` fields: 431;
+  seconds (a client dripping bytes): 408; a body that does not arrive whole
+  within `Limits.body_timeout` seconds of the app's first read: 408;
+- a request line longer than `Limits.max_request_line`: 414; a field line
+  longer than `Limits.max_field_line`, a head longer than `Limits.max_head`
+  or with more than `Limits.max_headers` fields: 431;
 - a body larger than `Limits.max_body`: 413;
-- anything malformed (bad request line, bad header line, conflicting or
-  invalid `Content-Length`, a `Transfer-Encoding` other than chunked, a bad
-  chunk): 400; an HTTP version other than 1.x: 505; an `Expect` other than
-  `100-continue`: 417.
+- anything malformed or ambiguous (a bare CR or LF, NUL, obs-fold, space
+  before a colon, a target that is not origin-, absolute- or asterisk-form,
+  no or several `Host`, differing `Content-Length`s, Content-Length with
+  Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or without chunked last,
+  a bad chunk line or trailer): 400; a transfer coding other than chunked:
+  501; CONNECT: 501; an HTTP version other than 1.x: 505; an `Expect` other
+  than `100-continue`: 417.
 
 Bodies are never read whole: `Body` hands out what the app asks for, a
 block at a time, with a per-read timeout (`Limits.read_timeout`).
@@ -43,12 +49,32 @@ REASONS = {
     505: "HTTP Version Not Supported",
 }
 
+# Every pattern is used with fullmatch: `$` would also match before a
+# final newline.
 # RFC 9110 token characters: methods and field names.
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_VERSION = re.compile(rb"^HTTP/(\d)\.(\d)$")
-_CHUNK_SIZE = re.compile(rb"^[0-9A-Fa-f]{1,16}$")
+_TOKEN_CHARS = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_TOKEN = re.compile(_TOKEN_CHARS)
+_VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
+# A request target: visible ASCII only (other bytes are percent-encoded).
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+_ABSOLUTE_FORM = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?]*)(.*)", re.S)
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# uri-host [":" port]: a reg-name (no comma) or an IP literal.
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+;=]+)(?::[0-9]*)?")
+_DIGITS = re.compile(r"[0-9]{1,18}")
+# chunk-size [chunk-ext], BWS around ";" and "=" (RFC 9112 7.1.1).
+_QUOTED = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+_CHUNK_LINE = re.compile(
+    rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[ \t]*%s(?:[ \t]*=[ \t]*(?:%s|%s))?)*"
+    % (_TOKEN_CHARS, _TOKEN_CHARS, _QUOTED)
+)
+# A LF without its CR.
+_BARE_LF = re.compile(rb"(?<!\r)\n")
 # Field values: visible characters, spaces and tabs, obs-text; no CR, LF, NUL.
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# Empty lines a server skips before a request line (RFC 9112 2.2).
+_MAX_EMPTY_LINES = 8
+_MAX_CHUNK_LINE = 4096
 
 
 class HttpError(Exception):
@@ -73,8 +99,10 @@ class Limits:
         keepalive_timeout=5.0,
         keepalive_turn=0.0,
         read_timeout=30.0,
+        body_timeout=30.0,
         max_requests=1000,
         max_request_line=8190,
+        max_field_line=8190,
         max_head=65536,
         max_headers=100,
         max_body=1 << 30,
@@ -86,8 +114,11 @@ class Limits:
         # at once; a WSGI request costs far more than a new connection).
         self.keepalive_turn = keepalive_turn
         self.read_timeout = read_timeout
+        # The whole body, from the app's first read (a client dripping it).
+        self.body_timeout = body_timeout
         self.max_requests = max_requests
         self.max_request_line = max_request_line
+        self.max_field_line = max_field_line
         self.max_head = max_head
         self.max_headers = max_headers
         self.max_body = max_body
@@ -143,14 +174,21 @@ class Reader:
 
     def read_head(self, limits, deadline):
         """The request head up to and including the blank line, as bytes, or
-        None when the client closed before sending anything."""
+        None when the client closed before sending anything. Empty lines
+        before it are skipped; a bare LF in it is 400 at once (else the
+        server would wait for a CRLF CRLF that never comes)."""
         while True:
-            end = self.buf.find(b"\r\n\r\n")
+            start = 0
+            while start < 2 * _MAX_EMPTY_LINES and self.buf.startswith(CRLF, start):
+                start += 2
+            end = self.buf.find(b"\r\n\r\n", start)
+            if _BARE_LF.search(self.buf, start, len(self.buf) if end < 0 else end + 4):
+                raise HttpError(400, "a line of the request head ends with LF alone, not CRLF")
             if end >= 0:
-                head, self.buf = self.buf[: end + 4], self.buf[end + 4 :]
+                head, self.buf = self.buf[start : end + 4], self.buf[end + 4 :]
                 check_head_size(head, limits)
                 return head
-            check_head_size(self.buf, limits)
+            check_head_size(self.buf[start:], limits)
             try:
                 more = self.fill(deadline)
             except TimeoutError:
@@ -160,34 +198,31 @@ class Reader:
                     raise ClientGone("closed in the middle of a request head")
                 return None
 
-    def read_some(self, limit, timeout):
+    def read_some(self, limit, deadline):
         """Up to `limit` bytes (at least one) from the buffer or the socket;
-        b"" at end of file."""
-        if not self.buf:
-            try:
-                if not self.fill(time.monotonic() + timeout):
-                    return b""
-            except TimeoutError:
-                raise ClientGone("the body stopped arriving") from None
+        b"" at end of file. TimeoutError past `deadline`."""
+        if not self.buf and not self.fill(deadline):
+            return b""
         data, self.buf = self.buf[:limit], self.buf[limit:]
         return data
 
-    def read_line(self, limit, timeout):
-        """One CRLF-terminated line without its CRLF, at most `limit` bytes."""
+    def read_line(self, limit, deadline):
+        """One CRLF-terminated line without its CRLF, at most `limit` bytes;
+        400 for a line ended by a bare LF or too long. TimeoutError past
+        `deadline`."""
         while True:
-            end = self.buf.find(CRLF)
+            end = self.buf.find(b"\n")
             if end >= 0:
-                if end > limit:
+                if end == 0 or self.buf[end - 1] != 13:
+                    raise HttpError(400, "a chunk or trailer line ends with LF alone, not CRLF")
+                if end - 1 > limit:
                     break
-                line, self.buf = self.buf[:end], self.buf[end + 2 :]
+                line, self.buf = self.buf[: end - 1], self.buf[end + 1 :]
                 return line
-            if len(self.buf) > limit:
+            if len(self.buf) > limit + 1:
                 break
-            try:
-                if not self.fill(time.monotonic() + timeout):
-                    raise ClientGone("closed in the middle of a chunked body")
-            except TimeoutError:
-                raise ClientGone("the body stopped arriving") from None
+            if not self.fill(deadline):
+                raise ClientGone("closed in the middle of a chunked body")
         raise HttpError(400, "a chunk-size or trailer line is too long")
 
 
@@ -237,40 +272,73 @@ def check_head_size(head, limits):
 
 
 def parse_request_line(line):
-    """(method, target, (major, minor)) from b"GET / HTTP/1.1"."""
+    """(method, target, (major, minor)) from b"GET / HTTP/1.1". A version
+    HTTP/1.2 to 1.9 is served as HTTP/1.1 (RFC 9110 2.5)."""
     parts = line.split(b" ")
     if len(parts) != 3:
-        raise HttpError(400, "the request line is not METHOD TARGET VERSION")
+        raise HttpError(400, "the request line is not METHOD SP TARGET SP VERSION")
     method, target, version = parts
-    if not _TOKEN.match(method):
+    if not _TOKEN.fullmatch(method):
         raise HttpError(400, "the method is not a token")
-    if not target or _BAD_VALUE.search(target) or b" " in target:
-        raise HttpError(400, "the request target is empty or has control characters")
-    match = _VERSION.match(version)
+    if not _TARGET.fullmatch(target):
+        raise HttpError(400, "the request target is empty or has a byte that must be percent-encoded")
+    match = _VERSION.fullmatch(version)
     if not match:
         raise HttpError(400, "the HTTP version is malformed")
     major, minor = int(match.group(1)), int(match.group(2))
     if major != 1:
         raise HttpError(505, f"HTTP/{major}.{minor} is not supported")
-    return method.decode("ascii"), target.decode("latin-1"), (major, minor)
+    return method.decode("ascii"), target.decode("ascii"), (1, min(minor, 1))
+
+
+def parse_target(method, target):
+    """(raw path, raw query, authority or None) from a request target,
+    the fragment dropped (docs/http.md, "Request target")."""
+    if method == "CONNECT":
+        raise HttpError(501, "CONNECT is not implemented: this is an origin server, not a tunnel")
+    target = target.partition("#")[0]
+    authority = None
+    if target == "*":
+        if method != "OPTIONS":
+            raise HttpError(400, "the target * is for OPTIONS only")
+        return "*", "", None
+    if not target.startswith("/"):
+        match = _ABSOLUTE_FORM.fullmatch(target)
+        if not match:
+            raise HttpError(400, "the request target does not start with / (nor is it an http URI)")
+        scheme, authority, target = match.groups()
+        if scheme.lower() not in ("http", "https"):
+            raise HttpError(400, f"a {scheme}: URI is not served here")
+        if not _HOST.fullmatch(authority):
+            raise HttpError(400, "the target URI's host is empty, has userinfo, or is malformed")
+        if not target.startswith("/"):
+            target = "/" + target
+    path, _, query = target.partition("?")
+    if _BAD_ESCAPE.search(path):
+        raise HttpError(400, "a % in the path does not start a %XX escape")
+    return path, query, authority
+
+
+def parse_field_line(line, limits):
+    """(lower-case name, value) from one field line (a header or a trailer)."""
+    if len(line) > limits.max_field_line:
+        raise HttpError(431, f"a header line is longer than {limits.max_field_line} bytes")
+    if line[:1] in (b" ", b"\t"):
+        raise HttpError(400, "obsolete line folding in a header field")
+    name, colon, value = line.partition(b":")
+    if not colon or not _TOKEN.fullmatch(name):
+        raise HttpError(400, "a header line is not NAME: VALUE (no space before the colon)")
+    value = value.strip(b" \t")
+    if _BAD_VALUE.search(value):
+        raise HttpError(400, "a header value has a CR, LF, NUL or another control character")
+    return name.decode("ascii").lower(), value.decode("latin-1")
 
 
 def parse_header_lines(lines, limits):
     """A list of (lower-case name, value) pairs from the head's field lines."""
     if len(lines) > limits.max_headers:
         raise HttpError(431, f"more than {limits.max_headers} header fields")
-    fields = []
-    for line in lines:
-        if line[:1] in (b" ", b"\t"):
-            raise HttpError(400, "obsolete line folding in a header field")
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.match(name):
-            raise HttpError(400, "a header line is not NAME: VALUE")
-        value = value.strip(b" \t")
-        if _BAD_VALUE.search(value):
-            raise HttpError(400, "a header value has control characters")
-        fields.append((name.decode("ascii").lower(), value.decode("latin-1")))
-    return fields
+    return [parse_field_line(line, limits) for line in lines]
 
 
 class Request:
@@ -287,6 +355,10 @@ class Request:
                 self.headers[name] += ", " + value
             else:
                 self.headers[name] = value
+        # The path (still percent-encoded) and query the target names.
+        self.path, self.query = target, ""
+        # The Content-Length as a number, once `body_framing` has read it.
+        self.content_length = None
 
     @property
     def version_text(self):
@@ -313,27 +385,33 @@ class Request:
         return self.version >= (1, 1)
 
     def body_framing(self, limits):
-        """("chunked", None), ("length", N) or ("length", 0) for no body."""
-        counts = sum(1 for name, _ in self.fields if name == "transfer-encoding")
-        if counts:
+        """("chunked", None), ("length", N) or ("length", 0) for no body
+        (docs/http.md, "Content-Length" and "Transfer-Encoding")."""
+        if "transfer-encoding" in self.headers:
+            if self.version < (1, 1):
+                raise HttpError(400, "Transfer-Encoding on HTTP/1.0 is faulty framing")
             if "content-length" in self.headers:
                 raise HttpError(400, "both Transfer-Encoding and Content-Length")
-            codings = [t.strip().lower() for t in self.headers["transfer-encoding"].split(",")]
-            if codings != ["chunked"]:
-                raise HttpError(400, "only Transfer-Encoding: chunked is supported")
+            codings = [t.strip(" \t").lower() for t in self.headers["transfer-encoding"].split(",")]
+            if codings[-1] != "chunked" or "" in codings:
+                raise HttpError(400, "Transfer-Encoding does not end with chunked")
+            if codings.count("chunked") > 1:
+                raise HttpError(400, "Transfer-Encoding has chunked twice")
+            if len(codings) > 1:
+                raise HttpError(501, "no transfer coding but chunked is implemented")
             return "chunked", None
-        lengths = {v.strip() for n, v in self.fields if n == "content-length"}
-        if not lengths:
+        if "content-length" not in self.headers:
             return "length", 0
-        values = {v.strip() for v in ",".join(lengths).split(",")}
-        if len(values) != 1:
-            raise HttpError(400, "conflicting Content-Length values")
-        text = values.pop()
-        if not text.isdigit() or len(text) > 18:
+        members = [m.strip(" \t") for m in self.headers["content-length"].split(",")]
+        if not all(_DIGITS.fullmatch(m) for m in members):
             raise HttpError(400, "Content-Length is not a number")
-        length = int(text)
+        lengths = {int(m) for m in members}
+        if len(lengths) != 1:
+            raise HttpError(400, "conflicting Content-Length values")
+        length = lengths.pop()
         if length > limits.max_body:
             raise HttpError(413, f"the body is larger than {limits.max_body} bytes")
+        self.content_length = length
         return "length", length
 
 
@@ -347,8 +425,16 @@ def parse_head(head, limits):
         raise HttpError(400, "an empty request")
     method, target, version = parse_request_line(lines[0])
     request = Request(method, target, version, parse_header_lines(lines[1:], limits))
-    if version >= (1, 1) and "host" not in request.headers:
+    hosts = [value for name, value in request.fields if name == "host"]
+    if len(hosts) > 1:
+        raise HttpError(400, "more than one Host header")
+    if version >= (1, 1) and not hosts:
         raise HttpError(400, "an HTTP/1.1 request without Host")
+    if hosts and hosts[0] and not _HOST.fullmatch(hosts[0]):
+        raise HttpError(400, "the Host header is not host[:port]")
+    request.path, request.query, authority = parse_target(method, target)
+    if authority is not None:
+        request.headers["host"] = authority  # RFC 9112 3.2.2: the URI wins
     return request
 
 
@@ -356,7 +442,9 @@ class Body:
     """A request body, read on demand: the WSGI `wsgi.input` stream.
 
     Nothing is read before the app asks. `on_first_read` is called once,
-    before the first read from the socket (it sends `100 Continue`)."""
+    before the first read from the socket (it sends `100 Continue`). From
+    then on the whole body must arrive within `Limits.body_timeout` (else
+    408), and each read within `Limits.read_timeout` (else ClientGone)."""
 
     def __init__(self, reader, limits, framing, length, on_first_read=None):
         self.reader = reader
@@ -367,27 +455,49 @@ class Body:
         self.received = 0
         self.pending = b""
         self.on_first_read = on_first_read
+        self.body_deadline = None
 
     def _start(self):
+        if self.body_deadline is None:
+            self.body_deadline = time.monotonic() + self.limits.body_timeout
         if self.on_first_read is not None:
             callback, self.on_first_read = self.on_first_read, None
             callback()
 
+    def _reading(self, read, limit):
+        """`read(limit, deadline)` on the reader, within both timeouts."""
+        now = time.monotonic()
+        try:
+            return read(limit, min(now + self.limits.read_timeout, self.body_deadline))
+        except TimeoutError:
+            if time.monotonic() >= self.body_deadline:
+                raise HttpError(408, f"the body did not arrive within {self.limits.body_timeout:g} s") from None
+            raise ClientGone("the body stopped arriving") from None
+
     def _next_chunk(self):
-        line = self.reader.read_line(1024, self.limits.read_timeout)
-        size = line.split(b";", 1)[0].strip(b" \t")
-        if not _CHUNK_SIZE.match(size):
-            raise HttpError(400, "a malformed chunk size")
-        self.left = int(size, 16)
+        line = self._reading(self.reader.read_line, _MAX_CHUNK_LINE)
+        match = _CHUNK_LINE.fullmatch(line)
+        if not match:
+            raise HttpError(400, "a malformed chunk-size line")
+        self.left = int(match.group(1), 16)
+        if self.left >= 1 << 63:
+            raise HttpError(400, "a chunk size of 2^63 or more")
         if self.left == 0:
-            for _ in range(self.limits.max_headers + 1):
-                if not self.reader.read_line(self.limits.max_request_line, self.limits.read_timeout):
-                    self.done = True
-                    return
-            raise HttpError(431, "too many trailer fields")
+            self._trailers()
+
+    def _trailers(self):
+        """Reads the trailer section: checked like header lines, then
+        dropped (never merged into the headers the app already has)."""
+        for _ in range(self.limits.max_headers + 1):
+            line = self._reading(self.reader.read_line, self.limits.max_field_line)
+            if not line:
+                self.done = True
+                return
+            parse_field_line(line, self.limits)
+        raise HttpError(431, "too many trailer fields")
 
     def _chunk_end(self):
-        if self.reader.read_line(0, self.limits.read_timeout) != b"":
+        if self._reading(self.reader.read_line, 0) != b"":
             raise HttpError(400, "a chunk is longer than its size")
 
     def _read_block(self, limit):
@@ -399,7 +509,7 @@ class Body:
             self._next_chunk()
             if self.done:
                 return b""
-        data = self.reader.read_some(min(limit, self.left), self.limits.read_timeout)
+        data = self._reading(self.reader.read_some, min(limit, self.left))
         if not data:
             raise ClientGone("closed in the middle of a request body")
         self.left -= len(data)

@@ -27,6 +27,7 @@ import argparse
 import ast
 import importlib
 import os
+import re
 import select
 import sys
 import time
@@ -41,6 +42,21 @@ import forkpool_worker
 DRAIN_LIMIT = 65536
 # Headers the server frames the response with; an app's own are dropped.
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade"}
+# What an app's status and headers may hold (docs/http.md, "Responses from
+# the app"): no CR, LF, NUL or other control but tab, nothing past Latin-1.
+_STATUS = re.compile(r"[1-9][0-9]{2} [\t\x20-\x7e\x80-\xff]*")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+# An idle kept-alive worker that sees a client waiting on its listener
+# gives way if the client is still waiting after this grace, plus a step
+# per slot so that one worker, not all, gives way (docs/http.md).
+GIVE_WAY_GRACE = 0.01
+GIVE_WAY_STEP = 0.02
+
+
+class BadResponse(Exception):
+    """The app's status or headers cannot be sent as they are (a CR or LF
+    would split the response): the client gets a 500 instead."""
 
 
 class AppNotFound(Exception):
@@ -136,8 +152,7 @@ class Response:
                 raise exc_info[1].with_traceback(exc_info[2])
         elif self.status is not None:
             raise AssertionError("start_response called twice without exc_info")
-        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit():
-            raise AssertionError(f"status {status!r} is not like '200 OK'")
+        check_response_head(status, headers)
         self.status = status
         self.code = int(status[:3])
         self.headers = []
@@ -234,6 +249,18 @@ class Response:
         return self.keepalive
 
 
+def check_response_head(status, headers):
+    """Raises BadResponse for a status or header that is not safe to send."""
+    if not isinstance(status, str) or not _STATUS.fullmatch(status):
+        raise BadResponse(f"the app's status {status!r} is not like '200 OK', or has a CR, LF or NUL")
+    for pair in headers:
+        name, value = pair if isinstance(pair, tuple) and len(pair) == 2 else (pair, None)
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise BadResponse(f"the app's header name {name!r} is not a token")
+        if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
+            raise BadResponse(f"the app's header {name!r} has a CR, LF, NUL or another control character: {value!r}")
+
+
 class Server:
     """Serves one WSGI app on the connections a forkpool worker gets."""
 
@@ -254,7 +281,7 @@ class Server:
         peer = _peer(conn)
         opened = None
         for number in range(self.limits.max_requests):
-            if number and not self._next_request_waiting(conn, reader):
+            if number and not self._next_request_waiting(conn, reader, opened):
                 return
             started = time.monotonic()
             try:
@@ -275,18 +302,44 @@ class Server:
             if self.worker.leaving:
                 return
 
-    def _next_request_waiting(self, conn, reader):
+    def _next_request_waiting(self, conn, reader, opened):
         """Between two requests on a kept-alive connection: True when the
         client sends more within the keep-alive timeout; False when it does
-        not, or when the supervisor has a message (a Quit) for this worker."""
+        not, when the supervisor has a message (a Quit) for this worker, or
+        when, its turn over (`--keepalive-turn` since `opened`), the idle
+        connection gives way to a client waiting on a listener this worker
+        holds that no other worker takes within a short grace."""
         if reader.buf:
             return not self.worker.channel_waiting()
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN)
-        poller.register(self.worker.channel.fileno(), select.POLLIN)
-        events = poller.poll(self.limits.keepalive_timeout * 1000)
-        fds = {fd for fd, _ in events}
-        return conn.fileno() in fds and self.worker.channel.fileno() not in fds
+        own = select.poll()
+        own.register(conn.fileno(), select.POLLIN)
+        own.register(self.worker.channel.fileno(), select.POLLIN)
+        watch = select.poll()
+        watch.register(conn.fileno(), select.POLLIN)
+        watch.register(self.worker.channel.fileno(), select.POLLIN)
+        for listener in self.worker.listeners:
+            watch.register(listener.fileno(), select.POLLIN)
+        grace = GIVE_WAY_GRACE + GIVE_WAY_STEP * (self.worker.slot % 4)
+        deadline = time.monotonic() + self.limits.keepalive_timeout
+        turn_ends = opened + self.limits.keepalive_turn
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now < turn_ends:
+                fds = {fd for fd, _ in own.poll((min(deadline, turn_ends) - now) * 1000)}
+            else:
+                fds = {fd for fd, _ in watch.poll((deadline - now) * 1000)}
+            if not fds:
+                continue
+            if fds - {conn.fileno(), self.worker.channel.fileno()}:
+                # A client waits: give it a moment to find a free worker.
+                fds = {fd for fd, _ in own.poll(grace * 1000)}
+                if not fds and self._listener_poll.poll(0):
+                    return False
+                if not fds:
+                    continue
+            return conn.fileno() in fds and self.worker.channel.fileno() not in fds
 
     def _turn_over(self, opened, now):
         """True when a kept-alive connection has had its turn
@@ -343,6 +396,13 @@ class Server:
                 self._refuse(conn, e, peer, started, request_line)
                 return False
             keep = False
+        except BadResponse as e:
+            os.write(2, f"forkpool_wsgi: 500 instead of the app's answer to {request_line}: {e}\n".encode("utf-8", "replace"))
+            if not response.head_sent:
+                error = http.HttpError(500, "the application's response could not be sent")
+                self._refuse(conn, error, peer, started, request_line)
+                return False
+            keep = False
         except Exception:
             traceback.print_exc(file=sys.stderr)
             sys.stderr.flush()
@@ -380,10 +440,6 @@ class Server:
         """The PEP 3333 environ for one request. SERVER_NAME and SERVER_PORT
         come from the Host header (port 80 when it names none); only a
         request without one (HTTP/1.0) costs a getsockname."""
-        target = request.target
-        if "://" in target.split("?", 1)[0]:  # absolute-form
-            target = "/" + target.split("://", 1)[1].partition("/")[2]
-        path, _, query = target.partition("?")
         host = request.headers.get("host", "")
         server_name, _, server_port = host.rpartition(":") if host.rsplit(":", 1)[-1].isdigit() else (host, "", "80")
         if not server_name:
@@ -391,8 +447,8 @@ class Server:
         env = {
             "REQUEST_METHOD": request.method,
             "SCRIPT_NAME": "",
-            "PATH_INFO": urllib.parse.unquote_to_bytes(path).decode("latin-1"),
-            "QUERY_STRING": query,
+            "PATH_INFO": urllib.parse.unquote_to_bytes(request.path).decode("latin-1"),
+            "QUERY_STRING": request.query,
             "RAW_URI": request.target,
             "SERVER_NAME": server_name,
             "SERVER_PORT": server_port,
@@ -421,6 +477,8 @@ class Server:
                 env["HTTP_" + key] = value
         if body.chunked:
             env.pop("CONTENT_LENGTH", None)
+        elif request.content_length is not None:
+            env["CONTENT_LENGTH"] = str(request.content_length)  # `5, 5` is 5
         return env
 
     def _log(self, peer, request_line, status, sent, started):
@@ -484,6 +542,9 @@ def parse_args(argv):
     p.add_argument("--keepalive-turn", type=_not_negative(float), default=d.keepalive_turn, metavar="SECONDS",
                    help="how long a kept-alive connection keeps its worker, from its first request, while other "
                    f"connections wait on the listener; the next response then closes it (default {d.keepalive_turn:g}; 0: at once)")
+    p.add_argument("--body-timeout", type=_positive(float), default=d.body_timeout, metavar="SECONDS",
+                   help="deadline for a whole request body, from the app's first read, answered with 408 "
+                   f"(default {d.body_timeout:g})")
     p.add_argument("--read-timeout", type=_positive(float), default=d.read_timeout, metavar="SECONDS",
                    help=f"longest wait for one read of a body or one write of a response (default {d.read_timeout:g})")
     p.add_argument("--max-requests-per-connection", type=_positive(int), default=d.max_requests, metavar="N",
@@ -528,6 +589,7 @@ def limits_from(args):
         keepalive_timeout=args.keepalive_timeout,
         keepalive_turn=args.keepalive_turn,
         read_timeout=args.read_timeout,
+        body_timeout=args.body_timeout,
         max_requests=args.max_requests_per_connection,
         max_request_line=args.max_request_line,
         max_head=args.max_head,

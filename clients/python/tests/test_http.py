@@ -79,7 +79,9 @@ class ParseHead(unittest.TestCase):
         self.assertEqual(framing(b"Content-Length: 1\r\nContent-Length: 2\r\n"), 400)
         self.assertEqual(framing(b"Content-Length: -1\r\n"), 400)
         self.assertEqual(framing(b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n"), 400)
-        self.assertEqual(framing(b"Transfer-Encoding: gzip, chunked\r\n"), 400)
+        self.assertEqual(framing(b"Transfer-Encoding: gzip, chunked\r\n"), 501)
+        self.assertEqual(framing(b"Transfer-Encoding: chunked, gzip\r\n"), 400)
+        self.assertEqual(framing(b"Content-Length: 5, 5\r\n"), ("length", 5))
         self.assertEqual(framing(b"Content-Length: 1001\r\n"), 413)
 
     def test_expect(self):
