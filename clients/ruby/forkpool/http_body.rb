@@ -27,11 +27,11 @@ module Forkpool
         raise Error.new(400, "Transfer-Encoding in an HTTP/1.0 request") if request.minor.zero?
         raise Error.new(400, "both Transfer-Encoding and Content-Length") if request.headers.key?("content-length")
 
-        codings = request.headers["transfer-encoding"].split(",", -1).map { |c| c.strip.downcase }
-        if codings.include?("chunked") && (codings.last != "chunked" || codings.count("chunked") > 1)
-          raise Error.new(400, "chunked must be the last transfer coding, once")
+        codings = request.headers["transfer-encoding"].split(",", -1).map { |c| c.gsub(/\A[ \t]+|[ \t]+\z/n, "").downcase }
+        if codings.last != "chunked" || codings.count("chunked") > 1 || !codings.all? { |c| c.match?(TOKEN) }
+          raise Error.new(400, "Transfer-Encoding must end with chunked, once, in a list of tokens")
         end
-        raise Error.new(501, "only Transfer-Encoding: chunked is supported") if codings != ["chunked"]
+        raise Error.new(501, "only Transfer-Encoding: chunked is supported") if codings.size > 1
 
         return [:chunked, nil]
       end
@@ -43,13 +43,14 @@ module Forkpool
       length = values[0].to_i
       raise Error.new(413, "the body is larger than #{limits.max_body} bytes") if length > limits.max_body
 
+      request.headers["content-length"] = length.to_s # the app sees one value, no leading zeros
       [:length, length]
     end
 
     # The whole body, read before the app is called (a Rack 2 input must
     # rewind), into memory up to MEMORY_BODY and into a temporary file past
-    # that: [input, length]. Chunked framing is removed; allowed trailer
-    # fields are added to the request's headers, forbidden ones dropped.
+    # that: [input, length]. Chunked framing is removed; trailers are
+    # checked and dropped (docs/http.md, "Trailers").
     def read_body(conn, request, framing, length, limits, deadline)
       input = BodyBuffer.new
       if framing == :chunked
@@ -97,8 +98,8 @@ module Forkpool
         match = CHUNK_LINE.match(size_line)
         raise Error.new(400, "a malformed chunk-size line") unless match
 
-        digits = match[1].sub(/\A0+(?=.)/n, "")
-        raise Error.new(400, "a chunk size over 2^63") if digits.size > 16 || digits.to_i(16) >= 1 << 63
+        digits = match[1]
+        raise Error.new(400, "a chunk size over 16 hex digits or 2^63") if digits.size > 16 || digits.to_i(16) >= 1 << 63
 
         size = digits.to_i(16)
         break if size.zero?
@@ -109,10 +110,10 @@ module Forkpool
         fill(conn, deadline) while conn.buf.bytesize < 2
         raise Error.new(400, "a chunk is longer than its size") unless conn.take(2) == CRLF
       end
-      read_trailers(conn, request, limits, deadline)
+      read_trailers(conn, limits, deadline)
     end
 
-    def read_trailers(conn, request, limits, deadline)
+    def read_trailers(conn, limits, deadline)
       lines = []
       total = 0
       loop do
@@ -125,9 +126,9 @@ module Forkpool
 
         lines << trailer
       end
-      parse_fields(lines, limits).each do |name, value|
-        request.add(name, value) unless FORBIDDEN_TRAILERS.include?(name)
-      end
+      # Checked by the rules of field lines, then dropped: the app has been
+      # given the header section, and no trailer may change it.
+      parse_fields(lines, limits)
     end
 
     # Collects a body in memory, moving to a temporary file once it grows

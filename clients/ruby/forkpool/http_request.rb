@@ -14,14 +14,13 @@ module Forkpool
     BAD_TARGET = /[^\x21-\x7e]/n.freeze
     VERSION = %r{\AHTTP/(\d)\.(\d)\z}n.freeze
     ABSOLUTE = %r{\Ahttps?://([^/?#]*)(.*)\z}ni.freeze
-    AUTHORITY = /\A[^\/?#@]+:\d+\z/n.freeze
-    # Fields that must not come as trailers (RFC 9110 6.5.1): dropped.
-    FORBIDDEN_TRAILERS = %w[
-      content-length transfer-encoding host trailer te connection keep-alive upgrade expect
-      content-type content-encoding content-range authorization cookie set-cookie
-      proxy-authorization cache-control max-forwards range if-match if-none-match
-      if-modified-since if-unmodified-since if-range
-    ].freeze
+    # uri-host [":" port] (RFC 3986): a reg-name, or an IP literal in
+    # brackets; no comma (what a proxy joining two Host lines would send).
+    HOST = %r{\A(?:\[[0-9A-Za-z:.\-_~!$&'()*+;=]+\]|(?:[A-Za-z0-9\-._~!$&'()*+;=]|%\h\h)*)(?::\d*)?\z}n.freeze
+    # A % in a path must start an escape of two hex digits.
+    BAD_ESCAPE = /%(?!\h\h)/n.freeze
+    # Empty lines before a request line that are ignored (RFC 9112 2.2).
+    MAX_LEADING_EMPTY_LINES = 8
 
     # One parsed request head.
     class Request
@@ -75,10 +74,15 @@ module Forkpool
     # when the client closed (or was silent) before sending a byte.
     # Refuses (Error) as soon as the bytes already there break a rule.
     def read_head(conn, limits, deadline)
+      skipped = 0
       loop do
         buf = conn.buf
         # RFC 9112 2.2: empty lines before a request line are ignored.
-        conn.take(2) while buf.start_with?(CRLF)
+        while buf.start_with?(CRLF)
+          conn.take(2)
+          skipped += 1
+          raise Error.new(400, "more than #{MAX_LEADING_EMPTY_LINES} empty lines before the request") if skipped > MAX_LEADING_EMPTY_LINES
+        end
         finish = buf.index("\r\n\r\n")
         scan = finish ? buf.byteslice(0, finish + 4) : buf
         check_bytes(scan, limits)
@@ -118,7 +122,7 @@ module Forkpool
     end
 
     def parse_request_line(line)
-      parts = line.split(" ", -1)
+      parts = line.split(/ /, -1) # one space exactly (a String " " would split on any run of whitespace)
       raise Error.new(400, "the request line is not METHOD SP TARGET SP VERSION") if parts.size != 3
 
       method, target, version = parts
@@ -127,9 +131,11 @@ module Forkpool
 
       match = VERSION.match(version)
       raise Error.new(400, "the HTTP version is malformed") unless match
-      raise Error.new(505, "#{version} is not supported (HTTP/1.0 and HTTP/1.1 are)") if match[1] != "1" || match[2].to_i > 1
+      raise Error.new(505, "#{version} is not supported (HTTP/1.x is)") if match[1] != "1"
+      raise Error.new(501, "CONNECT is for proxies; this server is an origin server") if method == "CONNECT"
 
-      [method.dup.force_encoding(Encoding::ASCII_8BIT), target, match[2].to_i]
+      # HTTP/1.2 to 1.9 are served as HTTP/1.1 (RFC 9110 2.5).
+      [method.dup.force_encoding(Encoding::ASCII_8BIT), target, [match[2].to_i, 1].min]
     end
 
     # [lower-case name, value] pairs from field lines (head or trailers).
@@ -161,24 +167,29 @@ module Forkpool
 
         path = "*"
       elsif (absolute = ABSOLUTE.match(target))
-        request.host = absolute[1]
+        authority = absolute[1]
+        if authority.empty? || authority.include?("@") || !authority.match?(HOST)
+          raise Error.new(400, "the absolute URI has no host, userinfo or a bad host")
+        end
+
+        request.host = authority
         path, query = absolute[2].split("?", 2)
         path = "/#{path}" unless path&.start_with?("/")
-      elsif request.method == "CONNECT" && target.match?(AUTHORITY)
-        raise Error.new(405, "CONNECT is for proxies; this server serves an application")
       else
         raise Error.new(400, "the request target is not a path (/...), an absolute URI or *")
       end
+      raise Error.new(400, "a % in the path that is not an escape (%XX)") if path.match?(BAD_ESCAPE)
+
       request.split_target(path, query || "")
     end
 
     def check_host(request)
       hosts = request.count("host")
       raise Error.new(400, "more than one Host header") if hosts > 1
-      raise Error.new(400, "an HTTP/1.1 request without Host") if hosts.zero? && request.minor >= 1 && request.host.nil?
+      raise Error.new(400, "an HTTP/1.1 request without Host") if hosts.zero? && request.minor >= 1
 
-      value = request.host || request.headers["host"]
-      raise Error.new(400, "the Host header is not a host[:port]") if value&.match?(%r{[\s/?#@\\]}n)
+      value = request.headers["host"]
+      raise Error.new(400, "the Host header is not a host[:port]") if value && !value.match?(HOST)
 
       request.host ||= value
     end

@@ -8,6 +8,12 @@ module Forkpool
   class RackResponse
     # Headers the server frames the response with; an app's own are dropped.
     HOP_BY_HOP = %w[connection keep-alive transfer-encoding upgrade].freeze
+    # A header value may hold tabs, never another control (CR, LF, NUL).
+    BAD_VALUE = /[\x00-\x08\x0a-\x1f\x7f]/n.freeze
+
+    # The app's status or headers cannot be sent as they are (response
+    # splitting, above all): nothing of them is sent, the client gets 500.
+    class Invalid < StandardError; end
 
     attr_reader :sent
 
@@ -33,7 +39,9 @@ module Forkpool
     # Sends the whole response; `leaving` says whether the worker is to
     # exit after it (the response then closes the connection).
     def send(status, headers, body, leaving)
-      status = Integer(status)
+      status = Integer(status, exception: false)
+      raise Invalid, "the app's status #{status.inspect} is not 100-999" unless status&.between?(100, 999)
+
       bodyless = @request.method == "HEAD" || status < 200 || status == 204 || status == 304
       lines, length = header_lines(headers)
       if length.nil? && body.respond_to?(:to_ary)
@@ -68,11 +76,15 @@ module Forkpool
       length = nil
       headers.each do |name, values|
         lower = name.to_s.downcase
+        raise Invalid, "the app's header name #{name.to_s.inspect} is not a token" unless name.to_s.b.match?(HTTP::TOKEN)
         if HOP_BY_HOP.include?(lower)
           @keepalive = false if lower == "connection" && values.to_s.downcase.include?("close")
           next
         end
+        # Rack 2 puts several values of one header on lines of one string.
         Array(values).flat_map { |v| v.to_s.split("\n") }.each do |value|
+          raise Invalid, "the app's header '#{name}' has a CR, LF or NUL" if value.b.match?(BAD_VALUE)
+
           length = Integer(value, 10) if lower == "content-length"
           lines << "#{name}: #{value}\r\n"
         end

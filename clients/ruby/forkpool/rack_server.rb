@@ -121,8 +121,8 @@ module Forkpool
 
         conn.write("HTTP/1.1 100 Continue\r\n\r\n", @limits.io_timeout) if request.minor >= 1 && (framing == :chunked || length.positive?)
       end
-      input, size = HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout)
-      env = environment(request, input, size, framing, peer, conn.sock)
+      input, _size = HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout)
+      env = environment(request, input, peer, conn.sock)
       response = RackResponse.new(conn, request, @limits.io_timeout,
                                   keepalive: request.keepalive? && !last && !@worker.leaving?)
       keep = run_app(env, response, request, peer, started)
@@ -143,6 +143,9 @@ module Forkpool
       response.keepalive?
     rescue HTTP::ClientGone
       raise
+    rescue RackResponse::Invalid => e
+      warn "forkpool-rack: #{e.message} on #{request.method} #{request.target}: answered 500"
+      raise HTTP::Error.new(500, "the application gave a response that cannot be sent")
     rescue StandardError, ScriptError => e
       warn "forkpool-rack: the app failed on #{request.method} #{request.target}: " \
            "#{e.class}: #{e.message}\n\t#{(e.backtrace || []).join("\n\t")}"
@@ -158,7 +161,7 @@ module Forkpool
     end
 
     # The Rack environment for one request.
-    def environment(request, input, size, framing, peer, sock)
+    def environment(request, input, peer, sock)
       name, port = server_address(request.host, sock)
       env = {
         "REQUEST_METHOD" => request.method,
@@ -194,10 +197,6 @@ module Forkpool
         end
       end
       env["HTTP_HOST"] = request.host if request.host # an absolute-form target's wins
-      if framing == :chunked
-        env.delete("HTTP_TRANSFER_ENCODING")
-        env["CONTENT_LENGTH"] = size.to_s
-      end
       env
     end
 
