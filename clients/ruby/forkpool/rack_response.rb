@@ -36,9 +36,10 @@ module Forkpool
       @started
     end
 
-    # Sends the whole response; `leaving` says whether the worker is to
-    # exit after it (the response then closes the connection).
-    def send(status, headers, body, leaving)
+    # Sends the whole response; `must_close` says, when the head goes out,
+    # whether the connection ends after it (the worker is leaving, or the
+    # request's body was left unread).
+    def send(status, headers, body, must_close)
       status = Integer(status, exception: false)
       raise Invalid, "the app's status #{status.inspect} is not 100-999" unless status&.between?(100, 999)
 
@@ -58,7 +59,7 @@ module Forkpool
           @keepalive = false # the close ends the body
         end
       end
-      @keepalive = false if leaving.call
+      @keepalive = false if must_close.call
       lines << (@keepalive ? (@request.minor.zero? ? "Connection: keep-alive\r\n" : "") : "Connection: close\r\n")
       out = +"#{@request.version} #{status} #{HTTP.reason(status)}\r\n".b
       lines.each { |line| out << line.b }

@@ -4,6 +4,7 @@ require "rack"
 require_relative "worker"
 require_relative "http"
 require_relative "rack_response"
+require_relative "lazy_input"
 
 module Forkpool
   # Serves one Rack app on the connections a forkpool worker gets, one
@@ -11,6 +12,9 @@ module Forkpool
   # way to waiting clients), the request body read whole before the app is
   # called (Rack 2's input must rewind), the response streamed.
   class RackServer
+    # The most of an unread body read and dropped to keep the connection.
+    DRAIN_LIMIT = 65_536
+
     attr_reader :app, :worker, :limits
 
     def initialize(app, worker, limits = HTTP::Limits.defaults, access_log: true)
@@ -116,16 +120,24 @@ module Forkpool
     def serve_request(conn, request, peer, last, started)
       framing, length = HTTP.body_framing(request, @limits)
       expect = request.headers["expect"]
-      if expect
-        raise HTTP::Error.new(417, "cannot meet the expectation #{expect.inspect}") if expect.casecmp("100-continue") != 0
-
-        conn.write("HTTP/1.1 100 Continue\r\n\r\n", @limits.io_timeout) if request.minor >= 1 && (framing == :chunked || length.positive?)
+      if expect && expect.casecmp("100-continue") != 0
+        raise HTTP::Error.new(417, "cannot meet the expectation #{expect.inspect}")
       end
-      input, _size = HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout)
+
+      has_body = framing == :chunked || length.positive?
+      waits_for_continue = expect && request.minor >= 1 && has_body
+      input = LazyInput.new do
+        conn.write("HTTP/1.1 100 Continue\r\n\r\n", @limits.io_timeout) if waits_for_continue
+        HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout).first
+      end
       env = environment(request, input, peer, conn.sock)
       response = RackResponse.new(conn, request, @limits.io_timeout,
                                   keepalive: request.keepalive? && !last && !@worker.leaving?)
-      keep = run_app(env, response, request, peer, started)
+      # Decided when the head goes out: an unread body that will not be
+      # dropped cheaply closes the connection, and the answer says so.
+      unread = -> { !input.loaded? && has_body && (waits_for_continue || framing == :chunked || length > DRAIN_LIMIT) }
+      keep = run_app(env, response, request, peer, started, -> { @worker.leaving? || unread.call })
+      keep &&= body_consumed(input, has_body)
       input.close
       run_after_reply(env)
       keep && !@worker.leaving?
@@ -136,12 +148,31 @@ module Forkpool
       false
     end
 
-    def run_app(env, response, request, peer, started)
+    # After the app, on a connection kept alive: true when the body it did
+    # not read is out of the way (a small Content-Length body, read and
+    # dropped now; the rest closed the connection already).
+    def body_consumed(input, has_body)
+      return false if input.failed?
+      return true if input.loaded? || !has_body
+
+      input.read
+      true
+    rescue HTTP::Error, HTTP::ClientGone, SystemCallError, IOError
+      false
+    end
+
+    def run_app(env, response, request, peer, started, must_close)
       status, headers, body = @app.call(env)
-      response.send(status, headers, body, @worker.method(:leaving?))
+      response.send(status, headers, body, must_close)
       log(peer, request.request_line, status, response.sent, started, env)
       response.keepalive?
     rescue HTTP::ClientGone
+      raise
+    rescue HTTP::Error => e
+      # Reading the body failed: refused with its status, unless the
+      # response had begun (then the connection is cut short).
+      raise HTTP::ClientGone, e.message if response.started?
+
       raise
     rescue RackResponse::Invalid => e
       warn "forkpool-rack: #{e.message} on #{request.method} #{request.target}: answered 500"

@@ -33,6 +33,11 @@ class TestApp < Sinatra::Base
     request.body.read
   end
 
+  # Answers without reading the body.
+  post "/ignore" do
+    "ignored\n"
+  end
+
   get "/stream" do
     stream do |out|
       params[:parts].to_i.times { |i| out << "part #{i + 1}\n" }

@@ -423,6 +423,43 @@ fn malformed_requests_are_refused_and_a_slow_body_times_out() {
     assert_eq!(total(&status, "died"), 0, "{status}");
 }
 
+/// `Expect: 100-continue`: the `100 Continue` goes out when the app reads
+/// the body, not before; an app that answers without reading it never
+/// makes the client send it, and the connection is closed after the answer.
+#[test]
+fn expect_100_continue_waits_for_the_app_to_read() {
+    if !require_sinatra() {
+        return;
+    }
+    let pool = start("order", false, &[]);
+    let mut conn = connect(&pool);
+    conn.write_all(
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\n\
+          Content-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .unwrap();
+    let cont = read_response(&mut conn, true);
+    assert_eq!(cont.status, 100, "100 Continue when the app reads");
+    conn.write_all(b"hello").unwrap();
+    let echoed = read_response(&mut conn, false);
+    assert_eq!((echoed.status, echoed.body_text().as_str()), (200, "hello"));
+
+    let mut conn = connect(&pool);
+    conn.write_all(
+        b"POST /ignore HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\n\
+          Content-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .unwrap();
+    let answer = read_response(&mut conn, false);
+    assert_eq!(
+        (answer.status, answer.body_text().as_str()),
+        (200, "ignored\n"),
+        "the answer, with no 100 Continue before it"
+    );
+    assert_eq!(answer.header("connection").as_deref(), Some("close"));
+    assert_eq!(conn.read(&mut [0; 16]).unwrap_or(0), 0, "closed after it");
+}
+
 /// SIGURG during a slow request: the stack of the request, as it is, goes
 /// to the log, and the request finishes.
 #[test]
