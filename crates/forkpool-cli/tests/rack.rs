@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{alive, kill9, total, DemoPool};
 use psgi_support::{connect, read_response};
 use rack_support::{
-    fd_targets, parent_of, rack_command, require_sinatra, start, start_with, template_pid,
+    fd_targets, held, parent_of, rack_command, require_sinatra, start, start_with, template_pid,
     wait_idle, worker_pids, PATIENCE, RUBY_DIR, SINATRA_APP,
 };
 
@@ -41,11 +41,10 @@ fn serves_the_sinatra_app(mode: &str, preload: bool) {
     );
     let pid = get.header("x-forkpool-pid").expect("X-Forkpool-Pid");
 
-    conn.write_all(
-        b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n\
-          5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n",
-    )
-    .unwrap();
+    let chunks = ["5\r\nhello\r\n", "7;ext=1\r\n, world\r\n", "0\r\n\r\n"];
+    let post_head = "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+    conn.write_all(format!("{post_head}{}", chunks.concat()).as_bytes())
+        .unwrap();
     let post = read_response(&mut conn, false);
     assert_eq!(
         (post.status, post.body_text().as_str()),
@@ -125,24 +124,22 @@ fn serves_the_sinatra_app(mode: &str, preload: bool) {
     }
 }
 
-#[test]
-fn serves_sinatra_in_handoff_order_and_shared() {
-    if !require_sinatra() {
-        return;
-    }
-    for mode in MODES {
-        serves_the_sinatra_app(mode, false);
+fn serves_in_every_mode(preload: bool) {
+    if require_sinatra() {
+        MODES
+            .iter()
+            .for_each(|mode| serves_the_sinatra_app(mode, preload));
     }
 }
 
 #[test]
+fn serves_sinatra_in_handoff_order_and_shared() {
+    serves_in_every_mode(false);
+}
+
+#[test]
 fn serves_sinatra_preloaded_in_handoff_order_and_shared() {
-    if !require_sinatra() {
-        return;
-    }
-    for mode in MODES {
-        serves_the_sinatra_app(mode, true);
-    }
+    serves_in_every_mode(true);
 }
 
 #[test]
@@ -178,21 +175,7 @@ fn hup_rolls_onto_new_workers() {
         return;
     }
     for preload in [false, true] {
-        let pool = start_with(
-            "order",
-            preload,
-            &[
-                "--min-children",
-                "2",
-                "--max-children",
-                "2",
-                "--min-spare",
-                "0",
-                "--max-spare",
-                "2",
-            ],
-            &rack_command(&[]),
-        );
+        let pool = start_with("order", preload, &held("2"), &rack_command(&[]));
         let before = pool.status();
         let old = worker_pids(&pool);
         pool.signal(libc::SIGHUP);
@@ -228,21 +211,7 @@ fn term_leaves_nothing_behind() {
     if !require_sinatra() {
         return;
     }
-    let mut pool = start_with(
-        "handoff",
-        true,
-        &[
-            "--min-children",
-            "2",
-            "--max-children",
-            "2",
-            "--min-spare",
-            "0",
-            "--max-spare",
-            "2",
-        ],
-        &rack_command(&[]),
-    );
+    let mut pool = start_with("handoff", true, &held("2"), &rack_command(&[]));
     // A connection kept alive holds a worker busy at the stop.
     let mut kept = connect(&pool);
     kept.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -511,16 +480,26 @@ fn rackup_with_the_forkpool_handler() {
             SINATRA_APP,
         ],
     );
+    // Two requests in one write: the option reached the server, which
+    // answers one per connection and closes.
     let mut conn = connect(&pool);
-    conn.write_all(b"GET /?name=rackup HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    let res = read_response(&mut conn, false);
-    assert_eq!(res.body_text(), "hello rackup\n");
-    // The option reached the server: one request per connection.
-    assert_eq!(res.header("connection").as_deref(), Some("close"));
+    conn.write_all(
+        b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\nGET /?name=b HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .unwrap();
+    let first = read_response(&mut conn, false);
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).unwrap();
     assert_eq!(
-        res.header("x-forkpool-pid"),
-        Some(worker_pids(&pool)[0].to_string())
+        (first.body_text().as_str(), rest.len()),
+        ("hello a\n", 0),
+        "one answer, then the close"
+    );
+    let served_by: i32 = first.header("x-forkpool-pid").unwrap().parse().unwrap();
+    assert_eq!(
+        worker_pids(&pool),
+        vec![served_by],
+        "served by the pool's worker"
     );
 }
 

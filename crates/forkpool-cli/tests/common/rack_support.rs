@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::DemoPool;
 
@@ -19,6 +19,20 @@ pub const SINATRA_APP: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../clients/ruby/test/sinatra_app.ru"
 );
+
+/// Pool options for exactly `n` workers, held.
+pub fn held(n: &str) -> [&str; 8] {
+    [
+        "--min-children",
+        n,
+        "--max-children",
+        n,
+        "--min-spare",
+        "0",
+        "--max-spare",
+        n,
+    ]
+}
 
 /// How long a worker may take to start or a state to be reached on a
 /// loaded machine; a quiet one never waits this long.
@@ -76,36 +90,21 @@ pub fn start(mode: &str, preload: bool, server_args: &[&str]) -> DemoPool {
 /// Polls `forkpool status` until at least `n` workers are idle, none busy
 /// or starting, and the template (if any) is ready.
 pub fn wait_idle(pool: &DemoPool, n: u64) -> bool {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let s = pool.status();
-        let template_ready = s["templates"]
-            .as_array()
-            .is_none_or(|t| t.iter().all(|t| t["state"] == "ready"));
-        if s["idle"].as_u64().unwrap_or(0) >= n.max(1)
+    pool.wait_status(PATIENCE, |s| {
+        let templates = s["templates"].as_array();
+        s["idle"].as_u64().unwrap_or(0) >= n.max(1)
             && s["busy"] == 0
             && s["starting"] == 0
-            && template_ready
-        {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            && templates.is_none_or(|t| t.iter().all(|t| t["state"] == "ready"))
+    })
+    .is_some()
 }
 
 /// The pids of the pool's workers, by slot, from `forkpool status`.
+/// (A slot being forked from a template shows pid 0 until it is verified.)
 pub fn worker_pids(pool: &DemoPool) -> Vec<i32> {
-    pool.status()["slots"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["pid"].as_i64())
-        .filter(|p| *p > 0)
-        .map(|p| p as i32)
-        .collect()
+    let pids = crate::psgi_support::worker_pids(pool);
+    pids.into_iter().filter(|p| *p > 0).collect()
 }
 
 /// The template's pid, 0 without one.
