@@ -44,7 +44,7 @@ module Forkpool
         return if request.nil?
 
         opened ||= started
-        last = number + 1 == @limits.max_requests || give_way?(opened, started)
+        last = number + 1 == @limits.max_requests || (request.keepalive? && give_way?(opened, started))
         return unless serve_request(conn, request, peer, last, started)
         return if @worker.leaving?
       end
