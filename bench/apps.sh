@@ -9,16 +9,22 @@
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
 #           starman --workers 16
+#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, also --preload,
+#           16 workers held (--min-children 16), against
+#           unicorn (16 workers, also preload_app) and
+#           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
 #
 #   bench/apps.sh install   Flask+gunicorn venv (.ci/deps/python.sh), wrk,
-#                           and Starman + Plack from Debian (needs root/sudo)
+#                           and Starman + Plack from Debian (needs root/sudo);
+#                           ruby, Rack, unicorn and Puma (.ci/deps/ruby.sh)
 #   bench/apps.sh run       the table (installs first when something is missing)
 #
 # For each server and each of c=16 and c=64, close-per-request and
 # keep-alive: requests/s and p99 (wrk --latency), server CPU per request
 # (utime+stime of the whole process tree over the window) and context
 # switches per request, all, voluntary and involuntary
-# (bench/lib/treestat.py), then PSS per idle worker.
+# (bench/lib/treestat.py), then PSS per idle worker (the mean) and USS
+# (the median: a template or master among the children does not count).
 # Then one row driven by forkpool's own load generator. Environment:
 # DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
 # names to run). Every server listens on 127.0.0.1 and is stopped by pid.
@@ -50,6 +56,7 @@ install() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq starman libplack-perl
   fi
+  bash .ci/deps/ruby.sh
 }
 
 forkpool_bin() {
@@ -145,7 +152,8 @@ measure() { # NAME
   done
   sleep 2
   pss=$(python3 bench/lib/treestat.py pss "$server_pid")
-  printf '%-26s PSS per idle worker: %s KiB (%s workers)\n' "$name" "${pss% *}" "${pss#* }"
+  uss=$(python3 bench/lib/treestat.py uss "$server_pid")
+  printf '%-26s PSS per idle worker: %s KiB, USS %s KiB (%s processes)\n' "$name" "${pss% *}" "${uss% *}" "${pss#* }"
 }
 
 row() { # NAME DIR MIN_WORKERS CMD...
@@ -158,7 +166,8 @@ row() { # NAME DIR MIN_WORKERS CMD...
 }
 
 run() {
-  command -v wrk >/dev/null && [ -x "$VENV/bin/gunicorn" ] && command -v starman >/dev/null || install
+  command -v wrk >/dev/null && [ -x "$VENV/bin/gunicorn" ] && command -v starman >/dev/null \
+    && command -v unicorn >/dev/null && command -v puma >/dev/null || install
   local fp
   fp=$(forkpool_bin)
   echo "# $(date -u +%FT%TZ) load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, ${DURATION}s per cell"
@@ -189,6 +198,7 @@ run() {
     echo "forkpool-psgi              skipped: clients/perl/forkpool-psgi does not exist yet"
   fi
   row starman bench/apps "$WORKERS" starman --workers "$WORKERS" --listen "127.0.0.1:$((port + 1))" hello.psgi
+  rack_rows "$fp"
   if grep -Eq "$ONLY" <<<forkpool-bench; then
     echo "# forkpool's own load generator against forkpool-wsgi:"
     start_server forkpool-wsgi-bench bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" \
@@ -199,6 +209,27 @@ run() {
       --concurrency 16,64 --duration "${DURATION}s" || true
     stop_server
   fi
+}
+
+# forkpool-rack, unicorn and Puma on bench/apps/hello.ru, 16 workers each.
+rack_rows() { # FORKPOOL
+  local fp=$1 held=(--min-children "$WORKERS" --max-children "$WORKERS" --min-spare 0 --max-spare "$WORKERS")
+  export RACK_ENV=production
+  row forkpool-rack . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+    --control "$scratch/control-rack.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  row forkpool-rack-preload . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+    --preload --control "$scratch/control-rack-preload.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  printf 'worker_processes %s\n' "$WORKERS" >"$scratch/unicorn.rb"
+  printf 'worker_processes %s\npreload_app true\n' "$WORKERS" >"$scratch/unicorn-preload.rb"
+  row unicorn bench/apps "$WORKERS" unicorn -c "$scratch/unicorn.rb" -l "127.0.0.1:$((port + 1))" hello.ru
+  row unicorn-preload bench/apps "$WORKERS" unicorn -c "$scratch/unicorn-preload.rb" \
+    -l "127.0.0.1:$((port + 1))" hello.ru
+  row puma bench/apps "$WORKERS" puma -w "$WORKERS" -t 1:1 -b "tcp://127.0.0.1:$((port + 1))" hello.ru
+  row puma-preload bench/apps "$WORKERS" puma -w "$WORKERS" -t 1:1 --preload \
+    -b "tcp://127.0.0.1:$((port + 1))" hello.ru
+  unset RACK_ENV
 }
 
 case "${1:-}" in

@@ -10,6 +10,10 @@
                                        slept: a wake-up) and involuntary
                                        (the scheduler preempted it)
     treestat.py pss ROOT_PID           average PSS (KiB) of ROOT's children
+    treestat.py uss ROOT_PID           median USS (KiB: Private_Clean +
+                                       Private_Dirty) of ROOT's children;
+                                       the median, so that a template or a
+                                       master among them does not count
 
 CPU is utime+stime of every live process in the tree, plus the cutime+
 cstime the root has collected from children that exited (workers recycled
@@ -113,6 +117,25 @@ def pss(root):
     return f"{sum(values) // len(values)} {len(values)}"
 
 
+def uss(root):
+    values = []
+    for pid in children_map().get(root, []):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                private = sum(
+                    int(line.split()[1])
+                    for line in f
+                    if line.startswith(("Private_Clean:", "Private_Dirty:"))
+                )
+            values.append(private)
+        except OSError:
+            continue
+    if not values:
+        return "- 0"
+    values.sort()
+    return f"{values[len(values) // 2]} {len(values)}"
+
+
 def main(argv):
     if len(argv) == 2 and argv[0] == "snapshot":
         print(json.dumps(snapshot(int(argv[1]))))
@@ -120,6 +143,8 @@ def main(argv):
         print(per_request(argv[1], argv[2], argv[3]))
     elif len(argv) == 2 and argv[0] == "pss":
         print(pss(int(argv[1])))
+    elif len(argv) == 2 and argv[0] == "uss":
+        print(uss(int(argv[1])))
     else:
         sys.exit(__doc__)
 

@@ -47,11 +47,14 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade"}
 _STATUS = re.compile(r"[1-9][0-9]{2} [\t\x20-\x7e\x80-\xff]*")
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-# An idle kept-alive worker that sees a client waiting on its listener
-# gives way if the client is still waiting after this grace, plus a step
-# per slot so that one worker, not all, gives way (docs/http.md).
-GIVE_WAY_GRACE = 0.01
-GIVE_WAY_STEP = 0.02
+# An idle kept-alive connection gives way to a client waiting on a
+# listener (docs/http.md, "Give-way") once it has been idle GIVE_WAY_IDLE
+# and the client has waited a step per slot (slot % 4 + 1 steps, so that
+# one worker gives way, not all). Without the idle minimum a client that
+# is merely slow to send its next request (a loaded machine) would lose
+# its connection with that request on the way.
+GIVE_WAY_IDLE = 0.05
+GIVE_WAY_STEP = 0.01
 
 
 class BadResponse(Exception):
@@ -319,8 +322,9 @@ class Server:
         watch.register(self.worker.channel.fileno(), select.POLLIN)
         for listener in self.worker.listeners:
             watch.register(listener.fileno(), select.POLLIN)
-        grace = GIVE_WAY_GRACE + GIVE_WAY_STEP * (self.worker.slot % 4)
-        deadline = time.monotonic() + self.limits.keepalive_timeout
+        step = GIVE_WAY_STEP * (self.worker.slot % 4 + 1)
+        idle_since = time.monotonic()
+        deadline = idle_since + self.limits.keepalive_timeout
         turn_ends = opened + self.limits.keepalive_turn
         while True:
             now = time.monotonic()
@@ -334,6 +338,7 @@ class Server:
                 continue
             if fds - {conn.fileno(), self.worker.channel.fileno()}:
                 # A client waits: give it a moment to find a free worker.
+                grace = max(step, idle_since + GIVE_WAY_IDLE - time.monotonic())
                 fds = {fd for fd, _ in own.poll(grace * 1000)}
                 if not fds and self._listener_poll.poll(0):
                     return False

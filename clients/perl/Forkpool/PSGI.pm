@@ -55,14 +55,15 @@ our %DEFAULTS = (
     access_log             => 1,
 );
 
-# How long a kept-alive connection waiting for its next request lets a
-# connection wait on a listener before it gives way: long enough for an
-# idle worker to take it (then nobody needs this one's worker), plus a
-# step per slot (modulo 4) so that one idle worker gives way, not all at
-# once; at most 70 ms, inside the 100 ms docs/http.md allows. The same
-# as forkpool_wsgi's.
-use constant GIVE_WAY_GRACE => 0.01;
-use constant GIVE_WAY_STEP  => 0.02;
+# When a kept-alive connection waiting for its next request gives way to
+# a connection waiting on a listener (docs/http.md, "Give-way"): once it
+# has been idle GIVE_WAY_IDLE (a client merely slow to send its next
+# request keeps its connection), and the other has waited GIVE_WAY_STEP
+# times the slot modulo 4, plus one (long enough for a free worker to take
+# it, and one idle worker gives way, not all at once): at most 90 ms,
+# inside the 100 ms docs/http.md allows. The same as forkpool_wsgi's.
+use constant GIVE_WAY_IDLE => 0.05;
+use constant GIVE_WAY_STEP => 0.01;
 # Unread body left after a response that is read and thrown away to keep
 # the connection; beyond it the connection is closed instead.
 use constant MAX_DRAIN => 256 * 1024;
@@ -110,7 +111,7 @@ sub run {
     my $worker = Forkpool::Worker->from_env;
     local $self->{worker} = $worker;
     local $self->{listen_bits};
-    local $self->{give_way_grace};
+    local $self->{give_way_step};
     local $self->{app}    = $app;
     $worker->serve(sub { $self->serve_connection(@_) });
     return;
@@ -265,7 +266,7 @@ sub _read_request {
 # quiet that long, when the supervisor has a message for this worker (a
 # Quit, most likely), or when, the connection's turn (--keepalive-turn)
 # being over, another connection has waited on a listener this worker
-# holds for its grace (GIVE_WAY_GRACE and STEP): no worker is free to take it, so this idle
+# holds for its grace (GIVE_WAY_IDLE, GIVE_WAY_STEP): no worker is free to take it, so this idle
 # one gives way (docs/protocol.md, "Kept-alive connections: giving
 # way"); its client expects an idle connection to close and retries on a
 # new one.
@@ -273,9 +274,9 @@ sub _next_request_comes {
     my ($self, $c) = @_;
     $c->{channel_fd} //= fileno($self->{worker}->channel);
     my $timeout = $self->{keepalive_timeout};
+    my $idle_since = Time::HiRes::time();
     # Still its turn (counted to the last request's start, so a little
-    # long; no clock is read on this path): only the client and the
-    # channel count.
+    # long): only the client and the channel count.
     my $turn_left = $c->{opened} + $self->{keepalive_turn} - $c->{last_start};
     if ($turn_left > 0) {
         my $ready = _wait_readable($c->{fd}, $turn_left < $timeout ? $turn_left : $timeout,
@@ -284,15 +285,16 @@ sub _next_request_comes {
         $timeout -= $turn_left;
     }
     my $listeners = $self->{listen_bits} // $self->_listen_bits;
-    my $deadline;
+    my $deadline = $idle_since + $self->{keepalive_timeout};
     while (1) {
         my $ready = _wait_readable($c->{fd}, $timeout, $c->{channel_fd}, $listeners);
         return $ready eq 'conn' unless $ready eq 'listener';
         # Someone waits: give a free worker, if any, a moment to take it
-        # first.
-        $deadline //= Time::HiRes::time() + $timeout;
-        my $grace = $self->{give_way_grace}
-            //= GIVE_WAY_GRACE + GIVE_WAY_STEP * (($self->{worker}->slot // 0) % 4);
+        # first, and this client its idle minimum.
+        my $step = $self->{give_way_step}
+            //= GIVE_WAY_STEP * (($self->{worker}->slot // 0) % 4 + 1);
+        my $grace = $idle_since + GIVE_WAY_IDLE - Time::HiRes::time();
+        $grace = $step if $grace < $step;
         $ready = _wait_readable($c->{fd}, $grace, $c->{channel_fd});
         return $ready eq 'conn' if $ready ne '';
         return 0 if $self->_others_waiting;

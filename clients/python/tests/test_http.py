@@ -23,6 +23,22 @@ def pair(data=b"", close=True):
     return http.Reader(a), b
 
 
+def drip(writer, every=0.05):
+    """Sends a byte on `writer` every `every` seconds, from a thread,
+    until the Event it returns is set."""
+    stop = threading.Event()
+
+    def send():
+        while not stop.wait(every):
+            try:
+                writer.send(b"x")
+            except OSError:
+                return
+
+    threading.Thread(target=send, daemon=True).start()
+    return stop
+
+
 def refusal(head):
     try:
         http.parse_head(head, LIMITS)
@@ -131,16 +147,7 @@ class ReadHead(unittest.TestCase):
 
     def test_a_dripping_client_gets_408_at_the_deadline(self):
         reader, writer = pair(b"GET / HT", close=False)
-        stop = threading.Event()
-
-        def drip():
-            while not stop.wait(0.05):
-                try:
-                    writer.send(b"x")
-                except OSError:
-                    return
-
-        threading.Thread(target=drip, daemon=True).start()
+        stop = drip(writer)
         started = time.monotonic()
         with self.assertRaises(http.HttpError) as e:
             reader.read_head(LIMITS, started + 0.5)
@@ -231,19 +238,9 @@ class Bodies(unittest.TestCase):
             body.read()
         writer.close()
 
-
     def test_a_dripping_body_gets_408_at_the_body_deadline(self):
         reader, writer = pair(b"a", close=False)
-        stop = threading.Event()
-
-        def drip():
-            while not stop.wait(0.05):
-                try:
-                    writer.send(b"x")
-                except OSError:
-                    return
-
-        threading.Thread(target=drip, daemon=True).start()
+        stop = drip(writer)
         limits = http.Limits(read_timeout=5.0, body_timeout=0.3)
         started = time.monotonic()
         with self.assertRaises(http.HttpError) as e:

@@ -7,12 +7,11 @@ mod common;
 
 #[path = "common/http_corpus.rs"]
 mod http_corpus;
+#[path = "common/http_server_checks.rs"]
+mod http_server_checks;
 
-use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::DemoPool;
 
@@ -49,23 +48,12 @@ fn start_app(app: &str, workers: &str, extra: &[&str]) -> Option<DemoPool> {
     Some(DemoPool::launch(command, &args, &cmd, true))
 }
 
-fn assert_passes(failures: &[http_corpus::Failure]) {
-    let report: Vec<String> = failures.iter().map(|f| f.to_string()).collect();
-    assert!(
-        failures.is_empty(),
-        "{} corpus cases failed ({:?}):\n{}",
-        failures.len(),
-        http_corpus::failures_by_class(failures),
-        report.join("\n")
-    );
-}
-
 #[test]
 fn forkpool_wsgi_passes_the_whole_corpus() {
     let Some(pool) = start_app("echo_app:app", "4", &[]) else {
         return;
     };
-    assert_passes(&http_corpus::run_corpus(pool.addr));
+    http_server_checks::assert_passes(&http_corpus::run_corpus(pool.addr));
 }
 
 /// Every case the app answers, again with the echo app behind
@@ -92,18 +80,7 @@ fn forkpool_wsgi_keeps_pep_3333_on_every_served_case() {
             Some(http_corpus::Failure { case, what })
         })
         .collect();
-    assert_passes(&failures);
-}
-
-/// One request on a fresh connection: the response and the connection.
-fn get(addr: SocketAddr, path: &str) -> (http_corpus::Response, BufReader<TcpStream>) {
-    let mut conn = TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-    let mut reader = BufReader::new(conn);
-    let response = http_corpus::read_response(&mut reader, false).unwrap();
-    (response, reader)
+    http_server_checks::assert_passes(&failures);
 }
 
 /// A raw WSGI app that puts CRLF in a header value or in its status gets
@@ -113,106 +90,24 @@ fn an_app_cannot_split_its_response() {
     let Some(pool) = start_app("inject_app:app", "1", &[]) else {
         return;
     };
-    for path in ["/header", "/status"] {
-        let (response, _conn) = get(pool.addr, path);
-        let injected = response.headers.iter().any(|(n, _)| n == "x-injected")
-            || String::from_utf8_lossy(&response.body).contains("X-Injected:");
-        assert!(
-            response.status == 500 && !injected,
-            "{path}: {} {:?}",
-            response.status,
-            response.headers
-        );
-    }
-    let (fine, _conn) = get(pool.addr, "/");
-    assert_eq!((fine.status, fine.body.as_slice()), (200, &b"ok"[..]));
-    assert!(
-        pool.stderr.wait_for("'X-Bad'", Duration::from_secs(5)),
-        "no log line names the app's header:\n{}",
-        pool.stderr.dump()
-    );
+    http_server_checks::app_cannot_split_its_response(&pool);
 }
 
-/// A client dripping its body (a byte every 0.5 s, each read well within
-/// the read timeout) gets 408 at `--body-timeout` (2 s), and the only
-/// worker is free for the next client at once.
+/// A dripping body gets 408 at `--body-timeout` (2 s) and frees the worker.
 #[test]
 fn a_dripping_body_gets_408_at_the_body_timeout() {
     let Some(pool) = start_app("echo_app:app", "1", &["--body-timeout", "2"]) else {
         return;
     };
-    let mut conn = TcpStream::connect(pool.addr).unwrap();
-    conn.write_all(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
-        .unwrap();
-    conn.set_nonblocking(true).unwrap();
-    let started = Instant::now();
-    let mut answered = false;
-    while !answered && started.elapsed() < Duration::from_secs(8) {
-        let _ = conn.write_all(b"x");
-        // Wait up to 0.5 s for an answer before the next byte.
-        let until = Instant::now() + Duration::from_millis(500);
-        while !answered && Instant::now() < until {
-            let mut probe = [0u8; 1];
-            answered = match conn.peek(&mut probe) {
-                Ok(_) => true,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-                Err(e) => panic!("dripping client: {e}"),
-            };
-            std::thread::yield_now();
-        }
-    }
-    let waited = started.elapsed();
-    assert!(answered, "no answer to a dripping body in {waited:?}");
-    conn.set_nonblocking(false).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let response = http_corpus::read_response(&mut BufReader::new(&conn), false).unwrap();
-    assert_eq!(response.status, 408, "after {waited:?}");
-    assert!(
-        waited >= Duration::from_millis(1500),
-        "408 too early: {waited:?}"
-    );
-    drop(conn);
-    let asked = Instant::now();
-    let (next, _conn) = get(pool.addr, "/next");
-    assert_eq!(next.status, 200);
-    assert!(
-        asked.elapsed() < Duration::from_secs(2),
-        "the worker stayed busy"
-    );
+    http_server_checks::dripping_body_gets_408_at_the_body_timeout(&pool);
 }
 
-/// 100 clients, one after the other, each keeping its connection after
-/// its answer, on 4 workers: from the fifth on, every worker holds an idle
-/// kept-alive connection when a client comes, and one gives way to it
-/// (docs/http.md, "Give-way") long before the keep-alive timeout (20 s).
+/// 100 idle kept-alive clients on 4 workers never make a new one wait.
 #[test]
 fn idle_kept_alive_clients_give_way_to_a_new_one() {
     let extra = ["--keepalive-timeout", "20"];
     let Some(pool) = start_app("echo_app:app", "4", &extra) else {
         return;
     };
-    let mut idle = Vec::new();
-    let mut slowest = Duration::ZERO;
-    for _ in 0..100 {
-        let asked = Instant::now();
-        let mut conn = TcpStream::connect(pool.addr).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        conn.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
-        let mut conn = BufReader::new(conn);
-        let response = http_corpus::read_response(&mut conn, false);
-        let waited = asked.elapsed();
-        assert!(
-            response.as_ref().is_ok_and(|r| r.status == 200),
-            "client {} after {waited:?}: {:?}",
-            idle.len() + 1,
-            response.err()
-        );
-        slowest = slowest.max(waited);
-        idle.push(conn);
-    }
-    assert!(
-        slowest < Duration::from_millis(900),
-        "a new client waited {slowest:?} behind idle kept-alive ones"
-    );
+    http_server_checks::idle_kept_alive_clients_give_way_to_a_new_one(&pool);
 }

@@ -33,6 +33,7 @@
 
 pub mod config;
 pub mod control_path;
+mod core;
 mod dispatch;
 pub mod exec;
 pub mod fleet;

@@ -369,7 +369,7 @@ impl Pool {
             return Err(PoolError::PreloadNeedsCommand);
         }
         let mut supervisor = self.supervisor()?;
-        supervisor.board.host_sessions(capacity);
+        supervisor.core.board.host_sessions(capacity);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => {

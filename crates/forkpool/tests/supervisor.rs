@@ -448,7 +448,9 @@ fn sigterm_lets_the_busy_child_finish_then_returns_the_totals() -> Result<(), St
     let pool = Running::start(config())?;
     pool.wait_for("ready", |s| s.ready && s.idle >= 2)?;
     let addr = pool.addr;
-    let held = std::thread::spawn(move || ask(addr, "work 700"));
+    // Long enough that a status poll sees it busy on a loaded machine (at
+    // 700 ms a load average of 16 on 2 cores once hid it).
+    let held = std::thread::spawn(move || ask(addr, "work 2000"));
     pool.wait_for("busy", |s| s.busy == 1)?;
     let totals = pool.stop()?;
     let answer = held.join().map_err(|_| "client panicked".to_string())?;

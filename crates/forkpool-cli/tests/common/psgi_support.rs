@@ -71,9 +71,20 @@ pub const ECHO_APP: &str = concat!(
     "/../../clients/tests/echo_app.psgi"
 );
 
+/// An app that tries to split its response (clients/tests).
+pub const INJECT_APP: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/tests/inject_app.psgi"
+);
+
 /// A pool of `workers` forkpool-psgi workers, run with `server_args`,
 /// serving the echo app in `handoff`, once they are all idle.
 pub fn start_echo_pool(workers: &str, server_args: &[&str]) -> DemoPool {
+    start_app_pool(workers, server_args, ECHO_APP)
+}
+
+/// Like [`start_echo_pool`] with the app file `app`.
+pub fn start_app_pool(workers: &str, server_args: &[&str], app: &str) -> DemoPool {
     let args = [
         "--ping-timeout",
         "20s",
@@ -88,7 +99,7 @@ pub fn start_echo_pool(workers: &str, server_args: &[&str]) -> DemoPool {
     ];
     let mut cmd = vec!["perl", PSGI_SERVER];
     cmd.extend_from_slice(server_args);
-    cmd.push(ECHO_APP);
+    cmd.push(app);
     let pool = DemoPool::start_run(&args, &cmd);
     let n: u64 = workers.parse().unwrap();
     assert!(

@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use tracing::{debug, error, warn};
 
-use super::{Accepted, ChildEnd, Dispatcher, TurnEnd, WatchedListener};
+use super::{Accepted, Children, Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
-use crate::scoreboard::Scoreboard;
 use crate::sys;
 
 /// How long to stop accepting after running out of descriptors or memory.
@@ -35,7 +34,7 @@ impl Dispatcher {
         &mut self,
         index: usize,
         listener: &WatchedListener,
-        board: &mut Scoreboard<impl ChildEnd>,
+        children: &mut impl Children,
         now: Instant,
         accepted: &mut u64,
         mut handed: impl FnMut(usize, i32, Option<&SockAddr>),
@@ -48,7 +47,7 @@ impl Dispatcher {
         let mut budget = if l.is_tcp() { l.queued() } else { u32::MAX };
         while budget > 0 {
             budget -= 1;
-            let Some(slot) = board.lowest_with_room() else {
+            let Some(slot) = children.lowest_with_room() else {
                 return TurnEnd::Saturated;
             };
             match sys::socket::accept_with_peer(l.as_fd()) {
@@ -59,7 +58,7 @@ impl Dispatcher {
                         fd,
                         peer,
                     };
-                    if let Err(end) = self.hand_off(board, slot, connection, now, &mut handed) {
+                    if let Err(end) = self.hand_off(children, slot, connection, now, &mut handed) {
                         return end;
                     }
                 }
@@ -89,7 +88,7 @@ impl Dispatcher {
     /// child that cannot take it ends the pass, with the connection parked.
     pub(super) fn hand_off(
         &mut self,
-        board: &mut Scoreboard<impl ChildEnd>,
+        children: &mut impl Children,
         slot: usize,
         connection: Accepted,
         now: Instant,
@@ -99,10 +98,7 @@ impl Dispatcher {
         let msg = ParentMessage::Connection {
             listener: listener as u16,
         };
-        let sent = match board.link(slot) {
-            Some(link) => link.send(msg, Some(connection.fd.as_fd())),
-            None => Err(std::io::Error::other("no channel")),
-        };
+        let sent = children.send(slot, msg, Some(connection.fd.as_fd()));
         if let Err(e) = sent {
             self.parked.push_back(connection);
             return Err(TurnEnd::Unreachable {
@@ -110,11 +106,11 @@ impl Dispatcher {
                 why: format!("cannot hand it a connection: {e}"),
             });
         }
-        if let Some(entry) = board.get(slot) {
-            handed(slot, entry.pid, Some(&connection.peer));
+        if let Some(pid) = children.pid(slot) {
+            handed(slot, pid, Some(&connection.peer));
         }
         // The child has its own copy now; ours closes on drop.
-        crate::scoreboard::own_move(board.hand_connection(slot, now));
+        children.handed(slot, now);
         self.latency.observe(now.elapsed().as_secs_f64());
         debug!(slot, listener, "connection handed off");
         Ok(())
@@ -127,6 +123,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Channel, Incoming};
+    use crate::core::Core;
     use crate::listener::{ListenAddr, Listener};
     use crate::scoreboard::SlotState;
     use crate::supervisor::ChildLink;
@@ -139,19 +136,23 @@ mod tests {
         (WatchedListener::new(listener), client)
     }
 
-    /// Puts an idle child on `slot` of `board`; returns the child's end.
-    fn idle_child(board: &mut Scoreboard<ChildLink>, slot: usize, now: Instant) -> Channel {
+    /// Puts an idle child on `slot` of `core`; returns the child's end.
+    fn idle_child(core: &mut Core<ChildLink>, slot: usize, now: Instant) -> Channel {
         let (ours, theirs) = Channel::pair().unwrap();
         let link = ChildLink::new(ours, None, now, true, 1);
-        board.occupy(slot, 1000 + slot as i32, 1, now, link);
-        board.ready(slot, now).unwrap();
+        core.board.occupy(slot, 1000 + slot as i32, 1, now, link);
+        core.board.ready(slot, now).unwrap();
         theirs
+    }
+
+    fn core() -> Core<ChildLink> {
+        Core::new(crate::config::PoolConfig::default())
     }
 
     #[test]
     fn a_connection_its_child_cannot_take_is_parked_then_goes_to_the_next_child() {
         let now = Instant::now();
-        let mut board = Scoreboard::new();
+        let mut board = core();
         drop(idle_child(&mut board, 0, now)); // the child's end is gone
         let second = idle_child(&mut board, 1, now);
         let (listener, _client) = listener_with_a_client();
@@ -175,12 +176,12 @@ mod tests {
 
         // The supervisor kills the unreachable child; the parked
         // connection then goes to the next child with room.
-        board.kill(0, now).unwrap();
+        board.board.kill(0, now).unwrap();
         let end = dispatcher.hand_parked(&mut board, now, |slot, pid, _| handed.push((slot, pid)));
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(dispatcher.parked(), 0);
         assert_eq!(handed, vec![(1, 1001)]);
-        assert_eq!(board.get(1).unwrap().state, SlotState::Busy);
+        assert_eq!(board.board.get(1).unwrap().state, SlotState::Busy);
         match second.recv_from_parent().unwrap() {
             Incoming::Message(ParentMessage::Connection { listener: 0 }, Some(_fd)) => {}
             other => panic!("the second child got {other:?}"),
@@ -190,9 +191,9 @@ mod tests {
     #[test]
     fn with_no_child_with_room_the_listener_is_saturated_and_nothing_is_accepted() {
         let now = Instant::now();
-        let mut board = Scoreboard::new();
+        let mut board = core();
         let _child = idle_child(&mut board, 0, now);
-        board.hand_connection(0, now).unwrap();
+        board.board.hand_connection(0, now).unwrap();
         let (listener, _client) = listener_with_a_client();
         let mut dispatcher = Dispatcher::default();
         let mut accepted = 0;

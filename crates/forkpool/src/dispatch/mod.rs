@@ -20,9 +20,10 @@
 //! child's private queue.
 //!
 //! [`Dispatcher`] owns what dispatch alone needs (connections parked while
-//! no child could take them, the dispatch latency) and works on the slot
-//! table it is lent. It never kills a child or touches the poll: each pass
-//! ends in a [`TurnEnd`] saying what the supervisor must do next.
+//! no child could take them, the dispatch latency) and works on the
+//! [`Children`] it is lent (the core), moving a child only through the
+//! core. It never kills a child or touches the poll: each pass ends in a
+//! [`TurnEnd`] saying what the supervisor must do next.
 
 pub(crate) mod handoff;
 pub(crate) mod order;
@@ -35,20 +36,74 @@ use std::time::Instant;
 
 use prometheus_client::metrics::histogram::Histogram;
 
+use crate::core::child::HasChild;
+use crate::core::Core;
 use crate::listener::Listener;
 use crate::protocol::ParentMessage;
-use crate::scoreboard::Scoreboard;
 
-/// What dispatch needs of the supervisor's side of a child, and no more:
-/// a way to send it a connection or an order, and where to note the
-/// listener it was ordered to accept from. The supervisor's `ChildLink`
-/// is one; dispatch knows nothing else of the supervisor.
-pub(crate) trait ChildEnd {
+/// What dispatch needs of the children, and no more: which one has room,
+/// a way to send it a connection or an order, and the two moves it makes
+/// (through the core, like every move). The core over the supervisor's
+/// links is one; dispatch knows nothing else of the supervisor.
+pub(crate) trait Children {
+    /// The lowest-numbered child with room for one more connection.
+    fn lowest_with_room(&self) -> Option<usize>;
+    /// The lowest-numbered idle child.
+    fn lowest_idle(&self) -> Option<usize>;
+    /// The pid of the child in `slot`.
+    fn pid(&self, slot: usize) -> Option<i32>;
+    /// Sends `msg`, with `fd` (a connection) if given, to the child in
+    /// `slot`.
+    fn send(
+        &self,
+        slot: usize,
+        msg: ParentMessage,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> std::io::Result<()>;
+    /// The child in `slot` was handed a connection.
+    fn handed(&mut self, slot: usize, now: Instant);
+    /// The child in `slot` was ordered to accept on `listener`.
+    fn ordered(&mut self, slot: usize, listener: usize, now: Instant);
+}
+
+/// A link the supervisor can send on: its channel.
+pub(crate) trait Sends {
     /// Sends `msg`, with `fd` (a connection) if given.
     fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()>;
-    /// The listener the child was last ordered to accept from, until it
-    /// answers.
-    fn ordered_on(&mut self) -> &mut Option<usize>;
+}
+
+impl<L: HasChild + Sends> Children for Core<L> {
+    fn lowest_with_room(&self) -> Option<usize> {
+        self.board.lowest_with_room()
+    }
+
+    fn lowest_idle(&self) -> Option<usize> {
+        self.board.lowest_idle()
+    }
+
+    fn pid(&self, slot: usize) -> Option<i32> {
+        self.board.get(slot).map(|s| s.pid)
+    }
+
+    fn send(
+        &self,
+        slot: usize,
+        msg: ParentMessage,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> std::io::Result<()> {
+        match self.board.link(slot) {
+            Some(link) => link.send(msg, fd),
+            None => Err(std::io::Error::other("no child in the slot")),
+        }
+    }
+
+    fn handed(&mut self, slot: usize, now: Instant) {
+        Core::handed(self, slot, now);
+    }
+
+    fn ordered(&mut self, slot: usize, listener: usize, now: Instant) {
+        self.ordered_accept(slot, listener, now);
+    }
 }
 
 /// A listener and its dispatch state.
@@ -151,18 +206,18 @@ impl Dispatcher {
     /// (slot, pid, descriptor) as it goes.
     pub fn hand_parked(
         &mut self,
-        board: &mut Scoreboard<impl ChildEnd>,
+        children: &mut impl Children,
         now: Instant,
         mut handed: impl FnMut(usize, i32, Option<&SockAddr>),
     ) -> TurnEnd {
         // Called on every report that frees a child: the queue, almost
         // always empty, is looked at before the slot table.
         while !self.parked.is_empty() {
-            let Some(slot) = board.lowest_with_room() else {
+            let Some(slot) = children.lowest_with_room() else {
                 return TurnEnd::Done;
             };
             let accepted = self.parked.pop_front().expect("checked non-empty");
-            if let Err(end) = self.hand_off(board, slot, accepted, now, &mut handed) {
+            if let Err(end) = self.hand_off(children, slot, accepted, now, &mut handed) {
                 return end;
             }
         }

@@ -10,9 +10,8 @@
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use super::{ChildEnd, Dispatcher, TurnEnd, WatchedListener};
+use super::{Children, Dispatcher, TurnEnd, WatchedListener};
 use crate::protocol::ParentMessage;
-use crate::scoreboard::Scoreboard;
 use crate::sys;
 
 impl Dispatcher {
@@ -22,7 +21,7 @@ impl Dispatcher {
         &mut self,
         index: usize,
         listener: &mut WatchedListener,
-        board: &mut Scoreboard<impl ChildEnd>,
+        children: &mut impl Children,
         now: Instant,
     ) -> TurnEnd {
         let waiting = if listener.listener.is_tcp() {
@@ -32,23 +31,19 @@ impl Dispatcher {
         };
         let mut wanted = waiting.saturating_sub(listener.orders_out);
         while wanted > 0 {
-            let Some(slot) = board.lowest_idle() else {
+            let Some(slot) = children.lowest_idle() else {
                 return TurnEnd::Saturated;
-            };
-            let Some(link) = board.link_mut(slot) else {
-                return TurnEnd::Done;
             };
             let msg = ParentMessage::Accept {
                 listener: index as u16,
             };
-            if let Err(e) = link.send(msg, None) {
+            if let Err(e) = children.send(slot, msg, None) {
                 return TurnEnd::Unreachable {
                     slot,
                     why: format!("cannot send an accept order: {e}"),
                 };
             }
-            *link.ordered_on() = Some(index);
-            crate::scoreboard::own_move(board.order_accept(slot, now));
+            children.ordered(slot, index, now);
             self.latency.observe(now.elapsed().as_secs_f64());
             listener.orders_out += 1;
             wanted -= 1;
@@ -57,14 +52,22 @@ impl Dispatcher {
     }
 }
 
-/// A child answered its accept order (`Busy` or `Missed`): the listener it
-/// was ordered on may hold more connections than orders now outstanding,
-/// so it is looked at again in this turn's dispatch pass (after all of the
+/// A child answered its accept order on `listener` (`Busy` or `Missed`):
+/// the listener may hold more connections than orders now outstanding, so
+/// it is looked at again in this turn's dispatch pass (after all of the
 /// turn's reports, so an `Idle` queued behind this one is seen first).
-pub(crate) fn order_answered(link: &mut impl ChildEnd, listeners: &mut [WatchedListener]) {
-    if let Some(l) = link.ordered_on().take().and_then(|i| listeners.get_mut(i)) {
+pub(crate) fn order_answered(listener: usize, listeners: &mut [WatchedListener]) {
+    if let Some(l) = listeners.get_mut(listener) {
         l.orders_out = l.orders_out.saturating_sub(1);
         l.recheck = true;
+    }
+}
+
+/// An accept order on `listener` will never be answered (its child was
+/// killed): one fewer is out.
+pub(crate) fn order_dropped(listener: usize, listeners: &mut [WatchedListener]) {
+    if let Some(l) = listeners.get_mut(listener) {
+        l.orders_out = l.orders_out.saturating_sub(1);
     }
 }
 
@@ -74,6 +77,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Channel, Incoming};
+    use crate::core::Core;
     use crate::listener::{ListenAddr, Listener};
     use crate::scoreboard::SlotState;
     use crate::supervisor::ChildLink;
@@ -81,7 +85,8 @@ mod tests {
     #[test]
     fn one_order_per_waiting_connection_and_an_answer_frees_the_count() {
         let now = Instant::now();
-        let mut board = Scoreboard::new();
+        let mut core: Core<ChildLink> = Core::new(crate::config::PoolConfig::default());
+        let board = &mut core.board;
         let mut children = Vec::new();
         for slot in 0..2 {
             let (ours, theirs) = Channel::pair().unwrap();
@@ -100,26 +105,27 @@ mod tests {
         let _client = TcpStream::connect(listeners[0].listener.local_addr().to_string()).unwrap();
         let mut dispatcher = Dispatcher::default();
 
-        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut board, now);
+        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut core, now);
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(listeners[0].orders_out, 1);
-        assert_eq!(board.get(0).unwrap().state, SlotState::Ordered);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Ordered);
         match children[0].recv_from_parent().unwrap() {
             Incoming::Message(ParentMessage::Accept { listener: 0 }, None) => {}
             other => panic!("slot 0 got {other:?}"),
         }
         // The same connection still waits: no second child is woken for it.
-        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut board, now);
+        let end = dispatcher.order_accepts(0, &mut listeners[0], &mut core, now);
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(listeners[0].orders_out, 1);
-        assert_eq!(board.get(1).unwrap().state, SlotState::Idle);
+        assert_eq!(core.board.get(1).unwrap().state, SlotState::Idle);
 
-        order_answered(board.link_mut(0).unwrap(), &mut listeners);
+        let ordered_on = core.board.link_mut(0).unwrap().child.ordered_on.take();
+        assert_eq!(ordered_on, Some(0), "the child remembers its listener");
+        order_answered(0, &mut listeners);
         assert_eq!(listeners[0].orders_out, 0);
         assert!(
             listeners[0].recheck,
             "the listener is looked at again this turn"
         );
-        assert_eq!(board.link(0).unwrap().ordered_on, None);
     }
 }

@@ -21,6 +21,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod budget;
+pub(crate) mod cpu_wait;
 pub(crate) mod dispatch;
 pub(crate) mod liveness;
 pub(crate) mod messages;

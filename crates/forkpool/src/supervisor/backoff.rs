@@ -7,99 +7,35 @@
 use std::io;
 use std::time::Instant;
 
-use tracing::{error, warn};
+use tracing::warn;
 
-use super::{log_due, ChildLink, LeaveCause, Readiness, Supervisor};
-use crate::policy::backoff::{fails_a_reload, Start, Verdict, START_WINDOW};
-use crate::sys::process::ExitStatus;
+use super::{log_due, Supervisor};
 use crate::worker::ChildStart;
 
-impl ChildLink {
-    /// How far this worker has got in starting.
-    pub(crate) fn start(&self) -> Start {
-        match self.readiness {
-            Readiness::Awaited => Start::Awaited,
-            Readiness::Said(after) => Start::Ready(self.spawned_at + after),
-            Readiness::Assumed => Start::Unannounced(self.spawned_at),
-        }
-    }
-}
-
 impl Supervisor {
-    /// Called for every child reaped: a start-up failure holds spawns
-    /// back; the death of a worker that had started is replaced (within
-    /// the replacement rate). Returns how the child failed, if its end
-    /// fails a reload that is rolling its generation in.
-    pub(super) fn judge_start(
-        &mut self,
-        link: &ChildLink,
-        status: ExitStatus,
-        asked_to_stop: bool,
-        now: Instant,
-    ) -> Option<String> {
-        let asked = asked_to_stop || self.shutdown.is_some();
-        // A worker up since the last failure ends that run before this
-        // end is counted.
-        self.note_starts(now);
-        let verdict = self.spawn_gate.child_exited(link.start(), asked, now);
-        let how = match link.leaving.as_ref().map(|l| &l.cause) {
-            Some(LeaveCause::Killed(reason)) => format!("killed: {reason}"),
-            _ => status.to_string(),
-        };
-        if let Verdict::FailedStart { delay } = verdict {
-            error!(
-                "worker exited during start-up ({how}); check the command and its stderr: \
-                 retrying in {delay:?}"
-            );
-            return Some(format!("exited during start-up ({how})"));
-        }
-        fails_a_reload(verdict, link.spawned_at, now)
-            .then(|| format!("exited within {:?} of starting ({how})", START_WINDOW))
-    }
-
-    /// Tells the gate of every worker that has started, while a run of
-    /// start-up failures holds spawns: one that started after the last
-    /// failure ends the run and lifts its hold.
-    fn note_starts(&mut self, now: Instant) {
-        if !self.spawn_gate.failures_hold(now) {
-            return;
-        }
-        for (_, child) in self.board.iter() {
-            if let Some(at) = child.link.start().started_at().filter(|at| *at <= now) {
-                self.spawn_gate.started(at);
-            }
-        }
-    }
-
-    /// Whether spawns wait at `now`: for a run of start-up failures (unless
-    /// a worker has started since), or for the replacement rate.
+    /// Whether spawns wait at `now` (`Core::spawns_held`).
     pub(super) fn spawns_held(&mut self, now: Instant) -> bool {
-        self.note_starts(now);
-        self.spawn_gate
-            .held_until(now, self.config.max_spawn_rate)
-            .is_some()
+        self.core.spawns_held(now)
     }
 
     /// Until when spawns wait, if they do, for the loop's timer.
     pub(super) fn spawns_held_until(&self, now: Instant) -> Option<Instant> {
-        self.spawn_gate.held_until(now, self.config.max_spawn_rate)
+        self.core.spawns_held_until(now)
     }
 
     /// Spawns up to `n` children, one at a time while spawns are not held.
     /// In a child, returns what it needs to become a worker.
     pub(super) fn spawn_gated(&mut self, n: u32, now: Instant) -> io::Result<Option<ChildStart>> {
         for _ in 0..n {
-            if self.spawns_held(now) {
+            if !self.core.may_spawn(self.rollouts.active(), now) {
                 break;
             }
-            let spawned = self.totals.spawned;
+            let spawned = self.core.totals.spawned;
             let start = self.spawn_child(now)?;
             if start.is_some() {
                 return Ok(start);
             }
-            if self.totals.spawned > spawned {
-                self.spawn_gate.forked(now, self.config.max_spawn_rate);
-            } else if self.spawns_held(now) {
+            if self.core.totals.spawned == spawned && self.spawns_held(now) {
                 break;
             }
         }
@@ -110,7 +46,7 @@ impl Supervisor {
     /// Says, at most once per log interval, that workers that had started
     /// die faster than they may be replaced.
     fn log_replacements_held(&mut self, now: Instant) {
-        if self.spawn_gate.failures_hold(now) {
+        if self.core.spawn_gate.failures_hold(now) {
             return;
         }
         let Some(until) = self.spawns_held_until(now) else {
@@ -120,7 +56,7 @@ impl Supervisor {
             return;
         }
         warn!(
-            rate = self.config.max_spawn_rate,
+            rate = self.core.config.max_spawn_rate,
             "workers that had started are dying faster than max_spawn_rate a second; \
              their replacements wait {:?} (check the workers' stderr for why they die)",
             until - now

@@ -25,7 +25,7 @@ pub(crate) struct Balancer {
 impl Supervisor {
     /// Where the pool is in its life, as a balancer should see it.
     pub(super) fn phase(&self) -> Phase {
-        if self.shutdown.is_some() || self.finishing.is_some() {
+        if self.core.shutdown.is_some() || self.finishing.is_some() {
             Phase::Stopping
         } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
             Phase::Draining
@@ -43,7 +43,7 @@ impl Supervisor {
             idle: counts.idle,
             busy: counts.busy,
             starting: counts.starting,
-            max_children: self.config.max_children,
+            max_children: self.core.config.max_children,
             spawn_held_back: self.spawns_held_until(now).is_some(),
             phase: self.phase(),
         }
@@ -64,14 +64,14 @@ impl Supervisor {
         let parsed = request::parse_head(head).transpose()?;
         let method = parsed.as_ref().map_or(Method::Get, |h| h.method);
         let policy = ReadyPolicy {
-            unready_when_saturated: self.config.ready_unless_saturated,
+            unready_when_saturated: self.core.config.ready_unless_saturated,
         };
         let answer = health::answer(&parsed, &self.capacity(now), policy)?;
         Some(answer.to_http(method))
     }
 
     fn drain_machine(&mut self) -> &mut Drain {
-        let delay = self.config.drain_delay;
+        let delay = self.core.config.drain_delay;
         let can_announce = self.endpoints.can_announce();
         self.balancer
             .drain

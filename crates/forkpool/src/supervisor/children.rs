@@ -7,10 +7,10 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{debug, info, warn};
 
-use super::{ChildLink, ChildOutput, LeaveCause, Leaving, Supervisor, RESOURCE_BACKOFF};
+use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
-use crate::protocol::ParentMessage;
-use crate::scoreboard::SlotState;
+use crate::core::RESOURCE_BACKOFF;
+use crate::core::{slot_limit, Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
@@ -33,21 +33,23 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.board.occupied() >= slot_limit(self.config.max_children, self.rollouts.active()) {
+        if self.core.board.occupied()
+            >= slot_limit(self.core.config.max_children, self.rollouts.active())
+        {
             // Children on their way out hold slots until reaped: a
             // replacement waits for them, so however many a fault leaves
             // there, the table stays bounded.
             debug!("every slot is taken, counting children on their way out: not spawning");
             return Ok(None);
         }
-        if self.config.preload {
+        if self.core.config.preload {
             self.fork_from_template(now)?;
             return Ok(None);
         }
         let Some(ends) = self.open_child_ends(now) else {
             return Ok(None);
         };
-        let slot = self.board.lowest_free();
+        let slot = self.core.board.lowest_free();
         match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ends.ours);
@@ -102,12 +104,12 @@ impl Supervisor {
     fn child_start(&self, slot: usize, channel: Channel, stderr: Option<OwnedFd>) -> ChildStart {
         ChildStart {
             slot,
-            generation: self.generation,
+            generation: self.core.generation,
             channel,
-            mode: self.config.dispatch,
+            mode: self.core.config.dispatch,
             listener_is_tcp: Vec::new(),
             listeners: Vec::new(),
-            max_requests: self.config.max_requests_per_child,
+            max_requests: self.core.config.max_requests_per_child,
             stderr,
         }
     }
@@ -123,7 +125,7 @@ impl Supervisor {
         now: Instant,
     ) -> io::Result<()> {
         let _ = process::own_process_group(pid);
-        let reports = self.config.dispatch.speaks_protocol();
+        let reports = self.core.config.dispatch.speaks_protocol();
         // A child that speaks no protocol never gets its end of the
         // channel (it is closed at exec), so ours is not watched.
         // Keeping the pair costs a descriptor per child and spares
@@ -146,12 +148,14 @@ impl Supervisor {
         let mut link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
         // Just forked and not reaped: the pid is certainly this child.
         link.pidfd = hold(pid);
-        self.board.occupy(slot, pid, self.generation, now, link);
-        if !reports {
-            crate::scoreboard::own_move(self.board.assume_busy(slot, now));
-        }
-        self.totals.spawned += 1;
-        info!(slot, pid, generation = self.generation, "child spawned");
+        let generation = self.core.generation;
+        self.core.adopt(slot, pid, generation, link, now);
+        info!(
+            slot,
+            pid,
+            generation = self.core.generation,
+            "child spawned"
+        );
         Ok(())
     }
 
@@ -186,164 +190,83 @@ impl Supervisor {
     /// failure (doubling from `RESOURCE_BACKOFF`), so a process limit
     /// reached does not make the supervisor retry in a tight loop.
     pub(super) fn resource_backoff(&mut self, now: Instant, why: String) {
-        let delay = self.spawn_gate.failed(now, RESOURCE_BACKOFF);
+        let delay = self.core.fork_failed(now, RESOURCE_BACKOFF);
         warn!("{why}; trying again in {delay:?}");
     }
 
-    /// Collects every child that has exited and frees its slot.
+    /// Collects every child that has exited and hands each to the core.
     pub(super) fn reap_children(&mut self, now: Instant) -> io::Result<()> {
         while let Some((pid, status)) = process::reap_one()? {
-            if self.template_exited(pid, status, now) {
-                continue;
-            }
-            let Some(slot) = self
-                .board
-                .slot_of_pid(pid)
-                .or_else(|| self.slot_claiming(pid))
-            else {
-                if !self.reaped_successor(pid, status) {
-                    // Perhaps a worker whose template has not said its
-                    // pid yet (it died at once): kept for that answer.
-                    self.templates.remember_orphan(pid, status);
-                    debug!(pid, %status, "reaped a process that held no slot");
-                }
-                continue;
-            };
-            self.child_exited(slot, pid, status, now);
+            self.child_exited(pid, status, now);
         }
         Ok(())
     }
 
-    /// The child in `slot`, `pid`, has been reaped with `status`: logs how
-    /// it ended, judges its start and frees the slot.
-    pub(super) fn child_exited(
-        &mut self,
-        slot: usize,
-        pid: i32,
-        status: process::ExitStatus,
-        now: Instant,
-    ) {
-        // A worker whose pid the kernel never confirmed may have been
-        // named by a lying template: its process group is not swept.
-        let verified = !self.unverified(slot);
-        let Some(mut child) = self.board.vacate(slot) else {
-            return;
-        };
-        if !verified {
-            self.templates.forget_order(child.generation, slot);
-        }
-        // What it said last explains how it ended: log it first.
-        self.drain_output(slot, pid, &mut child.link);
-        let served = child.served;
-        match child.link.leaving.as_ref().map(|l| &l.cause) {
-            Some(LeaveCause::Killed(reason)) => {
-                info!(slot, pid, %status, served, "killed child reaped ({reason})");
-            }
-            Some(LeaveCause::Asked(reason)) => {
-                info!(slot, pid, %status, served, "child exited ({reason})");
-            }
-            Some(LeaveCause::ChannelClosed) | None => {
-                self.totals.died += 1;
-                warn!(
-                    slot,
-                    pid,
-                    %status,
-                    served,
-                    "child died unexpectedly; a replacement will be started"
-                );
+    /// The child in `slot`, `pid`, has been reaped with `status`: what it
+    /// said last is logged first (it explains how it ended), then the core
+    /// frees the slot and hands back what the shell kept for it.
+    pub(super) fn child_exited(&mut self, pid: i32, status: process::ExitStatus, now: Instant) {
+        let slot = self.core.slot_of(pid);
+        if let Some(link) = slot.and_then(|slot| self.core.board.link_mut(slot)) {
+            let slot = slot.expect("found above");
+            let mut taken = std::mem::take(&mut link.output);
+            let mut tail = std::mem::take(&mut link.stderr_tail);
+            self.drain_output(slot, pid, &mut taken, &mut tail);
+            if let Some(link) = self.core.board.link_mut(slot) {
+                link.output = taken;
+                link.stderr_tail = tail;
             }
         }
+        self.core.on(Input::Reaped { pid, status }, now);
+        self.carry_out(now);
+    }
+
+    /// The shell's part of a child's end: its template forgets the order of
+    /// a worker never verified; a verified one's process group is swept; a
+    /// start that failed a reload is told to the rollout; its channel and
+    /// order are let go.
+    pub(super) fn child_gone(&mut self, gone: Gone<ChildLink>, now: Instant) {
+        let Gone {
+            slot,
+            pid,
+            generation,
+            verified,
+            start_failure,
+            link,
+        } = gone;
         if verified {
             self.sweep_group(slot, pid);
         }
-        let link = child.link;
-        let asked_to_stop = matches!(
-            link.leaving,
-            Some(Leaving {
-                cause: LeaveCause::Asked(_),
-                ..
-            })
-        );
-        if let Some(how) = self.judge_start(&link, status, asked_to_stop, now) {
-            self.rollout_start_failed(child.generation, &how, &link.stderr_tail, now);
+        if let Some(how) = start_failure {
+            self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
         }
         self.release_order(&link);
+        if let Some(output) = &link.output {
+            self.forget_output(output);
+        }
         self.deregister_channel(&link.channel);
     }
 
     /// Tells a child to finish its connection, if any, and exit.
     pub(crate) fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
-        let Some(pid) = self.mark_leaving(slot, reason, now) else {
-            return;
-        };
-        let link = self.board.link(slot).expect("marked above");
-        let sent = if link.channel_closed {
-            // It is on its way out already; nothing can reach it.
-            Ok(())
-        } else if self.config.dispatch.speaks_protocol() {
-            link.send(ParentMessage::Quit, None)
-        } else {
-            // No channel to say quit on: SIGTERM, as systemd and every
-            // init system would; SIGKILL follows at the leave deadline.
-            signal_child(link, pid, Signal::SIGTERM)
-        };
-        match sent {
-            // Its end is closed: it is exiting already, and is reaped (or
-            // killed at its leave deadline) like any child told to go.
-            Err(e) if is_peer_gone(&e) => {}
-            Err(e) => self.kill(
-                slot,
-                KillReason::ChannelFailed,
-                format!("cannot send quit: {e}"),
-                now,
-            ),
-            Ok(()) => {}
-        }
-    }
-
-    /// A child said it is leaving (`X`): it is retired like one told to
-    /// quit, and sent nothing more, since it may have closed its channel.
-    pub(super) fn let_leave(&mut self, slot: usize, now: Instant) {
-        self.mark_leaving(slot, "it asked to leave", now);
-    }
-
-    /// Marks the child in `slot` as leaving for `reason`, with its leave
-    /// deadline. Returns its pid, or `None` if it was told to go already.
-    fn mark_leaving(&mut self, slot: usize, reason: &str, now: Instant) -> Option<i32> {
-        let child = self.board.get(slot)?;
-        if child.link.told_to_leave() {
-            return None;
-        }
-        let pid = child.pid;
-        let link = self.board.link_mut(slot).expect("checked above");
-        link.leaving = Some(Leaving {
-            cause: LeaveCause::Asked(reason.to_string()),
-            deadline: Some(now + self.config.shutdown_timeout),
-        });
-        crate::scoreboard::own_move(self.board.retire(slot, now));
-        self.totals.retired += 1;
-        debug!(slot, pid, "retiring child: {reason}");
-        Some(pid)
+        self.core.retire(slot, reason, now);
+        self.carry_out(now);
     }
 
     /// SIGKILLs a child and marks its slot; it is reaped by the loop.
     pub(crate) fn kill(&mut self, slot: usize, why: KillReason, detail: String, now: Instant) {
-        let Some(entry) = self.board.get(slot) else {
+        self.core.kill(slot, why, detail, now);
+        self.carry_out(now);
+    }
+
+    /// Carries out [`crate::core::Effect::Kill`]: SIGKILL to the child's
+    /// whole group (what the worker started dies with it); a child whose
+    /// group is missing gets the signal alone, through its pidfd.
+    pub(super) fn kill_verified(&mut self, slot: usize) {
+        let Some(entry) = self.core.board.get(slot) else {
             return;
         };
-        if entry.state == SlotState::Killed {
-            return;
-        }
-        if self.unverified(slot) {
-            // No pid the kernel vouched for: nothing to signal (see
-            // `verify.rs`); the template answers for it.
-            self.give_up_unverified(slot, &detail, now);
-            return;
-        }
         let pid = entry.pid;
-        warn!(slot, pid, reason = why.key(), "killing child: {detail}");
-        // The whole group: what the worker started dies with it. A child
-        // whose group is missing gets the signal alone.
         let link = &entry.link;
         let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
             true => Ok(()),
@@ -352,24 +275,10 @@ impl Supervisor {
         if let Err(e) = sent {
             warn!(slot, pid, "kill failed: {e}");
         }
-        crate::scoreboard::own_move(self.board.kill(slot, now));
-        self.totals.killed += 1;
-        self.totals.killed_by.add(why);
-        if let Some(link) = self.board.link_mut(slot) {
-            link.leaving = Some(Leaving {
-                cause: LeaveCause::Killed(detail),
-                deadline: None,
-            });
-            link.ping = None;
-            let ordered = link.ordered_on.take();
-            if let Some(i) = ordered {
-                self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
-            }
-        }
     }
 
     pub(super) fn release_order(&mut self, link: &ChildLink) {
-        if let Some(i) = link.ordered_on {
+        if let Some(i) = link.child.ordered_on {
             self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
         }
     }
@@ -397,20 +306,8 @@ pub(super) fn signal_child(link: &ChildLink, pid: i32, sig: Signal) -> io::Resul
     }
 }
 
-/// The most slots in use at once, counting children on their way out:
-/// `max_children`, and twice that while a reload rolls (it starts each
-/// new child while the old one it replaces finishes its connection).
-pub(super) fn slot_limit(max_children: u32, rolling: bool) -> usize {
-    let max = max_children as usize;
-    if rolling {
-        2 * max
-    } else {
-        max
-    }
-}
-
 /// Whether a failed send means the child closed its end of the channel.
-fn is_peer_gone(e: &io::Error) -> bool {
+pub(super) fn is_peer_gone(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ECONNREFUSED)

@@ -50,7 +50,7 @@ impl Supervisor {
     fn sweep(&mut self, pgid: i32, who: &str) -> bool {
         match process::signal_group(pgid, Signal::SIGKILL) {
             Ok(true) => {
-                self.totals.strays_killed += 1;
+                self.core.totals.strays_killed += 1;
                 true
             }
             Ok(false) => false,

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::config::DispatchMode;
-use crate::dispatch::{order, TurnEnd};
+use crate::dispatch::TurnEnd;
 use crate::status::KillReason;
 
 use super::Supervisor;
@@ -30,23 +30,26 @@ impl Supervisor {
         }
         // Each pass that finds a child unreachable kills it, which takes
         // it out of the children with room: at most one pass per slot.
-        for _ in 0..=self.board.span() {
-            let end = match self.config.dispatch {
+        for _ in 0..=self.core.board.span() {
+            let end = match self.core.config.dispatch {
                 DispatchMode::Handoff => {
                     let resources = &mut self.resources;
-                    self.dispatcher.accept_and_hand_off(
+                    let mut accepted = 0;
+                    let end = self.dispatcher.accept_and_hand_off(
                         listener,
                         &self.listeners[listener],
-                        &mut self.board,
+                        &mut self.core,
                         now,
-                        &mut self.totals.accepted,
+                        &mut accepted,
                         |slot, pid, peer| resources.handed(slot, pid, peer),
-                    )
+                    );
+                    self.core.totals.accepted += accepted;
+                    end
                 }
                 DispatchMode::Order => self.dispatcher.order_accepts(
                     listener,
                     &mut self.listeners[listener],
-                    &mut self.board,
+                    &mut self.core,
                     now,
                 ),
                 DispatchMode::Shared | DispatchMode::None => TurnEnd::Done,
@@ -69,11 +72,11 @@ impl Supervisor {
     /// connection first, if any. Paused listeners are watched again by the
     /// loop.
     pub(crate) fn child_available(&mut self, now: Instant) {
-        for _ in 0..=self.board.span() {
+        for _ in 0..=self.core.board.span() {
             let resources = &mut self.resources;
             let end = self
                 .dispatcher
-                .hand_parked(&mut self.board, now, |slot, pid, peer| {
+                .hand_parked(&mut self.core, now, |slot, pid, peer| {
                     resources.handed(slot, pid, peer)
                 });
             match end {
@@ -82,13 +85,6 @@ impl Supervisor {
                 }
                 _ => return,
             }
-        }
-    }
-
-    /// A child answered its accept order (`Busy` or `Missed`).
-    pub(crate) fn order_answered(&mut self, slot: usize) {
-        if let Some(link) = self.board.link_mut(slot) {
-            order::order_answered(link, &mut self.listeners);
         }
     }
 

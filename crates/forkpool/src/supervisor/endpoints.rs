@@ -473,8 +473,9 @@ impl Supervisor {
 
     /// The scoreboard and totals as the control socket reports them.
     pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {
-        let counts = self.board.counts();
+        let counts = self.core.board.counts();
         let slots = self
+            .core
             .board
             .iter()
             .map(|(slot, s)| {
@@ -498,33 +499,33 @@ impl Supervisor {
                     uss_bytes: None,
                     peer: None,
                     last_capture: None,
-                    ready_after_ms: s.link.ready_after().map(|d| d.as_millis() as u64),
+                    ready_after_ms: s.link.child.ready_after().map(|d| d.as_millis() as u64),
                 };
                 self.resources.fill(&mut status);
                 status
             })
             .collect();
-        let mut totals = self.totals;
-        if let Some(since) = self.saturated_since {
+        let mut totals = self.core.totals;
+        if let Some(since) = self.core.saturated_since() {
             totals.saturated_ms += now.duration_since(since).as_millis() as u64;
         }
         Snapshot {
             pid: std::process::id(),
-            generation: self.generation,
-            serving_generation: self.rollouts.serving(self.generation),
+            generation: self.core.generation,
+            serving_generation: self.rollouts.serving(self.core.generation),
             ready: self.told_ready,
-            dispatch: self.config.dispatch.name().to_string(),
+            dispatch: self.core.config.dispatch.name().to_string(),
             uptime_ms: now.duration_since(self.started).as_millis() as u64,
-            line: self.board.line(),
+            line: self.core.board.line(),
             starting: counts.starting,
             idle: counts.idle,
             busy: counts.busy,
             leaving: counts.leaving,
             bounds: [
-                self.config.min_children,
-                self.config.max_children,
-                self.config.min_spare,
-                self.config.max_spare,
+                self.core.config.min_children,
+                self.core.config.max_children,
+                self.core.config.min_spare,
+                self.core.config.max_spare,
             ],
             slots,
             totals,

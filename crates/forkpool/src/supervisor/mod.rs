@@ -30,6 +30,7 @@ mod children;
 mod containment;
 mod cpu;
 mod dispatching;
+mod effects;
 mod endpoints;
 mod event;
 mod link;
@@ -70,14 +71,13 @@ use crate::dispatch::{Dispatcher, WatchedListener};
 use crate::listener::Listener;
 use crate::policy::dispatch;
 use crate::policy::shutdown::{self, Stop};
-use crate::scaling::{self, Decision, ScalingMemory};
-use crate::scoreboard::Scoreboard;
-use crate::status::{KillReason, Totals};
+use crate::scaling::Decision;
+use crate::status::Totals;
 use crate::worker::ChildStart;
 
-use crate::policy::backoff::SpawnGate;
+use crate::core::{Core, Input as CoreInput};
 use event::Event;
-pub(crate) use link::{ChildLink, LeaveCause, Leaving, Readiness};
+pub(crate) use link::ChildLink;
 use output::ChildOutput;
 use signals::{SignalPipe, Signals};
 
@@ -85,9 +85,6 @@ use signals::{SignalPipe, Signals};
 /// are logged.
 const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
 const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// After a failed fork or accept for lack of resources, wait this long.
-const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
-
 /// How the loop ended.
 pub(crate) enum Exit {
     /// The pool shut down; these are its totals.
@@ -99,40 +96,16 @@ pub(crate) enum Exit {
     Template(crate::exec::TemplateStart),
 }
 
-/// How long past its deadline a stop may take at most: children killed at
-/// the deadline are normally reaped within milliseconds; what is not gone
-/// by then (a process stuck in the kernel) is left behind, logged, rather
-/// than let the stop hang.
-const STOP_OVERRUN: Duration = Duration::from_secs(1);
-
-/// The shutdown in progress, if any.
-#[derive(Debug, Clone, Copy)]
-struct Shutdown {
-    /// Children still there are killed at this moment.
-    deadline: Instant,
-    /// The supervisor exits at this moment, whatever is left.
-    exit_by: Instant,
-}
-
 /// The parent process's state.
 pub(crate) struct Supervisor {
-    pub config: PoolConfig,
     poll: Poll,
     pub listeners: Vec<WatchedListener>,
-    /// The children, slot by slot, each with the supervisor's link to it.
-    pub board: Scoreboard<ChildLink>,
+    /// The children, slot by slot, and the rules' memory (no I/O).
+    pub core: Core<ChildLink>,
     /// Children with reports left unread last turn.
     unread: Vec<usize>,
-    pub totals: Totals,
-    pub generation: u32,
-    memory: ScalingMemory,
     signals: Signals,
     signal_pipe: SignalPipe,
-    shutdown: Option<Shutdown>,
-    pub ping_seq: u32,
-    /// What holds spawns back: a run of start-up failures, and the rate
-    /// of replacing workers that had started (`backoff.rs`).
-    spawn_gate: SpawnGate,
     /// When the supervisor last said that replacements wait for the rate.
     last_replacements_held_log: Option<Instant>,
     /// The reload rolling out, if any (`rollout.rs`).
@@ -146,11 +119,9 @@ pub(crate) struct Supervisor {
     pub children_take_next: bool,
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
-    /// Since when the pool has been at `max_children` with no idle child.
-    saturated_since: Option<Instant>,
     last_saturated_log: Option<Instant>,
     /// How long the busy children wait for the CPUs (`cpu.rs`).
-    cpu: cpu::CpuWatch,
+    cpu: crate::policy::cpu_wait::CpuWatch,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -205,27 +176,19 @@ impl Supervisor {
         )?;
         let listeners = listeners.into_iter().map(WatchedListener::new).collect();
         Ok(Supervisor {
-            config,
+            core: Core::new(config),
             poll,
             listeners,
-            board: Scoreboard::new(),
             unread: Vec::new(),
-            totals: Totals::default(),
-            generation: 1,
-            memory: ScalingMemory::default(),
             signals,
             signal_pipe,
-            shutdown: None,
-            ping_seq: 0,
-            spawn_gate: SpawnGate::default(),
             last_replacements_held_log: None,
             rollouts: rollout::Rollouts::default(),
             capture_output: false,
             children_take_next: false,
             reload_source: None,
-            saturated_since: None,
             last_saturated_log: None,
-            cpu: cpu::CpuWatch::default(),
+            cpu: crate::policy::cpu_wait::CpuWatch::default(),
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
@@ -265,9 +228,9 @@ impl Supervisor {
                 return Ok(Exit::Child(self.into_child(start)));
             }
             if self.finished(now) {
-                info!(totals = ?self.totals, "all children gone, supervisor exiting");
+                info!(totals = ?self.core.totals, "all children gone, supervisor exiting");
                 self.endpoints.remove_control_file();
-                return Ok(Exit::Done(self.totals));
+                return Ok(Exit::Done(self.core.totals));
             }
             let timeout = if self.unread.is_empty() {
                 self.next_deadline(now)
@@ -293,8 +256,8 @@ impl Supervisor {
             self.dispatch_marked(now);
             self.keep_up(Instant::now());
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
-            let stopping = self.shutdown.is_some();
-            let has_room = self.board.has_room();
+            let stopping = self.core.shutdown.is_some();
+            let has_room = self.core.board.has_room();
             if let Some(pause) =
                 dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
             {
@@ -307,11 +270,10 @@ impl Supervisor {
     /// After each turn's events: the checks that run whatever woke the
     /// loop, each a verb that does nothing until its deadline or condition.
     fn keep_up(&mut self, now: Instant) {
-        if self.board.has_room() {
+        if self.core.board.has_room() {
             self.rewatch_listeners(now);
         }
         self.check_liveness(now);
-        self.check_templates(now);
         self.notify_ready_once();
         self.expire_clients(now);
         self.check_upgrade(now);
@@ -351,14 +313,14 @@ impl Supervisor {
         if self.signals.take_child_exited() {
             self.reap_children(now)?;
         }
-        if self.signals.take_reload() && self.shutdown.is_none() {
+        if self.signals.take_reload() && self.core.shutdown.is_none() {
             notify::reloading();
             self.reload(now);
             if !self.rollouts.active() {
                 notify::ready();
             }
         }
-        if self.signals.take_upgrade() && self.shutdown.is_none() {
+        if self.signals.take_upgrade() && self.core.shutdown.is_none() {
             self.begin_upgrade(now);
         }
         let spare_change = self.signals.take_spare_change();
@@ -368,11 +330,12 @@ impl Supervisor {
         let quit = self.signals.take_quit();
         let interrupts = self.signals.take_interrupts();
         let terminate = self.signals.take_terminate();
-        let stopping = self.shutdown.is_some();
+        let stopping = self.core.shutdown.is_some();
         match shutdown::on_stop_signals(interrupts, terminate, quit, stopping) {
             Some(Stop::Now) => {
-                info!(quit, interrupts, stopping, "stopping now");
-                self.stop_now(now);
+                info!(quit, interrupts, stopping, "stop signals");
+                self.core.on(CoreInput::Stop(Stop::Now), now);
+                self.carry_out(now);
             }
             Some(Stop::Graceful) => self.stop_requested(now),
             None => {}
@@ -380,73 +343,26 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Graceful stop: no new connections, idle children quit now, busy ones
-    /// after their connection, SIGKILL for stragglers at the deadline.
+    /// Graceful stop (`core/stop.rs`).
     fn begin_shutdown(&mut self, now: Instant) {
-        if self.shutdown.is_some() {
-            return;
-        }
-        let deadline = now + self.config.shutdown_timeout;
-        info!(
-            timeout = ?self.config.shutdown_timeout,
-            "shutting down: no new connections, waiting for busy children"
-        );
-        self.shutdown = Some(Shutdown {
-            deadline,
-            exit_by: deadline + STOP_OVERRUN,
-        });
-        if !self.handover.handed_over {
-            notify::stopping();
-        }
-        self.unwatch_listeners();
-        let parked = self.dispatcher.close_parked();
-        if parked > 0 {
-            warn!(
-                count = parked,
-                "closing connections that were waiting for a child"
-            );
-        }
-        self.quit_templates(now);
-        let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
-        for slot in slots {
-            self.retire(slot, "shutdown", now);
-            if let Some(Leaving { deadline: d, .. }) =
-                self.board.link_mut(slot).and_then(|l| l.leaving.as_mut())
-            {
-                *d = Some(deadline);
-            }
-        }
-    }
-
-    /// Immediate stop: SIGKILL every child; the loop reaps them and exits.
-    fn stop_now(&mut self, now: Instant) {
-        self.begin_shutdown(now);
-        if let Some(s) = self.shutdown.as_mut() {
-            s.exit_by = s.exit_by.min(now + STOP_OVERRUN);
-        }
-        self.kill_templates();
-        let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
-        for slot in slots {
-            self.kill(
-                slot,
-                KillReason::ImmediateStop,
-                "immediate stop".into(),
-                now,
-            );
-        }
+        self.core.on(CoreInput::Stop(Stop::Graceful), now);
+        self.carry_out(now);
     }
 
     /// Whether the stop is over: every child and template reaped, or the
     /// stop's last moment passed (what is left is logged).
     fn finished(&self, now: Instant) -> bool {
-        let Some(shutdown) = self.shutdown else {
+        if !self.core.finished(now) {
             return false;
-        };
-        let empty = self.board.occupied() == 0 && self.templates.list.is_empty();
-        if !empty && now >= shutdown.exit_by {
-            let children: Vec<(usize, i32)> =
-                self.board.iter().map(|(slot, s)| (slot, s.pid)).collect();
-            let templates: Vec<i32> = self.templates.list.iter().map(|t| t.pid).collect();
+        }
+        if self.core.board.occupied() > 0 || !self.core.templates.is_empty() {
+            let children: Vec<(usize, i32)> = self
+                .core
+                .board
+                .iter()
+                .map(|(slot, s)| (slot, s.pid))
+                .collect();
+            let templates: Vec<i32> = self.core.templates.iter().map(|t| t.pid).collect();
             tracing::error!(
                 ?children,
                 ?templates,
@@ -455,12 +371,12 @@ impl Supervisor {
                  parent-death signal"
             );
         }
-        empty || now >= shutdown.exit_by
+        true
     }
 
     /// Asks the policy what to do and does it.
     fn maintain_pool(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return Ok(None);
         }
         self.consider_refork(now);
@@ -468,15 +384,10 @@ impl Supervisor {
             return self.advance_rollout(now);
         }
         let mut pool = self.scaling_counts();
-        let decision = if self.config.dispatch.speaks_protocol() {
+        if self.core.config.dispatch.speaks_protocol() {
             pool.cpu = self.cpu_use(now);
-            let at_ceiling =
-                !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
-            self.account_saturation(at_ceiling, now);
-            scaling::decide(pool, &self.config, &mut self.memory, now)
-        } else {
-            scaling::fixed_size(pool, &self.config)
-        };
+        }
+        let decision = self.core.decide(pool, now);
         match decision {
             Decision::Hold => {}
             Decision::Spawn(n) => {
@@ -486,15 +397,8 @@ impl Supervisor {
                 self.cpu_changed();
                 return self.spawn_gated(n, now);
             }
-            Decision::Retire(n) => {
-                for _ in 0..n {
-                    if let Some(slot) = self.board.highest_idle() {
-                        self.retire(slot, "surplus idle child", now);
-                    }
-                }
-            }
+            Decision::Retire(_) => self.carry_out(now),
             Decision::CpuBound => {
-                self.totals.cpu_bound += 1;
                 if log_due(&mut self.last_cpu_bound_log, now) {
                     info!(
                         children = pool.live(),
@@ -505,27 +409,16 @@ impl Supervisor {
                 }
             }
             Decision::Saturated => {
-                self.totals.saturated += 1;
                 if log_due(&mut self.last_saturated_log, now) {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
                          (raise --max-children if the machine has room)",
-                        self.config.max_children
+                        self.core.config.max_children
                     );
                 }
             }
         }
         Ok(None)
-    }
-
-    /// Adds the time spent at the ceiling to the totals.
-    fn account_saturation(&mut self, at_ceiling: bool, now: Instant) {
-        if let Some(since) = self.saturated_since.take() {
-            self.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
-        }
-        if at_ceiling {
-            self.saturated_since = Some(now);
-        }
     }
 
     /// Connections waiting in the listen backlogs, where the kernel says.
@@ -535,24 +428,12 @@ impl Supervisor {
 
     /// The earliest moment the loop must wake without an event.
     fn next_deadline(&self, now: Instant) -> Option<Instant> {
-        let mut next = self.liveness_deadline();
+        let mut next = self.core.next_deadline(now);
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t {
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
             }
         };
-        consider(
-            self.memory
-                .retire_due_in(&self.config, now)
-                .map(|d| now + d),
-        );
-        // Holds that have passed stay recorded until the next one; a past
-        // instant here would make the loop spin.
-        consider(self.spawns_held_until(now));
-        // A passed deadline has been acted on; waking for it again would
-        // make the loop spin.
-        consider(self.shutdown.map(|s| s.deadline).filter(|t| *t > now));
-        consider(self.shutdown.map(|s| s.exit_by));
         consider(
             self.listeners
                 .iter()
@@ -569,12 +450,11 @@ impl Supervisor {
         consider(self.rollout_deadline(now));
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
-        consider(self.templates_deadline());
         consider(self.cpu_look_due(now));
         consider(dispatch::backlog_recheck_due(
-            self.board.has_room(),
-            self.board.counts().live(),
-            self.config.dispatch.speaks_protocol(),
+            self.core.board.has_room(),
+            self.core.board.counts().live(),
+            self.core.config.dispatch.speaks_protocol(),
             now,
         ));
         next
@@ -583,12 +463,12 @@ impl Supervisor {
     /// Logs the "child states" line when it changed, at most once per
     /// interval; a change held back is logged when the interval ends.
     fn log_scoreboard(&mut self, now: Instant) {
-        let changes = self.board.changes();
+        let changes = self.core.board.changes();
         if changes == self.scoreboard_logged.1 || self.scoreboard_log_due().is_some_and(|t| now < t)
         {
             return;
         }
-        let line = self.board.line();
+        let line = self.core.board.line();
         info!("child states: {line}");
         notify::status(&line);
         self.scoreboard_logged = (Some(now), changes);
@@ -596,7 +476,7 @@ impl Supervisor {
 
     fn scoreboard_log_due(&self) -> Option<Instant> {
         match self.scoreboard_logged {
-            (Some(at), changes) if changes != self.board.changes() => {
+            (Some(at), changes) if changes != self.core.board.changes() => {
                 Some(at + SCOREBOARD_LOG_INTERVAL)
             }
             _ => None,
@@ -642,8 +522,8 @@ impl Supervisor {
     pub(crate) fn watch_listener(&mut self, i: usize, now: Instant) -> io::Result<()> {
         let l = &mut self.listeners[i];
         if l.watched
-            || self.shutdown.is_some()
-            || !self.config.dispatch.parent_watches_listeners()
+            || self.core.shutdown.is_some()
+            || !self.core.config.dispatch.parent_watches_listeners()
             || l.resume_at.is_some_and(|t| now < t)
         {
             return Ok(());
@@ -678,7 +558,7 @@ impl Supervisor {
 
     /// Resumes listeners paused for lack of idle children or descriptors.
     pub(crate) fn rewatch_listeners(&mut self, now: Instant) {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return;
         }
         for i in 0..self.listeners.len() {

@@ -21,7 +21,7 @@ use mio::Interest;
 use tracing::{info, warn};
 
 use super::event::Event;
-use super::{ChildLink, Supervisor};
+use super::Supervisor;
 use crate::policy::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::status::KillReason;
 use crate::sys;
@@ -153,8 +153,8 @@ impl Supervisor {
 
     /// The worker in `slot` wrote to its stderr.
     pub(super) fn read_output(&mut self, slot: usize) {
-        let pid = self.board.get(slot).map_or(0, |s| s.pid);
-        let Some(link) = self.board.link_mut(slot) else {
+        let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
+        let Some(link) = self.core.board.link_mut(slot) else {
             return;
         };
         let Some(output) = link.output.as_mut() else {
@@ -166,7 +166,7 @@ impl Supervisor {
             log_line(slot, pid, line);
             slow.line(slot, pid, line, now);
         });
-        self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
         if output.gate.flooding_too_long(now) {
             self.kill(
                 slot,
@@ -204,15 +204,21 @@ impl Supervisor {
     }
 
     /// At reap: log what the worker wrote before it died, then close.
-    pub(super) fn drain_output(&mut self, slot: usize, pid: i32, link: &mut ChildLink) {
-        if let Some(mut output) = link.output.take() {
+    pub(super) fn drain_output(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        output: &mut Option<ChildOutput>,
+        tail: &mut Vec<String>,
+    ) {
+        if let Some(mut output) = output.take() {
             // The writer is dead, so this ends at once unless it left a
             // background process holding the pipe, which the budget bounds.
             let now = Instant::now();
             let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(slot, pid, line));
             output.flush_partial(now, &mut |line| log_line(slot, pid, line));
-            self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
-            output.save_tail(&mut link.stderr_tail);
+            self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+            output.save_tail(tail);
             self.forget_output(&output);
         }
     }

@@ -74,14 +74,14 @@ impl Supervisor {
     /// Whether the child in `slot` is past a limit now; `fresh_memory`
     /// re-reads its memory first (between connections).
     fn recycle_due(&mut self, slot: usize, fresh_memory: bool, now: Instant) -> Option<Recycle> {
-        let entry = self.board.get(slot)?;
+        let entry = self.core.board.get(slot)?;
         let (pid, served) = (entry.pid, entry.served);
         let link = &entry.link;
-        if link.told_to_leave() {
+        if link.child.told_to_leave() {
             return None;
         }
-        let age = now.saturating_duration_since(link.spawned_at);
-        let c = &self.config;
+        let age = now.saturating_duration_since(link.child.spawned_at);
+        let c = &self.core.config;
         let limits = self.recycler.limits(
             slot,
             pid,
@@ -95,7 +95,7 @@ impl Supervisor {
         let uss = self.resources.uss(slot, pid);
         due(
             &limits,
-            self.config.max_child_memory,
+            self.core.config.max_child_memory,
             ChildState { served, age, uss },
         )
     }
@@ -104,24 +104,24 @@ impl Supervisor {
         let reason = match why {
             Recycle::Requests(n) => format!("served {n} connections (max_requests_per_child)"),
             Recycle::Memory(uss) => {
-                self.totals.recycled_memory += 1;
+                self.core.totals.recycled_memory += 1;
                 format!(
                     "unshared memory (USS) {} MiB is above max_child_memory {} MiB",
                     uss >> 20,
-                    self.config.max_child_memory >> 20
+                    self.core.config.max_child_memory >> 20
                 )
             }
             Recycle::Lifetime(age) => {
-                self.totals.recycled_lifetime += 1;
+                self.core.totals.recycled_lifetime += 1;
                 format!(
                     "{}s old (max_child_lifetime {:?})",
                     age.as_secs(),
-                    self.config.max_child_lifetime
+                    self.core.config.max_child_lifetime
                 )
             }
         };
         if !matches!(why, Recycle::Requests(_)) {
-            let pid = self.board.get(slot).map_or(0, |s| s.pid);
+            let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
             info!(slot, pid, "recycling child: {reason}");
         }
         self.retire(slot, &reason, now);
@@ -137,10 +137,11 @@ impl Supervisor {
     /// On the sampling tick: children past the memory or lifetime limit
     /// are told to finish their connection and go.
     pub(super) fn check_memory_and_lifetime(&mut self, now: Instant) {
-        if self.config.max_child_memory == 0 && self.config.max_child_lifetime.is_zero() {
+        if self.core.config.max_child_memory == 0 && self.core.config.max_child_lifetime.is_zero() {
             return;
         }
         let serving: Vec<usize> = self
+            .core
             .board
             .iter()
             .filter(|(_, s)| matches!(s.state, SlotState::Idle | SlotState::Busy))

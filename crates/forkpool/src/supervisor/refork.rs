@@ -36,21 +36,21 @@ pub(super) fn refork_due(after: &[u64], done: usize, served: u64) -> bool {
 impl Supervisor {
     /// Starts a refork if the lowest slot has earned it.
     pub(super) fn consider_refork(&mut self, now: Instant) {
-        if !self.config.preload || self.rollouts.active() || self.shutdown.is_some() {
+        if !self.core.config.preload || self.rollouts.active() || self.core.shutdown.is_some() {
             return;
         }
-        let Some(entry) = self.board.get(0) else {
+        let Some(entry) = self.core.board.get(0) else {
             return;
         };
         let eligible = entry.state == SlotState::Idle
-            && entry.generation == self.generation
+            && entry.generation == self.core.generation
             && entry.pid > 0
             && refork_due(
-                &self.config.refork_after,
+                &self.core.config.refork_after,
                 self.templates.reforks,
                 entry.served,
             );
-        if !eligible || !self.templates.has_ready(self.generation) {
+        if !eligible || !self.core.has_ready_template(self.core.generation) {
             return;
         }
         let (pid, served) = (entry.pid, entry.served);
@@ -61,7 +61,7 @@ impl Supervisor {
                 return;
             }
         };
-        let Some(link) = self.board.link(0) else {
+        let Some(link) = self.core.board.link(0) else {
             return;
         };
         if let Err(e) = link
@@ -73,17 +73,17 @@ impl Supervisor {
         }
         drop(theirs);
         self.templates.reforks += 1;
-        self.totals.reforks += 1;
+        self.core.totals.reforks += 1;
         // The slot is no longer a worker: free it without a reap.
-        let mut link = self.board.vacate(0).expect("checked above").link;
+        let mut link = self.core.board.vacate(0).expect("checked above").link;
         self.deregister_channel(&link.channel);
         let output = link.output.take();
         if let Some(output) = &output {
             self.forget_output(output);
         }
-        let config = self.config.clone();
+        let config = self.core.config.clone();
         self.begin_rollout(config);
-        let generation = self.generation;
+        let generation = self.core.generation;
         info!(
             pid,
             served,
@@ -93,7 +93,7 @@ impl Supervisor {
         let pidfd = link.pidfd.take();
         if let Err(e) = self.adopt_template(pid, pidfd, generation, ours, output, now) {
             warn!(pid, "cannot watch the new template: {e}");
-            self.kill_template(generation, format!("cannot watch its channel: {e}"));
+            self.template_broken(generation, format!("cannot watch its channel: {e}"), now);
         }
     }
 }

@@ -24,50 +24,50 @@ impl Supervisor {
                 Ok(config) => config,
                 Err(e) => {
                     error!("reload failed, keeping the running configuration: {e}");
-                    self.totals.reloads_refused += 1;
+                    self.core.totals.reloads_refused += 1;
                     return;
                 }
             },
-            None => self.config.clone(),
+            None => self.core.config.clone(),
         };
         if let Err(e) = config.validate() {
             error!("reload refused, keeping the running configuration: {e}");
-            self.totals.reloads_refused += 1;
+            self.core.totals.reloads_refused += 1;
             return;
         }
         let no_protocol = |c: &PoolConfig| !c.dispatch.speaks_protocol();
-        if no_protocol(&config) != no_protocol(&self.config) {
+        if no_protocol(&config) != no_protocol(&self.core.config) {
             // `none` makes the shared listeners blocking, which the
             // supervisor itself cannot accept from in the other modes.
             error!("reload refused: switching dispatch to or from 'none' needs a restart");
-            self.totals.reloads_refused += 1;
+            self.core.totals.reloads_refused += 1;
             return;
         }
         if let Err(e) = self.check_reloaded_config(&config) {
             error!("reload refused, keeping the running configuration: {e}");
-            self.totals.reloads_refused += 1;
+            self.core.totals.reloads_refused += 1;
             return;
         }
-        if config.backlog != self.config.backlog {
+        if config.backlog != self.core.config.backlog {
             info!(
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"
             );
         }
-        if config.defer_accept != self.config.defer_accept {
+        if config.defer_accept != self.core.config.defer_accept {
             let applied = self
                 .listeners
                 .iter()
                 .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept));
             if let Err(e) = applied {
                 error!("reload refused, keeping the running configuration: {e}");
-                self.totals.reloads_refused += 1;
+                self.core.totals.reloads_refused += 1;
                 return;
             }
         }
-        let watching_before = self.config.dispatch.parent_watches_listeners();
-        self.totals.reloads += 1;
+        let watching_before = self.core.config.dispatch.parent_watches_listeners();
+        self.core.totals.reloads += 1;
         self.begin_rollout(config);
-        if watching_before && !self.config.dispatch.parent_watches_listeners() {
+        if watching_before && !self.core.config.dispatch.parent_watches_listeners() {
             self.unwatch_listeners();
         }
         if let Err(e) = self.watch_listeners(now) {
@@ -77,13 +77,13 @@ impl Supervisor {
 
     /// SIGTTIN (+1) and SIGTTOU (-1): move the spare target at run time.
     pub(super) fn adjust_spare(&mut self, delta: i64) {
-        let min_spare = (i64::from(self.config.min_spare) + delta)
-            .clamp(0, i64::from(self.config.max_children)) as u32;
-        self.config.min_spare = min_spare;
-        self.config.max_spare = self.config.max_spare.max(min_spare);
+        let min_spare = (i64::from(self.core.config.min_spare) + delta)
+            .clamp(0, i64::from(self.core.config.max_children)) as u32;
+        self.core.config.min_spare = min_spare;
+        self.core.config.max_spare = self.core.config.max_spare.max(min_spare);
         info!(
-            min_spare = self.config.min_spare,
-            max_spare = self.config.max_spare,
+            min_spare = self.core.config.min_spare,
+            max_spare = self.core.config.max_spare,
             "spare-children target changed (until the next reload)"
         );
     }

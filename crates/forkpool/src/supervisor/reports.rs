@@ -5,15 +5,10 @@
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use tracing::debug;
-
-use super::{Readiness, Supervisor};
+use super::Supervisor;
 use crate::channel::{Channel, Incoming};
-use crate::policy::budget::MESSAGES_PER_SECOND;
-use crate::policy::liveness::{closed_channel_grace, unverified_closed_grace, Deadlines};
-use crate::policy::messages;
-use crate::protocol::ChildMessage;
-use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::core::Input;
+use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 
 /// How many reports to take from one child per loop turn, so one chatty
@@ -31,21 +26,17 @@ impl Supervisor {
                 self.unread.push(slot);
                 return;
             }
-            let Some(link) = self.board.link(slot) else {
+            let Some(link) = self.core.board.link(slot) else {
                 return;
             };
-            if link.channel_closed {
+            if link.child.channel_closed {
                 return;
             }
             let (incoming, sender) = match link.receive() {
                 Ok(received) => received,
                 Err(e) => {
-                    self.kill(
-                        slot,
-                        KillReason::ChannelFailed,
-                        format!("back-channel read failed: {e}"),
-                        now,
-                    );
+                    let detail = format!("back-channel read failed: {e}");
+                    self.broken(slot, KillReason::ChannelFailed, detail, now);
                     return;
                 }
             };
@@ -61,22 +52,8 @@ impl Supervisor {
                             }
                         }
                     }
-                    let over_budget = self
-                        .board
-                        .link_mut(slot)
-                        .is_some_and(|l| !l.messages.spend(now, 1));
-                    if over_budget {
-                        let why = format!(
-                            "sent more than {MESSAGES_PER_SECOND} messages a second on its back-channel"
-                        );
-                        self.kill(slot, KillReason::Misbehaved, why, now);
-                        return;
-                    }
-                    self.board.heard_from(slot, now);
-                    if let Err(why) = self.apply_report(slot, msg, now) {
-                        self.kill(slot, KillReason::Misbehaved, why, now);
-                        return;
-                    }
+                    self.core.on(Input::Report { slot, msg }, now);
+                    self.carry_out(now);
                 }
                 Incoming::WouldBlock => return,
                 Incoming::Closed => {
@@ -84,193 +61,49 @@ impl Supervisor {
                     return;
                 }
                 Incoming::Malformed(why) => {
-                    self.kill(
-                        slot,
-                        KillReason::Misbehaved,
-                        format!("sent a malformed message: {why}"),
-                        now,
-                    );
+                    let detail = format!("sent a malformed message: {why}");
+                    self.broken(slot, KillReason::Misbehaved, detail, now);
                     return;
                 }
+            }
+            if self
+                .core
+                .board
+                .get(slot)
+                .is_none_or(|s| s.state == SlotState::Killed)
+            {
+                return;
             }
         }
     }
 
-    /// Acts on one report from the child in `slot`: each kind of report is
-    /// one verb below. An `Err` is why the child is killed as misbehaved.
-    fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
-        self.check_report_kind(&msg)?;
-        messages::mode_allows(self.config.dispatch, &msg)?;
-        match msg {
-            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
-            ChildMessage::Idle => self.on_idle(slot, now),
-            ChildMessage::Busy => self.on_busy(slot, now),
-            ChildMessage::Next => self.on_next(slot, now),
-            ChildMessage::Leaving => self.on_leaving(slot, now),
-            ChildMessage::Missed => self.on_missed(slot, now),
-            ChildMessage::Pong { seq } => self.on_pong(slot, seq),
-            ChildMessage::Load {
-                open,
-                capacity,
-                received,
-            } => self.on_load(slot, open, capacity, received, now),
-        }
+    /// What the child sent cannot be read: it is killed for `reason`.
+    fn broken(&mut self, slot: usize, reason: KillReason, detail: String, now: Instant) {
+        let input = Input::Broken {
+            slot,
+            reason,
+            detail,
+        };
+        self.core.on(input, now);
+        self.carry_out(now);
     }
 
-    /// `Ready`: the child is up. Checks it is who it says it is, gives a
-    /// worker forked by a template its own process group, and records how
-    /// long its start took.
-    fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
-        let expected = self.board.get(slot).map_or(0, |s| s.pid);
-        if i64::from(pid) != i64::from(expected) {
-            return Err(format!("said it is pid {pid}, but it is pid {expected}"));
-        }
-        if self
-            .board
-            .link(slot)
-            .is_some_and(|l| l.version == crate::protocol::TEMPLATE_VERSION)
-        {
-            // Forked by a template, it is in the template's
-            // process group; now it is the supervisor's child, it
-            // gets a group of its own like every worker
-            // (`containment.rs`).
-            let _ = crate::sys::process::own_process_group(expected);
-        }
-        self.board.ready(slot, now).map_err(out_of_order)?;
-        if let Some(link) = self.board.link_mut(slot) {
-            link.readiness = Readiness::Said(now.saturating_duration_since(link.spawned_at));
-        }
-        self.child_available(now);
-        Ok(())
-    }
-
-    /// `Pong`: the answer to a ping, possibly a late one.
-    fn on_pong(&mut self, slot: usize, seq: u32) -> Result<(), String> {
-        let link = self.board.link_mut(slot).expect("checked by caller");
-        // Sequence numbers only grow, so any pong up to the last
-        // ping sent is a real answer, possibly a late one (in
-        // `shared` mode a ping can cross a `Busy`); a pong for a
-        // ping never sent is a lie.
-        if seq == 0 || seq > link.pinged_up_to {
-            return Err(format!("sent pong {seq} for a ping it never got"));
-        }
-        messages::pong_is_new(seq, link.answered_up_to)?;
-        link.answered_up_to = seq;
-        if link.ping.is_some_and(|(outstanding, _)| seq >= outstanding) {
-            link.ping = None;
-        }
-        Ok(())
-    }
-
-    /// `Idle`: the child finished its connection (or its start) and waits
-    /// for work.
-    fn on_idle(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        self.note_connection_end(slot, now);
-        let finished = self.board.idle(slot, now).map_err(out_of_order)?;
-        if finished {
-            self.after_connection(slot, now);
-        }
-        self.child_available(now);
-        Ok(())
-    }
-
-    /// `Busy`: the child accepted a connection itself.
-    fn on_busy(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        self.board.busy(slot, now).map_err(out_of_order)?;
-        debug!(slot, "child accepted a connection");
-        // In `shared` mode a ping can cross this report: the child
-        // answers it after its connection. Stop the clock, but still
-        // accept that answer.
-        let link = self.board.link_mut(slot).expect("checked by caller");
-        link.ping = None;
-        self.totals.accepted += 1;
-        self.order_answered(slot);
-        Ok(())
-    }
-
-    /// `Next`: the child finished one connection and took the next waiting
-    /// one itself.
-    fn on_next(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        self.note_connection_end(slot, now);
-        self.board.next(slot, now).map_err(out_of_order)?;
-        self.totals.accepted += 1;
-        self.totals.taken_next += 1;
-        self.after_connection(slot, now);
-        Ok(())
-    }
-
-    /// `Leaving`: the child is leaving on purpose; it is counted retired.
-    fn on_leaving(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        // Its connection, if it had one, is over: count it as an
-        // `Idle` would, then the child is on its way out.
-        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
-            self.note_connection_end(slot, now);
-            self.board.idle(slot, now).map_err(out_of_order)?;
-        }
-        self.let_leave(slot, now);
-        Ok(())
-    }
-
-    /// `Missed`: the child was woken or ordered to accept but found no
-    /// connection waiting (a futile wake-up).
-    fn on_missed(&mut self, slot: usize, now: Instant) -> Result<(), String> {
-        self.board.missed(slot, now).map_err(out_of_order)?;
-        self.totals.futile_wakeups += 1;
-        self.order_answered(slot);
-        self.child_available(now);
-        Ok(())
-    }
-
-    /// A child finished a connection: recycle it if it is past a limit
-    /// (see `recycle.rs`).
-    fn after_connection(&mut self, slot: usize, now: Instant) {
-        self.recycle_after_connection(slot, now);
-    }
-
-    /// The child's end closed. The process is normally about to be reaped;
-    /// stop talking to it and give it time to exit before SIGKILL.
-    /// A 0-byte read: the child closed its channel, or sent an empty
-    /// datagram (on `SOCK_SEQPACKET` the two read alike). Its end of the
-    /// socket tells them apart: a child that closed it, asked to leave or
-    /// not, is exiting and has `exit_timeout` for its tear-down (a large
-    /// heap takes seconds); one that keeps it open sent the empty datagram
-    /// the protocol forbids and has only a short grace
-    /// (`policy::liveness::closed_channel_grace`). A stop deadline already
-    /// set is only moved earlier.
+    /// A 0-byte read on the child's channel: see
+    /// [`crate::core::Input::ChannelClosed`].
     fn channel_closed(&mut self, slot: usize, now: Instant) {
-        if self.unverified(slot) && self.claim_vanished(slot) {
-            // Nothing will ever come from it, nor be reaped: free it now.
-            self.give_up_unverified(slot, "closed its channel", now);
-            return;
-        }
-        let unverified = self.unverified(slot);
-        let Some(link) = self.board.link_mut(slot) else {
+        let claimed_is_child = !self.claim_vanished(slot);
+        let Some(link) = self.core.board.link(slot) else {
             return;
         };
-        let limits = Deadlines::of(&self.config);
-        let grace = if unverified {
-            unverified_closed_grace(link.claimed.is_some(), &limits)
-        } else {
-            closed_channel_grace(peer_hung_up(&link.channel), &limits)
+        let hung_up = peer_hung_up(&link.channel);
+        let input = Input::ChannelClosed {
+            slot,
+            hung_up,
+            claimed_is_child,
         };
-        link.channel_closed = true;
-        link.ping = None;
-        link.leave_by(now + grace);
-        if let Some(link) = self.board.link(slot) {
-            self.deregister_channel(&link.channel);
-        }
-        // No more work can reach it: take it out of the idle set. Its
-        // leaving cause is a closed channel, so the reaper reports a death.
-        let state = self.board.get(slot).map(|s| s.state);
-        if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
-            crate::scoreboard::own_move(self.board.retire(slot, now));
-        }
+        self.core.on(input, now);
+        self.carry_out(now);
     }
-}
-
-/// Why a report that does not fit the child's state gets it killed.
-fn out_of_order(e: IllegalTransition) -> String {
-    format!("sent an out-of-order message: {e}")
 }
 
 /// Whether the child's end of `channel` is closed (or shut down for

@@ -191,6 +191,7 @@ impl Supervisor {
             r.round_started = now;
         }
         let children: Vec<(usize, i32)> = self
+            .core
             .board
             .iter()
             // A slot whose template has not said the pid yet has pid 0.
@@ -232,22 +233,6 @@ impl Supervisor {
             }
         }
         self.check_memory_and_lifetime(now);
-    }
-
-    /// A child in `slot` is about to report the end of a connection (idle,
-    /// or taking the next one itself): counts its service time, and tells
-    /// the CPU watch the pool is turning over.
-    pub(super) fn note_connection_end(&mut self, slot: usize, now: Instant) {
-        self.cpu.connection_ended(now);
-        let Some(entry) = self.board.get(slot) else {
-            return;
-        };
-        if entry.state == SlotState::Busy && entry.load.is_none() {
-            let served = now.saturating_duration_since(entry.since);
-            self.resources.service_time.observe(served.as_secs_f64());
-            let pid = entry.pid;
-            self.resources.handed(slot, pid, None);
-        }
     }
 }
 

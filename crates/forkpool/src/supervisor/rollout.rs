@@ -60,31 +60,36 @@ impl Supervisor {
     /// Starts rolling to `config` as a new generation. The old children
     /// keep serving; `advance_rollout` replaces them one for one.
     pub(super) fn begin_rollout(&mut self, config: PoolConfig) {
-        let previous = std::mem::replace(&mut self.config, config);
-        let old_live = self.board.iter().filter(|(_, s)| is_live(s.state)).count() as u32;
+        let previous = std::mem::replace(&mut self.core.config, config);
+        let old_live = self
+            .core
+            .board
+            .iter()
+            .filter(|(_, s)| is_live(s.state))
+            .count() as u32;
         let target = old_live
-            .max(self.config.min_children)
-            .min(self.config.max_children)
+            .max(self.core.config.min_children)
+            .min(self.core.config.max_children)
             .max(1);
         // A second reload while one rolls: the last known-good
         // configuration stays the one to fall back to.
         let (serving, serving_config) = match self.rollouts.current.take() {
             Some(r) => (r.serving, r.serving_config),
-            None => (self.generation, previous),
+            None => (self.core.generation, previous),
         };
-        self.rollouts.highest = self.rollouts.highest.max(self.generation) + 1;
-        self.generation = self.rollouts.highest;
+        self.rollouts.highest = self.rollouts.highest.max(self.core.generation) + 1;
+        self.core.generation = self.rollouts.highest;
         self.rollouts.current = Some(Rollout {
             serving,
             serving_config,
-            new: self.generation,
+            new: self.core.generation,
             target,
         });
         // A start-up failure of the generation before says nothing of
         // this one.
-        self.spawn_gate.forget_failures();
+        self.core.spawn_gate.forget_failures();
         info!(
-            generation = self.generation,
+            generation = self.core.generation,
             serving, target, "reloading: rolling children to a new generation, a canary first"
         );
     }
@@ -100,7 +105,7 @@ impl Supervisor {
         if step.done {
             let serving = r.serving;
             self.rollouts.current = None;
-            self.memory = Default::default();
+            self.core.memory = Default::default();
             info!(generation = new, "reload done: generation {new} serves");
             notify::ready_with_status(&format!(
                 "reload done: generation {new} serves (was {serving})"
@@ -109,6 +114,7 @@ impl Supervisor {
         }
         for _ in 0..step.retire_old {
             let old = self
+                .core
                 .board
                 .iter()
                 .filter(|(_, s)| s.generation != new && is_live(s.state))
@@ -126,13 +132,14 @@ impl Supervisor {
     /// (workers that never say `Ready`), for the loop's timer.
     pub(super) fn rollout_deadline(&self, now: Instant) -> Option<Instant> {
         let r = self.rollouts.current.as_ref()?;
-        if self.config.dispatch.speaks_protocol() {
+        if self.core.config.dispatch.speaks_protocol() {
             return None;
         }
-        self.board
+        self.core
+            .board
             .iter()
             .filter(|(_, s)| s.generation == r.new && is_live(s.state))
-            .map(|(_, s)| s.link.spawned_at + START_WINDOW)
+            .map(|(_, s)| s.link.child.spawned_at + START_WINDOW)
             .filter(|t| *t > now)
             .min()
     }
@@ -154,21 +161,22 @@ impl Supervisor {
             return;
         }
         let r = self.rollouts.current.take().expect("checked above");
-        let watching = self.config.dispatch.parent_watches_listeners();
-        self.config = r.serving_config;
-        if watching && !self.config.dispatch.parent_watches_listeners() {
+        let watching = self.core.config.dispatch.parent_watches_listeners();
+        self.core.config = r.serving_config;
+        if watching && !self.core.config.dispatch.parent_watches_listeners() {
             self.unwatch_listeners();
         }
         if let Err(e) = self.watch_listeners(now) {
             error!("cannot watch the listeners after the failed reload: {e}");
         }
-        self.generation = r.serving;
-        self.memory = Default::default();
-        self.totals.reload_failures += 1;
+        self.core.generation = r.serving;
+        self.core.memory = Default::default();
+        self.core.totals.reload_failures += 1;
         // This generation will not be started again: its failures hold
         // nothing back for the one that serves.
-        self.spawn_gate.forget_failures();
+        self.core.spawn_gate.forget_failures();
         let failed: Vec<usize> = self
+            .core
             .board
             .iter()
             .filter(|(_, s)| s.generation == r.new)
@@ -195,8 +203,8 @@ impl Supervisor {
 
     fn generation_counts(&self, new: u32, now: Instant) -> GenerationCounts {
         let mut c = GenerationCounts::default();
-        let by_time = !self.config.dispatch.speaks_protocol();
-        for (_, s) in self.board.iter() {
+        let by_time = !self.core.config.dispatch.speaks_protocol();
+        for (_, s) in self.core.board.iter() {
             if s.generation != new {
                 c.old_live += u32::from(is_live(s.state));
                 continue;
@@ -204,14 +212,15 @@ impl Supervisor {
             // A new child that closed its channel on its own is on its way
             // to a start-up failure, not gone: no second canary meanwhile.
             let link = &s.link;
-            if link.told_to_leave() {
+            if link.child.told_to_leave() {
                 continue;
             }
             c.new_live += 1;
             // Workers that never say `Ready` prove themselves by living
             // through the start window.
-            let ready =
-                is_live(s.state) && link.is_ready() && (!by_time || link.start().started_by(now));
+            let ready = is_live(s.state)
+                && link.child.is_ready()
+                && (!by_time || link.child.start().started_by(now));
             c.new_ready += u32::from(ready);
         }
         c

@@ -120,6 +120,7 @@ impl Supervisor {
             return;
         }
         let due: Vec<(usize, i32, Instant)> = self
+            .core
             .board
             .iter()
             .filter(|(_, s)| s.state == SlotState::Busy && s.load.is_none())
@@ -139,7 +140,8 @@ impl Supervisor {
         let threshold = self.slow_threshold();
         let next_slow = (!threshold.is_zero())
             .then(|| {
-                self.board
+                self.core
+                    .board
                     .iter()
                     .filter(|(_, s)| s.state == SlotState::Busy && s.load.is_none())
                     .filter(|(slot, s)| !self.slow.already(*slot, s.pid, s.since))
@@ -156,8 +158,8 @@ impl Supervisor {
     /// The threshold in force: none for workers that never report (`none`
     /// dispatch), which look busy from start to end.
     fn slow_threshold(&self) -> Duration {
-        if self.config.dispatch.speaks_protocol() {
-            self.config.slow_threshold
+        if self.core.config.dispatch.speaks_protocol() {
+            self.core.config.slow_threshold
         } else {
             Duration::ZERO
         }
@@ -185,7 +187,7 @@ impl Supervisor {
             }
             return None;
         }
-        let Some(entry) = self.board.get(slot) else {
+        let Some(entry) = self.core.board.get(slot) else {
             return Some((why, detail));
         };
         let (pid, since) = (entry.pid, entry.since);
@@ -210,13 +212,17 @@ impl Supervisor {
         now: Instant,
     ) -> bool {
         if !self.slow.limiter.allow(now) {
-            self.totals.slow_captures_suppressed += 1;
+            self.core.totals.slow_captures_suppressed += 1;
             return false;
         }
         let peer = self.resources.peer(slot, pid);
         let busy = now.saturating_duration_since(since);
         let capture = SlowCapture::take(slot, pid, peer, busy);
-        let reads_stderr = self.board.link(slot).is_some_and(|l| l.output.is_some());
+        let reads_stderr = self
+            .core
+            .board
+            .link(slot)
+            .is_some_and(|l| l.output.is_some());
         let mut pending = Pending {
             capture,
             connection: since,
@@ -226,7 +232,7 @@ impl Supervisor {
             then_kill,
         };
         if reads_stderr {
-            let sent = match self.board.link(slot) {
+            let sent = match self.core.board.link(slot) {
                 Some(link) => super::children::signal_child(link, pid, Signal::SIGURG),
                 None => Ok(()),
             };
@@ -258,7 +264,7 @@ impl Supervisor {
             let (slot, pid) = (p.capture.slot, p.capture.pid);
             // The kill stands only if the child is still on that connection.
             let connection = p.connection;
-            let still_stuck = self.board.get(slot).is_some_and(|s| {
+            let still_stuck = self.core.board.get(slot).is_some_and(|s| {
                 s.pid == pid && s.state == SlotState::Busy && s.since == connection
             });
             self.log_capture(p);
@@ -280,7 +286,7 @@ impl Supervisor {
             suppressed,
             "{record}"
         );
-        self.totals.slow_captures += 1;
+        self.core.totals.slow_captures += 1;
         self.resources
             .captured(p.capture.slot, p.capture.pid, record);
     }

@@ -25,224 +25,57 @@
 //!
 //! The messages and their bytes are in `docs/protocol.md`, "Templates".
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::Interest;
 use nix::sys::signal::Signal;
-use tracing::{debug, error, info, warn};
+use tracing::{info, warn};
 
 use super::event::Event;
 use super::output::{ChildOutput, Left, BYTES_PER_TURN};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
+use crate::core::template::TemplateState;
+use crate::core::{Input, TemplateFailure};
 use crate::exec::TemplateStart;
-use crate::policy::backoff::{StartBackoff, START_WINDOW};
 use crate::policy::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
-use crate::policy::liveness::{
-    template_check, Deadlines, TemplateCheck as Check, TemplateFacts, TemplatePhase,
-};
-use crate::protocol::{TemplateReply, TemplateRequest, TEMPLATE_VERSION};
+use crate::protocol::{TemplateRequest, TEMPLATE_VERSION};
 use crate::sys::fds;
-use crate::sys::process::{self, ExitStatus, Forked};
+use crate::sys::process::{self, Forked};
 
 /// Replies read from one template per loop turn before the rest wait for
 /// the next turn (the channel is re-armed so they are not forgotten).
 const REPLIES_PER_TURN: usize = 64;
-/// Processes reaped without a slot that are remembered, in case a
-/// template's `W` names one of them afterwards (a worker that died at
-/// once). More than any burst of such deaths between two loop turns.
-const ORPHANS_KEPT: usize = 64;
 
-/// Where a template is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TemplateState {
-    /// Exec'd, loading; it has not said `R` yet.
-    Starting,
-    /// Waiting for fork orders.
-    Ready,
-    /// Told to quit.
-    Quitting,
-    /// Sent `SIGKILL`; waiting to be reaped.
-    Killed,
-}
-
-impl TemplateState {
-    /// The name `forkpool status` shows.
-    pub fn name(self) -> &'static str {
-        match self {
-            TemplateState::Starting => "starting",
-            TemplateState::Ready => "ready",
-            TemplateState::Quitting => "quitting",
-            TemplateState::Killed => "killed",
-        }
-    }
-}
-
-/// The supervisor's side of one template process.
+/// What the shell holds for one template: what it talks to it with.
 #[derive(Debug)]
-pub(crate) struct Template {
-    /// The generation whose workers it forks.
-    pub generation: u32,
-    pub pid: i32,
+pub(crate) struct TemplateEnds {
+    /// The pid it was started as (for its stderr lines).
+    pid: i32,
     channel: Channel,
-    /// Its channel reached end of file: it is exiting.
-    channel_closed: bool,
-    pub state: TemplateState,
-    pub started_at: Instant,
-    pub ready_at: Option<Instant>,
-    last_heard: Instant,
-    /// The ping it has not answered yet: its sequence number and when.
-    ping: Option<(u32, Instant)>,
-    /// Fork orders sent and not answered yet, by slot, with when.
-    pending: BTreeMap<usize, Instant>,
-    /// By when it must have exited (told to quit, or its channel closed).
-    exit_deadline: Option<Instant>,
-    /// Why it was killed, for the log at reap.
-    killed_for: Option<String>,
     output: Option<ChildOutput>,
     /// The last lines of its stderr, to quote when it fails.
     stderr_tail: Vec<String>,
-    /// Workers it has forked.
-    pub forks: u64,
     /// The template held by a pidfd (see `ChildLink::pidfd`).
     pidfd: Option<OwnedFd>,
 }
 
-/// Every template the supervisor has (one per generation, two while a
-/// reload rolls), and what outlives any one of them.
+/// The shell's side of the templates (the core keeps their state), and
+/// what outlives any one of them.
 #[derive(Debug, Default)]
 pub(crate) struct Templates {
-    pub list: Vec<Template>,
+    /// Each template's ends, by generation.
+    ends: BTreeMap<u32, TemplateEnds>,
     /// The worker command, to name in errors.
     pub command: String,
-    /// Start-up failures and unplanned ends in a row.
-    backoff: StartBackoff,
-    /// No template is started before this.
-    blocked_until: Option<Instant>,
-    /// Processes reaped that held no slot (see [`ORPHANS_KEPT`]).
-    orphans: VecDeque<(i32, ExitStatus)>,
     /// Whether this process is a child subreaper yet.
     subreaper: bool,
     /// `refork_after` thresholds used so far.
     pub reforks: usize,
-}
-
-impl Templates {
-    /// Remembers a reaped process that held no slot.
-    pub fn remember_orphan(&mut self, pid: i32, status: ExitStatus) {
-        if self.orphans.len() == ORPHANS_KEPT {
-            self.orphans.pop_front();
-        }
-        self.orphans.push_back((pid, status));
-    }
-
-    fn take_orphan(&mut self, pid: i32) -> Option<ExitStatus> {
-        let i = self.orphans.iter().position(|(p, _)| *p == pid)?;
-        self.orphans.remove(i).map(|(_, status)| status)
-    }
-
-    /// The slot of a fork order to the template of `generation` was
-    /// freed: an answer for it is no longer expected (one that comes
-    /// anyway breaks the protocol).
-    pub fn forget_order(&mut self, generation: u32, slot: usize) {
-        if let Some(i) = self.index(generation) {
-            self.list[i].pending.remove(&slot);
-        }
-    }
-
-    fn index(&self, generation: u32) -> Option<usize> {
-        self.list.iter().position(|t| t.generation == generation)
-    }
-
-    /// Whether the template of `generation` is ready for fork orders.
-    pub fn has_ready(&self, generation: u32) -> bool {
-        self.list
-            .iter()
-            .any(|t| t.generation == generation && t.state == TemplateState::Ready)
-    }
-
-    /// The template of `generation`, if it is ready for fork orders.
-    fn ready(&mut self, generation: u32) -> Option<&mut Template> {
-        self.list
-            .iter_mut()
-            .find(|t| t.generation == generation && t.state == TemplateState::Ready)
-    }
-}
-
-impl Template {
-    /// `R`: the template is loaded and takes fork orders.
-    fn said_ready(&mut self, pid: u32, now: Instant) -> Result<(), String> {
-        if self.state != TemplateState::Starting {
-            return Err("said Ready twice".into());
-        }
-        if i64::from(pid) != i64::from(self.pid) {
-            return Err(format!("said it is pid {pid}, but it is pid {}", self.pid));
-        }
-        self.state = TemplateState::Ready;
-        self.ready_at = Some(now);
-        let took = now.duration_since(self.started_at);
-        info!(
-            pid,
-            generation = self.generation,
-            ?took,
-            "template ready: forking workers from it"
-        );
-        Ok(())
-    }
-
-    /// `W`: the template forked the worker for `slot`; counts it.
-    fn forked(&mut self, slot: usize) -> Result<(), String> {
-        self.fork_answered(slot)?;
-        self.forks += 1;
-        Ok(())
-    }
-
-    /// The fork order for `slot` is answered; an error if none was
-    /// outstanding.
-    fn fork_answered(&mut self, slot: usize) -> Result<(), String> {
-        if self.pending.remove(&slot).is_none() {
-            return Err(format!(
-                "answered a fork order for slot {slot} that was not outstanding"
-            ));
-        }
-        Ok(())
-    }
-
-    /// `P`: the answer to a ping; an error unless it answers the one sent.
-    fn pong(&mut self, seq: u32) -> Result<(), String> {
-        match self.ping {
-            Some((sent, _)) if sent == seq => {
-                self.ping = None;
-                Ok(())
-            }
-            _ => Err(format!("answered ping {seq}, which was never sent")),
-        }
-    }
-
-    /// The one deadline that applies to it next, with what missing it
-    /// means (`policy::liveness::template_check`).
-    fn next_check(&self, config: &crate::config::PoolConfig) -> Option<(Instant, Check)> {
-        let facts = TemplateFacts {
-            phase: match self.state {
-                TemplateState::Starting => TemplatePhase::Starting,
-                TemplateState::Ready => TemplatePhase::Ready,
-                TemplateState::Quitting | TemplateState::Killed => TemplatePhase::Leaving,
-            },
-            started_at: self.started_at,
-            last_heard: self.last_heard,
-            // A killed template only waits to be reaped.
-            exit_deadline: self
-                .exit_deadline
-                .filter(|_| self.state != TemplateState::Killed),
-            oldest_order: self.pending.values().min().copied(),
-            ping_sent: self.ping.map(|(_, sent)| sent),
-        };
-        template_check(&facts, &Deadlines::of(config))
-    }
 }
 
 impl Supervisor {
@@ -251,28 +84,29 @@ impl Supervisor {
     /// (unless its back-off holds). In the forked template process,
     /// returns what it needs to exec.
     pub(super) fn maintain_templates(&mut self, now: Instant) -> io::Result<Option<TemplateStart>> {
-        if self.shutdown.is_some() {
+        if self.core.shutdown.is_some() {
             return Ok(None);
         }
-        let current = self.generation;
+        let current = self.core.generation;
         let serving = self.rollouts.serving(current);
         let unneeded: Vec<u32> = self
+            .core
             .templates
-            .list
             .iter()
             .filter(|t| {
-                let needed = (t.generation == current && self.config.preload)
+                let needed = (t.generation == current && self.core.config.preload)
                     || (t.generation == serving && self.rollouts.active());
                 !needed && matches!(t.state, TemplateState::Starting | TemplateState::Ready)
             })
             .map(|t| t.generation)
             .collect();
         for generation in unneeded {
-            self.quit_template(generation, now);
+            self.core.quit_template(generation, now);
         }
-        if !self.config.preload
-            || self.templates.index(current).is_some()
-            || self.templates.blocked_until.is_some_and(|t| now < t)
+        self.carry_out(now);
+        if !self.core.config.preload
+            || self.core.template(current).is_some()
+            || !self.core.may_start_template(now)
         {
             return Ok(None);
         }
@@ -305,45 +139,10 @@ impl Supervisor {
                 Ok(None)
             }
             Err(e) => {
-                self.hold_templates(now, format!("cannot fork the template: {e}"));
+                self.core
+                    .hold_templates(now, &format!("cannot fork the template: {e}"));
                 Ok(None)
             }
-        }
-    }
-
-    /// Opens a new template's channel pair (ours, theirs) and stderr pipe
-    /// (read, write). `None` when one cannot be opened; template starts
-    /// are then held back (see [`Self::hold_templates`]).
-    fn open_template_ends(&mut self, now: Instant) -> Option<(Channel, Channel, OwnedFd, OwnedFd)> {
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.hold_templates(now, format!("cannot create a template channel: {e}"));
-                return None;
-            }
-        };
-        match fds::pipe() {
-            Ok((output_read, output_write)) => Some((ours, theirs, output_read, output_write)),
-            Err(e) => {
-                self.hold_templates(
-                    now,
-                    format!("cannot create the template's stderr pipe: {e}"),
-                );
-                None
-            }
-        }
-    }
-
-    /// What the process just forked as the template of `generation` needs
-    /// to exec.
-    fn template_start(&self, generation: u32, channel: Channel, stderr: OwnedFd) -> TemplateStart {
-        TemplateStart {
-            generation,
-            channel,
-            mode: self.config.dispatch,
-            listeners: Vec::new(),
-            stderr: Some(stderr),
-            supervisor_pid: process::parent_pid() as u32,
         }
     }
 
@@ -388,26 +187,8 @@ impl Supervisor {
         output: Option<ChildOutput>,
         now: Instant,
     ) -> io::Result<()> {
-        self.templates.list.push(Template {
-            generation,
-            pid,
-            channel,
-            channel_closed: false,
-            state: TemplateState::Starting,
-            started_at: now,
-            ready_at: None,
-            last_heard: now,
-            ping: None,
-            pending: BTreeMap::new(),
-            exit_deadline: None,
-            killed_for: None,
-            output,
-            stderr_tail: Vec::new(),
-            forks: 0,
-            pidfd,
-        });
-        let t = self.templates.list.last().expect("just pushed");
-        if let Some(output) = &t.output {
+        self.core.template_started(generation, pid, now);
+        if let Some(output) = &output {
             let registered = self.poll.registry().register(
                 &mut SourceFd(&output.pipe.as_raw_fd()),
                 Event::TemplateOutput(generation as usize).token(),
@@ -417,11 +198,22 @@ impl Supervisor {
                 warn!(pid, "cannot watch the template's stderr: {e}");
             }
         }
-        self.poll.registry().register(
-            &mut SourceFd(&t.channel.as_raw_fd()),
+        let registered = self.poll.registry().register(
+            &mut SourceFd(&channel.as_raw_fd()),
             Event::Template(generation as usize).token(),
             Interest::READABLE,
-        )
+        );
+        self.templates.ends.insert(
+            generation,
+            TemplateEnds {
+                pid,
+                channel,
+                output,
+                stderr_tail: Vec::new(),
+                pidfd,
+            },
+        );
+        registered
     }
 
     /// In a freshly forked template: keep what it needs, close the rest.
@@ -435,22 +227,49 @@ impl Supervisor {
         start
     }
 
-    /// Holds template starts back after a failure (`why`), doubling.
-    fn hold_templates(&mut self, now: Instant, why: String) -> Duration {
-        let delay = self.templates.backoff.failed(now);
-        self.templates.blocked_until = Some(now + delay);
-        error!("{why}; trying again in {delay:?}");
-        delay
+    /// Opens a new template's channel pair (ours, theirs) and stderr pipe
+    /// (read, write). `None` when one cannot be opened; template starts
+    /// are then held back.
+    fn open_template_ends(&mut self, now: Instant) -> Option<(Channel, Channel, OwnedFd, OwnedFd)> {
+        let (ours, theirs) = match Channel::pair() {
+            Ok(pair) => pair,
+            Err(e) => {
+                self.core
+                    .hold_templates(now, &format!("cannot create a template channel: {e}"));
+                return None;
+            }
+        };
+        match fds::pipe() {
+            Ok((output_read, output_write)) => Some((ours, theirs, output_read, output_write)),
+            Err(e) => {
+                self.core.hold_templates(
+                    now,
+                    &format!("cannot create the template's stderr pipe: {e}"),
+                );
+                None
+            }
+        }
+    }
+
+    /// What the process just forked as the template of `generation` needs
+    /// to exec.
+    fn template_start(&self, generation: u32, channel: Channel, stderr: OwnedFd) -> TemplateStart {
+        TemplateStart {
+            generation,
+            channel,
+            mode: self.core.config.dispatch,
+            listeners: Vec::new(),
+            stderr: Some(stderr),
+            supervisor_pid: process::parent_pid() as u32,
+        }
     }
 
     /// Spawns through the template: takes the lowest free slot and orders
     /// the template of the current generation to fork its worker. Without
     /// a ready template, nothing happens: spawns wait for it.
     pub(super) fn fork_from_template(&mut self, now: Instant) -> io::Result<()> {
-        let generation = self.generation;
-        if self.templates.ready(generation).is_none()
-            || self.unverified_of(generation) >= super::verify::UNVERIFIED_PER_TEMPLATE
-        {
+        let generation = self.core.generation;
+        if !self.core.may_order(generation) {
             return Ok(());
         }
         let (ours, theirs) = match Channel::pair() {
@@ -472,20 +291,22 @@ impl Supervisor {
             self.resource_backoff(now, format!("cannot ask for a worker's credentials: {e}"));
             return Ok(());
         }
-        let slot = self.board.lowest_free();
+        let slot = self.core.board.lowest_free();
         let order = TemplateRequest::Fork {
             slot: slot as u32,
             generation,
         };
-        let template = self.templates.ready(generation).expect("checked above");
-        let sent = template
+        let Some(ends) = self.templates.ends.get(&generation) else {
+            return Ok(());
+        };
+        let sent = ends
             .channel
             .send_template_request(order, &[theirs.as_fd(), output_write.as_fd()]);
         if let Err(e) = sent {
-            self.kill_template(generation, format!("cannot send a fork order: {e}"));
+            self.template_broken(generation, format!("cannot send a fork order: {e}"), now);
             return Ok(());
         }
-        template.pending.insert(slot, now);
+        self.core.ordered(generation, slot, now);
         drop(theirs);
         drop(output_write);
         self.register_channel(slot, &ours)?;
@@ -502,56 +323,59 @@ impl Supervisor {
             }
         };
         let link = ChildLink::new(ours, output, now, true, TEMPLATE_VERSION);
-        self.board.occupy(slot, 0, generation, now, link);
-        self.totals.spawned += 1;
+        self.core.adopt(slot, 0, generation, link, now);
         Ok(())
     }
 
-    /// Reads what the template of `generation` sent.
+    /// Reads what the template of `generation` sent, and feeds it to the
+    /// core.
     pub(super) fn read_template(&mut self, generation: u32, now: Instant) {
         for _ in 0..REPLIES_PER_TURN {
-            let Some(i) = self.templates.index(generation) else {
+            let open = self
+                .core
+                .template(generation)
+                .is_some_and(|t| !t.channel_closed);
+            let Some(ends) = self.templates.ends.get(&generation).filter(|_| open) else {
                 return;
             };
-            let t = &self.templates.list[i];
-            if t.channel_closed {
-                return;
-            }
-            let incoming = match t.channel.recv_template_reply() {
+            let incoming = match ends.channel.recv_template_reply() {
                 Ok(incoming) => incoming,
                 Err(e) => {
-                    self.kill_template(generation, format!("template channel read failed: {e}"));
+                    self.template_broken(
+                        generation,
+                        format!("template channel read failed: {e}"),
+                        now,
+                    );
                     return;
                 }
             };
             match incoming {
                 Incoming::Message(reply, _) => {
-                    self.templates.list[i].last_heard = now;
-                    if let Err(why) = self.apply_template_reply(generation, reply, now) {
-                        self.kill_template(generation, format!("broke the protocol: {why}"));
-                        return;
-                    }
+                    self.core
+                        .on(Input::TemplateReply { generation, reply }, now);
+                    self.carry_out(now);
                 }
                 Incoming::WouldBlock => return,
                 Incoming::Closed => {
-                    let t = &mut self.templates.list[i];
-                    t.channel_closed = true;
-                    let deadline =
-                        super::liveness::exit_by(now, &self.config, self.shutdown.as_ref());
-                    t.exit_deadline = Some(t.exit_deadline.map_or(deadline, |d| d.min(deadline)));
-                    let fd = t.channel.as_raw_fd();
+                    let fd = ends.channel.as_raw_fd();
                     let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+                    self.core.on(Input::TemplateClosed { generation }, now);
+                    self.carry_out(now);
                     return;
                 }
                 Incoming::Malformed(why) => {
-                    self.kill_template(generation, format!("sent a malformed message: {why}"));
+                    self.template_broken(
+                        generation,
+                        format!("sent a malformed message: {why}"),
+                        now,
+                    );
                     return;
                 }
             }
         }
         // More may be waiting: the poll is edge-triggered, so re-arm it.
-        if let Some(i) = self.templates.index(generation) {
-            let fd = self.templates.list[i].channel.as_raw_fd();
+        if let Some(ends) = self.templates.ends.get(&generation) {
+            let fd = ends.channel.as_raw_fd();
             let token = Event::Template(generation as usize).token();
             let _ = self
                 .poll
@@ -560,96 +384,75 @@ impl Supervisor {
         }
     }
 
-    /// What one reply of a template means. An error is a violation.
-    fn apply_template_reply(
+    /// The template of `generation` cannot be talked to (`why`): the core
+    /// kills it.
+    pub(super) fn template_broken(&mut self, generation: u32, detail: String, now: Instant) {
+        self.core
+            .on(Input::TemplateBroken { generation, detail }, now);
+        self.carry_out(now);
+    }
+
+    /// Carries out [`crate::core::Effect::SendTemplate`].
+    pub(super) fn send_to_template(
         &mut self,
         generation: u32,
-        reply: TemplateReply,
+        request: TemplateRequest,
         now: Instant,
-    ) -> Result<(), String> {
-        let i = self.templates.index(generation).expect("caller found it");
-        let t = &mut self.templates.list[i];
-        match reply {
-            TemplateReply::Ready { pid } => t.said_ready(pid, now),
-            TemplateReply::Forked { slot, pid } => {
-                t.forked(slot as usize)?;
-                let claimed = self.worker_forked(slot as usize, pid, now);
-                if claimed.is_err() {
-                    // Its order is answered, badly: no worker will come
-                    // for this slot that the supervisor could trust.
-                    self.abandon_unverified(slot as usize);
-                    self.count_failed_start(now);
-                }
-                claimed
-            }
-            TemplateReply::ForkFailed { slot, errno } => {
-                t.fork_answered(slot as usize)?;
-                self.template_fork_failed(slot as usize, errno, now);
-                Ok(())
-            }
-            TemplateReply::Pong { seq } => t.pong(seq),
-        }
-    }
-
-    /// The template could not fork the worker for `slot` (`errno`): the
-    /// slot is freed and spawning backs off.
-    fn template_fork_failed(&mut self, slot: usize, errno: u32, now: Instant) {
-        let err = io::Error::from_raw_os_error(errno as i32);
-        self.abandon_unverified(slot);
-        self.resource_backoff(
-            now,
-            format!("the template could not fork the worker for slot {slot}: {err}"),
-        );
-    }
-
-    /// The template said the worker for `slot` is `pid`: a claim, kept
-    /// until the worker's first message proves it (`verify.rs`). Refused
-    /// outright when it names no process, a template, or a pid a slot
-    /// already holds or claims.
-    fn worker_forked(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
-        let pid = crate::policy::verification::claimable(pid, |p| self.pid_taken(p, None))
-            .map_err(|why| format!("said slot {slot} is pid {why}"))?;
-        let Some(link) = self.board.link_mut(slot) else {
-            return Err(format!(
-                "said slot {slot} is pid {pid}, but the slot is gone"
-            ));
+    ) {
+        let Some(ends) = self.templates.ends.get(&generation) else {
+            return;
         };
-        link.claimed = Some(pid);
-        if let Some(status) = self.templates.take_orphan(pid) {
-            // It died before its template's answer was read: a start that
-            // failed, reaped by the supervisor, so the claim holds.
-            self.child_exited(slot, pid, status, now);
-            return Ok(());
+        if let Err(e) = ends.channel.send_template_request(request, &[]) {
+            let what = match request {
+                TemplateRequest::Ping { .. } => "a ping",
+                TemplateRequest::Quit => "quit",
+                _ => "a request",
+            };
+            self.template_broken(generation, format!("cannot send {what}: {e}"), now);
         }
-        debug!(
-            slot,
-            pid,
-            generation = self.generation,
-            "the template forked a worker; its pid is trusted once the kernel confirms it"
-        );
-        Ok(())
+    }
+
+    /// Carries out [`crate::core::Effect::KillTemplate`]: SIGKILL to the
+    /// template's whole group (its helpers, and the workers it forked that
+    /// the kernel has not vouched for yet; verified workers have a group
+    /// of their own and keep serving).
+    pub(super) fn signal_template(&mut self, generation: u32) {
+        let Some(ends) = self.templates.ends.get(&generation) else {
+            return;
+        };
+        let pid = ends.pid;
+        let sent = process::signal_group(pid, Signal::SIGKILL).and_then(|any| match any {
+            true => Ok(()),
+            false => match &ends.pidfd {
+                Some(fd) => process::pidfd_signal(fd.as_fd(), Signal::SIGKILL),
+                None => process::send_signal(pid, Signal::SIGKILL),
+            },
+        });
+        if let Err(e) = sent {
+            warn!(pid, "kill failed: {e}");
+        }
     }
 
     /// The template of `generation` wrote to its stderr.
     pub(super) fn read_template_output(&mut self, generation: u32) {
-        let Some(i) = self.templates.index(generation) else {
+        let Some(ends) = self.templates.ends.get_mut(&generation) else {
             return;
         };
-        let t = &mut self.templates.list[i];
-        let pid = t.pid;
-        let Some(output) = t.output.as_mut() else {
+        let pid = ends.pid;
+        let Some(output) = ends.output.as_mut() else {
             return;
         };
         let now = Instant::now();
         let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-        self.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+        self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
         if output.gate.flooding_too_long(now) {
-            self.kill_template(
+            self.template_broken(
                 generation,
                 format!(
                     "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
                      for {STDERR_FLOOD_LIMIT:?}"
                 ),
+                now,
             );
             return;
         }
@@ -664,249 +467,53 @@ impl Supervisor {
                         .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
             }
             Ok(Left::Closed) | Err(_) => {
-                if let Some(mut output) = t.output.take() {
-                    output.save_tail(&mut t.stderr_tail);
+                if let Some(mut output) = ends.output.take() {
+                    output.save_tail(&mut ends.stderr_tail);
                     self.forget_output(&output);
                 }
             }
         }
     }
 
-    /// SIGKILLs the template of `generation` (itself only: the workers it
-    /// forked are the supervisor's children and keep serving). The reaper
-    /// starts another.
-    pub(super) fn kill_template(&mut self, generation: u32, why: String) {
-        let Some(i) = self.templates.index(generation) else {
+    /// Carries out [`crate::core::Effect::TemplateGone`]: stops watching
+    /// the reaped template (logging the last of its stderr), sweeps its
+    /// process group, and when it ended unasked, fails the reload it was
+    /// for or holds the next template's start back.
+    pub(super) fn template_gone(
+        &mut self,
+        generation: u32,
+        pid: i32,
+        failure: Option<TemplateFailure>,
+        now: Instant,
+    ) {
+        let tail = match self.templates.ends.remove(&generation) {
+            Some(ends) => self.close_template(generation, ends, now),
+            None => Vec::new(),
+        };
+        self.sweep_template_group(pid, generation);
+        let Some(TemplateFailure { how, was_ready }) = failure else {
             return;
         };
-        let t = &mut self.templates.list[i];
-        if t.state == TemplateState::Killed {
+        let in_rollout = self.rollouts.active() && generation == self.core.generation;
+        if !was_ready && in_rollout {
+            // The reload's new code does not start: keep the old one.
+            self.rollout_start_failed(generation, &format!("(the template) {how}"), &tail, now);
             return;
         }
-        warn!(pid = t.pid, generation, "killing the template: {why}");
-        // Its whole group: its helpers, and the workers it forked that
-        // the kernel has not vouched for yet (verified workers have a
-        // group of their own and keep serving).
-        let sent = process::signal_group(t.pid, Signal::SIGKILL).and_then(|any| match any {
-            true => Ok(()),
-            false => match &t.pidfd {
-                Some(fd) => process::pidfd_signal(fd.as_fd(), Signal::SIGKILL),
-                None => process::send_signal(t.pid, Signal::SIGKILL),
-            },
-        });
-        if let Err(e) = sent {
-            warn!(pid = t.pid, "kill failed: {e}");
-        }
-        t.state = TemplateState::Killed;
-        t.killed_for = Some(why);
-        t.ping = None;
-        if self.shutdown.is_none() {
-            self.totals.templates_killed += 1;
-        }
-    }
-
-    /// Tells the template of `generation` to exit.
-    fn quit_template(&mut self, generation: u32, now: Instant) {
-        let Some(i) = self.templates.index(generation) else {
-            return;
-        };
-        let deadline = super::liveness::exit_by(now, &self.config, self.shutdown.as_ref());
-        let t = &mut self.templates.list[i];
-        if !matches!(t.state, TemplateState::Starting | TemplateState::Ready) {
-            return;
-        }
-        t.state = TemplateState::Quitting;
-        t.exit_deadline = Some(deadline);
-        t.ping = None;
-        info!(
-            pid = t.pid,
-            generation, "template no longer needed: told to quit"
-        );
-        if let Err(e) = t.channel.send_template_request(TemplateRequest::Quit, &[]) {
-            self.kill_template(generation, format!("cannot send quit: {e}"));
-        }
-    }
-
-    /// At shutdown: every template is told to quit.
-    pub(super) fn quit_templates(&mut self, now: Instant) {
-        let all: Vec<u32> = self.templates.list.iter().map(|t| t.generation).collect();
-        for generation in all {
-            self.quit_template(generation, now);
-        }
-    }
-
-    /// At an immediate stop: every template is killed.
-    pub(super) fn kill_templates(&mut self) {
-        let all: Vec<u32> = self.templates.list.iter().map(|t| t.generation).collect();
-        for generation in all {
-            self.kill_template(generation, "immediate stop".into());
-        }
-    }
-
-    /// Pings quiet templates and kills those that missed a deadline.
-    pub(super) fn check_templates(&mut self, now: Instant) {
-        let due: Vec<(u32, Check)> = self
-            .templates
-            .list
-            .iter()
-            .filter_map(|t| {
-                let (at, check) = t.next_check(&self.config)?;
-                (now >= at).then_some((t.generation, check))
-            })
-            .collect();
-        for (generation, check) in due {
-            let why = match check {
-                Check::PingDue => {
-                    self.ping_template(generation, now);
-                    continue;
-                }
-                Check::Exit => format!(
-                    "did not exit in time after being told to quit or closing its channel \
-                     (exit_timeout {:?}, or the stop's deadline if sooner)",
-                    self.config.exit_timeout
-                ),
-                Check::Start => format!(
-                    "did not say Ready within {:?} of starting",
-                    super::liveness::start_timeout(&self.config)
-                ),
-                Check::Fork => {
-                    // The order it sat on is a worker that did not start.
-                    self.count_failed_start(now);
-                    format!(
-                        "did not answer a fork order within {:?}",
-                        super::liveness::start_timeout(&self.config)
-                    )
-                }
-                Check::PingAnswer => format!(
-                    "did not answer a ping within {:?}",
-                    self.config.ping_timeout
-                ),
-            };
-            self.kill_template(generation, why);
-        }
-    }
-
-    fn ping_template(&mut self, generation: u32, now: Instant) {
-        self.ping_seq = self.ping_seq.wrapping_add(1);
-        let seq = self.ping_seq;
-        let Some(i) = self.templates.index(generation) else {
-            return;
-        };
-        let t = &mut self.templates.list[i];
-        match t
-            .channel
-            .send_template_request(TemplateRequest::Ping { seq }, &[])
-        {
-            Ok(()) => t.ping = Some((seq, now)),
-            Err(e) => self.kill_template(generation, format!("cannot send a ping: {e}")),
-        }
-    }
-
-    /// The earliest template deadline, for the loop's timer.
-    pub(super) fn templates_deadline(&self) -> Option<Instant> {
-        let next_check = self
-            .templates
-            .list
-            .iter()
-            .filter_map(|t| t.next_check(&self.config).map(|(at, _)| at))
-            .min();
-        let start = self
-            .templates
-            .blocked_until
-            .filter(|_| self.config.preload && self.templates.index(self.generation).is_none());
-        match (next_check, start) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// If `pid` was a template: logs how it ended, frees the slots of its
-    /// unanswered fork orders and arranges its replacement. Returns
-    /// whether it was one.
-    pub(super) fn template_exited(&mut self, pid: i32, status: ExitStatus, now: Instant) -> bool {
-        let Some(i) = self.templates.list.iter().position(|t| t.pid == pid) else {
-            return false;
-        };
-        let mut t = self.templates.list.remove(i);
-        self.close_template(&mut t, now);
-        self.sweep_template_group(pid, t.generation);
-        // Its unanswered fork orders will never be answered, and the
-        // workers it forked that were not verified died in its group.
-        let unverified: Vec<usize> = self
-            .board
-            .iter()
-            .filter(|(slot, s)| s.generation == t.generation && self.unverified(*slot))
-            .map(|(slot, _)| slot)
-            .collect();
-        for slot in unverified {
-            self.abandon_unverified(slot);
-        }
-        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
-            info!(pid, generation = t.generation, %status, forks = t.forks, "template exited");
-        } else {
-            self.template_failed(t, status, now);
-        }
-        true
-    }
-
-    /// Stops watching a reaped template, logging the last of its stderr
-    /// (and keeping its tail to quote).
-    fn close_template(&mut self, t: &mut Template, now: Instant) {
-        let (generation, pid) = (t.generation, t.pid);
-        if let Some(mut output) = t.output.take() {
-            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-            output.flush_partial(now, &mut |line| log_line(generation, pid, line));
-            output.save_tail(&mut t.stderr_tail);
-            self.forget_output(&output);
-        }
-        if !t.channel_closed {
-            let _ = self
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&t.channel.as_raw_fd()));
-        }
-    }
-
-    /// A template ended unasked (`status`): a reload whose new template
-    /// never got ready is abandoned; otherwise a new template is started
-    /// after a back-off.
-    fn template_failed(&mut self, mut t: Template, status: ExitStatus, now: Instant) {
-        let (generation, pid) = (t.generation, t.pid);
-        let how = t.killed_for.take().map_or_else(
-            || format!("exited unexpectedly ({status})"),
-            |why| format!("was killed ({why})"),
-        );
-        let said = if t.stderr_tail.is_empty() {
+        self.core.totals.template_restarts += 1;
+        let said = if tail.is_empty() {
             String::from("nothing on stderr")
         } else {
-            format!("stderr: {}", t.stderr_tail.join(" | "))
+            format!("stderr: {}", tail.join(" | "))
         };
-        let in_rollout = self.rollouts.active() && generation == self.generation;
-        if t.ready_at.is_none() && in_rollout {
-            // The reload's new code does not start: keep the old one.
-            self.rollout_start_failed(
-                generation,
-                &format!("(the template) {how}"),
-                &t.stderr_tail,
-                now,
-            );
-            return;
-        }
-        if t.ready_at
-            .is_some_and(|at| now.duration_since(at) >= START_WINDOW)
-        {
-            // It had been up: this is not a run of start-up failures.
-            self.templates.backoff.reset();
-        }
-        self.totals.template_restarts += 1;
-        let stage = if t.ready_at.is_none() {
-            " before it was ready"
-        } else {
+        let stage = if was_ready {
             "; the workers it forked keep serving"
+        } else {
+            " before it was ready"
         };
-        self.hold_templates(
+        self.core.hold_templates(
             now,
-            format!(
+            &format!(
                 "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
                  a new template will be started",
                 self.templates.command
@@ -914,10 +521,32 @@ impl Supervisor {
         );
     }
 
+    /// Stops watching a reaped template, logging the last of its stderr;
+    /// returns its stderr's last lines.
+    fn close_template(
+        &mut self,
+        generation: u32,
+        mut ends: TemplateEnds,
+        now: Instant,
+    ) -> Vec<String> {
+        let pid = ends.pid;
+        if let Some(mut output) = ends.output.take() {
+            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
+            output.flush_partial(now, &mut |line| log_line(generation, pid, line));
+            output.save_tail(&mut ends.stderr_tail);
+            self.forget_output(&output);
+        }
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&ends.channel.as_raw_fd()));
+        ends.stderr_tail
+    }
+
     /// Each template as `forkpool status` shows it.
     pub(super) fn template_statuses(&self, now: Instant) -> Vec<crate::status::TemplateStatus> {
-        self.templates
-            .list
+        self.core
+            .templates
             .iter()
             .map(|t| {
                 let memory = crate::observe::procfs::sample_process(t.pid)
@@ -944,7 +573,7 @@ impl Supervisor {
     /// For a worker that says `Ready` before its template's `W` was read:
     /// reads the template's replies first (they were sent before it).
     pub(super) fn learn_pid_from_template(&mut self, slot: usize, now: Instant) {
-        let Some(generation) = self.board.get(slot).map(|s| s.generation) else {
+        let Some(generation) = self.core.board.get(slot).map(|s| s.generation) else {
             return;
         };
         self.read_template(generation, now);

@@ -114,7 +114,7 @@ impl Supervisor {
                 });
             }
             Err(e) => {
-                self.totals.upgrade_failures += 1;
+                self.core.totals.upgrade_failures += 1;
                 error!("upgrade failed, this supervisor keeps serving: {e}");
             }
         }
@@ -202,7 +202,7 @@ impl Supervisor {
             Ok(_) => {
                 let pid = upgrade.pid;
                 self.end_upgrade();
-                self.totals.upgrade_failures += 1;
+                self.core.totals.upgrade_failures += 1;
                 error!(
                     pid,
                     "upgrade failed: the new supervisor stopped before it was ready; \
@@ -212,7 +212,7 @@ impl Supervisor {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 self.end_upgrade();
-                self.totals.upgrade_failures += 1;
+                self.core.totals.upgrade_failures += 1;
                 error!("upgrade failed: {e}; this supervisor keeps serving");
             }
         }
@@ -225,7 +225,7 @@ impl Supervisor {
                 let pid = upgrade.pid;
                 let _ = process::send_signal(pid, Signal::SIGKILL);
                 self.end_upgrade();
-                self.totals.upgrade_failures += 1;
+                self.core.totals.upgrade_failures += 1;
                 error!(
                     pid,
                     "upgrade failed: the new supervisor was not ready within {UPGRADE_TIMEOUT:?}; \
@@ -248,7 +248,7 @@ impl Supervisor {
             .is_some_and(|u| u.pid == pid)
         {
             self.end_upgrade();
-            self.totals.upgrade_failures += 1;
+            self.core.totals.upgrade_failures += 1;
             error!(
                 pid,
                 %status,

@@ -26,144 +26,76 @@
 
 use std::time::Instant;
 
-use tracing::warn;
-
 use super::Supervisor;
 use crate::observe::procfs::parent_of;
-use crate::policy::verification::{self, FirstMessage, GaveUp};
-
-/// Unverified workers (fork orders unanswered, or claimed and silent) one
-/// template may have at once: a template that never delivers a worker
-/// cannot make the supervisor open channels and slots without end.
-pub(super) const UNVERIFIED_PER_TEMPLATE: usize = 8;
 
 impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
     /// the kernel has not confirmed yet.
     pub(super) fn unverified(&self, slot: usize) -> bool {
-        self.board
-            .get(slot)
-            .is_some_and(|s| s.pid == 0 && s.link.version == crate::protocol::TEMPLATE_VERSION)
-    }
-
-    /// Workers of `generation` not verified yet.
-    pub(super) fn unverified_of(&self, generation: u32) -> usize {
-        self.board
-            .iter()
-            .filter(|(slot, s)| s.generation == generation && self.unverified(*slot))
-            .count()
+        self.core.unverified(slot)
     }
 
     /// The first message from the unverified worker in `slot`, sent by
     /// `sender` as the kernel says: the slot gets its pid if the template's
-    /// claim matches. `Ok(false)` when the slot was freed meanwhile (its
-    /// template's answer said the worker already died); `Err` is the lie.
+    /// claim matches (`core/vouch.rs`). `Ok(false)` when the slot was freed
+    /// meanwhile (its template's answer said the worker already died);
+    /// `Err` is the lie.
     pub(super) fn verify_worker(
         &mut self,
         slot: usize,
         sender: Option<i32>,
         now: Instant,
     ) -> Result<bool, String> {
-        if self.board.link(slot).is_some_and(|l| l.claimed.is_none()) {
+        if self
+            .core
+            .board
+            .link(slot)
+            .is_some_and(|l| l.child.claimed.is_none())
+        {
             // The template's `W` was sent before this; read it first.
             self.learn_pid_from_template(slot, now);
         }
-        let Some(link) = self.board.link(slot) else {
+        if self.core.board.link(slot).is_none() {
             return Ok(false);
-        };
-        if self.board.get(slot).is_some_and(|s| s.pid != 0) {
+        }
+        if self.core.board.get(slot).is_some_and(|s| s.pid != 0) {
             return Ok(true);
         }
-        let facts = FirstMessage {
-            claimed: link.claimed,
-            sender,
-            sender_is_child: sender.is_some_and(|p| self.is_our_child(p)),
-            sender_taken: sender.is_some_and(|p| self.pid_taken(p, Some(slot))),
-        };
-        let sender = verification::verify(facts).map_err(|lie| lie.describe(slot))?;
-        self.board.set_pid(slot, sender);
-        if let Some(link) = self.board.link_mut(slot) {
-            link.claimed = None;
+        let sender_is_child = sender.is_some_and(|p| self.is_our_child(p));
+        let pid = self.core.verify(slot, sender, sender_is_child)?;
+        if let Some(link) = self.core.board.link_mut(slot) {
             // The supervisor's unreaped child: the pid is certainly it.
-            link.pidfd = super::children::hold(sender);
+            link.pidfd = super::children::hold(pid);
         }
         Ok(true)
     }
 
-    /// Whether a template or a slot (other than `except`) holds `pid`,
-    /// or such a slot claims it.
-    pub(super) fn pid_taken(&self, pid: i32, except: Option<usize>) -> bool {
-        self.board
-            .iter()
-            .filter(|(slot, _)| Some(*slot) != except)
-            .any(|(_, s)| s.pid == pid || s.link.claimed == Some(pid))
-            || self.templates.list.iter().any(|t| t.pid == pid)
-    }
-
-    /// The slot whose template claimed `pid` for it and whose worker has
-    /// not been verified: the slot a reaped `pid` belongs to.
-    pub(super) fn slot_claiming(&self, pid: i32) -> Option<usize> {
-        self.board
-            .iter()
-            .find(|(_, s)| s.pid == 0 && s.link.claimed == Some(pid))
-            .map(|(slot, _)| slot)
-    }
-
-    /// The template of the unverified worker in `slot` lied or failed it
-    /// (`why`): the template's group is killed and the slot freed, as a
-    /// failed start.
+    /// The template of the unverified worker in `slot` lied or failed it.
     pub(super) fn template_failed_worker(&mut self, slot: usize, why: String, now: Instant) {
-        if let Some(generation) = self.board.get(slot).map(|s| s.generation) {
-            self.kill_template(generation, why);
-        }
-        self.abandon_unverified(slot);
-        self.count_failed_start(now);
+        self.core.template_failed_worker(slot, why, now);
+        self.carry_out(now);
     }
 
-    /// The unverified worker in `slot` missed a deadline (`detail`). If
-    /// its claimed process is gone, or is not the supervisor's child, it
-    /// vanished without being reaped: counted `lost`. Otherwise its
-    /// template is at fault. Either way the slot is freed, and no signal
-    /// goes to the claimed pid.
+    /// The unverified worker in `slot` missed a deadline (`detail`): the
+    /// core decides, once told whether the claimed process is still the
+    /// supervisor's child.
     pub(super) fn give_up_unverified(&mut self, slot: usize, detail: &str, now: Instant) {
-        let claim = self.board.link(slot).and_then(|l| l.claimed);
+        let claim = self.core.board.link(slot).and_then(|l| l.child.claimed);
         let claimed_is_child = claim.is_some_and(|p| self.is_our_child(p));
-        match (claim, verification::gave_up(claim, claimed_is_child)) {
-            (Some(pid), GaveUp::Lost) => {
-                self.totals.lost += 1;
-                warn!(
-                    slot,
-                    pid,
-                    "the worker the template forked for slot {slot} vanished without being \
-                     reaped by the supervisor (the template or its intermediate reaped it, \
-                     e.g. by ignoring SIGCHLD: see docs/protocol.md); counted lost"
-                );
-                self.abandon_unverified(slot);
-                if self.shutdown.is_none() {
-                    self.count_failed_start(now);
-                }
-            }
-            _ if self.shutdown.is_some() => {
-                if let Some(generation) = self.board.get(slot).map(|s| s.generation) {
-                    self.kill_template(generation, format!("its worker for slot {slot} {detail}"));
-                }
-                self.abandon_unverified(slot);
-            }
-            _ => self.template_failed_worker(
-                slot,
-                format!("its worker for slot {slot} {detail} before the kernel vouched for it"),
-                now,
-            ),
-        }
+        self.core
+            .give_up_unverified(slot, detail, claimed_is_child, now);
+        self.carry_out(now);
     }
 
     /// Whether the process the template claimed for `slot` is not (or no
     /// longer) the supervisor's child: reaped by someone else, or never
     /// ours. A zombie the supervisor has not reaped yet is still its child.
     pub(super) fn claim_vanished(&self, slot: usize) -> bool {
-        self.board
+        self.core
+            .board
             .link(slot)
-            .and_then(|l| l.claimed)
+            .and_then(|l| l.child.claimed)
             .is_some_and(|pid| !self.is_our_child(pid))
     }
 
@@ -173,25 +105,14 @@ impl Supervisor {
         parent_of(pid) == Some(self.pid as i32)
     }
 
-    /// Frees `slot`, whose worker was never verified: no process to
-    /// signal or reap as its own, only the supervisor's ends to close and
-    /// the template's order to forget.
-    pub(super) fn abandon_unverified(&mut self, slot: usize) {
-        let Some(generation) = self.board.get(slot).map(|s| s.generation) else {
-            return;
-        };
-        self.templates.forget_order(generation, slot);
-        if let Some(mut child) = self.board.vacate(slot) {
-            if let Some(output) = child.link.output.take() {
-                self.forget_output(&output);
-            }
-            self.release_order(&child.link);
-            self.deregister_channel(&child.link.channel);
+    /// Carries out [`crate::core::Effect::Abandoned`]: the shell's ends
+    /// of a worker never verified are closed.
+    pub(super) fn close_abandoned(&mut self, slot: usize, link: &super::ChildLink) {
+        tracing::debug!(slot, "freed the slot of a worker never verified");
+        if let Some(output) = &link.output {
+            self.forget_output(output);
         }
-    }
-
-    /// A worker did not start: hold spawns back as the back-off says.
-    pub(super) fn count_failed_start(&mut self, now: Instant) {
-        self.spawn_gate.failed(now, std::time::Duration::ZERO);
+        self.release_order(link);
+        self.deregister_channel(&link.channel);
     }
 }

@@ -1,0 +1,197 @@
+# frozen_string_literal: true
+
+module Forkpool
+  module HTTP
+    # RFC 9110 token characters: methods and field names.
+    TOKEN = /\A[!#$%&'*+\-.^_`|~0-9A-Za-z]+\z/n.freeze
+    # What may never be in a head: a LF not after a CR, a CR not before a
+    # LF (checked once the next byte is there), NUL.
+    BARE_LF = /(?<!\r)\n/n.freeze
+    BARE_CR = /\r(?=[^\n])/n.freeze
+    # Field values: visible characters, spaces, tabs and obs-text only.
+    BAD_VALUE = /[\x00-\x08\x0a-\x1f\x7f]/n.freeze
+    # A request target: visible ASCII only (no space, control or 8-bit byte).
+    BAD_TARGET = /[^\x21-\x7e]/n.freeze
+    VERSION = %r{\AHTTP/(\d)\.(\d)\z}n.freeze
+    ABSOLUTE = %r{\Ahttps?://([^/?#]*)(.*)\z}ni.freeze
+    # uri-host [":" port] (RFC 3986): a reg-name, or an IP literal in
+    # brackets; no comma (what a proxy joining two Host lines would send).
+    HOST = %r{\A(?:\[[0-9A-Za-z:.\-_~!$&'()*+;=]+\]|(?:[A-Za-z0-9\-._~!$&'()*+;=]|%\h\h)*)(?::\d*)?\z}n.freeze
+    # A % in a path must start an escape of two hex digits.
+    BAD_ESCAPE = /%(?!\h\h)/n.freeze
+    # Empty lines before a request line that are ignored (RFC 9112 2.2).
+    MAX_LEADING_EMPTY_LINES = 8
+
+    # One parsed request head.
+    class Request
+      attr_reader :method, :target, :path, :query, :minor, :fields, :headers
+      attr_accessor :host
+
+      def initialize(method, target, minor, fields)
+        @method = method
+        @target = target
+        @minor = minor
+        @fields = fields
+        @headers = {}
+        fields.each { |name, value| add(name, value) }
+      end
+
+      def add(name, value)
+        @headers[name] = @headers.key?(name) ? "#{@headers[name]}, #{value}" : value
+      end
+
+      def version
+        "HTTP/1.#{@minor}"
+      end
+
+      def request_line
+        "#{@method} #{@target} #{version}"
+      end
+
+      def split_target(path, query)
+        @path = path
+        @query = query
+      end
+
+      # The lower-case tokens of a comma-separated header.
+      def tokens(name)
+        (@headers[name] || "").split(",").map { |t| t.strip.downcase }.reject(&:empty?)
+      end
+
+      def keepalive?
+        connection = tokens("connection")
+        @minor >= 1 ? !connection.include?("close") : connection.include?("keep-alive")
+      end
+
+      def count(name)
+        @fields.count { |n, _| n == name }
+      end
+    end
+
+    module_function
+
+    # The next request head, from the first byte to the blank line, or nil
+    # when the client closed (or was silent) before sending a byte.
+    # Refuses (Error) as soon as the bytes already there break a rule.
+    def read_head(conn, limits, deadline)
+      skipped = 0
+      loop do
+        buf = conn.buf
+        # RFC 9112 2.2: empty lines before a request line are ignored.
+        while buf.start_with?(CRLF)
+          conn.take(2)
+          skipped += 1
+          raise Error.new(400, "more than #{MAX_LEADING_EMPTY_LINES} empty lines before the request") if skipped > MAX_LEADING_EMPTY_LINES
+        end
+        finish = buf.index("\r\n\r\n")
+        scan = finish ? buf.byteslice(0, finish + 4) : buf
+        check_bytes(scan, limits)
+        return conn.take(finish + 4) if finish
+
+        begin
+          more = conn.fill(deadline)
+        rescue Timeout
+          raise Error.new(408, "the request head did not arrive in time") unless buf.empty?
+
+          return nil
+        end
+        next if more
+        raise ClientGone, "closed in the middle of a request head" unless buf.empty?
+
+        return nil
+      end
+    end
+
+    def check_bytes(head, limits)
+      line_end = head.index(CRLF) || head.bytesize
+      raise Error.new(414, "the request line is longer than #{limits.max_request_line} bytes") if line_end > limits.max_request_line
+      raise Error.new(431, "the request head is larger than #{limits.max_head} bytes") if head.bytesize > limits.max_head
+      raise Error.new(400, "a bare LF in the request head (lines end with CRLF)") if head.match?(BARE_LF)
+      raise Error.new(400, "a bare CR in the request head") if head.match?(BARE_CR)
+      raise Error.new(400, "a NUL byte in the request head") if head.include?("\0")
+    end
+
+    # A Request from a complete head (ending with the blank line).
+    def parse_head(head, limits)
+      lines = head.byteslice(0, head.bytesize - 4).split(CRLF, -1)
+      method, target, minor = parse_request_line(lines.shift)
+      request = Request.new(method, target, minor, parse_fields(lines, limits))
+      resolve_target(request)
+      check_host(request)
+      request
+    end
+
+    def parse_request_line(line)
+      parts = line.split(/ /, -1) # one space exactly (a String " " would split on any run of whitespace)
+      raise Error.new(400, "the request line is not METHOD SP TARGET SP VERSION") if parts.size != 3
+
+      method, target, version = parts
+      raise Error.new(400, "the method is not a token") unless method.match?(TOKEN)
+      raise Error.new(400, "the request target is empty or has bytes a URI cannot") if target.empty? || target.match?(BAD_TARGET)
+
+      match = VERSION.match(version)
+      raise Error.new(400, "the HTTP version is malformed") unless match
+      raise Error.new(505, "#{version} is not supported (HTTP/1.x is)") if match[1] != "1"
+      raise Error.new(501, "CONNECT is for proxies; this server is an origin server") if method == "CONNECT"
+
+      # HTTP/1.2 to 1.9 are served as HTTP/1.1 (RFC 9110 2.5).
+      [method.dup.force_encoding(Encoding::ASCII_8BIT), target, [match[2].to_i, 1].min]
+    end
+
+    # [lower-case name, value] pairs from field lines (head or trailers).
+    def parse_fields(lines, limits)
+      raise Error.new(431, "more than #{limits.max_fields} header fields") if lines.size > limits.max_fields
+
+      lines.map do |line|
+        raise Error.new(431, "a header field is longer than #{limits.max_field_line} bytes") if line.bytesize > limits.max_field_line
+        raise Error.new(400, "obsolete line folding in a header field") if line.start_with?(" ", "\t")
+
+        name, colon, value = line.partition(":")
+        raise Error.new(400, "a header line is not NAME: VALUE (no space before the colon)") if colon.empty? || !name.match?(TOKEN)
+
+        value = value.gsub(/\A[ \t]+|[ \t]+\z/n, "")
+        raise Error.new(400, "a header value has control characters") if value.match?(BAD_VALUE)
+
+        [name.downcase, value]
+      end
+    end
+
+    # Splits the target into path and query (the fragment dropped); takes
+    # the path and Host from an absolute-form target.
+    def resolve_target(request)
+      target = request.target.split("#", 2).first || ""
+      if target.start_with?("/")
+        path, query = target.split("?", 2)
+      elsif target == "*"
+        raise Error.new(400, "the target * is for OPTIONS only") if request.method != "OPTIONS"
+
+        path = "*"
+      elsif (absolute = ABSOLUTE.match(target))
+        authority = absolute[1]
+        if authority.empty? || authority.include?("@") || !authority.match?(HOST)
+          raise Error.new(400, "the absolute URI has no host, userinfo or a bad host")
+        end
+
+        request.host = authority
+        path, query = absolute[2].split("?", 2)
+        path = "/#{path}" unless path&.start_with?("/")
+      else
+        raise Error.new(400, "the request target is not a path (/...), an absolute URI or *")
+      end
+      raise Error.new(400, "a % in the path that is not an escape (%XX)") if path.match?(BAD_ESCAPE)
+
+      request.split_target(path, query || "")
+    end
+
+    def check_host(request)
+      hosts = request.count("host")
+      raise Error.new(400, "more than one Host header") if hosts > 1
+      raise Error.new(400, "an HTTP/1.1 request without Host") if hosts.zero? && request.minor >= 1
+
+      value = request.headers["host"]
+      raise Error.new(400, "the Host header is not a host[:port]") if value && !value.match?(HOST)
+
+      request.host ||= value
+    end
+  end
+end

@@ -1,0 +1,269 @@
+# frozen_string_literal: true
+
+require "rack"
+require_relative "worker"
+require_relative "http"
+require_relative "rack_response"
+require_relative "lazy_input"
+
+module Forkpool
+  # Serves one Rack app on the connections a forkpool worker gets, one
+  # connection at a time: HTTP/1.1 with keep-alive (bounded, and giving
+  # way to waiting clients), the request body read whole before the app is
+  # called (Rack 2's input must rewind), the response streamed.
+  class RackServer
+    # The most of an unread body read and dropped to keep the connection.
+    DRAIN_LIMIT = 65_536
+
+    attr_reader :app, :worker, :limits
+
+    def initialize(app, worker, limits = HTTP::Limits.defaults, access_log: true)
+      @app = app
+      @worker = worker
+      @limits = limits
+      @access_log = access_log
+      @listeners = worker.listeners
+      @recycle = -> { worker.leave }
+    end
+
+    # Serves until the supervisor says quit.
+    def serve
+      @worker.serve { |sock, listener| handle(sock, listener) }
+    end
+
+    # One connection: requests until a close, a limit or the idle timeout.
+    def handle(sock, _listener)
+      conn = HTTP::Connection.new(sock)
+      peer = peer_of(sock)
+      opened = nil
+      @limits.max_requests.times do |number|
+        return if number.positive? && !next_request?(conn, opened)
+
+        started = HTTP.now
+        request = read_request(conn, peer, started)
+        return if request.nil?
+
+        opened ||= started
+        last = number + 1 == @limits.max_requests || (request.keepalive? && give_way?(opened, started))
+        return unless serve_request(conn, request, peer, last, started)
+        return if @worker.leaving?
+      end
+    end
+
+    private
+
+    def read_request(conn, peer, started)
+      head = HTTP.read_head(conn, @limits, started + @limits.head_timeout)
+      head && HTTP.parse_head(head, @limits)
+    rescue HTTP::Error => e
+      refuse(conn, e, peer, started)
+      nil
+    rescue HTTP::ClientGone, SystemCallError, IOError
+      nil
+    end
+
+    # Between two requests on a kept-alive connection: true when the client
+    # sends more within the keep-alive timeout. False when it does not, when
+    # the supervisor has a message (a Quit) for this worker, or, once the
+    # connection has had its turn, when another client has waited on a
+    # listener this worker holds for a moment (no worker took it): the idle
+    # connection then gives way.
+    def next_request?(conn, opened)
+      return !@worker.channel_waiting? unless conn.buf.empty?
+
+      deadline = HTTP.now + @limits.keepalive_timeout
+      loop do
+        left = deadline - HTTP.now
+        return false if left <= 0
+
+        turn_left = opened + @limits.keepalive_turn - HTTP.now
+        watched = [conn.sock, @worker.channel]
+        watched += @listeners if turn_left <= 0
+        ready, = IO.select(watched, nil, nil, turn_left.positive? ? [left, turn_left].min : left)
+        next if ready.nil?
+        return false if ready.include?(@worker.channel)
+        return true if ready.include?(conn.sock)
+
+        # Only a listener: in handoff the supervisor may be about to take
+        # it for an idle worker. Still waiting 50 ms later, it is this one's.
+        ready, = IO.select([conn.sock, @worker.channel], nil, nil, 0.05)
+        return ready.include?(conn.sock) && !ready.include?(@worker.channel) if ready
+        return false if listener_waiting?
+      end
+    end
+
+    # True when the connection has had its turn (`keepalive_turn` since its
+    # first request) and a listener this worker holds has a connection
+    # waiting: the response then says Connection: close.
+    def give_way?(opened, now)
+      return false if now - opened < @limits.keepalive_turn
+
+      listener_waiting?
+    end
+
+    def listener_waiting?
+      !@listeners.empty? && !IO.select(@listeners, nil, nil, 0).nil?
+    end
+
+    # Answers `error` and ends the connection; `linger` when the client may
+    # still be sending what was not read (see HTTP::Connection#linger).
+    def refuse(conn, error, peer, started, request_line = "-", linger: true)
+      conn.write(HTTP.error_response(error.status, error.message), @limits.io_timeout)
+      conn.linger if linger
+    rescue HTTP::ClientGone
+      nil
+    ensure
+      log(peer, request_line, error.status, 0, started)
+    end
+
+    # Runs the app for one request; true when the connection stays open.
+    def serve_request(conn, request, peer, last, started)
+      framing, length = HTTP.body_framing(request, @limits)
+      expect = request.headers["expect"]
+      if expect && expect.casecmp("100-continue") != 0
+        raise HTTP::Error.new(417, "cannot meet the expectation #{expect.inspect}")
+      end
+
+      has_body = framing == :chunked || length.positive?
+      waits_for_continue = expect && request.minor >= 1 && has_body
+      input = LazyInput.new do
+        conn.write("HTTP/1.1 100 Continue\r\n\r\n", @limits.io_timeout) if waits_for_continue
+        HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout).first
+      end
+      env = environment(request, input, peer, conn.sock)
+      response = RackResponse.new(conn, request, @limits.io_timeout,
+                                  keepalive: request.keepalive? && !last && !@worker.leaving?)
+      # Decided when the head goes out: an unread body that will not be
+      # dropped cheaply closes the connection, and the answer says so.
+      unread = -> { !input.loaded? && has_body && (waits_for_continue || framing == :chunked || length > DRAIN_LIMIT) }
+      keep = run_app(env, response, request, peer, started, -> { @worker.leaving? || unread.call })
+      keep &&= body_consumed(input, has_body)
+      input.close
+      run_after_reply(env)
+      keep && !@worker.leaving?
+    rescue HTTP::Error => e
+      refuse(conn, e, peer, started, request.request_line, linger: e.status != 500)
+      false
+    rescue HTTP::ClientGone, SystemCallError, IOError
+      false
+    end
+
+    # After the app, on a connection kept alive: true when the body it did
+    # not read is out of the way (a small Content-Length body, read and
+    # dropped now; the rest closed the connection already).
+    def body_consumed(input, has_body)
+      return false if input.failed?
+      return true if input.loaded? || !has_body
+
+      input.read
+      true
+    rescue HTTP::Error, HTTP::ClientGone, SystemCallError, IOError
+      false
+    end
+
+    def run_app(env, response, request, peer, started, must_close)
+      status, headers, body = @app.call(env)
+      response.send(status, headers, body, must_close)
+      log(peer, request.request_line, status, response.sent, started, env)
+      response.keepalive?
+    rescue HTTP::ClientGone
+      raise
+    rescue HTTP::Error => e
+      # Reading the body failed: refused with its status, unless the
+      # response had begun (then the connection is cut short).
+      raise HTTP::ClientGone, e.message if response.started?
+
+      raise
+    rescue RackResponse::Invalid => e
+      warn "forkpool-rack: #{e.message} on #{request.method} #{request.target}: answered 500"
+      raise HTTP::Error.new(500, "the application gave a response that cannot be sent")
+    rescue StandardError, ScriptError => e
+      warn "forkpool-rack: the app failed on #{request.method} #{request.target}: " \
+           "#{e.class}: #{e.message}\n\t#{(e.backtrace || []).join("\n\t")}"
+      raise HTTP::ClientGone, "the response had begun" if response.started?
+
+      raise HTTP::Error.new(500, "the application raised an exception")
+    end
+
+    def run_after_reply(env)
+      env["rack.after_reply"].each(&:call)
+    rescue StandardError => e
+      warn "forkpool-rack: an after_reply callback failed: #{e.class}: #{e.message}"
+    end
+
+    # The Rack environment for one request.
+    def environment(request, input, peer, sock)
+      name, port = server_address(request.host, sock)
+      env = {
+        "REQUEST_METHOD" => request.method,
+        "SCRIPT_NAME" => "",
+        "PATH_INFO" => request.path,
+        "QUERY_STRING" => request.query,
+        "REQUEST_URI" => request.target,
+        "SERVER_NAME" => name,
+        "SERVER_PORT" => port,
+        "SERVER_PROTOCOL" => request.version,
+        "REMOTE_ADDR" => peer[0],
+        "REMOTE_PORT" => peer[1],
+        "rack.version" => ::Rack::VERSION,
+        "rack.url_scheme" => "http",
+        "rack.input" => input,
+        "rack.errors" => $stderr,
+        "rack.multithread" => false,
+        "rack.multiprocess" => true,
+        "rack.run_once" => false,
+        "rack.hijack?" => false,
+        "rack.after_reply" => [],
+        "forkpool.recycle" => @recycle,
+        "forkpool.slot" => @worker.slot
+      }
+      request.headers.each do |field, value|
+        next if field.include?("_") # would be taken for the dash form (as nginx drops them)
+
+        key = field.upcase.tr("-", "_")
+        if key == "CONTENT_TYPE" || key == "CONTENT_LENGTH"
+          env[key] = value
+        else
+          env["HTTP_#{key}"] = value
+        end
+      end
+      env["HTTP_HOST"] = request.host if request.host # an absolute-form target's wins
+      env
+    end
+
+    # SERVER_NAME and SERVER_PORT from the Host (port 80 when it names
+    # none); without one (HTTP/1.0), the address the client connected to.
+    def server_address(host, sock)
+      if host && !host.empty?
+        match = /\A(\[[^\]]*\]|[^:]*)(?::(\d*))?\z/n.match(host)
+        return [match[1], match[2].to_s.empty? ? "80" : match[2]] if match
+      end
+      addr = sock.local_address
+      [addr.ip_address, addr.ip_port.to_s]
+    rescue SystemCallError, SocketError
+      ["localhost", "0"]
+    end
+
+    def peer_of(sock)
+      addr = sock.remote_address
+      addr.ip? ? [addr.ip_address, addr.ip_port.to_s] : ["", ""]
+    rescue SystemCallError, SocketError
+      ["", ""]
+    end
+
+    def log(peer, request_line, status, sent, started, env = nil)
+      return unless @access_log
+
+      stamp = Time.now.utc.strftime("%d/%b/%Y:%H:%M:%S +0000")
+      referer = env&.fetch("HTTP_REFERER", nil) || "-"
+      agent = env&.fetch("HTTP_USER_AGENT", nil) || "-"
+      line = format(%(%s - - [%s] "%s" %s %s "%s" "%s" %.6f slot=%s\n),
+                    peer[0].empty? ? "-" : peer[0], stamp, request_line.gsub('"', "%22"), status,
+                    sent.positive? ? sent : "-", referer.gsub('"', "%22"), agent.gsub('"', "%22"),
+                    HTTP.now - started, @worker.slot)
+      $stderr.syswrite(line.b)
+    rescue SystemCallError, IOError
+      nil
+    end
+  end
+end

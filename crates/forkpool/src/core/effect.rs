@@ -1,0 +1,181 @@
+//! What the core asks the shell to do. The core names a child by its slot
+//! (its identity in the core), never by a raw pid: the shell signals a
+//! child only through what it holds for that slot (a pidfd, or the pid the
+//! kernel vouched for).
+
+use std::time::Duration;
+
+use crate::protocol::{ParentMessage, TemplateRequest};
+use crate::status::KillReason;
+
+/// One thing for the shell to carry out.
+#[derive(Debug)]
+pub(crate) enum Effect<L> {
+    /// Send `msg` to the child in `slot`. A failure comes back as
+    /// [`super::Input::SendFailed`].
+    Send {
+        /// The child.
+        slot: usize,
+        /// What to send (a quit or a ping).
+        msg: ParentMessage,
+    },
+    /// Send SIGTERM to the child in `slot` alone (children that speak no
+    /// protocol are told to quit this way).
+    Terminate {
+        /// The child.
+        slot: usize,
+    },
+    /// SIGKILL the child in `slot` and its process group.
+    Kill {
+        /// The child.
+        slot: usize,
+    },
+    /// The worker in `slot`, whose pid the kernel never confirmed, missed a
+    /// deadline or must go: nothing may be signalled; its template answers
+    /// for it (`supervisor/verify.rs`).
+    GiveUpUnverified {
+        /// The slot.
+        slot: usize,
+        /// What it did, for the log.
+        detail: String,
+    },
+    /// Stop reading the channel of the child in `slot`.
+    StopReading {
+        /// The child.
+        slot: usize,
+    },
+    /// The worker in `slot`, forked by a template, said `Ready`: give it a
+    /// process group of its own.
+    OwnGroup {
+        /// The child.
+        slot: usize,
+    },
+    /// A child has room again: connections parked for want of one go
+    /// first.
+    Room,
+    /// An accept order on `listener` was answered: one fewer is out, and
+    /// the listener is looked at again this turn.
+    OrderAnswered {
+        /// The listener.
+        listener: usize,
+    },
+    /// An accept order on `listener` will never be answered (its child was
+    /// killed): one fewer is out.
+    OrderDropped {
+        /// The listener.
+        listener: usize,
+    },
+    /// The child in `slot` ended a connection (for the service-time and
+    /// CPU figures): `took` is how long, when it served one at a time.
+    ConnectionEnded {
+        /// The child.
+        slot: usize,
+        /// Its pid.
+        pid: i32,
+        /// How long the connection took.
+        took: Option<Duration>,
+    },
+    /// The child in `slot` finished connections: recycle it if it is past
+    /// a limit.
+    Served {
+        /// The child.
+        slot: usize,
+    },
+    /// The child in `slot` held one connection past `busy_timeout`: take
+    /// its stack if the pool captures slow requests, then kill it (the
+    /// shell calls back [`super::Core::kill`]).
+    BusyTooLong {
+        /// The child.
+        slot: usize,
+        /// Why, for the totals.
+        reason: KillReason,
+        /// Why, for the log.
+        detail: String,
+    },
+    /// A child killed for sitting on its accept order had been ordered on
+    /// this listener: the connection is still in the backlog; order
+    /// another child at once.
+    Redispatch {
+        /// The listener.
+        listener: usize,
+    },
+    /// A child has been reaped and its slot freed; the shell closes what
+    /// it held for it.
+    Gone(Gone<L>),
+    /// A process the core does not know was reaped (a binary upgrade's
+    /// successor, say): the shell looks; if it is not its own either, it
+    /// goes back as an orphan a template's `W` may yet name.
+    Stranger {
+        /// Its pid.
+        pid: i32,
+        /// How it ended.
+        status: crate::sys::process::ExitStatus,
+    },
+    /// A stop began: stop accepting, close the parked connections, tell
+    /// systemd.
+    StopListening,
+    /// The worker in `slot` was never verified and its slot is freed: the
+    /// shell closes what it held for it (no process to signal or reap).
+    Abandoned(Abandoned<L>),
+    /// Send `request` to the template of `generation`. A failure comes
+    /// back as [`super::Input::TemplateSendFailed`].
+    SendTemplate {
+        /// The template.
+        generation: u32,
+        /// What to send (a ping or a quit).
+        request: TemplateRequest,
+    },
+    /// SIGKILL the template of `generation` and its process group.
+    KillTemplate {
+        /// The template.
+        generation: u32,
+    },
+    /// The template of `generation`, `pid`, has been reaped: the shell
+    /// closes its ends and sweeps its process group; when it ended unasked
+    /// (`failure`), its reload fails or a new one is started after the
+    /// back-off.
+    TemplateGone {
+        /// Its generation.
+        generation: u32,
+        /// Its pid.
+        pid: i32,
+        /// How it failed, when it ended unasked.
+        failure: Option<TemplateFailure>,
+    },
+}
+
+/// How a template ended unasked.
+#[derive(Debug)]
+pub(crate) struct TemplateFailure {
+    /// How, for the log.
+    pub how: String,
+    /// Whether it had said `R`.
+    pub was_ready: bool,
+}
+
+/// A worker never verified whose slot the core freed.
+#[derive(Debug)]
+pub(crate) struct Abandoned<L> {
+    /// Its slot.
+    pub slot: usize,
+    /// What the shell kept for it.
+    pub link: L,
+}
+
+/// A child reaped, its slot freed: what the shell needs to let it go.
+#[derive(Debug)]
+pub(crate) struct Gone<L> {
+    /// The slot it had.
+    pub slot: usize,
+    /// Its pid.
+    pub pid: i32,
+    /// Its generation.
+    pub generation: u32,
+    /// Whether the kernel had vouched for its pid (only then is its
+    /// process group swept).
+    pub verified: bool,
+    /// How it failed to start, when that fails a reload.
+    pub start_failure: Option<String>,
+    /// What the shell kept for it.
+    pub link: L,
+}

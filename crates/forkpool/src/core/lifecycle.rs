@@ -1,0 +1,295 @@
+//! The verbs that change a child's life in the core: retire, let leave,
+//! kill, a closed channel, a failed send, and the end (reaped). Each
+//! changes the slot through the transition table and asks the shell for
+//! what must happen outside (send a quit, SIGKILL, stop reading).
+
+use std::time::Instant;
+
+use tracing::{debug, error, info, warn};
+
+use super::child::{HasChild, LeaveCause, Leaving};
+use super::effect::{Effect, Gone};
+use super::Core;
+use crate::policy::backoff::{fails_a_reload, Verdict, START_WINDOW};
+use crate::policy::liveness::{closed_channel_grace, unverified_closed_grace, Deadlines};
+use crate::protocol::ParentMessage;
+use crate::scoreboard::{own_move, SlotState};
+use crate::status::KillReason;
+use crate::sys::process::ExitStatus;
+
+impl<L: HasChild> Core<L> {
+    /// Whether the slot holds a worker ordered from a template whose pid
+    /// the kernel has not confirmed yet: no signal may go to it.
+    pub fn unverified(&self, slot: usize) -> bool {
+        self.board.get(slot).is_some_and(|s| {
+            s.pid == 0 && s.link.child().version == crate::protocol::TEMPLATE_VERSION
+        })
+    }
+
+    /// Tells the child in `slot` to finish its connection, if any, and
+    /// exit.
+    pub fn retire(&mut self, slot: usize, reason: &str, now: Instant) {
+        if !self.mark_leaving(slot, reason, now) {
+            return;
+        }
+        let child = self.board.link(slot).expect("marked above").child();
+        if child.channel_closed {
+            // It is on its way out already; nothing can reach it.
+        } else if self.config.dispatch.speaks_protocol() {
+            self.effects.push(Effect::Send {
+                slot,
+                msg: ParentMessage::Quit,
+            });
+        } else if !self.unverified(slot) {
+            // No channel to say quit on: SIGTERM, as systemd and every
+            // init system would; SIGKILL follows at the leave deadline.
+            self.effects.push(Effect::Terminate { slot });
+        }
+    }
+
+    /// A child said it is leaving (`X`): it is retired like one told to
+    /// quit, and sent nothing more, since it may have closed its channel.
+    pub fn let_leave(&mut self, slot: usize, now: Instant) {
+        self.mark_leaving(slot, "it asked to leave", now);
+    }
+
+    /// Marks the child in `slot` as leaving for `reason`, with its leave
+    /// deadline. Returns false if it was told to go already.
+    fn mark_leaving(&mut self, slot: usize, reason: &str, now: Instant) -> bool {
+        let Some(entry) = self.board.get(slot) else {
+            return false;
+        };
+        if entry.link.child().told_to_leave() {
+            return false;
+        }
+        let pid = entry.pid;
+        let deadline = now + self.config.shutdown_timeout;
+        let child = self
+            .board
+            .link_mut(slot)
+            .expect("checked above")
+            .child_mut();
+        child.leaving = Some(Leaving {
+            cause: LeaveCause::Asked(reason.to_string()),
+            deadline: Some(deadline),
+        });
+        own_move(self.board.retire(slot, now));
+        self.totals.retired += 1;
+        debug!(slot, pid, "retiring child: {reason}");
+        true
+    }
+
+    /// SIGKILLs the child in `slot` (through the shell) and marks it; it is
+    /// reaped later. A worker the kernel has not vouched for is not
+    /// signalled: its template answers for it.
+    pub fn kill(&mut self, slot: usize, why: KillReason, detail: String, now: Instant) {
+        let Some(entry) = self.board.get(slot) else {
+            return;
+        };
+        if entry.state == SlotState::Killed {
+            return;
+        }
+        if self.unverified(slot) {
+            self.effects.push(Effect::GiveUpUnverified { slot, detail });
+            return;
+        }
+        warn!(
+            slot,
+            pid = entry.pid,
+            reason = why.key(),
+            "killing child: {detail}"
+        );
+        self.effects.push(Effect::Kill { slot });
+        own_move(self.board.kill(slot, now));
+        self.totals.killed += 1;
+        self.totals.killed_by.add(why);
+        if let Some(link) = self.board.link_mut(slot) {
+            let child = link.child_mut();
+            child.leaving = Some(Leaving {
+                cause: LeaveCause::Killed(detail),
+                deadline: None,
+            });
+            child.ping = None;
+            if let Some(listener) = child.ordered_on.take() {
+                self.effects.push(Effect::OrderDropped { listener });
+            }
+        }
+    }
+
+    /// A 0-byte read: the child closed its channel, or sent an empty
+    /// datagram (on `SOCK_SEQPACKET` the two read alike); `hung_up` tells
+    /// them apart. A child that closed it is exiting and has
+    /// `exit_timeout` for its tear-down (a large heap takes seconds); one
+    /// that keeps it open sent the empty datagram the protocol forbids and
+    /// has only a short grace. A deadline already set is only moved
+    /// earlier.
+    pub fn channel_closed(&mut self, slot: usize, hung_up: bool, now: Instant) {
+        let unverified = self.unverified(slot);
+        let limits = Deadlines::of(&self.config);
+        let Some(link) = self.board.link_mut(slot) else {
+            return;
+        };
+        let child = link.child_mut();
+        let grace = if unverified {
+            unverified_closed_grace(child.claimed.is_some(), &limits)
+        } else {
+            closed_channel_grace(hung_up, &limits)
+        };
+        child.channel_closed = true;
+        child.hung_up = hung_up;
+        child.ping = None;
+        child.leave_by(now + grace);
+        self.effects.push(Effect::StopReading { slot });
+        // No more work can reach it: take it out of the idle set. Its
+        // leaving cause is a closed channel, so the end reports a death.
+        let state = self.board.get(slot).map(|s| s.state);
+        if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
+            own_move(self.board.retire(slot, now));
+        }
+    }
+
+    /// A send to the child in `slot` failed. A child whose end is closed
+    /// and that was told to go is exiting: nothing to do. Anything else
+    /// means its channel is broken: it is killed.
+    pub fn send_failed(&mut self, slot: usize, peer_gone: bool, detail: String, now: Instant) {
+        let leaving = self
+            .board
+            .link(slot)
+            .is_some_and(|l| l.child().told_to_leave() || l.child().channel_closed);
+        if peer_gone && leaving {
+            return;
+        }
+        self.kill(slot, KillReason::ChannelFailed, detail, now);
+    }
+
+    /// The process `pid` was reaped with `status`: a template, a worker in
+    /// a slot (or claimed for one), or a stranger the shell looks at.
+    pub fn reaped_pid(&mut self, pid: i32, status: ExitStatus, now: Instant) {
+        if self.template_exited(pid, status, now) {
+            return;
+        }
+        match self.slot_of(pid) {
+            Some(slot) => self.reaped(slot, pid, status, now),
+            None => self.effects.push(Effect::Stranger { pid, status }),
+        }
+    }
+
+    /// The child in `slot`, `pid`, has been reaped with `status`: logs how
+    /// it ended, judges its start and frees the slot; the shell gets what
+    /// it kept for the child back in [`Effect::Gone`].
+    pub fn reaped(&mut self, slot: usize, pid: i32, status: ExitStatus, now: Instant) {
+        let verified = !self.unverified(slot);
+        let Some(entry) = self.board.vacate(slot) else {
+            return;
+        };
+        if !verified {
+            // Its template no longer owes an answer for it.
+            if let Some(t) = self
+                .templates
+                .iter_mut()
+                .find(|t| t.generation == entry.generation)
+            {
+                t.pending.remove(&slot);
+            }
+        }
+        let child = entry.link.child();
+        let served = entry.served;
+        match child.leaving.as_ref().map(|l| &l.cause) {
+            Some(LeaveCause::Killed(reason)) => {
+                info!(slot, pid, %status, served, "killed child reaped ({reason})");
+            }
+            Some(LeaveCause::Asked(reason)) => {
+                info!(slot, pid, %status, served, "child exited ({reason})");
+            }
+            Some(LeaveCause::ChannelClosed) | None => {
+                self.totals.died += 1;
+                warn!(
+                    slot,
+                    pid,
+                    %status,
+                    served,
+                    "child died unexpectedly; a replacement will be started"
+                );
+            }
+        }
+        let start_failure = self.judge_start(child, status, now);
+        self.effects.push(Effect::Gone(Gone {
+            slot,
+            pid,
+            generation: entry.generation,
+            verified,
+            start_failure,
+            link: entry.link,
+        }));
+    }
+
+    /// Called for every child reaped: a start-up failure holds spawns
+    /// back; the death of a worker that had started is replaced (within
+    /// the replacement rate). Returns how the child failed, if its end
+    /// fails a reload that is rolling its generation in.
+    fn judge_start(
+        &mut self,
+        child: &super::child::Child,
+        status: ExitStatus,
+        now: Instant,
+    ) -> Option<String> {
+        let asked = child.asked_to_leave() || self.shutdown.is_some();
+        // A worker up since the last failure ends that run before this
+        // end is counted.
+        self.note_starts(now);
+        let verdict = self.spawn_gate.child_exited(child.start(), asked, now);
+        let how = match child.leaving.as_ref().map(|l| &l.cause) {
+            Some(LeaveCause::Killed(reason)) => format!("killed: {reason}"),
+            _ => status.to_string(),
+        };
+        if let Verdict::FailedStart { delay } = verdict {
+            error!(
+                "worker exited during start-up ({how}); check the command and its stderr: \
+                 retrying in {delay:?}"
+            );
+            return Some(format!("exited during start-up ({how})"));
+        }
+        fails_a_reload(verdict, child.spawned_at, now)
+            .then(|| format!("exited within {:?} of starting ({how})", START_WINDOW))
+    }
+
+    /// Tells the gate of every worker that has started, while a run of
+    /// start-up failures holds spawns: one that started after the last
+    /// failure ends the run and lifts its hold.
+    pub fn note_starts(&mut self, now: Instant) {
+        if !self.spawn_gate.failures_hold(now) {
+            return;
+        }
+        for (_, entry) in self.board.iter() {
+            if let Some(at) = entry
+                .link
+                .child()
+                .start()
+                .started_at()
+                .filter(|at| *at <= now)
+            {
+                self.spawn_gate.started(at);
+            }
+        }
+    }
+
+    /// Whether spawns wait at `now`: for a run of start-up failures (unless
+    /// a worker has started since), or for the replacement rate.
+    pub fn spawns_held(&mut self, now: Instant) -> bool {
+        self.note_starts(now);
+        self.spawn_gate
+            .held_until(now, self.config.max_spawn_rate)
+            .is_some()
+    }
+
+    /// Until when spawns wait, if they do, for the loop's timer.
+    pub fn spawns_held_until(&self, now: Instant) -> Option<Instant> {
+        self.spawn_gate.held_until(now, self.config.max_spawn_rate)
+    }
+
+    /// A start that failed before any worker existed (a fork order left
+    /// unanswered, a template's lie): it feeds the back-off.
+    pub fn count_failed_start(&mut self, now: Instant) {
+        self.spawn_gate.failed(now, std::time::Duration::ZERO);
+    }
+}

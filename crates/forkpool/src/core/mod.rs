@@ -1,0 +1,187 @@
+//! The supervisor's core: every child's state and every rule that moves
+//! it, with no I/O. It is fed inputs (a child's report, a child reaped, a
+//! closed channel, a stop, the time) and answers with effects (send this,
+//! signal that child, stop reading that channel, spawn), which the shell
+//! in `supervisor/` carries out. The simulator in `core/sim` drives the
+//! very same code with a fake clock and simulated children.
+
+pub(crate) mod child;
+mod connections;
+mod effect;
+mod input;
+mod lifecycle;
+mod liveness;
+mod pool;
+mod reports;
+#[cfg(test)]
+mod sim;
+mod stop;
+pub(crate) mod template;
+mod templates;
+mod vouch;
+
+pub(crate) use effect::{Effect, Gone, TemplateFailure};
+pub(crate) use input::Input;
+pub(crate) use pool::slot_limit;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::config::PoolConfig;
+use crate::policy::backoff::SpawnGate;
+use crate::policy::backoff::StartBackoff;
+use crate::policy::shutdown::Stop;
+use crate::scaling::ScalingMemory;
+use crate::scoreboard::Scoreboard;
+use crate::status::Totals;
+use crate::sys::process::ExitStatus;
+use child::HasChild;
+use template::Template;
+
+/// After a fork that failed for lack of resources (or a template that
+/// could not fork), spawns wait at least this long.
+pub(crate) const RESOURCE_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The shutdown in progress, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shutdown {
+    /// Children still there are killed at this moment.
+    pub deadline: Instant,
+    /// The supervisor exits at this moment, whatever is left.
+    pub exit_by: Instant,
+}
+
+/// Every child's state and the memory of the rules, with no I/O. `L` is
+/// what the shell keeps per child beside the core's [`child::Child`].
+pub(crate) struct Core<L> {
+    /// The pool's settings (replaced by a reload).
+    pub config: PoolConfig,
+    /// The children, slot by slot.
+    pub board: Scoreboard<L>,
+    /// What happened so far, for status and metrics.
+    pub totals: Totals,
+    /// The generation new children are started in.
+    pub generation: u32,
+    /// The sequence number of the last ping sent.
+    pub ping_seq: u32,
+    /// The stop in progress, if any.
+    pub shutdown: Option<Shutdown>,
+    /// What holds spawns back: a run of start-up failures, and the rate
+    /// of replacing workers that had started (`policy/backoff.rs`).
+    pub spawn_gate: SpawnGate,
+    /// What the scaling rule remembers between turns.
+    pub memory: ScalingMemory,
+    /// The templates (`--preload`): one per generation, two while a
+    /// reload rolls.
+    pub templates: Vec<Template>,
+    /// Template start-up failures and unplanned ends in a row.
+    template_backoff: StartBackoff,
+    /// No template is started before this.
+    templates_blocked_until: Option<Instant>,
+    /// Processes reaped that held no slot, in case a template's `W`
+    /// names one of them afterwards (a worker that died at once).
+    orphans: VecDeque<(i32, ExitStatus)>,
+    /// Since when the pool has been at `max_children` with no idle child.
+    saturated_since: Option<Instant>,
+    /// What the shell must carry out, in order.
+    effects: Vec<Effect<L>>,
+}
+
+impl<L: HasChild> Core<L> {
+    /// A core for `config` with no children yet.
+    pub fn new(config: PoolConfig) -> Core<L> {
+        Core {
+            config,
+            board: Scoreboard::new(),
+            totals: Totals::default(),
+            generation: 1,
+            ping_seq: 0,
+            shutdown: None,
+            spawn_gate: SpawnGate::default(),
+            memory: ScalingMemory::default(),
+            templates: Vec::new(),
+            template_backoff: StartBackoff::default(),
+            templates_blocked_until: None,
+            orphans: VecDeque::new(),
+            saturated_since: None,
+            effects: Vec::new(),
+        }
+    }
+
+    /// Takes `input` at `now`; what the shell must do comes out of
+    /// [`Core::take_effects`].
+    pub fn on(&mut self, input: Input, now: Instant) {
+        match input {
+            Input::Report { slot, msg } => self.report(slot, msg, now),
+            Input::Broken {
+                slot,
+                reason,
+                detail,
+            } => self.kill(slot, reason, detail, now),
+            Input::ChannelClosed {
+                slot,
+                hung_up,
+                claimed_is_child,
+            } => {
+                let claimed = self.board.link(slot).and_then(|l| l.child().claimed);
+                if self.unverified(slot) && claimed.is_some() && !claimed_is_child {
+                    self.give_up_unverified(slot, "closed its channel", false, now);
+                } else {
+                    self.channel_closed(slot, hung_up, now);
+                }
+            }
+            Input::HungUp { slot } => {
+                if let Some(link) = self.board.link_mut(slot) {
+                    link.child_mut().hung_up = true;
+                }
+            }
+            Input::SendFailed {
+                slot,
+                peer_gone,
+                detail,
+            } => self.send_failed(slot, peer_gone, detail, now),
+            Input::Reaped { pid, status } => self.reaped_pid(pid, status, now),
+            Input::TemplateReply { generation, reply } => {
+                self.template_reply(generation, reply, now)
+            }
+            Input::TemplateClosed { generation } => self.template_closed(generation, now),
+            Input::TemplateBroken { generation, detail } => self.kill_template(generation, detail),
+            Input::Stop(Stop::Graceful) => self.begin_shutdown(now),
+            Input::Stop(Stop::Now) => {
+                tracing::info!("stopping now");
+                self.stop_now(now)
+            }
+            Input::Tick => {
+                self.check_liveness(now);
+                self.check_templates(now);
+            }
+        }
+    }
+
+    /// What the shell must carry out, oldest first; the core forgets them.
+    pub fn take_effects(&mut self) -> Vec<Effect<L>> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The earliest moment the core must be ticked without an input: a
+    /// liveness deadline, the end of a spawn hold, a stop's deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        [
+            self.liveness_deadline(),
+            // Holds that have passed stay recorded until the next one; a
+            // past instant here would make the loop spin.
+            self.spawns_held_until(now),
+            self.stop_deadline(now),
+            self.templates_deadline(),
+            // The pool is not sized while it stops: a retire that fell due
+            // would be due for ever, and the loop would spin.
+            self.memory
+                .retire_due_in(&self.config, now)
+                .filter(|_| self.shutdown.is_none())
+                .map(|d| now + d),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}

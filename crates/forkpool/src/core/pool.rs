@@ -1,0 +1,137 @@
+//! How many children: the scaling rule's answer carried out as far as the
+//! core can (surplus children told to quit, the totals), and whether one
+//! more child may be started now (the back-off, the slot limit).
+
+use std::time::Instant;
+
+use super::child::{HasChild, Readiness};
+use super::Core;
+use crate::scaling::{self, Decision, PlaceCounts, PoolCounts};
+use crate::scoreboard::own_move;
+
+impl<L: HasChild> Core<L> {
+    /// What the scaling rule says for `pool` (the counts, with the queue
+    /// and the CPU wait filled in by the shell; the CPU wait only matters
+    /// to children that report). Surplus idle children are
+    /// told to quit here; a `Spawn` is for the shell to carry out, one
+    /// child at a time while [`Core::may_spawn`] says so.
+    pub fn decide(&mut self, pool: PoolCounts, now: Instant) -> Decision {
+        let decision = if self.config.dispatch.speaks_protocol() {
+            let at_ceiling =
+                !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
+            self.account_saturation(at_ceiling, now);
+            scaling::decide(pool, &self.config, &mut self.memory, now)
+        } else {
+            scaling::fixed_size(pool, &self.config)
+        };
+        match decision {
+            Decision::Retire(n) => {
+                for _ in 0..n {
+                    if let Some(slot) = self.board.highest_idle() {
+                        self.retire(slot, "surplus idle child", now);
+                    }
+                }
+            }
+            Decision::CpuBound => self.totals.cpu_bound += 1,
+            Decision::Saturated => self.totals.saturated += 1,
+            Decision::Hold | Decision::Spawn(_) => {}
+        }
+        decision
+    }
+
+    /// Since when the pool has been at `max_children` with no idle child.
+    pub fn saturated_since(&self) -> Option<Instant> {
+        self.saturated_since
+    }
+
+    /// The pool as the scaling rule sees it. The backlog (`queued`, asked
+    /// only when needed) only matters when no child has room: otherwise
+    /// every waiting connection is about to be dispatched. `cpus` bounds
+    /// the children starting at once when the pool holds for the CPUs.
+    pub fn pool_counts(&self, queued: impl FnOnce() -> u32, cpus: u32) -> PoolCounts {
+        let counts = self.board.counts();
+        let room = match self.board.session_capacity() {
+            None => self.board.has_room(),
+            Some(_) => self.board.free_places() > 0,
+        };
+        let queued = if room { 0 } else { queued() };
+        match self.board.session_capacity() {
+            None => PoolCounts {
+                starting: counts.starting,
+                idle: counts.idle,
+                busy: counts.busy,
+                queued,
+                cpu: scaling::CpuUse::NotLooked,
+                start_limit: if self.config.hold_when_cpu_bound {
+                    cpus
+                } else {
+                    0
+                },
+            },
+            Some(per_child) => scaling::in_child_equivalents(
+                PlaceCounts {
+                    starting: counts.starting,
+                    serving: counts.idle + counts.busy,
+                    free: self.board.free_places(),
+                    queued,
+                },
+                per_child,
+            ),
+        }
+    }
+
+    /// A fork (or what it needs) failed for lack of resources: spawns back
+    /// off like a start-up failure, at least `floor`, so a process limit
+    /// reached does not make the supervisor retry in a tight loop. Returns
+    /// the delay.
+    pub fn fork_failed(&mut self, now: Instant, floor: std::time::Duration) -> std::time::Duration {
+        self.spawn_gate.failed(now, floor)
+    }
+
+    /// Adds the time spent at the ceiling to the totals.
+    fn account_saturation(&mut self, at_ceiling: bool, now: Instant) {
+        if let Some(since) = self.saturated_since.take() {
+            self.totals.saturated_ms += now.duration_since(since).as_millis() as u64;
+        }
+        if at_ceiling {
+            self.saturated_since = Some(now);
+        }
+    }
+
+    /// Whether one more child may be started now: spawns are not held
+    /// back, no stop is under way, and a slot is free under the limit
+    /// (children on their way out hold slots until reaped, so however many
+    /// a fault leaves there, the table stays bounded).
+    pub fn may_spawn(&mut self, rolling: bool, now: Instant) -> bool {
+        self.shutdown.is_none()
+            && !self.spawns_held(now)
+            && self.board.occupied() < slot_limit(self.config.max_children, rolling)
+    }
+
+    /// A child of `generation` forked into `slot` as `pid` (0 for a worker
+    /// ordered from a template, until the kernel vouches for it), with
+    /// what the shell keeps for it: the slot is taken and the spawn
+    /// counted (for the replacement rate too). A child that never reports
+    /// counts as busy from its start.
+    pub fn adopt(&mut self, slot: usize, pid: i32, generation: u32, link: L, now: Instant) {
+        let never_reports = link.child().readiness == Readiness::Assumed;
+        self.board.occupy(slot, pid, generation, now, link);
+        if never_reports {
+            own_move(self.board.assume_busy(slot, now));
+        }
+        self.totals.spawned += 1;
+        self.spawn_gate.forked(now, self.config.max_spawn_rate);
+    }
+}
+
+/// The most slots in use at once, counting children on their way out:
+/// `max_children`, and twice that while a reload rolls (it starts each
+/// new child while the old one it replaces finishes its connection).
+pub(crate) fn slot_limit(max_children: u32, rolling: bool) -> usize {
+    let max = max_children as usize;
+    if rolling {
+        2 * max
+    } else {
+        max
+    }
+}

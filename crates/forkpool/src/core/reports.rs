@@ -1,0 +1,254 @@
+//! What a child's report means for its slot. A report that does not fit
+//! the child's state, breaks the protocol's rules, or comes too fast gets
+//! the child killed; nothing a child writes can stop the supervisor.
+
+use std::time::Instant;
+
+use tracing::debug;
+
+use super::child::{HasChild, Readiness};
+use super::effect::Effect;
+use super::Core;
+use crate::policy::budget::MESSAGES_PER_SECOND;
+use crate::policy::messages;
+use crate::protocol::ChildMessage;
+use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::status::KillReason;
+
+impl<L: HasChild> Core<L> {
+    /// The child in `slot` sent `msg`: spends its message budget, then
+    /// applies it; a child over budget or out of order is killed.
+    pub fn report(&mut self, slot: usize, msg: ChildMessage, now: Instant) {
+        let Some(link) = self.board.link_mut(slot) else {
+            return;
+        };
+        if !link.child_mut().messages.spend(now, 1) {
+            let why = format!(
+                "sent more than {MESSAGES_PER_SECOND} messages a second on its back-channel"
+            );
+            self.kill(slot, KillReason::Misbehaved, why, now);
+            return;
+        }
+        self.board.heard_from(slot, now);
+        if let Err(why) = self.apply_report(slot, msg, now) {
+            self.kill(slot, KillReason::Misbehaved, why, now);
+        }
+    }
+
+    /// Acts on one report from the child in `slot`: each kind of report is
+    /// one verb below. An `Err` is why the child is killed as misbehaved.
+    fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
+        self.check_report_kind(&msg)?;
+        messages::mode_allows(self.config.dispatch, &msg)?;
+        match msg {
+            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
+            ChildMessage::Idle => self.on_idle(slot, now),
+            ChildMessage::Busy => self.on_busy(slot, now),
+            ChildMessage::Next => self.on_next(slot, now),
+            ChildMessage::Leaving => self.on_leaving(slot, now),
+            ChildMessage::Missed => self.on_missed(slot, now),
+            ChildMessage::Pong { seq } => self.on_pong(slot, seq),
+            ChildMessage::Load {
+                open,
+                capacity,
+                received,
+            } => self.on_load(slot, open, capacity, received, now),
+        }
+    }
+
+    /// Whether this pool's children serve many connections at once.
+    pub fn hosts_sessions(&self) -> bool {
+        self.board.session_capacity().is_some()
+    }
+
+    /// Refuses a report of the wrong kind for this pool's children: load
+    /// from a one-connection child, idle/busy/missed from a many-connection
+    /// one.
+    fn check_report_kind(&self, msg: &ChildMessage) -> Result<(), String> {
+        let hosts = self.hosts_sessions();
+        match msg {
+            ChildMessage::Load { .. } if !hosts => {
+                Err("sent a load report, but this pool runs one connection per child".into())
+            }
+            ChildMessage::Idle | ChildMessage::Busy | ChildMessage::Missed | ChildMessage::Next
+                if hosts =>
+            {
+                Err(format!(
+                    "sent {msg:?}, but this pool's children serve many connections and \
+                     report their load instead"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `Ready`: the child is up. Checks it is who it says it is, gives a
+    /// worker forked by a template its own process group, and records how
+    /// long its start took.
+    fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
+        let expected = self.board.get(slot).map_or(0, |s| s.pid);
+        if i64::from(pid) != i64::from(expected) {
+            return Err(format!("said it is pid {pid}, but it is pid {expected}"));
+        }
+        if self
+            .board
+            .link(slot)
+            .is_some_and(|l| l.child().version == crate::protocol::TEMPLATE_VERSION)
+        {
+            // Forked by a template, it is in the template's process group;
+            // now it is the supervisor's child, it gets a group of its own
+            // like every worker (`supervisor/containment.rs`).
+            self.effects.push(Effect::OwnGroup { slot });
+        }
+        self.board.ready(slot, now).map_err(out_of_order)?;
+        if let Some(link) = self.board.link_mut(slot) {
+            let child = link.child_mut();
+            child.readiness = Readiness::Said(now.saturating_duration_since(child.spawned_at));
+        }
+        self.effects.push(Effect::Room);
+        Ok(())
+    }
+
+    /// `Pong`: the answer to a ping, possibly a late one.
+    fn on_pong(&mut self, slot: usize, seq: u32) -> Result<(), String> {
+        let child = self
+            .board
+            .link_mut(slot)
+            .expect("checked by caller")
+            .child_mut();
+        // Sequence numbers only grow, so any pong up to the last ping sent
+        // is a real answer, possibly a late one (in `shared` mode a ping
+        // can cross a `Busy`); a pong for a ping never sent is a lie.
+        if seq == 0 || seq > child.pinged_up_to {
+            return Err(format!("sent pong {seq} for a ping it never got"));
+        }
+        messages::pong_is_new(seq, child.answered_up_to)?;
+        child.answered_up_to = seq;
+        if child
+            .ping
+            .is_some_and(|(outstanding, _)| seq >= outstanding)
+        {
+            child.ping = None;
+        }
+        Ok(())
+    }
+
+    /// `Idle`: the child finished its connection (or its start) and waits
+    /// for work.
+    fn on_idle(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.connection_ended(slot, now);
+        let finished = self.board.idle(slot, now).map_err(out_of_order)?;
+        if finished {
+            self.effects.push(Effect::Served { slot });
+        }
+        self.effects.push(Effect::Room);
+        Ok(())
+    }
+
+    /// `Busy`: the child accepted a connection itself.
+    fn on_busy(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.board.busy(slot, now).map_err(out_of_order)?;
+        debug!(slot, "child accepted a connection");
+        // In `shared` mode a ping can cross this report: the child answers
+        // it after its connection. Stop the clock, but still accept that
+        // answer.
+        let child = self
+            .board
+            .link_mut(slot)
+            .expect("checked by caller")
+            .child_mut();
+        child.ping = None;
+        self.totals.accepted += 1;
+        self.order_answered(slot);
+        Ok(())
+    }
+
+    /// `Next`: the child finished one connection and took the next waiting
+    /// one itself.
+    fn on_next(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.connection_ended(slot, now);
+        self.board.next(slot, now).map_err(out_of_order)?;
+        self.totals.accepted += 1;
+        self.totals.taken_next += 1;
+        self.effects.push(Effect::Served { slot });
+        Ok(())
+    }
+
+    /// `Leaving`: the child is leaving on purpose; it is counted retired.
+    fn on_leaving(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        // Its connection, if it had one, is over: count it as an `Idle`
+        // would, then the child is on its way out.
+        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
+            self.connection_ended(slot, now);
+            self.board.idle(slot, now).map_err(out_of_order)?;
+        }
+        self.let_leave(slot, now);
+        Ok(())
+    }
+
+    /// `Missed`: the child was woken or ordered to accept but found no
+    /// connection waiting (a futile wake-up).
+    fn on_missed(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        self.board.missed(slot, now).map_err(out_of_order)?;
+        self.totals.futile_wakeups += 1;
+        self.order_answered(slot);
+        self.effects.push(Effect::Room);
+        Ok(())
+    }
+
+    /// `Load` (`L`): the child's load. A child that has room again takes
+    /// the connections parked for want of one first; one that finished
+    /// connections may be past a limit and is recycled.
+    fn on_load(
+        &mut self,
+        slot: usize,
+        open: u32,
+        capacity: u32,
+        received: u32,
+        now: Instant,
+    ) -> Result<(), String> {
+        self.board
+            .report_load(slot, open, capacity, received, now)
+            .map_err(|e| format!("sent an impossible load report: {e}"))?;
+        let in_flight = self
+            .board
+            .get(slot)
+            .and_then(|s| s.load)
+            .map_or(0, |load| load.in_flight());
+        debug!(slot, open, capacity, in_flight, "load report");
+        self.effects.push(Effect::Room);
+        self.effects.push(Effect::Served { slot });
+        Ok(())
+    }
+
+    /// The child's accept order, if any, is answered.
+    fn order_answered(&mut self, slot: usize) {
+        let ordered = self
+            .board
+            .link_mut(slot)
+            .and_then(|l| l.child_mut().ordered_on.take());
+        if let Some(listener) = ordered {
+            self.effects.push(Effect::OrderAnswered { listener });
+        }
+    }
+
+    /// The child in `slot` ended a connection: how long it took, measured
+    /// before the slot leaves `Busy`.
+    fn connection_ended(&mut self, slot: usize, now: Instant) {
+        let Some(entry) = self.board.get(slot) else {
+            return;
+        };
+        let took = (entry.state == SlotState::Busy && entry.load.is_none())
+            .then(|| now.saturating_duration_since(entry.since));
+        self.effects.push(Effect::ConnectionEnded {
+            slot,
+            pid: entry.pid,
+            took,
+        });
+    }
+}
+
+/// Why a report that does not fit the child's state gets it killed.
+fn out_of_order(e: IllegalTransition) -> String {
+    format!("sent an out-of-order message: {e}")
+}

@@ -1,0 +1,366 @@
+//! Templates in the core: their replies, the fork orders they owe, their
+//! deadlines and pings, and their end. The shell forks and execs them and
+//! carries the messages; the core decides.
+
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::child::HasChild;
+use super::effect::{Effect, TemplateFailure};
+use super::template::{Template, TemplateState};
+use super::Core;
+use crate::policy::backoff::START_WINDOW;
+use crate::policy::liveness::{self, Deadlines, TemplateCheck as Check};
+use crate::protocol::{TemplateReply, TemplateRequest};
+use crate::sys::process::ExitStatus;
+
+/// Processes reaped without a slot that are remembered, in case a
+/// template's `W` names one of them afterwards (a worker that died at
+/// once). More than any burst of such deaths between two loop turns.
+const ORPHANS_KEPT: usize = 64;
+
+impl<L: HasChild> Core<L> {
+    /// The template of `generation`, if there is one.
+    pub fn template(&self, generation: u32) -> Option<&Template> {
+        self.templates.iter().find(|t| t.generation == generation)
+    }
+
+    fn template_mut(&mut self, generation: u32) -> Option<&mut Template> {
+        self.templates
+            .iter_mut()
+            .find(|t| t.generation == generation)
+    }
+
+    /// Whether the template of `generation` is ready for fork orders.
+    pub fn has_ready_template(&self, generation: u32) -> bool {
+        self.template(generation)
+            .is_some_and(|t| t.state == TemplateState::Ready)
+    }
+
+    /// A template of `generation` was started as `pid` (forked, or slot
+    /// 0's worker became one): it must say `R` next.
+    pub fn template_started(&mut self, generation: u32, pid: i32, now: Instant) {
+        self.templates.push(Template::new(generation, pid, now));
+    }
+
+    /// Whether a template may be started at `now` (its restart back-off).
+    pub fn may_start_template(&self, now: Instant) -> bool {
+        self.templates_blocked_until.is_none_or(|t| now >= t)
+    }
+
+    /// Holds template starts back after a failure (`why`), doubling.
+    pub fn hold_templates(&mut self, now: Instant, why: &str) -> Duration {
+        let delay = self.template_backoff.failed(now);
+        self.templates_blocked_until = Some(now + delay);
+        tracing::error!("{why}; trying again in {delay:?}");
+        delay
+    }
+
+    /// Whether a fork order may go to the template of `generation`: it is
+    /// ready, and it has not too many workers unverified already.
+    pub fn may_order(&self, generation: u32) -> bool {
+        self.has_ready_template(generation)
+            && self.unverified_of(generation) < super::vouch::UNVERIFIED_PER_TEMPLATE
+    }
+
+    /// A fork order for `slot` went to the template of `generation`.
+    pub fn ordered(&mut self, generation: u32, slot: usize, now: Instant) {
+        if let Some(t) = self.template_mut(generation) {
+            t.pending.insert(slot, now);
+        }
+    }
+
+    /// A reply from the template of `generation`; one that breaks the
+    /// protocol gets the template killed.
+    pub fn template_reply(&mut self, generation: u32, reply: TemplateReply, now: Instant) {
+        let Some(t) = self.template_mut(generation) else {
+            return;
+        };
+        t.last_heard = now;
+        if let Err(why) = self.apply_template_reply(generation, reply, now) {
+            self.kill_template(generation, format!("broke the protocol: {why}"));
+        }
+    }
+
+    fn apply_template_reply(
+        &mut self,
+        generation: u32,
+        reply: TemplateReply,
+        now: Instant,
+    ) -> Result<(), String> {
+        let t = self.template_mut(generation).expect("caller found it");
+        match reply {
+            TemplateReply::Ready { pid } => {
+                t.said_ready(pid, now)?;
+                info!(
+                    pid,
+                    generation,
+                    took = ?now.duration_since(t.started_at),
+                    "template ready: forking workers from it"
+                );
+                Ok(())
+            }
+            TemplateReply::Forked { slot, pid } => {
+                t.fork_answered(slot as usize)?;
+                t.forks += 1;
+                let claimed = self.worker_forked(slot as usize, pid, now);
+                if claimed.is_err() {
+                    // Its order is answered, badly: no worker will come
+                    // for this slot that the supervisor could trust.
+                    self.abandon_unverified(slot as usize);
+                    self.count_failed_start(now);
+                }
+                claimed
+            }
+            TemplateReply::ForkFailed { slot, errno } => {
+                t.fork_answered(slot as usize)?;
+                let err = std::io::Error::from_raw_os_error(errno as i32);
+                self.abandon_unverified(slot as usize);
+                let delay = self.fork_failed(now, super::RESOURCE_BACKOFF);
+                warn!(
+                    "the template could not fork the worker for slot {slot}: {err}; \
+                     trying again in {delay:?}"
+                );
+                Ok(())
+            }
+            TemplateReply::Pong { seq } => t.pong(seq),
+        }
+    }
+
+    /// The template said the worker for `slot` is `pid`: a claim, kept
+    /// until the worker's first message proves it (`vouch.rs`). Refused
+    /// outright when it names no process, a template, or a pid a slot
+    /// already holds or claims.
+    fn worker_forked(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
+        let pid = crate::policy::verification::claimable(pid, |p| self.pid_taken(p, None))
+            .map_err(|why| format!("said slot {slot} is pid {why}"))?;
+        let Some(link) = self.board.link_mut(slot) else {
+            return Err(format!(
+                "said slot {slot} is pid {pid}, but the slot is gone"
+            ));
+        };
+        link.child_mut().claimed = Some(pid);
+        if let Some(status) = self.take_orphan(pid) {
+            // It died before its template's answer was read: a start that
+            // failed, reaped by the supervisor, so the claim holds.
+            self.reaped(slot, pid, status, now);
+            return Ok(());
+        }
+        debug!(
+            slot,
+            pid, "the template forked a worker; its pid is trusted once the kernel confirms it"
+        );
+        Ok(())
+    }
+
+    /// Remembers a reaped process that held no slot.
+    pub fn remember_orphan(&mut self, pid: i32, status: ExitStatus) {
+        if self.orphans.len() == ORPHANS_KEPT {
+            self.orphans.pop_front();
+        }
+        self.orphans.push_back((pid, status));
+    }
+
+    fn take_orphan(&mut self, pid: i32) -> Option<ExitStatus> {
+        let i = self.orphans.iter().position(|(p, _)| *p == pid)?;
+        self.orphans.remove(i).map(|(_, status)| status)
+    }
+
+    /// The template of `generation` closed its channel: it is exiting.
+    pub fn template_closed(&mut self, generation: u32, now: Instant) {
+        let deadline = liveness::exit_deadline(
+            now,
+            self.config.exit_timeout,
+            self.shutdown.map(|s| s.deadline),
+        );
+        if let Some(t) = self.template_mut(generation) {
+            t.channel_closed = true;
+            t.exit_deadline = Some(t.exit_deadline.map_or(deadline, |d| d.min(deadline)));
+        }
+    }
+
+    /// SIGKILLs the template of `generation` (its process group: the
+    /// workers it forked that the kernel has not vouched for die with it;
+    /// verified workers have a group of their own and keep serving).
+    pub fn kill_template(&mut self, generation: u32, why: String) {
+        let stopping = self.shutdown.is_some();
+        let Some(t) = self.template_mut(generation) else {
+            return;
+        };
+        if t.state == TemplateState::Killed {
+            return;
+        }
+        warn!(pid = t.pid, generation, "killing the template: {why}");
+        t.state = TemplateState::Killed;
+        t.killed_for = Some(why);
+        t.ping = None;
+        if !stopping {
+            self.totals.templates_killed += 1;
+        }
+        self.effects.push(Effect::KillTemplate { generation });
+    }
+
+    /// Tells the template of `generation` to exit.
+    pub fn quit_template(&mut self, generation: u32, now: Instant) {
+        let deadline = liveness::exit_deadline(
+            now,
+            self.config.exit_timeout,
+            self.shutdown.map(|s| s.deadline),
+        );
+        let Some(t) = self.template_mut(generation) else {
+            return;
+        };
+        if !matches!(t.state, TemplateState::Starting | TemplateState::Ready) {
+            return;
+        }
+        t.state = TemplateState::Quitting;
+        t.exit_deadline = Some(deadline);
+        t.ping = None;
+        info!(
+            pid = t.pid,
+            generation, "template no longer needed: told to quit"
+        );
+        self.effects.push(Effect::SendTemplate {
+            generation,
+            request: TemplateRequest::Quit,
+        });
+    }
+
+    /// Every template is told to quit (a graceful stop).
+    pub fn quit_templates(&mut self, now: Instant) {
+        let all: Vec<u32> = self.templates.iter().map(|t| t.generation).collect();
+        for generation in all {
+            self.quit_template(generation, now);
+        }
+    }
+
+    /// Every template is killed (an immediate stop).
+    pub fn kill_templates(&mut self) {
+        let all: Vec<u32> = self.templates.iter().map(|t| t.generation).collect();
+        for generation in all {
+            self.kill_template(generation, "immediate stop".into());
+        }
+    }
+
+    /// Pings quiet templates and kills those that missed a deadline.
+    pub fn check_templates(&mut self, now: Instant) {
+        let limits = Deadlines::of(&self.config);
+        let due: Vec<(u32, Check)> = self
+            .templates
+            .iter()
+            .filter_map(|t| {
+                let (at, check) = t.next_check(&limits)?;
+                (now >= at).then_some((t.generation, check))
+            })
+            .collect();
+        for (generation, check) in due {
+            let why = match check {
+                Check::PingDue => {
+                    self.ping_template(generation, now);
+                    continue;
+                }
+                Check::Exit => format!(
+                    "did not exit in time after being told to quit or closing its channel \
+                     (exit_timeout {:?}, or the stop's deadline if sooner)",
+                    self.config.exit_timeout
+                ),
+                Check::Start => format!(
+                    "did not say Ready within {:?} of starting",
+                    limits.start_timeout
+                ),
+                Check::Fork => {
+                    // The order it sat on is a worker that did not start.
+                    self.count_failed_start(now);
+                    format!(
+                        "did not answer a fork order within {:?}",
+                        limits.start_timeout
+                    )
+                }
+                Check::PingAnswer => format!(
+                    "did not answer a ping within {:?}",
+                    self.config.ping_timeout
+                ),
+            };
+            self.kill_template(generation, why);
+        }
+    }
+
+    fn ping_template(&mut self, generation: u32, now: Instant) {
+        self.ping_seq = self.ping_seq.wrapping_add(1);
+        let seq = self.ping_seq;
+        if let Some(t) = self.template_mut(generation) {
+            t.ping = Some((seq, now));
+            self.effects.push(Effect::SendTemplate {
+                generation,
+                request: TemplateRequest::Ping { seq },
+            });
+        }
+    }
+
+    /// The earliest template deadline, and the end of the restart
+    /// back-off when a template is missing, for the loop's timer.
+    pub fn templates_deadline(&self) -> Option<Instant> {
+        let limits = Deadlines::of(&self.config);
+        let next_check = self
+            .templates
+            .iter()
+            .filter_map(|t| t.next_check(&limits).map(|(at, _)| at))
+            .min();
+        let start = self.templates_blocked_until.filter(|_| {
+            self.config.preload
+                && self.shutdown.is_none()
+                && self.template(self.generation).is_none()
+        });
+        next_check.into_iter().chain(start).min()
+    }
+
+    /// The template `pid` has been reaped with `status`: the slots of the
+    /// workers it forked that were never verified are freed (they died in
+    /// its group, or will never come), and one that ended unasked is
+    /// replaced with back-off, or fails the reload it was for.
+    pub(super) fn template_exited(&mut self, pid: i32, status: ExitStatus, now: Instant) -> bool {
+        let Some(i) = self.templates.iter().position(|t| t.pid == pid) else {
+            return false;
+        };
+        let mut t = self.templates.remove(i);
+        let generation = t.generation;
+        let unverified: Vec<usize> = self
+            .board
+            .iter()
+            .filter(|(slot, s)| s.generation == generation && self.unverified(*slot))
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in unverified {
+            self.abandon_unverified(slot);
+        }
+        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
+            info!(pid, generation, %status, forks = t.forks, "template exited");
+            self.effects.push(Effect::TemplateGone {
+                generation,
+                pid,
+                failure: None,
+            });
+            return true;
+        }
+        let how = t.killed_for.take().map_or_else(
+            || format!("exited unexpectedly ({status})"),
+            |why| format!("was killed ({why})"),
+        );
+        if t.ready_at
+            .is_some_and(|at| now.duration_since(at) >= START_WINDOW)
+        {
+            // It had been up: this is not a run of start-up failures.
+            self.template_backoff.reset();
+        }
+        self.effects.push(Effect::TemplateGone {
+            generation,
+            pid,
+            failure: Some(TemplateFailure {
+                how,
+                was_ready: t.ready_at.is_some(),
+            }),
+        });
+        true
+    }
+}

@@ -1,0 +1,300 @@
+//! How long the busy children wait for the CPUs, as a rule with no I/O:
+//! what the looks at the kernel's run-queue counters (taken by
+//! `supervisor/cpu.rs`) say, remembered between looks, and when the next
+//! look is due. The fact behind the scaling policy's hold
+//! (`Decision::CpuBound`, see `policy/scaling.rs`).
+//!
+//! The kernel counts, for each process, the time it spent runnable but
+//! waiting in a run queue (`/proc/PID/schedstat`, second field). Summed
+//! over the busy children between two looks and divided by the time
+//! between them, that is how many of them waited for a CPU on average:
+//! near 0 while they wait on a database, a slow client or a lock (or the
+//! machine has CPUs to spare), 1 or more once they take turns on the
+//! CPUs. A rate over an interval, not a snapshot of who is running, so a
+//! look that happens to catch the children between two requests does not
+//! swing it.
+//!
+//! A look reads one small file per busy child (a few microseconds each),
+//! at most once per [`LOOK_INTERVAL`] (the second of a fresh measurement
+//! after [`FIRST_LOOK_AFTER`]), and only while at least as many children
+//! are busy as there are CPUs (fewer cannot fill them). A look more than
+//! [`LOOK_STALE`] after the one before starts measuring afresh: an average
+//! over the quiet time before a burst would say nothing about the burst.
+//! While a look holds the pool, the supervisor wakes for the next one.
+//! The busy children's connection ends tell whether a hold is worth it
+//! ([`HOLD_TURNOVER`]).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD, HOLD_TURNOVER};
+
+/// The shortest time between two looks, and how long a result stands.
+/// Under a steady load the answer does not change from one connection to
+/// the next; 20 ms keeps the looks to 50 a second and still follows a
+/// change of load within a few dozen connections.
+pub(crate) const LOOK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// A look this long after the one before starts measuring afresh.
+const LOOK_STALE: Duration = Duration::from_millis(100);
+
+/// The second look of a fresh measurement comes this soon after the first:
+/// the pool holds until it comes, and a load step should not wait the
+/// whole [`LOOK_INTERVAL`] for its children. Children that take turns on
+/// the CPUs wait several CPUs' worth of time in any 5 ms; children that
+/// sleep wait next to none.
+const FIRST_LOOK_AFTER: Duration = Duration::from_millis(5);
+
+/// How long a look that found the CPUs taken stands against later looks
+/// that did not: the pool holds until [`FREE_LOOKS`] looks in a row find
+/// the CPUs free, and then grows one child at a time until this long has
+/// passed. The children of a CPU-bound pool now and then all wait on
+/// their clients at once, and one such look must not let it grow.
+const FULL_MEMORY: Duration = Duration::from_secs(1);
+
+/// Looks in a row (100 ms) that must find the CPUs free before a pool that
+/// found them taken grows again.
+const FREE_LOOKS: u32 = 5;
+
+/// The CPUs the pool may use and the busy children's run-queue waiting.
+#[derive(Debug)]
+pub(crate) struct CpuWatch {
+    cpus: usize,
+    /// When the last look was, and each busy child's waiting total then.
+    last: Option<(Instant, HashMap<i32, u64>)>,
+    /// What the last look found.
+    use_now: CpuUse,
+    /// Whether the last look started a fresh measurement (the next one is
+    /// due after [`FIRST_LOOK_AFTER`]).
+    fresh: bool,
+    /// When a look last found the CPUs taken.
+    full_at: Option<Instant>,
+    /// When a child last finished a connection.
+    ended_at: Option<Instant>,
+    /// When the last fresh measurement began: a burst's first requests
+    /// get [`HOLD_TURNOVER`] to finish before the pool counts as stalled.
+    burst_at: Option<Instant>,
+    /// Looks in a row since then that found them free.
+    free_looks: u32,
+}
+
+impl Default for CpuWatch {
+    /// The CPUs this process may run on: its affinity mask and, under
+    /// cgroup v2, its CPU quota (what `std` reports).
+    fn default() -> Self {
+        CpuWatch {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            last: None,
+            use_now: CpuUse::NotLooked,
+            fresh: false,
+            full_at: None,
+            ended_at: None,
+            burst_at: None,
+            free_looks: 0,
+        }
+    }
+}
+
+impl CpuWatch {
+    /// When the next look must happen without an event, with `busy`
+    /// children busy: while the last look holds the pool and they can
+    /// fill the CPUs. A look that is due but was not taken (the pool's
+    /// upkeep was busy with something else) is not a reason to spin.
+    pub fn look_due(&self, busy: usize, now: Instant) -> Option<Instant> {
+        if !self.use_now.holds() || !self.can_fill(busy) {
+            return None;
+        }
+        self.next_look().filter(|t| *t > now)
+    }
+
+    /// Whether `busy` busy children can fill the CPUs (fewer are not
+    /// looked at).
+    pub fn can_fill(&self, busy: usize) -> bool {
+        busy >= self.cpus
+    }
+
+    /// A child finished a connection at `now`.
+    pub fn connection_ended(&mut self, now: Instant) {
+        self.ended_at = Some(now);
+    }
+
+    /// What the last look says at `now`: a hold turns into careful growth
+    /// once no child has finished a connection for [`HOLD_TURNOVER`].
+    pub fn use_at(&self, now: Instant) -> CpuUse {
+        let turning_over = self
+            .ended_at
+            .max(self.burst_at)
+            .is_some_and(|at| now.saturating_duration_since(at) < HOLD_TURNOVER);
+        match self.use_now {
+            CpuUse::Waiting(per_cpu) if per_cpu >= CPU_WAIT_HOLD && !turning_over => {
+                CpuUse::Stalled
+            }
+            other => other,
+        }
+    }
+
+    /// When the next look is due, if there was one before.
+    pub fn next_look(&self) -> Option<Instant> {
+        let interval = if self.fresh {
+            FIRST_LOOK_AFTER
+        } else {
+            LOOK_INTERVAL
+        };
+        self.last.as_ref().map(|(at, _)| *at + interval)
+    }
+
+    /// What a look that measured `per_cpu` says, once the looks before it
+    /// are counted in (see [`FULL_MEMORY`]).
+    fn remembered(&mut self, per_cpu: u32, now: Instant) -> u32 {
+        if per_cpu >= CPU_WAIT_HOLD {
+            self.full_at = Some(now);
+            self.free_looks = 0;
+            return per_cpu;
+        }
+        self.free_looks = self.free_looks.saturating_add(1);
+        let recent = self
+            .full_at
+            .is_some_and(|at| now.saturating_duration_since(at) < FULL_MEMORY);
+        match (recent, self.free_looks < FREE_LOOKS) {
+            (true, true) => CPU_WAIT_HOLD,
+            (true, false) => per_cpu.max(CPU_WAIT_CAREFUL),
+            (false, _) => per_cpu,
+        }
+    }
+
+    /// A look at `now` found these run-queue waiting totals (ns) for the
+    /// busy children, by pid: how many of them waited for a CPU on average
+    /// since the look before, per CPU, in thousandths. A look long after
+    /// the one before starts measuring afresh.
+    pub fn look(&mut self, totals: HashMap<i32, u64>, now: Instant) {
+        let fresh = self
+            .last
+            .as_ref()
+            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= LOOK_STALE);
+        self.use_now = match &self.last {
+            Some((at, before)) if !fresh => {
+                let elapsed = now.saturating_duration_since(*at).as_nanos().max(1);
+                let waited: u128 = totals
+                    .iter()
+                    .filter_map(|(pid, ns)| {
+                        before.get(pid).map(|b| u128::from(ns.saturating_sub(*b)))
+                    })
+                    .sum();
+                let per_cpu = waited * 1000 / (elapsed * self.cpus as u128);
+                let per_cpu = u32::try_from(per_cpu).unwrap_or(u32::MAX);
+                CpuUse::Waiting(self.remembered(per_cpu, now))
+            }
+            _ => CpuUse::Measuring,
+        };
+        if fresh {
+            self.burst_at = Some(now);
+        }
+        self.fresh = fresh;
+        self.last = Some((now, totals));
+    }
+
+    /// The CPUs the pool may use.
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// A child was started: while the CPUs fill up, a careful look no
+    /// longer says how the pool uses them, and the next one decides.
+    pub fn changed(&mut self) {
+        if self.use_now.careful() {
+            self.use_now = CpuUse::Measuring;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watch() -> CpuWatch {
+        CpuWatch {
+            cpus: 2,
+            ..CpuWatch::default()
+        }
+    }
+
+    #[test]
+    fn a_hold_lasts_only_while_children_finish_connections() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        w.use_now = CpuUse::Waiting(3000);
+        // No connection has ended yet: long requests, grow carefully.
+        assert_eq!(w.use_at(t0), CpuUse::Stalled);
+        w.connection_ended(t0);
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER / 2), CpuUse::Waiting(3000));
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Stalled);
+        // Only a hold turns into careful growth.
+        w.use_now = CpuUse::Waiting(CPU_WAIT_HOLD - 1);
+        assert_eq!(
+            w.use_at(t0 + HOLD_TURNOVER),
+            CpuUse::Waiting(CPU_WAIT_HOLD - 1)
+        );
+        w.use_now = CpuUse::Measuring;
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Measuring);
+        // A burst's first requests get the turnover time to finish.
+        let mut w = watch();
+        w.use_now = CpuUse::Waiting(3000);
+        w.burst_at = Some(t0);
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER / 2), CpuUse::Waiting(3000));
+        assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Stalled);
+    }
+
+    #[test]
+    fn a_holding_pool_wakes_for_its_next_look() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        w.last = Some((t0, HashMap::new()));
+        w.fresh = true;
+        w.use_now = CpuUse::Measuring;
+        assert_eq!(w.look_due(2, t0), Some(t0 + FIRST_LOOK_AFTER));
+        // Too few busy to fill the CPUs: no look, no wake.
+        assert_eq!(w.look_due(1, t0), None);
+        // Past due (the loop did not look): no wake, or it would spin.
+        assert_eq!(w.look_due(2, t0 + FIRST_LOOK_AFTER), None);
+        w.fresh = false;
+        w.use_now = CpuUse::Waiting(CPU_WAIT_HOLD);
+        assert_eq!(w.look_due(2, t0), Some(t0 + LOOK_INTERVAL));
+        // Not holding: the next event is soon enough.
+        w.use_now = CpuUse::Waiting(CPU_WAIT_HOLD - 1);
+        assert_eq!(w.look_due(2, t0), None);
+    }
+
+    #[test]
+    fn a_fresh_measurement_looks_again_sooner() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        assert_eq!(w.next_look(), None);
+        w.last = Some((t0, HashMap::new()));
+        w.fresh = true;
+        assert_eq!(w.next_look(), Some(t0 + FIRST_LOOK_AFTER));
+        w.fresh = false;
+        assert_eq!(w.next_look(), Some(t0 + LOOK_INTERVAL));
+    }
+
+    #[test]
+    fn a_pool_that_found_the_cpus_taken_grows_only_after_five_free_looks_then_carefully() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let at = |n: u32| t0 + LOOK_INTERVAL * n;
+        // Never taken: each look says what it measured.
+        assert_eq!(w.remembered(100, at(0)), 100);
+        assert_eq!(w.remembered(CPU_WAIT_HOLD, at(1)), CPU_WAIT_HOLD);
+        // Then four free looks still hold, the fifth lets it grow, one
+        // child at a time.
+        for n in 2..6 {
+            assert_eq!(w.remembered(100, at(n)), CPU_WAIT_HOLD, "look {n}");
+        }
+        assert_eq!(w.remembered(100, at(6)), CPU_WAIT_CAREFUL);
+        // A taken look starts the count again.
+        assert_eq!(w.remembered(1500, at(7)), 1500);
+        assert_eq!(w.remembered(0, at(8)), CPU_WAIT_HOLD);
+        // Long after the last taken look, a look is taken at its word.
+        let later = at(7) + FULL_MEMORY;
+        assert_eq!(w.remembered(0, later), 0);
+    }
+}

@@ -1,0 +1,156 @@
+//! The shell's half of the core: carrying out what the core asked for,
+//! and feeding back what that said (a failed send).
+
+use std::time::Instant;
+
+use nix::sys::signal::Signal;
+use tracing::warn;
+
+use super::children::{is_peer_gone, signal_child};
+use super::{notify, Supervisor};
+use crate::core::{Effect, Input};
+use crate::dispatch::order;
+use crate::protocol::ParentMessage;
+
+impl Supervisor {
+    /// Carries out every effect the core has asked for, in order, until it
+    /// asks for nothing more (a failed send is fed back, and may ask for a
+    /// kill).
+    pub(super) fn carry_out(&mut self, now: Instant) {
+        // Each round's effects come from the last round's inputs; the core
+        // is finite in what one input can ask, so this ends. The bound is
+        // a guard, not a rule.
+        for _ in 0..1024 {
+            let effects = self.core.take_effects();
+            if effects.is_empty() {
+                return;
+            }
+            for effect in effects {
+                self.carry_out_one(effect, now);
+            }
+        }
+        warn!("the core kept asking for effects; left the rest for the next turn");
+    }
+
+    fn carry_out_one(&mut self, effect: Effect<super::ChildLink>, now: Instant) {
+        match effect {
+            Effect::Send { slot, msg } => self.send_to(slot, msg, now),
+            Effect::Terminate { slot } => {
+                let sent = self
+                    .core
+                    .board
+                    .get(slot)
+                    .map(|e| signal_child(&e.link, e.pid, Signal::SIGTERM));
+                if let Some(Err(e)) = sent {
+                    self.core.on(
+                        Input::SendFailed {
+                            slot,
+                            peer_gone: false,
+                            detail: format!("cannot send SIGTERM: {e}"),
+                        },
+                        now,
+                    );
+                }
+            }
+            Effect::Kill { slot } => self.kill_verified(slot),
+            Effect::GiveUpUnverified { slot, detail } => {
+                self.give_up_unverified(slot, &detail, now)
+            }
+            Effect::StopReading { slot } => {
+                if let Some(link) = self.core.board.link(slot) {
+                    self.deregister_channel(&link.channel);
+                }
+            }
+            Effect::OwnGroup { slot } => {
+                if let Some(e) = self.core.board.get(slot) {
+                    let _ = crate::sys::process::own_process_group(e.pid);
+                }
+            }
+            Effect::Room => self.child_available(now),
+            Effect::OrderAnswered { listener } => {
+                order::order_answered(listener, &mut self.listeners)
+            }
+            Effect::OrderDropped { listener } => {
+                order::order_dropped(listener, &mut self.listeners)
+            }
+            Effect::ConnectionEnded { slot, pid, took } => {
+                self.cpu.connection_ended(now);
+                if let Some(took) = took {
+                    self.resources.service_time.observe(took.as_secs_f64());
+                    self.resources.handed(slot, pid, None);
+                }
+            }
+            Effect::Served { slot } => self.recycle_after_connection(slot, now),
+            Effect::BusyTooLong {
+                slot,
+                reason,
+                detail,
+            } => {
+                // Capture where it is stuck first (see slow.rs).
+                if let Some((why, detail)) = self.capture_before_kill(slot, reason, detail, now) {
+                    self.core.kill(slot, why, detail, now);
+                }
+            }
+            Effect::Redispatch { listener } => {
+                if self.listeners.get(listener).is_some_and(|l| l.watched) {
+                    self.dispatch(listener, now);
+                }
+            }
+            Effect::Gone(gone) => self.child_gone(gone, now),
+            Effect::StopListening => {
+                if !self.handover.handed_over {
+                    notify::stopping();
+                }
+                self.unwatch_listeners();
+                let parked = self.dispatcher.close_parked();
+                if parked > 0 {
+                    warn!(
+                        count = parked,
+                        "closing connections that were waiting for a child"
+                    );
+                }
+            }
+            Effect::Abandoned(abandoned) => self.close_abandoned(abandoned.slot, &abandoned.link),
+            Effect::SendTemplate {
+                generation,
+                request,
+            } => self.send_to_template(generation, request, now),
+            Effect::KillTemplate { generation } => self.signal_template(generation),
+            Effect::TemplateGone {
+                generation,
+                pid,
+                failure,
+            } => self.template_gone(generation, pid, failure, now),
+            Effect::Stranger { pid, status } => {
+                if !self.reaped_successor(pid, status) {
+                    // Perhaps a worker whose template has not said its pid
+                    // yet (it died at once): kept for that answer.
+                    self.core.remember_orphan(pid, status);
+                    tracing::debug!(pid, %status, "reaped a process that held no slot");
+                }
+            }
+        }
+    }
+
+    /// Sends `msg` to the child in `slot`; a failure goes back to the core.
+    fn send_to(&mut self, slot: usize, msg: ParentMessage, now: Instant) {
+        let Some(link) = self.core.board.link(slot) else {
+            return;
+        };
+        if let Err(e) = link.send(msg, None) {
+            let what = match msg {
+                ParentMessage::Ping { .. } => "a ping",
+                ParentMessage::Quit => "quit",
+                _ => "a message",
+            };
+            self.core.on(
+                Input::SendFailed {
+                    slot,
+                    peer_gone: is_peer_gone(&e),
+                    detail: format!("cannot send {what}: {e}"),
+                },
+                now,
+            );
+        }
+    }
+}
