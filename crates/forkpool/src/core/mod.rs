@@ -85,6 +85,8 @@ pub(crate) struct Core<L> {
     saturated_since: Option<Instant>,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
+    /// An emptied effects list, kept for its memory.
+    spare: Vec<Effect<L>>,
 }
 
 impl<L: HasChild> Core<L> {
@@ -105,6 +107,7 @@ impl<L: HasChild> Core<L> {
             orphans: VecDeque::new(),
             saturated_since: None,
             effects: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -159,8 +162,18 @@ impl<L: HasChild> Core<L> {
     }
 
     /// What the shell must carry out, oldest first; the core forgets them.
+    /// Hand the emptied list back with [`Core::give_back`], so the next
+    /// input reuses its memory (an allocation per child report otherwise).
     pub fn take_effects(&mut self) -> Vec<Effect<L>> {
-        std::mem::take(&mut self.effects)
+        std::mem::replace(&mut self.effects, std::mem::take(&mut self.spare))
+    }
+
+    /// The list [`Core::take_effects`] gave, carried out: kept for reuse.
+    pub fn give_back(&mut self, mut done: Vec<Effect<L>>) {
+        done.clear();
+        if done.capacity() > self.spare.capacity() {
+            self.spare = done;
+        }
     }
 
     /// The earliest moment the core must be ticked without an input: a

@@ -21,13 +21,15 @@ impl Supervisor {
         // is finite in what one input can ask, so this ends. The bound is
         // a guard, not a rule.
         for _ in 0..1024 {
-            let effects = self.core.take_effects();
+            let mut effects = self.core.take_effects();
             if effects.is_empty() {
+                self.core.give_back(effects);
                 return;
             }
-            for effect in effects {
+            for effect in effects.drain(..) {
                 self.carry_out_one(effect, now);
             }
+            self.core.give_back(effects);
         }
         warn!("the core kept asking for effects; left the rest for the next turn");
     }
