@@ -353,7 +353,11 @@ Locked:                0 kB
             percent >= 0.2 / wall * 100.0 * 0.99,
             "{percent}% over {wall}s"
         );
-        assert!(percent <= cores * 100.0 * 1.05, "{percent}%");
+        // The kernel counts CPU time in clock ticks (10 ms): with other
+        // tests busy on every core in this process, two ticks of rounding
+        // over a short window can read above the cores.
+        let slack = 2.0 * 0.01 / wall;
+        assert!(percent <= (cores + slack) * 100.0 * 1.05, "{percent}%");
         assert!(second.cpu_seconds >= first.cpu_seconds + 0.2);
     }
 
