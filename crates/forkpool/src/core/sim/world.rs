@@ -248,23 +248,7 @@ impl World {
     /// A process forked into `slot`: its behaviour's first steps are
     /// scheduled.
     pub fn fork(&mut self, slot: usize, behaviour: Behaviour) -> i32 {
-        let pid = self.next_pid;
-        self.next_pid += 1;
-        self.forks.push_back(self.now);
-        self.procs.insert(
-            pid,
-            Proc {
-                slot,
-                in_group_of: None,
-                vanished: false,
-                behaviour,
-                exited: false,
-                closed: false,
-                serving: None,
-                told_quit: false,
-                ready: false,
-            },
-        );
+        let pid = self.new_proc(slot, behaviour, None);
         let start = self.ms(1, 50);
         match behaviour {
             Behaviour::CrashAtStart => self.at(start, Happening::Exit(pid, false)),
@@ -351,6 +335,12 @@ impl World {
     /// A worker the template `template` forked for `slot`: in the
     /// template's process group until it says `Ready`.
     pub fn fork_for_template(&mut self, template: i32, slot: usize, behaviour: Behaviour) -> i32 {
+        self.new_proc(slot, behaviour, Some(template))
+    }
+
+    /// A new process in `slot`, forked by the supervisor or (in its group)
+    /// by the template `in_group_of`: counted as a fork.
+    fn new_proc(&mut self, slot: usize, behaviour: Behaviour, in_group_of: Option<i32>) -> i32 {
         let pid = self.next_pid;
         self.next_pid += 1;
         self.forks.push_back(self.now);
@@ -358,7 +348,7 @@ impl World {
             pid,
             Proc {
                 slot,
-                in_group_of: Some(template),
+                in_group_of,
                 vanished: false,
                 behaviour,
                 exited: false,
