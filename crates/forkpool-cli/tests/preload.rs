@@ -53,8 +53,13 @@ fn start(mode: &str, extra: &[&str], cmd: &[&str]) -> DemoPool {
     DemoPool::start_run(&args, cmd)
 }
 
+/// The newest generation's template: while a reload rolls, the old one is
+/// listed too (first, until it has exited).
 fn template(status: &Value) -> &Value {
-    &status["templates"][0]
+    status["templates"]
+        .as_array()
+        .and_then(|all| all.iter().max_by_key(|t| t["generation"].as_u64()))
+        .unwrap_or(&Value::Null)
 }
 
 fn template_pid(status: &Value) -> i32 {

@@ -296,6 +296,7 @@ fn refork_makes_the_warm_worker_the_template() {
         let s = pool.status();
         if total(&s, "reforks") == 1
             && template_pid(&s) == warm
+            && s["templates"].as_array().map_or(0, Vec::len) == 1
             && s["templates"][0]["state"] == "ready"
         {
             break s;

@@ -176,11 +176,12 @@ impl Resp {
 }
 
 fn read_byte(conn: &mut TcpStream) -> Option<u8> {
+    // read_exact retries a read interrupted by a signal (EINTR, which a
+    // socket with a read timeout returns even for a handler installed with
+    // SA_RESTART, such as glibc's own): one such read was once taken for
+    // the server closing the connection.
     let mut byte = [0];
-    match conn.read(&mut byte) {
-        Ok(1) => Some(byte[0]),
-        _ => None,
-    }
+    conn.read_exact(&mut byte).ok().map(|()| byte[0])
 }
 
 /// A line without its CRLF, read a byte at a time so that nothing of the

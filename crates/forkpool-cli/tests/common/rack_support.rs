@@ -109,7 +109,13 @@ pub fn worker_pids(pool: &DemoPool) -> Vec<i32> {
 
 /// The template's pid, 0 without one.
 pub fn template_pid(status: &serde_json::Value) -> i32 {
-    status["templates"][0]["pid"].as_i64().unwrap_or(0) as i32
+    // While a reload rolls, the old template is listed too (first, until
+    // it has exited): the newest generation's is the one in charge.
+    status["templates"]
+        .as_array()
+        .and_then(|all| all.iter().max_by_key(|t| t["generation"].as_u64()))
+        .and_then(|t| t["pid"].as_i64())
+        .unwrap_or(0) as i32
 }
 
 /// The parent of `pid`, from /proc.

@@ -80,8 +80,9 @@ fn read_line(conn: &mut TcpStream) -> String {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while !line.ends_with(b"\r\n") {
-        let n = conn.read(&mut byte).expect("read a response line");
-        assert!(n == 1, "connection closed mid-line: {line:?}");
+        // read_exact retries a read a signal interrupted (EINTR).
+        conn.read_exact(&mut byte)
+            .unwrap_or_else(|e| panic!("reading a response line: {e}; so far {line:?}"));
         line.push(byte[0]);
     }
     line.truncate(line.len() - 2);
