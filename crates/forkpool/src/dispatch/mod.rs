@@ -26,6 +26,7 @@
 //! [`TurnEnd`] saying what the supervisor must do next.
 
 pub(crate) mod handoff;
+pub(crate) mod kernel;
 pub(crate) mod order;
 
 use std::collections::VecDeque;

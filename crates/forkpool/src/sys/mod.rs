@@ -1,6 +1,7 @@
 //! The syscall boundary. Everything above this module is safe Rust; every
 //! `unsafe` block in the crate lives here, each with a `SAFETY:` note.
 
+pub mod bpf;
 pub mod fds;
 pub mod process;
 pub mod signal;

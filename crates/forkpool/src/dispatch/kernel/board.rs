@@ -1,0 +1,191 @@
+//! The shared scoreboard: one 64-bit word per slot in memory that the
+//! kernel's program, the supervisor and every child map.
+//!
+//! It is the one value of an mmapable eBPF array map. Layout, in 64-bit
+//! little-endian words (docs/protocol.md, "Kernel dispatch"):
+//!
+//! | word | what | written by |
+//! |---|---|---|
+//! | 0 | [`MAGIC`]: the layout's name and version | the supervisor, once |
+//! | 1 | the number of slots | the supervisor, once |
+//! | 2 | connections the supervisor holds from its overflow socket | the supervisor |
+//! | 3–7 | reserved, zero | |
+//! | 8 + *slot* | the slot's state | the child, the program, the supervisor |
+//!
+//! A slot's state is [`BUSY`] (0: busy, or no child), [`IDLE`] (1), or a
+//! reservation: the kernel's monotonic clock in ns (with bit 1 set, so it
+//! is never 0 or 1) at which the program picked the slot for a new
+//! connection. Moves, each one atomic:
+//! - child: `BUSY → IDLE` when it has finished and waits (a store: no one
+//!   else moves a busy slot), and `→ BUSY` when it accepts (a store);
+//! - program: `IDLE → reserved` (compare-and-swap, so two connections
+//!   arriving on two CPUs never pick the same idle child);
+//! - supervisor: `IDLE → BUSY` to hand an overflow connection to that
+//!   child (compare-and-swap), and a reservation that has lasted past its
+//!   deadline `→ IDLE` (compare-and-swap with the value it saw), for a
+//!   connection whose handshake never completed.
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+
+use crate::sys::bpf::{self, SharedWords};
+
+/// Word 0: "fkpboard" followed by the layout's version, little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"fkpbrd01");
+/// The words before the first slot's.
+pub const HEADER_WORDS: usize = 8;
+/// The word holding the slot count.
+const SLOTS_WORD: usize = 1;
+/// The word holding the overflow connections the supervisor holds.
+const OVERFLOW_WORD: usize = 2;
+/// Busy, or no child in the slot.
+pub const BUSY: u64 = 0;
+/// Idle: waiting on its own socket.
+pub const IDLE: u64 = 1;
+/// Set in every reservation, so one never reads as busy or idle.
+pub const RESERVED_BIT: u64 = 2;
+
+/// What a slot's word says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotWord {
+    /// Busy, or empty.
+    Busy,
+    /// Idle.
+    Idle,
+    /// Picked by the program at `at_ns` (the kernel's `CLOCK_MONOTONIC`);
+    /// its connection has not been accepted yet.
+    Reserved {
+        /// When.
+        at_ns: u64,
+    },
+}
+
+impl SlotWord {
+    /// Reads a raw word.
+    pub fn from_raw(word: u64) -> SlotWord {
+        match word {
+            BUSY => SlotWord::Busy,
+            IDLE => SlotWord::Idle,
+            at_ns => SlotWord::Reserved { at_ns },
+        }
+    }
+}
+
+/// The scoreboard, mapped.
+pub struct Board {
+    words: SharedWords,
+    slots: usize,
+}
+
+impl Board {
+    /// The map's value size for `slots` slots.
+    pub fn bytes(slots: usize) -> usize {
+        8 * (HEADER_WORDS + slots)
+    }
+
+    /// A new scoreboard map for `slots` slots, every slot busy (empty);
+    /// the map's descriptor is what children and the program are given.
+    pub fn create(slots: usize) -> io::Result<(OwnedFd, Board)> {
+        let bytes = u32::try_from(Board::bytes(slots))
+            .map_err(|_| io::Error::other(format!("{slots} slots do not fit a scoreboard map")))?;
+        let fd = bpf::create_shared_array(bytes, "forkpool_board")?;
+        let board = Board::open(std::os::fd::AsFd::as_fd(&fd), slots)?;
+        let words = board.words.words();
+        words[SLOTS_WORD].store(slots as u64, Ordering::Relaxed);
+        words[0].store(MAGIC, Ordering::Release);
+        Ok((fd, board))
+    }
+
+    /// Maps an existing scoreboard (a child's side).
+    pub fn open(map: BorrowedFd<'_>, slots: usize) -> io::Result<Board> {
+        let words = SharedWords::map(map, HEADER_WORDS + slots)?;
+        Ok(Board { words, slots })
+    }
+
+    /// The number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn slot(&self, slot: usize) -> &std::sync::atomic::AtomicU64 {
+        &self.words.words()[HEADER_WORDS + slot]
+    }
+
+    /// What `slot`'s word says now.
+    pub fn state(&self, slot: usize) -> SlotWord {
+        SlotWord::from_raw(self.slot(slot).load(Ordering::Acquire))
+    }
+
+    /// The raw word (to compare later with [`Board::release_stale`]).
+    pub fn raw(&self, slot: usize) -> u64 {
+        self.slot(slot).load(Ordering::Acquire)
+    }
+
+    /// The child in `slot` waits for a connection.
+    pub fn set_idle(&self, slot: usize) {
+        self.slot(slot).store(IDLE, Ordering::Release);
+    }
+
+    /// The child in `slot` is busy (or gone).
+    pub fn set_busy(&self, slot: usize) {
+        self.slot(slot).store(BUSY, Ordering::Release);
+    }
+
+    /// Takes an idle `slot` for a connection the supervisor hands over;
+    /// false when it was not idle (the program or the child moved first).
+    pub fn claim(&self, slot: usize) -> bool {
+        self.slot(slot)
+            .compare_exchange(IDLE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Gives a reservation back (idle again) if it is still the one seen
+    /// as `seen`: its connection never reached the child.
+    pub fn release_stale(&self, slot: usize, seen: u64) -> bool {
+        seen & RESERVED_BIT != 0
+            && seen != IDLE
+            && self
+                .slot(slot)
+                .compare_exchange(seen, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// Connections the supervisor holds from its overflow socket.
+    pub fn overflow_waiting(&self) -> u64 {
+        self.words.words()[OVERFLOW_WORD].load(Ordering::Acquire)
+    }
+
+    /// Says how many overflow connections the supervisor holds: a child
+    /// that goes idle while this is not zero asks for one (docs/protocol.md).
+    pub fn set_overflow_waiting(&self, count: u64) {
+        self.words.words()[OVERFLOW_WORD].store(count, Ordering::Release);
+    }
+
+    /// Word 0 and 1 as the supervisor wrote them (a child checks the
+    /// layout before trusting the rest).
+    pub fn header(&self) -> (u64, u64) {
+        let words = self.words.words();
+        (
+            words[0].load(Ordering::Acquire),
+            words[SLOTS_WORD].load(Ordering::Acquire),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raw_word_reads_as_busy_idle_or_a_reservation() {
+        assert_eq!(SlotWord::from_raw(0), SlotWord::Busy);
+        assert_eq!(SlotWord::from_raw(1), SlotWord::Idle);
+        assert_eq!(
+            SlotWord::from_raw(1_000_000 | RESERVED_BIT),
+            SlotWord::Reserved {
+                at_ns: 1_000_000 | RESERVED_BIT
+            }
+        );
+    }
+}

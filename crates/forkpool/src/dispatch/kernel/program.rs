@@ -1,0 +1,176 @@
+//! The program the kernel runs for each new connection: pick the lowest
+//! idle slot and reserve it, or the supervisor's overflow socket.
+//!
+//! Type `SK_REUSEPORT`, attached to the listener's `SO_REUSEPORT` group.
+//! The kernel runs it once per connection, when the SYN arrives and a
+//! listener must be chosen; `bpf_sk_select_reuseport` names the chosen
+//! socket by its index in the sockarray (slot *i* at index *i*, the
+//! overflow socket at index `slots`). Per connection it costs one clock
+//! read, one load per busy slot below the one it picks, one
+//! compare-and-swap and one helper call.
+//!
+//! Registers: R6 the context, R7 the scoreboard's value, R8 the
+//! reservation stamp, R9 the slot being looked at; the stack's 4 bytes at
+//! R10−4 hold the sockarray key.
+//!
+//! ```text
+//!  0     r6 = r1                        keep the context for the helper
+//!  1–2   r7 = &board                    the scoreboard's value (direct access)
+//!  3     call ktime_get_ns              r0 = now
+//!  4     r8 = r0
+//!  5     r8 |= 2                        a reservation never reads as busy (0) or idle (1)
+//!  6     r9 = 0                         slot = 0
+//! scan:
+//!  7     if r9 >= SLOTS goto overflow   every slot busy or reserved
+//!  8     r2 = r9
+//!  9     r2 <<= 3
+//! 10     r3 = r7
+//! 11     r3 += r2                       r3 = &word[slot] - 64
+//! 12     r4 = *(u64 *)(r3 + 64)         the slot's state
+//! 13     if r4 != 1 goto next           not idle
+//! 14     r0 = 1
+//! 15     r5 = r8
+//! 16     lock cmpxchg *(u64 *)(r3 + 64), r5   idle -> reserved, if still idle
+//! 17     if r0 != 1 goto next           another CPU's connection took it first
+//! 18     *(u32 *)(r10 - 4) = r9         key = slot
+//! 19     r1 = r6
+//! 20–21  r2 = &sockarray
+//! 22     r3 = r10
+//! 23     r3 += -4
+//! 24     r4 = 0
+//! 25     call sk_select_reuseport       this slot's socket takes the connection
+//! 26     if r0 == 0 goto pass
+//! next:                                 (no socket at the slot: the reservation
+//! 27     r9 += 1                         stays until the supervisor's deadline)
+//! 28     goto scan
+//! overflow:
+//! 29     *(u32 *)(r10 - 4) = SLOTS      key = the overflow socket
+//! 30     r1 = r6
+//! 31–32  r2 = &sockarray
+//! 33     r3 = r10
+//! 34     r3 += -4
+//! 35     r4 = 0
+//! 36     call sk_select_reuseport       (if it fails, the kernel's hash picks)
+//! pass:
+//! 37     r0 = SK_PASS
+//! 38     exit
+//! ```
+
+use super::asm::{Asm, Cond, Insn, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8, R9};
+use super::board::{HEADER_WORDS, IDLE, RESERVED_BIT};
+
+/// `BPF_FUNC_ktime_get_ns`.
+const KTIME_GET_NS: i32 = 5;
+/// `BPF_FUNC_sk_select_reuseport`.
+const SK_SELECT_REUSEPORT: i32 = 82;
+/// `SK_PASS`: let the connection in (on the socket selected, if any).
+const SK_PASS: i32 = 1;
+/// The most slots the program scans. The verifier walks every iteration
+/// of the scan; Linux 6.18 refuses a scan of 4,096 (`EFAULT`) and loads
+/// 2,048 (the test `the_program_loads_for_the_largest_pool_it_scans`). A
+/// pool allowed more children falls back to `handoff`
+/// (docs/operations.md).
+pub const MAX_SLOTS: usize = 2048;
+
+/// The program for a scoreboard map `board` and a sockarray `sockets` of
+/// `slots + 1` entries (descriptors as the loading process holds them).
+pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
+    assert!(
+        (1..=MAX_SLOTS).contains(&slots),
+        "{slots} slots: kernel dispatch takes 1 to {MAX_SLOTS}"
+    );
+    let slots = slots as i32;
+    let word = (8 * HEADER_WORDS) as i16;
+    let key = -4;
+    let mut asm = Asm::new();
+    let scan = asm.label();
+    let next = asm.label();
+    let overflow = asm.label();
+    let pass = asm.label();
+
+    asm.mov(R6, R1);
+    asm.load_map_value(R7, board, 0);
+    asm.call(KTIME_GET_NS);
+    asm.mov(R8, R0);
+    asm.or_imm(R8, RESERVED_BIT as i32);
+    asm.mov_imm(R9, 0);
+
+    asm.bind(scan);
+    asm.jump_if(Cond::Ge, R9, slots, overflow);
+    asm.mov(R2, R9);
+    asm.lsh_imm(R2, 3);
+    asm.mov(R3, R7);
+    asm.add(R3, R2);
+    asm.load_u64(R4, R3, word);
+    asm.jump_if(Cond::Ne, R4, IDLE as i32, next);
+    asm.mov_imm(R0, IDLE as i32);
+    asm.mov(R5, R8);
+    asm.cmpxchg_u64(R3, word, R5);
+    asm.jump_if(Cond::Ne, R0, IDLE as i32, next);
+    asm.store_u32(R10, key, R9);
+    asm.mov(R1, R6);
+    asm.load_map(R2, sockets);
+    asm.mov(R3, R10);
+    asm.add_imm(R3, key.into());
+    asm.mov_imm(R4, 0);
+    asm.call(SK_SELECT_REUSEPORT);
+    asm.jump_if(Cond::Eq, R0, 0, pass);
+
+    asm.bind(next);
+    asm.add_imm(R9, 1);
+    asm.jump(scan);
+
+    asm.bind(overflow);
+    asm.store_u32_imm(R10, key, slots);
+    asm.mov(R1, R6);
+    asm.load_map(R2, sockets);
+    asm.mov(R3, R10);
+    asm.add_imm(R3, key.into());
+    asm.mov_imm(R4, 0);
+    asm.call(SK_SELECT_REUSEPORT);
+
+    asm.bind(pass);
+    asm.mov_imm(R0, SK_PASS);
+    asm.exit();
+    asm.finish()
+        .expect("every label is bound and every jump is short")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_program_is_the_thirty_nine_slots_its_listing_shows() {
+        let insns = pick_lowest_idle(3, 4, 16);
+        assert_eq!(insns.len(), 39);
+        // The scan's bound, the slot word's offset, the overflow key.
+        assert_eq!((insns[7].code, insns[7].imm, insns[7].off), (0x35, 16, 21));
+        assert_eq!(insns[12].off, 64);
+        assert_eq!((insns[16].code, insns[16].imm), (0xdb, 0xf1));
+        assert_eq!(insns[29].imm, 16);
+        assert_eq!(insns[28].off, -22, "back to the scan");
+        assert_eq!(insns[38].code, 0x95);
+    }
+
+    #[test]
+    fn every_jump_lands_inside_the_program() {
+        for slots in [1, 2, 64, MAX_SLOTS] {
+            let insns = pick_lowest_idle(3, 4, slots);
+            for (at, insn) in insns.iter().enumerate() {
+                let class = insn.code & 0x07;
+                let op = insn.code & 0xf0;
+                if class == 0x05 && op != 0x80 && op != 0x90 {
+                    let target = at as i64 + 1 + i64::from(insn.off);
+                    assert!((0..insns.len() as i64).contains(&target), "slot {at}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "kernel dispatch takes 1 to")]
+    fn a_pool_larger_than_the_scan_is_refused() {
+        pick_lowest_idle(3, 4, MAX_SLOTS + 1);
+    }
+}
