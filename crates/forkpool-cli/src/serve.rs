@@ -28,7 +28,8 @@ pub fn prepare(args: &ServeArgs, settings: &Settings) -> Result<Pool, String> {
     let mut passed_agent = take_named(&mut inherited, AGENT_FD_NAME);
     if inherited.is_empty() {
         for spec in &settings.listen {
-            let listener = Listener::bind(&spec.addr, settings.pool.backlog)
+            let kernel = settings.pool.dispatch == forkpool::DispatchMode::Kernel;
+            let listener = Listener::bind_with(&spec.addr, settings.pool.backlog, kernel)
                 .map_err(|e| e.to_string())?
                 .with_name(spec.name.clone());
             if let Some(mode) = settings.unix_mode {

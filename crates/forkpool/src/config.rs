@@ -23,6 +23,14 @@ pub enum DispatchMode {
     /// Children wait on the listeners themselves, one woken per connection
     /// (`EPOLLEXCLUSIVE`); the supervisor only scales. No hot-child ordering.
     Shared,
+    /// The kernel picks: each slot has its own listening socket in the
+    /// listener's `SO_REUSEPORT` group, and an eBPF program gives each new
+    /// connection to the lowest-numbered idle child's socket (or, with none
+    /// idle, to the supervisor's, which hands it on as in `Handoff`). Needs
+    /// Linux 5.12+ and `CAP_BPF`; where it cannot run, or for children it
+    /// does not serve yet (exec'd workers, `--preload`, many-connection
+    /// children), the pool falls back to `Handoff` and says why.
+    Kernel,
     /// Like `Shared` but every child polls the listeners non-exclusively, so
     /// every connection wakes every idle child. Exists only so the benchmark
     /// can show the thundering herd the other modes avoid: only built with
@@ -46,15 +54,20 @@ impl DispatchMode {
             DispatchMode::Handoff => "handoff",
             DispatchMode::Order => "order",
             DispatchMode::Shared => "shared",
+            DispatchMode::Kernel => "kernel",
             #[cfg(feature = "herd")]
             DispatchMode::Herd => "herd",
             DispatchMode::None => "none",
         }
     }
 
-    /// Whether the supervisor watches the listeners (`handoff`, `order`).
+    /// Whether the supervisor watches the listeners (`handoff`, `order`,
+    /// and `kernel`, where its listener takes what no idle child could).
     pub fn parent_watches_listeners(self) -> bool {
-        matches!(self, DispatchMode::Handoff | DispatchMode::Order)
+        matches!(
+            self,
+            DispatchMode::Handoff | DispatchMode::Order | DispatchMode::Kernel
+        )
     }
 
     /// Whether children receive the listening sockets.
@@ -83,11 +96,12 @@ impl FromStr for DispatchMode {
             "handoff" => Ok(DispatchMode::Handoff),
             "order" => Ok(DispatchMode::Order),
             "shared" => Ok(DispatchMode::Shared),
+            "kernel" => Ok(DispatchMode::Kernel),
             #[cfg(feature = "herd")]
             "herd" => Ok(DispatchMode::Herd),
             "none" => Ok(DispatchMode::None),
             other => Err(format!(
-                "unknown dispatch mode '{other}': use handoff, order or shared \
+                "unknown dispatch mode '{other}': use kernel, handoff, order or shared \
                  (or none, for `forkpool run` programs that speak no protocol)"
             )),
         }
@@ -484,7 +498,7 @@ impl PoolConfig {
     /// a child.
     pub fn validate_for_sessions(&self) -> Result<(), ConfigError> {
         self.validate()?;
-        if self.dispatch != DispatchMode::Handoff {
+        if !matches!(self.dispatch, DispatchMode::Handoff | DispatchMode::Kernel) {
             return error(
                 "dispatch",
                 format!(
@@ -779,6 +793,7 @@ mod tests {
             DispatchMode::Handoff,
             DispatchMode::Order,
             DispatchMode::Shared,
+            DispatchMode::Kernel,
             #[cfg(feature = "herd")]
             DispatchMode::Herd,
             DispatchMode::None,

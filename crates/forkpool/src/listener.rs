@@ -66,6 +66,16 @@ impl Listener {
     /// Binds and listens on `addr` with the given backlog. A TCP port of 0
     /// picks a free port; [`Listener::local_addr`] tells which.
     pub fn bind(addr: &ListenAddr, backlog: u32) -> io::Result<Listener> {
+        Listener::bind_with(addr, backlog, false)
+    }
+
+    /// Like [`Listener::bind`]; with `reuse_port`, a TCP listener also
+    /// starts a `SO_REUSEPORT` group that kernel dispatch adds a socket per
+    /// slot to. The option is set after `bind`, so binding still fails
+    /// when anything else holds the address (a second pool on the same
+    /// port is an error, not a silent share); only sockets that set the
+    /// option, as the same user, can join the group afterwards.
+    pub fn bind_with(addr: &ListenAddr, backlog: u32, reuse_port: bool) -> io::Result<Listener> {
         let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
         let context = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("cannot {what} {addr}: {e}"))
@@ -83,6 +93,11 @@ impl Listener {
                         .map_err(|e| context(e, "set IPV6_V6ONLY on"))?;
                 }
                 socket.bind(&(*sa).into()).map_err(|e| context(e, "bind"))?;
+                if reuse_port {
+                    socket
+                        .set_reuse_port(true)
+                        .map_err(|e| context(e, "set SO_REUSEPORT on"))?;
+                }
                 // Accepted sockets inherit TCP_NODELAY from the listener on
                 // Linux: set once here instead of once per connection.
                 socket
@@ -161,6 +176,17 @@ impl Listener {
     pub fn with_name(mut self, name: impl Into<String>) -> Listener {
         self.name = name.into();
         self
+    }
+
+    /// A slot's own socket in `pool`'s `SO_REUSEPORT` group (kernel
+    /// dispatch), standing for that listener in the child: same address,
+    /// same name.
+    pub(crate) fn from_group_socket(fd: OwnedFd, pool: &Listener) -> Listener {
+        Listener {
+            fd,
+            addr: pool.addr.clone(),
+            name: pool.name.clone(),
+        }
     }
 
     /// The listener's name; empty when it has none.

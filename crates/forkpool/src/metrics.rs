@@ -293,6 +293,7 @@ mod tests {
             serving_generation: 2,
             ready: true,
             dispatch: "handoff".into(),
+            dispatch_fallback: None,
             uptime_ms: 10,
             line: "IB".into(),
             starting: 0,

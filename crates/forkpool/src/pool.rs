@@ -214,7 +214,8 @@ impl Pool {
     /// Binds a listener now (so a port of 0 resolves) and returns the
     /// address actually bound. Listeners are numbered in the order added.
     pub fn listen(&mut self, addr: &ListenAddr) -> io::Result<ListenAddr> {
-        let listener = Listener::bind(addr, self.config.backlog)?;
+        let kernel = self.config.dispatch == DispatchMode::Kernel;
+        let listener = Listener::bind_with(addr, self.config.backlog, kernel)?;
         let bound = listener.local_addr().clone();
         self.listeners.push(listener);
         Ok(bound)
@@ -251,6 +252,7 @@ impl Pool {
         }
         let mut supervisor = self.supervisor()?;
         supervisor.children_take_next = true;
+        supervisor.settle_dispatch(None);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => {
@@ -287,6 +289,9 @@ impl Pool {
         // connection may take the next waiting one itself (`N`).
         supervisor.children_take_next = true;
         supervisor.templates.command = command.to_string();
+        supervisor.settle_dispatch(Some(
+            "exec'd workers (forkpool run) do not take a socket of their own yet",
+        ));
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => exec::exec_worker(start, command),
@@ -369,6 +374,9 @@ impl Pool {
             return Err(PoolError::PreloadNeedsCommand);
         }
         let mut supervisor = self.supervisor()?;
+        supervisor.settle_dispatch(Some(
+            "children that serve many connections at once are counted per connection handed",
+        ));
         supervisor.core.board.host_sessions(capacity);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),

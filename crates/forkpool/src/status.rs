@@ -171,6 +171,11 @@ pub struct Totals {
     /// was made the template.
     #[serde(default)]
     pub reforks: u64,
+    /// Kernel dispatch: reservations given back because their connection
+    /// never came (a handshake never completed) within
+    /// `defer_accept` + 1 s.
+    #[serde(default)]
+    pub reservations_released: u64,
     /// Workers a template said it forked that vanished without the
     /// supervisor ever reaping them (reaped behind its back, or never
     /// its child): their slots were freed after a deadline.
@@ -263,8 +268,13 @@ pub struct Snapshot {
     /// (`READY=1`). Once true it stays true.
     #[serde(default)]
     pub ready: bool,
-    /// The dispatch mode.
+    /// The dispatch mode in force.
     pub dispatch: String,
+    /// Why `kernel` dispatch was asked for and `handoff` runs instead
+    /// (no privilege, an old kernel, a Unix listener, exec'd workers, ...);
+    /// absent when nothing fell back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch_fallback: Option<String>,
     /// How long the supervisor has run.
     pub uptime_ms: u64,
     /// The scoreboard line, one letter per slot.

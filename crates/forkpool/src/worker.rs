@@ -36,6 +36,7 @@ use tracing::{debug, error};
 
 use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
+use crate::dispatch::kernel::board::Board;
 use crate::listener::{Listener, Stream};
 use crate::protocol::{self, ChildMessage, ParentMessage, WorkerOrder};
 use crate::sys;
@@ -100,8 +101,11 @@ pub(crate) struct ChildStart {
     /// when the child is not told (an exec'd `handoff` worker), in which
     /// case each connection is asked.
     pub listener_is_tcp: Vec<bool>,
-    /// The listeners themselves, in modes where children accept.
+    /// The listeners themselves, in modes where children accept (in
+    /// `kernel` dispatch, the child's own socket for each).
     pub listeners: Vec<Listener>,
+    /// `kernel` dispatch: the scoreboard, where the child says it is idle.
+    pub board: Option<Board>,
     /// Connections the child serves before it stops taking the next one
     /// itself and leaves the supervisor to recycle it (0: no limit).
     pub max_requests: u64,
@@ -156,6 +160,7 @@ pub(crate) fn run_child_speaking(
         served: 0,
         listener_is_tcp: start.listener_is_tcp,
         listeners: start.listeners,
+        board: start.board,
         handler,
     };
     let result = worker.report(ChildMessage::Ready {
@@ -164,6 +169,7 @@ pub(crate) fn run_child_speaking(
     let result = result.and_then(|()| match start.mode {
         DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),
         DispatchMode::Shared => worker.accept_shared(true),
+        DispatchMode::Kernel => worker.accept_own(),
         #[cfg(feature = "herd")]
         DispatchMode::Herd => worker.accept_shared(false),
         DispatchMode::None => {
@@ -193,6 +199,8 @@ struct Worker<'h> {
     served: u64,
     listener_is_tcp: Vec<bool>,
     listeners: Vec<Listener>,
+    /// `kernel` dispatch: the scoreboard.
+    board: Option<Board>,
     handler: &'h mut dyn Handler,
 }
 
@@ -346,6 +354,81 @@ impl Worker<'_> {
         }
     }
 
+    /// `kernel`: the child waits on its own sockets, where the kernel
+    /// queues a connection only after reserving this child on the
+    /// scoreboard, and on its channel (pings, quit, and a connection the
+    /// supervisor hands on from its overflow). It marks itself idle on
+    /// the scoreboard before each wait and busy on each accept; it reports
+    /// `B` and `I` as in `shared`.
+    fn accept_own(&mut self) -> End {
+        if self.board.is_none() {
+            return Err("kernel dispatch without a scoreboard".into());
+        }
+        let mut wait = sys::wait::ListenerWait::new(
+            self.info.channel.as_fd(),
+            self.listeners.iter().map(|l| l.as_fd()),
+            false,
+        )?;
+        let slot = self.info.slot;
+        let mut woken = Vec::new();
+        loop {
+            self.mark_on_board(true);
+            match wait.wait(&mut woken) {
+                Ok(()) => {}
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(format!("epoll_wait failed: {e}")),
+            }
+            for &what in &woken {
+                match what {
+                    sys::wait::Woken::Channel => {
+                        // A handed connection comes with the slot already
+                        // claimed busy by the supervisor; a quit must see
+                        // no more from the kernel.
+                        match self.take_one_message()? {
+                            Next::Continue => {}
+                            Next::Exit => {
+                                self.mark_on_board(false);
+                                return Ok(None);
+                            }
+                            Next::BecomeTemplate(fd) => {
+                                self.mark_on_board(false);
+                                return Ok(Some(fd));
+                            }
+                        }
+                    }
+                    sys::wait::Woken::Listener(i) => {
+                        match sys::socket::accept(self.listeners[i].as_fd()) {
+                            Ok(fd) => {
+                                self.mark_on_board(false);
+                                self.report(ChildMessage::Busy)?;
+                                self.serve_then_idle(fd, i as u16)?;
+                            }
+                            Err(Errno::EAGAIN | Errno::ECONNABORTED) => {
+                                self.report(ChildMessage::Missed)?
+                            }
+                            Err(e) => {
+                                error!(slot, "accept failed: {e}");
+                                self.report(ChildMessage::Missed)?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kernel dispatch: says on the scoreboard whether this child is idle
+    /// (a plain atomic store; nothing without a scoreboard).
+    fn mark_on_board(&self, idle: bool) {
+        if let Some(board) = &self.board {
+            if idle {
+                board.set_idle(self.info.slot);
+            } else {
+                board.set_busy(self.info.slot);
+            }
+        }
+    }
+
     /// In the herd, most wake-ups never reach us: the kernel wakes every
     /// child, re-checks the listener, finds it drained by another child and
     /// puts this one back to sleep inside `epoll_wait`. Each such sleep is
@@ -396,6 +479,12 @@ impl Worker<'_> {
                 None => ChildMessage::Idle,
             };
             self.report(report)?;
+            if next.is_none() {
+                // Kernel dispatch: idle on the scoreboard before the client
+                // sees the close, so its next connection finds this (hot)
+                // child, as the report does in `handoff`.
+                self.mark_on_board(true);
+            }
             drop(held_open);
             match next {
                 Some(waiting) => fd = waiting,

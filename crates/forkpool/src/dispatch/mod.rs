@@ -51,6 +51,8 @@ pub(crate) trait Children {
     fn lowest_with_room(&self) -> Option<usize>;
     /// The lowest-numbered idle child.
     fn lowest_idle(&self) -> Option<usize>;
+    /// Whether the child in `slot` is idle.
+    fn is_idle(&self, slot: usize) -> bool;
     /// The pid of the child in `slot`.
     fn pid(&self, slot: usize) -> Option<i32>;
     /// Sends `msg`, with `fd` (a connection) if given, to the child in
@@ -80,6 +82,12 @@ impl<L: HasChild + Sends> Children for Core<L> {
 
     fn lowest_idle(&self) -> Option<usize> {
         self.board.lowest_idle()
+    }
+
+    fn is_idle(&self, slot: usize) -> bool {
+        self.board
+            .get(slot)
+            .is_some_and(|s| s.state == crate::slot::SlotState::Idle)
     }
 
     fn pid(&self, slot: usize) -> Option<i32> {
@@ -200,6 +208,18 @@ impl Dispatcher {
         let count = self.parked.len();
         self.parked.clear();
         count
+    }
+
+    /// Kernel dispatch: accepts everything queued on `socket` (an empty
+    /// slot's, for `listener`) and parks it for the next child with room;
+    /// returns how many.
+    pub fn park_all(&mut self, listener: usize, socket: BorrowedFd<'_>) -> u64 {
+        let mut taken = 0;
+        while let Ok((fd, peer)) = crate::sys::socket::accept_with_peer(socket) {
+            self.parked.push_back(Accepted { listener, fd, peer });
+            taken += 1;
+        }
+        taken
     }
 
     /// A child has room again: parked connections go to the lowest children

@@ -51,7 +51,11 @@ mod tests {
         assert!(mode_allows(h, &ChildMessage::Missed).is_err());
         assert!(mode_allows(h, &ChildMessage::Next).is_ok());
         assert!(mode_allows(h, &ChildMessage::Idle).is_ok());
-        for mode in [DispatchMode::Order, DispatchMode::Shared] {
+        for mode in [
+            DispatchMode::Order,
+            DispatchMode::Shared,
+            DispatchMode::Kernel,
+        ] {
             assert!(mode_allows(mode, &ChildMessage::Busy).is_ok());
             assert!(mode_allows(mode, &ChildMessage::Missed).is_ok());
             assert!(mode_allows(mode, &ChildMessage::Next).is_err());

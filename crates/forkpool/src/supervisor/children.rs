@@ -50,6 +50,10 @@ impl Supervisor {
             return Ok(None);
         };
         let slot = self.core.board.lowest_free();
+        if let Err(e) = self.seat_child(slot) {
+            self.resource_backoff(now, format!("cannot make slot {slot}'s socket: {e}"));
+            return Ok(None);
+        }
         match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ends.ours);
@@ -109,6 +113,7 @@ impl Supervisor {
             mode: self.core.config.dispatch,
             listener_is_tcp: Vec::new(),
             listeners: Vec::new(),
+            board: None,
             max_requests: self.core.config.max_requests_per_child,
             stderr,
         }
@@ -245,6 +250,7 @@ impl Supervisor {
             self.forget_output(output);
         }
         self.deregister_channel(&link.channel);
+        self.unseat_child(slot, now);
     }
 
     /// Tells a child to finish its connection, if any, and exit.

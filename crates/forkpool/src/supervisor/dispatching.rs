@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use crate::config::DispatchMode;
+use crate::dispatch::kernel::Claiming;
 use crate::dispatch::TurnEnd;
 use crate::status::KillReason;
 
@@ -32,17 +33,31 @@ impl Supervisor {
         // it out of the children with room: at most one pass per slot.
         for _ in 0..=self.core.board.span() {
             let end = match self.core.config.dispatch {
-                DispatchMode::Handoff => {
+                DispatchMode::Handoff | DispatchMode::Kernel => {
                     let resources = &mut self.resources;
                     let mut accepted = 0;
-                    let end = self.dispatcher.accept_and_hand_off(
-                        listener,
-                        &self.listeners[listener],
-                        &mut self.core,
-                        now,
-                        &mut accepted,
-                        |slot, pid, peer| resources.handed(slot, pid, peer),
-                    );
+                    let handed = |slot, pid, peer: Option<&socket2::SockAddr>| {
+                        resources.handed(slot, pid, peer)
+                    };
+                    let end = match &self.kernel {
+                        // The overflow: what no idle child could take.
+                        Some(kernel) => self.dispatcher.accept_and_hand_off(
+                            listener,
+                            &self.listeners[listener],
+                            &mut Claiming::new(&mut self.core, kernel.board()),
+                            now,
+                            &mut accepted,
+                            handed,
+                        ),
+                        None => self.dispatcher.accept_and_hand_off(
+                            listener,
+                            &self.listeners[listener],
+                            &mut self.core,
+                            now,
+                            &mut accepted,
+                            handed,
+                        ),
+                    };
                     self.core.totals.accepted += accepted;
                     end
                 }
@@ -74,11 +89,16 @@ impl Supervisor {
     pub(crate) fn child_available(&mut self, now: Instant) {
         for _ in 0..=self.core.board.span() {
             let resources = &mut self.resources;
-            let end = self
-                .dispatcher
-                .hand_parked(&mut self.core, now, |slot, pid, peer| {
-                    resources.handed(slot, pid, peer)
-                });
+            let handed =
+                |slot, pid, peer: Option<&socket2::SockAddr>| resources.handed(slot, pid, peer);
+            let end = match &self.kernel {
+                Some(kernel) => self.dispatcher.hand_parked(
+                    &mut Claiming::new(&mut self.core, kernel.board()),
+                    now,
+                    handed,
+                ),
+                None => self.dispatcher.hand_parked(&mut self.core, now, handed),
+            };
             match end {
                 TurnEnd::Unreachable { slot, why } => {
                     self.kill(slot, KillReason::ChannelFailed, why, now)

@@ -35,6 +35,20 @@ impl Supervisor {
     }
 
     fn carry_out_one(&mut self, effect: Effect<super::ChildLink>, now: Instant) {
+        if let Some(kernel) = &self.kernel {
+            // A child on its way out gets no more connections from the
+            // kernel (what it was given already is handed on once it is
+            // gone: `kernel.rs`).
+            if let Effect::Send {
+                slot,
+                msg: ParentMessage::Quit,
+            }
+            | Effect::Terminate { slot }
+            | Effect::Kill { slot } = effect
+            {
+                kernel.board().set_busy(slot);
+            }
+        }
         match effect {
             Effect::Send { slot, msg } => self.send_to(slot, msg, now),
             Effect::Terminate { slot } => {

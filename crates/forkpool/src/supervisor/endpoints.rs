@@ -515,6 +515,7 @@ impl Supervisor {
             serving_generation: self.rollouts.serving(self.core.generation),
             ready: self.told_ready,
             dispatch: self.core.config.dispatch.name().to_string(),
+            dispatch_fallback: self.dispatch_fallback.clone(),
             uptime_ms: now.duration_since(self.started).as_millis() as u64,
             line: self.core.board.line(),
             starting: counts.starting,

@@ -26,6 +26,10 @@ pub(crate) enum Event {
     Template(usize),
     /// The template of this generation wrote to its stderr.
     TemplateOutput(usize),
+    /// Kernel dispatch: the socket of empty slot `.0` for listener `.1`
+    /// has a connection queued (its child left just as the kernel gave it
+    /// one).
+    SlotSocket(usize, usize),
     /// Someone connected to the control socket.
     Control,
     /// Someone connected to the metrics endpoint.
@@ -47,6 +51,9 @@ const OUTPUT_BASE: usize = 2 * RANGE;
 const CLIENT_BASE: usize = 3 * RANGE;
 const TEMPLATE_BASE: usize = 4 * RANGE;
 const TEMPLATE_OUTPUT_BASE: usize = 5 * RANGE;
+const SLOT_SOCKET_BASE: usize = 6 * RANGE;
+/// Listeners per slot a [`Event::SlotSocket`] token can tell apart.
+pub(crate) const SLOT_SOCKET_LISTENERS: usize = 256;
 const SIGNAL: usize = usize::MAX - 1;
 const CONTROL: usize = usize::MAX - 2;
 const METRICS: usize = usize::MAX - 3;
@@ -67,6 +74,13 @@ impl Event {
             Event::Client(i) => (CLIENT_BASE, i),
             Event::Template(i) => (TEMPLATE_BASE, i),
             Event::TemplateOutput(i) => (TEMPLATE_OUTPUT_BASE, i),
+            Event::SlotSocket(slot, listener) => {
+                assert!(
+                    listener < SLOT_SOCKET_LISTENERS,
+                    "event index out of its token range"
+                );
+                (SLOT_SOCKET_BASE, slot * SLOT_SOCKET_LISTENERS + listener)
+            }
             Event::Control => return Token(CONTROL),
             Event::Metrics => return Token(METRICS),
             Event::Agent => return Token(AGENT),
@@ -93,8 +107,12 @@ impl Event {
             _ if (TEMPLATE_BASE..TEMPLATE_OUTPUT_BASE).contains(&t) => {
                 Event::Template(t - TEMPLATE_BASE)
             }
-            _ if (TEMPLATE_OUTPUT_BASE..TEMPLATE_OUTPUT_BASE + RANGE).contains(&t) => {
+            _ if (TEMPLATE_OUTPUT_BASE..SLOT_SOCKET_BASE).contains(&t) => {
                 Event::TemplateOutput(t - TEMPLATE_OUTPUT_BASE)
+            }
+            _ if (SLOT_SOCKET_BASE..SLOT_SOCKET_BASE + RANGE).contains(&t) => {
+                let i = t - SLOT_SOCKET_BASE;
+                Event::SlotSocket(i / SLOT_SOCKET_LISTENERS, i % SLOT_SOCKET_LISTENERS)
             }
             _ => return None,
         };
@@ -126,6 +144,9 @@ mod tests {
                 Event::TemplateOutput(i),
             ]);
         }
+        for (slot, listener) in [(0, 0), (1, 255), (RANGE / SLOT_SOCKET_LISTENERS - 1, 3)] {
+            all.push(Event::SlotSocket(slot, listener));
+        }
         all
     }
 
@@ -147,7 +168,7 @@ mod tests {
 
     #[test]
     fn unused_tokens_are_no_event() {
-        assert_eq!(Event::from_token(Token(TEMPLATE_OUTPUT_BASE + RANGE)), None);
+        assert_eq!(Event::from_token(Token(SLOT_SOCKET_BASE + RANGE)), None);
         assert_eq!(Event::from_token(Token(usize::MAX)), None);
     }
 

@@ -33,6 +33,7 @@ mod dispatching;
 mod effects;
 mod endpoints;
 mod event;
+mod kernel;
 mod link;
 mod liveness;
 mod load;
@@ -153,6 +154,14 @@ pub(crate) struct Supervisor {
     pub(crate) templates: template::Templates,
     /// Where connections go: parked ones and the dispatch latency.
     pub(crate) dispatcher: Dispatcher,
+    /// Kernel dispatch's scoreboard and socket groups, when it runs
+    /// (`kernel.rs`).
+    pub(crate) kernel: Option<crate::dispatch::kernel::Kernel>,
+    /// Why `--dispatch kernel` fell back to `handoff`, if it did.
+    pub(crate) dispatch_fallback: Option<String>,
+    /// Kernel dispatch: empty slots' sockets the supervisor watches, as
+    /// (slot, listener).
+    orphaned_sockets: Vec<(usize, usize)>,
     started: Instant,
 }
 
@@ -208,6 +217,9 @@ impl Supervisor {
             slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
             dispatcher: Dispatcher::default(),
+            kernel: None,
+            dispatch_fallback: None,
+            orphaned_sockets: Vec::new(),
             started: Instant::now(),
         })
     }
@@ -274,6 +286,7 @@ impl Supervisor {
             self.rewatch_listeners(now);
         }
         self.check_liveness(now);
+        self.release_stale_reservations(now);
         self.notify_ready_once();
         self.expire_clients(now);
         self.check_upgrade(now);
@@ -298,6 +311,7 @@ impl Supervisor {
             Event::Template(generation) => self.read_template(generation as u32, now),
             Event::TemplateOutput(generation) => self.read_template_output(generation as u32),
             Event::Child(slot) => self.read_reports(slot, now),
+            Event::SlotSocket(slot, listener) => self.take_orphaned(slot, listener, now),
             Event::Listener(i) => {
                 if let Some(l) = self.listeners.get_mut(i) {
                     l.recheck = true;
@@ -451,6 +465,7 @@ impl Supervisor {
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.cpu_look_due(now));
+        consider(self.reservation_sweep_due());
         consider(dispatch::backlog_recheck_due(
             self.core.board.has_room(),
             self.core.board.counts().live(),
@@ -487,7 +502,19 @@ impl Supervisor {
     fn into_child(mut self, mut start: ChildStart) -> ChildStart {
         let listeners = std::mem::take(&mut self.listeners);
         start.listener_is_tcp = listeners.iter().map(|l| l.listener.is_tcp()).collect();
-        if start.mode.children_hold_listeners() || self.children_take_next {
+        if let Some(kernel) = self.kernel.take() {
+            let pool: Vec<Listener> = listeners.into_iter().map(|l| l.listener).collect();
+            match kernel.into_seat(start.slot, &pool) {
+                Ok((own, board)) => {
+                    start.listeners = own;
+                    start.board = Some(board);
+                }
+                Err(e) => {
+                    tracing::error!(slot = start.slot, "kernel dispatch: {e}");
+                    std::process::exit(1);
+                }
+            }
+        } else if start.mode.children_hold_listeners() || self.children_take_next {
             start.listeners = listeners.into_iter().map(|l| l.listener).collect();
         }
         // Dropping the rest closes the poll, the signal pipe and every other

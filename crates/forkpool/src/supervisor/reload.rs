@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use crate::core::slot_limit;
 use tracing::{error, info};
 
 use super::Supervisor;
@@ -32,6 +33,25 @@ impl Supervisor {
         };
         if let Err(e) = config.validate() {
             error!("reload refused, keeping the running configuration: {e}");
+            self.core.totals.reloads_refused += 1;
+            return;
+        }
+        let mut config = config;
+        config.dispatch = self.settled_mode(config.dispatch);
+        let kernel = |c: &PoolConfig| c.dispatch == crate::config::DispatchMode::Kernel;
+        if kernel(&config) != kernel(&self.core.config) {
+            // Each slot's socket and the program are set up at start.
+            error!("reload refused: switching dispatch to or from 'kernel' needs a restart");
+            self.core.totals.reloads_refused += 1;
+            return;
+        }
+        if kernel(&config) && slot_limit(config.max_children, true) > self.kernel_slots() {
+            error!(
+                "reload refused: kernel dispatch was set up for {} slots; raising max_children \
+                 past {} needs a restart",
+                self.kernel_slots(),
+                self.kernel_slots() / 2
+            );
             self.core.totals.reloads_refused += 1;
             return;
         }

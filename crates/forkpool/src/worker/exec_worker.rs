@@ -381,6 +381,7 @@ fn worker_start(
         mode,
         listener_is_tcp: listeners.iter().map(Listener::is_tcp).collect(),
         listeners,
+        board: None,
         max_requests: 0,
         stderr: None,
     }

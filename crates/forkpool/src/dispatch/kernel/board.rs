@@ -8,8 +8,7 @@
 //! |---|---|---|
 //! | 0 | [`MAGIC`]: the layout's name and version | the supervisor, once |
 //! | 1 | the number of slots | the supervisor, once |
-//! | 2 | connections the supervisor holds from its overflow socket | the supervisor |
-//! | 3–7 | reserved, zero | |
+//! | 2–7 | reserved, zero | |
 //! | 8 + *slot* | the slot's state | the child, the program, the supervisor |
 //!
 //! A slot's state is [`BUSY`] (0: busy, or no child), [`IDLE`] (1), or a
@@ -37,8 +36,6 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"fkpbrd01");
 pub const HEADER_WORDS: usize = 8;
 /// The word holding the slot count.
 const SLOTS_WORD: usize = 1;
-/// The word holding the overflow connections the supervisor holds.
-const OVERFLOW_WORD: usize = 2;
 /// Busy, or no child in the slot.
 pub const BUSY: u64 = 0;
 /// Idle: waiting on its own socket.
@@ -76,6 +73,14 @@ impl SlotWord {
 pub struct Board {
     words: SharedWords,
     slots: usize,
+}
+
+impl std::fmt::Debug for Board {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Board")
+            .field("slots", &self.slots)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Board {
@@ -149,27 +154,6 @@ impl Board {
                 .slot(slot)
                 .compare_exchange(seen, IDLE, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
-    }
-
-    /// Connections the supervisor holds from its overflow socket.
-    pub fn overflow_waiting(&self) -> u64 {
-        self.words.words()[OVERFLOW_WORD].load(Ordering::Acquire)
-    }
-
-    /// Says how many overflow connections the supervisor holds: a child
-    /// that goes idle while this is not zero asks for one (docs/protocol.md).
-    pub fn set_overflow_waiting(&self, count: u64) {
-        self.words.words()[OVERFLOW_WORD].store(count, Ordering::Release);
-    }
-
-    /// Word 0 and 1 as the supervisor wrote them (a child checks the
-    /// layout before trusting the rest).
-    pub fn header(&self) -> (u64, u64) {
-        let words = self.words.words();
-        (
-            words[0].load(Ordering::Acquire),
-            words[SLOTS_WORD].load(Ordering::Acquire),
-        )
     }
 }
 

@@ -1,6 +1,6 @@
 //! One listener's `SO_REUSEPORT` group: a listening socket per slot, the
-//! supervisor's own listener as the overflow socket, the scoreboard, and
-//! the program that picks among them.
+//! supervisor's own listener as the overflow socket, and the program that
+//! picks among them by the pool's scoreboard.
 //!
 //! The supervisor creates and keeps every socket. A slot's socket is made
 //! the first time the slot is used and lives until the pool stops, so a
@@ -14,7 +14,6 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use nix::errno::Errno;
 use socket2::{Domain, SockAddr, Socket, Type};
 
-use super::board::Board;
 use super::program::{pick_lowest_idle, MAX_SLOTS};
 use crate::sys::bpf;
 
@@ -69,7 +68,8 @@ impl fmt::Display for Unavailable {
     }
 }
 
-fn refused(what: &str, errno: Errno) -> Unavailable {
+/// What an error from the kernel while building kernel dispatch means.
+pub fn refused(what: &str, errno: Errno) -> Unavailable {
     match errno {
         Errno::EPERM | Errno::EACCES => Unavailable::NotPermitted,
         Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP | Errno::E2BIG => {
@@ -81,8 +81,6 @@ fn refused(what: &str, errno: Errno) -> Unavailable {
 
 /// A listener's group.
 pub struct Group {
-    board_map: OwnedFd,
-    board: Board,
     sockets_map: OwnedFd,
     _program: OwnedFd,
     local: SockAddr,
@@ -92,15 +90,11 @@ pub struct Group {
 }
 
 impl Group {
-    /// Builds the group around `overflow`, the supervisor's listening
-    /// socket (bound with `SO_REUSEPORT`), for `slots` slots: the
-    /// scoreboard, the sockarray (the overflow socket at index `slots`),
-    /// the program, attached. Slot sockets come with [`Group::socket`].
-    pub fn new(overflow: BorrowedFd<'_>, slots: usize, backlog: u32) -> Result<Group, Unavailable> {
-        if slots > MAX_SLOTS || slots == 0 {
-            return Err(Unavailable::TooManySlots(slots));
-        }
-        let listener = socket2::SockRef::from(&overflow);
+    /// Whether `listener` can have a group (TCP, bound with
+    /// `SO_REUSEPORT`): its address and family if so. Asks the kernel
+    /// nothing that needs privilege.
+    pub fn check(listener: BorrowedFd<'_>) -> Result<(SockAddr, Domain), Unavailable> {
+        let listener = socket2::SockRef::from(&listener);
         let local = listener
             .local_addr()
             .map_err(|e| Unavailable::Failed(format!("the listener's address: {e}")))?;
@@ -112,21 +106,32 @@ impl Group {
         if !listener.reuse_port().unwrap_or(false) {
             return Err(Unavailable::NoGroup);
         }
-        let (board_map, board) = Board::create(slots).map_err(|e| {
-            refused(
-                "creating the scoreboard map",
-                Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-            )
-        })?;
+        Ok((local, domain))
+    }
+
+    /// Builds the group around `overflow`, the supervisor's listening
+    /// socket (bound with `SO_REUSEPORT`), for `slots` slots of the
+    /// scoreboard map `board`: the sockarray (the overflow socket at index
+    /// `slots`) and the program, attached. Slot sockets come with
+    /// [`Group::socket`].
+    pub fn new(
+        overflow: BorrowedFd<'_>,
+        board: BorrowedFd<'_>,
+        slots: usize,
+        backlog: u32,
+    ) -> Result<Group, Unavailable> {
+        if slots > MAX_SLOTS || slots == 0 {
+            return Err(Unavailable::TooManySlots(slots));
+        }
+        let (local, domain) = Group::check(overflow)?;
         let sockets_map = bpf::create_sockarray(slots as u32 + 1, "forkpool_socks")
             .map_err(|e| refused("creating the socket array", e))?;
         bpf::sockarray_set(sockets_map.as_fd(), slots as u32, overflow)
             .map_err(|e| refused("putting the listener in the socket array", e))?;
-        let insns: Vec<u64> =
-            pick_lowest_idle(board_map.as_raw_fd(), sockets_map.as_raw_fd(), slots)
-                .into_iter()
-                .map(|i| i.encode())
-                .collect();
+        let insns: Vec<u64> = pick_lowest_idle(board.as_raw_fd(), sockets_map.as_raw_fd(), slots)
+            .into_iter()
+            .map(|i| i.encode())
+            .collect();
         let program = bpf::load_program(bpf::PROG_TYPE_SK_REUSEPORT, &insns, "forkpool_pick")
             .map_err(|e| {
                 let mut why = refused("loading the program", e.errno);
@@ -141,8 +146,6 @@ impl Group {
         bpf::attach_reuseport(overflow, program.as_fd())
             .map_err(|e| refused("attaching the program", e))?;
         Ok(Group {
-            board_map,
-            board,
             sockets_map,
             _program: program,
             local,
@@ -150,16 +153,6 @@ impl Group {
             backlog: i32::try_from(backlog).unwrap_or(i32::MAX),
             sockets: (0..slots).map(|_| None).collect(),
         })
-    }
-
-    /// The scoreboard.
-    pub fn board(&self) -> &Board {
-        &self.board
-    }
-
-    /// The scoreboard map's descriptor (what a child maps).
-    pub fn board_map(&self) -> BorrowedFd<'_> {
-        self.board_map.as_fd()
     }
 
     /// `slot`'s listening socket, made (and put in the group) the first
@@ -187,5 +180,11 @@ impl Group {
     /// `slot`'s socket if it has been made.
     pub fn existing(&self, slot: usize) -> Option<BorrowedFd<'_>> {
         self.sockets[slot].as_ref().map(|fd| fd.as_fd())
+    }
+
+    /// Takes `slot`'s socket out of the group's keeping (in a freshly
+    /// forked child, which keeps only its own).
+    pub fn take(&mut self, slot: usize) -> Option<OwnedFd> {
+        self.sockets[slot].take()
     }
 }

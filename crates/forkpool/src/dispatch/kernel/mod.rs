@@ -11,13 +11,214 @@
 //! connection on that slot's socket; with no idle slot, on the overflow
 //! socket, which the supervisor serves as in `handoff`.
 
-// Wired into the supervisor by the commits that follow this one.
-#![allow(dead_code)]
-
 pub mod asm;
 pub mod board;
 pub mod group;
 pub mod program;
+
+use std::cell::Cell;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+
+use super::Children;
+use crate::listener::Listener;
+use crate::protocol::ParentMessage;
+use board::{Board, SlotWord};
+use group::{refused, Group, Unavailable};
+
+/// Kernel dispatch for a pool: the scoreboard, and one group per listener.
+pub struct Kernel {
+    board_map: OwnedFd,
+    board: Board,
+    groups: Vec<Group>,
+    /// When reservations were last looked at, and each slot's word then.
+    swept: Option<Instant>,
+    seen: Vec<u64>,
+}
+
+impl Kernel {
+    /// Sets kernel dispatch up over `listeners` (each bound with
+    /// `SO_REUSEPORT`) for `slots` slots, or says why it cannot run.
+    pub fn new(
+        listeners: &[BorrowedFd<'_>],
+        slots: usize,
+        backlog: u32,
+    ) -> Result<Kernel, Unavailable> {
+        if slots == 0 || slots > program::MAX_SLOTS {
+            return Err(Unavailable::TooManySlots(slots));
+        }
+        for &listener in listeners {
+            Group::check(listener)?;
+        }
+        let (board_map, board) = Board::create(slots).map_err(|e| {
+            refused(
+                "creating the scoreboard map",
+                Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+            )
+        })?;
+        let groups = listeners
+            .iter()
+            .map(|&l| Group::new(l, board_map.as_fd(), slots, backlog))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Kernel {
+            board_map,
+            board,
+            groups,
+            swept: None,
+            seen: vec![board::BUSY; slots],
+        })
+    }
+
+    /// When the next sweep for stale reservations is due.
+    pub fn sweep_due(&self, interval: Duration) -> Instant {
+        self.swept.map_or_else(Instant::now, |at| at + interval)
+    }
+
+    /// Once per `interval`: gives back every reservation unchanged since
+    /// the last sweep (so it is at least `interval` old); returns how many.
+    pub fn sweep(&mut self, now: Instant, interval: Duration) -> u64 {
+        if self.swept.is_some_and(|at| now < at + interval) {
+            return 0;
+        }
+        self.swept = Some(now);
+        let mut released = 0;
+        for slot in 0..self.board.slots() {
+            let word = self.board.raw(slot);
+            if word == self.seen[slot] && self.board.release_stale(slot, word) {
+                released += 1;
+                self.seen[slot] = board::IDLE;
+            } else {
+                self.seen[slot] = word;
+            }
+        }
+        released
+    }
+
+    /// The scoreboard.
+    pub fn board(&self) -> &Board {
+        &self.board
+    }
+
+    /// Makes `slot`'s socket in every group (before a child is forked
+    /// into it).
+    pub fn seat(&mut self, slot: usize) -> std::io::Result<()> {
+        for group in &mut self.groups {
+            group.socket(slot)?;
+        }
+        Ok(())
+    }
+
+    /// `slot`'s sockets, one per listener, where made.
+    pub fn sockets(&self, slot: usize) -> impl Iterator<Item = (usize, BorrowedFd<'_>)> {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, g)| g.existing(slot).map(|fd| (i, fd)))
+    }
+
+    /// In a child just forked into `slot`: its own sockets, as its
+    /// listeners (in the pool's listener order), and the scoreboard. The
+    /// other slots' sockets close when the rest is dropped.
+    pub fn into_seat(
+        mut self,
+        slot: usize,
+        pool: &[Listener],
+    ) -> std::io::Result<(Vec<Listener>, Board)> {
+        let mut listeners = Vec::with_capacity(self.groups.len());
+        for (group, listener) in self.groups.iter_mut().zip(pool) {
+            let fd = group
+                .take(slot)
+                .ok_or_else(|| std::io::Error::other(format!("slot {slot} has no socket")))?;
+            listeners.push(Listener::from_group_socket(fd, listener));
+        }
+        drop(self.board_map);
+        Ok((listeners, self.board))
+    }
+}
+
+/// The supervisor's children as dispatch sees them in kernel mode: a child
+/// the core counts idle takes an overflow connection only if the kernel
+/// has not just given it one, so each pick claims the child's slot on the
+/// scoreboard first (idle to busy). A claim not used by the end of the
+/// pass is given back.
+pub struct Claiming<'a, C> {
+    /// The children (the core).
+    pub children: &'a mut C,
+    /// The scoreboard.
+    pub board: &'a Board,
+    claimed: Cell<Option<usize>>,
+}
+
+impl<'a, C: Children> Claiming<'a, C> {
+    /// The adapter for one dispatch pass.
+    pub fn new(children: &'a mut C, board: &'a Board) -> Self {
+        Claiming {
+            children,
+            board,
+            claimed: Cell::new(None),
+        }
+    }
+
+    fn claim_lowest(&self, lowest: Option<usize>) -> Option<usize> {
+        if let Some(slot) = self.claimed.get() {
+            return Some(slot);
+        }
+        // The core's idle children in slot order, from its lowest.
+        let first = lowest?;
+        let slot = (first..self.board.slots())
+            .find(|&s| self.children.is_idle(s) && self.board.claim(s))?;
+        self.claimed.set(Some(slot));
+        Some(slot)
+    }
+}
+
+impl<C: Children> Children for Claiming<'_, C> {
+    fn lowest_with_room(&self) -> Option<usize> {
+        self.claim_lowest(self.children.lowest_with_room())
+    }
+
+    fn lowest_idle(&self) -> Option<usize> {
+        self.claim_lowest(self.children.lowest_idle())
+    }
+
+    fn is_idle(&self, slot: usize) -> bool {
+        self.children.is_idle(slot) && self.board.state(slot) == SlotWord::Idle
+    }
+
+    fn pid(&self, slot: usize) -> Option<i32> {
+        self.children.pid(slot)
+    }
+
+    fn send(
+        &self,
+        slot: usize,
+        msg: ParentMessage,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> std::io::Result<()> {
+        self.children.send(slot, msg, fd)
+    }
+
+    fn handed(&mut self, slot: usize, now: Instant) {
+        if self.claimed.get() == Some(slot) {
+            self.claimed.set(None);
+        }
+        self.children.handed(slot, now);
+    }
+
+    fn ordered(&mut self, slot: usize, listener: usize, now: Instant) {
+        self.children.ordered(slot, listener, now);
+    }
+}
+
+impl<C> Drop for Claiming<'_, C> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.claimed.take() {
+            self.board.set_idle(slot);
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -29,7 +230,8 @@ mod tests {
     use socket2::{Domain, Socket, Type};
 
     use super::board::SlotWord;
-    use super::group::{Group, Unavailable};
+    use super::group::Unavailable;
+    use super::Kernel;
 
     /// A listener bound with SO_REUSEPORT on a free loopback port.
     fn overflow_listener() -> (OwnedFd, SocketAddr) {
@@ -51,8 +253,8 @@ mod tests {
 
     /// The group, or None (with a NOT RUN line) where the kernel refuses
     /// for lack of privilege, outside CI; under CI=true that is a failure.
-    fn group(overflow: BorrowedFd<'_>, slots: usize) -> Option<Group> {
-        match Group::new(overflow, slots, 64) {
+    fn group(overflow: BorrowedFd<'_>, slots: usize) -> Option<Kernel> {
+        match Kernel::new(&[overflow], slots, 64) {
             Ok(group) => Some(group),
             Err(Unavailable::NotPermitted) if !under_ci() => {
                 eprintln!("NOT RUN: kernel dispatch needs CAP_BPF (run as root); under CI=true this fails");
@@ -64,11 +266,11 @@ mod tests {
 
     /// Where the next connection is queued: `Some(slot)`, or `None` for
     /// the overflow socket. Waits at most 2 s.
-    fn queued_on(group: &Group, overflow: BorrowedFd<'_>, slots: usize) -> Option<usize> {
+    fn queued_on(group: &Kernel, overflow: BorrowedFd<'_>, slots: usize) -> Option<usize> {
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
             let mut fds: Vec<PollFd> = (0..slots)
-                .map(|s| PollFd::new(group.existing(s).unwrap(), PollFlags::POLLIN))
+                .map(|s| PollFd::new(socket(group, s), PollFlags::POLLIN))
                 .collect();
             fds.push(PollFd::new(overflow, PollFlags::POLLIN));
             poll(&mut fds, PollTimeout::from(100u16)).unwrap();
@@ -82,6 +284,10 @@ mod tests {
         }
     }
 
+    fn socket(kernel: &Kernel, slot: usize) -> BorrowedFd<'_> {
+        kernel.sockets(slot).next().expect("seated").1
+    }
+
     fn accept_one(fd: BorrowedFd<'_>) -> OwnedFd {
         crate::sys::socket::accept(fd).expect("a queued connection")
     }
@@ -93,7 +299,7 @@ mod tests {
             return;
         };
         for slot in 0..4 {
-            group.socket(slot).unwrap();
+            group.seat(slot).unwrap();
             group.board().set_idle(slot);
         }
         let mut landed = Vec::new();
@@ -104,7 +310,7 @@ mod tests {
             let at = slot.expect("a slot, not the overflow");
             assert!(matches!(group.board().state(at), SlotWord::Reserved { .. }));
             // The child: accept, busy, serve, idle again.
-            let conn = accept_one(group.existing(at).unwrap());
+            let conn = accept_one(socket(&group, at));
             group.board().set_busy(at);
             drop((conn, client));
             group.board().set_idle(at);
@@ -119,7 +325,7 @@ mod tests {
             return;
         };
         for slot in 0..4 {
-            group.socket(slot).unwrap();
+            group.seat(slot).unwrap();
         }
         // Slot 1 busy: the burst skips it.
         for slot in [0, 2, 3] {
@@ -130,7 +336,7 @@ mod tests {
         for _ in 0..5 {
             let at = queued_on(&group, overflow.as_fd(), 4).unwrap_or(4);
             let fd = if at < 4 {
-                group.existing(at).unwrap()
+                socket(&group, at)
             } else {
                 overflow.as_fd()
             };
@@ -148,7 +354,7 @@ mod tests {
             return;
         };
         for slot in 0..2 {
-            group.socket(slot).unwrap();
+            group.seat(slot).unwrap();
             group.board().set_idle(slot);
         }
         let first = TcpStream::connect(addr).unwrap();
@@ -160,9 +366,9 @@ mod tests {
         ));
         // Reserved and not yet accepted: the next one goes to slot 1.
         let second = TcpStream::connect(addr).unwrap();
-        drop(accept_one(group.existing(0).unwrap()));
+        drop(accept_one(socket(&group, 0)));
         assert_eq!(queued_on(&group, overflow.as_fd(), 2), Some(1));
-        drop(accept_one(group.existing(1).unwrap()));
+        drop(accept_one(socket(&group, 1)));
         // The supervisor gives back a reservation it saw unchanged ...
         assert!(group.board().release_stale(0, seen));
         assert_eq!(group.board().state(0), SlotWord::Idle);
@@ -180,7 +386,7 @@ mod tests {
             return;
         };
         for slot in 0..2 {
-            group.socket(slot).unwrap();
+            group.seat(slot).unwrap();
             group.board().set_idle(slot);
         }
         assert!(group.board().claim(0));
@@ -199,12 +405,12 @@ mod tests {
         let Some(mut group) = group(overflow.as_fd(), slots) else {
             return;
         };
-        group.socket(slots - 1).unwrap();
+        group.seat(slots - 1).unwrap();
         group.board().set_idle(slots - 1);
         // Every slot below busy or empty: the scan runs to the last one.
         let client = TcpStream::connect(addr).unwrap();
         let deadline = Instant::now() + Duration::from_secs(2);
-        let fd = group.existing(slots - 1).unwrap();
+        let fd = socket(&group, slots - 1);
         loop {
             let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
             poll(&mut fds, PollTimeout::from(100u16)).unwrap();
@@ -225,7 +431,7 @@ mod tests {
         socket.listen(8).unwrap();
         let fd = OwnedFd::from(socket);
         assert_eq!(
-            Group::new(fd.as_fd(), 2, 8).err(),
+            Kernel::new(&[fd.as_fd()], 2, 8).err(),
             Some(Unavailable::NoGroup)
         );
     }

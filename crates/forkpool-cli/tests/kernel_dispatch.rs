@@ -1,0 +1,265 @@
+//! `--dispatch kernel`: the kernel gives each connection to the lowest idle
+//! child's own socket (issue 26), with real sockets and real children.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{require, send, signal_pid, total, DemoPool};
+
+/// A demo pool in kernel dispatch with `children` idle children; fails
+/// (or, outside CI, returns None with a NOT RUN line) where the kernel
+/// refuses the program.
+fn kernel_pool(children: &str, extra: &[&str]) -> Option<DemoPool> {
+    let mut args = vec![
+        "--dispatch",
+        "kernel",
+        "--min-children",
+        children,
+        "--min-spare",
+        "0",
+        "--max-spare",
+        "64",
+    ];
+    args.extend_from_slice(extra);
+    let pool = DemoPool::start(&args);
+    let status = pool.status();
+    let running = status["dispatch"] == "kernel";
+    if !require(
+        running,
+        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
+        "run as root on Linux 5.12 or later (CAP_BPF)",
+    ) {
+        return None;
+    }
+    let n: usize = children.parse().unwrap();
+    assert!(pool
+        .wait_status(Duration::from_secs(10), |s| s["idle"] == n as u64)
+        .is_some());
+    Some(pool)
+}
+
+fn slot_of_pid(status: &serde_json::Value, pid: i32) -> Option<u64> {
+    status["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["pid"] == pid)
+        .and_then(|s| s["slot"].as_u64())
+}
+
+fn pid_in_slot(status: &serde_json::Value, slot: u64) -> i32 {
+    status["slots"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["slot"] == slot))
+        .and_then(|s| s["pid"].as_i64())
+        .unwrap_or_else(|| panic!("no child in slot {slot}: {status}")) as i32
+}
+
+#[test]
+fn sequential_requests_all_go_to_slot_zero() {
+    let Some(pool) = kernel_pool("4", &[]) else {
+        return;
+    };
+    let mut slots = Vec::new();
+    for _ in 0..30 {
+        let r = pool.get("/").expect("request");
+        assert_eq!((r.status, r.body.as_str()), (200, "hello\n"));
+        slots.push(r.slot.expect("slot header"));
+    }
+    assert_eq!(slots, vec![0; 30], "{}", pool.stderr.dump());
+    let status = pool.status();
+    assert_eq!(total(&status, "futile_wakeups"), 0, "{status}");
+    assert!(status.get("dispatch_fallback").is_none(), "{status}");
+}
+
+/// Four connections arrive while no child can accept (all stopped): the
+/// kernel reserves a different idle child for each, never two on one.
+#[test]
+fn a_burst_lands_one_connection_per_idle_child() {
+    let Some(pool) = kernel_pool("4", &[]) else {
+        return;
+    };
+    let status = pool.status();
+    let pids: Vec<i32> = (0..4).map(|slot| pid_in_slot(&status, slot)).collect();
+    for &pid in &pids {
+        signal_pid(pid, "STOP");
+    }
+    let mut waiting: Vec<_> = (0..4).map(|_| send(pool.addr, "/")).collect();
+    for &pid in &pids {
+        signal_pid(pid, "CONT");
+    }
+    let mut slots: Vec<usize> = waiting
+        .iter_mut()
+        .map(|conn| {
+            let mut raw = String::new();
+            std::io::Read::read_to_string(conn, &mut raw).expect("an answer");
+            common::parse_response(&raw)
+                .expect("a response")
+                .slot
+                .expect("slot")
+        })
+        .collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1, 2, 3], "{}", pool.stderr.dump());
+    let status = pool.status();
+    assert_eq!(total(&status, "futile_wakeups"), 0, "{status}");
+}
+
+/// A stopped child cannot accept: the kernel queues one connection on its
+/// socket and sends the rest elsewhere. Killed, the child loses nothing:
+/// the supervisor takes what was queued and hands it on.
+#[test]
+fn a_killed_child_loses_nothing_queued_on_its_socket() {
+    let Some(pool) = kernel_pool("2", &[]) else {
+        return;
+    };
+    let status = pool.status();
+    let first = pid_in_slot(&status, 0);
+    signal_pid(first, "STOP");
+    // Queued on slot 0's socket (its child is idle on the scoreboard).
+    let mut queued = send(pool.addr, "/");
+    // Slot 0 is reserved now: the next one goes to slot 1.
+    let r = pool.get("/").expect("request");
+    assert_eq!(r.slot, Some(1), "{}", pool.stderr.dump());
+    signal_pid(first, "KILL");
+    let mut raw = String::new();
+    std::io::Read::read_to_string(&mut queued, &mut raw).expect("an answer");
+    let answer = common::parse_response(&raw).expect("a response");
+    assert_eq!(answer.status, 200, "the queued connection was served");
+    assert_ne!(answer.pid, Some(first));
+    assert!(
+        pool.wait_total("died", 1, Duration::from_secs(10)),
+        "{}",
+        pool.status()
+    );
+    assert!(slot_of_pid(&pool.status(), first).is_none());
+}
+
+/// A SYN whose handshake never completes (the client is gone: its kernel
+/// answers the SYN-ACK with a reset) reserves the lowest idle child; the
+/// supervisor gives the reservation back after its deadline.
+#[test]
+fn a_reservation_whose_handshake_never_completes_is_released() {
+    let Some(pool) = kernel_pool("2", &[]) else {
+        return;
+    };
+    let SocketAddr::V4(addr) = pool.addr else {
+        panic!("the demo listens on IPv4 in tests")
+    };
+    send_bare_syn(addr.port());
+    // Slot 0 is reserved for a connection that will never come.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        let r = pool.get("/").expect("request");
+        seen.push(r.slot.unwrap());
+        if r.slot == Some(1) {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.last(),
+        Some(&1),
+        "the reservation took slot 0 out: {seen:?}"
+    );
+    assert!(
+        pool.wait_total("reservations_released", 1, Duration::from_secs(10)),
+        "{}",
+        pool.status()
+    );
+    let r = pool.get("/").expect("request");
+    assert_eq!(r.slot, Some(0), "slot 0 is first again");
+}
+
+/// Where the kernel refuses the program (here: root without CAP_BPF and
+/// CAP_SYS_ADMIN, under `setpriv`), the pool falls back to handoff, says
+/// why in status, and still keeps the lowest child hot.
+#[test]
+fn without_the_capability_the_pool_falls_back_to_handoff() {
+    let Some(setpriv) = common::require_program("setpriv", "apt-get install util-linux") else {
+        return;
+    };
+    let mut command = Command::new(setpriv);
+    command
+        .args([
+            "--bounding-set",
+            "-bpf,-sys_admin,-perfmon,-net_admin",
+            "--",
+        ])
+        .arg(common::forkpool_bin())
+        .arg("demo");
+    let pool = DemoPool::launch(
+        command,
+        &["--dispatch", "kernel", "--min-children", "3"],
+        &[],
+        true,
+    );
+    let status = pool.status();
+    assert_eq!(status["dispatch"], "handoff", "{status}");
+    let why = status["dispatch_fallback"].as_str().unwrap_or_default();
+    assert!(why.contains("CAP_BPF"), "{why}");
+    for _ in 0..10 {
+        assert_eq!(pool.get("/").expect("request").slot, Some(0));
+    }
+}
+
+/// Sends one TCP SYN to 127.0.0.1:`port` from a port nothing listens on,
+/// through a raw socket (root): the SYN-ACK is answered with a reset by
+/// this machine's kernel, so the handshake never completes.
+fn send_bare_syn(port: u16) {
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
+    assert!(
+        raw >= 0,
+        "a raw socket needs root: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `raw` is a new descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let source_port: u16 = 40_000 + (std::process::id() % 20_000) as u16;
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&source_port.to_be_bytes());
+    tcp[2..4].copy_from_slice(&port.to_be_bytes());
+    tcp[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes()); // sequence
+    tcp[12] = 5 << 4; // header length: 5 words
+    tcp[13] = 0x02; // SYN
+    tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes()); // window
+    let localhost = [127u8, 0, 0, 1];
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for pair in bytes.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&localhost);
+    add(&localhost);
+    add(&[0, libc::IPPROTO_TCP as u8, 0, 20]);
+    add(&tcp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    tcp[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let to = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(localhost),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `tcp` and `to` are live buffers of the sizes given.
+    let sent = unsafe {
+        libc::sendto(
+            sock.as_raw_fd(),
+            tcp.as_ptr().cast(),
+            tcp.len(),
+            0,
+            (&to as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(sent, 20, "{}", std::io::Error::last_os_error());
+}

@@ -1,0 +1,186 @@
+//! The supervisor's side of kernel dispatch: setting it up or falling
+//! back to `handoff` (once, saying why), a socket per slot before each
+//! fork, and what is left on a slot whose child is gone.
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::Interest;
+use tracing::{info, warn};
+
+use super::event::Event;
+use super::Supervisor;
+use crate::config::DispatchMode;
+use crate::core::slot_limit;
+use crate::dispatch::kernel::program::MAX_SLOTS;
+use crate::dispatch::kernel::Kernel;
+
+/// How long a reservation may wait for its connection before it is given
+/// back, beyond `defer_accept` (a client that connected may take that long
+/// to send its first byte, when set, before the kernel queues it).
+pub(crate) const RESERVATION_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Supervisor {
+    /// Sets kernel dispatch up when it is asked for (`--dispatch kernel`);
+    /// where it cannot run, falls back to `handoff` with one log line and
+    /// the reason in status (`dispatch_fallback`). `refused` names children
+    /// it does not serve yet, if these are such.
+    pub(crate) fn settle_dispatch(&mut self, refused: Option<&str>) {
+        if self.core.config.dispatch != DispatchMode::Kernel {
+            return;
+        }
+        let slots = slot_limit(self.core.config.max_children, true);
+        let attempt = match refused {
+            Some(why) => Err(why.to_string()),
+            None if slots > MAX_SLOTS => Err(format!(
+                "{slots} slots (twice max_children, for reloads): the kernel program scans at most \
+                 {MAX_SLOTS}; lower max_children to {} or less",
+                MAX_SLOTS / 2
+            )),
+            None => {
+                let fds: Vec<_> = self.listeners.iter().map(|l| l.listener.as_fd()).collect();
+                Kernel::new(&fds, slots, self.core.config.backlog).map_err(|e| e.to_string())
+            }
+        };
+        match attempt {
+            Ok(kernel) => {
+                info!(
+                    slots,
+                    "kernel dispatch: the kernel picks the lowest idle child for each connection"
+                );
+                self.kernel = Some(kernel);
+            }
+            Err(why) => {
+                warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                self.core.config.dispatch = DispatchMode::Handoff;
+                self.dispatch_fallback = Some(why);
+            }
+        }
+    }
+
+    /// The dispatch mode a reloaded configuration asks for, as this pool
+    /// can run it: `kernel` stays what it became at start.
+    pub(crate) fn settled_mode(&self, asked: DispatchMode) -> DispatchMode {
+        match (asked, &self.dispatch_fallback) {
+            (DispatchMode::Kernel, Some(_)) => DispatchMode::Handoff,
+            (asked, _) => asked,
+        }
+    }
+
+    /// The slots kernel dispatch was set up for (0 without it).
+    pub(crate) fn kernel_slots(&self) -> usize {
+        self.kernel.as_ref().map_or(0, |k| k.board().slots())
+    }
+
+    /// Before forking into `slot`: its sockets exist (made the first time
+    /// a child takes the slot), and the supervisor stops watching them
+    /// (the child will).
+    pub(crate) fn seat_child(&mut self, slot: usize) -> std::io::Result<()> {
+        let Some(kernel) = self.kernel.as_mut() else {
+            return Ok(());
+        };
+        kernel.seat(slot)?;
+        self.unwatch_slot_sockets(slot);
+        Ok(())
+    }
+
+    /// A child has left `slot`: nothing more is queued on its sockets (its
+    /// word busy), and the supervisor watches them, so a connection the
+    /// kernel gave the child just before it left (or whose handshake ends
+    /// later) is accepted and handed on like an overflow connection.
+    pub(crate) fn unseat_child(&mut self, slot: usize, now: Instant) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        kernel.board().set_busy(slot);
+        let registry = self.poll.registry();
+        for (listener, fd) in kernel.sockets(slot) {
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+            if registry
+                .register(
+                    &mut SourceFd(&raw),
+                    Event::SlotSocket(slot, listener).token(),
+                    Interest::READABLE,
+                )
+                .is_ok()
+            {
+                self.orphaned_sockets.push((slot, listener));
+            }
+        }
+        for (s, listener) in self.orphaned_sockets.clone() {
+            if s == slot {
+                self.take_orphaned(slot, listener, now);
+            }
+        }
+    }
+
+    fn unwatch_slot_sockets(&mut self, slot: usize) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        let registry = self.poll.registry();
+        self.orphaned_sockets.retain(|&(s, listener)| {
+            if s != slot {
+                return true;
+            }
+            if let Some((_, fd)) = kernel.sockets(slot).find(|&(l, _)| l == listener) {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                let _ = registry.deregister(&mut SourceFd(&raw));
+            }
+            false
+        });
+    }
+
+    /// An empty slot's socket is readable: accept what waits there and
+    /// hand it on (to the lowest idle child, or parked until one is).
+    pub(crate) fn take_orphaned(&mut self, slot: usize, listener: usize, now: Instant) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        let Some((_, fd)) = kernel.sockets(slot).find(|&(l, _)| l == listener) else {
+            return;
+        };
+        let taken = self.dispatcher.park_all(listener, fd);
+        self.core.totals.accepted += taken;
+        if taken > 0 {
+            info!(
+                slot,
+                listener, taken, "connections left on a departed child's socket, handed on"
+            );
+            self.child_available(now);
+        }
+    }
+}
+
+impl Supervisor {
+    /// When kernel dispatch next looks for reservations whose connection
+    /// never came.
+    pub(crate) fn reservation_sweep_due(&self) -> Option<Instant> {
+        self.kernel
+            .as_ref()
+            .map(|k| k.sweep_due(self.reservation_timeout()))
+    }
+
+    fn reservation_timeout(&self) -> Duration {
+        RESERVATION_TIMEOUT + self.core.config.defer_accept
+    }
+
+    /// Gives back each reservation that has not moved for a whole sweep
+    /// interval: its handshake never completed (a client gone after its
+    /// SYN, a SYN flood), so the child would otherwise never be picked
+    /// again. Counted in `reservations_released`.
+    pub(crate) fn release_stale_reservations(&mut self, now: Instant) {
+        let timeout = self.reservation_timeout();
+        if let Some(kernel) = self.kernel.as_mut() {
+            let released = kernel.sweep(now, timeout);
+            if released > 0 {
+                self.core.totals.reservations_released += released;
+                info!(
+                    released,
+                    "kernel dispatch: reservations whose connection never came, given back"
+                );
+            }
+        }
+    }
+}
