@@ -263,3 +263,83 @@ fn send_bare_syn(port: u16) {
     };
     assert_eq!(sent, 20, "{}", std::io::Error::last_os_error());
 }
+
+/// Children report nothing per connection; the supervisor reads the
+/// scoreboard: status shows a busy child while it serves, and the totals
+/// count what the kernel gave them.
+#[test]
+fn status_follows_the_scoreboard() {
+    let Some(pool) = kernel_pool("2", &[]) else {
+        return;
+    };
+    let addr = pool.addr;
+    let slow = std::thread::spawn(move || common::get(addr, "/?work_ms=1500"));
+    let busy = pool.wait_status(Duration::from_secs(5), |s| s["busy"] == 1);
+    assert!(busy.is_some(), "never seen busy: {}", pool.status());
+    assert_eq!(slow.join().unwrap().expect("request").status, 200);
+    for _ in 0..5 {
+        pool.get("/").expect("request");
+    }
+    let status = pool
+        .wait_status(Duration::from_secs(5), |s| {
+            total(s, "accepted") >= 6 && s["busy"] == 0
+        })
+        .unwrap_or_else(|| panic!("{}", pool.status()));
+    assert_eq!(status["slots"][0]["served"], 6, "{status}");
+}
+
+/// A child busy longer than the ping timeout is not taken for hung: the
+/// supervisor sees it busy on the scoreboard and does not ping it.
+#[test]
+fn a_long_request_is_not_a_missed_ping() {
+    let Some(pool) = kernel_pool(
+        "1",
+        &["--ping-interval", "100ms", "--ping-timeout", "300ms"],
+    ) else {
+        return;
+    };
+    let r = pool.get("/?work_ms=1500").expect("request");
+    assert_eq!(r.status, 200);
+    let status = pool.status();
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+}
+
+/// `--max-requests-per-child`: a kernel-dispatch child leaves on its own
+/// after its share (the supervisor replaces it), and nothing is refused.
+#[test]
+fn a_child_leaves_after_its_share() {
+    let Some(pool) = kernel_pool("1", &["--max-requests-per-child", "5"]) else {
+        return;
+    };
+    let mut pids = Vec::new();
+    for _ in 0..12 {
+        let r = pool.get("/").expect("request");
+        assert_eq!(r.status, 200);
+        pids.push(r.pid.unwrap());
+    }
+    pids.dedup();
+    assert!(pids.len() >= 3, "12 requests, 5 a child: {pids:?}");
+    let status = pool.status();
+    assert_eq!(total(&status, "died"), 0, "{status}");
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+}
+
+/// More slow requests at once than children: the kernel queues what no
+/// idle child can take on the supervisor's socket, and every one is served.
+#[test]
+fn a_saturated_pool_serves_the_overflow() {
+    let Some(pool) = kernel_pool("2", &["--max-children", "2"]) else {
+        return;
+    };
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let addr = pool.addr;
+            std::thread::spawn(move || common::get(addr, "/?work_ms=200"))
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap().expect("request").status, 200);
+    }
+    let status = pool.status();
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+}

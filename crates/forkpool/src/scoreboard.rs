@@ -539,6 +539,17 @@ impl<L> Scoreboard<L> {
         Ok(was_busy == Some(true))
     }
 
+    /// Kernel dispatch: the child finished `count` connections the
+    /// supervisor did not see begin or end (read off the scoreboard).
+    pub fn add_served(&mut self, slot: usize, count: u64, now: Instant) {
+        if let Some(Some(s)) = self.slots.get_mut(slot) {
+            s.served += count;
+            if s.state == SlotState::Busy {
+                s.since = now;
+            }
+        }
+    }
+
     /// `Next`: the child finished its connection and accepted the next one
     /// itself. It stays busy, its busy clock restarts and the served count
     /// goes up.

@@ -106,6 +106,10 @@ pub(crate) struct ChildStart {
     pub listeners: Vec<Listener>,
     /// `kernel` dispatch: the scoreboard, where the child says it is idle.
     pub board: Option<Board>,
+    /// `kernel` dispatch: the pool's listeners (the supervisor's overflow
+    /// sockets), which a child finishing a connection takes the next
+    /// waiting connection from, as in `handoff`.
+    pub overflow: Vec<Listener>,
     /// Connections the child serves before it stops taking the next one
     /// itself and leaves the supervisor to recycle it (0: no limit).
     pub max_requests: u64,
@@ -161,6 +165,7 @@ pub(crate) fn run_child_speaking(
         listener_is_tcp: start.listener_is_tcp,
         listeners: start.listeners,
         board: start.board,
+        overflow: start.overflow,
         handler,
     };
     let result = worker.report(ChildMessage::Ready {
@@ -201,6 +206,8 @@ struct Worker<'h> {
     listeners: Vec<Listener>,
     /// `kernel` dispatch: the scoreboard.
     board: Option<Board>,
+    /// `kernel` dispatch: the supervisor's overflow sockets.
+    overflow: Vec<Listener>,
     handler: &'h mut dyn Handler,
 }
 
@@ -369,10 +376,13 @@ impl Worker<'_> {
             self.listeners.iter().map(|l| l.as_fd()),
             false,
         )?;
-        let slot = self.info.slot;
         let mut woken = Vec::new();
+        // Idle from now on; after each connection `serve_then_idle` says
+        // so again. Never at the top of each wait: the supervisor may have
+        // claimed this child (idle to busy) for a connection on its way
+        // over the channel, and only the child moves busy to idle.
+        self.now_idle()?;
         loop {
-            self.mark_on_board(true);
             match wait.wait(&mut woken) {
                 Ok(()) => {}
                 Err(Errno::EINTR) => continue,
@@ -380,52 +390,59 @@ impl Worker<'_> {
             }
             for &what in &woken {
                 match what {
-                    sys::wait::Woken::Channel => {
-                        // A handed connection comes with the slot already
-                        // claimed busy by the supervisor; a quit must see
-                        // no more from the kernel.
-                        match self.take_one_message()? {
-                            Next::Continue => {}
-                            Next::Exit => {
-                                self.mark_on_board(false);
-                                return Ok(None);
-                            }
-                            Next::BecomeTemplate(fd) => {
-                                self.mark_on_board(false);
-                                return Ok(Some(fd));
-                            }
+                    // A handed connection comes with the slot already
+                    // claimed busy by the supervisor; a quit must see no
+                    // more from the kernel.
+                    sys::wait::Woken::Channel => match self.take_one_message()? {
+                        Next::Continue => {}
+                        Next::Exit => {
+                            self.mark_busy();
+                            return Ok(None);
                         }
-                    }
+                        Next::BecomeTemplate(fd) => {
+                            self.mark_busy();
+                            return Ok(Some(fd));
+                        }
+                    },
                     sys::wait::Woken::Listener(i) => {
-                        match sys::socket::accept(self.listeners[i].as_fd()) {
-                            Ok(fd) => {
-                                self.mark_on_board(false);
-                                self.report(ChildMessage::Busy)?;
-                                self.serve_then_idle(fd, i as u16)?;
+                        // Nothing to accept (a reservation given back, its
+                        // connection came after all and went): wait again.
+                        if let Ok(fd) = sys::socket::accept(self.listeners[i].as_fd()) {
+                            self.mark_busy();
+                            if let Some(board) = &self.board {
+                                board.count_taken(self.info.slot);
                             }
-                            Err(Errno::EAGAIN | Errno::ECONNABORTED) => {
-                                self.report(ChildMessage::Missed)?
-                            }
-                            Err(e) => {
-                                error!(slot, "accept failed: {e}");
-                                self.report(ChildMessage::Missed)?;
-                            }
+                            self.serve_then_idle(fd, i as u16)?;
                         }
                     }
+                }
+                if self.exhausted() {
+                    // Its share served: it leaves on its own (the
+                    // scoreboard still says busy, so nothing more comes).
+                    self.report(ChildMessage::Leaving)?;
+                    return Ok(None);
                 }
             }
         }
     }
 
-    /// Kernel dispatch: says on the scoreboard whether this child is idle
-    /// (a plain atomic store; nothing without a scoreboard).
-    fn mark_on_board(&self, idle: bool) {
+    /// Whether this child has served its `max_requests_per_child`.
+    fn exhausted(&self) -> bool {
+        crate::policy::recycle::requests_exhausted(self.served, self.max_requests)
+    }
+
+    /// Kernel dispatch: idle on the scoreboard; if the supervisor holds
+    /// connections no idle child took, say `I` so it hands one over.
+    fn now_idle(&self) -> Stop {
+        match &self.board {
+            Some(board) if board.set_idle(self.info.slot) => self.report(ChildMessage::Idle),
+            _ => Ok(()),
+        }
+    }
+
+    fn mark_busy(&self) {
         if let Some(board) = &self.board {
-            if idle {
-                board.set_idle(self.info.slot);
-            } else {
-                board.set_busy(self.info.slot);
-            }
+            board.set_busy(self.info.slot);
         }
     }
 
@@ -474,16 +491,22 @@ impl Worker<'_> {
             let held_open = self.serve(fd, listener)?;
             self.served += 1;
             let next = self.take_waiting(listener);
-            let report = match next {
-                Some(_) => ChildMessage::Next,
-                None => ChildMessage::Idle,
-            };
-            self.report(report)?;
-            if next.is_none() {
-                // Kernel dispatch: idle on the scoreboard before the client
-                // sees the close, so its next connection finds this (hot)
-                // child, as the report does in `handoff`.
-                self.mark_on_board(true);
+            if let Some(board) = &self.board {
+                // Kernel dispatch: no report; the count and the state on
+                // the scoreboard say it, before the client sees the close,
+                // so its next connection finds this (hot) child.
+                board.count_served(self.info.slot);
+                if next.is_some() {
+                    board.count_taken(self.info.slot);
+                } else if !self.exhausted() {
+                    self.now_idle()?;
+                }
+            } else {
+                let report = match next {
+                    Some(_) => ChildMessage::Next,
+                    None => ChildMessage::Idle,
+                };
+                self.report(report)?;
             }
             drop(held_open);
             match next {
@@ -533,12 +556,15 @@ impl Worker<'_> {
     /// (`max_requests_per_child`): the supervisor recycles it on `Idle`,
     /// and must not learn of the limit only after a connection too many.
     fn take_waiting(&self, listener: u16) -> Option<OwnedFd> {
-        if self.mode != DispatchMode::Handoff
-            || crate::policy::recycle::requests_exhausted(self.served, self.max_requests)
-        {
+        let shared = match self.mode {
+            DispatchMode::Handoff => &self.listeners,
+            DispatchMode::Kernel => &self.overflow,
+            _ => return None,
+        };
+        if self.exhausted() {
             return None;
         }
-        let l = self.listeners.get(usize::from(listener))?;
+        let l = shared.get(usize::from(listener))?;
         // One poll says both whether the supervisor has something to say
         // and whether a connection waits, so a child that finds the
         // backlog empty (the common case at light load) pays one system

@@ -42,6 +42,9 @@ pub(crate) struct Child {
     /// A slow-request capture is gathering its stack: its busy deadline
     /// waits for the capture, which carries the kill.
     pub capturing: bool,
+    /// Kernel dispatch: the child's counts on the scoreboard when last
+    /// read (connections taken from its own socket, and finished).
+    pub board_counts: (u64, u64),
 }
 
 /// Whether a child has shown it is up.
@@ -99,6 +102,7 @@ impl Child {
             version,
             claimed: None,
             capturing: false,
+            board_counts: (0, 0),
         }
     }
 

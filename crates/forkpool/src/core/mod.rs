@@ -13,6 +13,7 @@ mod lifecycle;
 mod liveness;
 mod pool;
 mod reports;
+pub(crate) mod sampled;
 #[cfg(test)]
 mod sim;
 mod stop;

@@ -42,6 +42,10 @@ impl<L: HasChild> Core<L> {
         messages::mode_allows(self.config.dispatch, &msg)?;
         match msg {
             ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
+            // Kernel dispatch: only a wake-up; the scoreboard says idle.
+            ChildMessage::Idle if self.config.dispatch == crate::config::DispatchMode::Kernel => {
+                Ok(())
+            }
             ChildMessage::Idle => self.on_idle(slot, now),
             ChildMessage::Busy => self.on_busy(slot, now),
             ChildMessage::Next => self.on_next(slot, now),

@@ -9,7 +9,9 @@ use crate::protocol::ChildMessage;
 
 /// Whether a child in `mode` can send `msg`; if not, why not, for the log.
 pub(crate) fn mode_allows(mode: DispatchMode, msg: &ChildMessage) -> Result<(), String> {
-    let child_accepts = !matches!(mode, DispatchMode::Handoff);
+    // Kernel dispatch children report nothing per connection (the
+    // scoreboard says it); `I` is only the wake-up the supervisor asks for.
+    let child_accepts = !matches!(mode, DispatchMode::Handoff | DispatchMode::Kernel);
     let (letter, allowed) = match msg {
         ChildMessage::Busy => ("B", child_accepts),
         ChildMessage::Missed => ("M", child_accepts),
@@ -51,15 +53,16 @@ mod tests {
         assert!(mode_allows(h, &ChildMessage::Missed).is_err());
         assert!(mode_allows(h, &ChildMessage::Next).is_ok());
         assert!(mode_allows(h, &ChildMessage::Idle).is_ok());
-        for mode in [
-            DispatchMode::Order,
-            DispatchMode::Shared,
-            DispatchMode::Kernel,
-        ] {
+        for mode in [DispatchMode::Order, DispatchMode::Shared] {
             assert!(mode_allows(mode, &ChildMessage::Busy).is_ok());
             assert!(mode_allows(mode, &ChildMessage::Missed).is_ok());
             assert!(mode_allows(mode, &ChildMessage::Next).is_err());
         }
+        let k = DispatchMode::Kernel;
+        for msg in [ChildMessage::Busy, ChildMessage::Missed, ChildMessage::Next] {
+            assert!(mode_allows(k, &msg).is_err(), "{msg:?}");
+        }
+        assert!(mode_allows(k, &ChildMessage::Idle).is_ok());
         let why = mode_allows(h, &ChildMessage::Missed).unwrap_err();
         assert!(why.contains("M") && why.contains("handoff"), "{why}");
     }

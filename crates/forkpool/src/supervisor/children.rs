@@ -114,6 +114,7 @@ impl Supervisor {
             listener_is_tcp: Vec::new(),
             listeners: Vec::new(),
             board: None,
+            overflow: Vec::new(),
             max_requests: self.core.config.max_requests_per_child,
             stderr,
         }

@@ -12,7 +12,9 @@ use tracing::{info, warn};
 use super::event::Event;
 use super::Supervisor;
 use crate::config::DispatchMode;
+use crate::core::sampled::Sample;
 use crate::core::slot_limit;
+use crate::dispatch::kernel::board::SAMPLE_INTERVAL;
 use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
 
@@ -81,6 +83,7 @@ impl Supervisor {
             return Ok(());
         };
         kernel.seat(slot)?;
+        kernel.board().reset(slot);
         self.unwatch_slot_sockets(slot);
         Ok(())
     }
@@ -180,6 +183,60 @@ impl Supervisor {
                     released,
                     "kernel dispatch: reservations whose connection never came, given back"
                 );
+            }
+        }
+    }
+}
+
+impl Supervisor {
+    /// Kernel dispatch: reads every child's record on the scoreboard into
+    /// the core (children report nothing per connection), then carries out
+    /// what that asks (a parked connection for a child now idle, a recycle).
+    pub(crate) fn read_board(&mut self, now: Instant) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        let board = kernel.board();
+        let samples: Vec<(usize, Sample)> = self
+            .core
+            .board
+            .iter()
+            .filter(|&(slot, _)| slot < board.slots())
+            .map(|(slot, _)| (slot, board.sample(slot)))
+            .collect();
+        for (slot, sample) in samples {
+            self.core.sampled(slot, sample, now);
+        }
+        self.board_read_at = Some(now);
+        self.carry_out(now);
+    }
+
+    /// When the scoreboard is next read if nothing else wakes the loop.
+    pub(crate) fn board_read_due(&self) -> Option<Instant> {
+        self.kernel.as_ref()?;
+        Some(
+            self.board_read_at
+                .map_or_else(Instant::now, |at| at + SAMPLE_INTERVAL),
+        )
+    }
+
+    /// At the end of a turn: while connections wait for a child (parked,
+    /// or in the listener's backlog because no child had room), children
+    /// going idle are asked to say so (`I`); set first, then the
+    /// scoreboard read again, so a child that went idle just before is
+    /// not missed.
+    pub(crate) fn ask_for_idle_children(&mut self, now: Instant) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        let waiting = self.core.shutdown.is_none()
+            && (self.dispatcher.parked() > 0 || self.listeners.iter().any(|l| !l.watched));
+        kernel.board().set_waiting(waiting);
+        if waiting {
+            self.read_board(now);
+            if self.core.board.has_room() {
+                self.child_available(now);
+                self.rewatch_listeners(now);
             }
         }
     }

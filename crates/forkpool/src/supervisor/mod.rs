@@ -162,6 +162,8 @@ pub(crate) struct Supervisor {
     /// Kernel dispatch: empty slots' sockets the supervisor watches, as
     /// (slot, listener).
     orphaned_sockets: Vec<(usize, usize)>,
+    /// Kernel dispatch: when the scoreboard was last read.
+    board_read_at: Option<Instant>,
     started: Instant,
 }
 
@@ -220,6 +222,7 @@ impl Supervisor {
             kernel: None,
             dispatch_fallback: None,
             orphaned_sockets: Vec::new(),
+            board_read_at: None,
             started: Instant::now(),
         })
     }
@@ -259,6 +262,8 @@ impl Supervisor {
             ready.extend(self.unread.drain(..).map(Event::Child));
             ready.extend(events.iter().filter_map(|e| Event::from_token(e.token())));
             let now = Instant::now();
+            // Kernel dispatch: the children's states, as they are now.
+            self.read_board(now);
             // Reports first: a child that just became idle should take the
             // connection that woke us in the same turn, so listeners are
             // only marked here and served after every other event.
@@ -267,6 +272,7 @@ impl Supervisor {
             }
             self.dispatch_marked(now);
             self.keep_up(Instant::now());
+            self.ask_for_idle_children(Instant::now());
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
             let stopping = self.core.shutdown.is_some();
             let has_room = self.core.board.has_room();
@@ -466,6 +472,7 @@ impl Supervisor {
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.cpu_look_due(now));
         consider(self.reservation_sweep_due());
+        consider(self.board_read_due());
         consider(dispatch::backlog_recheck_due(
             self.core.board.has_room(),
             self.core.board.counts().live(),
@@ -508,6 +515,7 @@ impl Supervisor {
                 Ok((own, board)) => {
                     start.listeners = own;
                     start.board = Some(board);
+                    start.overflow = pool;
                 }
                 Err(e) => {
                     tracing::error!(slot = start.slot, "kernel dispatch: {e}");

@@ -382,6 +382,7 @@ fn worker_start(
         listener_is_tcp: listeners.iter().map(Listener::is_tcp).collect(),
         listeners,
         board: None,
+        overflow: Vec::new(),
         max_requests: 0,
         stderr: None,
     }

@@ -1,5 +1,5 @@
-//! The shared scoreboard: one 64-bit word per slot in memory that the
-//! kernel's program, the supervisor and every child map.
+//! The shared scoreboard: a record of four 64-bit words per slot in
+//! memory that the kernel's program, the supervisor and every child map.
 //!
 //! It is the one value of an mmapable eBPF array map. Layout, in 64-bit
 //! little-endian words (docs/protocol.md, "Kernel dispatch"):
@@ -8,8 +8,12 @@
 //! |---|---|---|
 //! | 0 | [`MAGIC`]: the layout's name and version | the supervisor, once |
 //! | 1 | the number of slots | the supervisor, once |
-//! | 2–7 | reserved, zero | |
-//! | 8 + *slot* | the slot's state | the child, the program, the supervisor |
+//! | 2 | nonzero: the supervisor holds connections no idle child took, and wants an `I` from a child that goes idle | the supervisor |
+//! | 3–7 | reserved, zero | |
+//! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
+//! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
+//! | 10 + 4 *slot* | connections the child finished (its own and handed ones) | the child |
+//! | 11 + 4 *slot* | reserved, zero | |
 //!
 //! A slot's state is [`BUSY`] (0: busy, or no child), [`IDLE`] (1), or a
 //! reservation: the kernel's monotonic clock in ns (with bit 1 set, so it
@@ -23,25 +27,48 @@
 //!   child (compare-and-swap), and a reservation that has lasted past its
 //!   deadline `→ IDLE` (compare-and-swap with the value it saw), for a
 //!   connection whose handshake never completed.
+//!
+//! The child reports nothing per connection: the supervisor reads the
+//! records (each turn of its loop, and every [`SAMPLE_INTERVAL`]). Only
+//! while word 2 is set does a child that goes idle say `I` on its
+//! channel, so the supervisor wakes to hand it a waiting connection. The
+//! child stores its state before it reads word 2, and the supervisor sets
+//! word 2 before it reads the states, both sequentially consistent: one of
+//! the two always sees the other, and no idle child is missed.
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use crate::core::sampled::Sample;
 use crate::sys::bpf::{self, SharedWords};
 
-/// Word 0: "fkpboard" followed by the layout's version, little-endian.
+/// Word 0: "fkpbrd01", the layout's name and version, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"fkpbrd01");
-/// The words before the first slot's.
+/// The words before the first slot's record.
 pub const HEADER_WORDS: usize = 8;
+/// Words in a slot's record.
+pub const RECORD_WORDS: usize = 4;
 /// The word holding the slot count.
 const SLOTS_WORD: usize = 1;
+/// The word saying the supervisor wants to hear of a child going idle.
+const WAITING_WORD: usize = 2;
+/// Within a record: the state.
+const STATE: usize = 0;
+/// Within a record: connections accepted from the child's own socket.
+const TAKEN: usize = 1;
+/// Within a record: connections finished.
+const SERVED: usize = 2;
 /// Busy, or no child in the slot.
 pub const BUSY: u64 = 0;
 /// Idle: waiting on its own socket.
 pub const IDLE: u64 = 1;
 /// Set in every reservation, so one never reads as busy or idle.
 pub const RESERVED_BIT: u64 = 2;
+/// How often the supervisor reads the scoreboard when nothing else wakes
+/// it (status, scaling and liveness see the children this fresh).
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What a slot's word says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +113,7 @@ impl std::fmt::Debug for Board {
 impl Board {
     /// The map's value size for `slots` slots.
     pub fn bytes(slots: usize) -> usize {
-        8 * (HEADER_WORDS + slots)
+        8 * (HEADER_WORDS + RECORD_WORDS * slots)
     }
 
     /// A new scoreboard map for `slots` slots, every slot busy (empty);
@@ -104,7 +131,7 @@ impl Board {
 
     /// Maps an existing scoreboard (a child's side).
     pub fn open(map: BorrowedFd<'_>, slots: usize) -> io::Result<Board> {
-        let words = SharedWords::map(map, HEADER_WORDS + slots)?;
+        let words = SharedWords::map(map, HEADER_WORDS + RECORD_WORDS * slots)?;
         Ok(Board { words, slots })
     }
 
@@ -113,8 +140,12 @@ impl Board {
         self.slots
     }
 
-    fn slot(&self, slot: usize) -> &std::sync::atomic::AtomicU64 {
-        &self.words.words()[HEADER_WORDS + slot]
+    fn word(&self, slot: usize, field: usize) -> &AtomicU64 {
+        &self.words.words()[HEADER_WORDS + RECORD_WORDS * slot + field]
+    }
+
+    fn slot(&self, slot: usize) -> &AtomicU64 {
+        self.word(slot, STATE)
     }
 
     /// What `slot`'s word says now.
@@ -127,14 +158,47 @@ impl Board {
         self.slot(slot).load(Ordering::Acquire)
     }
 
-    /// The child in `slot` waits for a connection.
-    pub fn set_idle(&self, slot: usize) {
-        self.slot(slot).store(IDLE, Ordering::Release);
+    /// The child in `slot` waits for a connection. Returns whether the
+    /// supervisor wants to hear of it (word 2, read after the store).
+    pub fn set_idle(&self, slot: usize) -> bool {
+        self.slot(slot).store(IDLE, Ordering::SeqCst);
+        self.words.words()[WAITING_WORD].load(Ordering::SeqCst) != 0
     }
 
     /// The child in `slot` is busy (or gone).
     pub fn set_busy(&self, slot: usize) {
-        self.slot(slot).store(BUSY, Ordering::Release);
+        self.slot(slot).store(BUSY, Ordering::SeqCst);
+    }
+
+    /// The child in `slot` accepted a connection from its own socket.
+    pub fn count_taken(&self, slot: usize) {
+        self.word(slot, TAKEN).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The child in `slot` finished a connection.
+    pub fn count_served(&self, slot: usize) {
+        self.word(slot, SERVED).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A new child in `slot` starts its counts from zero.
+    pub fn reset(&self, slot: usize) {
+        self.set_busy(slot);
+        self.word(slot, TAKEN).store(0, Ordering::Relaxed);
+        self.word(slot, SERVED).store(0, Ordering::Relaxed);
+    }
+
+    /// `slot`'s record now.
+    pub fn sample(&self, slot: usize) -> Sample {
+        Sample {
+            busy: self.slot(slot).load(Ordering::SeqCst) == BUSY,
+            taken: self.word(slot, TAKEN).load(Ordering::Relaxed),
+            served: self.word(slot, SERVED).load(Ordering::Relaxed),
+        }
+    }
+
+    /// Says whether the supervisor wants a child going idle to tell it.
+    pub fn set_waiting(&self, waiting: bool) {
+        self.words.words()[WAITING_WORD].store(u64::from(waiting), Ordering::SeqCst);
     }
 
     /// Takes an idle `slot` for a connection the supervisor hands over;

@@ -23,9 +23,9 @@
 //! scan:
 //!  7     if r9 >= SLOTS goto overflow   every slot busy or reserved
 //!  8     r2 = r9
-//!  9     r2 <<= 3
+//!  9     r2 <<= 5                       32 bytes a slot's record
 //! 10     r3 = r7
-//! 11     r3 += r2                       r3 = &word[slot] - 64
+//! 11     r3 += r2                       r3 = &record[slot] - 64
 //! 12     r4 = *(u64 *)(r3 + 64)         the slot's state
 //! 13     if r4 != 1 goto next           not idle
 //! 14     r0 = 1
@@ -57,7 +57,10 @@
 //! ```
 
 use super::asm::{Asm, Cond, Insn, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8, R9};
-use super::board::{HEADER_WORDS, IDLE, RESERVED_BIT};
+use super::board::{HEADER_WORDS, IDLE, RECORD_WORDS, RESERVED_BIT};
+
+// The scan steps from record to record with a shift.
+const _: () = assert!(RECORD_WORDS * 8 == 1 << 5);
 
 /// `BPF_FUNC_ktime_get_ns`.
 const KTIME_GET_NS: i32 = 5;
@@ -74,6 +77,7 @@ pub const MAX_SLOTS: usize = 2048;
 
 /// The program for a scoreboard map `board` and a sockarray `sockets` of
 /// `slots + 1` entries (descriptors as the loading process holds them).
+/// A slot's record is 32 bytes (`board::RECORD_WORDS`), its state first.
 pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
     assert!(
         (1..=MAX_SLOTS).contains(&slots),
@@ -98,7 +102,7 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
     asm.bind(scan);
     asm.jump_if(Cond::Ge, R9, slots, overflow);
     asm.mov(R2, R9);
-    asm.lsh_imm(R2, 3);
+    asm.lsh_imm(R2, 5);
     asm.mov(R3, R7);
     asm.add(R3, R2);
     asm.load_u64(R4, R3, word);
