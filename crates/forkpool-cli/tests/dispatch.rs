@@ -42,6 +42,14 @@ fn order_keeps_the_lowest_child_hot() {
     sequential_requests_go_to_slot_zero("order");
 }
 
+/// Where the kernel refuses (outside CI, without root) the pool falls back
+/// to handoff, which keeps the lowest child hot too: tests/kernel_dispatch.rs
+/// checks the kernel really picked.
+#[test]
+fn kernel_keeps_the_lowest_child_hot() {
+    sequential_requests_go_to_slot_zero("kernel");
+}
+
 #[test]
 fn shared_mode_serves_and_reports() {
     let pool = DemoPool::start(&["--dispatch", "shared", "--min-children", "3"]);

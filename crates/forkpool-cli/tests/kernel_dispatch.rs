@@ -343,3 +343,47 @@ fn a_saturated_pool_serves_the_overflow() {
     let status = pool.status();
     assert_eq!(total(&status, "killed"), 0, "{status}");
 }
+
+/// The listener joins a `SO_REUSEPORT` group only after it is bound, so a
+/// second pool on the same port fails to start instead of silently taking
+/// a share of the connections.
+#[test]
+fn a_second_pool_on_the_same_port_is_refused() {
+    let Some(pool) = kernel_pool("1", &[]) else {
+        return;
+    };
+    let control = common::temp_path("second.sock");
+    let mut second = Command::new(common::forkpool_bin())
+        .args([
+            "demo",
+            "--dispatch",
+            "kernel",
+            "--listen",
+            &pool.addr.to_string(),
+        ])
+        .arg("--control")
+        .arg(&control)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none() {
+        let _ = second.kill();
+        let _ = second.wait();
+    }
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the second pool started: {status:?}"
+    );
+    assert_eq!(pool.get("/").expect("request").status, 200);
+}
