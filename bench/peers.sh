@@ -14,12 +14,14 @@
 # Apache: prefork, MaxRequestWorkers 64, KeepAlive On (Apache's defaults for
 # MaxKeepAliveRequests 100 and KeepAliveTimeout 5), serving a 6-byte static
 # file, no access log. nginx: 2 workers, `return 200 "hello\n"`, no access
-# log. Set FORKPOOL_PEERS_DIR to put the scratch directory elsewhere.
+# log, on 8082, and the same with `listen ... deferred` (TCP_DEFER_ACCEPT)
+# on 8083. Set FORKPOOL_PEERS_DIR to put the scratch directory elsewhere.
 set -euo pipefail
 
 dir=${FORKPOOL_PEERS_DIR:-${TMPDIR:-/tmp}/forkpool-peers}
 apache_port=8081
 nginx_port=8082
+nginx_deferred_port=8083
 apache_modules=/usr/lib/apache2/modules
 
 die() { echo "peers.sh: $*" >&2; exit 1; }
@@ -108,6 +110,13 @@ http {
             return 200 "hello\n";
         }
     }
+    # The same with TCP_DEFER_ACCEPT, as forkpool --defer-accept does.
+    server {
+        listen 127.0.0.1:$nginx_deferred_port deferred;
+        location / {
+            return 200 "hello\n";
+        }
+    }
 }
 EOF
 }
@@ -128,6 +137,7 @@ start() {
   wait_for_port "$nginx_port" || die "nginx did not listen on $nginx_port: see $dir/nginx/error.log"
   echo "apache (prefork): http://127.0.0.1:$apache_port/hello  pid $(cat "$dir/apache/apache.pid")"
   echo "nginx:            http://127.0.0.1:$nginx_port/        pid $(cat "$dir/nginx/nginx.pid")"
+  echo "nginx (deferred): http://127.0.0.1:$nginx_deferred_port/        same pid"
 }
 
 # Stops the server whose master pid is in $2 (named $1): SIGTERM, then
