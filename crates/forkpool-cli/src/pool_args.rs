@@ -10,8 +10,10 @@ use forkpool::{DispatchMode, PoolConfig};
 /// [`PoolConfig::default`]'s values.
 #[derive(Debug, Clone, Default, Args)]
 pub struct PoolArgs {
-    /// How connections reach children: handoff, order or shared; `forkpool
-    /// run` also takes none (unmodified socket-activated programs).
+    /// How connections reach children: handoff, order, shared or kernel (the
+    /// kernel picks the lowest idle child: Linux 5.12+ and CAP_BPF, else
+    /// handoff); `forkpool run` also takes none (unmodified
+    /// socket-activated programs).
     #[arg(long, value_name = "MODE")]
     pub dispatch: Option<DispatchMode>,
     /// Never fewer children than this [default: 2].

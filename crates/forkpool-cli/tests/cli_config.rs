@@ -92,7 +92,7 @@ fn malformed_values_name_the_format() {
         .args(["demo", "--dispatch", "fast"])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("use handoff, order or shared"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use handoff, order, shared or kernel"));
 }
 
 #[test]

@@ -101,7 +101,7 @@ impl FromStr for DispatchMode {
             "herd" => Ok(DispatchMode::Herd),
             "none" => Ok(DispatchMode::None),
             other => Err(format!(
-                "unknown dispatch mode '{other}': use kernel, handoff, order or shared \
+                "unknown dispatch mode '{other}': use handoff, order, shared or kernel \
                  (or none, for `forkpool run` programs that speak no protocol)"
             )),
         }
