@@ -397,6 +397,7 @@ impl Worker<'_> {
                         Next::Continue => {}
                         Next::Exit => {
                             self.mark_busy();
+                            self.serve_what_the_kernel_queued()?;
                             return Ok(None);
                         }
                         Next::BecomeTemplate(fd) => {
@@ -429,6 +430,27 @@ impl Worker<'_> {
     /// Whether this child has served its `max_requests_per_child`.
     fn exhausted(&self) -> bool {
         crate::policy::recycle::requests_exhausted(self.served, self.max_requests)
+    }
+
+    /// Told to quit, and busy on the scoreboard so the kernel gives it
+    /// nothing more: serves what the kernel had already queued on its own
+    /// sockets (reserved for it just before), instead of leaving it for
+    /// the supervisor to hand on after it has gone.
+    fn serve_what_the_kernel_queued(&mut self) -> Stop {
+        for i in 0..self.listeners.len() {
+            while let Ok(fd) = sys::socket::accept(self.listeners[i].as_fd()) {
+                if let Some(board) = &self.board {
+                    board.count_taken(self.info.slot);
+                }
+                let held_open = self.serve(fd, i as u16)?;
+                self.served += 1;
+                if let Some(board) = &self.board {
+                    board.count_served(self.info.slot);
+                }
+                drop(held_open);
+            }
+        }
+        Ok(())
     }
 
     /// Kernel dispatch: idle on the scoreboard; if the supervisor holds
