@@ -296,10 +296,12 @@ module Forkpool
       ["localhost", "0"]
     end
 
+    # [REMOTE_ADDR, REMOTE_PORT], from one getpeername (Socket#remote_address
+    # asks for the socket type too); empty on a Unix socket.
     def peer_of(sock)
-      addr = sock.remote_address
-      addr.ip? ? [addr.ip_address, addr.ip_port.to_s] : ["", ""]
-    rescue SystemCallError, SocketError
+      port, address = Socket.unpack_sockaddr_in(sock.getpeername)
+      [address, port.to_s]
+    rescue SystemCallError, SocketError, ArgumentError
       ["", ""]
     end
 

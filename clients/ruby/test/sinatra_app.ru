@@ -59,7 +59,7 @@ class TestApp < Sinatra::Base
   get "/env" do
     headers params[:h] => "1" if params[:h]
     "#{env['SERVER_NAME']} #{env['SERVER_PORT']} #{env['HTTP_X_A'].inspect} " \
-      "#{env['HTTP_X_B'].inspect} #{env.key?('HTTP_X_C')}\n"
+      "#{env['HTTP_X_B'].inspect} #{env.key?('HTTP_X_C')} #{env['REMOTE_ADDR']}:#{env['REMOTE_PORT']}\n"
   end
 
   get "/recycle" do

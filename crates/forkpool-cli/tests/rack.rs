@@ -358,7 +358,8 @@ fn an_idle_kept_alive_connection_gives_way_to_a_waiting_client() {
 
 /// What the server remembers from one request for the next (the Host's
 /// SERVER_NAME and SERVER_PORT, header fields' environment keys, the app's
-/// response header names) never leaks into a request that differs: three
+/// response header names) never leaks into a request that differs, and
+/// REMOTE_ADDR and REMOTE_PORT name the client: three
 /// requests on one kept-alive connection with other Hosts and headers, then
 /// an HTTP/1.0 one without a Host (the address the client connected to).
 #[test]
@@ -385,14 +386,12 @@ fn what_the_server_remembers_follows_each_request() {
             None,
         ),
     ];
+    let peer = conn.local_addr().unwrap();
     for (request, want, named) in cases {
         conn.write_all(request.as_bytes()).unwrap();
         let res = read_response(&mut conn, false);
-        assert_eq!(
-            (res.status, res.body_text().as_str()),
-            (200, want),
-            "{request:?}"
-        );
+        let want = format!("{} {peer}\n", want.trim_end());
+        assert_eq!((res.status, res.body_text()), (200, want), "{request:?}");
         for name in ["x-one", "x-two"] {
             assert_eq!(
                 res.header(name).is_some(),
@@ -405,7 +404,11 @@ fn what_the_server_remembers_follows_each_request() {
     let mut plain = connect(&pool);
     plain.write_all(b"GET /env HTTP/1.0\r\n\r\n").unwrap();
     let res = read_response(&mut plain, false);
-    let want = format!("127.0.0.1 {} nil nil false\n", pool.addr.port());
+    let want = format!(
+        "127.0.0.1 {} nil nil false {}\n",
+        pool.addr.port(),
+        plain.local_addr().unwrap()
+    );
     assert_eq!((res.status, res.body_text()), (200, want));
 }
 
