@@ -30,6 +30,10 @@ module Forkpool
     # whitespace, a value of visible characters, spaces, tabs and obs-text
     # (captured without its leading and trailing whitespace).
     FIELD_LINE = /\A([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\z/n.freeze
+    # FIELD_LINE for a whole header section at once: each match starts
+    # where the last one ended (\G), so the matches are every line only when
+    # there are as many as lines.
+    FIELD_LINES = /\G([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\r\n/n.freeze
     # The lower-case form of the field names most requests carry, so that
     # most names are not lower-cased again on every request.
     KNOWN_FIELDS = %w[
@@ -139,9 +143,11 @@ module Forkpool
 
     # A Request from a complete head (ending with the blank line).
     def parse_head(head, limits)
-      lines = head.byteslice(0, head.bytesize - 4).split(CRLF, -1)
-      method, target, minor = parse_request_line(lines.shift)
-      request = Request.new(method, target, minor, parse_fields(lines, limits))
+      line_end = head.index(CRLF)
+      method, target, minor = parse_request_line(head.byteslice(0, line_end))
+      # The field lines, each with its CRLF, without the blank line.
+      section = head.byteslice(line_end + 2, head.bytesize - line_end - 4)
+      request = Request.new(method, target, minor, parse_section(section, limits))
       resolve_target(request)
       check_host(request)
       request
@@ -171,6 +177,20 @@ module Forkpool
       raise Error.new(400, "the HTTP version is malformed") unless VERSION.match?(version)
 
       raise Error.new(400, "the request line is malformed")
+    end
+
+    # [lower-case name, value] pairs from a header section (field lines,
+    # each ending with CRLF): in one scan when every line keeps the rules,
+    # else line by line, which says which rule a line broke.
+    def parse_section(section, limits)
+      count = section.count("\n")
+      raise Error.new(431, "more than #{limits.max_fields} header fields") if count > limits.max_fields
+
+      # A section no longer than a field line may be has no line too long.
+      fields = section.bytesize <= limits.max_field_line ? section.scan(FIELD_LINES) : []
+      return parse_fields(section.split(CRLF), limits) if fields.size != count
+
+      fields.each { |field| field[0] = KNOWN_FIELDS[field[0]] || field[0].downcase }
     end
 
     # [lower-case name, value] pairs from field lines (head or trailers).
