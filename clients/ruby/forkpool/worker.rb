@@ -378,10 +378,15 @@ module Forkpool
 
     # `handoff`: the next connection already waiting on `listener`, or nil.
     # A message from the supervisor goes first (Quit or Ping is read after
-    # reporting Idle).
+    # reporting Idle). One select asks about both; the accept is tried only
+    # when the listener has something (most of the time another worker or
+    # the supervisor took it already, and an accept that fails costs two
+    # system calls in Ruby).
     def take_next(listener)
       return nil if @dispatch != "handoff" || listener >= @listeners.size
-      return nil if channel_waiting?
+
+      ready, = IO.select([@channel, @listeners[listener]], nil, nil, 0)
+      return nil if ready.nil? || ready.include?(@channel)
 
       accept(listener)
     end

@@ -356,6 +356,26 @@ fn an_idle_kept_alive_connection_gives_way_to_a_waiting_client() {
     }
 }
 
+/// One worker gets 8 slow requests at once: while it serves one, the
+/// others wait in the backlog (the supervisor has no idle worker to hand
+/// them to), and the worker takes each next one itself (`N`) instead of
+/// going idle first.
+#[test]
+fn a_finishing_worker_takes_the_next_waiting_connection() {
+    if !require_sinatra() {
+        return;
+    }
+    let pool = start("handoff", false, &[]);
+    for r in common::concurrent_gets(pool.addr, "/?work_ms=50", 8) {
+        let r = r.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+        assert_eq!(r.status, 200);
+    }
+    let status = pool.status();
+    assert_eq!(total(&status, "accepted"), 8, "{status}");
+    assert!(total(&status, "taken_next") >= 1, "{status}");
+    assert_eq!(total(&status, "died"), 0, "{status}");
+}
+
 /// What the server remembers from one request for the next (the Host's
 /// SERVER_NAME and SERVER_PORT, header fields' environment keys, the app's
 /// response header names) never leaks into a request that differs, and
