@@ -1,9 +1,13 @@
 # frozen_string_literal: true
 
+require_relative "binary_input"
+
 module Forkpool
   # `rack.input` of a request without a body: always at its end. It holds
   # no state, so one serves every such request (no LazyInput, no buffer).
   class NullInput
+    include BinaryInput
+
     # nil at the end, as IO#gets.
     def gets(*)
       nil
@@ -30,15 +34,6 @@ module Forkpool
 
     def size
       0
-    end
-
-    # A body is bytes, whatever the app's default encoding.
-    def external_encoding
-      Encoding::ASCII_8BIT
-    end
-
-    def binmode?
-      true
     end
 
     # Nothing to close; the app may still call it.

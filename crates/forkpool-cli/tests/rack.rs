@@ -366,14 +366,7 @@ fn a_finishing_worker_takes_the_next_waiting_connection() {
         return;
     }
     let pool = start("handoff", false, &[]);
-    for r in common::concurrent_gets(pool.addr, "/?work_ms=50", 8) {
-        let r = r.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
-        assert_eq!(r.status, 200);
-    }
-    let status = pool.status();
-    assert_eq!(total(&status, "accepted"), 8, "{status}");
-    assert!(total(&status, "taken_next") >= 1, "{status}");
-    assert_eq!(total(&status, "died"), 0, "{status}");
+    common::assert_takes_the_next_waiting_connection(&pool);
 }
 
 /// What the server remembers from one request for the next (the Host's
