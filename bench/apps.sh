@@ -9,7 +9,8 @@
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
 #           starman --workers 16
-#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, also --preload,
+#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, also --preload
+#           (in handoff, the default, and in order and shared dispatch),
 #           16 workers held (--min-children 16), against
 #           unicorn (16 workers, also preload_app) and
 #           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
@@ -221,6 +222,14 @@ rack_rows() { # FORKPOOL
   row forkpool-rack-preload . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --preload --control "$scratch/control-rack-preload.sock" \
     -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  # The other dispatch modes: workers accept themselves (when told, or
+  # whenever the listener is readable), as unicorn's do.
+  local mode
+  for mode in order shared; do
+    row "forkpool-rack-preload-$mode" . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+      --preload --dispatch "$mode" --control "$scratch/control-rack-preload-$mode.sock" \
+      -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  done
   printf 'worker_processes %s\n' "$WORKERS" >"$scratch/unicorn.rb"
   printf 'worker_processes %s\npreload_app true\n' "$WORKERS" >"$scratch/unicorn-preload.rb"
   row unicorn bench/apps "$WORKERS" unicorn -c "$scratch/unicorn.rb" -l "127.0.0.1:$((port + 1))" hello.ru

@@ -55,7 +55,17 @@ module Forkpool
     # A socket with a read buffer. Reads never block: each waits with
     # IO.select up to a deadline, so no read waits for ever.
     class Connection
+      # The most one read takes.
+      READ_SIZE = 65_536
+
       attr_reader :sock, :buf
+
+      # The string every read lands in before it joins a buffer: one per
+      # process (a worker serves one connection at a time), so that a read
+      # does not allocate READ_SIZE bytes for the few it gets.
+      def self.read_buffer
+        @read_buffer ||= String.new(capacity: READ_SIZE, encoding: Encoding::ASCII_8BIT)
+      end
 
       def initialize(sock)
         @sock = sock
@@ -70,7 +80,7 @@ module Forkpool
         return false if @eof
 
         loop do
-          data = @sock.read_nonblock(65_536, exception: false)
+          data = @sock.read_nonblock(READ_SIZE, Connection.read_buffer, exception: false)
           case data
           when :wait_readable
             left = deadline - HTTP.now
@@ -93,7 +103,11 @@ module Forkpool
 
       # Removes and returns the first `n` bytes of the buffer.
       def take(count)
-        @buf.slice!(0, count)
+        return @buf.slice!(0, count) if count < @buf.bytesize
+
+        taken = @buf
+        @buf = +"".b
+        taken
       end
 
       # True when a byte (or end of file) is there within `timeout`.
@@ -115,6 +129,8 @@ module Forkpool
               raise ClientGone, "the client did not read for #{timeout} s"
             end
           else
+            break if written == data.bytesize
+
             data = data.byteslice(written..)
           end
         end

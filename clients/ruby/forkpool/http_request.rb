@@ -21,6 +21,29 @@ module Forkpool
     BAD_ESCAPE = /%(?!\h\h)/n.freeze
     # Empty lines before a request line that are ignored (RFC 9112 2.2).
     MAX_LEADING_EMPTY_LINES = 8
+    # What no head may hold, in one pass: a bare LF, a bare CR, a NUL.
+    BAD_HEAD_BYTE = /(?<!\r)\n|\r(?=[^\n])|\0/n.freeze
+    # A request line that breaks no rule: METHOD SP TARGET SP HTTP/D.D. One
+    # that does not match is taken apart again to say which rule it broke.
+    REQUEST_LINE = %r{\A([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\z}n.freeze
+    # A field line that breaks no rule: a token, a colon, optional
+    # whitespace, a value of visible characters, spaces, tabs and obs-text
+    # (captured without its leading and trailing whitespace).
+    FIELD_LINE = /\A([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\z/n.freeze
+    # FIELD_LINE for a whole header section at once: each match starts
+    # where the last one ended (\G), so the matches are every line only when
+    # there are as many as lines.
+    FIELD_LINES = /\G([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\r\n/n.freeze
+    # The lower-case form of the field names most requests carry, so that
+    # most names are not lower-cased again on every request.
+    KNOWN_FIELDS = %w[
+      Host User-Agent Accept Accept-Encoding Accept-Language Connection Content-Length
+      Content-Type Cookie Referer Cache-Control Upgrade-Insecure-Requests Origin
+      Authorization If-None-Match If-Modified-Since Pragma Transfer-Encoding Expect
+      X-Forwarded-For X-Forwarded-Proto X-Real-IP X-Request-Id Sec-Fetch-Site Sec-Fetch-Mode
+      Sec-Fetch-Dest Sec-Fetch-User DNT TE Range Priority
+    ].flat_map { |name| [[name, name.downcase.freeze], [name.downcase, name.downcase.freeze]] }
+               .to_h.freeze
 
     # One parsed request head.
     class Request
@@ -33,6 +56,7 @@ module Forkpool
         @minor = minor
         @fields = fields
         @headers = {}
+        @keepalive = nil
         fields.each { |name, value| add(name, value) }
       end
 
@@ -41,7 +65,7 @@ module Forkpool
       end
 
       def version
-        "HTTP/1.#{@minor}"
+        @minor.zero? ? "HTTP/1.0" : "HTTP/1.1"
       end
 
       def request_line
@@ -59,8 +83,10 @@ module Forkpool
       end
 
       def keepalive?
-        connection = tokens("connection")
-        @minor >= 1 ? !connection.include?("close") : connection.include?("keep-alive")
+        return @keepalive unless @keepalive.nil?
+
+        connection = @headers.key?("connection") ? tokens("connection") : []
+        @keepalive = @minor >= 1 ? !connection.include?("close") : connection.include?("keep-alive")
       end
 
       def count(name)
@@ -76,66 +102,95 @@ module Forkpool
     def read_head(conn, limits, deadline)
       skipped = 0
       loop do
-        buf = conn.buf
         # RFC 9112 2.2: empty lines before a request line are ignored.
-        while buf.start_with?(CRLF)
-          conn.take(2)
+        while conn.buf.start_with?(CRLF)
+          conn.take(2) # (a new buffer when these were the last bytes)
           skipped += 1
           raise Error.new(400, "more than #{MAX_LEADING_EMPTY_LINES} empty lines before the request") if skipped > MAX_LEADING_EMPTY_LINES
         end
-        finish = buf.index("\r\n\r\n")
-        scan = finish ? buf.byteslice(0, finish + 4) : buf
-        check_bytes(scan, limits)
-        return conn.take(finish + 4) if finish
+        finish = conn.buf.index("\r\n\r\n")
+        # A refused head ends the connection: taking it first costs nothing.
+        return check_bytes(conn.take(finish + 4), limits) if finish
+
+        check_bytes(conn.buf, limits)
 
         begin
           more = conn.fill(deadline)
         rescue Timeout
-          raise Error.new(408, "the request head did not arrive in time") unless buf.empty?
+          raise Error.new(408, "the request head did not arrive in time") unless conn.buf.empty?
 
           return nil
         end
         next if more
-        raise ClientGone, "closed in the middle of a request head" unless buf.empty?
+        raise ClientGone, "closed in the middle of a request head" unless conn.buf.empty?
 
         return nil
       end
     end
 
+    # `head` (or the part of it there so far) when it breaks no byte rule.
     def check_bytes(head, limits)
       line_end = head.index(CRLF) || head.bytesize
       raise Error.new(414, "the request line is longer than #{limits.max_request_line} bytes") if line_end > limits.max_request_line
       raise Error.new(431, "the request head is larger than #{limits.max_head} bytes") if head.bytesize > limits.max_head
+      return head unless head.match?(BAD_HEAD_BYTE)
+
       raise Error.new(400, "a bare LF in the request head (lines end with CRLF)") if head.match?(BARE_LF)
       raise Error.new(400, "a bare CR in the request head") if head.match?(BARE_CR)
-      raise Error.new(400, "a NUL byte in the request head") if head.include?("\0")
+
+      raise Error.new(400, "a NUL byte in the request head")
     end
 
     # A Request from a complete head (ending with the blank line).
     def parse_head(head, limits)
-      lines = head.byteslice(0, head.bytesize - 4).split(CRLF, -1)
-      method, target, minor = parse_request_line(lines.shift)
-      request = Request.new(method, target, minor, parse_fields(lines, limits))
+      line_end = head.index(CRLF)
+      method, target, minor = parse_request_line(head.byteslice(0, line_end))
+      # The field lines, each with its CRLF, without the blank line.
+      section = head.byteslice(line_end + 2, head.bytesize - line_end - 4)
+      request = Request.new(method, target, minor, parse_section(section, limits))
       resolve_target(request)
       check_host(request)
       request
     end
 
     def parse_request_line(line)
+      match = REQUEST_LINE.match(line)
+      return request_line_error(line) unless match
+      raise Error.new(505, "HTTP/#{match[3]}.#{match[4]} is not supported (HTTP/1.x is)") if match[3] != "1"
+
+      method = match[1]
+      raise Error.new(501, "CONNECT is for proxies; this server is an origin server") if method == "CONNECT"
+
+      # HTTP/1.2 to 1.9 are served as HTTP/1.1 (RFC 9110 2.5).
+      [method, match[2], match[4] == "0" ? 0 : 1]
+    end
+
+    # Raises the Error naming the rule a request line that REQUEST_LINE
+    # does not match breaks.
+    def request_line_error(line)
       parts = line.split(/ /, -1) # one space exactly (a String " " would split on any run of whitespace)
       raise Error.new(400, "the request line is not METHOD SP TARGET SP VERSION") if parts.size != 3
 
       method, target, version = parts
       raise Error.new(400, "the method is not a token") unless method.match?(TOKEN)
       raise Error.new(400, "the request target is empty or has bytes a URI cannot") if target.empty? || target.match?(BAD_TARGET)
+      raise Error.new(400, "the HTTP version is malformed") unless VERSION.match?(version)
 
-      match = VERSION.match(version)
-      raise Error.new(400, "the HTTP version is malformed") unless match
-      raise Error.new(505, "#{version} is not supported (HTTP/1.x is)") if match[1] != "1"
-      raise Error.new(501, "CONNECT is for proxies; this server is an origin server") if method == "CONNECT"
+      raise Error.new(400, "the request line is malformed")
+    end
 
-      # HTTP/1.2 to 1.9 are served as HTTP/1.1 (RFC 9110 2.5).
-      [method.dup.force_encoding(Encoding::ASCII_8BIT), target, [match[2].to_i, 1].min]
+    # [lower-case name, value] pairs from a header section (field lines,
+    # each ending with CRLF): in one scan when every line keeps the rules,
+    # else line by line, which says which rule a line broke.
+    def parse_section(section, limits)
+      count = section.count("\n")
+      raise Error.new(431, "more than #{limits.max_fields} header fields") if count > limits.max_fields
+
+      # A section no longer than a field line may be has no line too long.
+      fields = section.bytesize <= limits.max_field_line ? section.scan(FIELD_LINES) : []
+      return parse_fields(section.split(CRLF), limits) if fields.size != count
+
+      fields.each { |field| field[0] = KNOWN_FIELDS[field[0]] || field[0].downcase }
     end
 
     # [lower-case name, value] pairs from field lines (head or trailers).
@@ -144,22 +199,32 @@ module Forkpool
 
       lines.map do |line|
         raise Error.new(431, "a header field is longer than #{limits.max_field_line} bytes") if line.bytesize > limits.max_field_line
-        raise Error.new(400, "obsolete line folding in a header field") if line.start_with?(" ", "\t")
 
-        name, colon, value = line.partition(":")
-        raise Error.new(400, "a header line is not NAME: VALUE (no space before the colon)") if colon.empty? || !name.match?(TOKEN)
-
-        value = value.gsub(/\A[ \t]+|[ \t]+\z/n, "")
-        raise Error.new(400, "a header value has control characters") if value.match?(BAD_VALUE)
-
-        [name.downcase, value]
+        match = FIELD_LINE.match(line) || field_line_error(line)
+        name = match[1]
+        [KNOWN_FIELDS[name] || name.downcase, match[2]]
       end
+    end
+
+    # Raises the Error naming the rule a field line that FIELD_LINE does
+    # not match breaks.
+    def field_line_error(line)
+      raise Error.new(400, "obsolete line folding in a header field") if line.start_with?(" ", "\t")
+
+      name, colon, value = line.partition(":")
+      raise Error.new(400, "a header line is not NAME: VALUE (no space before the colon)") if colon.empty? || !name.match?(TOKEN)
+      raise Error.new(400, "a header value has control characters") if value.match?(BAD_VALUE)
+
+      raise Error.new(400, "a malformed header line")
     end
 
     # Splits the target into path and query (the fragment dropped); takes
     # the path and Host from an absolute-form target.
     def resolve_target(request)
-      target = request.target.split("#", 2).first || ""
+      target = request.target
+      return resolve_path(request, target) if target.start_with?("/") && !target.include?("#")
+
+      target = target.split("#", 2).first || ""
       if target.start_with?("/")
         path, query = target.split("?", 2)
       elsif target == "*"
@@ -181,6 +246,16 @@ module Forkpool
       raise Error.new(400, "a % in the path that is not an escape (%XX)") if path.match?(BAD_ESCAPE)
 
       request.split_target(path, query || "")
+    end
+
+    # An origin-form target without a fragment (most of them): the path,
+    # then the query after the first "?".
+    def resolve_path(request, target)
+      query = target.index("?")
+      path = query ? target.byteslice(0, query) : target
+      raise Error.new(400, "a % in the path that is not an escape (%XX)") if path.include?("%") && path.match?(BAD_ESCAPE)
+
+      request.split_target(path, query ? target.byteslice(query + 1, target.bytesize) : "")
     end
 
     def check_host(request)

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "binary_input"
+
 module Forkpool
   # `rack.input`: the request body, read from the client only when the app
   # first reads it (then whole, by `load`, so that it can rewind as Rack 2
@@ -8,6 +10,8 @@ module Forkpool
   # client send it. An error while reading (a bad chunk, a body too slow)
   # is raised in the app's read.
   class LazyInput
+    include BinaryInput
+
     def initialize(&load)
       @load = load
       @io = nil
@@ -41,15 +45,6 @@ module Forkpool
 
     def size
       io.size
-    end
-
-    # A body is bytes, whatever the app's default encoding.
-    def external_encoding
-      Encoding::ASCII_8BIT
-    end
-
-    def binmode?
-      true
     end
 
     def close

@@ -4,12 +4,19 @@ module Forkpool
   # The response side of one Rack request: the status line and headers,
   # then the body as it comes, framed by the app's Content-Length, by a
   # length computed for an array body, by chunks (HTTP/1.1 kept alive), or
-  # by the close.
+  # by the close. A head and an array body go out in one write.
   class RackResponse
     # Headers the server frames the response with; an app's own are dropped.
     HOP_BY_HOP = %w[connection keep-alive transfer-encoding upgrade].freeze
     # A header value may hold tabs, never another control (CR, LF, NUL).
     BAD_VALUE = /[\x00-\x08\x0a-\x1f\x7f]/n.freeze
+    # How many header names an app may have checked once and remembered.
+    NAME_CACHE_SIZE = 256
+    # name => its lower-case form (or :hop for a hop-by-hop header): the
+    # names an app sends, each checked once per process.
+    NAMES = {} # rubocop:disable Style/MutableConstant (filled as names come)
+    # "HTTP/1.x STATUS REASON\r\n" for the statuses sent so far.
+    STATUS_LINES = {} # rubocop:disable Style/MutableConstant (filled as statuses come)
 
     # The app's status or headers cannot be sent as they are (response
     # splitting, above all): nothing of them is sent, the client gets 500.
@@ -40,30 +47,28 @@ module Forkpool
     # whether the connection ends after it (the worker is leaving, or the
     # request's body was left unread).
     def send(status, headers, body, must_close)
-      status = Integer(status, exception: false)
+      status = Integer(status, exception: false) unless status.is_a?(Integer)
       raise Invalid, "the app's status #{status.inspect} is not 100-999" unless status&.between?(100, 999)
 
       bodyless = @request.method == "HEAD" || status < 200 || status == 204 || status == 304
-      lines, length = header_lines(headers)
+      out = (STATUS_LINES[[@request.minor, status]] ||= status_line(status)).dup
+      length = add_headers(out, headers)
       if length.nil? && body.respond_to?(:to_ary)
         parts = body.to_ary
         length = parts.sum(&:bytesize)
-        lines << "Content-Length: #{length}\r\n" unless bodyless
+        out << "Content-Length: " << length.to_s << "\r\n" unless bodyless
       end
       chunked = false
       if length.nil? && !bodyless
         if @keepalive && @request.minor >= 1
           chunked = true
-          lines << "Transfer-Encoding: chunked\r\n"
+          out << "Transfer-Encoding: chunked\r\n"
         else
           @keepalive = false # the close ends the body
         end
       end
       @keepalive = false if must_close.call
-      lines << (@keepalive ? (@request.minor.zero? ? "Connection: keep-alive\r\n" : "") : "Connection: close\r\n")
-      out = +"#{@request.version} #{status} #{HTTP.reason(status)}\r\n".b
-      lines.each { |line| out << line.b }
-      out << "\r\n"
+      out << (@keepalive ? (@request.minor.zero? ? "Connection: keep-alive\r\n\r\n" : "\r\n") : "Connection: close\r\n\r\n")
       @started = true
       send_body(out, body, bodyless, chunked, length)
     ensure
@@ -72,25 +77,50 @@ module Forkpool
 
     private
 
-    def header_lines(headers)
-      lines = []
+    def status_line(status)
+      "#{@request.version} #{status} #{HTTP.reason(status)}\r\n".b.freeze
+    end
+
+    # Appends the app's header lines to `out`; returns its Content-Length
+    # (nil without one).
+    def add_headers(out, headers)
       length = nil
       headers.each do |name, values|
-        lower = name.to_s.downcase
-        raise Invalid, "the app's header name #{name.to_s.inspect} is not a token" unless name.to_s.b.match?(HTTP::TOKEN)
-        if HOP_BY_HOP.include?(lower)
-          @keepalive = false if lower == "connection" && values.to_s.downcase.include?("close")
+        lower = NAMES[name] || check_name(name)
+        if lower == :hop
+          @keepalive = false if name.to_s.casecmp?("connection") && values.to_s.downcase.include?("close")
           next
         end
-        # Rack 2 puts several values of one header on lines of one string.
-        Array(values).flat_map { |v| v.to_s.split("\n") }.each do |value|
-          raise Invalid, "the app's header '#{name}' has a CR, LF or NUL" if value.b.match?(BAD_VALUE)
-
-          length = Integer(value, 10) if lower == "content-length"
-          lines << "#{name}: #{value}\r\n"
+        if values.is_a?(String) && !values.include?("\n")
+          length = add_header(out, name, values, lower, length)
+        else
+          # Rack 2 puts several values of one header on lines of one string.
+          Array(values).each { |v| v.to_s.split("\n").each { |value| length = add_header(out, name, value, lower, length) } }
         end
       end
-      [lines, length]
+      length
+    end
+
+    def add_header(out, name, value, lower, length)
+      value = value.b unless value.ascii_only?
+      raise Invalid, "the app's header '#{name}' has a CR, LF or NUL" if value.match?(BAD_VALUE)
+
+      length = Integer(value, 10) if lower == "content-length"
+      out << (name.is_a?(String) ? name : name.to_s) << ": " << value << "\r\n"
+      length
+    end
+
+    # The lower-case form of a header name the app gives (:hop for a
+    # hop-by-hop one), remembered for the next response; Invalid when it
+    # is not a token.
+    def check_name(name)
+      text = name.to_s
+      raise Invalid, "the app's header name #{text.inspect} is not a token" unless text.b.match?(HTTP::TOKEN)
+
+      lower = text.downcase
+      lower = :hop if HOP_BY_HOP.include?(lower)
+      NAMES[name.frozen? ? name : text.dup.freeze] = lower if name.is_a?(String) && NAMES.size < NAME_CACHE_SIZE
+      lower
     end
 
     # The head goes out with the first piece of the body; each piece after
@@ -99,11 +129,16 @@ module Forkpool
       body.each do |piece|
         next if bodyless || piece.empty?
 
-        piece = piece.byteslice(0, length - @sent) if length
-        next if piece.nil? || piece.empty?
+        piece = piece.byteslice(0, length - @sent) if length && piece.bytesize > length - @sent
+        next if piece.empty?
 
+        piece = piece.b unless piece.ascii_only?
         @sent += piece.bytesize
-        out << (chunked ? "#{piece.bytesize.to_s(16)}\r\n#{piece.b}\r\n" : piece.b)
+        if chunked
+          out << piece.bytesize.to_s(16) << "\r\n" << piece << "\r\n"
+        else
+          out << piece
+        end
         @conn.write(out, @timeout)
         out = +"".b
       end

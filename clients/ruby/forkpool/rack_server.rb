@@ -5,6 +5,7 @@ require_relative "worker"
 require_relative "http"
 require_relative "rack_response"
 require_relative "lazy_input"
+require_relative "null_input"
 
 module Forkpool
   # Serves one Rack app on the connections a forkpool worker gets, one
@@ -14,6 +15,10 @@ module Forkpool
   class RackServer
     # The most of an unread body read and dropped to keep the connection.
     DRAIN_LIMIT = 65_536
+    # `rack.input` of every request without a body.
+    NULL_INPUT = NullInput.new
+    # How many header field names' environment keys are remembered.
+    ENV_KEY_CACHE_SIZE = 256
 
     attr_reader :app, :worker, :limits
 
@@ -24,6 +29,14 @@ module Forkpool
       @access_log = access_log
       @listeners = worker.listeners
       @recycle = -> { worker.leave }
+      # must_close for a request without a body: only a leaving worker.
+      @leaving = -> { worker.leaving? }
+      @env_base = environment_base.freeze
+      # field name => its environment key (nil: dropped), per process.
+      @env_keys = {}
+      # The last Host and the [SERVER_NAME, SERVER_PORT] it gave.
+      @last_host = nil
+      @last_address = nil
     end
 
     # Serves until the supervisor says quit.
@@ -36,6 +49,7 @@ module Forkpool
       conn = HTTP::Connection.new(sock)
       peer = peer_of(sock)
       opened = nil
+      @listeners_seen = nil
       @limits.max_requests.times do |number|
         return if number.positive? && !next_request?(conn, opened)
 
@@ -68,7 +82,12 @@ module Forkpool
     # connection has had its turn, when another client has waited on a
     # listener this worker holds for a moment (no worker took it): the idle
     # connection then gives way.
+    #
+    # When its wait watched the listeners too, it leaves what it saw in
+    # @listeners_seen (true: a connection waits), for give_way? to use
+    # instead of asking again.
     def next_request?(conn, opened)
+      @listeners_seen = nil
       return !@worker.channel_waiting? unless conn.buf.empty?
 
       deadline = HTTP.now + @limits.keepalive_timeout
@@ -77,12 +96,16 @@ module Forkpool
         return false if left <= 0
 
         turn_left = opened + @limits.keepalive_turn - HTTP.now
-        watched = [conn.sock, @worker.channel]
-        watched += @listeners if turn_left <= 0
-        ready, = IO.select(watched, nil, nil, turn_left.positive? ? [left, turn_left].min : left)
+        turn_over = turn_left <= 0
+        watched = turn_over ? [conn.sock, @worker.channel, *@listeners] : [conn.sock, @worker.channel]
+        ready, = IO.select(watched, nil, nil, turn_over ? left : [left, turn_left].min)
         next if ready.nil?
         return false if ready.include?(@worker.channel)
-        return true if ready.include?(conn.sock)
+
+        if ready.include?(conn.sock)
+          @listeners_seen = ready.size > 1 if turn_over # the socket and a listener
+          return true
+        end
 
         # Only a listener: in handoff the supervisor may be about to take
         # it for an idle worker. Still waiting 50 ms later, it is this one's.
@@ -97,6 +120,7 @@ module Forkpool
     # waiting: the response then says Connection: close.
     def give_way?(opened, now)
       return false if now - opened < @limits.keepalive_turn
+      return @listeners_seen unless @listeners_seen.nil?
 
       listener_waiting?
     end
@@ -125,18 +149,11 @@ module Forkpool
       end
 
       has_body = framing == :chunked || length.positive?
-      waits_for_continue = expect && request.minor >= 1 && has_body
-      input = LazyInput.new do
-        conn.write("HTTP/1.1 100 Continue\r\n\r\n", @limits.io_timeout) if waits_for_continue
-        HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout).first
-      end
+      input, must_close = has_body ? body_input(conn, request, framing, length, expect) : [NULL_INPUT, @leaving]
       env = environment(request, input, peer, conn.sock)
       response = RackResponse.new(conn, request, @limits.io_timeout,
                                   keepalive: request.keepalive? && !last && !@worker.leaving?)
-      # Decided when the head goes out: an unread body that will not be
-      # dropped cheaply closes the connection, and the answer says so.
-      unread = -> { !input.loaded? && has_body && (waits_for_continue || framing == :chunked || length > DRAIN_LIMIT) }
-      keep = run_app(env, response, request, peer, started, -> { @worker.leaving? || unread.call })
+      keep = run_app(env, response, request, peer, started, must_close)
       keep &&= body_consumed(input, has_body)
       input.close
       run_after_reply(env)
@@ -146,6 +163,22 @@ module Forkpool
       false
     rescue HTTP::ClientGone, SystemCallError, IOError
       false
+    end
+
+    # A request body's input, read when the app first reads it, and what
+    # says, when the head goes out, that the connection must close: the
+    # worker is leaving, or the body is unread and will not be dropped
+    # cheaply (the answer then says so).
+    def body_input(conn, request, framing, length, expect)
+      waits_for_continue = expect && request.minor >= 1
+      input = LazyInput.new do
+        conn.write("HTTP/1.1 100 Continue\r\n\r\n", @limits.io_timeout) if waits_for_continue
+        HTTP.read_body(conn, request, framing, length, @limits, HTTP.now + @limits.body_timeout).first
+      end
+      must_close = lambda do
+        @worker.leaving? || (!input.loaded? && (waits_for_continue || framing == :chunked || length > DRAIN_LIMIT))
+      end
+      [input, must_close]
     end
 
     # After the app, on a connection kept alive: true when the body it did
@@ -191,52 +224,71 @@ module Forkpool
       warn "forkpool-rack: an after_reply callback failed: #{e.class}: #{e.message}"
     end
 
-    # The Rack environment for one request.
-    def environment(request, input, peer, sock)
-      name, port = server_address(request.host, sock)
-      env = {
-        "REQUEST_METHOD" => request.method,
+    # The part of every request's environment that never changes.
+    def environment_base
+      {
         "SCRIPT_NAME" => "",
-        "PATH_INFO" => request.path,
-        "QUERY_STRING" => request.query,
-        "REQUEST_URI" => request.target,
-        "SERVER_NAME" => name,
-        "SERVER_PORT" => port,
-        "SERVER_PROTOCOL" => request.version,
-        "REMOTE_ADDR" => peer[0],
-        "REMOTE_PORT" => peer[1],
         "rack.version" => ::Rack::VERSION,
         "rack.url_scheme" => "http",
-        "rack.input" => input,
         "rack.errors" => $stderr,
         "rack.multithread" => false,
         "rack.multiprocess" => true,
         "rack.run_once" => false,
         "rack.hijack?" => false,
-        "rack.after_reply" => [],
         "forkpool.recycle" => @recycle,
         "forkpool.slot" => @worker.slot
       }
-      request.headers.each do |field, value|
-        next if field.include?("_") # would be taken for the dash form (as nginx drops them)
+    end
 
-        key = field.upcase.tr("-", "_")
-        if key == "CONTENT_TYPE" || key == "CONTENT_LENGTH"
-          env[key] = value
-        else
-          env["HTTP_#{key}"] = value
-        end
+    # The Rack environment for one request: a copy of the constant part,
+    # then the request's own.
+    def environment(request, input, peer, sock)
+      env = @env_base.dup
+      env["REQUEST_METHOD"] = request.method
+      env["PATH_INFO"] = request.path
+      env["QUERY_STRING"] = request.query
+      env["REQUEST_URI"] = request.target
+      env["SERVER_NAME"], env["SERVER_PORT"] = server_address(request.host, sock)
+      env["SERVER_PROTOCOL"] = request.version
+      env["REMOTE_ADDR"] = peer[0]
+      env["REMOTE_PORT"] = peer[1]
+      env["rack.input"] = input
+      env["rack.after_reply"] = []
+      request.headers.each do |field, value|
+        key = @env_keys.fetch(field) { env_key(field) }
+        env[key] = value if key
       end
       env["HTTP_HOST"] = request.host if request.host # an absolute-form target's wins
       env
     end
 
+    # The environment key of a header field (lower-case), remembered; nil
+    # for a name with "_", which would be taken for the dash form (nginx
+    # drops them too).
+    def env_key(field)
+      key = if field.include?("_")
+              nil
+            else
+              upper = field.upcase.tr("-", "_")
+              %w[CONTENT_TYPE CONTENT_LENGTH].include?(upper) ? upper : "HTTP_#{upper}"
+            end
+      @env_keys[field.dup.freeze] = key&.freeze if @env_keys.size < ENV_KEY_CACHE_SIZE
+      key
+    end
+
     # SERVER_NAME and SERVER_PORT from the Host (port 80 when it names
     # none); without one (HTTP/1.0), the address the client connected to.
     def server_address(host, sock)
+      return @last_address if host && host == @last_host
+
       if host && !host.empty?
         match = /\A(\[[^\]]*\]|[^:]*)(?::(\d*))?\z/n.match(host)
-        return [match[1], match[2].to_s.empty? ? "80" : match[2]] if match
+        if match
+          # Remembered (frozen: every request shares them) for the next
+          # request with the same Host, most of them.
+          @last_host = host
+          return @last_address = [match[1].freeze, (match[2].to_s.empty? ? "80" : match[2]).freeze].freeze
+        end
       end
       addr = sock.local_address
       [addr.ip_address, addr.ip_port.to_s]
@@ -244,10 +296,12 @@ module Forkpool
       ["localhost", "0"]
     end
 
+    # [REMOTE_ADDR, REMOTE_PORT], from one getpeername (Socket#remote_address
+    # asks for the socket type too); empty on a Unix socket.
     def peer_of(sock)
-      addr = sock.remote_address
-      addr.ip? ? [addr.ip_address, addr.ip_port.to_s] : ["", ""]
-    rescue SystemCallError, SocketError
+      port, address = Socket.unpack_sockaddr_in(sock.getpeername)
+      [address, port.to_s]
+    rescue SystemCallError, SocketError, ArgumentError
       ["", ""]
     end
 

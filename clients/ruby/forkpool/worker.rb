@@ -39,6 +39,11 @@ module Forkpool
   LISTEN_FDS_START = 3
   # Longer than any message, so an oversized one shows as MSG_TRUNC.
   RECV_SIZE = 16
+  # Room for the control data of a message: the two descriptors of an F
+  # and more (more than expected shows as MSG_CTRUNC or a count refused).
+  # Given, so Ruby's recvmsg does not first peek at each message to size
+  # it (a second recvmsg, and a close of the descriptors the peek got).
+  CONTROL_SIZE = 64
   # Supervisor-to-worker messages: kind => payload length.
   WORKER_PAYLOAD = { "C" => 2, "A" => 2, "p" => 4, "Q" => 0 }.freeze
   WORKER_PAYLOAD_V2 = WORKER_PAYLOAD.merge("T" => 0).freeze
@@ -252,7 +257,7 @@ module Forkpool
 
     # One message: [kind, payload, io or nil], or nil at end of file.
     def receive(known)
-      data, _addr, rflags, *controls = @channel.recvmsg(RECV_SIZE, 0, nil, scm_rights: true)
+      data, _addr, rflags, *controls = @channel.recvmsg(RECV_SIZE, 0, CONTROL_SIZE, scm_rights: true)
       ios = controls.flat_map { |c| c.cmsg_is?(:SOCKET, :RIGHTS) ? c.unix_rights || [] : [] }
       return nil if data.empty? && ios.empty?
 
@@ -307,8 +312,12 @@ module Forkpool
       raise ProtocolError, "#{kind.inspect} is not expected in #{@dispatch} mode"
     end
 
-    # The received IO as a Socket (it is a connected stream socket).
+    # The received IO as a Socket (it is a connected stream socket; Ruby
+    # makes a received socket a Socket already, close-on-exec: it receives
+    # with MSG_CMSG_CLOEXEC).
     def connection(io, _listener)
+      return io if io.is_a?(Socket)
+
       io.autoclose = false
       fd = io.fileno
       sock = Socket.for_fd(fd)
@@ -369,10 +378,15 @@ module Forkpool
 
     # `handoff`: the next connection already waiting on `listener`, or nil.
     # A message from the supervisor goes first (Quit or Ping is read after
-    # reporting Idle).
+    # reporting Idle). One select asks about both; the accept is tried only
+    # when the listener has something (most of the time another worker or
+    # the supervisor took it already, and an accept that fails costs two
+    # system calls in Ruby).
     def take_next(listener)
       return nil if @dispatch != "handoff" || listener >= @listeners.size
-      return nil if channel_waiting?
+
+      ready, = IO.select([@channel, @listeners[listener]], nil, nil, 0)
+      return nil if ready.nil? || ready.include?(@channel)
 
       accept(listener)
     end

@@ -54,6 +54,14 @@ class TestApp < Sinatra::Base
     "#{env['rack.input'].class} #{AFTER_FORK_PIDS.include?(Process.pid)}\n"
   end
 
+  # What the server put in the environment, and a response header named
+  # by the request (the server remembers what it saw of both).
+  get "/env" do
+    headers params[:h] => "1" if params[:h]
+    "#{env['SERVER_NAME']} #{env['SERVER_PORT']} #{env['HTTP_X_A'].inspect} " \
+      "#{env['HTTP_X_B'].inspect} #{env.key?('HTTP_X_C')} #{env['REMOTE_ADDR']}:#{env['REMOTE_PORT']}\n"
+  end
+
   get "/recycle" do
     env["forkpool.recycle"].call
     "leaving\n"

@@ -356,6 +356,75 @@ fn an_idle_kept_alive_connection_gives_way_to_a_waiting_client() {
     }
 }
 
+/// One worker gets 8 slow requests at once: while it serves one, the
+/// others wait in the backlog (the supervisor has no idle worker to hand
+/// them to), and the worker takes each next one itself (`N`) instead of
+/// going idle first.
+#[test]
+fn a_finishing_worker_takes_the_next_waiting_connection() {
+    if !require_sinatra() {
+        return;
+    }
+    let pool = start("handoff", false, &[]);
+    common::assert_takes_the_next_waiting_connection(&pool);
+}
+
+/// What the server remembers from one request for the next (the Host's
+/// SERVER_NAME and SERVER_PORT, header fields' environment keys, the app's
+/// response header names) never leaks into a request that differs, and
+/// REMOTE_ADDR and REMOTE_PORT name the client: three
+/// requests on one kept-alive connection with other Hosts and headers, then
+/// an HTTP/1.0 one without a Host (the address the client connected to).
+#[test]
+fn what_the_server_remembers_follows_each_request() {
+    if !require_sinatra() {
+        return;
+    }
+    let pool = start("handoff", false, &[]);
+    let mut conn = connect(&pool);
+    let cases: [(&str, &str, Option<&str>); 3] = [
+        (
+            "GET /env?h=X-One HTTP/1.1\r\nHost: a.example:81\r\nX-A: 1\r\nX_C: 3\r\n\r\n",
+            "a.example 81 \"1\" nil false\n",
+            Some("x-one"),
+        ),
+        (
+            "GET /env?h=X-Two HTTP/1.1\r\nHost: b.example\r\nX-B: 2\r\n\r\n",
+            "b.example 80 nil \"2\" false\n",
+            Some("x-two"),
+        ),
+        (
+            "GET /env HTTP/1.1\r\nHost: a.example:81\r\n\r\n",
+            "a.example 81 nil nil false\n",
+            None,
+        ),
+    ];
+    let peer = conn.local_addr().unwrap();
+    for (request, want, named) in cases {
+        conn.write_all(request.as_bytes()).unwrap();
+        let res = read_response(&mut conn, false);
+        let want = format!("{} {peer}\n", want.trim_end());
+        assert_eq!((res.status, res.body_text()), (200, want), "{request:?}");
+        for name in ["x-one", "x-two"] {
+            assert_eq!(
+                res.header(name).is_some(),
+                named == Some(name),
+                "{name} in the answer to {request:?}"
+            );
+        }
+        assert_eq!(res.header("connection"), None, "kept alive");
+    }
+    let mut plain = connect(&pool);
+    plain.write_all(b"GET /env HTTP/1.0\r\n\r\n").unwrap();
+    let res = read_response(&mut plain, false);
+    let want = format!(
+        "127.0.0.1 {} nil nil false {}\n",
+        pool.addr.port(),
+        plain.local_addr().unwrap()
+    );
+    assert_eq!((res.status, res.body_text()), (200, want));
+}
+
 /// Refusals by the shared rules (docs/http.md), the app never called, the
 /// worker serving on; and a body that does not arrive within
 /// `--body-timeout` gets 408.

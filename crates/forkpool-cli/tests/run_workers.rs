@@ -184,19 +184,11 @@ fn rust_worker_in_order_and_shared_serves_side_by_side() {
 }
 
 /// `forkpool run ARGS -- CMD` for workers that never become ready.
-/// A pool of one worker gets 8 slow requests at once: while it serves one,
-/// the others wait in the backlog, and it takes each next one itself (`N`)
-/// rather than going idle and being handed it.
+/// A pool of one worker gets 8 slow requests at once: it takes each next
+/// one itself (see `common::assert_takes_the_next_waiting_connection`).
 fn takes_the_next_waiting_connection(cmd: &[&str]) {
     let pool = start_run(&common::ONE_CHILD, cmd);
-    for r in concurrent_gets(pool.addr, "/?work_ms=50", 8) {
-        let r = r.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
-        assert_eq!(r.status, 200);
-    }
-    let status = pool.status();
-    assert_eq!(total(&status, "accepted"), 8, "{status}");
-    assert!(total(&status, "taken_next") >= 1, "{status}");
-    assert_eq!(total(&status, "died"), 0, "{status}");
+    common::assert_takes_the_next_waiting_connection(&pool);
 }
 
 #[test]

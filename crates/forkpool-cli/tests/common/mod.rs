@@ -610,6 +610,21 @@ pub fn parse_response(raw: &str) -> Result<Response, String> {
     })
 }
 
+/// A pool of one worker (in handoff) gets 8 slow requests at once
+/// (`/?work_ms=50`): while it serves one, the others wait in the backlog,
+/// and it takes each next one itself (`N`) rather than going idle and
+/// being handed it. Panics, with the pool's status, when it did not.
+pub fn assert_takes_the_next_waiting_connection(pool: &DemoPool) {
+    for r in concurrent_gets(pool.addr, "/?work_ms=50", 8) {
+        let r = r.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+        assert_eq!(r.status, 200);
+    }
+    let status = pool.status();
+    assert_eq!(total(&status, "accepted"), 8, "{status}");
+    assert!(total(&status, "taken_next") >= 1, "{status}");
+    assert_eq!(total(&status, "died"), 0, "{status}");
+}
+
 /// Runs `n` requests at once on threads and returns their results.
 pub fn concurrent_gets(addr: SocketAddr, path: &str, n: usize) -> Vec<Result<Response, String>> {
     let handles: Vec<_> = (0..n)
