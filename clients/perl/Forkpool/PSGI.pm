@@ -278,14 +278,13 @@ sub _read_request {
 
 # Between two requests on a kept-alive connection whose turn
 # (--keepalive-turn) is over, idle for $waited seconds (at least
-# GIVE_WAY_IDLE): true
-# when the next request starts within --keepalive-timeout. False when the
-# client is quiet that long, when the supervisor has a message for this
-# worker (a Quit, most likely), or when another connection has waited on
-# a listener this worker holds for its grace (GIVE_WAY_IDLE,
-# GIVE_WAY_STEP): no worker is free to take it, so this idle one gives
-# way (docs/http.md, "Give-way"); its client expects an idle
-# connection to close and retries on a new one.
+# GIVE_WAY_IDLE): true when the next request starts within
+# --keepalive-timeout. False when the client is quiet that long, when the
+# supervisor has a message for this worker (a Quit, most likely), or when
+# another connection has waited on a listener this worker holds for
+# GIVE_WAY_STEP times the slot modulo 4, plus one: no worker is free to
+# take it, so this idle one gives way (docs/http.md, "Give-way"); its
+# client expects an idle connection to close and retries on a new one.
 sub _next_request_comes {
     my ($self, $c, $waited) = @_;
     my $timeout = $self->{keepalive_timeout} - $waited;
