@@ -104,13 +104,14 @@ sub parse_head {
     # request. The patterns let no CR, LF or NUL into a line and end each
     # line in CRLF, so a bare CR or LF or a NUL fails one of them, and
     # only then does a slow path look for the reason.
-    $head =~ m{\G((?:\r\n)*)($TOKEN) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\r\n}gco
+    $head =~ m{\G(?:\r\n)*($TOKEN) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\r\n}gco
         or return (undef, _request_line_problem($head));
-    my ($empty, $method, $target, $major, $minor) = ($1, $2, $3, $4, $5);
+    my ($method, $target, $major, $minor) = ($1, $2, $3, $4);
+    # $-[1]: where the method starts, after the empty lines.
     return (undef, 400, 'more than 8 empty lines before the request line')
-        if length $empty > 16;
+        if $-[1] > 16;
     return (undef, 414, 'request line over ' . MAX_LINE . ' bytes')
-        if pos($head) - length($empty) > MAX_LINE + 2;
+        if pos($head) - $-[1] > MAX_LINE + 2;
     return (undef, 505, "HTTP/$major.$minor is not supported") unless $major == 1;
     $minor = 1 if $minor > 1;    # a later 1.x is served as 1.1 (RFC 9110 section 2.5)
     # Only a head longer than a line can hold a field line too long.
@@ -352,19 +353,26 @@ sub status_text {
 # tab, or with a character beyond Latin-1 (docs/http.md, "Responses from
 # the app"). CR and LF would let an app's input split the response or
 # smuggle another behind it. Checked while the head is built, on every
-# response: a header passes on three tr counts, and only a bad one goes
-# through the matches that say why.
+# response: a header passes on two tr counts, the head as a whole on one
+# look at its UTF-8 flag (a value with a character beyond Latin-1 makes
+# the whole head a character string), and only a bad one goes through
+# the matches that say why.
 sub response_head {
     my ($status, $headers, @extra) = @_;
-    my $head = "HTTP/1.1 $status " . status_text($status) . "\r\n";
+    my $head = "HTTP/1.1 $status " . ($STATUS_TEXT{$status} // status_text($status)) . "\r\n";
     for (my $i = 0; $i < @$headers; $i += 2) {
         my ($name, $value) = @$headers[$i, $i + 1];
         return (undef, _header_problem($name, $value))
             unless defined $name && length $name && defined $value
             && !($name =~ tr/!#$%&'*+\-.^_`|~0-9A-Za-z//c)
-            && !($value =~ tr/\x00-\x08\x0a-\x1f\x7f//)
-            && !(utf8::is_utf8($value) && $value =~ /[^\x00-\xff]/);
+            && !($value =~ tr/\x00-\x08\x0a-\x1f\x7f//);
         $head .= "$name: $value\r\n";
+    }
+    if (utf8::is_utf8($head) && $head =~ /[^\x00-\xff]/) {
+        for (my $i = 1; $i < @$headers; $i += 2) {
+            return (undef, _header_problem(@$headers[$i - 1, $i]))
+                if $headers->[$i] =~ /[^\x00-\xff]/;
+        }
     }
     $head .= "$_\r\n" for @extra;
     return "$head\r\n";

@@ -148,6 +148,7 @@ sub serve_connection {
     my $c = {
         sock => $sock, fd => fileno($sock), buf => '', served => 0,
         timeout => $self->{timeout}, armed => 0, opened => undef,
+        channel_fd => fileno($self->{worker}->channel),
     };
     @$c{qw(remote_addr remote_port)} = _address(getpeername($sock));
     while (1) {
@@ -225,7 +226,21 @@ sub _wait_readable {
 sub _read_request {
     my ($self, $c) = @_;
     if ($c->{served} && $c->{buf} eq '') {
-        return undef unless $self->_next_request_comes($c);
+        # Between two requests. Only the client and the channel count
+        # while it is still the connection's turn (--keepalive-turn,
+        # counted to the last request's start, so a little long), and in
+        # any case for GIVE_WAY_IDLE, before which it never gives way: a
+        # client that sends its next request by then costs one select, no
+        # clock read and no call. Only a connection idle longer watches
+        # the listeners as well (_next_request_comes).
+        my $turn_left = $c->{opened} + $self->{keepalive_turn} - $c->{last_start};
+        my $first = $turn_left > GIVE_WAY_IDLE ? $turn_left : GIVE_WAY_IDLE;
+        my $timeout = $self->{keepalive_timeout};
+        my $ready = _wait_readable($c->{fd}, $first < $timeout ? $first : $timeout, $c->{channel_fd});
+        if ($ready ne 'conn') {
+            return undef if $ready ne '' || $first >= $timeout;
+            return undef unless $self->_next_request_comes($c, $first);
+        }
     }
     my $start = Time::HiRes::time();
     my $end = $c->{buf} eq '' ? -1 : find_head_end($c->{buf});
@@ -261,41 +276,28 @@ sub _read_request {
     return $req;
 }
 
-# Between two requests on a kept-alive connection: true when the next
-# request starts within --keepalive-timeout. False when the client is
-# quiet that long, when the supervisor has a message for this worker (a
-# Quit, most likely), or when, the connection's turn (--keepalive-turn)
-# being over, another connection has waited on a listener this worker
-# holds for its grace (GIVE_WAY_IDLE, GIVE_WAY_STEP): no worker is free to take it, so this idle
-# one gives way (docs/protocol.md, "Kept-alive connections: giving
-# way"); its client expects an idle connection to close and retries on a
-# new one.
+# Between two requests on a kept-alive connection whose turn
+# (--keepalive-turn) is over, idle for $waited seconds (at least
+# GIVE_WAY_IDLE): true when the next request starts within
+# --keepalive-timeout. False when the client is quiet that long, when the
+# supervisor has a message for this worker (a Quit, most likely), or when
+# another connection has waited on a listener this worker holds for
+# GIVE_WAY_STEP times the slot modulo 4, plus one: no worker is free to
+# take it, so this idle one gives way (docs/http.md, "Give-way"); its
+# client expects an idle connection to close and retries on a new one.
 sub _next_request_comes {
-    my ($self, $c) = @_;
-    $c->{channel_fd} //= fileno($self->{worker}->channel);
-    my $timeout = $self->{keepalive_timeout};
-    my $idle_since = Time::HiRes::time();
-    # Still its turn (counted to the last request's start, so a little
-    # long): only the client and the channel count.
-    my $turn_left = $c->{opened} + $self->{keepalive_turn} - $c->{last_start};
-    if ($turn_left > 0) {
-        my $ready = _wait_readable($c->{fd}, $turn_left < $timeout ? $turn_left : $timeout,
-            $c->{channel_fd});
-        return $ready eq 'conn' if $ready ne '' || $turn_left >= $timeout;
-        $timeout -= $turn_left;
-    }
+    my ($self, $c, $waited) = @_;
+    my $timeout = $self->{keepalive_timeout} - $waited;
+    my $deadline = Time::HiRes::time() + $timeout;
     my $listeners = $self->{listen_bits} // $self->_listen_bits;
-    my $deadline = $idle_since + $self->{keepalive_timeout};
     while (1) {
         my $ready = _wait_readable($c->{fd}, $timeout, $c->{channel_fd}, $listeners);
         return $ready eq 'conn' unless $ready eq 'listener';
         # Someone waits: give a free worker, if any, a moment to take it
-        # first, and this client its idle minimum.
+        # first (this client has had its idle minimum already).
         my $step = $self->{give_way_step}
             //= GIVE_WAY_STEP * (($self->{worker}->slot // 0) % 4 + 1);
-        my $grace = $idle_since + GIVE_WAY_IDLE - Time::HiRes::time();
-        $grace = $step if $grace < $step;
-        $ready = _wait_readable($c->{fd}, $grace, $c->{channel_fd});
+        $ready = _wait_readable($c->{fd}, $step, $c->{channel_fd});
         return $ready eq 'conn' if $ready ne '';
         return 0 if $self->_others_waiting;
         $timeout = $deadline - Time::HiRes::time();
@@ -340,9 +342,16 @@ sub _linger {
 # Serves one parsed request; true if the connection can serve another.
 sub _serve_request {
     my ($self, $c, $req) = @_;
-    my ($framing, $length, $why) = body_framing($req, $self->{max_body_size});
+    # Most requests have no body, no Expect and no Connection header: the
+    # checks of those headers are called only for a request that has one
+    # (a call costs about as much as the check).
+    my $headers = $req->{env};
+    my ($framing, $length, $why) = exists $headers->{HTTP_TRANSFER_ENCODING}
+        || exists $headers->{CONTENT_LENGTH}
+        ? body_framing($req, $self->{max_body_size}) : ('none');
     return $self->_refuse($c, $req->{start}, $length, $why, $req) unless defined $framing;
-    my ($continue, $status, $expect_why) = expects_continue($req);
+    my ($continue, $status, $expect_why) = exists $headers->{HTTP_EXPECT}
+        ? expects_continue($req) : (0);
     return $self->_refuse($c, $req->{start}, $status, $expect_why, $req)
         unless defined $continue;
 
@@ -359,7 +368,8 @@ sub _serve_request {
         }
     }
     my $r = {
-        keep => keeps_alive($req) && $c->{served} < $self->{max_keepalive_requests}
+        keep => (exists $headers->{HTTP_CONNECTION} ? keeps_alive($req) : $req->{minor})
+            && $c->{served} < $self->{max_keepalive_requests}
             && ($req->{start} - $c->{opened} < $self->{keepalive_turn}
                 || !$self->_others_waiting),
         head => $req->{method} eq 'HEAD',
@@ -632,7 +642,7 @@ sub _send_head {
     }
     my @extra;
     $r->{status} = $status;
-    my $has_body = _has_body($status);
+    my $has_body = !($status < 200 || $status == 204 || $status == 304);    # _has_body
     $r->{with_body} = !$r->{head} && $has_body;
     $r->{keep} = 0 if $app_close;
     if (!$has_body) {
@@ -656,7 +666,13 @@ sub _send_head {
     }
     push @extra, !$r->{keep} ? 'Connection: close'
         : $r->{minor} == 0 ? 'Connection: keep-alive' : ();
-    my $head = _head_or_refuse($r, $status, \@headers, @extra);
+    # _head_or_refuse, written out: it runs on every response.
+    my ($head, $problem) = response_head($status, \@headers, @extra);
+    unless (defined $head) {
+        $r->{status} = undef;
+        $r->{bad_response} = $problem;
+        die "$problem\n";
+    }
     _write($c, $head) unless $hold;
     return $head;
 }

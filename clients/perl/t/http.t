@@ -170,6 +170,11 @@ subtest 'responses' => sub {
     like($problem->(['X-Nul', "a\0"]), qr/X-Nul/, 'no NUL');
     like($problem->(['X-Ctl', "a\x01"]), qr/X-Ctl/, 'no other control');
     like($problem->(['X-Wide', "caf\x{e9}\x{263a}"]), qr/X-Wide/, 'nothing beyond Latin-1');
+    like($problem->(['X-Ok', "caf\x{e9}", 'X-Wide', "\x{263a}"]), qr/'X-Wide'/,
+        'the header beyond Latin-1 is named, not the first character string');
+    my $upgraded = "caf\xe9";
+    utf8::upgrade($upgraded);
+    is($problem->(['X-Latin', $upgraded]), undef, 'a character string within Latin-1 is fine');
     is($problem->(['X-Ok', "a\tb \xe9"]), undef, 'tabs and high bytes are fine');
 };
 
