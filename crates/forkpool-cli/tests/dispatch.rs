@@ -280,12 +280,37 @@ fn with_defer_accept_a_silent_connection_waits_in_the_kernel() {
     assert_silent_connection_waits(&pool);
 }
 
+/// Kernel dispatch: each slot's own socket defers like the listener.
+#[test]
+fn with_defer_accept_a_silent_connection_waits_in_the_kernel_in_kernel_dispatch() {
+    let pool = DemoPool::start(&[
+        "--dispatch",
+        "kernel",
+        "--defer-accept",
+        "30s",
+        "--min-children",
+        "2",
+    ]);
+    assert_silent_connection_waits(&pool);
+}
+
 #[test]
 fn a_reload_turns_defer_accept_on() {
+    a_reload_turns_defer_accept_on_in("handoff");
+}
+
+/// Kernel dispatch: the slots' sockets follow the reload too.
+#[test]
+fn a_reload_turns_defer_accept_on_in_kernel_dispatch() {
+    a_reload_turns_defer_accept_on_in("kernel");
+}
+
+fn a_reload_turns_defer_accept_on_in(mode: &str) {
     let file = common::temp_path("defer.toml");
-    std::fs::write(&file, "[pool]\nmin_children = 2\n").unwrap();
+    let first = format!("[pool]\nmin_children = 2\ndispatch = \"{mode}\"\n");
+    std::fs::write(&file, &first).unwrap();
     let pool = DemoPool::start(&["--config", file.to_str().unwrap()]);
-    std::fs::write(&file, "[pool]\nmin_children = 2\ndefer_accept = \"30s\"\n").unwrap();
+    std::fs::write(&file, format!("{first}defer_accept = \"30s\"\n")).unwrap();
     pool.signal(libc::SIGHUP);
     // The new generation serves (the old one has gone).
     assert!(pool

@@ -387,3 +387,31 @@ fn a_second_pool_on_the_same_port_is_refused() {
     );
     assert_eq!(pool.get("/").expect("request").status, 200);
 }
+
+/// A connection taken from a slot's own socket inherits what the listener
+/// gives its connections: the demo's 5 s read timeout, so a client that
+/// connects and says nothing does not hold a child for ever.
+#[test]
+fn a_silent_client_does_not_hold_a_child() {
+    let Some(pool) = kernel_pool("1", &[]) else {
+        return;
+    };
+    let mut silent = std::net::TcpStream::connect(pool.addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let started = Instant::now();
+    // The child answers 408 and closes once its read times out.
+    let mut answer = Vec::new();
+    let read = std::io::Read::read_to_end(&mut silent, &mut answer);
+    assert!(read.is_ok(), "{read:?} after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    // Its child is free again.
+    assert!(pool
+        .wait_status(Duration::from_secs(5), |s| s["slots"][0]["state"] == "idle")
+        .is_some());
+}

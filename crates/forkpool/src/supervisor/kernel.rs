@@ -70,6 +70,16 @@ impl Supervisor {
         }
     }
 
+    /// Kernel dispatch: the slots' sockets take the listeners'
+    /// `TCP_DEFER_ACCEPT` again (after a reload changed it).
+    pub(crate) fn follow_defer_accept(&mut self) -> std::io::Result<()> {
+        let Some(kernel) = self.kernel.as_mut() else {
+            return Ok(());
+        };
+        let fds: Vec<_> = self.listeners.iter().map(|l| l.listener.as_fd()).collect();
+        kernel.follow_defer_accept(&fds)
+    }
+
     /// The slots kernel dispatch was set up for (0 without it).
     pub(crate) fn kernel_slots(&self) -> usize {
         self.kernel.as_ref().map_or(0, |k| k.board().slots())

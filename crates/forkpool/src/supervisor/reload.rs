@@ -77,7 +77,8 @@ impl Supervisor {
             let applied = self
                 .listeners
                 .iter()
-                .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept));
+                .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept))
+                .and_then(|()| self.follow_defer_accept());
             if let Err(e) = applied {
                 error!("reload refused, keeping the running configuration: {e}");
                 self.core.totals.reloads_refused += 1;

@@ -152,6 +152,29 @@ pub fn set_defer_accept(listener: BorrowedFd<'_>, seconds: u32) -> io::Result<()
     }
 }
 
+/// `TCP_DEFER_ACCEPT` as the kernel keeps it (whole seconds, rounded to
+/// its SYN-ACK retransmissions; 0 when off).
+pub fn defer_accept(listener: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` is a writable c_int and `len` holds its size; the
+    // kernel writes at most that much.
+    let rc = unsafe {
+        libc::getsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(u32::try_from(value).unwrap_or(0))
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Whether `fd` is an IPv4 or IPv6 socket (a TCP connection, for the
 /// streams forkpool handles) rather than a Unix one.
 pub fn is_inet(fd: BorrowedFd<'_>) -> bool {

@@ -87,6 +87,36 @@ pub struct Group {
     domain: Domain,
     backlog: i32,
     sockets: Vec<Option<OwnedFd>>,
+    /// What the listener's accepted connections inherit from it, which a
+    /// slot's socket must give its connections too: the read and write
+    /// timeouts (the demo's keep-alive limit) and `TCP_DEFER_ACCEPT`.
+    inherited: Inherited,
+}
+
+/// Options a listening socket passes on, or applies to what it queues.
+#[derive(Debug, Clone, Copy, Default)]
+struct Inherited {
+    read_timeout: Option<std::time::Duration>,
+    write_timeout: Option<std::time::Duration>,
+    defer_accept: u32,
+}
+
+impl Inherited {
+    fn of(listener: BorrowedFd<'_>) -> Inherited {
+        let sock = socket2::SockRef::from(&listener);
+        Inherited {
+            read_timeout: sock.read_timeout().ok().flatten(),
+            write_timeout: sock.write_timeout().ok().flatten(),
+            defer_accept: crate::sys::socket::defer_accept(listener).unwrap_or(0),
+        }
+    }
+
+    fn apply(&self, socket: BorrowedFd<'_>) -> io::Result<()> {
+        let sock = socket2::SockRef::from(&socket);
+        sock.set_read_timeout(self.read_timeout)?;
+        sock.set_write_timeout(self.write_timeout)?;
+        crate::sys::socket::set_defer_accept(socket, self.defer_accept)
+    }
 }
 
 impl Group {
@@ -152,6 +182,7 @@ impl Group {
             domain,
             backlog: i32::try_from(backlog).unwrap_or(i32::MAX),
             sockets: (0..slots).map(|_| None).collect(),
+            inherited: Inherited::of(overflow),
         })
     }
 
@@ -170,11 +201,22 @@ impl Group {
             socket.listen(self.backlog)?;
             socket.set_nonblocking(true)?;
             let fd = OwnedFd::from(socket);
+            self.inherited.apply(fd.as_fd())?;
             bpf::sockarray_set(self.sockets_map.as_fd(), slot as u32, fd.as_fd())
                 .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
             self.sockets[slot] = Some(fd);
         }
         Ok(self.sockets[slot].as_ref().expect("made above").as_fd())
+    }
+
+    /// `TCP_DEFER_ACCEPT` changed on the listener (a reload): every slot's
+    /// socket follows, and those made later.
+    pub fn follow_defer_accept(&mut self, listener: BorrowedFd<'_>) -> io::Result<()> {
+        self.inherited.defer_accept = crate::sys::socket::defer_accept(listener)?;
+        for fd in self.sockets.iter().flatten() {
+            crate::sys::socket::set_defer_accept(fd.as_fd(), self.inherited.defer_accept)?;
+        }
+        Ok(())
     }
 
     /// `slot`'s socket if it has been made.

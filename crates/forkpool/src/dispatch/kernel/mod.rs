@@ -110,6 +110,15 @@ impl Kernel {
         Ok(())
     }
 
+    /// `TCP_DEFER_ACCEPT` changed on the `listeners` (a reload): each
+    /// group's slot sockets follow.
+    pub fn follow_defer_accept(&mut self, listeners: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+        for (group, &listener) in self.groups.iter_mut().zip(listeners) {
+            group.follow_defer_accept(listener)?;
+        }
+        Ok(())
+    }
+
     /// `slot`'s sockets, one per listener, where made.
     pub fn sockets(&self, slot: usize) -> impl Iterator<Item = (usize, BorrowedFd<'_>)> {
         self.groups
