@@ -415,3 +415,34 @@ fn a_silent_client_does_not_hold_a_child() {
         .wait_status(Duration::from_secs(5), |s| s["slots"][0]["state"] == "idle")
         .is_some());
 }
+
+/// A child finishing a connection takes the next one waiting on the
+/// overflow itself, and the scoreboard's count says so (`taken_next`).
+#[test]
+fn a_finishing_child_takes_the_overflow_itself() {
+    let Some(pool) = kernel_pool("1", &["--max-children", "1"]) else {
+        return;
+    };
+    // One slow request holds the only child; three more wait on the
+    // supervisor's listener (no child is idle), and the child, finishing,
+    // takes them one after another.
+    let addr = pool.addr;
+    let slow = std::thread::spawn(move || common::get(addr, "/?work_ms=500"));
+    assert!(pool
+        .wait_status(Duration::from_secs(5), |s| s["busy"] == 1)
+        .is_some());
+    let queued: Vec<_> = (0..3).map(|_| send(pool.addr, "/")).collect();
+    assert_eq!(slow.join().unwrap().expect("request").status, 200);
+    for mut conn in queued {
+        let mut raw = String::new();
+        std::io::Read::read_to_string(&mut conn, &mut raw).expect("an answer");
+        assert_eq!(
+            common::parse_response(&raw).expect("a response").status,
+            200
+        );
+    }
+    let status = pool
+        .wait_status(Duration::from_secs(5), |s| total(s, "accepted") == 4)
+        .unwrap_or_else(|| panic!("{}", pool.status()));
+    assert!(total(&status, "taken_next") >= 1, "{status}");
+}

@@ -520,6 +520,7 @@ impl Worker<'_> {
                 board.count_served(self.info.slot);
                 if next.is_some() {
                     board.count_taken(self.info.slot);
+                    board.count_next(self.info.slot);
                 } else if !self.exhausted() {
                     self.now_idle()?;
                 }

@@ -43,8 +43,8 @@ pub(crate) struct Child {
     /// waits for the capture, which carries the kill.
     pub capturing: bool,
     /// Kernel dispatch: the child's counts on the scoreboard when last
-    /// read (connections taken from its own socket, and finished).
-    pub board_counts: (u64, u64),
+    /// read (connections taken, finished, and taken from the overflow).
+    pub board_counts: (u64, u64, u64),
 }
 
 /// Whether a child has shown it is up.
@@ -102,7 +102,7 @@ impl Child {
             version,
             claimed: None,
             capturing: false,
-            board_counts: (0, 0),
+            board_counts: (0, 0, 0),
         }
     }
 

@@ -23,6 +23,8 @@ pub(crate) struct Sample {
     pub taken: u64,
     /// Connections finished since it started.
     pub served: u64,
+    /// Of those taken, the ones taken from the overflow as it finished one.
+    pub next: u64,
 }
 
 /// How far a count moved, as believed: never back, never by more than
@@ -44,11 +46,13 @@ impl<L: HasChild> Core<L> {
             return;
         }
         let child = self.board.link_mut(slot).expect("occupied").child_mut();
-        let (taken_before, served_before) = child.board_counts;
+        let (taken_before, served_before, next_before) = child.board_counts;
         let taken = moved(taken_before, sample.taken);
         let mut served = moved(served_before, sample.served);
-        child.board_counts = (sample.taken, sample.served);
+        let next = moved(next_before, sample.next).min(taken);
+        child.board_counts = (sample.taken, sample.served, sample.next);
         self.totals.accepted += taken;
+        self.totals.taken_next += next;
         // The state was checked above, so both moves are legal; were one
         // refused, the slot is left as it was until the next reading.
         match (state, sample.busy) {

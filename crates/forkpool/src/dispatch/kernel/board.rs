@@ -13,7 +13,7 @@
 //! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
 //! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
 //! | 10 + 4 *slot* | connections the child finished (its own and handed ones) | the child |
-//! | 11 + 4 *slot* | reserved, zero | |
+//! | 11 + 4 *slot* | of those it accepted, the ones it took from the overflow as it finished one | the child |
 //!
 //! A slot's state is [`BUSY`] (0: busy, or no child), [`IDLE`] (1), or a
 //! reservation: the kernel's monotonic clock in ns (with bit 1 set, so it
@@ -60,6 +60,8 @@ const STATE: usize = 0;
 const TAKEN: usize = 1;
 /// Within a record: connections finished.
 const SERVED: usize = 2;
+/// Within a record: connections taken from the overflow by a finishing child.
+const NEXT: usize = 3;
 /// Busy, or no child in the slot.
 pub const BUSY: u64 = 0;
 /// Idle: waiting on its own socket.
@@ -175,6 +177,12 @@ impl Board {
         self.word(slot, TAKEN).fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The child in `slot`, finishing a connection, took the next one
+    /// waiting on the overflow itself (counted in taken too).
+    pub fn count_next(&self, slot: usize) {
+        self.word(slot, NEXT).fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The child in `slot` finished a connection.
     pub fn count_served(&self, slot: usize) {
         self.word(slot, SERVED).fetch_add(1, Ordering::Relaxed);
@@ -185,6 +193,7 @@ impl Board {
         self.set_busy(slot);
         self.word(slot, TAKEN).store(0, Ordering::Relaxed);
         self.word(slot, SERVED).store(0, Ordering::Relaxed);
+        self.word(slot, NEXT).store(0, Ordering::Relaxed);
     }
 
     /// `slot`'s record now.
@@ -193,6 +202,7 @@ impl Board {
             busy: self.slot(slot).load(Ordering::SeqCst) == BUSY,
             taken: self.word(slot, TAKEN).load(Ordering::Relaxed),
             served: self.word(slot, SERVED).load(Ordering::Relaxed),
+            next: self.word(slot, NEXT).load(Ordering::Relaxed),
         }
     }
 
