@@ -36,7 +36,9 @@ stop_pools() {
 }
 trap stop_pools EXIT
 
-# NAME PORT ARGS...: a demo pool in the background, its pid remembered.
+declare -A pid_of url_of
+# NAME PORT ARGS...: a demo pool in the background, its pid remembered
+# (here, not in a subshell, so the trap stops it).
 start_pool() {
   local name=$1 port=$2
   shift 2
@@ -44,17 +46,14 @@ start_pool() {
     --min-children 16 --max-children 16 --min-spare 0 --max-spare 16 "$@" \
     >"$out/$name.out" 2>"$out/$name.err" &
   pool_pids+=("$!")
-  echo "$name $!"
+  pid_of[$name]=$!
 }
 
 bench/peers.sh start >/dev/null
-declare -A pid_of url_of
-while read -r name pid; do pid_of[$name]=$pid; done < <(
-  start_pool kernel-deferred 18101 --dispatch kernel --defer-accept 5s
-  start_pool kernel 18102 --dispatch kernel
-  start_pool handoff-deferred 18103 --dispatch handoff --defer-accept 5s
-  start_pool handoff 18104 --dispatch handoff
-)
+start_pool kernel-deferred 18101 --dispatch kernel --defer-accept 5s
+start_pool kernel 18102 --dispatch kernel
+start_pool handoff-deferred 18103 --dispatch handoff --defer-accept 5s
+start_pool handoff 18104 --dispatch handoff
 url_of[kernel-deferred]=http://127.0.0.1:18101/
 url_of[kernel]=http://127.0.0.1:18102/
 url_of[handoff-deferred]=http://127.0.0.1:18103/
@@ -68,9 +67,12 @@ url_of[nginx]=http://127.0.0.1:8082/
 url_of[apache]=http://127.0.0.1:8081/hello
 servers=${SERVERS:-"kernel-deferred nginx-deferred handoff-deferred kernel nginx handoff apache"}
 sleep 2
-for name in $servers; do
-  grep -q '"dispatch":"kernel"' <("$bin" status --json --control "$out/$name.sock" 2>/dev/null) ||
-    [[ $name != kernel* ]] || { echo "kernel.sh: $name is not in kernel dispatch" >&2; exit 1; }
+for name in kernel-deferred kernel handoff-deferred handoff; do
+  kill -0 "${pid_of[$name]}" 2>/dev/null || { echo "kernel.sh: pool $name did not start: $(cat "$out/$name.err")" >&2; exit 1; }
+done
+for name in kernel-deferred kernel; do
+  "$bin" status --json --control "$out/$name.sock" | grep -q '"dispatch":"kernel"' ||
+    { echo "kernel.sh: $name is not in kernel dispatch (see $out/$name.err)" >&2; exit 1; }
 done
 
 for round in $(seq "$rounds"); do
