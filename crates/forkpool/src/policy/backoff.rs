@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 /// without failing the reload (see [`fails_a_reload`]).
 pub(crate) const START_WINDOW: Duration = Duration::from_secs(1);
 /// The delay after the first failure in a row.
-const FIRST_DELAY: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_DELAY: Duration = Duration::from_millis(100);
 /// The longest delay.
 const MAX_DELAY: Duration = Duration::from_secs(30);
 /// The span whose worth of deaths [`ReplacementRate`] replaces at once.

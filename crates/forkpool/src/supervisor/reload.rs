@@ -1,13 +1,15 @@
 //! Changing the pool while it runs: SIGHUP rolls the children to a new
-//! generation under a freshly read configuration; SIGTTIN and SIGTTOU move
-//! the spare-children target by one.
+//! generation under a freshly read configuration (the rollout is the
+//! core's, `core/rollout.rs`); SIGTTIN and SIGTTOU move the spare-children
+//! target by one.
 
 use std::time::Instant;
 
-use tracing::{error, info};
+use tracing::info;
 
 use super::Supervisor;
 use crate::config::PoolConfig;
+use crate::core::Input;
 
 /// Where a reload reads the new configuration from.
 pub type ReloadSource = Box<dyn FnMut() -> Result<PoolConfig, String>>;
@@ -19,60 +21,34 @@ impl Supervisor {
     /// configuration that cannot be read or does not validate is logged and
     /// nothing changes.
     pub(super) fn reload(&mut self, now: Instant) {
+        let config = self.read_reloaded_config().map(Box::new);
+        self.core.on(Input::Reload(config), now);
+        self.carry_out(now);
+    }
+
+    /// The configuration read again and checked for what only the shell
+    /// can check (the command the pool runs, the listeners' options,
+    /// applied here), or why it cannot be used.
+    fn read_reloaded_config(&mut self) -> Result<PoolConfig, String> {
         let config = match self.reload_source.as_mut() {
-            Some(read) => match read() {
-                Ok(config) => config,
-                Err(e) => {
-                    error!("reload failed, keeping the running configuration: {e}");
-                    self.core.totals.reloads_refused += 1;
-                    return;
-                }
-            },
+            Some(read) => read().map_err(|e| format!("cannot read the configuration: {e}"))?,
             None => self.core.config.clone(),
         };
-        if let Err(e) = config.validate() {
-            error!("reload refused, keeping the running configuration: {e}");
-            self.core.totals.reloads_refused += 1;
-            return;
-        }
-        let no_protocol = |c: &PoolConfig| !c.dispatch.speaks_protocol();
-        if no_protocol(&config) != no_protocol(&self.core.config) {
-            // `none` makes the shared listeners blocking, which the
-            // supervisor itself cannot accept from in the other modes.
-            error!("reload refused: switching dispatch to or from 'none' needs a restart");
-            self.core.totals.reloads_refused += 1;
-            return;
-        }
-        if let Err(e) = self.check_reloaded_config(&config) {
-            error!("reload refused, keeping the running configuration: {e}");
-            self.core.totals.reloads_refused += 1;
-            return;
-        }
+        self.core.reloadable(&config)?;
+        self.check_reloaded_config(&config)
+            .map_err(|e| e.to_string())?;
         if config.backlog != self.core.config.backlog {
             info!(
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"
             );
         }
         if config.defer_accept != self.core.config.defer_accept {
-            let applied = self
-                .listeners
+            self.listeners
                 .iter()
-                .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept));
-            if let Err(e) = applied {
-                error!("reload refused, keeping the running configuration: {e}");
-                self.core.totals.reloads_refused += 1;
-                return;
-            }
+                .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept))
+                .map_err(|e| format!("cannot set defer_accept on the listeners: {e}"))?;
         }
-        let watching_before = self.core.config.dispatch.parent_watches_listeners();
-        self.core.totals.reloads += 1;
-        self.begin_rollout(config);
-        if watching_before && !self.core.config.dispatch.parent_watches_listeners() {
-            self.unwatch_listeners();
-        }
-        if let Err(e) = self.watch_listeners(now) {
-            error!("cannot watch the listeners after reload: {e}");
-        }
+        Ok(config)
     }
 
     /// SIGTTIN (+1) and SIGTTOU (-1): move the spare target at run time.
