@@ -419,3 +419,68 @@ impl<L: HasChild> Core<L> {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolConfig;
+    use crate::core::child::Child;
+    use crate::core::Input;
+    use nix::sys::signal::Signal;
+
+    /// A template started at `at` (saying `R` at once if `ready`) and
+    /// SIGKILLed from outside 100 ms later: how long until the next.
+    fn killed_soon_after(core: &mut Core<Child>, pid: i32, ready: bool, at: Instant) -> Duration {
+        let generation = core.generation;
+        core.template_started(generation, pid, at);
+        if ready {
+            let reply = TemplateReply::Ready { pid: pid as u32 };
+            core.on(Input::TemplateReply { generation, reply }, at);
+        }
+        let status = ExitStatus::Signal(Signal::SIGKILL);
+        core.on(
+            Input::Reaped { pid, status },
+            at + Duration::from_millis(100),
+        );
+        core.take_effects()
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::TemplateGone {
+                    failure: Some(f), ..
+                } => f.retry_in,
+                _ => None,
+            })
+            .expect("an unasked end is retried")
+    }
+
+    fn preloaded() -> Core<Child> {
+        Core::new(PoolConfig {
+            preload: true,
+            ..PoolConfig::default()
+        })
+    }
+
+    /// A template that said `R` had started, however soon it was killed
+    /// after: each is replaced after the same short interval, never a
+    /// doubling delay (issue 24: the back-off is for what never started).
+    #[test]
+    fn a_template_killed_soon_after_ready_is_rate_limited_not_backed_off() {
+        let mut core = preloaded();
+        let mut at = Instant::now();
+        for pid in 100..105 {
+            let wait = killed_soon_after(&mut core, pid, true, at);
+            assert_eq!(wait, TEMPLATE_RESTART_INTERVAL, "template {pid}");
+            at += Duration::from_secs(1);
+        }
+    }
+
+    /// One that never said `R` is a start-up failure: the delay doubles.
+    #[test]
+    fn a_template_that_never_said_ready_backs_off() {
+        let mut core = preloaded();
+        let at = Instant::now();
+        let first = killed_soon_after(&mut core, 100, false, at);
+        let second = killed_soon_after(&mut core, 101, false, at + Duration::from_secs(1));
+        assert_eq!(second, first * 2);
+    }
+}

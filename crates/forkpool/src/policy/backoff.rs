@@ -40,8 +40,9 @@
 //! for them, having lived through [`START_WINDOW`] is the start.
 //!
 //! The same rule holds for workers forked from a template (`--preload`):
-//! they say `Ready` like any other. The template's own restarts have their
-//! back-off in `supervisor/template.rs`.
+//! they say `Ready` like any other. The template's own restarts follow the
+//! same rule (`core/templates.rs`): backed off until one says `R`,
+//! rate-limited once one has.
 
 use std::time::{Duration, Instant};
 
