@@ -16,10 +16,11 @@
 //! - **pinged** while idle, like a worker; one that misses a ping, sits on
 //!   a fork order, or breaks the protocol is killed (`SIGKILL`, itself
 //!   only: workers it forked are not its children any more);
-//! - **replaced** when it ends unasked, with back-off, while the workers
-//!   it forked keep serving; a template that fails before `R` is a start
-//!   failure, and the failure of a reload's new template abandons the
-//!   reload (`rollout.rs`);
+//! - **replaced** when it ends unasked, while the workers it forked keep
+//!   serving: after 100 ms if it had said `R` (rate-limited), with a
+//!   doubling back-off if it had not (a start failure); a reload's new
+//!   template that ends before any of its workers was ready abandons the
+//!   reload (`core/rollout.rs`);
 //! - **told to quit** (`Q`) when its generation no longer serves, and at
 //!   shutdown.
 //!

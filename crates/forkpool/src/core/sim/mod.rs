@@ -4,14 +4,17 @@
 //! seeded random schedules against a simulated world (a fake clock,
 //! simulated workers that follow the protocol or break it in every
 //! documented way, templates that lie or stall, connections arriving, a
-//! kill storm, stop signals alone or in pairs), and
-//! carries out the core's effects on that world. After every step it
-//! checks the invariants below. A failing seed prints the command that
-//! replays it: `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib
-//! core::sim::replay -- --nocapture`.
+//! kill storm, stop signals alone or in pairs, reloads and reforks to
+//! working or broken code: `reloads.rs`), and carries out the core's
+//! effects on that world. After every step it checks the invariants
+//! below. A failing seed prints the command that replays it:
+//! `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib core::sim::replay
+//! -- --nocapture`; `FORKPOOL_SIM_SEED=<first>..<end>` explores a range.
 //!
-//! Invariants, after every step:
-//! - slots never exceed `max_children`;
+//! Invariants, after every step (and those of a rollout, in `reloads.rs`):
+//! - slots never exceed `max_children`, twice that while a reload rolls
+//!   (`slot_limit`: each new child starts while the old one it replaces
+//!   finishes), and no fork takes them past the limit of its moment;
 //! - a kill names only a child the kernel vouched for (its pid is in the
 //!   slot) and alive in the world;
 //! - a stop ends by its `exit_by`, and the core always asks to be woken
@@ -87,6 +90,8 @@ struct Outcome {
     rolled: u64,
     reload_failed: u64,
     refused: u64,
+    /// Stops (and so upgrades' hand-overs) that came during a rollout.
+    stopped_rolling: u64,
     /// The core's totals at the end.
     totals: crate::status::Totals,
 }
@@ -346,6 +351,12 @@ impl Sim {
                 }
             }
             Happening::Stop(kind) => {
+                // A USR2's old supervisor, once its successor is ready, is
+                // told this very graceful stop: one during a rollout is an
+                // upgrade during a reload too.
+                if self.core.rolling() && self.core.shutdown.is_none() {
+                    self.outcome.stopped_rolling += 1;
+                }
                 self.core.on(Input::Stop(kind.stop()), now);
             }
             Happening::Reload => self.reload_happens(),
@@ -762,7 +773,7 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut steps = 0;
     let mut seed = 0;
     let mut seen = crate::status::Totals::default();
-    let mut rolls = [0u64; 4];
+    let mut rolls = [0u64; 5];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
@@ -770,6 +781,7 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         rolls[1] += outcome.rolled;
         rolls[2] += outcome.reload_failed;
         rolls[3] += outcome.refused;
+        rolls[4] += outcome.stopped_rolling;
         seen.reforks += outcome.totals.reforks;
         seen.spawned += outcome.totals.spawned;
         seen.killed += outcome.totals.killed;
@@ -781,7 +793,7 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     eprintln!(
         "simulator: {steps} steps over {seed} seeds in {:?}: {} workers started, {} killed, \
          {} died, {} lost, {} templates killed; {} rollouts ({} reforks): {} rolled, {} failed; \
-         {} reloads refused",
+         {} reloads refused; {} stops during a rollout",
         started.elapsed(),
         seen.spawned,
         seen.killed,
@@ -793,13 +805,14 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         rolls[1],
         rolls[2],
         rolls[3],
+        rolls[4],
     );
     // The schedules reach what they are for: misbehaving workers and
     // templates, lies caught, workers lost behind the supervisor's back.
     assert!(seen.killed > 0 && seen.died > 0 && seen.lost > 0 && seen.templates_killed > 0);
     // Reloads roll through, fail on broken code, and are refused; workers
     // are reforked.
-    assert!(rolls[1] > 0 && rolls[2] > 0 && rolls[3] > 0 && seen.reforks > 0);
+    assert!(rolls[1] > 0 && rolls[2] > 0 && rolls[3] > 0 && rolls[4] > 0 && seen.reforks > 0);
 }
 
 /// Replays one seed: `FORKPOOL_SIM_SEED=<seed>`; or explores a range of

@@ -95,8 +95,15 @@ impl Sim {
         let Some(slot) = self.core.refork_due() else {
             return Ok(());
         };
-        if self.world.rng.per_mille(100) {
-            // The send of `T` failed: it is tried again next turn.
+        let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
+        let reachable = self
+            .world
+            .procs
+            .get(&pid)
+            .is_some_and(|p| !p.exited && !p.closed);
+        if !reachable || self.world.rng.per_mille(100) {
+            // The send of `T` failed (the worker is gone, or at random):
+            // it is tried again next turn.
             return Ok(());
         }
         let ready = self.ready_workers();
