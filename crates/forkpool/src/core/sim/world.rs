@@ -362,6 +362,13 @@ impl World {
     pub fn fork_template(&mut self, generation: u32, behaviour: TemplateBehaviour) -> i32 {
         let pid = self.next_pid;
         self.next_pid += 1;
+        self.template_starts(pid, generation, behaviour);
+        pid
+    }
+
+    /// `pid` is the template of `generation` now, and takes its first
+    /// steps as its behaviour says.
+    fn template_starts(&mut self, pid: i32, generation: u32, behaviour: TemplateBehaviour) {
         self.templates.insert(
             pid,
             TemplateProc {
@@ -370,12 +377,6 @@ impl World {
                 exited: false,
             },
         );
-        self.template_starts(pid, behaviour);
-        pid
-    }
-
-    /// A template's first steps, as its behaviour says.
-    fn template_starts(&mut self, pid: i32, behaviour: TemplateBehaviour) {
         let t = self.ms(1, 100);
         match behaviour {
             TemplateBehaviour::CrashAtStart => self.at(t, Happening::TemplateExit(pid)),
@@ -389,15 +390,7 @@ impl World {
     pub fn become_template(&mut self, pid: i32, generation: u32, behaviour: TemplateBehaviour) {
         let p = self.procs.get_mut(&pid).expect("a worker");
         p.closed = true;
-        self.templates.insert(
-            pid,
-            TemplateProc {
-                generation,
-                behaviour,
-                exited: false,
-            },
-        );
-        self.template_starts(pid, behaviour);
+        self.template_starts(pid, generation, behaviour);
     }
 
     /// A worker the template `template` forked for `slot`: in the
