@@ -23,6 +23,7 @@ mod vouch;
 
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
+#[cfg(test)]
 pub(crate) use pool::slot_limit;
 
 use std::collections::VecDeque;

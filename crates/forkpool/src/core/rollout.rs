@@ -53,6 +53,13 @@ pub(crate) struct Rollout {
     proven: bool,
 }
 
+impl Rollout {
+    /// The `max_children` of the generation serving before the reload.
+    pub fn serving_max_children(&self) -> u32 {
+        self.serving_config.max_children
+    }
+}
+
 impl<L: HasChild> Core<L> {
     /// Whether a rollout is running.
     pub fn rolling(&self) -> bool {
@@ -315,4 +322,51 @@ impl<L: HasChild> Core<L> {
 /// Not told to quit and not killed.
 fn is_live(state: SlotState) -> bool {
     !matches!(state, SlotState::Retiring | SlotState::Killed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::child::Child;
+    use crate::core::Input;
+    use crate::protocol::ChildMessage;
+
+    /// A pool of `live` ready children under `max_children`.
+    fn serving(live: usize, max_children: u32, now: Instant) -> Core<Child> {
+        let mut core = Core::new(PoolConfig {
+            min_children: live as u32,
+            max_children,
+            ..PoolConfig::default()
+        });
+        for slot in 0..live {
+            let pid = 100 + slot as i32;
+            core.adopt(slot, pid, 1, Child::new(now, true, 1), now);
+            let msg = ChildMessage::Ready { pid: pid as u32 };
+            core.on(Input::Report { slot, msg }, now);
+        }
+        core
+    }
+
+    /// A reload to a smaller pool than half the children serving: the
+    /// old generation holds more slots than twice the new `max_children`,
+    /// and the canary must still start, or the rollout never ends.
+    #[test]
+    fn a_reload_to_a_much_smaller_pool_still_starts_its_canary() {
+        let now = Instant::now();
+        let mut core = serving(12, 16, now);
+        let smaller = PoolConfig {
+            min_children: 2,
+            max_children: 4,
+            ..PoolConfig::default()
+        };
+        core.on(Input::Reload(Ok(Box::new(smaller))), now);
+        assert!(core.rolling());
+        assert_eq!(core.rollout_spawns(now), Some(1), "a canary");
+        assert!(
+            core.may_spawn(now),
+            "the canary may not start: {} slots held, limit {}",
+            core.board.occupied(),
+            core.slot_limit()
+        );
+    }
 }

@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
 use crate::core::RESOURCE_BACKOFF;
-use crate::core::{slot_limit, Gone, Input};
+use crate::core::{Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
@@ -33,9 +33,7 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.core.board.occupied()
-            >= slot_limit(self.core.config.max_children, self.core.rolling())
-        {
+        if self.core.board.occupied() >= self.core.slot_limit() {
             // Children on their way out hold slots until reaped: a
             // replacement waits for them, so however many a fault leaves
             // there, the table stays bounded.

@@ -107,6 +107,8 @@ struct Sim {
     was_up: bool,
     /// The rollout running, as the simulator watches it.
     roll: Option<reloads::RollWatch>,
+    /// The largest `max_children` of any configuration so far.
+    max_seen: u32,
 }
 
 impl Sim {
@@ -147,6 +149,7 @@ impl Sim {
             }
         }
         Sim {
+            max_seen: config.max_children,
             core: Core::new(config),
             world,
             base: Instant::now(),
@@ -556,13 +559,14 @@ impl Sim {
             } => self.template_effect_checks(generation, request),
             Effect::KillTemplate { generation } => {
                 // One that exited and is not reaped yet is still there to
-                // signal (a zombie).
-                let pid = self
-                    .world
-                    .templates
-                    .iter()
-                    .find(|(_, t)| t.generation == generation)
-                    .map(|(pid, _)| *pid);
+                // signal (a zombie), when no live one is.
+                let pid = self.template_pid(generation).or_else(|| {
+                    self.world
+                        .templates
+                        .iter()
+                        .rfind(|(_, t)| t.generation == generation)
+                        .map(|(pid, _)| *pid)
+                });
                 let Some(pid) = pid else {
                     return Err(format!(
                         "a kill for the template of {generation}, which never was"
@@ -598,7 +602,7 @@ impl Sim {
         self.maintain_template();
         self.carry_out()?;
         for _ in 0..spawn {
-            if !self.core.may_spawn(self.core.rolling(), now) {
+            if !self.core.may_spawn(now) {
                 break;
             }
             if self.scenario.preload {
@@ -655,9 +659,10 @@ impl Sim {
         // generation it retired is reaped (`slot_limit`); every fork is
         // checked against the limit of its moment (`adopt_checked`).
         let max = self.core.config.max_children as usize;
-        if self.core.board.occupied() > super::slot_limit(max as u32, true) {
+        let largest = self.max_seen.max(max as u32);
+        if self.core.board.occupied() > super::slot_limit(largest, true) {
             return Err(format!(
-                "{} slots taken, max_children {max}",
+                "{} slots taken, max_children {max} ({largest} before a reload)",
                 self.core.board.occupied()
             ));
         }

@@ -18,7 +18,7 @@ use super::world::{BrokenCode, Happening, TemplateBehaviour, MS, SEC};
 use super::Sim;
 use crate::config::PoolConfig;
 use crate::core::child::Child;
-use crate::core::{slot_limit, Input};
+use crate::core::Input;
 
 /// How long a rollout may run, in simulated time, before the simulator
 /// calls it stuck. A broken new generation fails within a start deadline
@@ -64,9 +64,19 @@ impl Sim {
                 ..self.core.config.clone()
             }))
         } else {
-            let max = self.core.config.max_children;
+            // Sometimes a smaller or larger pool: the old generation may
+            // hold more slots than the new one may have.
+            let max = if self.world.rng.per_mille(300) {
+                2 + self.world.rng.below(15) as u32
+            } else {
+                self.core.config.max_children
+            };
+            self.max_seen = self.max_seen.max(max);
+            let min_spare = self.core.config.min_spare.min(max);
             Ok(Box::new(PoolConfig {
-                min_children: 1 + self.world.rng.below(u64::from(max.min(6))) as u32,
+                min_children: 1 + self.world.rng.below(u64::from(max)) as u32,
+                max_children: max,
+                min_spare,
                 ..self.core.config.clone()
             }))
         };
@@ -244,7 +254,7 @@ impl Sim {
         let now = self.now();
         let generation = self.core.generation;
         self.core.adopt(slot, pid, generation, child, now);
-        let limit = slot_limit(self.core.config.max_children, self.core.rolling());
+        let limit = self.core.slot_limit();
         if self.core.board.occupied() > limit {
             return Err(format!(
                 "a fork took {} slots, above the limit of {limit} (rolling: {})",
@@ -259,5 +269,5 @@ impl Sim {
 /// A reload every this often, on average, in the scenarios that have
 /// them.
 pub(super) fn reload_interval(rng: &mut super::rng::Rng) -> u64 {
-    (500 + rng.below(20_000)) * MS
+    (500 + rng.below(60_000)) * MS
 }
