@@ -140,6 +140,10 @@ pub(crate) enum Effect<L> {
     },
     /// Tell systemd this status (with `READY=1`): a reload's end.
     Status(String),
+    /// A reload failed for a start that no reaped child's stderr explains
+    /// (a worker of the new generation vanished unreaped): the shell logs
+    /// it and tells systemd.
+    ReloadFailed(ReloadFailed),
     /// The worker that was in a slot (`link`: what the shell kept for it)
     /// is now the template of `generation` (a refork): the shell stops
     /// reading it as a worker and talks to it as the template.

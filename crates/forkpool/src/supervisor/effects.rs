@@ -125,6 +125,7 @@ impl Supervisor {
             } => self.template_gone(generation, pid, failure, now),
             Effect::Rewatch { was_watching } => self.rewatch(was_watching, now),
             Effect::Status(status) => notify::ready_with_status(&status),
+            Effect::ReloadFailed(failed) => self.log_reload_failed(&failed, &[]),
             Effect::BecameTemplate {
                 generation,
                 pid,

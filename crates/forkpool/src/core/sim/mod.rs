@@ -549,7 +549,7 @@ impl Sim {
                 }
             }
             Effect::Abandoned(_) | Effect::TemplateGone { .. } => {}
-            Effect::Rewatch { .. } | Effect::Status(_) => {}
+            Effect::Rewatch { .. } | Effect::Status(_) | Effect::ReloadFailed(_) => {}
             Effect::BecameTemplate {
                 generation, pid, ..
             } => self.became_template(generation, pid)?,

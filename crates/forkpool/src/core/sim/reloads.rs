@@ -169,13 +169,18 @@ impl Sim {
             .core
             .templates
             .iter()
-            .map(|t| format!("g{} {:?}", t.generation, t.state))
+            .map(|t| {
+                let how = self.world.templates.get(&t.pid).map(|w| w.behaviour);
+                format!("g{} {:?} {how:?}", t.generation, t.state)
+            })
             .collect();
+        let now = self.now();
         format!(
-            "slots [{}], templates [{}], serving g{}",
+            "slots [{}], templates [{}], serving g{}, spawns held for {:?}",
             slots.join(", "),
             templates.join(", "),
-            self.core.serving_generation()
+            self.core.serving_generation(),
+            self.core.spawns_held_until(now).map(|t| t - now),
         )
     }
 
