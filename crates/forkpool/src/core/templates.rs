@@ -165,6 +165,16 @@ impl<L: HasChild> Core<L> {
                 t.fork_answered(slot as usize)?;
                 let err = std::io::Error::from_raw_os_error(errno as i32);
                 self.abandon_unverified(slot as usize);
+                if self.rolling_in_unproven(generation) {
+                    // The new generation's first worker cannot be had: the
+                    // reload fails and the old generation keeps serving,
+                    // rather than a rollout that waits for ever.
+                    let how = format!("(the template) could not fork its first worker: {err}");
+                    if let Some(failed) = self.rollout_start_failed(generation, how, now) {
+                        self.effects.push(Effect::ReloadFailed(failed));
+                    }
+                    return Ok(());
+                }
                 let delay = self.fork_failed(now, super::RESOURCE_BACKOFF);
                 warn!(
                     "the template could not fork the worker for slot {slot}: {err}; \

@@ -109,6 +109,8 @@ struct Sim {
     roll: Option<reloads::RollWatch>,
     /// The largest `max_children` of any configuration so far.
     max_seen: u32,
+    /// When rollouts began, in the last second.
+    roll_starts: std::collections::VecDeque<u64>,
 }
 
 impl Sim {
@@ -158,6 +160,7 @@ impl Sim {
             empty_since: None,
             was_up: false,
             roll: None,
+            roll_starts: Default::default(),
         }
     }
 
@@ -675,7 +678,17 @@ impl Sim {
         {
             self.world.forks.pop_front();
         }
-        let bound = max + 2 * self.core.config.max_spawn_rate as usize;
+        // Each rollout begun in that second may start a whole new
+        // generation at once: the operator asked for it.
+        while self
+            .roll_starts
+            .front()
+            .is_some_and(|t| *t + SEC <= self.world.now)
+        {
+            self.roll_starts.pop_front();
+        }
+        let generations = 1 + self.roll_starts.len();
+        let bound = largest as usize * generations + 2 * self.core.config.max_spawn_rate as usize;
         if self.world.forks.len() > bound {
             return Err(format!(
                 "{} forks within one second (bound {bound}): a fork storm",

@@ -19,6 +19,7 @@ use super::Sim;
 use crate::config::PoolConfig;
 use crate::core::child::Child;
 use crate::core::Input;
+use crate::scoreboard::SlotState;
 
 /// How long a rollout may run, in simulated time, before the simulator
 /// calls it stuck. A broken new generation fails within a start deadline
@@ -43,6 +44,22 @@ impl Sim {
     fn ready_workers(&self) -> u32 {
         let c = self.core.board.counts();
         c.idle + c.busy
+    }
+
+    /// Workers ready and alive in the world (one killed a moment ago may
+    /// still be ready to the core, which has not heard yet).
+    fn ready_alive(&self) -> u32 {
+        self.core
+            .board
+            .iter()
+            .filter(|(_, s)| matches!(s.state, SlotState::Idle | SlotState::Busy))
+            .filter(|(_, s)| {
+                self.world
+                    .procs
+                    .get(&s.pid)
+                    .is_some_and(|p| !p.exited && !p.closed)
+            })
+            .count() as u32
     }
 
     /// SIGHUP: a configuration the shell could not read, one that does
@@ -80,7 +97,7 @@ impl Sim {
                 ..self.core.config.clone()
             }))
         };
-        let (before, ready) = (self.core.generation, self.ready_workers());
+        let (before, ready) = (self.core.generation, self.ready_alive());
         let refused_before = self.core.totals.reloads_refused;
         self.core.on(Input::Reload(config), now);
         if self.core.generation == before {
@@ -116,7 +133,7 @@ impl Sim {
             // it is tried again next turn.
             return Ok(());
         }
-        let ready = self.ready_workers();
+        let ready = self.ready_alive();
         self.core.on(Input::Refork { slot }, now);
         self.watch_roll(ready);
         self.carry_out()
@@ -149,6 +166,7 @@ impl Sim {
             return;
         }
         self.outcome.rollouts += 1;
+        self.roll_starts.push_back(self.world.now);
         self.roll = Some(RollWatch {
             generation: self.core.generation,
             began: self.world.now,
@@ -272,7 +290,12 @@ impl Sim {
 }
 
 /// A reload every this often, on average, in the scenarios that have
-/// them.
+/// them: often (a HUP during a rollout, a stop during one), or seldom
+/// (time for a stuck rollout to show).
 pub(super) fn reload_interval(rng: &mut super::rng::Rng) -> u64 {
-    (500 + rng.below(60_000)) * MS
+    if rng.per_mille(500) {
+        (200 + rng.below(5_000)) * MS
+    } else {
+        (5_000 + rng.below(60_000)) * MS
+    }
 }
