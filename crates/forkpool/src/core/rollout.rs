@@ -248,13 +248,29 @@ impl<L: HasChild> Core<L> {
     /// with a ready template, no rollout running and no stop; and another
     /// worker ready, to serve while the new template loads (taking the
     /// only ready worker away would leave none until the new generation's
-    /// canary is up).
+    /// canary is up: [`Core::refork_wants_spare`] asks for one first).
     pub fn refork_due(&self) -> Option<usize> {
-        if !self.config.preload || self.rolling() || self.shutdown.is_some() {
-            return None;
-        }
         let counts = self.board.counts();
         if counts.idle + counts.busy < 2 {
+            return None;
+        }
+        self.refork_earned()
+    }
+
+    /// Whether slot 0 has earned a refork but is the only ready worker:
+    /// the pool needs one more (room permitting) before it can go.
+    pub fn refork_wants_spare(&self) -> bool {
+        let counts = self.board.counts();
+        counts.idle + counts.busy < 2
+            && counts.starting == 0
+            && (self.board.occupied() as u32) < self.config.max_children
+            && self.refork_earned().is_some()
+    }
+
+    /// Slot 0, if it has earned a refork, leaving aside who serves
+    /// meanwhile.
+    fn refork_earned(&self) -> Option<usize> {
+        if !self.config.preload || self.rolling() || self.shutdown.is_some() {
             return None;
         }
         let entry = self.board.get(0)?;

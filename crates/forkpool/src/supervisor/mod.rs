@@ -377,6 +377,10 @@ impl Supervisor {
             return Ok(None);
         }
         self.consider_refork(now);
+        if self.core.refork_wants_spare() {
+            // A worker to serve while slot 0 becomes the template.
+            return self.spawn_gated(1, now);
+        }
         if let Some(spawn) = self.core.rollout_spawns(now) {
             self.carry_out(now);
             return self.spawn_gated(spawn, now);

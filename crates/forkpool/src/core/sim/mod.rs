@@ -592,6 +592,7 @@ impl Sim {
         self.consider_refork()?;
         let spawn = match self.core.rollout_spawns(now) {
             Some(n) => n,
+            None if self.core.refork_wants_spare() => 1,
             None => {
                 let backlog = self.world.backlog.len() as u32;
                 let pool = self.core.pool_counts(|| backlog, 2);
