@@ -17,6 +17,20 @@ fn binary_copy() -> PathBuf {
     path
 }
 
+/// Asks `f` every 20 ms until it answers, for at most `limit`.
+fn poll_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(t) = f() {
+            return Some(t);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Kills a supervisor the harness does not know about, and its children.
 struct KillOnDrop(i32);
 
@@ -125,6 +139,68 @@ fn a_broken_new_binary_leaves_the_old_supervisor_serving() {
         assert_eq!(pool.get("/").unwrap().status, 200);
     }
     let _ = std::fs::remove_file(&binary);
+}
+
+/// A new supervisor that never becomes ready (it hangs) is killed once
+/// `start_timeout` plus 5 s have passed, the deadline its own children
+/// would have (not a fixed minute), and the old one keeps serving.
+#[test]
+fn a_hung_new_binary_is_killed_after_start_timeout_and_the_old_one_serves() {
+    let binary = binary_copy();
+    let pool = DemoPool::start_from(
+        &binary,
+        &["--min-children", "2", "--start-timeout", "1s"],
+        &[],
+    );
+    let pid_file = temp_path("hung-successor-pid");
+    let hung = temp_path("hung");
+    std::fs::write(
+        &hung,
+        format!(
+            "#!/bin/sh
+echo $$ > {}
+exec sleep 1000
+",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hung, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&hung, &binary).unwrap();
+    let started = Instant::now();
+    pool.signal(12);
+    let successor = poll_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+    })
+    .expect("the new binary ran");
+    let _cleanup = KillOnDrop(successor);
+    let status = pool
+        .wait_status(Duration::from_secs(20), |s| {
+            total(s, "upgrade_failures") == 1
+        })
+        .unwrap_or_else(|| panic!("{}", pool.stderr.dump()));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(6),
+        "gave up on the successor after {took:?}, before start_timeout plus 5 s"
+    );
+    assert_eq!(status["pid"].as_i64().unwrap() as i32, pool.pid);
+    // Killed and reaped by the old supervisor.
+    let gone = poll_until(Duration::from_secs(5), || {
+        (!std::path::Path::new(&format!("/proc/{successor}")).exists()).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "the hung successor {successor} is still there"
+    );
+    for _ in 0..5 {
+        assert_eq!(pool.get("/").unwrap().status, 200);
+    }
+    let _ = std::fs::remove_file(&binary);
+    let _ = std::fs::remove_file(&pid_file);
 }
 
 /// A `GET /metrics` on the metrics address printed by `pool`: the status.

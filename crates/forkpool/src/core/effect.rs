@@ -130,10 +130,35 @@ pub(crate) enum Effect<L> {
         /// The template.
         generation: u32,
     },
+    /// The dispatch mode may have changed (a reload began, or failed and
+    /// the serving configuration came back): the shell stops watching the
+    /// listeners if it watched them (`was_watching`) and the mode now in
+    /// force does not, and watches them if it does.
+    Rewatch {
+        /// Whether the mode before watched the listeners.
+        was_watching: bool,
+    },
+    /// Tell systemd this status (with `READY=1`): a reload's end.
+    Status(String),
+    /// A reload failed for a start that no reaped child's stderr explains
+    /// (a worker of the new generation vanished unreaped): the shell logs
+    /// it and tells systemd.
+    ReloadFailed(ReloadFailed),
+    /// The worker that was in a slot (`link`: what the shell kept for it)
+    /// is now the template of `generation` (a refork): the shell stops
+    /// reading it as a worker and talks to it as the template.
+    BecameTemplate {
+        /// The new generation.
+        generation: u32,
+        /// Its pid.
+        pid: i32,
+        /// What the shell kept for it as a worker.
+        link: L,
+    },
     /// The template of `generation`, `pid`, has been reaped: the shell
     /// closes its ends and sweeps its process group; when it ended unasked
-    /// (`failure`), its reload fails or a new one is started after the
-    /// back-off.
+    /// (`failure`), the shell logs how, and why the reload failed or when
+    /// a new template is started.
     TemplateGone {
         /// Its generation.
         generation: u32,
@@ -151,6 +176,23 @@ pub(crate) struct TemplateFailure {
     pub how: String,
     /// Whether it had said `R`.
     pub was_ready: bool,
+    /// The reload its end failed, if it was the new generation's template
+    /// and never said `R`.
+    pub reload_failed: Option<ReloadFailed>,
+    /// Otherwise, how long until a new template is started.
+    pub retry_in: Option<Duration>,
+}
+
+/// A reload abandoned because its new generation did not start: the
+/// serving generation keeps serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReloadFailed {
+    /// The generation that did not start.
+    pub failed: u32,
+    /// The generation that keeps serving.
+    pub serving: u32,
+    /// How its child (or template) failed, for the log.
+    pub how: String,
 }
 
 /// A worker never verified whose slot the core freed.
@@ -169,13 +211,11 @@ pub(crate) struct Gone<L> {
     pub slot: usize,
     /// Its pid.
     pub pid: i32,
-    /// Its generation.
-    pub generation: u32,
     /// Whether the kernel had vouched for its pid (only then is its
     /// process group swept).
     pub verified: bool,
-    /// How it failed to start, when that fails a reload.
-    pub start_failure: Option<String>,
+    /// The reload its failed start abandoned, if it did.
+    pub reload_failed: Option<ReloadFailed>,
     /// What the shell kept for it.
     pub link: L,
 }

@@ -1,5 +1,6 @@
 //! What the shell feeds the core.
 
+use crate::config::PoolConfig;
 use crate::policy::shutdown::Stop;
 use crate::protocol::{ChildMessage, TemplateReply};
 use crate::status::KillReason;
@@ -84,6 +85,17 @@ pub(crate) enum Input {
         generation: u32,
         /// Why, for the log.
         detail: String,
+    },
+    /// SIGHUP: the configuration read again (or why it could not be
+    /// read, or is unfit for this pool in a way only the shell can tell):
+    /// the pool rolls to it as a new generation, or refuses it.
+    Reload(Result<Box<PoolConfig>, String>),
+    /// The worker in `slot`, which [`super::Core::refork_due`] named, was
+    /// sent `T` (become the template): it is the template of a new
+    /// generation the pool rolls onto.
+    Refork {
+        /// Its slot.
+        slot: usize,
     },
     /// The operator asked for a stop.
     Stop(Stop),

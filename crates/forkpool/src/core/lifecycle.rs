@@ -212,13 +212,14 @@ impl<L: HasChild> Core<L> {
                 );
             }
         }
-        let start_failure = self.judge_start(child, status, now);
+        let reload_failed = self
+            .judge_start(child, status, now)
+            .and_then(|how| self.rollout_start_failed(entry.generation, how, now));
         self.effects.push(Effect::Gone(Gone {
             slot,
             pid,
-            generation: entry.generation,
             verified,
-            start_failure,
+            reload_failed,
             link: entry.link,
         }));
     }

@@ -13,6 +13,7 @@ mod lifecycle;
 mod liveness;
 mod pool;
 mod reports;
+mod rollout;
 pub(crate) mod sampled;
 #[cfg(test)]
 mod sim;
@@ -21,7 +22,7 @@ pub(crate) mod template;
 mod templates;
 mod vouch;
 
-pub(crate) use effect::{Effect, Gone, TemplateFailure};
+pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;
 
@@ -79,6 +80,13 @@ pub(crate) struct Core<L> {
     template_backoff: StartBackoff,
     /// No template is started before this.
     templates_blocked_until: Option<Instant>,
+    /// The reload rolling out, if any (`rollout.rs`).
+    rollout: Option<rollout::Rollout>,
+    /// The highest generation handed out, so a generation that failed is
+    /// never reused.
+    highest_generation: u32,
+    /// `refork_after` thresholds used so far.
+    reforks: usize,
     /// Processes reaped that held no slot, in case a template's `W`
     /// names one of them afterwards (a worker that died at once).
     orphans: VecDeque<(i32, ExitStatus)>,
@@ -105,6 +113,9 @@ impl<L: HasChild> Core<L> {
             templates: Vec::new(),
             template_backoff: StartBackoff::default(),
             templates_blocked_until: None,
+            rollout: None,
+            highest_generation: 1,
+            reforks: 0,
             orphans: VecDeque::new(),
             saturated_since: None,
             effects: Vec::new(),
@@ -150,6 +161,12 @@ impl<L: HasChild> Core<L> {
             }
             Input::TemplateClosed { generation } => self.template_closed(generation, now),
             Input::TemplateBroken { generation, detail } => self.kill_template(generation, detail),
+            Input::Reload(config) => {
+                if self.shutdown.is_none() {
+                    self.reload(config, now)
+                }
+            }
+            Input::Refork { slot } => self.reforked(slot, now),
             Input::Stop(Stop::Graceful) => self.begin_shutdown(now),
             Input::Stop(Stop::Now) => {
                 tracing::info!("stopping now");
@@ -187,11 +204,13 @@ impl<L: HasChild> Core<L> {
             self.spawns_held_until(now),
             self.stop_deadline(now),
             self.templates_deadline(),
-            // The pool is not sized while it stops: a retire that fell due
-            // would be due for ever, and the loop would spin.
+            self.rollout_deadline(now),
+            // The pool is not sized by the scaling rule while it stops or
+            // a reload rolls: a retire that fell due would be due until
+            // then, and the loop would spin.
             self.memory
                 .retire_due_in(&self.config, now)
-                .filter(|_| self.shutdown.is_none())
+                .filter(|_| self.shutdown.is_none() && self.rollout.is_none())
                 .map(|d| now + d),
         ]
         .into_iter()

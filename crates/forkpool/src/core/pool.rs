@@ -102,10 +102,23 @@ impl<L: HasChild> Core<L> {
     /// back, no stop is under way, and a slot is free under the limit
     /// (children on their way out hold slots until reaped, so however many
     /// a fault leaves there, the table stays bounded).
-    pub fn may_spawn(&mut self, rolling: bool, now: Instant) -> bool {
+    pub fn may_spawn(&mut self, now: Instant) -> bool {
         self.shutdown.is_none()
             && !self.spawns_held(now)
-            && self.board.occupied() < slot_limit(self.config.max_children, rolling)
+            && self.board.occupied() < self.slot_limit()
+    }
+
+    /// The most slots in use at once now (see [`slot_limit`]). While a
+    /// reload rolls, the old generation may hold up to its own
+    /// `max_children`, which a reload to a smaller pool makes more than
+    /// the new one's: the limit is twice the larger, or the new
+    /// generation's canary could never start.
+    pub fn slot_limit(&self) -> usize {
+        let max = self.config.max_children;
+        match &self.rollout {
+            Some(r) => slot_limit(max.max(r.serving_max_children()), true),
+            None => slot_limit(max, false),
+        }
     }
 
     /// A child of `generation` forked into `slot` as `pid` (0 for a worker

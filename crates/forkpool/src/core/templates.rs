@@ -10,7 +10,6 @@ use super::child::HasChild;
 use super::effect::{Effect, TemplateFailure};
 use super::template::{Template, TemplateState};
 use super::Core;
-use crate::policy::backoff::START_WINDOW;
 use crate::policy::liveness::{self, Deadlines, TemplateCheck as Check};
 use crate::protocol::{TemplateReply, TemplateRequest};
 use crate::sys::process::ExitStatus;
@@ -19,6 +18,11 @@ use crate::sys::process::ExitStatus;
 /// template's `W` names one of them afterwards (a worker that died at
 /// once). More than any burst of such deaths between two loop turns.
 const ORPHANS_KEPT: usize = 64;
+
+/// The least time between two template starts: how soon a template that
+/// had said `R` and then ended is replaced (the first back-off delay, not
+/// doubled).
+pub(crate) const TEMPLATE_RESTART_INTERVAL: Duration = crate::policy::backoff::FIRST_DELAY;
 
 impl<L: HasChild> Core<L> {
     /// The template of `generation`, if there is one.
@@ -44,15 +48,59 @@ impl<L: HasChild> Core<L> {
         self.templates.push(Template::new(generation, pid, now));
     }
 
+    /// Keeps one template for the generation being started, and the
+    /// serving one's while a rollout runs: quits the others, and returns
+    /// the generation a template must be started for, when it has none
+    /// and its restart back-off does not hold.
+    pub fn maintain_templates(&mut self, now: Instant) -> Option<u32> {
+        if self.shutdown.is_some() {
+            return None;
+        }
+        let current = self.generation;
+        let serving = self.serving_generation();
+        let rolling = self.rolling();
+        let preload = self.config.preload;
+        let unneeded: Vec<u32> = self
+            .templates
+            .iter()
+            .filter(|t| {
+                let needed =
+                    (t.generation == current && preload) || (t.generation == serving && rolling);
+                !needed && matches!(t.state, TemplateState::Starting | TemplateState::Ready)
+            })
+            .map(|t| t.generation)
+            .collect();
+        for generation in unneeded {
+            self.quit_template(generation, now);
+        }
+        (preload && self.template(current).is_none() && self.may_start_template(now))
+            .then_some(current)
+    }
+
     /// Whether a template may be started at `now` (its restart back-off).
     pub fn may_start_template(&self, now: Instant) -> bool {
         self.templates_blocked_until.is_none_or(|t| now >= t)
     }
 
-    /// Holds template starts back after a failure (`why`), doubling.
-    pub fn hold_templates(&mut self, now: Instant, why: &str) -> Duration {
-        let delay = self.template_backoff.failed(now);
+    /// Holds template starts back after a template ended unasked, or
+    /// could not be started. One that had said `R` had started, whenever
+    /// it died (an operator's `kill -9` a moment after): it is replaced
+    /// after the first delay, rate-limited, never backed off. One that
+    /// never said `R` doubles the delay. Returns the delay.
+    pub(super) fn hold_templates(&mut self, was_ready: bool, now: Instant) -> Duration {
+        let delay = if was_ready {
+            self.template_backoff.reset();
+            TEMPLATE_RESTART_INTERVAL
+        } else {
+            self.template_backoff.failed(now)
+        };
         self.templates_blocked_until = Some(now + delay);
+        delay
+    }
+
+    /// A template could not be started (`why`): starts wait, doubling.
+    pub fn template_start_failed(&mut self, now: Instant, why: &str) -> Duration {
+        let delay = self.hold_templates(false, now);
         tracing::error!("{why}; trying again in {delay:?}");
         delay
     }
@@ -117,6 +165,16 @@ impl<L: HasChild> Core<L> {
                 t.fork_answered(slot as usize)?;
                 let err = std::io::Error::from_raw_os_error(errno as i32);
                 self.abandon_unverified(slot as usize);
+                if self.rolling_in_unproven(generation) {
+                    // The new generation's first worker cannot be had: the
+                    // reload fails and the old generation keeps serving,
+                    // rather than a rollout that waits for ever.
+                    let how = format!("(the template) could not fork its first worker: {err}");
+                    if let Some(failed) = self.rollout_start_failed(generation, how, now) {
+                        self.effects.push(Effect::ReloadFailed(failed));
+                    }
+                    return Ok(());
+                }
                 let delay = self.fork_failed(now, super::RESOURCE_BACKOFF);
                 warn!(
                     "the template could not fork the worker for slot {slot}: {err}; \
@@ -347,20 +405,92 @@ impl<L: HasChild> Core<L> {
             || format!("exited unexpectedly ({status})"),
             |why| format!("was killed ({why})"),
         );
-        if t.ready_at
-            .is_some_and(|at| now.duration_since(at) >= START_WINDOW)
-        {
-            // It had been up: this is not a run of start-up failures.
-            self.template_backoff.reset();
-        }
+        let was_ready = t.ready_at.is_some();
+        let reload_failed = if !was_ready || self.rolling_in_unproven(generation) {
+            // The reload's new code does not start: keep the old one.
+            self.rollout_start_failed(generation, format!("(the template) {how}"), now)
+        } else {
+            None
+        };
+        let retry_in = reload_failed.is_none().then(|| {
+            self.totals.template_restarts += 1;
+            self.hold_templates(was_ready, now)
+        });
         self.effects.push(Effect::TemplateGone {
             generation,
             pid,
             failure: Some(TemplateFailure {
                 how,
-                was_ready: t.ready_at.is_some(),
+                was_ready,
+                reload_failed,
+                retry_in,
             }),
         });
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolConfig;
+    use crate::core::child::Child;
+    use crate::core::Input;
+    use nix::sys::signal::Signal;
+
+    /// A template started at `at` (saying `R` at once if `ready`) and
+    /// SIGKILLed from outside 100 ms later: how long until the next.
+    fn killed_soon_after(core: &mut Core<Child>, pid: i32, ready: bool, at: Instant) -> Duration {
+        let generation = core.generation;
+        core.template_started(generation, pid, at);
+        if ready {
+            let reply = TemplateReply::Ready { pid: pid as u32 };
+            core.on(Input::TemplateReply { generation, reply }, at);
+        }
+        let status = ExitStatus::Signal(Signal::SIGKILL);
+        core.on(
+            Input::Reaped { pid, status },
+            at + Duration::from_millis(100),
+        );
+        core.take_effects()
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::TemplateGone {
+                    failure: Some(f), ..
+                } => f.retry_in,
+                _ => None,
+            })
+            .expect("an unasked end is retried")
+    }
+
+    fn preloaded() -> Core<Child> {
+        Core::new(PoolConfig {
+            preload: true,
+            ..PoolConfig::default()
+        })
+    }
+
+    /// A template that said `R` had started, however soon it was killed
+    /// after: each is replaced after the same short interval, never a
+    /// doubling delay (issue 24: the back-off is for what never started).
+    #[test]
+    fn a_template_killed_soon_after_ready_is_rate_limited_not_backed_off() {
+        let mut core = preloaded();
+        let mut at = Instant::now();
+        for pid in 100..105 {
+            let wait = killed_soon_after(&mut core, pid, true, at);
+            assert_eq!(wait, TEMPLATE_RESTART_INTERVAL, "template {pid}");
+            at += Duration::from_secs(1);
+        }
+    }
+
+    /// One that never said `R` is a start-up failure: the delay doubles.
+    #[test]
+    fn a_template_that_never_said_ready_backs_off() {
+        let mut core = preloaded();
+        let at = Instant::now();
+        let first = killed_soon_after(&mut core, 100, false, at);
+        let second = killed_soon_after(&mut core, 101, false, at + Duration::from_secs(1));
+        assert_eq!(second, first * 2);
     }
 }

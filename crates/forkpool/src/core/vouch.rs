@@ -112,9 +112,17 @@ impl<L: HasChild> Core<L> {
                      reaped by the supervisor (the template or its intermediate reaped it, \
                      e.g. by ignoring SIGCHLD: see docs/protocol.md); counted lost"
                 );
+                let generation = self.board.get(slot).map(|s| s.generation);
                 self.abandon_unverified(slot);
                 if self.shutdown.is_none() {
                     self.count_failed_start(now);
+                }
+                if let Some(generation) = generation.filter(|g| self.rolling_in_unproven(*g)) {
+                    // The new code's template loses every worker it forks.
+                    let how = format!("vanished without being reaped (slot {slot})");
+                    if let Some(failed) = self.rollout_start_failed(generation, how, now) {
+                        self.effects.push(Effect::ReloadFailed(failed));
+                    }
                 }
             }
             _ if self.shutdown.is_some() => {

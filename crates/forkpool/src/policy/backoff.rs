@@ -40,8 +40,9 @@
 //! for them, having lived through [`START_WINDOW`] is the start.
 //!
 //! The same rule holds for workers forked from a template (`--preload`):
-//! they say `Ready` like any other. The template's own restarts have their
-//! back-off in `supervisor/template.rs`.
+//! they say `Ready` like any other. The template's own restarts follow the
+//! same rule (`core/templates.rs`): backed off until one says `R`,
+//! rate-limited once one has.
 
 use std::time::{Duration, Instant};
 
@@ -52,7 +53,7 @@ use std::time::{Duration, Instant};
 /// without failing the reload (see [`fails_a_reload`]).
 pub(crate) const START_WINDOW: Duration = Duration::from_secs(1);
 /// The delay after the first failure in a row.
-const FIRST_DELAY: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_DELAY: Duration = Duration::from_millis(100);
 /// The longest delay.
 const MAX_DELAY: Duration = Duration::from_secs(30);
 /// The span whose worth of deaths [`ReplacementRate`] replaces at once.

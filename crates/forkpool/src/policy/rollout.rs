@@ -14,7 +14,7 @@
 //! - the rollout is done when no old child is left and a new one is ready.
 //!
 //! A new child failing at start-up abandons the rollout; that decision is
-//! the supervisor's (`supervisor/rollout.rs`), since it needs no counting.
+//! the core's (`core/rollout.rs`), since it needs no counting.
 
 /// The children the policy looks at. "Live" excludes children already
 /// told to quit or killed.
@@ -61,10 +61,28 @@ pub(crate) fn rollout_step(target: u32, c: GenerationCounts) -> RolloutStep {
     }
 }
 
+/// Whether the next refork is due: thresholds `after` (increasing), of
+/// which `done` have been used, for a worker that has served `served`.
+/// Each threshold is used once, whether its refork worked or not.
+pub(crate) fn refork_due(after: &[u64], done: usize, served: u64) -> bool {
+    after.get(done).is_some_and(|n| served >= *n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn each_refork_threshold_is_due_once_in_order() {
+        let after = [100, 1000];
+        assert!(!refork_due(&after, 0, 99));
+        assert!(refork_due(&after, 0, 100));
+        assert!(!refork_due(&after, 1, 999));
+        assert!(refork_due(&after, 1, 5000));
+        assert!(!refork_due(&after, 2, u64::MAX));
+        assert!(!refork_due(&[], 0, u64::MAX));
+    }
 
     fn counts(old_live: u32, new_live: u32, new_ready: u32) -> GenerationCounts {
         GenerationCounts {

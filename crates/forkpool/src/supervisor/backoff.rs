@@ -27,7 +27,7 @@ impl Supervisor {
     /// In a child, returns what it needs to become a worker.
     pub(super) fn spawn_gated(&mut self, n: u32, now: Instant) -> io::Result<Option<ChildStart>> {
         for _ in 0..n {
-            if !self.core.may_spawn(self.rollouts.active(), now) {
+            if !self.core.may_spawn(now) {
                 break;
             }
             let spawned = self.core.totals.spawned;

@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
 use crate::core::RESOURCE_BACKOFF;
-use crate::core::{slot_limit, Gone, Input};
+use crate::core::{Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
@@ -33,9 +33,7 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.core.board.occupied()
-            >= slot_limit(self.core.config.max_children, self.rollouts.active())
-        {
+        if self.core.board.occupied() >= self.core.slot_limit() {
             // Children on their way out hold slots until reaped: a
             // replacement waits for them, so however many a fault leaves
             // there, the table stays bounded.
@@ -229,29 +227,28 @@ impl Supervisor {
 
     /// The shell's part of a child's end: its template forgets the order of
     /// a worker never verified; a verified one's process group is swept; a
-    /// start that failed a reload is told to the rollout; its channel and
+    /// reload its failed start abandoned is logged; its channel and
     /// order are let go.
-    pub(super) fn child_gone(&mut self, gone: Gone<ChildLink>, now: Instant) {
+    pub(super) fn child_gone(&mut self, gone: Gone<ChildLink>) {
         let Gone {
             slot,
             pid,
-            generation,
             verified,
-            start_failure,
+            reload_failed,
             link,
         } = gone;
         if verified {
             self.sweep_group(slot, pid);
         }
-        if let Some(how) = start_failure {
-            self.rollout_start_failed(generation, &how, &link.stderr_tail, now);
+        if let Some(failed) = reload_failed {
+            self.log_reload_failed(&failed, &link.stderr_tail);
         }
         self.release_order(&link);
         if let Some(output) = &link.output {
             self.forget_output(output);
         }
         self.deregister_channel(&link.channel);
-        self.unseat_child(slot, now);
+        self.unseat_child(slot, std::time::Instant::now());
     }
 
     /// Tells a child to finish its connection, if any, and exit.

@@ -112,7 +112,7 @@ impl Supervisor {
                     self.dispatch(listener, now);
                 }
             }
-            Effect::Gone(gone) => self.child_gone(gone, now),
+            Effect::Gone(gone) => self.child_gone(gone),
             Effect::StopListening => {
                 if !self.handover.handed_over {
                     notify::stopping();
@@ -137,6 +137,14 @@ impl Supervisor {
                 pid,
                 failure,
             } => self.template_gone(generation, pid, failure, now),
+            Effect::Rewatch { was_watching } => self.rewatch(was_watching, now),
+            Effect::Status(status) => notify::ready_with_status(&status),
+            Effect::ReloadFailed(failed) => self.log_reload_failed(&failed, &[]),
+            Effect::BecameTemplate {
+                generation,
+                pid,
+                link,
+            } => self.became_template(generation, pid, link, now),
             Effect::Stranger { pid, status } => {
                 if !self.reaped_successor(pid, status) {
                     // Perhaps a worker whose template has not said its pid

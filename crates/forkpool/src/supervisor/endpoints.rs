@@ -512,7 +512,7 @@ impl Supervisor {
         Snapshot {
             pid: std::process::id(),
             generation: self.core.generation,
-            serving_generation: self.rollouts.serving(self.core.generation),
+            serving_generation: self.core.serving_generation(),
             ready: self.told_ready,
             dispatch: self.core.config.dispatch.name().to_string(),
             dispatch_fallback: self.dispatch_fallback.clone(),

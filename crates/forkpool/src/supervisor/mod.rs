@@ -109,8 +109,6 @@ pub(crate) struct Supervisor {
     signal_pipe: SignalPipe,
     /// When the supervisor last said that replacements wait for the rate.
     last_replacements_held_log: Option<Instant>,
-    /// The reload rolling out, if any (`rollout.rs`).
-    rollouts: rollout::Rollouts,
     /// Give each child a pipe for its stderr and log what comes out
     /// (exec'd workers, see `output.rs`).
     pub capture_output: bool,
@@ -194,7 +192,6 @@ impl Supervisor {
             signals,
             signal_pipe,
             last_replacements_held_log: None,
-            rollouts: rollout::Rollouts::default(),
             capture_output: false,
             children_take_next: false,
             reload_source: None,
@@ -336,7 +333,7 @@ impl Supervisor {
         if self.signals.take_reload() && self.core.shutdown.is_none() {
             notify::reloading();
             self.reload(now);
-            if !self.rollouts.active() {
+            if !self.core.rolling() {
                 notify::ready();
             }
         }
@@ -400,8 +397,13 @@ impl Supervisor {
             return Ok(None);
         }
         self.consider_refork(now);
-        if self.rollouts.active() {
-            return self.advance_rollout(now);
+        if self.core.refork_wants_spare() {
+            // A worker to serve while slot 0 becomes the template.
+            return self.spawn_gated(1, now);
+        }
+        if let Some(spawn) = self.core.rollout_spawns(now) {
+            self.carry_out(now);
+            return self.spawn_gated(spawn, now);
         }
         let mut pool = self.scaling_counts();
         if self.core.config.dispatch.speaks_protocol() {
@@ -467,7 +469,6 @@ impl Supervisor {
         consider(self.watchdog.map(|w| w.due()));
         consider(self.resources.due());
         consider(self.slow_deadline());
-        consider(self.rollout_deadline(now));
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.cpu_look_due(now));

@@ -1,14 +1,16 @@
 //! Changing the pool while it runs: SIGHUP rolls the children to a new
-//! generation under a freshly read configuration; SIGTTIN and SIGTTOU move
-//! the spare-children target by one.
+//! generation under a freshly read configuration (the rollout is the
+//! core's, `core/rollout.rs`); SIGTTIN and SIGTTOU move the spare-children
+//! target by one.
 
 use std::time::Instant;
 
 use crate::core::slot_limit;
-use tracing::{error, info};
+use tracing::info;
 
 use super::Supervisor;
 use crate::config::PoolConfig;
+use crate::core::Input;
 
 /// Where a reload reads the new configuration from.
 pub type ReloadSource = Box<dyn FnMut() -> Result<PoolConfig, String>>;
@@ -20,80 +22,50 @@ impl Supervisor {
     /// configuration that cannot be read or does not validate is logged and
     /// nothing changes.
     pub(super) fn reload(&mut self, now: Instant) {
+        let config = self.read_reloaded_config().map(Box::new);
+        self.core.on(Input::Reload(config), now);
+        self.carry_out(now);
+    }
+
+    /// The configuration read again and checked for what only the shell
+    /// can check (the command the pool runs, the listeners' options,
+    /// applied here), or why it cannot be used.
+    fn read_reloaded_config(&mut self) -> Result<PoolConfig, String> {
         let config = match self.reload_source.as_mut() {
-            Some(read) => match read() {
-                Ok(config) => config,
-                Err(e) => {
-                    error!("reload failed, keeping the running configuration: {e}");
-                    self.core.totals.reloads_refused += 1;
-                    return;
-                }
-            },
+            Some(read) => read().map_err(|e| format!("cannot read the configuration: {e}"))?,
             None => self.core.config.clone(),
         };
-        if let Err(e) = config.validate() {
-            error!("reload refused, keeping the running configuration: {e}");
-            self.core.totals.reloads_refused += 1;
-            return;
-        }
         let mut config = config;
         config.dispatch = self.settled_mode(config.dispatch);
         let kernel = |c: &PoolConfig| c.dispatch == crate::config::DispatchMode::Kernel;
         if kernel(&config) != kernel(&self.core.config) {
             // Each slot's socket and the program are set up at start.
-            error!("reload refused: switching dispatch to or from 'kernel' needs a restart");
-            self.core.totals.reloads_refused += 1;
-            return;
+            return Err("switching dispatch to or from 'kernel' needs a restart".into());
         }
         if kernel(&config) && slot_limit(config.max_children, true) > self.kernel_slots() {
-            error!(
-                "reload refused: kernel dispatch was set up for {} slots; raising max_children \
-                 past {} needs a restart",
+            return Err(format!(
+                "kernel dispatch was set up for {} slots; raising max_children past {} needs \
+                 a restart",
                 self.kernel_slots(),
                 self.kernel_slots() / 2
-            );
-            self.core.totals.reloads_refused += 1;
-            return;
+            ));
         }
-        let no_protocol = |c: &PoolConfig| !c.dispatch.speaks_protocol();
-        if no_protocol(&config) != no_protocol(&self.core.config) {
-            // `none` makes the shared listeners blocking, which the
-            // supervisor itself cannot accept from in the other modes.
-            error!("reload refused: switching dispatch to or from 'none' needs a restart");
-            self.core.totals.reloads_refused += 1;
-            return;
-        }
-        if let Err(e) = self.check_reloaded_config(&config) {
-            error!("reload refused, keeping the running configuration: {e}");
-            self.core.totals.reloads_refused += 1;
-            return;
-        }
+        self.core.reloadable(&config)?;
+        self.check_reloaded_config(&config)
+            .map_err(|e| e.to_string())?;
         if config.backlog != self.core.config.backlog {
             info!(
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"
             );
         }
         if config.defer_accept != self.core.config.defer_accept {
-            let applied = self
-                .listeners
+            self.listeners
                 .iter()
                 .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept))
-                .and_then(|()| self.follow_defer_accept());
-            if let Err(e) = applied {
-                error!("reload refused, keeping the running configuration: {e}");
-                self.core.totals.reloads_refused += 1;
-                return;
-            }
+                .and_then(|()| self.follow_defer_accept())
+                .map_err(|e| format!("cannot set defer_accept on the listeners: {e}"))?;
         }
-        let watching_before = self.core.config.dispatch.parent_watches_listeners();
-        self.core.totals.reloads += 1;
-        self.begin_rollout(config);
-        if watching_before && !self.core.config.dispatch.parent_watches_listeners() {
-            self.unwatch_listeners();
-        }
-        if let Err(e) = self.watch_listeners(now) {
-            error!("cannot watch the listeners after reload: {e}");
-        }
+        Ok(config)
     }
 
     /// SIGTTIN (+1) and SIGTTOU (-1): move the spare target at run time.

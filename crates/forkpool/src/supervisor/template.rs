@@ -16,10 +16,11 @@
 //! - **pinged** while idle, like a worker; one that misses a ping, sits on
 //!   a fork order, or breaks the protocol is killed (`SIGKILL`, itself
 //!   only: workers it forked are not its children any more);
-//! - **replaced** when it ends unasked, with back-off, while the workers
-//!   it forked keep serving; a template that fails before `R` is a start
-//!   failure, and the failure of a reload's new template abandons the
-//!   reload (`rollout.rs`);
+//! - **replaced** when it ends unasked, while the workers it forked keep
+//!   serving: after 100 ms if it had said `R` (rate-limited), with a
+//!   doubling back-off if it had not (a start failure); a reload's new
+//!   template that ends before any of its workers was ready abandons the
+//!   reload (`core/rollout.rs`);
 //! - **told to quit** (`Q`) when its generation no longer serves, and at
 //!   shutdown.
 //!
@@ -39,7 +40,6 @@ use super::event::Event;
 use super::output::{ChildOutput, Left, BYTES_PER_TURN};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
-use crate::core::template::TemplateState;
 use crate::core::{Input, TemplateFailure};
 use crate::exec::TemplateStart;
 use crate::policy::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
@@ -74,8 +74,9 @@ pub(crate) struct Templates {
     pub command: String,
     /// Whether this process is a child subreaper yet.
     subreaper: bool,
-    /// `refork_after` thresholds used so far.
-    pub reforks: usize,
+    /// The template channel sent with a refork's `T`, until the core
+    /// names the new template's generation (`refork.rs`).
+    pub refork_channel: Option<Channel>,
 }
 
 impl Supervisor {
@@ -84,33 +85,12 @@ impl Supervisor {
     /// (unless its back-off holds). In the forked template process,
     /// returns what it needs to exec.
     pub(super) fn maintain_templates(&mut self, now: Instant) -> io::Result<Option<TemplateStart>> {
-        if self.core.shutdown.is_some() {
-            return Ok(None);
-        }
-        let current = self.core.generation;
-        let serving = self.rollouts.serving(current);
-        let unneeded: Vec<u32> = self
-            .core
-            .templates
-            .iter()
-            .filter(|t| {
-                let needed = (t.generation == current && self.core.config.preload)
-                    || (t.generation == serving && self.rollouts.active());
-                !needed && matches!(t.state, TemplateState::Starting | TemplateState::Ready)
-            })
-            .map(|t| t.generation)
-            .collect();
-        for generation in unneeded {
-            self.core.quit_template(generation, now);
-        }
+        let wanted = self.core.maintain_templates(now);
         self.carry_out(now);
-        if !self.core.config.preload
-            || self.core.template(current).is_some()
-            || !self.core.may_start_template(now)
-        {
-            return Ok(None);
+        match wanted {
+            Some(generation) => self.start_template(generation, now),
+            None => Ok(None),
         }
-        self.start_template(current, now)
     }
 
     /// Forks and execs a template for `generation`.
@@ -140,7 +120,7 @@ impl Supervisor {
             }
             Err(e) => {
                 self.core
-                    .hold_templates(now, &format!("cannot fork the template: {e}"));
+                    .template_start_failed(now, &format!("cannot fork the template: {e}"));
                 Ok(None)
             }
         }
@@ -166,7 +146,8 @@ impl Supervisor {
         };
         // Just forked and not reaped: the pid is certainly the template.
         let pidfd = super::children::hold(pid);
-        self.adopt_template(pid, pidfd, generation, ours, output, now)?;
+        self.core.template_started(generation, pid, now);
+        self.adopt_template(pid, pidfd, generation, ours, output)?;
         info!(
             pid,
             generation,
@@ -176,8 +157,9 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Takes `pid` on as the template of `generation`, starting (it must
-    /// say `R` next): watches its channel and its stderr.
+    /// Takes `pid` on as the template of `generation` (which the core
+    /// knows as starting: it must say `R` next): watches its channel and
+    /// its stderr.
     pub(super) fn adopt_template(
         &mut self,
         pid: i32,
@@ -185,9 +167,7 @@ impl Supervisor {
         generation: u32,
         channel: Channel,
         output: Option<ChildOutput>,
-        now: Instant,
     ) -> io::Result<()> {
-        self.core.template_started(generation, pid, now);
         if let Some(output) = &output {
             let registered = self.poll.registry().register(
                 &mut SourceFd(&output.pipe.as_raw_fd()),
@@ -235,14 +215,14 @@ impl Supervisor {
             Ok(pair) => pair,
             Err(e) => {
                 self.core
-                    .hold_templates(now, &format!("cannot create a template channel: {e}"));
+                    .template_start_failed(now, &format!("cannot create a template channel: {e}"));
                 return None;
             }
         };
         match fds::pipe() {
             Ok((output_read, output_write)) => Some((ours, theirs, output_read, output_write)),
             Err(e) => {
-                self.core.hold_templates(
+                self.core.template_start_failed(
                     now,
                     &format!("cannot create the template's stderr pipe: {e}"),
                 );
@@ -491,16 +471,20 @@ impl Supervisor {
             None => Vec::new(),
         };
         self.sweep_template_group(pid, generation);
-        let Some(TemplateFailure { how, was_ready }) = failure else {
+        let Some(TemplateFailure {
+            how,
+            was_ready,
+            reload_failed,
+            retry_in,
+        }) = failure
+        else {
             return;
         };
-        let in_rollout = self.rollouts.active() && generation == self.core.generation;
-        if !was_ready && in_rollout {
-            // The reload's new code does not start: keep the old one.
-            self.rollout_start_failed(generation, &format!("(the template) {how}"), &tail, now);
+        if let Some(failed) = reload_failed {
+            // The reload's new code does not start: the old one serves.
+            self.log_reload_failed(&failed, &tail);
             return;
         }
-        self.core.totals.template_restarts += 1;
         let said = if tail.is_empty() {
             String::from("nothing on stderr")
         } else {
@@ -511,13 +495,11 @@ impl Supervisor {
         } else {
             " before it was ready"
         };
-        self.core.hold_templates(
-            now,
-            &format!(
-                "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
-                 a new template will be started",
-                self.templates.command
-            ),
+        tracing::error!(
+            "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
+             a new template will be started in {:?}",
+            self.templates.command,
+            retry_in.unwrap_or_default()
         );
     }
 

@@ -11,8 +11,9 @@
 //!    (the new one is already accepting on the same sockets), lets busy
 //!    children finish, and exits. No connection is refused at any point.
 //!
-//! If the new supervisor exits, or is not ready within [`UPGRADE_TIMEOUT`],
-//! the old one says why and keeps serving as if nothing happened.
+//! If the new supervisor exits, or is not ready within [`upgrade_timeout`]
+//! (`start_timeout` plus [`SUCCESSOR_START`]), the old one says why and
+//! keeps serving as if nothing happened.
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -38,8 +39,20 @@ pub const UPGRADE_FROM_ENV: &str = "FORKPOOL_UPGRADE_FROM";
 /// Set (to `1`) for a new supervisor whose listeners came from systemd
 /// socket activation in the first place, through its predecessor.
 pub const SOCKET_ACTIVATED_ENV: &str = "FORKPOOL_SOCKET_ACTIVATED";
-/// How long a new supervisor may take to become ready.
-pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(60);
+/// What a new supervisor may take beyond its children's start: exec,
+/// reading its configuration, adopting the listeners, binding its control
+/// socket.
+pub const SUCCESSOR_START: Duration = Duration::from_secs(5);
+
+/// How long a new supervisor may take to become ready. It is ready once
+/// its first children are, and each of them may take `start_timeout` (the
+/// same setting: the successor runs the same command under the same
+/// configuration), so it gets that plus [`SUCCESSOR_START`] for its own
+/// start; 65 s by default. A longer deadline would only keep a successor
+/// whose children never start for longer.
+pub fn upgrade_timeout(start_timeout: Duration) -> Duration {
+    start_timeout.saturating_add(SUCCESSOR_START)
+}
 
 /// How to start the new supervisor: the binary's path as it was when this
 /// one started (so a binary replaced on disk is picked up) and the original
@@ -81,6 +94,8 @@ pub(crate) struct Upgrade {
     pid: i32,
     ready: UnixStream,
     deadline: Instant,
+    /// How long it was given, for the log.
+    timeout: Duration,
 }
 
 impl Supervisor {
@@ -107,10 +122,12 @@ impl Supervisor {
                 ) {
                     error!("upgrade: cannot watch the new supervisor: {e}");
                 }
+                let timeout = upgrade_timeout(self.core.config.start_timeout);
                 self.handover.successor = Some(Upgrade {
                     pid,
                     ready,
-                    deadline: now + UPGRADE_TIMEOUT,
+                    deadline: now + timeout,
+                    timeout,
                 });
             }
             Err(e) => {
@@ -222,14 +239,15 @@ impl Supervisor {
     pub(super) fn check_upgrade(&mut self, now: Instant) {
         if let Some(upgrade) = &self.handover.successor {
             if now >= upgrade.deadline {
-                let pid = upgrade.pid;
+                let (pid, timeout) = (upgrade.pid, upgrade.timeout);
                 let _ = process::send_signal(pid, Signal::SIGKILL);
                 self.end_upgrade();
                 self.core.totals.upgrade_failures += 1;
                 error!(
                     pid,
-                    "upgrade failed: the new supervisor was not ready within {UPGRADE_TIMEOUT:?}; \
-                     killed it, this supervisor keeps serving"
+                    "upgrade failed: the new supervisor was not ready within {timeout:?} \
+                     (start_timeout plus {SUCCESSOR_START:?}); killed it, this supervisor keeps \
+                     serving"
                 );
             }
         }

@@ -494,20 +494,13 @@ impl Template {
             Ok(Forked::Parent(_)) => Ok(Side::Template),
             Ok(Forked::Child) => {
                 let middle = std::process::id() as i32;
-                // With SIGCHLD ignored here too, a worker that died before
-                // this process exits would be reaped by the kernel, never
-                // by the supervisor (docs/protocol.md, "The double fork").
-                if let Err(e) = sys::process::reap_children_automatically(false) {
-                    let _ = self.channel.send_template_reply(failed(e));
-                    sys::process::exit_now(1);
-                }
-                let answer = match sys::process::fork() {
+                let answer = match fork_worker_from_intermediate() {
                     Err(e) => failed(e),
-                    Ok(Forked::Parent(pid)) => TemplateReply::Forked {
+                    Ok(Some(pid)) => TemplateReply::Forked {
                         slot,
                         pid: pid as u32,
                     },
-                    Ok(Forked::Child) => return Ok(Side::Worker { middle }),
+                    Ok(None) => return Ok(Side::Worker { middle }),
                 };
                 let sent = self.channel.send_template_reply(answer);
                 sys::process::exit_now(i32::from(sent.is_err()));
@@ -611,10 +604,67 @@ fn become_template(
     })
 }
 
+/// The intermediate's half of the double fork: SIGCHLD back to its
+/// default, then the worker's fork; `Some(pid)` in the intermediate,
+/// `None` in the worker. The template ignores SIGCHLD (see
+/// [`Template::run`]) and the intermediate inherits that: left so, a
+/// worker that died before the intermediate exits would be reaped by the
+/// kernel, never by the supervisor, whose slot would wait for a reap that
+/// never comes (docs/protocol.md, "The double fork").
+fn fork_worker_from_intermediate() -> std::io::Result<Option<i32>> {
+    sys::process::reap_children_automatically(false)?;
+    match sys::process::fork()? {
+        Forked::Parent(pid) => Ok(Some(pid)),
+        Forked::Child => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// Set for the copy of this test binary that plays the intermediate.
+    const AS_INTERMEDIATE: &str = "FORKPOOL_TEST_AS_INTERMEDIATE";
+
+    /// The intermediate restores SIGCHLD before it forks the worker: a
+    /// worker that dies while the intermediate still lives stays a zombie
+    /// for its parent to reap, instead of being reaped by the kernel
+    /// behind the supervisor's back (issue 24, item 5). Played by a copy
+    /// of this test binary: ignoring SIGCHLD here would break every other
+    /// test's waits.
+    #[test]
+    fn the_intermediate_restores_sigchld_so_a_dead_worker_is_left_to_reap() {
+        if std::env::var_os(AS_INTERMEDIATE).is_some() {
+            // SIGCHLD as the template leaves it.
+            sys::process::reap_children_automatically(true).unwrap();
+            let Some(worker) = fork_worker_from_intermediate().unwrap() else {
+                // The worker dies at once, before its parent exits.
+                sys::process::exit_now(7);
+            };
+            let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(worker), None);
+            // ECHILD when the kernel reaped it.
+            assert!(
+                matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 7))),
+                "the worker was not left to reap: {status:?}"
+            );
+            return;
+        }
+        let name = "worker::exec_worker::tests::\
+                    the_intermediate_restores_sigchld_so_a_dead_worker_is_left_to_reap";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1", "--nocapture"])
+            .env(AS_INTERMEDIATE, "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("1 passed"), "the test did not run: {said}");
+    }
 
     fn layout(vars: &[(&str, &str)], pid: u32) -> Result<Layout, ExecWorkerError> {
         let map: HashMap<String, String> = vars

@@ -4,14 +4,17 @@
 //! seeded random schedules against a simulated world (a fake clock,
 //! simulated workers that follow the protocol or break it in every
 //! documented way, templates that lie or stall, connections arriving, a
-//! kill storm, stop signals alone or in pairs), and
-//! carries out the core's effects on that world. After every step it
-//! checks the invariants below. A failing seed prints the command that
-//! replays it: `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib
-//! core::sim::replay -- --nocapture`.
+//! kill storm, stop signals alone or in pairs, reloads and reforks to
+//! working or broken code: `reloads.rs`), and carries out the core's
+//! effects on that world. After every step it checks the invariants
+//! below. A failing seed prints the command that replays it:
+//! `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib core::sim::replay
+//! -- --nocapture`; `FORKPOOL_SIM_SEED=<first>..<end>` explores a range.
 //!
-//! Invariants, after every step:
-//! - slots never exceed `max_children`;
+//! Invariants, after every step (and those of a rollout, in `reloads.rs`):
+//! - slots never exceed `max_children`, twice that while a reload rolls
+//!   (`slot_limit`: each new child starts while the old one it replaces
+//!   finishes), and no fork takes them past the limit of its moment;
 //! - a kill names only a child the kernel vouched for (its pid is in the
 //!   slot) and alive in the world;
 //! - a stop ends by its `exit_by`, and the core always asks to be woken
@@ -22,6 +25,7 @@
 //! - forks in any one second stay within `max_children` plus the
 //!   replacement burst and rate, whatever the children do.
 
+mod reloads;
 mod rng;
 mod templates;
 mod world;
@@ -59,6 +63,15 @@ struct Scenario {
     preload: bool,
     /// Out of a thousand templates, how many misbehave.
     bad_templates_per_mille: u64,
+    /// A SIGHUP comes about this often (0: never).
+    reload_every: u64,
+    /// Out of a thousand reloads, how many roll to broken code.
+    broken_reload_per_mille: u64,
+    /// Out of a thousand reloads, how many are refused (a configuration
+    /// that cannot be read or does not validate).
+    refused_reload_per_mille: u64,
+    /// Workers are reforked (`--refork-after`, with `preload`).
+    refork: bool,
 }
 
 /// How a run ended.
@@ -71,6 +84,14 @@ struct Outcome {
     /// The longest time with no live child, while not stopping, after
     /// the pool first had one.
     longest_empty: u64,
+    /// Rollouts begun, and how they ended: the new generation serves, or
+    /// the reload failed; and reloads refused.
+    rollouts: u64,
+    rolled: u64,
+    reload_failed: u64,
+    refused: u64,
+    /// Stops (and so upgrades' hand-overs) that came during a rollout.
+    stopped_rolling: u64,
     /// The core's totals at the end.
     totals: crate::status::Totals,
 }
@@ -84,6 +105,12 @@ struct Sim {
     outcome: Outcome,
     empty_since: Option<u64>,
     was_up: bool,
+    /// The rollout running, as the simulator watches it.
+    roll: Option<reloads::RollWatch>,
+    /// The largest `max_children` of any configuration so far.
+    max_seen: u32,
+    /// When rollouts began, in the last second.
+    roll_starts: std::collections::VecDeque<u64>,
 }
 
 impl Sim {
@@ -100,6 +127,11 @@ impl Sim {
             start_timeout: Duration::from_secs(3),
             exit_timeout: Duration::from_secs(10),
             preload: scenario.preload,
+            refork_after: if scenario.refork && scenario.preload {
+                vec![20, 200, 600, 2000]
+            } else {
+                Vec::new()
+            },
             ..PoolConfig::default()
         };
         config
@@ -109,6 +141,9 @@ impl Sim {
             world.at(scenario.kill_every, Happening::ExternalKill);
         }
         world.at(scenario.arrive_every, Happening::Arrival);
+        if scenario.reload_every > 0 {
+            world.at(scenario.reload_every, Happening::Reload);
+        }
         if let Some((at, kind)) = scenario.stop {
             world.at(at, Happening::Stop(kind));
             if let Some((after, kind)) = scenario.second_stop {
@@ -116,6 +151,7 @@ impl Sim {
             }
         }
         Sim {
+            max_seen: config.max_children,
             core: Core::new(config),
             world,
             base: Instant::now(),
@@ -123,6 +159,8 @@ impl Sim {
             outcome: Outcome::default(),
             empty_since: None,
             was_up: false,
+            roll: None,
+            roll_starts: Default::default(),
         }
     }
 
@@ -158,7 +196,8 @@ impl Sim {
             if let Some(t) = wake.filter(|t| *t <= now) {
                 return Err(format!(
                     "the core asks to be woken {:?} ago, after it was ticked: the loop would \
-                     spin (liveness {:?}, spawn hold {:?}, stop {:?}, stop state {:?})",
+                     spin (liveness {:?}, spawn hold {:?}, stop {:?}, stop state {:?}, \
+                     templates {:?}, rolling {})",
                     now - t,
                     self.core.liveness_deadline().map(|t| self.nanos(t)),
                     self.core.spawns_held_until(now).map(|t| self.nanos(t)),
@@ -166,6 +205,8 @@ impl Sim {
                     self.core
                         .shutdown
                         .map(|s| (self.nanos(s.deadline), self.nanos(s.exit_by))),
+                    self.core.templates_deadline().map(|t| self.nanos(t)),
+                    self.core.rolling(),
                 ));
             }
             let wake = wake.map(|t| self.nanos(t));
@@ -253,11 +294,20 @@ impl Sim {
                     }
                 }
             }
-            Happening::Exit(pid, _) => self.world.exit(pid),
+            Happening::Exit(pid, _) => {
+                if self.world.procs.get(&pid).is_some_and(|p| !p.told_quit) {
+                    self.disturb();
+                }
+                self.world.exit(pid)
+            }
             Happening::Close(pid, hung_up) => {
                 let p = self.world.procs.get_mut(&pid).expect("forked");
                 if !p.closed {
                     p.closed = true;
+                    if !p.told_quit {
+                        self.disturb();
+                    }
+                    let p = &self.world.procs[&pid];
                     let slot = p.slot;
                     let vanished = p.vanished;
                     let ours = self.core.board.get(slot).is_some_and(|s| {
@@ -298,6 +348,7 @@ impl Sim {
                 if !alive.is_empty() {
                     let pid = alive[self.world.rng.below(alive.len() as u64) as usize];
                     self.outcome.killed += 1;
+                    self.disturb();
                     self.world.exit(pid);
                 }
                 if self.core.shutdown.is_none() {
@@ -306,8 +357,15 @@ impl Sim {
                 }
             }
             Happening::Stop(kind) => {
+                // A USR2's old supervisor, once its successor is ready, is
+                // told this very graceful stop: one during a rollout is an
+                // upgrade during a reload too.
+                if self.core.rolling() && self.core.shutdown.is_none() {
+                    self.outcome.stopped_rolling += 1;
+                }
                 self.core.on(Input::Stop(kind.stop()), now);
             }
+            Happening::Reload => self.reload_happens(),
             other => self.template_happens(other)?,
         }
         self.carry_out()
@@ -427,6 +485,7 @@ impl Sim {
                         "a kill for slot {slot}, whose pid {pid} is not a worker the kernel vouched for"
                     ));
                 }
+                self.disturb();
                 match self.world.procs.get(&pid) {
                     Some(p) if p.slot == slot => self.world.exit(pid),
                     _ => {
@@ -493,14 +552,27 @@ impl Sim {
                 }
             }
             Effect::Abandoned(_) | Effect::TemplateGone { .. } => {}
+            Effect::Rewatch { .. } | Effect::Status(_) | Effect::ReloadFailed(_) => {}
+            Effect::BecameTemplate {
+                generation, pid, ..
+            } => self.became_template(generation, pid)?,
             Effect::SendTemplate {
                 generation,
                 request,
             } => self.template_effect_checks(generation, request),
             Effect::KillTemplate { generation } => {
-                let Some(pid) = self.template_pid(generation) else {
+                // One that exited and is not reaped yet is still there to
+                // signal (a zombie), when no live one is.
+                let pid = self.template_pid(generation).or_else(|| {
+                    self.world
+                        .templates
+                        .iter()
+                        .rfind(|(_, t)| t.generation == generation)
+                        .map(|(pid, _)| *pid)
+                });
+                let Some(pid) = pid else {
                     return Err(format!(
-                        "a kill for the template of {generation}, which is gone"
+                        "a kill for the template of {generation}, which never was"
                     ));
                 };
                 self.world.template_exit(pid);
@@ -509,26 +581,36 @@ impl Sim {
         Ok(())
     }
 
-    /// The pool's size, as the supervisor's loop decides it each turn.
+    /// The pool's size, as the supervisor's loop decides it each turn: a
+    /// refork if one is due, the rollout's step while one runs, the
+    /// scaling rule otherwise.
     fn maintain(&mut self) -> Result<(), String> {
         let now = self.now();
         if self.core.shutdown.is_some() {
             return Ok(());
         }
-        let backlog = self.world.backlog.len() as u32;
-        let pool = self.core.pool_counts(|| backlog, 2);
-        let decision = self.core.decide(pool, now);
+        self.consider_refork()?;
+        let spawn = match self.core.rollout_spawns(now) {
+            Some(n) => n,
+            None if self.core.refork_wants_spare() => 1,
+            None => {
+                let backlog = self.world.backlog.len() as u32;
+                let pool = self.core.pool_counts(|| backlog, 2);
+                match self.core.decide(pool, now) {
+                    Decision::Spawn(n) => n,
+                    _ => 0,
+                }
+            }
+        };
         self.carry_out()?;
         self.maintain_template();
-        let Decision::Spawn(n) = decision else {
-            return Ok(());
-        };
-        for _ in 0..n {
-            if !self.core.may_spawn(false, now) {
+        self.carry_out()?;
+        for _ in 0..spawn {
+            if !self.core.may_spawn(now) {
                 break;
             }
             if self.scenario.preload {
-                if !self.order_fork() {
+                if !self.order_fork()? {
                     break;
                 }
                 continue;
@@ -537,17 +619,10 @@ impl Sim {
                 self.core.fork_failed(now, Duration::from_millis(250));
                 break;
             }
-            let behaviour = if self.world.rng.per_mille(self.scenario.bad_per_mille) {
-                let all = Behaviour::ALL;
-                all[1 + self.world.rng.below(all.len() as u64 - 1) as usize]
-            } else {
-                Behaviour::Good
-            };
+            let behaviour = self.pick_worker_behaviour(self.core.generation);
             let slot = self.core.board.lowest_free();
             let pid = self.world.fork(slot, behaviour);
-            let generation = self.core.generation;
-            self.core
-                .adopt(slot, pid, generation, Child::new(now, true, 1), now);
+            self.adopt_checked(slot, pid, Child::new(now, true, 1))?;
         }
         Ok(())
     }
@@ -583,10 +658,15 @@ impl Sim {
     /// The invariants that hold after every step.
     fn check(&mut self) -> Result<(), String> {
         self.check_templates()?;
+        self.check_roll()?;
+        // Twice max_children while a reload rolls, and until the old
+        // generation it retired is reaped (`slot_limit`); every fork is
+        // checked against the limit of its moment (`adopt_checked`).
         let max = self.core.config.max_children as usize;
-        if self.core.board.occupied() > max {
+        let largest = self.max_seen.max(max as u32);
+        if self.core.board.occupied() > super::slot_limit(largest, true) {
             return Err(format!(
-                "{} slots taken, max_children {max}",
+                "{} slots taken, max_children {max} ({largest} before a reload)",
                 self.core.board.occupied()
             ));
         }
@@ -599,7 +679,17 @@ impl Sim {
         {
             self.world.forks.pop_front();
         }
-        let bound = max + 2 * self.core.config.max_spawn_rate as usize;
+        // Each rollout begun in that second may start a whole new
+        // generation at once: the operator asked for it.
+        while self
+            .roll_starts
+            .front()
+            .is_some_and(|t| *t + SEC <= self.world.now)
+        {
+            self.roll_starts.pop_front();
+        }
+        let generations = 1 + self.roll_starts.len();
+        let bound = largest as usize * generations + 2 * self.core.config.max_spawn_rate as usize;
         if self.world.forks.len() > bound {
             return Err(format!(
                 "{} forks within one second (bound {bound}): a fork storm",
@@ -659,7 +749,14 @@ fn run_seed(seed: u64, scenario: Scenario) -> Outcome {
 /// kill storms.
 fn scenario_of(seed: u64) -> Scenario {
     let mut rng = rng::Rng::new(seed ^ 0x5EED);
-    let stop_at = (1 + rng.below(20)) * SEC;
+    let reload_every = if rng.per_mille(500) {
+        reloads::reload_interval(&mut rng)
+    } else {
+        0
+    };
+    // Reloads get longer runs, for rollouts to end or get stuck in.
+    let longest = if reload_every > 0 { 60 } else { 20 };
+    let stop_at = (1 + rng.below(longest)) * SEC;
     let kind = if rng.per_mille(300) {
         StopKind::Now
     } else {
@@ -682,6 +779,10 @@ fn scenario_of(seed: u64) -> Scenario {
         steps: 20_000,
         preload: rng.per_mille(500),
         bad_templates_per_mille: rng.below(600),
+        reload_every,
+        broken_reload_per_mille: rng.below(600),
+        refused_reload_per_mille: rng.below(300),
+        refork: rng.per_mille(500),
     }
 }
 
@@ -691,9 +792,16 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut steps = 0;
     let mut seed = 0;
     let mut seen = crate::status::Totals::default();
+    let mut rolls = [0u64; 5];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
+        rolls[0] += outcome.rollouts;
+        rolls[1] += outcome.rolled;
+        rolls[2] += outcome.reload_failed;
+        rolls[3] += outcome.refused;
+        rolls[4] += outcome.stopped_rolling;
+        seen.reforks += outcome.totals.reforks;
         seen.spawned += outcome.totals.spawned;
         seen.killed += outcome.totals.killed;
         seen.died += outcome.totals.died;
@@ -703,28 +811,45 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     }
     eprintln!(
         "simulator: {steps} steps over {seed} seeds in {:?}: {} workers started, {} killed, \
-         {} died, {} lost, {} templates killed",
+         {} died, {} lost, {} templates killed; {} rollouts ({} reforks): {} rolled, {} failed; \
+         {} reloads refused; {} stops during a rollout",
         started.elapsed(),
         seen.spawned,
         seen.killed,
         seen.died,
         seen.lost,
         seen.templates_killed,
+        rolls[0],
+        seen.reforks,
+        rolls[1],
+        rolls[2],
+        rolls[3],
+        rolls[4],
     );
     // The schedules reach what they are for: misbehaving workers and
     // templates, lies caught, workers lost behind the supervisor's back.
     assert!(seen.killed > 0 && seen.died > 0 && seen.lost > 0 && seen.templates_killed > 0);
+    // Reloads roll through, fail on broken code, and are refused; workers
+    // are reforked.
+    assert!(rolls[1] > 0 && rolls[2] > 0 && rolls[3] > 0 && rolls[4] > 0 && seen.reforks > 0);
 }
 
-/// Replays one seed: `FORKPOOL_SIM_SEED=<seed>`.
+/// Replays one seed: `FORKPOOL_SIM_SEED=<seed>`; or explores a range of
+/// them beyond what CI runs: `FORKPOOL_SIM_SEED=<first>..<end>`.
 #[test]
 fn replay() {
-    let Ok(seed) = std::env::var("FORKPOOL_SIM_SEED") else {
+    let Ok(seeds) = std::env::var("FORKPOOL_SIM_SEED") else {
         return;
     };
-    let seed: u64 = seed.parse().expect("FORKPOOL_SIM_SEED is a number");
-    let outcome = run_seed(seed, scenario_of(seed));
-    eprintln!("seed {seed}: {outcome:?}");
+    let number = |s: &str| -> u64 { s.parse().expect("FORKPOOL_SIM_SEED is N or A..B") };
+    let seeds = match seeds.split_once("..") {
+        Some((first, end)) => number(first)..number(end),
+        None => number(&seeds)..number(&seeds) + 1,
+    };
+    for seed in seeds {
+        let outcome = run_seed(seed, scenario_of(seed));
+        eprintln!("seed {seed}: {outcome:?}");
+    }
 }
 
 /// The chaos run of issue 24: a SIGKILL on a random worker every 200 ms
@@ -744,6 +869,10 @@ fn a_kill_storm_never_empties_the_pool() {
             steps: 2_000_000,
             preload: seed % 2 == 1,
             bad_templates_per_mille: 0,
+            reload_every: 0,
+            broken_reload_per_mille: 0,
+            refused_reload_per_mille: 0,
+            refork: false,
         };
         let storm = Scenario {
             kill_every: 200 * MS,

@@ -11,18 +11,17 @@ use crate::core::vouch::UNVERIFIED_PER_TEMPLATE;
 use crate::protocol::{ChildMessage, TemplateReply, TemplateRequest, TEMPLATE_VERSION};
 
 impl Sim {
-    /// Keeps a template for the current generation, as the shell does.
+    /// Keeps a template for the current generation (and the serving
+    /// one's while a reload rolls), as the shell does.
     pub(super) fn maintain_template(&mut self) {
         let now = self.now();
-        let generation = self.core.generation;
-        if !self.core.config.preload
-            || self.core.shutdown.is_some()
-            || self.core.template(generation).is_some()
-            || !self.core.may_start_template(now)
-        {
+        let Some(generation) = self.core.maintain_templates(now) else {
             return;
-        }
-        let behaviour = if self
+        };
+        let broken = self.world.broken.get(&generation).map(|b| b.template);
+        let behaviour = if let Some(broken) = broken {
+            broken
+        } else if self
             .world
             .rng
             .per_mille(self.scenario.bad_templates_per_mille)
@@ -38,24 +37,24 @@ impl Sim {
 
     /// One spawn through the template: a fork order for the lowest free
     /// slot. Returns false when the core allows none now.
-    pub(super) fn order_fork(&mut self) -> bool {
+    pub(super) fn order_fork(&mut self) -> Result<bool, String> {
         let now = self.now();
         let generation = self.core.generation;
         if !self.core.may_order(generation) {
-            return false;
+            return Ok(false);
         }
         let Some(template) = self.template_pid(generation) else {
-            return false;
+            return Ok(false);
         };
         let slot = self.core.board.lowest_free();
         self.core.ordered(generation, slot, now);
         let link = Child::new(now, true, TEMPLATE_VERSION);
-        self.core.adopt(slot, 0, generation, link, now);
+        self.adopt_checked(slot, 0, link)?;
         if self.world.templates[&template].behaviour != TemplateBehaviour::SilentOnOrders {
             let t = self.world.ms(1, 30);
             self.world.at(t, Happening::TemplateAnswer(template, slot));
         }
-        true
+        Ok(true)
     }
 
     /// The live template process of `generation`.
@@ -126,7 +125,7 @@ impl Sim {
                 .on(Input::TemplateReply { generation, reply }, now);
             return Ok(());
         }
-        let worker_behaviour = self.pick_worker_behaviour();
+        let worker_behaviour = self.pick_worker_behaviour(generation);
         let worker = self.world.fork_for_template(pid, slot, worker_behaviour);
         let named = match behaviour {
             TemplateBehaviour::LieSidecar => SIDECAR,
@@ -247,7 +246,12 @@ impl Sim {
         Ok(())
     }
 
-    fn pick_worker_behaviour(&mut self) -> Behaviour {
+    /// How a new worker of `generation` behaves: as its code is broken,
+    /// if it is; otherwise well, or badly in a random way.
+    pub(super) fn pick_worker_behaviour(&mut self, generation: u32) -> Behaviour {
+        if let Some(broken) = self.world.broken.get(&generation) {
+            return broken.worker;
+        }
         if self.world.rng.per_mille(self.scenario.bad_per_mille) {
             let all = Behaviour::ALL;
             all[1 + self.world.rng.below(all.len() as u64 - 1) as usize]

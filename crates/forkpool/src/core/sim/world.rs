@@ -75,11 +75,13 @@ pub(super) enum TemplateBehaviour {
     Flood,
     /// Answers `E` (could not fork) to every order.
     ForkFails,
+    /// Never says `R` and never exits (new code that hangs on load).
+    HangAtStart,
 }
 
 impl TemplateBehaviour {
     /// Every behaviour, for random picks.
-    pub const ALL: [TemplateBehaviour; 9] = [
+    pub const ALL: [TemplateBehaviour; 10] = [
         TemplateBehaviour::Good,
         TemplateBehaviour::CrashAtStart,
         TemplateBehaviour::SilentOnOrders,
@@ -89,6 +91,7 @@ impl TemplateBehaviour {
         TemplateBehaviour::ReapBehindBack,
         TemplateBehaviour::Flood,
         TemplateBehaviour::ForkFails,
+        TemplateBehaviour::HangAtStart,
     ];
 }
 
@@ -153,6 +156,42 @@ pub(super) enum Happening {
     /// A worker forked by a template sends its first message, with its
     /// pid as the kernel says.
     FirstMessage(i32),
+    /// The operator sends SIGHUP.
+    Reload,
+}
+
+/// How a reload's new code is broken: what its workers and its template
+/// do instead of starting.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BrokenCode {
+    pub worker: Behaviour,
+    pub template: TemplateBehaviour,
+}
+
+impl BrokenCode {
+    /// Code broken in a random way: crashing at start, hanging, lying,
+    /// dying soon after `Ready`, or a template that does one of those.
+    pub fn pick(rng: &mut Rng) -> BrokenCode {
+        const WORKERS: [Behaviour; 5] = [
+            Behaviour::CrashAtStart,
+            Behaviour::Silent,
+            Behaviour::LiesAboutPid,
+            Behaviour::CrashLater,
+            Behaviour::Good,
+        ];
+        const TEMPLATES: [TemplateBehaviour; 5] = [
+            TemplateBehaviour::Good,
+            TemplateBehaviour::CrashAtStart,
+            TemplateBehaviour::HangAtStart,
+            TemplateBehaviour::LieSelf,
+            TemplateBehaviour::SilentOnOrders,
+        ];
+        let worker = WORKERS[rng.below(WORKERS.len() as u64) as usize];
+        // Good workers from a good template is no broken code.
+        let from = if worker == Behaviour::Good { 1 } else { 0 };
+        let template = TEMPLATES[from + rng.below((TEMPLATES.len() - from) as u64) as usize];
+        BrokenCode { worker, template }
+    }
 }
 
 /// A stop signal, orderable.
@@ -198,6 +237,8 @@ pub(super) struct World {
     pub failed: u64,
     /// The templates, by pid.
     pub templates: BTreeMap<i32, TemplateProc>,
+    /// The generations whose code is broken, and how.
+    pub broken: BTreeMap<u32, BrokenCode>,
 }
 
 pub(super) const MS: u64 = 1_000_000;
@@ -217,6 +258,7 @@ impl World {
             forks: VecDeque::new(),
             failed: 0,
             templates: BTreeMap::new(),
+            broken: BTreeMap::new(),
         }
     }
 
@@ -283,6 +325,10 @@ impl World {
     /// The process exits now (or dies): its channel closes and the
     /// supervisor reaps it, in either order.
     pub fn exit(&mut self, pid: i32) {
+        if self.templates.contains_key(&pid) {
+            // A worker that became the template (a refork).
+            return self.template_exit(pid);
+        }
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -316,6 +362,13 @@ impl World {
     pub fn fork_template(&mut self, generation: u32, behaviour: TemplateBehaviour) -> i32 {
         let pid = self.next_pid;
         self.next_pid += 1;
+        self.template_starts(pid, generation, behaviour);
+        pid
+    }
+
+    /// `pid` is the template of `generation` now, and takes its first
+    /// steps as its behaviour says.
+    fn template_starts(&mut self, pid: i32, generation: u32, behaviour: TemplateBehaviour) {
         self.templates.insert(
             pid,
             TemplateProc {
@@ -327,9 +380,17 @@ impl World {
         let t = self.ms(1, 100);
         match behaviour {
             TemplateBehaviour::CrashAtStart => self.at(t, Happening::TemplateExit(pid)),
+            TemplateBehaviour::HangAtStart => {}
             _ => self.at(t, Happening::TemplateReady(pid)),
         }
-        pid
+    }
+
+    /// The worker `pid`, told `T`, becomes the template of `generation`
+    /// (a refork): its worker channel is no longer read.
+    pub fn become_template(&mut self, pid: i32, generation: u32, behaviour: TemplateBehaviour) {
+        let p = self.procs.get_mut(&pid).expect("a worker");
+        p.closed = true;
+        self.template_starts(pid, generation, behaviour);
     }
 
     /// A worker the template `template` forked for `slot`: in the
@@ -371,6 +432,10 @@ impl World {
             return;
         }
         t.exited = true;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            // A worker that had become the template.
+            p.exited = true;
+        }
         let in_group: Vec<i32> = self
             .procs
             .iter()
