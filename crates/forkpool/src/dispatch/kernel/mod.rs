@@ -297,6 +297,16 @@ mod tests {
         kernel.sockets(slot).next().expect("seated").1
     }
 
+    /// Every slot of `kernel` seated, and the ones in `idle` idle.
+    fn seat_all(kernel: &mut Kernel, slots: usize, idle: &[usize]) {
+        for slot in 0..slots {
+            kernel.seat(slot).unwrap();
+        }
+        for &slot in idle {
+            kernel.board().set_idle(slot);
+        }
+    }
+
     fn accept_one(fd: BorrowedFd<'_>) -> OwnedFd {
         crate::sys::socket::accept(fd).expect("a queued connection")
     }
@@ -307,10 +317,7 @@ mod tests {
         let Some(mut group) = group(overflow.as_fd(), 4) else {
             return;
         };
-        for slot in 0..4 {
-            group.seat(slot).unwrap();
-            group.board().set_idle(slot);
-        }
+        seat_all(&mut group, 4, &(0..4).collect::<Vec<_>>());
         let mut landed = Vec::new();
         for _ in 0..30 {
             let client = TcpStream::connect(addr).unwrap();
@@ -362,10 +369,7 @@ mod tests {
         let Some(mut group) = group(overflow.as_fd(), 2) else {
             return;
         };
-        for slot in 0..2 {
-            group.seat(slot).unwrap();
-            group.board().set_idle(slot);
-        }
+        seat_all(&mut group, 2, &(0..2).collect::<Vec<_>>());
         let first = TcpStream::connect(addr).unwrap();
         assert_eq!(queued_on(&group, overflow.as_fd(), 2), Some(0));
         let seen = group.board().raw(0);
@@ -394,10 +398,7 @@ mod tests {
         let Some(mut group) = group(overflow.as_fd(), 2) else {
             return;
         };
-        for slot in 0..2 {
-            group.seat(slot).unwrap();
-            group.board().set_idle(slot);
-        }
+        seat_all(&mut group, 2, &(0..2).collect::<Vec<_>>());
         assert!(group.board().claim(0));
         assert!(!group.board().claim(0), "claimed once");
         let client = TcpStream::connect(addr).unwrap();

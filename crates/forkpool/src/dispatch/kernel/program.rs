@@ -112,12 +112,7 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
     asm.cmpxchg_u64(R3, word, R5);
     asm.jump_if(Cond::Ne, R0, IDLE as i32, next);
     asm.store_u32(R10, key, R9);
-    asm.mov(R1, R6);
-    asm.load_map(R2, sockets);
-    asm.mov(R3, R10);
-    asm.add_imm(R3, key.into());
-    asm.mov_imm(R4, 0);
-    asm.call(SK_SELECT_REUSEPORT);
+    select_socket_at_key(&mut asm, sockets, key);
     asm.jump_if(Cond::Eq, R0, 0, pass);
 
     asm.bind(next);
@@ -126,18 +121,25 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
 
     asm.bind(overflow);
     asm.store_u32_imm(R10, key, slots);
-    asm.mov(R1, R6);
-    asm.load_map(R2, sockets);
-    asm.mov(R3, R10);
-    asm.add_imm(R3, key.into());
-    asm.mov_imm(R4, 0);
-    asm.call(SK_SELECT_REUSEPORT);
+    select_socket_at_key(&mut asm, sockets, key);
 
     asm.bind(pass);
     asm.mov_imm(R0, SK_PASS);
     asm.exit();
     asm.finish()
         .expect("every label is bound and every jump is short")
+}
+
+/// `r0 = bpf_sk_select_reuseport(ctx, &sockets, r10 + key, 0)`: the
+/// socket whose sockarray index is on the stack at `key` takes the
+/// connection (the context is in R6).
+fn select_socket_at_key(asm: &mut Asm, sockets: i32, key: i16) {
+    asm.mov(R1, R6);
+    asm.load_map(R2, sockets);
+    asm.mov(R3, R10);
+    asm.add_imm(R3, key.into());
+    asm.mov_imm(R4, 0);
+    asm.call(SK_SELECT_REUSEPORT);
 }
 
 #[cfg(test)]
