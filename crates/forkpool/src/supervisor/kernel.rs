@@ -12,7 +12,6 @@ use tracing::{info, warn};
 use super::event::Event;
 use super::Supervisor;
 use crate::config::DispatchMode;
-use crate::core::sampled::Sample;
 use crate::core::slot_limit;
 use crate::dispatch::kernel::board::SAMPLE_INTERVAL;
 use crate::dispatch::kernel::program::MAX_SLOTS;
@@ -207,15 +206,10 @@ impl Supervisor {
             return;
         };
         let board = kernel.board();
-        let samples: Vec<(usize, Sample)> = self
-            .core
-            .board
-            .iter()
-            .filter(|&(slot, _)| slot < board.slots())
-            .map(|(slot, _)| (slot, board.sample(slot)))
-            .collect();
-        for (slot, sample) in samples {
-            self.core.sampled(slot, sample, now);
+        // Each turn of the loop: no allocation, one record read per slot
+        // in use (`sampled` leaves an empty slot alone).
+        for slot in 0..self.core.board.span().min(board.slots()) {
+            self.core.sampled(slot, board.sample(slot), now);
         }
         self.board_read_at = Some(now);
         self.carry_out(now);
