@@ -22,12 +22,14 @@ use common::alive;
 /// and the test must return without running (see `common::require`).
 fn build_worker(dir: &Path) -> Option<PathBuf> {
     let cc = common::require_program("cc", "run bash .ci/deps/system-tools.sh (gcc)")?;
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/c/forkpool_worker.c");
+    let dir_c = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/c");
+    let src = dir_c.join("forkpool_worker.c");
     let out = dir.join("forkpool-c-worker");
     let status = Command::new(cc)
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&out)
         .arg(&src)
+        .arg(dir_c.join("kernel_dispatch.c"))
         .status()
         .expect("run the C compiler");
     assert!(status.success(), "cc failed to compile {}", src.display());
