@@ -20,7 +20,9 @@ package Forkpool::Worker;
 #
 # Dispatch modes: `handoff` (the supervisor accepts each connection and
 # passes its descriptor over the back-channel with SCM_RIGHTS), `order`
-# (the supervisor tells the lowest idle worker to accept) and
+# (the supervisor tells the lowest idle worker to accept), `kernel` (the
+# kernel queues each connection on the own socket of the lowest idle
+# worker it finds on a shared scoreboard: Forkpool::Worker::Kernel) and
 # `shared`/`herd` (every idle worker waits on the listeners with select();
 # core Perl has no epoll, so `shared` behaves like `herd` and every idle
 # worker wakes for each connection). Core Perl has no recvmsg(2) either:
@@ -99,21 +101,36 @@ sub from_env {
             . "to a parent (a shell wrapper that forks instead of exec'ing?)\n";
         $count = $env{LISTEN_FDS};
     }
+    # kernel: the slot's own sockets, then the pool's listeners (the
+    # overflow), then the channel, then the scoreboard.
+    my $kernel = $dispatch eq 'kernel';
+    my $overflow_start = LISTEN_FDS_START + $count;
+    if ($kernel) {
+        $count or die "kernel dispatch, but no listeners were passed (LISTEN_FDS)\n";
+        $recvmsg //= _recvmsg_number();
+        my $overflow = $required->('FORKPOOL_OVERFLOW_FD');
+        $overflow == $overflow_start
+            or die "FORKPOOL_OVERFLOW_FD is $overflow, but with $count listener(s) "
+            . "it must be $overflow_start\n";
+    }
+    my $channel_start = LISTEN_FDS_START + ($kernel ? 2 : 1) * $count;
     my $channel_fd = $required->('FORKPOOL_CHANNEL_FD');
-    $channel_fd == LISTEN_FDS_START + $count
+    $channel_fd == $channel_start
         or die "FORKPOOL_CHANNEL_FD is $channel_fd, but with $count listener(s) "
-        . "it must be " . (LISTEN_FDS_START + $count) . "\n";
+        . "it must be $channel_start\n";
 
     # The listeners' open file is shared with the supervisor and every
     # other worker: leave its flags (non-blocking) alone.
     my @listeners = map { _adopt(LISTEN_FDS_START + $_) } 0 .. $count - 1;
+    my @overflow = $kernel ? map { _adopt($overflow_start + $_) } 0 .. $count - 1 : ();
     my $channel = _adopt($channel_fd);
     my $type = unpack('i', getsockopt($channel, SOL_SOCKET, SO_TYPE) // pack('i', -1));
     $type == SOCK_SEQPACKET
         or die "descriptor $channel_fd is not the back-channel\n";
-    return bless {
+    my $self = bless {
         channel    => $channel,
         listeners  => \@listeners,
+        overflow   => \@overflow,
         slot       => $required->('FORKPOOL_SLOT'),
         generation => $required->('FORKPOOL_GENERATION'),
         dispatch   => $dispatch,
@@ -121,6 +138,35 @@ sub from_env {
         pid        => $$,
         version    => $version,
     }, $class;
+    $self->_open_board($required->('FORKPOOL_BOARD_FD')) if $kernel;
+    return $self;
+}
+
+# kernel dispatch: maps this slot's record on the scoreboard. Exits with
+# status 1 when the map is not a scoreboard for this slot. Where this perl
+# cannot store into it (Forkpool::Board says why), the worker says so
+# once and is served as in handoff: it sends R instead of K, and the
+# supervisor hands it each connection from the pool's listeners.
+sub _open_board {
+    my ($self, $fd) = @_;
+    $fd == LISTEN_FDS_START + 2 * @{ $self->{listeners} } + 1
+        or die "FORKPOOL_BOARD_FD is $fd, but it must follow the back-channel\n";
+    my $map = _adopt($fd);
+    require Forkpool::Board;
+    $self->{board} = eval { Forkpool::Board->open(fileno($map), $self->{slot}, \&syscall_number) };
+    return if $self->{board};
+    my $why = $@;
+    if (ref $why) {
+        warn "forkpool worker (slot $self->{slot}): $why->{unsupported}; served "
+            . "as in handoff dispatch instead (it says R, not K)\n";
+        $self->{own_sockets} = $self->{listeners};
+        $self->{listeners}   = delete $self->{overflow};
+        $self->{dispatch}    = 'handoff';
+        return;
+    }
+    print STDERR "forkpool worker (slot $self->{slot}): cannot use the kernel "
+        . "dispatch scoreboard (FORKPOOL_BOARD_FD $fd): $why";
+    exit 1;
 }
 
 # The system-call number of recvmsg(2), or dies saying why this perl
@@ -172,6 +218,17 @@ sub dispatch   { $_[0]{dispatch} }
 sub channel    { $_[0]{channel} }
 sub listeners  { @{ $_[0]{listeners} || [] } }
 
+# The listeners on which connections wait for a worker, in listener
+# order: the pool's (overflow) listeners in kernel dispatch, where the
+# worker's own sockets only ever hold connections for it; the listeners
+# in every other mode. A worker holding a kept-alive connection polls
+# them to see whether it should give way.
+sub waiting_listeners {
+    my ($self) = @_;
+    return @{ $self->{overflow} } if $self->{overflow} && @{ $self->{overflow} };
+    return $self->listeners;
+}
+
 # Asks to leave once the current connection is closed: `serve` returns
 # instead of reporting idle (the program then exits). For a process the
 # handler left in a state it should not serve from again (psgix.harakiri).
@@ -188,6 +245,11 @@ sub serve {
     # A client that hangs up mid-response must not kill the worker.
     local $SIG{PIPE} = 'IGNORE';
     _run_after_fork_hooks();
+    if ($self->{dispatch} eq 'kernel') {
+        require Forkpool::Worker::Kernel;
+        Forkpool::Worker::Kernel::serve($self, $handler);
+        return;
+    }
     $self->_send('R', pack('N', $$));
     if ($self->{dispatch} eq 'handoff' || $self->{dispatch} eq 'order') {
         while ($self->_take_message($handler) == 1) { }

@@ -1,0 +1,130 @@
+package Forkpool::Worker::Kernel;
+
+# A Forkpool::Worker's life in `kernel` dispatch (docs/protocol.md,
+# "`kernel` dispatch"): the kernel queues each new connection on the own
+# socket of the lowest idle worker, which it reads on the scoreboard; the
+# worker keeps its record there (Forkpool::Board) and tells the
+# supervisor nothing per connection. It says K instead of R, waits on its
+# own sockets and the channel, and as it finishes a connection takes the
+# next one waiting on the pool's listener (the overflow) itself or goes
+# idle; it says I only when the board's word 2 asks for it.
+
+use strict;
+use warnings;
+
+use POSIX ();
+
+# Serves until told to quit or the supervisor is gone.
+sub serve {
+    my ($self, $handler) = @_;
+    my $board = $self->{board};
+    $self->_send('K', pack('N', $$));
+    # Connections wait for no one yet: the supervisor cannot want an I.
+    $board->idle;
+    my @own = @{ $self->{listeners} };
+    my $channel_fd = fileno($self->{channel});
+    my $bits = '';
+    vec($bits, $_, 1) = 1 for $channel_fd, map { fileno($_) } @own;
+    $self->{channel_bits} = '';
+    vec($self->{channel_bits}, $channel_fd, 1) = 1;
+    while (1) {
+        my $n = select(my $ready = $bits, undef, undef, undef);
+        if ($n < 0) {
+            next if $!{EINTR};
+            die "select: $!\n";
+        }
+        # The channel first: pings, quit and end of file come before work.
+        if (vec($ready, $channel_fd, 1)) {
+            return unless _take_message($self, $handler);
+        }
+        for my $i (0 .. $#own) {
+            next unless vec($ready, fileno($own[$i]), 1);
+            # Another worker cannot take it, but the connection may have
+            # been reset since: nothing to do then.
+            accept(my $conn, $own[$i]) or next;
+            $board->took;
+            return unless _serve($self, $conn, $i, $handler);
+        }
+    }
+}
+
+# Acts on one message; false when it is time to exit.
+sub _take_message {
+    my ($self, $handler) = @_;
+    my ($kind, $payload, $fd) = $self->_receive;
+    return 0 unless defined $kind;
+    if ($kind eq 'p') {
+        $self->_send('P', $payload);
+        return 1;
+    }
+    if ($kind eq 'Q') {
+        _drain($self, $handler);
+        return 0;
+    }
+    if ($kind eq 'C') {
+        # The supervisor marked this worker busy before handing it.
+        my $listener = unpack('n', $payload);
+        unless ($listener < @{ $self->{listeners} }) {
+            POSIX::close($fd);
+            die "handed a connection on unknown listener $listener\n";
+        }
+        open(my $conn, '+<&=', $fd) or die "descriptor $fd is not open: $!\n";
+        return _serve($self, $conn, $listener, $handler);
+    }
+    POSIX::close($fd) if defined $fd;
+    die "'$kind' is not expected in kernel mode\n";
+}
+
+# Serves $conn, from listener $i, then the next connection waiting on
+# overflow listener $i, if any and the channel is quiet, and so on; then
+# goes idle. False if the handler asked to leave.
+sub _serve {
+    my ($self, $conn, $i, $handler) = @_;
+    my $board = $self->{board};
+    while (1) {
+        $conn->autoflush(1);
+        $handler->($conn, $i);
+        if ($self->{leave}) {
+            # Busy, so the kernel queues nothing more here: leaving loses
+            # nothing. X makes the exit a retirement, not a death.
+            $board->served;
+            eval { $self->_send('X') };
+            close($conn);
+            return 0;
+        }
+        my $next;
+        unless (select(my $ready = $self->{channel_bits}, undef, undef, 0)) {
+            accept($next, $self->{overflow}[$i]) or undef $next;
+        }
+        last unless $next;
+        $board->took_next;
+        close($conn);
+        $conn = $next;
+    }
+    # Idle before the close, so a client that reconnects as soon as it
+    # sees it finds this worker, hot, idle.
+    $self->_send('I') if $board->idle_after_serving;
+    close($conn);
+    return 1;
+}
+
+# Quit: busy, then serves what the kernel queued on the own sockets just
+# before (no one else would take it).
+sub _drain {
+    my ($self, $handler) = @_;
+    my $board = $self->{board};
+    $board->busy;
+    my @own = @{ $self->{listeners} };
+    for my $i (0 .. $#own) {
+        while (accept(my $conn, $own[$i])) {
+            $board->took;
+            $conn->autoflush(1);
+            $handler->($conn, $i);
+            $board->served;
+            close($conn);
+        }
+    }
+    return;
+}
+
+1;
