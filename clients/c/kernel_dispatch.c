@@ -4,8 +4,9 @@
  * listening socket of the lowest idle worker, which it finds on the
  * scoreboard, a shared memory map this worker keeps its record in.
  *
- * Descriptors: 3 .. 3+n-1 own sockets, 3+n .. 3+2n-1 the pool's listeners
- * (the overflow), 3+2n the back-channel, 3+2n+1 the scoreboard.
+ * Descriptors: 3 .. 3+n-1 own sockets, 3+n the back-channel (as in every
+ * mode), 3+n+1 .. 3+2n the pool's listeners (the overflow), 3+2n+1 the
+ * scoreboard.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,6 +30,7 @@ static volatile uint64_t *record; /* state, taken, served, next */
 enum { STATE, TAKEN, SERVED, NEXT };
 enum { BUSY = 0, IDLE = 1 };
 static int overflow_fd; /* the first overflow listener */
+static uint64_t max_requests; /* FORKPOOL_MAX_REQUESTS: leave after this many (0: never) */
 
 /* The board is unusable: say why and exit 1 (the spec's start-up refusal). */
 static void refuse(const char *why)
@@ -53,6 +55,8 @@ static long env_number(const char *name)
 static void map_board(long slot_no)
 {
     long fd = env_number("FORKPOOL_BOARD_FD");
+    if (fd != overflow_fd + listen_fds)
+        die("FORKPOOL_BOARD_FD is not 3+2*LISTEN_FDS+1: use matching forkpool versions");
     size_t len = 8 * (8 + 4 * ((size_t)slot_no + 1));
     len = (len + 4095) & ~(size_t)4095;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
@@ -104,6 +108,13 @@ static void serve_and_finish(int fd, long i)
     for (;;) {
         serve(fd);
         count(SERVED);
+        if (max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) {
+            /* Its share served: leave, still busy, so nothing is queued
+             * for it meanwhile; X makes the exit a retirement. */
+            close(fd);
+            send_msg('X', NULL, 0);
+            exit(0);
+        }
         int next = channel_has_message() ? -1 : take(overflow_fd + (int)i);
         if (next < 0)
             break;
@@ -171,12 +182,14 @@ int kernel_main(void)
     if (listen_fds < 1 || listen_fds > MAX_LISTENERS)
         die("kernel mode needs 1 to %d listeners (LISTEN_FDS), not %ld", MAX_LISTENERS,
             listen_fds);
-    overflow_fd = 3 + (int)listen_fds;
+    if (chan != 3 + listen_fds)
+        die("FORKPOOL_CHANNEL_FD is not 3+LISTEN_FDS");
+    overflow_fd = chan + 1;
     if (env_number("FORKPOOL_OVERFLOW_FD") != overflow_fd)
-        die("FORKPOOL_OVERFLOW_FD is not 3+LISTEN_FDS");
-    if (chan != 3 + 2 * listen_fds)
-        die("FORKPOOL_CHANNEL_FD is not 3+2*LISTEN_FDS");
+        die("FORKPOOL_OVERFLOW_FD is not 3+LISTEN_FDS+1: use matching forkpool versions");
     map_board(env_number("FORKPOOL_SLOT"));
+    if (getenv("FORKPOOL_MAX_REQUESTS"))
+        max_requests = (uint64_t)env_number("FORKPOOL_MAX_REQUESTS");
 
     unsigned char pid[4];
     put_u32(pid, (uint32_t)getpid());

@@ -108,6 +108,9 @@ sub took_next {
     return;
 }
 
+# The connections this worker finished, as its record says.
+sub served_so_far { $_[0]{served} }
+
 # The worker finished a connection (and takes no other, or leaves).
 sub served {
     my ($self) = @_;

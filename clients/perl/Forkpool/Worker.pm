@@ -101,23 +101,22 @@ sub from_env {
             . "to a parent (a shell wrapper that forks instead of exec'ing?)\n";
         $count = $env{LISTEN_FDS};
     }
-    # kernel: the slot's own sockets, then the pool's listeners (the
-    # overflow), then the channel, then the scoreboard.
+    my $channel_fd = $required->('FORKPOOL_CHANNEL_FD');
+    $channel_fd == LISTEN_FDS_START + $count
+        or die "FORKPOOL_CHANNEL_FD is $channel_fd, but with $count listener(s) "
+        . "it must be " . (LISTEN_FDS_START + $count) . "\n";
+    # kernel: the slot's own sockets are the listeners; the pool's
+    # listeners (the overflow) follow the channel, then the scoreboard.
     my $kernel = $dispatch eq 'kernel';
-    my $overflow_start = LISTEN_FDS_START + $count;
+    my $overflow_start = $channel_fd + 1;
     if ($kernel) {
         $count or die "kernel dispatch, but no listeners were passed (LISTEN_FDS)\n";
         $recvmsg //= _recvmsg_number();
         my $overflow = $required->('FORKPOOL_OVERFLOW_FD');
         $overflow == $overflow_start
-            or die "FORKPOOL_OVERFLOW_FD is $overflow, but with $count listener(s) "
-            . "it must be $overflow_start\n";
+            or die "FORKPOOL_OVERFLOW_FD is $overflow, but it must follow the "
+            . "channel ($overflow_start): use matching forkpool versions\n";
     }
-    my $channel_start = LISTEN_FDS_START + ($kernel ? 2 : 1) * $count;
-    my $channel_fd = $required->('FORKPOOL_CHANNEL_FD');
-    $channel_fd == $channel_start
-        or die "FORKPOOL_CHANNEL_FD is $channel_fd, but with $count listener(s) "
-        . "it must be $channel_start\n";
 
     # The listeners' open file is shared with the supervisor and every
     # other worker: leave its flags (non-blocking) alone.
@@ -138,7 +137,12 @@ sub from_env {
         pid        => $$,
         version    => $version,
     }, $class;
-    $self->_open_board($required->('FORKPOOL_BOARD_FD')) if $kernel;
+    if ($kernel) {
+        $self->_open_board($required->('FORKPOOL_BOARD_FD'));
+        # The connections to serve before leaving (the supervisor also
+        # says Q once it reads that many on the board, a little later).
+        $self->{max_requests} = $env{FORKPOOL_MAX_REQUESTS} || undef;
+    }
     return $self;
 }
 
@@ -149,8 +153,10 @@ sub from_env {
 # supervisor hands it each connection from the pool's listeners.
 sub _open_board {
     my ($self, $fd) = @_;
-    $fd == LISTEN_FDS_START + 2 * @{ $self->{listeners} } + 1
-        or die "FORKPOOL_BOARD_FD is $fd, but it must follow the back-channel\n";
+    my $expected = fileno($self->{channel}) + @{ $self->{listeners} } + 1;
+    $fd == $expected
+        or die "FORKPOOL_BOARD_FD is $fd, but it must follow the overflow "
+        . "listeners ($expected): use matching forkpool versions\n";
     my $map = _adopt($fd);
     require Forkpool::Board;
     $self->{board} = eval { Forkpool::Board->open(fileno($map), $self->{slot}, \&syscall_number) };

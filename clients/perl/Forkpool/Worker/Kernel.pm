@@ -84,9 +84,12 @@ sub _serve {
     while (1) {
         $conn->autoflush(1);
         $handler->($conn, $i);
-        if ($self->{leave}) {
-            # Busy, so the kernel queues nothing more here: leaving loses
-            # nothing. X makes the exit a retirement, not a death.
+        if ($self->{leave}
+            || ($self->{max_requests} && $board->served_so_far + 1 >= $self->{max_requests}))
+        {
+            # Asked to leave, or its share served. Busy, so the kernel
+            # queues nothing more here: leaving loses nothing. X makes the
+            # exit a retirement, not a death.
             $board->served;
             eval { $self->_send('X') };
             close($conn);
