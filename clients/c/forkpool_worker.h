@@ -16,8 +16,9 @@ void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 void send_msg(char kind, const unsigned char *payload, size_t len);
 /* Reads one message (0 = end of file); *fd_out gets a descriptor or -1. */
 size_t recv_msg(unsigned char *buf, int *fd_out);
-/* Serves one HTTP request on a blocking connected socket. */
-void serve(int fd);
+/* Answers one HTTP request on a blocking connected socket (no shutdown:
+ * the caller closes it when it likes). */
+void answer_request(int fd);
 void put_u32(unsigned char *p, uint32_t v);
 
 /* `kernel` dispatch: runs the worker until told to quit; returns the exit

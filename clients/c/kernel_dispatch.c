@@ -106,7 +106,7 @@ static int channel_has_message(void)
 static void serve_and_finish(int fd, long i)
 {
     for (;;) {
-        serve(fd);
+        answer_request(fd);
         count(SERVED);
         if (max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) {
             /* Its share served: leave, still busy, so nothing is queued
@@ -140,7 +140,7 @@ static __attribute__((noreturn)) void drain_and_quit(void)
         int fd;
         while ((fd = take(3 + (int)i)) >= 0) {
             count(TAKEN);
-            serve(fd);
+            answer_request(fd);
             count(SERVED);
             close(fd);
         }
