@@ -111,7 +111,7 @@ sub from_env {
     my $overflow_start = $channel_fd + 1;
     if ($kernel) {
         $count or die "kernel dispatch, but no listeners were passed (LISTEN_FDS)\n";
-        $recvmsg //= _recvmsg_number();
+        $recvmsg //= _recvmsg_number('kernel');
         my $overflow = $required->('FORKPOOL_OVERFLOW_FD');
         $overflow == $overflow_start
             or die "FORKPOOL_OVERFLOW_FD is $overflow, but it must follow the "
@@ -178,8 +178,10 @@ sub _open_board {
 # The system-call number of recvmsg(2), or dies saying why this perl
 # cannot receive descriptors.
 sub _recvmsg_number {
+    my ($dispatch) = @_;
+    $dispatch //= 'handoff';
     my $refuse = sub {
-        die "dispatch 'handoff' passes connections with SCM_RIGHTS, which needs "
+        die "dispatch '$dispatch' passes connections with SCM_RIGHTS, which needs "
             . "recvmsg(2): core Perl has none, and this helper calls it with "
             . "syscall(), but $_[0]; or run the pool with --dispatch order "
             . "(or shared)\n";
