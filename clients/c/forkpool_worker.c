@@ -258,6 +258,14 @@ static void accept_and_serve(int idx)
     close(fd);
 }
 
+int answer_ping(const unsigned char *m, size_t n)
+{
+    if (n != 6 || m[1] != 'p')
+        return 0;
+    send_msg('P', m + 2, 4);
+    return 1;
+}
+
 /* Handle one message from the parent.  Returns 0 at end of file / quit. */
 static int handle(const char *mode)
 {
@@ -266,10 +274,8 @@ static int handle(const char *mode)
     size_t n = recv_msg(m, &fd);
     if (n == 0)
         return 0;
-    if (n == 6 && m[1] == 'p') {
-        send_msg('P', m + 2, 4);
+    if (answer_ping(m, n))
         return 1;
-    }
     if (n == 2 && m[1] == 'Q')
         return 0;
     if (n == 4 && m[1] == 'C' && fd >= 0 && strcmp(mode, "handoff") == 0) {

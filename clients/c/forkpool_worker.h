@@ -20,6 +20,8 @@ size_t recv_msg(unsigned char *buf, int *fd_out);
  * the caller closes it when it likes). */
 void answer_request(int fd);
 void put_u32(unsigned char *p, uint32_t v);
+/* If message m (n bytes) is a ping, answers it and returns 1; else 0. */
+int answer_ping(const unsigned char *m, size_t n);
 
 /* `kernel` dispatch: runs the worker until told to quit; returns the exit
  * status. */

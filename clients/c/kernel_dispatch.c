@@ -154,14 +154,10 @@ static int handle_message(void)
     unsigned char m[16];
     int fd;
     size_t n = recv_msg(m, &fd);
-    if (n == 0)
-        return 0;
-    if (n == 6 && m[1] == 'p') {
-        send_msg('P', m + 2, 4);
-        return 1;
-    }
     if (n == 2 && m[1] == 'Q')
         drain_and_quit();
+    if (n == 0 || answer_ping(m, n))
+        return n != 0;
     if (n == 4 && m[1] == 'C' && fd >= 0) {
         /* The supervisor claimed this worker (state 0) before handing. */
         long i = (m[2] << 8) | m[3];

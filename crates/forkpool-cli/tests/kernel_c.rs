@@ -10,42 +10,34 @@ mod kernel_helper_cases;
 
 use c_worker_build::BuiltWorker;
 
+/// Runs `case` on the C worker, compiled for it.
+fn with_worker(case: fn(&[&str])) {
+    if let Some(worker) = BuiltWorker::new() {
+        case(&[worker.command()]);
+    }
+}
+
 #[test]
 fn sequential_requests_all_go_to_slot_zero() {
-    let Some(worker) = BuiltWorker::new() else {
-        return;
-    };
-    kernel_helper_cases::sequential_requests_all_go_to_slot_zero(&[worker.command()]);
+    with_worker(kernel_helper_cases::sequential_requests_all_go_to_slot_zero);
 }
 
 #[test]
 fn a_burst_lands_one_request_per_idle_worker() {
-    let Some(worker) = BuiltWorker::new() else {
-        return;
-    };
-    kernel_helper_cases::a_burst_lands_one_request_per_idle_worker(&[worker.command()]);
+    with_worker(kernel_helper_cases::a_burst_lands_one_request_per_idle_worker);
 }
 
 #[test]
 fn a_killed_worker_loses_nothing_queued_on_its_socket() {
-    let Some(worker) = BuiltWorker::new() else {
-        return;
-    };
-    kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket(&[worker.command()]);
+    with_worker(kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket);
 }
 
 #[test]
 fn workers_leave_after_their_share_and_nothing_is_lost() {
-    let Some(worker) = BuiltWorker::new() else {
-        return;
-    };
-    kernel_helper_cases::workers_leave_after_their_share_and_nothing_is_lost(&[worker.command()]);
+    with_worker(kernel_helper_cases::workers_leave_after_their_share_and_nothing_is_lost);
 }
 
 #[test]
 fn quit_serves_what_was_queued_on_the_own_socket() {
-    let Some(worker) = BuiltWorker::new() else {
-        return;
-    };
-    kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&[worker.command()]);
+    with_worker(kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket);
 }

@@ -48,21 +48,14 @@ sub serve {
     }
 }
 
-# Acts on one message; false when it is time to exit.
-sub _take_message {
-    my ($self, $handler) = @_;
-    my ($kind, $payload, $fd) = $self->_receive;
-    return 0 unless defined $kind;
-    if ($kind eq 'p') {
-        $self->_send('P', $payload);
-        return 1;
-    }
-    if ($kind eq 'Q') {
-        _drain($self, $handler);
-        return 0;
-    }
-    if ($kind eq 'C') {
-        # The supervisor marked this worker busy before handing it.
+# What each message from the supervisor does: false when it is time to
+# exit. p: answer. Q: serve what is queued, then exit. C: the supervisor
+# marked this worker busy before handing it the connection.
+my %ON_MESSAGE = (
+    p => sub { $_[0]->_send('P', $_[2]); 1 },
+    Q => sub { _drain(@_[0, 1]); 0 },
+    C => sub {
+        my ($self, $handler, $payload, $fd) = @_;
         my $listener = unpack('n', $payload);
         unless ($listener < @{ $self->{listeners} }) {
             POSIX::close($fd);
@@ -70,7 +63,15 @@ sub _take_message {
         }
         open(my $conn, '+<&=', $fd) or die "descriptor $fd is not open: $!\n";
         return _serve($self, $conn, $listener, $handler);
-    }
+    },
+);
+
+# Acts on one message; false when it is time to exit (also at end of file).
+sub _take_message {
+    my ($self, $handler) = @_;
+    my ($kind, $payload, $fd) = $self->_receive or return 0;
+    my $on = $ON_MESSAGE{$kind};
+    return $on->($self, $handler, $payload, $fd) if $on;
     POSIX::close($fd) if defined $fd;
     die "'$kind' is not expected in kernel mode\n";
 }

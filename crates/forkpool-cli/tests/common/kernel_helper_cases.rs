@@ -15,7 +15,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::common::{
-    killed_by, parse_response, require, send, signal_pid, total, DemoPool, Response,
+    killed_by, parse_response, require_kernel_dispatch, send, signal_pid, total, DemoPool, Response,
 };
 
 /// The longest wait for a state or an answer that should come at once.
@@ -42,12 +42,7 @@ pub fn kernel_pool(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPo
     ];
     args.extend_from_slice(extra);
     let pool = DemoPool::start_run(&args, cmd);
-    let status = pool.status();
-    if !require(
-        status["dispatch"] == "kernel",
-        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
-        "run as root on Linux 5.12 or later (CAP_BPF)",
-    ) {
+    if !require_kernel_dispatch(&pool) {
         return None;
     }
     assert!(
