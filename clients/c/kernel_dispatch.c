@@ -95,10 +95,15 @@ static int take(int listener)
     return fd;
 }
 
-static int channel_has_message(void)
+/* A connection waiting on overflow listener i, unless a message waits on
+ * the channel (it goes first): one poll sees both. -1 for none. */
+static int take_next(long i)
 {
-    struct pollfd p = { .fd = chan, .events = POLLIN };
-    return poll(&p, 1, 0) > 0;
+    struct pollfd p[2] = { { .fd = chan, .events = POLLIN },
+                           { .fd = overflow_fd + (int)i, .events = POLLIN } };
+    if (poll(p, 2, 0) <= 0 || p[0].revents || !p[1].revents)
+        return -1;
+    return take(overflow_fd + (int)i);
 }
 
 /* Serves fd (which arrived on listener i), then takes the next connection
@@ -115,7 +120,7 @@ static void serve_and_finish(int fd, long i)
             send_msg('X', NULL, 0);
             exit(0);
         }
-        int next = channel_has_message() ? -1 : take(overflow_fd + (int)i);
+        int next = take_next(i);
         if (next < 0)
             break;
         count(TAKEN);

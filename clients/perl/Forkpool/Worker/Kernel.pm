@@ -25,8 +25,15 @@ sub serve {
     my $channel_fd = fileno($self->{channel});
     my $bits = '';
     vec($bits, $_, 1) = 1 for $channel_fd, map { fileno($_) } @own;
-    $self->{channel_bits} = '';
-    vec($self->{channel_bits}, $channel_fd, 1) = 1;
+    # As a connection on listener i ends: the channel and overflow i, to
+    # see in one call whether a message or a connection waits.
+    $self->{finish_bits} = [
+        map {
+            my $v = '';
+            vec($v, $_, 1) = 1 for $channel_fd, fileno($_);
+            $v;
+        } @{ $self->{overflow} }
+    ];
     while (1) {
         my $n = select(my $ready = $bits, undef, undef, undef);
         if ($n < 0) {
@@ -96,8 +103,11 @@ sub _serve {
             close($conn);
             return 0;
         }
-        my $next;
-        unless (select(my $ready = $self->{channel_bits}, undef, undef, 0)) {
+        # A connection waiting on overflow i, unless a message waits.
+        my ($next, $ready);
+        if (select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
+            && !vec($ready, fileno($self->{channel}), 1))
+        {
             accept($next, $self->{overflow}[$i]) or undef $next;
         }
         last unless $next;
