@@ -78,6 +78,17 @@ static void set_state(uint64_t v)
     __atomic_store_n(&record[STATE], v, __ATOMIC_SEQ_CST);
 }
 
+/* Idle; then, if the supervisor holds connections no idle worker took
+ * (word 2), the wake-up it waits for.  The sequentially consistent store
+ * and load order the two: with the supervisor setting word 2 before it
+ * reads the states, one of the two sees the other. */
+static void go_idle(void)
+{
+    set_state(IDLE);
+    if (__atomic_load_n(&board[2], __ATOMIC_SEQ_CST) != 0)
+        send_msg('I', NULL, 0);
+}
+
 /* One writer (this worker): a plain load and store is enough. */
 static void count(int word)
 {
@@ -128,12 +139,7 @@ static void serve_and_finish(int fd, long i)
         close(fd);
         fd = next;
     }
-    set_state(IDLE);
-    /* The sequentially consistent store and load order the two: with the
-     * supervisor setting word 2 before it reads the states, one of the two
-     * sees the other. */
-    if (__atomic_load_n(&board[2], __ATOMIC_SEQ_CST) != 0)
-        send_msg('I', NULL, 0);
+    go_idle();
     close(fd);
 }
 
@@ -195,7 +201,7 @@ int kernel_main(void)
     unsigned char pid[4];
     put_u32(pid, (uint32_t)getpid());
     send_msg('K', pid, 4);
-    set_state(IDLE);
+    go_idle();
 
     struct pollfd fds[MAX_LISTENERS + 1];
     for (long i = 0; i < listen_fds; i++)

@@ -19,8 +19,8 @@ sub serve {
     my ($self, $handler) = @_;
     my $board = $self->{board};
     $self->_send('K', pack('N', $$));
-    # Connections wait for no one yet: the supervisor cannot want an I.
-    $board->idle;
+    # Idle, and a wake-up if the supervisor already holds connections.
+    $self->_send('I') if $board->idle;
     my @own = @{ $self->{listeners} };
     my $channel_fd = fileno($self->{channel});
     my $bits = '';
