@@ -79,6 +79,27 @@ impl Supervisor {
         kernel.follow_defer_accept(&fds)
     }
 
+    /// An upgrade starts: the listeners leave this pool's socket arrays,
+    /// so the new supervisor can put them in its own (a socket is in one
+    /// at a time); this pool's children keep their sockets.
+    pub(crate) fn release_listeners_for_successor(&self) {
+        if let Some(kernel) = &self.kernel {
+            if let Err(e) = kernel.release_listeners() {
+                warn!("kernel dispatch: cannot release the listeners to the new supervisor: {e}");
+            }
+        }
+    }
+
+    /// The upgrade failed: the listeners are this pool's overflow again.
+    pub(crate) fn reclaim_listeners_from_successor(&self) {
+        if let Some(kernel) = &self.kernel {
+            let fds: Vec<_> = self.listeners.iter().map(|l| l.listener.as_fd()).collect();
+            if let Err(e) = kernel.restore_listeners(&fds) {
+                warn!("kernel dispatch: cannot take the listeners back after the upgrade: {e}");
+            }
+        }
+    }
+
     /// The slots kernel dispatch was set up for (0 without it).
     pub(crate) fn kernel_slots(&self) -> usize {
         self.kernel.as_ref().map_or(0, |k| k.board().slots())
