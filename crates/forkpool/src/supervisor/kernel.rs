@@ -53,7 +53,13 @@ impl Supervisor {
                 self.kernel = Some(kernel);
             }
             Err(why) => {
-                warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                // Children it does not serve are a known limit; a kernel
+                // that refuses is worth a warning.
+                if refused.is_some() {
+                    info!("kernel dispatch does not serve these children ({why}); using handoff");
+                } else {
+                    warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                }
                 self.core.config.dispatch = DispatchMode::Handoff;
                 self.dispatch_fallback = Some(why);
             }
