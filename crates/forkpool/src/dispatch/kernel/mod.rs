@@ -96,6 +96,12 @@ impl Kernel {
         released
     }
 
+    /// The scoreboard map's descriptor (for a worker forked by a template,
+    /// which is sent it).
+    pub fn board_map(&self) -> BorrowedFd<'_> {
+        self.board_map.as_fd()
+    }
+
     /// The scoreboard.
     pub fn board(&self) -> &Board {
         &self.board
