@@ -41,6 +41,21 @@ use constant MAP_SHARED   => 1;
 use constant BUSY         => 0;
 use constant IDLE         => 1;
 
+# Why this perl cannot store into a scoreboard, or undef when it can.
+# $syscall_number is Forkpool::Worker::syscall_number. Returns the
+# system-call numbers and /proc/self/mem, opened, when it can.
+sub support {
+    my ($class, $syscall_number) = @_;
+    $^O eq 'linux' && $Config{ptrsize} == 8 && $Config{ivsize} == 8
+        or return "that needs a 64-bit perl on Linux";
+    my ($mmap, $pwrite) = map { $syscall_number->($_) } qw(mmap pwrite64);
+    defined $mmap && defined $pwrite
+        or return "syscall.ph (the system-call numbers) is missing or has no mmap or pwrite64";
+    CORE::open(my $mem, '+<', '/proc/self/mem')
+        or return "/proc/self/mem does not open for writing: $!";
+    return (undef, $mmap, $pwrite, $mem);
+}
+
 # The record of slot $slot on the scoreboard map $fd. Dies with a string
 # when the map is not a scoreboard for this slot, and with
 # { unsupported => why } when this perl cannot store into it (the worker
@@ -48,14 +63,8 @@ use constant IDLE         => 1;
 sub open {
     my ($class, $fd, $slot, $syscall_number) = @_;
     my $unsupported = sub { die { unsupported => "cannot store into the scoreboard: $_[0]" } };
-    $^O eq 'linux' && $Config{ptrsize} == 8 && $Config{ivsize} == 8
-        or $unsupported->("that needs a 64-bit perl on Linux");
-    my ($mmap, $pwrite) = map { $syscall_number->($_) } qw(mmap pwrite64);
-    defined $mmap && defined $pwrite
-        or $unsupported->("syscall.ph (the system-call numbers) is missing or has "
-            . "no mmap or pwrite64");
-    CORE::open(my $mem, '+<', '/proc/self/mem')
-        or $unsupported->("/proc/self/mem does not open for writing: $!");
+    my ($why, $mmap, $pwrite, $mem) = $class->support($syscall_number);
+    $unsupported->($why) if defined $why;
     my $length = 8 * (HEADER_WORDS + RECORD_WORDS * ($slot + 1));
     $length = PAGE * int(($length + PAGE - 1) / PAGE);
     my $base = syscall($mmap, 0, $length, PROT_RW, MAP_SHARED, $fd + 0, 0);

@@ -49,6 +49,13 @@ fn quit_serves_what_was_queued_on_the_own_socket() {
     kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&WORKER);
 }
 
+/// Under `--preload` the template's workers say `K` too and are sent
+/// their seat (`S`): slot 0 serves every request, the supervisor stopped.
+#[test]
+fn preloaded_workers_keep_the_board_too() {
+    kernel_helper_cases::sequential_requests_all_go_to_slot_zero_with(&["--preload"], &WORKER);
+}
+
 /// `perl forkpool-psgi [ARGS] t/app.psgi` (the Plack test app: it names
 /// the worker in `X-Forkpool-Slot` and `X-Forkpool-Pid`).
 fn psgi(args: &[&'static str]) -> Vec<&'static str> {

@@ -17,8 +17,11 @@ use POSIX ();
 # Serves until told to quit or the supervisor is gone.
 sub serve {
     my ($self, $handler) = @_;
-    my $board = $self->{board};
     $self->_send('K', pack('N', $$));
+    if (delete $self->{seat_pending}) {
+        return unless _take_seat($self);
+    }
+    my $board = $self->{board};
     # Idle, and a wake-up if the supervisor already holds connections.
     $self->_send('I') if $board->idle;
     my @own = @{ $self->{listeners} };
@@ -55,12 +58,53 @@ sub serve {
     }
 }
 
+# Forked by a template: reads the seat, S, its own sockets and the
+# scoreboard (answering pings before it). False on Q or end of file.
+sub _take_seat {
+    my ($self) = @_;
+    while (1) {
+        my ($kind, $payload, @fds) = $self->_receive or return 0;
+        if ($kind eq 'p') {
+            $self->_send('P', $payload);
+            next;
+        }
+        return 0 if $kind eq 'Q';
+        unless ($kind eq 'S') {
+            POSIX::close($_) for @fds;
+            die "'$kind' came before the seat (S) in kernel mode\n";
+        }
+        my ($count, $max_requests) = unpack('n Q>', $payload);
+        my $map = pop @fds;
+        unless ($count == @{ $self->{overflow} }) {
+            POSIX::close($_) for @fds, $map;
+            die "a seat for $count listener(s), but the pool has "
+                . @{ $self->{overflow} } . "\n";
+        }
+        $self->{listeners} = [ map { Forkpool::Worker::_adopt($_) } @fds ];
+        $self->{board} = eval { $self->_map_board($map) }
+            or Forkpool::Worker::_refuse_board($self, $map, $@);
+        $self->{max_requests} = $max_requests || undef;
+        return 1;
+    }
+}
+
 # What each message from the supervisor does: false when it is time to
 # exit. p: answer. Q: serve what is queued, then exit. C: the supervisor
 # marked this worker busy before handing it the connection.
 my %ON_MESSAGE = (
     p => sub { $_[0]->_send('P', $_[2]); 1 },
     Q => sub { _drain(@_[0, 1]); 0 },
+    # Refork (forked by a template): busy, then it gives up its own
+    # sockets and the board, and becomes the template with the pool's
+    # listeners, at 3 .. 3+n-1 where a template has them.
+    T => sub {
+        my ($self, $handler, $payload, $fd) = @_;
+        delete($self->{board})->busy;
+        close($_) for @{ $self->{listeners} };
+        $self->{listeners} = delete $self->{overflow};
+        $self->{become_template} = $fd;
+        return 0;
+    },
     C => sub {
         my ($self, $handler, $payload, $fd) = @_;
         my $listener = unpack('n', $payload);

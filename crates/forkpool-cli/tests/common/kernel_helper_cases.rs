@@ -108,7 +108,13 @@ pub fn assert_clean(status: &serde_json::Value) {
 /// closes each connection). Woken, the supervisor reads the 30 the worker
 /// took itself from the board.
 pub fn sequential_requests_all_go_to_slot_zero(cmd: &[&str]) {
-    let Some(pool) = kernel_pool(3, &[], cmd) else {
+    sequential_requests_all_go_to_slot_zero_with(&[], cmd);
+}
+
+/// [`sequential_requests_all_go_to_slot_zero`], the pool run with `extra`
+/// options (`--preload`).
+pub fn sequential_requests_all_go_to_slot_zero_with(extra: &[&str], cmd: &[&str]) {
+    let Some(pool) = kernel_pool(3, extra, cmd) else {
         return;
     };
     let slots: Vec<Result<Option<usize>, String>> = {
