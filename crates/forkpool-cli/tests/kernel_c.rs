@@ -41,3 +41,8 @@ fn workers_leave_after_their_share_and_nothing_is_lost() {
 fn quit_serves_what_was_queued_on_the_own_socket() {
     with_worker(kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket);
 }
+
+#[test]
+fn idle_workers_answer_pings() {
+    with_worker(kernel_helper_cases::idle_workers_answer_pings);
+}

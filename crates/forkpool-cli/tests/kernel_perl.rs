@@ -49,6 +49,11 @@ fn quit_serves_what_was_queued_on_the_own_socket() {
     kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&WORKER);
 }
 
+#[test]
+fn idle_workers_answer_pings() {
+    kernel_helper_cases::idle_workers_answer_pings(&WORKER);
+}
+
 /// Under `--preload` the template's workers say `K` too and are sent
 /// their seat (`S`): slot 0 serves every request, the supervisor stopped.
 #[test]

@@ -29,8 +29,6 @@ pub fn kernel_pool(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPo
     let mut args = vec![
         "--dispatch",
         "kernel",
-        "--ping-timeout",
-        "20s",
         "--min-children",
         &n,
         "--max-children",
@@ -40,6 +38,10 @@ pub fn kernel_pool(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPo
         "--max-spare",
         &n,
     ];
+    // A stopped worker is not taken for a hung one, unless `extra` says.
+    if !extra.contains(&"--ping-timeout") {
+        args.extend(["--ping-timeout", "20s"]);
+    }
     args.extend_from_slice(extra);
     let pool = DemoPool::start_run(&args, cmd);
     if !require_kernel_dispatch(&pool) {
@@ -235,5 +237,32 @@ pub fn quit_serves_what_was_queued_on_the_own_socket(cmd: &[&str]) {
             total(s, "retired") >= 2 && s["idle"] == 2 && s["generation"] == 2
         })
         .unwrap_or_else(|| panic!("the old workers did not all leave: {}", pool.status()));
+    assert_clean(&status);
+}
+
+/// Idle workers answer the supervisor's pings (every 200 ms, 1 s to
+/// answer) while they wait on their own sockets: watched for 2 s, none is
+/// killed for silence and each was heard from within the last second.
+pub fn idle_workers_answer_pings(cmd: &[&str]) {
+    let pings = ["--ping-interval", "200ms", "--ping-timeout", "1s"];
+    let Some(pool) = kernel_pool(2, &pings, cmd) else {
+        return;
+    };
+    let first = [
+        pid_in_slot(&pool.status(), 0),
+        pid_in_slot(&pool.status(), 1),
+    ];
+    let watch = std::time::Instant::now() + Duration::from_secs(2);
+    let mut status = pool.status();
+    while std::time::Instant::now() < watch {
+        status = pool.status();
+        let now = [pid_in_slot(&status, 0), pid_in_slot(&status, 1)];
+        assert_eq!(now, first, "a worker was replaced: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(killed_by(&status, "ping_timeout"), 0, "{status}");
+    for slot in status["slots"].as_array().expect("slots") {
+        assert!(slot["last_heard_ms"].as_u64() < Some(1000), "{status}");
+    }
     assert_clean(&status);
 }
