@@ -25,7 +25,9 @@
 # Every dispatch mode: `handoff` (connections arrive over the back-channel
 # with SCM_RIGHTS), `order` (accept when told), `shared`/`herd` (wait on
 # the listeners; Ruby has no epoll, so every idle worker wakes for each
-# connection, as in `herd`). The wire format is docs/protocol.md.
+# connection, as in `herd`), `kernel` (wait on the slot's own socket and
+# keep the record on the scoreboard: forkpool/kernel_dispatch.rb). The
+# wire format is docs/protocol.md.
 
 require "socket"
 require "fcntl"
@@ -207,7 +209,9 @@ module Forkpool
 
     def channel_at(fd, what)
       count = @listeners.size
-      if fd != LISTEN_FDS_START + count
+      # In `kernel` dispatch the overflow listeners and the board come
+      # too: their variables say where.
+      if @dispatch != "kernel" && fd != LISTEN_FDS_START + count
         raise ArgumentError, "#{what} is #{fd}, but with #{count} listener(s) it must be " \
                              "#{LISTEN_FDS_START + count}"
       end
@@ -231,6 +235,7 @@ module Forkpool
       @slot = Integer(required(env, "FORKPOOL_SLOT"))
       @channel = channel_at(Integer(required(env, "FORKPOOL_CHANNEL_FD")), "FORKPOOL_CHANNEL_FD")
       @supervisor_pid = env["FORKPOOL_SUPERVISOR_PID"]&.to_i
+      init_kernel(env) if @dispatch == "kernel"
     end
 
     # -- the worker loop ------------------------------------------------------
@@ -238,8 +243,10 @@ module Forkpool
     def serve_as_worker(handle)
       Random.srand # a forked worker must not repeat the template's sequence
       self.class.hooks[:after_fork].each(&:call)
-      send_message("R", [@pid].pack("N"))
+      send_message(@board ? "K" : "R", [@pid].pack("N"))
       case @dispatch
+      when "kernel"
+        serve_on_board(handle)
       when "handoff", "order"
         nil while take_message(handle) && !@leaving
       when "shared", "herd"
@@ -337,7 +344,12 @@ module Forkpool
 
     # One waiting connection from `listener`, or nil. Never waits.
     def accept(listener)
-      conn, = @listeners[listener].accept_nonblock(exception: false)
+      accept_from(@listeners[listener])
+    end
+
+    # One waiting connection from listening socket `sock`, or nil.
+    def accept_from(sock)
+      conn, = sock.accept_nonblock(exception: false)
       conn == :wait_readable ? nil : conn
     rescue SystemCallError => e
       warn "forkpool worker: accept failed: #{e.message}"
@@ -409,3 +421,4 @@ module Forkpool
 end
 
 require_relative "template"
+require_relative "kernel_dispatch"
