@@ -7,6 +7,8 @@
 # sockets and the channel, takes the next connection waiting on the
 # overflow (the pool's listeners) as it finishes one, and sends `I` only
 # when the supervisor, holding connections, asks for it on the board.
+# Given FORKPOOL_MAX_REQUESTS, it leaves (`X`) after that many connections,
+# still busy on the board, so nothing more is queued for it.
 
 require_relative "board"
 
@@ -29,6 +31,8 @@ module Forkpool
       @board = Board.new(Integer(required(env, "FORKPOOL_BOARD_FD")), @slot)
       first = Integer(required(env, "FORKPOOL_OVERFLOW_FD"))
       @overflow = Array.new(@listeners.size) { |i| listener_at(first + i) }
+      @max_requests = Integer(env.fetch("FORKPOOL_MAX_REQUESTS", "0"))
+      @served_here = 0
     end
 
     # Step 3 of "The worker's life": idle, then wait on the own sockets and
@@ -81,6 +85,8 @@ module Forkpool
         begin
           handle.call(conn, listener)
           @board.served!
+          @served_here += 1
+          leave if @served_here == @max_requests
           if @leaving
             @board.busy!
             say_leaving
