@@ -191,8 +191,9 @@ fn a_burst_lands_one_request_per_idle_worker() {
 }
 
 /// A stopped worker is reserved for the first connection, which waits on
-/// its own socket; the next goes to slot 1. Killed, the worker loses
-/// nothing: the supervisor takes what was queued and hands it on.
+/// its own socket; the next goes to slot 1 (both with the supervisor
+/// stopped). Killed, the worker loses nothing: the supervisor, running
+/// again, takes what was queued and hands it on.
 #[test]
 fn a_killed_worker_loses_nothing_queued_on_its_socket() {
     if !require_ruby() {
@@ -203,8 +204,12 @@ fn a_killed_worker_loses_nothing_queued_on_its_socket() {
     };
     let first = pid_in_slot(&pool.status(), 0);
     signal_pid(first, "STOP");
-    let queued = send(pool.addr, "/");
-    let next = get_within(&pool, "/").expect("the second request");
+    let (queued, next) = {
+        let _stopped = Stopped::supervisor(&pool);
+        let queued = send(pool.addr, "/");
+        (queued, get_within(&pool, "/"))
+    };
+    let next = next.unwrap_or_else(|e| panic!("the second request: {e}"));
     assert_eq!(next.slot, Some(1), "{}", pool.stderr.dump());
     signal_pid(first, "KILL");
     let answer = read_answer(queued).expect("the queued connection was answered");
@@ -213,26 +218,57 @@ fn a_killed_worker_loses_nothing_queued_on_its_socket() {
     assert!(pool.wait_total("died", 1, PATIENCE), "{}", pool.status());
 }
 
-/// `max_requests_per_child` 5 and 20 sequential requests: every one is
-/// answered, and a worker that served its share leaves and is replaced
-/// (retired, not killed nor dead).
+/// `max_requests_per_child` 5: with the supervisor stopped, slot 0
+/// serves five requests and leaves (busy on the board, `X`), then slot 1
+/// the next five. Running again, the supervisor replaces both (retired,
+/// neither killed nor dead), and the new workers serve.
 #[test]
-fn workers_that_served_their_share_are_replaced_and_nothing_is_lost() {
+fn a_worker_leaves_after_its_share_and_is_replaced() {
     if !require_ruby() {
         return;
     }
     let Some(pool) = kernel_pool("2", &["--max-requests-per-child", "5"], &ruby_worker()) else {
         return;
     };
-    for i in 0..20 {
-        let r = get_within(&pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
-        assert_eq!(r.status, 200, "request {i}");
-    }
+    let slots: Vec<Result<Option<usize>, String>> = {
+        let _stopped = Stopped::supervisor(&pool);
+        (0..10)
+            .map(|_| get_within(&pool, "/").map(|r| r.slot))
+            .collect()
+    };
+    let want: Vec<_> = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+        .into_iter()
+        .map(|s| Ok(Some(s)))
+        .collect();
+    assert_eq!(slots, want, "{}", pool.stderr.dump());
     let status = pool
-        .wait_status(PATIENCE, |s| total(s, "retired") >= 1 && s["idle"] == 2)
-        .unwrap_or_else(|| panic!("workers were not replaced: {}", pool.status()));
-    assert!(total(&status, "spawned") >= 3, "{status}");
+        .wait_status(PATIENCE, |s| total(s, "retired") >= 2 && s["idle"] == 2)
+        .unwrap_or_else(|| panic!("the workers were not replaced: {}", pool.status()));
+    assert_eq!(total(&status, "spawned"), 4, "{status}");
     assert_no_kill_nor_death(&status);
+    for i in 0..5 {
+        let r = get_within(&pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status, 200);
+    }
+}
+
+/// On TERM every worker gets `Q`, stores busy and exits 0: retired, none
+/// killed for being slow to stop.
+#[test]
+fn workers_told_to_quit_exit_at_once() {
+    if !require_ruby() {
+        return;
+    }
+    let Some(mut pool) = kernel_pool("3", &[], &ruby_worker()) else {
+        return;
+    };
+    assert_eq!(get_within(&pool, "/").map(|r| r.status), Ok(200));
+    pool.signal(15);
+    let exit = pool.wait_exit(PATIENCE).expect("the supervisor exited");
+    assert!(exit.success(), "{exit:?}\n{}", pool.stderr.dump());
+    let totals = common::final_totals(&pool);
+    assert_eq!(total(&totals, "retired"), 3, "{totals}");
+    assert_eq!(total(&totals, "killed"), 0, "{totals}");
 }
 
 /// forkpool-rack in kernel dispatch, the supervisor stopped: sequential
