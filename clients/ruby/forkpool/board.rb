@@ -8,9 +8,10 @@ module Forkpool
   # (docs/protocol.md, "`kernel` dispatch"): the board mapped with libc's
   # mmap through Fiddle, the slot's state and its three counts.
   #
-  # Every store and load goes through one Fiddle::Pointer made here, once:
-  # the fast path allocates no Fiddle object. The counts have one writer
-  # (this worker), so they are kept in Ruby and stored whole.
+  # Every store and load goes through Fiddle::Pointers made here, once:
+  # the fast path allocates no Fiddle object (a count's store packs a
+  # small string). The counts have one writer (this worker), so they are
+  # kept in Ruby and stored whole.
   #
   # Going idle is the one store that races: the kernel may move idle to a
   # reservation at any moment. It is libatomic's __atomic_exchange_8 with
@@ -56,7 +57,9 @@ module Forkpool
       @ptr = Libc.map_shared(fd, length)
       check(slot)
       @state = (8 + 4 * slot) * WORD
-      @state_address = @ptr.to_i + @state
+      # A pointer, not an address: Fiddle turns an Integer argument into
+      # a new pointer object on every call.
+      @state_ptr = @ptr + @state
       @exchange = atomics ? EXCHANGE : nil
       @fence_lock = Libc.held_spin_lock unless @exchange
       @taken = load(@state + WORD)
@@ -78,7 +81,7 @@ module Forkpool
     # hear of an idle worker (word 2 is set: send `I`).
     def idle!
       if @exchange
-        @exchange.call(@state_address, 1, SEQ_CST)
+        @exchange.call(@state_ptr, 1, SEQ_CST)
       else
         @ptr[@state, WORD] = IDLE
         Libc.fence(@fence_lock)
