@@ -9,8 +9,9 @@
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
 #           starman --workers 16
-#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, also --preload
-#           (in handoff, the default, and in order and shared dispatch),
+#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, in handoff (the
+#           default) and kernel dispatch, also --preload (in handoff, order
+#           and shared dispatch),
 #           16 workers held (--min-children 16), against
 #           unicorn (16 workers, also preload_app) and
 #           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
@@ -218,6 +219,9 @@ rack_rows() { # FORKPOOL
   export RACK_ENV=production
   row forkpool-rack . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --control "$scratch/control-rack.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  row forkpool-rack-kernel . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+    --dispatch kernel --control "$scratch/control-rack-kernel.sock" \
     -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
   row forkpool-rack-preload . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --preload --control "$scratch/control-rack-preload.sock" \
