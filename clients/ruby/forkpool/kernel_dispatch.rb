@@ -26,10 +26,17 @@ module Forkpool
 
     private
 
-    # FORKPOOL_BOARD_FD mapped and checked, and the overflow listeners.
+    # FORKPOOL_BOARD_FD mapped and checked, and the overflow listeners:
+    # after the channel, the n overflow listeners, then the board.
     def init_kernel(env)
-      @board = Board.new(Integer(required(env, "FORKPOOL_BOARD_FD")), @slot)
       first = Integer(required(env, "FORKPOOL_OVERFLOW_FD"))
+      board = Integer(required(env, "FORKPOOL_BOARD_FD"))
+      if first != @channel.fileno + 1 || board != first + @listeners.size
+        raise ArgumentError, "FORKPOOL_OVERFLOW_FD=#{first} and FORKPOOL_BOARD_FD=#{board} do not follow " \
+                             "the channel #{@channel.fileno} and #{@listeners.size} listener(s): " \
+                             "use a forkpool of the same version as this helper"
+      end
+      @board = Board.new(board, @slot)
       @overflow = Array.new(@listeners.size) { |i| listener_at(first + i) }
       @max_requests = Integer(env.fetch("FORKPOOL_MAX_REQUESTS", "0"))
       @served_here = 0

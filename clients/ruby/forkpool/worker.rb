@@ -209,9 +209,7 @@ module Forkpool
 
     def channel_at(fd, what)
       count = @listeners.size
-      # In `kernel` dispatch the overflow listeners and the board come
-      # too: their variables say where.
-      if @dispatch != "kernel" && fd != LISTEN_FDS_START + count
+      if fd != LISTEN_FDS_START + count
         raise ArgumentError, "#{what} is #{fd}, but with #{count} listener(s) it must be " \
                              "#{LISTEN_FDS_START + count}"
       end
