@@ -58,7 +58,7 @@ module Forkpool
 
           @board.busy!
           @board.took!
-          serve_finishing(conn, listener, handle)
+          serve_connections(conn, listener, handle)
         end
         return if @leaving
       end
@@ -77,42 +77,32 @@ module Forkpool
         return false
       when "C" # the supervisor claimed this worker on the board already
         listener = payload.unpack1("n")
-        serve_finishing(connection(ios.first, listener), listener, handle)
+        serve_connections(connection(ios.first, listener), listener, handle)
       end
       true
     end
 
-    # Serves `conn`, then finishes it: the next connection waiting on the
-    # overflow is served in turn; with none, the worker goes idle (and says
-    # `I` if the board asks) before it closes the finished connection, so a
-    # client that reconnects at once finds this worker idle.
-    def serve_finishing(conn, listener, handle)
-      while conn
-        following = nil
-        begin
-          handle.call(conn, listener)
-          @board.served!
-          @served_here += 1
-          leave if @served_here == @max_requests
-          if @leaving
-            @board.busy!
-            say_leaving
-            return
-          end
-          following = take_overflow(listener)
-          if following
-            @board.took_next!
-          elsif @board.idle!
-            send_message("I")
-          end
-        rescue Exception # rubocop:disable Lint/RescueException
-          following&.close
-          raise
-        ensure
-          conn.close unless conn.closed?
-        end
-        conn = following
+    # Finishes a connection (see Worker#serve_connections): the next
+    # connection waiting on the overflow is served in turn; with none, the
+    # worker goes idle (and says `I` if the board asks) before the
+    # connection is closed, so a client that reconnects at once finds this
+    # worker idle. Its share served, it leaves, still busy on the board.
+    def finish_on_board(listener)
+      @board.served!
+      @served_here += 1
+      leave if @served_here == @max_requests
+      if @leaving
+        @board.busy!
+        say_leaving
+        return nil
       end
+      following = take_overflow(listener)
+      if following
+        @board.took_next!
+      elsif @board.idle!
+        send_message("I")
+      end
+      following
     end
 
     # The next connection waiting on overflow listener `listener`, unless

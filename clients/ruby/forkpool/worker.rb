@@ -359,17 +359,7 @@ module Forkpool
         following = nil
         begin
           handle.call(conn, listener)
-          # A leaving worker does not report Idle: the supervisor could hand
-          # it a connection before it sees the exit. It says Leaving, so the
-          # exit counts as a retirement, not a death.
-          if @leaving
-            say_leaving
-            return
-          end
-          following = take_next(listener)
-          # The report goes before the close: a client that reconnects at
-          # once then finds this (hot) worker idle.
-          send_message(following ? "N" : "I")
+          following = finish(listener)
         rescue Exception # rubocop:disable Lint/RescueException
           following&.close
           raise
@@ -378,6 +368,25 @@ module Forkpool
         end
         conn = following
       end
+    end
+
+    # After a connection on `listener`, before its close: the next
+    # connection to serve, or nil.
+    def finish(listener)
+      return finish_on_board(listener) if @board
+
+      # A leaving worker does not report Idle: the supervisor could hand
+      # it a connection before it sees the exit. It says Leaving, so the
+      # exit counts as a retirement, not a death.
+      if @leaving
+        say_leaving
+        return nil
+      end
+      following = take_next(listener)
+      # The report goes before the close: a client that reconnects at
+      # once then finds this (hot) worker idle.
+      send_message(following ? "N" : "I")
+      following
     end
 
     def say_leaving

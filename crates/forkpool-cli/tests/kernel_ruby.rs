@@ -281,6 +281,40 @@ fn workers_told_to_quit_exit_at_once() {
     assert_eq!(total(&totals, "killed"), 0, "{totals}");
 }
 
+/// A worker stopped while the kernel queues a connection on its socket is
+/// told to quit meanwhile (a reload rolls the pool): woken, it reads `Q`
+/// first, then serves what is queued for it before it exits, instead of
+/// leaving it to the supervisor to hand elsewhere.
+#[test]
+fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
+    if !require_ruby() {
+        return;
+    }
+    let Some(pool) = kernel_pool("2", &[], &ruby_worker()) else {
+        return;
+    };
+    let worker = pid_in_slot(&pool.status(), 0);
+    signal_pid(worker, "STOP");
+    let queued = send(pool.addr, "/");
+    pool.signal(1); // HUP: a new generation, and Q for the old one
+    let retiring = pool.wait_status(PATIENCE, |s| {
+        s["slots"].as_array().is_some_and(|all| {
+            all.iter()
+                .any(|w| w["pid"] == worker && w["state"] == "retiring")
+        })
+    });
+    signal_pid(worker, "CONT");
+    assert!(retiring.is_some(), "never told to quit: {}", pool.status());
+    let answer = read_answer(queued).expect("the queued connection was answered");
+    assert_eq!((answer.status, answer.pid), (200, Some(worker)));
+    let status = pool
+        .wait_status(PATIENCE, |s| {
+            s["generation"] == 2 && s["idle"] == 2 && total(s, "retired") >= 2
+        })
+        .unwrap_or_else(|| panic!("the old generation never left: {}", pool.status()));
+    assert_no_kill_nor_death(&status);
+}
+
 /// forkpool-rack in kernel dispatch, the supervisor stopped: sequential
 /// requests all land on slot 0, and a kept-alive connection serves three
 /// requests on one worker.
