@@ -21,7 +21,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{killed_by, parse_response, require, send, signal_pid, total, DemoPool, Response};
+use common::{killed_by, parse_response, send, signal_pid, total, DemoPool, Response};
 use psgi_support::{connect, read_response};
 use rack_support::{rack_command, require_sinatra, PATIENCE, RUBY_DIR};
 
@@ -60,12 +60,7 @@ fn kernel_pool(children: &str, extra: &[&str], cmd: &[&str]) -> Option<DemoPool>
     ];
     args.extend_from_slice(extra);
     let pool = DemoPool::start_run(&args, cmd);
-    let status = pool.status();
-    if !require(
-        status["dispatch"] == "kernel",
-        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
-        "run as root on Linux 5.12 or later (CAP_BPF)",
-    ) {
+    if !common::require_kernel_dispatch(&pool) {
         return None;
     }
     let n: u64 = children.parse().unwrap();
@@ -75,6 +70,23 @@ fn kernel_pool(children: &str, extra: &[&str], cmd: &[&str]) -> Option<DemoPool>
         pool.stderr.dump()
     );
     Some(pool)
+}
+
+/// `kernel_pool` of the example worker; None when Ruby is missing.
+fn ruby_pool(children: &str, extra: &[&str]) -> Option<DemoPool> {
+    if !require_ruby() {
+        return None;
+    }
+    kernel_pool(children, extra, &ruby_worker())
+}
+
+/// `kernel_pool` of forkpool-rack (SERVER_ARGS) on the Sinatra test app;
+/// None when Ruby, Rack or Sinatra is missing.
+fn rack_pool(children: &str, server_args: &[&str]) -> Option<DemoPool> {
+    if !require_sinatra() {
+        return None;
+    }
+    kernel_pool(children, &[], &rack_command(server_args))
 }
 
 /// The supervisor stopped (SIGSTOP) for as long as this lives: only the
@@ -140,10 +152,7 @@ fn assert_no_kill_nor_death(status: &serde_json::Value) {
 /// reads the 30 from the board.
 #[test]
 fn sequential_requests_all_go_to_slot_zero_without_the_supervisor() {
-    if !require_ruby() {
-        return;
-    }
-    let Some(pool) = kernel_pool("3", &[], &ruby_worker()) else {
+    let Some(pool) = ruby_pool("3", &[]) else {
         return;
     };
     let before = slot_served(&pool.status(), 0);
@@ -166,10 +175,7 @@ fn sequential_requests_all_go_to_slot_zero_without_the_supervisor() {
 /// stopped: the kernel reserves a different worker for each.
 #[test]
 fn a_burst_lands_one_request_per_idle_worker() {
-    if !require_ruby() {
-        return;
-    }
-    let Some(pool) = kernel_pool("4", &[], &ruby_worker()) else {
+    let Some(pool) = ruby_pool("4", &[]) else {
         return;
     };
     let status = pool.status();
@@ -206,10 +212,7 @@ fn a_burst_lands_one_request_per_idle_worker() {
 /// again, takes what was queued and hands it on.
 #[test]
 fn a_killed_worker_loses_nothing_queued_on_its_socket() {
-    if !require_ruby() {
-        return;
-    }
-    let Some(pool) = kernel_pool("2", &[], &ruby_worker()) else {
+    let Some(pool) = ruby_pool("2", &[]) else {
         return;
     };
     let first = pid_in_slot(&pool.status(), 0);
@@ -234,10 +237,7 @@ fn a_killed_worker_loses_nothing_queued_on_its_socket() {
 /// neither killed nor dead), and the new workers serve.
 #[test]
 fn a_worker_leaves_after_its_share_and_is_replaced() {
-    if !require_ruby() {
-        return;
-    }
-    let Some(pool) = kernel_pool("2", &["--max-requests-per-child", "5"], &ruby_worker()) else {
+    let Some(pool) = ruby_pool("2", &["--max-requests-per-child", "5"]) else {
         return;
     };
     let slots: Vec<Result<Option<usize>, String>> = {
@@ -266,10 +266,7 @@ fn a_worker_leaves_after_its_share_and_is_replaced() {
 /// killed for being slow to stop.
 #[test]
 fn workers_told_to_quit_exit_at_once() {
-    if !require_ruby() {
-        return;
-    }
-    let Some(mut pool) = kernel_pool("3", &[], &ruby_worker()) else {
+    let Some(mut pool) = ruby_pool("3", &[]) else {
         return;
     };
     assert_eq!(get_within(&pool, "/").map(|r| r.status), Ok(200));
@@ -287,10 +284,7 @@ fn workers_told_to_quit_exit_at_once() {
 /// leaving it to the supervisor to hand elsewhere.
 #[test]
 fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
-    if !require_ruby() {
-        return;
-    }
-    let Some(pool) = kernel_pool("2", &[], &ruby_worker()) else {
+    let Some(pool) = ruby_pool("2", &[]) else {
         return;
     };
     let worker = pid_in_slot(&pool.status(), 0);
@@ -320,10 +314,7 @@ fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
 /// requests on one worker.
 #[test]
 fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
-    if !require_sinatra() {
-        return;
-    }
-    let Some(pool) = kernel_pool("2", &[], &rack_command(&["--no-access-log"])) else {
+    let Some(pool) = rack_pool("2", &["--no-access-log"]) else {
         return;
     };
     let (slots, kept) = {
@@ -361,11 +352,7 @@ fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
 /// even with the supervisor stopped.
 #[test]
 fn the_rack_server_gives_way_on_the_overflow() {
-    if !require_sinatra() {
-        return;
-    }
-    let cmd = rack_command(&["--keepalive-timeout", "30", "--keepalive-turn", "0"]);
-    let Some(pool) = kernel_pool("1", &[], &cmd) else {
+    let Some(pool) = rack_pool("1", &["--keepalive-timeout", "30", "--keepalive-turn", "0"]) else {
         return;
     };
     let mut kept = connect(&pool);
