@@ -43,25 +43,22 @@ module Forkpool
     end
 
     # Step 3 of "The worker's life": idle, then wait on the own sockets and
-    # the channel (the channel first when both are ready).
+    # the channel (Worker#wait_on_listeners).
     def serve_on_board(handle)
       @board.idle!
-      watched = [@channel] + @listeners
-      loop do
-        ready, = IO.select(watched)
-        if ready.include?(@channel)
-          return unless take_board_message(handle)
-        else
-          listener = @listeners.index(ready.first)
-          conn = accept(listener)
-          next if conn.nil? # another pick was faster, or a client gave up: say nothing
+      wait_on_listeners(handle)
+    end
 
-          @board.busy!
-          @board.took!
-          serve_connections(conn, listener, handle)
-        end
-        return if @leaving
-      end
+    # Own socket `listener` is readable: the kernel queued a connection
+    # for this worker. Nothing there (a client gone): wait again, say
+    # nothing.
+    def take_own(listener, handle)
+      conn = accept(listener)
+      return if conn.nil?
+
+      @board.busy!
+      @board.took!
+      serve_connections(conn, listener, handle)
     end
 
     # Acts on one message; false when it is time to exit.

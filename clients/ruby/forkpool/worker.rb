@@ -410,14 +410,16 @@ module Forkpool
       accept(listener)
     end
 
-    # `shared` and `herd`: wait on the channel and the listeners at once.
-    # The channel goes first when both are ready.
+    # `shared`, `herd` and `kernel`: wait on the channel and the listeners
+    # at once. The channel goes first when both are ready.
     def wait_on_listeners(handle)
       watched = [@channel] + @listeners
       loop do
         ready, = IO.select(watched)
         if ready.include?(@channel)
-          return unless take_message(handle)
+          return unless @board ? take_board_message(handle) : take_message(handle)
+        elsif @board
+          take_own(@listeners.index(ready.first), handle)
         else
           accept_and_serve(@listeners.index(ready.first), handle)
         end
