@@ -130,7 +130,15 @@ fn status_until(
 /// /proc and sock_diag see them.
 #[test]
 fn status_and_metrics_report_children_and_queue_as_proc_does() {
-    let pool = DemoPool::start(&[&common::ONE_CHILD[..], &["--metrics", "127.0.0.1:0"]].concat());
+    // `handoff`: the supervisor knows a busy child's client only for a
+    // connection it handed over (operations.md, kernel dispatch).
+    let pool = DemoPool::start(
+        &[
+            &common::ONE_CHILD[..],
+            &["--metrics", "127.0.0.1:0", "--dispatch", "handoff"],
+        ]
+        .concat(),
+    );
     let busy = common::send(pool.addr, "/?work_ms=20000");
     let client = busy.local_addr().unwrap().to_string();
     let waiting: Vec<_> = (0..3)

@@ -13,9 +13,11 @@ use super::event::Event;
 use super::Supervisor;
 use crate::config::DispatchMode;
 use crate::core::slot_limit;
+use crate::core::Input;
 use crate::dispatch::kernel::board::SAMPLE_INTERVAL;
 use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
+use crate::protocol::WorkerOrder;
 
 /// How long a reservation may wait for its connection before it is given
 /// back, beyond `defer_accept` (a client that connected may take that long
@@ -53,7 +55,13 @@ impl Supervisor {
                 self.kernel = Some(kernel);
             }
             Err(why) => {
-                warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                // Children it does not serve are a known limit; a kernel
+                // that refuses is worth a warning.
+                if refused.is_some() {
+                    info!("kernel dispatch does not serve these children ({why}); using handoff");
+                } else {
+                    warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                }
                 self.core.config.dispatch = DispatchMode::Handoff;
                 self.dispatch_fallback = Some(why);
             }
@@ -79,6 +87,27 @@ impl Supervisor {
         kernel.follow_defer_accept(&fds)
     }
 
+    /// An upgrade starts: the listeners leave this pool's socket arrays,
+    /// so the new supervisor can put them in its own (a socket is in one
+    /// at a time); this pool's children keep their sockets.
+    pub(crate) fn release_listeners_for_successor(&self) {
+        if let Some(kernel) = &self.kernel {
+            if let Err(e) = kernel.release_listeners() {
+                warn!("kernel dispatch: cannot release the listeners to the new supervisor: {e}");
+            }
+        }
+    }
+
+    /// The upgrade failed: the listeners are this pool's overflow again.
+    pub(crate) fn reclaim_listeners_from_successor(&self) {
+        if let Some(kernel) = &self.kernel {
+            let fds: Vec<_> = self.listeners.iter().map(|l| l.listener.as_fd()).collect();
+            if let Err(e) = kernel.restore_listeners(&fds) {
+                warn!("kernel dispatch: cannot take the listeners back after the upgrade: {e}");
+            }
+        }
+    }
+
     /// The slots kernel dispatch was set up for (0 without it).
     pub(crate) fn kernel_slots(&self) -> usize {
         self.kernel.as_ref().map_or(0, |k| k.board().slots())
@@ -95,6 +124,49 @@ impl Supervisor {
         kernel.board().reset(slot);
         self.unwatch_slot_sockets(slot);
         Ok(())
+    }
+
+    /// A worker forked by a template said `K`: its slot's sockets (made
+    /// now if need be) and the scoreboard go to it with `S`, and its share
+    /// of connections. A failed send is a failed send to the child.
+    pub(crate) fn send_seat(&mut self, slot: usize, now: Instant) {
+        let sent = self.seat_child(slot).and_then(|()| {
+            let Some(entry) = self.core.board.get(slot) else {
+                return Ok(());
+            };
+            let pid = entry.pid;
+            let c = &self.core.config;
+            let (max, jitter, life) = (
+                c.max_requests_per_child,
+                c.max_requests_jitter,
+                c.max_child_lifetime,
+            );
+            let share = self
+                .recycler
+                .limits(slot, pid, max, jitter, life)
+                .max_requests;
+            let (Some(kernel), Some(link)) = (self.kernel.as_ref(), self.core.board.link(slot))
+            else {
+                return Ok(());
+            };
+            let mut fds: Vec<_> = kernel.sockets(slot).map(|(_, fd)| fd).collect();
+            fds.push(kernel.board_map());
+            let seat = WorkerOrder::Seat {
+                listeners: u16::try_from(self.listeners.len()).unwrap_or(u16::MAX),
+                max_requests: share,
+            };
+            link.channel.send_order_with_fds(seat, &fds)
+        });
+        if let Err(e) = sent {
+            self.core.on(
+                Input::SendFailed {
+                    slot,
+                    peer_gone: super::children::is_peer_gone(&e),
+                    detail: format!("cannot send its sockets: {e}"),
+                },
+                now,
+            );
+        }
     }
 
     /// A child has left `slot`: nothing more is queued on its sockets (its
