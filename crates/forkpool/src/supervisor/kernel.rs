@@ -14,7 +14,7 @@ use super::Supervisor;
 use crate::config::DispatchMode;
 use crate::core::slot_limit;
 use crate::core::Input;
-use crate::dispatch::kernel::board::SAMPLE_INTERVAL;
+use crate::dispatch::kernel::board::{SlotWord, SAMPLE_INTERVAL};
 use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
 use crate::protocol::WorkerOrder;
@@ -287,6 +287,24 @@ impl Supervisor {
         self.carry_out(now);
     }
 
+    /// Whether a connection taken from a listener now would find a child.
+    /// In kernel dispatch the core's idle children are as of the last
+    /// reading of the scoreboard (up to 100 ms old); a child that keeps its
+    /// record may be busy or reserved since, so the board decides for it.
+    /// Without this the supervisor, seeing room the board does not have,
+    /// watched the overflow, woke, found no child, and stopped watching it,
+    /// thousands of times a second while the pool was saturated.
+    pub(crate) fn has_room_for_overflow(&self) -> bool {
+        let Some(kernel) = &self.kernel else {
+            return self.core.board.has_room();
+        };
+        let board = kernel.board();
+        (0..self.core.board.span().min(board.slots())).any(|slot| {
+            crate::dispatch::Children::is_idle(&self.core, slot)
+                && (!self.core.keeps_board(slot) || board.state(slot) == SlotWord::Idle)
+        })
+    }
+
     /// When the scoreboard is next read if nothing else wakes the loop.
     pub(crate) fn board_read_due(&self) -> Option<Instant> {
         self.kernel.as_ref()?;
@@ -305,12 +323,20 @@ impl Supervisor {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
+        // A listener not watched (no child had room) with nothing queued
+        // needs no wake-up: a child finishing a connection looks at the
+        // overflow itself before it goes idle. Only connections the
+        // supervisor holds, or ones queued on the overflow, do.
         let waiting = self.core.shutdown.is_none()
-            && (self.dispatcher.parked() > 0 || self.listeners.iter().any(|l| !l.watched));
+            && (self.dispatcher.parked() > 0
+                || self
+                    .listeners
+                    .iter()
+                    .any(|l| !l.watched && l.listener.queued() > 0));
         kernel.board().set_waiting(waiting);
         if waiting {
             self.read_board(now);
-            if self.core.board.has_room() {
+            if self.has_room_for_overflow() {
                 self.child_available(now);
                 self.rewatch_listeners(now);
             }
