@@ -72,6 +72,13 @@ module Forkpool
       @exchange ? :exchange : :store_and_trylock
     end
 
+    # Unmaps the board (a worker turning into the template); nothing may
+    # be called on it after.
+    def release
+      Libc.unmap(@ptr)
+      @ptr = @state_ptr = nil
+    end
+
     # state := busy (nothing else ever moves a busy state: a plain store).
     def busy!
       @ptr[@state, WORD] = BUSY

@@ -8,7 +8,9 @@
 # overflow (the pool's listeners) as it finishes one, and sends `I` only
 # when the supervisor, holding connections, asks for it on the board.
 # Given FORKPOOL_MAX_REQUESTS, it leaves (`X`) after that many connections,
-# still busy on the board, so nothing more is queued for it.
+# still busy on the board, so nothing more is queued for it. A worker forked
+# by a template (`--preload`) gets its own sockets, the board and its share
+# in `S` after its `K`, and gives them up when it becomes the template.
 
 require_relative "board"
 
@@ -16,6 +18,9 @@ module Forkpool
   class Worker
     # Supervisor-to-worker messages in `kernel` dispatch.
     KERNEL_PAYLOAD = { "C" => 2, "p" => 4, "Q" => 0 }.freeze
+    KERNEL_PAYLOAD_V2 = KERNEL_PAYLOAD.merge("T" => 0).freeze
+    # What a worker forked by a template reads before its seat.
+    SEAT_PAYLOAD = { "S" => 10, "p" => 4, "Q" => 0 }.freeze
 
     # The listeners where connections wait for a worker: in `kernel`
     # dispatch the pool's (the overflow), not this worker's own sockets.
@@ -42,6 +47,50 @@ module Forkpool
       @served_here = 0
     end
 
+    # A worker forked by a template, after its `K`: waits for `S`
+    # (answering pings); true once seated, false on `Q` or end of file.
+    def take_seat
+      loop do
+        message = receive(SEAT_PAYLOAD)
+        return false if message.nil?
+
+        kind, payload, ios = message
+        case kind
+        when "p" then send_message("P", payload)
+        when "Q" then return false
+        when "S" then return sit(payload, ios)
+        end
+      end
+    end
+
+    # `S`: the slot's own sockets (the listeners from now on; the pool's,
+    # inherited from the template, are the overflow), the board, the share.
+    def sit(payload, ios)
+      count, max_requests = payload.unpack("nQ>")
+      if count != @listeners.size
+        ios.each(&:close)
+        raise ProtocolError, "S brought #{count} own socket(s) for #{@listeners.size} listener(s)"
+      end
+      *own, @board_io = ios
+      @overflow = @listeners
+      @listeners = own.map { |sock| nonblocking(sock) }
+      @board = Board.new(@board_io.fileno, @slot)
+      @max_requests = max_requests
+      @served_here = 0
+      true
+    end
+
+    # Refork: busy, the own sockets and the board given up; the pool's
+    # listeners are the listeners again, as a template has them.
+    def leave_board
+      @board.busy!
+      @board.release
+      @board_io&.close
+      @listeners.each(&:close)
+      @listeners = @overflow
+      @overflow = @board = @board_io = nil
+    end
+
     # Step 3 of "The worker's life": idle, then wait on the own sockets and
     # the channel (Worker#wait_on_listeners).
     def serve_on_board(handle)
@@ -63,7 +112,7 @@ module Forkpool
 
     # Acts on one message; false when it is time to exit.
     def take_board_message(handle)
-      message = receive(KERNEL_PAYLOAD)
+      message = receive(@version == 1 ? KERNEL_PAYLOAD : KERNEL_PAYLOAD_V2)
       return false if message.nil?
 
       kind, payload, ios = message
@@ -72,6 +121,7 @@ module Forkpool
       when "Q"
         drain_own_sockets(handle)
         return false
+      when "T" then raise BecomeTemplate, ios.first
       when "C" # the supervisor claimed this worker on the board already
         listener = payload.unpack1("n")
         serve_connections(connection(ios.first, listener), listener, handle)

@@ -26,6 +26,7 @@ module Forkpool
        Fiddle::TYPE_LONG],
       Fiddle::TYPE_VOIDP
     )
+    MUNMAP = Fiddle::Function.new(LIBC["munmap"], [Fiddle::TYPE_VOIDP, Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
     PROT_READ_WRITE = 3
     MAP_SHARED = 1
     MAP_FAILED = (1 << 64) - 1
@@ -65,6 +66,11 @@ module Forkpool
         raise ArgumentError, "cannot map #{length} bytes of descriptor #{fd} shared: #{error.message}"
       end
       Fiddle::Pointer.new(ptr.to_i, length)
+    end
+
+    # munmap of what map_shared gave.
+    def unmap(ptr)
+      MUNMAP.call(ptr, ptr.size)
     end
 
     # A spin lock, locked, for `fence` (malloc'd, never freed: one per

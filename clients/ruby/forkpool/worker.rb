@@ -200,8 +200,13 @@ module Forkpool
       sock = Socket.for_fd(fd)
       sock.autoclose = false
       sock.close_on_exec = true
+      nonblocking(sock)
+    end
+
+    # `sock`, checked to be non-blocking.
+    def nonblocking(sock)
       if (sock.fcntl(Fcntl::F_GETFL) & File::NONBLOCK).zero?
-        raise ArgumentError, "listener #{fd} is blocking: forkpool passes non-blocking listeners " \
+        raise ArgumentError, "listener #{sock.fileno} is blocking: forkpool passes non-blocking listeners " \
                              "in every mode with a back-channel; something cleared O_NONBLOCK"
       end
       sock
@@ -241,10 +246,12 @@ module Forkpool
     def serve_as_worker(handle)
       Random.srand # a forked worker must not repeat the template's sequence
       self.class.hooks[:after_fork].each(&:call)
-      send_message(@board ? "K" : "R", [@pid].pack("N"))
+      send_message(@dispatch == "kernel" ? "K" : "R", [@pid].pack("N"))
       case @dispatch
       when "kernel"
-        serve_on_board(handle)
+        # Forked by a template, the worker gets its seat (its own sockets
+        # and the board) on the channel.
+        serve_on_board(handle) if @board || take_seat
       when "handoff", "order"
         nil while take_message(handle) && !@leaving
       when "shared", "herd"
@@ -262,7 +269,8 @@ module Forkpool
 
     # One message: [kind, payload, io or nil], or nil at end of file.
     def receive(known)
-      data, _addr, rflags, *controls = @channel.recvmsg(RECV_SIZE, 0, CONTROL_SIZE, scm_rights: true)
+      data, _addr, rflags, *controls = @channel.recvmsg(RECV_SIZE, 0, CONTROL_SIZE + 4 * @listeners.size,
+                                                        scm_rights: true)
       ios = controls.flat_map { |c| c.cmsg_is?(:SOCKET, :RIGHTS) ? c.unix_rights || [] : [] }
       return nil if data.empty? && ios.empty?
 
@@ -282,7 +290,7 @@ module Forkpool
       kind = data[1]
       raise ProtocolError, "malformed message #{data.inspect}" if known[kind] != data.bytesize - 2
 
-      wanted = { "C" => 1, "T" => 1, "F" => 2 }.fetch(kind, 0)
+      wanted = { "C" => 1, "T" => 1, "F" => 2, "S" => @listeners.size + 1 }.fetch(kind, 0)
       raise ProtocolError, "#{data.inspect} came with #{ios.size} descriptor(s)" if ios.size != wanted
     end
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::{killed_by, parse_response, send, signal_pid, total, DemoPool, Response};
 use psgi_support::{connect, read_response};
-use rack_support::{rack_command, require_sinatra, PATIENCE, RUBY_DIR};
+use rack_support::{fd_targets, rack_command, require_sinatra, template_pid, PATIENCE, RUBY_DIR};
 
 /// `clients/ruby/example_http_worker.rb`.
 const RUBY_WORKER: &str = concat!(
@@ -80,13 +80,22 @@ fn ruby_pool(children: &str, extra: &[&str]) -> Option<DemoPool> {
     kernel_pool(children, extra, &ruby_worker())
 }
 
-/// `kernel_pool` of forkpool-rack (SERVER_ARGS) on the Sinatra test app;
-/// None when Ruby, Rack or Sinatra is missing.
-fn rack_pool(children: &str, server_args: &[&str]) -> Option<DemoPool> {
+/// `kernel_pool` (EXTRA pool options) of forkpool-rack (SERVER_ARGS) on
+/// the Sinatra test app; None when Ruby, Rack or Sinatra is missing.
+fn rack_pool(children: &str, extra: &[&str], server_args: &[&str]) -> Option<DemoPool> {
     if !require_sinatra() {
         return None;
     }
-    kernel_pool(children, &[], &rack_command(server_args))
+    kernel_pool(children, extra, &rack_command(server_args))
+}
+
+/// `--preload` or nothing.
+fn preload_args(preload: bool) -> &'static [&'static str] {
+    if preload {
+        &["--preload"]
+    } else {
+        &[]
+    }
 }
 
 /// The supervisor stopped (SIGSTOP) for as long as this lives: only the
@@ -234,30 +243,39 @@ fn a_killed_worker_loses_nothing_queued_on_its_socket() {
 /// `max_requests_per_child` 5: with the supervisor stopped, slot 0
 /// serves five requests and leaves (busy on the board, `X`), then slot 1
 /// the next five. Running again, the supervisor replaces both (retired,
-/// neither killed nor dead), and the new workers serve.
+/// neither killed nor dead), and the new workers serve. Exec'd (the share
+/// in FORKPOOL_MAX_REQUESTS) and forked by a template (in `S`).
 #[test]
 fn a_worker_leaves_after_its_share_and_is_replaced() {
-    let Some(pool) = ruby_pool("2", &["--max-requests-per-child", "5"]) else {
-        return;
-    };
+    for preload in [false, true] {
+        let mut extra = vec!["--max-requests-per-child", "5"];
+        extra.extend_from_slice(preload_args(preload));
+        let Some(pool) = ruby_pool("2", &extra) else {
+            return;
+        };
+        leaves_after_its_share(&pool, preload);
+    }
+}
+
+fn leaves_after_its_share(pool: &DemoPool, preload: bool) {
     let slots: Vec<Result<Option<usize>, String>> = {
-        let _stopped = Stopped::supervisor(&pool);
+        let _stopped = Stopped::supervisor(pool);
         (0..10)
-            .map(|_| get_within(&pool, "/").map(|r| r.slot))
+            .map(|_| get_within(pool, "/").map(|r| r.slot))
             .collect()
     };
     let want: Vec<_> = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
         .into_iter()
         .map(|s| Ok(Some(s)))
         .collect();
-    assert_eq!(slots, want, "{}", pool.stderr.dump());
+    assert_eq!(slots, want, "preload {preload}: {}", pool.stderr.dump());
     let status = pool
         .wait_status(PATIENCE, |s| total(s, "retired") >= 2 && s["idle"] == 2)
         .unwrap_or_else(|| panic!("the workers were not replaced: {}", pool.status()));
-    assert_eq!(total(&status, "spawned"), 4, "{status}");
+    assert_eq!(total(&status, "spawned"), 4, "preload {preload}: {status}");
     assert_no_kill_nor_death(&status);
     for i in 0..5 {
-        let r = get_within(&pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let r = get_within(pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(r.status, 200);
     }
 }
@@ -309,20 +327,26 @@ fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
     assert_no_kill_nor_death(&status);
 }
 
-/// forkpool-rack in kernel dispatch, the supervisor stopped: sequential
-/// requests all land on slot 0, and a kept-alive connection serves three
-/// requests on one worker.
+/// forkpool-rack in kernel dispatch, exec'd and under `--preload`, the
+/// supervisor stopped: sequential requests all land on slot 0, and a
+/// kept-alive connection serves three requests on one worker.
 #[test]
 fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
-    let Some(pool) = rack_pool("2", &["--no-access-log"]) else {
-        return;
-    };
+    for preload in [false, true] {
+        let Some(pool) = rack_pool("2", preload_args(preload), &["--no-access-log"]) else {
+            return;
+        };
+        serves_keep_alive_included(&pool, preload);
+    }
+}
+
+fn serves_keep_alive_included(pool: &DemoPool, preload: bool) {
     let (slots, kept) = {
-        let _stopped = Stopped::supervisor(&pool);
+        let _stopped = Stopped::supervisor(pool);
         let slots: Vec<Option<usize>> = (0..10)
-            .map(|_| get_within(&pool, "/").expect("an answer").slot)
+            .map(|_| get_within(pool, "/").expect("an answer").slot)
             .collect();
-        let mut conn = connect(&pool);
+        let mut conn = connect(pool);
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let kept: Vec<(u16, Option<String>, Option<String>)> = (0..3)
             .map(|i| {
@@ -337,8 +361,17 @@ fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
             .collect();
         (slots, kept)
     };
-    assert_eq!(slots, vec![Some(0); 10], "{}", pool.stderr.dump());
-    assert_eq!(kept, vec![(200, Some("0".to_string()), None); 3]);
+    assert_eq!(
+        slots,
+        vec![Some(0); 10],
+        "preload {preload}: {}",
+        pool.stderr.dump()
+    );
+    assert_eq!(
+        kept,
+        vec![(200, Some("0".to_string()), None); 3],
+        "preload {preload}"
+    );
     let status = pool
         .wait_status(PATIENCE, |s| total(s, "accepted") >= 11)
         .unwrap();
@@ -352,7 +385,11 @@ fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
 /// even with the supervisor stopped.
 #[test]
 fn the_rack_server_gives_way_on_the_overflow() {
-    let Some(pool) = rack_pool("1", &["--keepalive-timeout", "30", "--keepalive-turn", "0"]) else {
+    let Some(pool) = rack_pool(
+        "1",
+        &[],
+        &["--keepalive-timeout", "30", "--keepalive-turn", "0"],
+    ) else {
         return;
     };
     let mut kept = connect(&pool);
@@ -378,6 +415,58 @@ fn the_rack_server_gives_way_on_the_overflow() {
         .wait_status(PATIENCE, |s| total(s, "taken_next") >= 1)
         .unwrap_or_else(|| panic!("not taken from the overflow: {}", pool.status()));
     assert_no_kill_nor_death(&status);
+}
+
+/// Refork in kernel dispatch: after five connections the warm worker
+/// becomes the template. It gives up its seat first (busy, its own socket
+/// closed, the board closed and unmapped: no `bpf-map` among its
+/// descriptors or mappings), and the workers it forks are seated again
+/// (`S`) and serve with the supervisor stopped.
+#[test]
+fn a_reforking_worker_gives_up_its_seat() {
+    let Some(pool) = rack_pool(
+        "2",
+        &["--preload", "--refork-after", "5"],
+        &["--no-access-log"],
+    ) else {
+        return;
+    };
+    let warm = pid_in_slot(&pool.status(), 0);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert_eq!(get_within(&pool, "/").map(|r| r.status), Ok(200));
+        let s = pool.status();
+        if total(&s, "reforks") == 1
+            && template_pid(&s) == warm
+            && s["templates"].as_array().map_or(0, Vec::len) == 1
+            && s["templates"][0]["state"] == "ready"
+            && s["idle"] == 2
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no refork: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{warm}/maps")).unwrap();
+    let fds = fd_targets(warm);
+    assert!(
+        !maps.contains("bpf-map") && !fds.iter().any(|(_, t)| t.contains("bpf-map")),
+        "the new template kept the board: {fds:?}\n{maps}"
+    );
+    let answers: Vec<Result<Response, String>> = {
+        let _stopped = Stopped::supervisor(&pool);
+        (0..3).map(|_| get_within(&pool, "/")).collect()
+    };
+    for answer in answers {
+        let answer = answer.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+        assert_eq!(answer.status, 200);
+        assert_ne!(
+            answer.pid,
+            Some(warm),
+            "served by a worker of the new template"
+        );
+    }
+    assert_no_kill_nor_death(&pool.status());
 }
 
 /// The record the helper keeps, on a file mapped like the board (magic,
