@@ -16,9 +16,6 @@ require_relative "board"
 
 module Forkpool
   class Worker
-    # Supervisor-to-worker messages in `kernel` dispatch.
-    KERNEL_PAYLOAD = { "C" => 2, "p" => 4, "Q" => 0 }.freeze
-    KERNEL_PAYLOAD_V2 = KERNEL_PAYLOAD.merge("T" => 0).freeze
     # What a worker forked by a template reads before its seat.
     SEAT_PAYLOAD = { "S" => 10, "p" => 4, "Q" => 0 }.freeze
 
@@ -108,25 +105,6 @@ module Forkpool
       @board.busy!
       @board.took!
       serve_connections(conn, listener, handle)
-    end
-
-    # Acts on one message; false when it is time to exit.
-    def take_board_message(handle)
-      message = receive(@version == 1 ? KERNEL_PAYLOAD : KERNEL_PAYLOAD_V2)
-      return false if message.nil?
-
-      kind, payload, ios = message
-      case kind
-      when "p" then send_message("P", payload)
-      when "Q"
-        drain_own_sockets(handle)
-        return false
-      when "T" then raise BecomeTemplate, ios.first
-      when "C" # the supervisor claimed this worker on the board already
-        listener = payload.unpack1("n")
-        serve_connections(connection(ios.first, listener), listener, handle)
-      end
-      true
     end
 
     # Finishes a connection (see Worker#serve_connections): the next

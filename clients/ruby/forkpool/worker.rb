@@ -302,14 +302,16 @@ module Forkpool
       kind, payload, ios = message
       case kind
       when "p" then send_message("P", payload)
-      when "Q" then return false
+      when "Q"
+        drain_own_sockets(handle) if @board
+        return false
       when "T" then raise BecomeTemplate, ios.first
-      when "C"
-        expect_mode(kind, "handoff", ios)
+      when "C" # in kernel dispatch, the supervisor claimed this worker on the board
+        expect_mode(kind, %w[handoff kernel], ios)
         listener = payload.unpack1("n")
         serve_connections(connection(ios.first, listener), listener, handle)
       when "A"
-        expect_mode(kind, "order", ios)
+        expect_mode(kind, %w[order], ios)
         listener = payload.unpack1("n")
         raise ProtocolError, "told to accept on unknown listener #{listener}" if listener >= @listeners.size
 
@@ -318,8 +320,8 @@ module Forkpool
       true
     end
 
-    def expect_mode(kind, mode, ios)
-      return if @dispatch == mode
+    def expect_mode(kind, modes, ios)
+      return if modes.include?(@dispatch)
 
       ios.each(&:close)
       raise ProtocolError, "#{kind.inspect} is not expected in #{@dispatch} mode"
@@ -425,7 +427,7 @@ module Forkpool
       loop do
         ready, = IO.select(watched)
         if ready.include?(@channel)
-          return unless @board ? take_board_message(handle) : take_message(handle)
+          return unless take_message(handle)
         elsif @board
           take_own(@listeners.index(ready.first), handle)
         else
