@@ -18,11 +18,20 @@ package Forkpool::Board;
 # 2: on x86-64 the kernel's write path ends with locked instructions (it
 # drops its reference to the page and releases its lock on the address
 # space) after the copy, and a locked instruction is a full fence there.
-# The kernel copies 8-byte words with a string move, which the processor
-# does not promise to make as one store; the only store whose bytes
-# matter, busy over the kernel's reservation, reads as busy or reserved
-# (never idle) at every step. Elsewhere a rare missed wake-up costs at most the
-# supervisor's 100 ms re-read of the board.
+# Elsewhere a rare missed wake-up costs at most the supervisor's 100 ms
+# re-read of the board.
+#
+# The copy is the kernel's memcpy: 8-byte moves, or a string move
+# (`rep movsb`) the processor does not promise to make in 8-byte pieces.
+# Going idle, which the eBPF program may answer at once with a
+# reservation, stores three words so that the 8-byte moves write the
+# state word once (a copy of 8 or 16 bytes writes its first word twice,
+# and the second write could undo a reservation made between the two).
+# Were a string move to write the word byte by byte, a reservation made
+# meanwhile would read as another reservation (never idle), and the
+# worker, which accepts that connection, then stores busy over it. Busy,
+# stored over idle or a reservation, reads as busy or reserved at every
+# step.
 #
 # /proc/self/mem names the address space of the process that opened it:
 # a worker opens its own (a forked process must not inherit it).
@@ -136,9 +145,10 @@ sub idle_after_serving {
 }
 
 # The worker waits (at start): idle. True as for idle_after_serving.
+# Three words, as there (see "the state word once" above).
 sub idle {
     my ($self) = @_;
-    $self->_store(0, pack('Q<', IDLE));
+    $self->_store(0, pack('Q<Q<Q<', IDLE, $self->{taken}, $self->{served}));
     return unpack('P8', $self->{waiting}) ne "\0" x 8;
 }
 

@@ -486,3 +486,20 @@ fn the_supervisor_does_not_spin_while_its_children_are_reserved() {
     let response = common::parse_response(&raw).expect("a response");
     assert_eq!(response.status, 200);
 }
+
+/// The supervisor never holds a kernel-dispatched connection, yet status
+/// names a busy child's client (asked of the kernel when status is).
+#[test]
+fn status_names_a_busy_childs_client() {
+    let Some(pool) = kernel_pool("2", &[]) else {
+        return;
+    };
+    let busy = send(pool.addr, "/?work_ms=3000");
+    let client = busy.local_addr().unwrap().to_string();
+    let status = pool
+        .wait_status(Duration::from_secs(5), |s| {
+            s["slots"][0]["state"] == "busy" && s["slots"][0]["peer"].is_string()
+        })
+        .unwrap_or_else(|| panic!("no busy child with a peer: {}", pool.status()));
+    assert_eq!(status["slots"][0]["peer"], client.as_str(), "{status}");
+}

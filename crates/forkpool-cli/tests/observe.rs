@@ -130,8 +130,9 @@ fn status_until(
 /// /proc and sock_diag see them.
 #[test]
 fn status_and_metrics_report_children_and_queue_as_proc_does() {
-    // `handoff`: the supervisor knows a busy child's client only for a
-    // connection it handed over (operations.md, kernel dispatch).
+    // `handoff`: in kernel dispatch every slot has a listening socket on
+    // the same address, and sock_diag cannot tell which is the pool's
+    // (kernel_dispatch.rs checks a busy child's client there).
     let pool = DemoPool::start(
         &[
             &common::ONE_CHILD[..],
