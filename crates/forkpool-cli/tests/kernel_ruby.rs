@@ -11,17 +11,19 @@
 
 mod common;
 
+#[path = "common/kernel_helper_cases.rs"]
+mod kernel_helper_cases;
 #[path = "common/psgi_support.rs"]
 mod psgi_support;
 #[path = "common/rack_support.rs"]
 mod rack_support;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{killed_by, parse_response, send, signal_pid, total, DemoPool, Response};
+use common::{total, DemoPool, Response};
+use kernel_helper_cases::{assert_clean, get, kernel_pool, pid_in_slot, SupervisorStopped};
 use psgi_support::{connect, read_response};
 use rack_support::{fd_targets, rack_command, require_sinatra, template_pid, PATIENCE, RUBY_DIR};
 
@@ -40,44 +42,12 @@ fn require_ruby() -> bool {
     common::require_program("ruby", "run bash .ci/deps/ruby.sh").is_some()
 }
 
-/// A pool of `children` workers running CMD in kernel dispatch, once all
-/// are idle; None (or, under CI, a failure) where the kernel refuses the
-/// program.
-fn kernel_pool(children: &str, extra: &[&str], cmd: &[&str]) -> Option<DemoPool> {
-    let mut args = vec![
-        "--dispatch",
-        "kernel",
-        "--ping-timeout",
-        "20s",
-        "--min-children",
-        children,
-        "--max-children",
-        children,
-        "--min-spare",
-        "0",
-        "--max-spare",
-        children,
-    ];
-    args.extend_from_slice(extra);
-    let pool = DemoPool::start_run(&args, cmd);
-    if !common::require_kernel_dispatch(&pool) {
-        return None;
-    }
-    let n: u64 = children.parse().unwrap();
-    assert!(
-        pool.wait_status(PATIENCE, |s| s["idle"] == n).is_some(),
-        "the workers never became idle:\n{}",
-        pool.stderr.dump()
-    );
-    Some(pool)
-}
-
 /// `kernel_pool` of the example worker; None when Ruby is missing.
 fn ruby_pool(children: &str, extra: &[&str]) -> Option<DemoPool> {
     if !require_ruby() {
         return None;
     }
-    kernel_pool(children, extra, &ruby_worker())
+    kernel_pool(children.parse().unwrap(), extra, &ruby_worker())
 }
 
 /// `kernel_pool` (EXTRA pool options) of forkpool-rack (SERVER_ARGS) on
@@ -86,7 +56,7 @@ fn rack_pool(children: &str, extra: &[&str], server_args: &[&str]) -> Option<Dem
     if !require_sinatra() {
         return None;
     }
-    kernel_pool(children, extra, &rack_command(server_args))
+    kernel_pool(children.parse().unwrap(), extra, &rack_command(server_args))
 }
 
 /// `--preload` or nothing.
@@ -98,146 +68,27 @@ fn preload_args(preload: bool) -> &'static [&'static str] {
     }
 }
 
-/// The supervisor stopped (SIGSTOP) for as long as this lives: only the
-/// kernel and the workers serve meanwhile.
-struct Stopped(i32);
-
-impl Stopped {
-    fn supervisor(pool: &DemoPool) -> Stopped {
-        signal_pid(pool.pid, "STOP");
-        Stopped(pool.pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        signal_pid(self.0, "CONT");
-    }
-}
-
-/// A GET read to its end, failing after 5 s (a connection nobody took).
-fn get_within(pool: &DemoPool, path: &str) -> Result<Response, String> {
-    read_answer(send(pool.addr, path))
-}
-
-fn read_answer(mut conn: TcpStream) -> Result<Response, String> {
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw)
-        .map_err(|e| format!("no answer: {e}"))?;
-    parse_response(&raw)
-}
-
-/// What status says slot `slot` served. Compare two readings: the
-/// supervisor may count one connection for a worker it read busy on the
-/// board before the worker's first idle store (between `K` and it).
-fn slot_served(status: &serde_json::Value, slot: u64) -> u64 {
-    status["slots"]
-        .as_array()
-        .and_then(|all| all.iter().find(|s| s["slot"] == slot))
-        .and_then(|s| s["served"].as_u64())
-        .unwrap_or(0)
-}
-
-fn pid_in_slot(status: &serde_json::Value, slot: u64) -> i32 {
-    status["slots"]
-        .as_array()
-        .and_then(|all| all.iter().find(|s| s["slot"] == slot))
-        .and_then(|s| s["pid"].as_i64())
-        .unwrap_or_else(|| panic!("no worker in slot {slot}: {status}")) as i32
-}
-
-/// Neither a protocol violation (`B`, `N`, `M` from a `K` worker) nor a
-/// death.
-fn assert_no_kill_nor_death(status: &serde_json::Value) {
-    assert_eq!(killed_by(status, "misbehaved"), 0, "{status}");
-    assert_eq!(total(status, "killed"), 0, "{status}");
-    assert_eq!(total(status, "died"), 0, "{status}");
-    assert!(status.get("dispatch_fallback").is_none(), "{status}");
-}
-
-/// 30 sequential requests, the supervisor stopped: all served by slot 0,
-/// which went idle on the board before each close. The supervisor, woken,
-/// reads the 30 from the board.
+/// The cases every helper passes (`common/kernel_helper_cases.rs`), on the
+/// example worker.
 #[test]
 fn sequential_requests_all_go_to_slot_zero_without_the_supervisor() {
-    let Some(pool) = ruby_pool("3", &[]) else {
-        return;
-    };
-    let before = slot_served(&pool.status(), 0);
-    let slots: Vec<Result<Option<usize>, String>> = {
-        let _stopped = Stopped::supervisor(&pool);
-        (0..30)
-            .map(|_| get_within(&pool, "/").map(|r| r.slot))
-            .collect()
-    };
-    assert_eq!(slots, vec![Ok(Some(0)); 30], "{}", pool.stderr.dump());
-    let status = pool
-        .wait_status(PATIENCE, |s| total(s, "accepted") >= 30)
-        .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
-    assert_eq!(total(&status, "accepted"), 30, "{status}");
-    assert_eq!(slot_served(&status, 0) - before, 30, "{status}");
-    assert_no_kill_nor_death(&status);
+    if require_ruby() {
+        kernel_helper_cases::sequential_requests_all_go_to_slot_zero(&ruby_worker());
+    }
 }
 
-/// Four slow requests at once to four idle workers, the supervisor
-/// stopped: the kernel reserves a different worker for each.
 #[test]
 fn a_burst_lands_one_request_per_idle_worker() {
-    let Some(pool) = ruby_pool("4", &[]) else {
-        return;
-    };
-    let status = pool.status();
-    let before: Vec<u64> = (0..4).map(|slot| slot_served(&status, slot)).collect();
-    let mut slots: Vec<usize> = {
-        let _stopped = Stopped::supervisor(&pool);
-        let waiting: Vec<_> = (0..4).map(|_| send(pool.addr, "/?work_ms=400")).collect();
-        waiting
-            .into_iter()
-            .map(|conn| {
-                let r = read_answer(conn).unwrap_or_else(|e| panic!("{e}"));
-                r.slot.expect("X-Forkpool-Slot")
-            })
-            .collect()
-    };
-    slots.sort_unstable();
-    assert_eq!(slots, [0, 1, 2, 3], "{}", pool.stderr.dump());
-    let status = pool
-        .wait_status(PATIENCE, |s| total(s, "accepted") >= 4)
-        .unwrap();
-    for slot in 0..4 {
-        assert_eq!(
-            slot_served(&status, slot) - before[slot as usize],
-            1,
-            "{status}"
-        );
+    if require_ruby() {
+        kernel_helper_cases::a_burst_lands_one_request_per_idle_worker(&ruby_worker());
     }
-    assert_no_kill_nor_death(&status);
 }
 
-/// A stopped worker is reserved for the first connection, which waits on
-/// its own socket; the next goes to slot 1 (both with the supervisor
-/// stopped). Killed, the worker loses nothing: the supervisor, running
-/// again, takes what was queued and hands it on.
 #[test]
 fn a_killed_worker_loses_nothing_queued_on_its_socket() {
-    let Some(pool) = ruby_pool("2", &[]) else {
-        return;
-    };
-    let first = pid_in_slot(&pool.status(), 0);
-    signal_pid(first, "STOP");
-    let (queued, next) = {
-        let _stopped = Stopped::supervisor(&pool);
-        let queued = send(pool.addr, "/");
-        (queued, get_within(&pool, "/"))
-    };
-    let next = next.unwrap_or_else(|e| panic!("the second request: {e}"));
-    assert_eq!(next.slot, Some(1), "{}", pool.stderr.dump());
-    signal_pid(first, "KILL");
-    let answer = read_answer(queued).expect("the queued connection was answered");
-    assert_eq!(answer.status, 200);
-    assert_ne!(answer.pid, Some(first));
-    assert!(pool.wait_total("died", 1, PATIENCE), "{}", pool.status());
+    if require_ruby() {
+        kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket(&ruby_worker());
+    }
 }
 
 /// `max_requests_per_child` 5: with the supervisor stopped, slot 0
@@ -259,10 +110,8 @@ fn a_worker_leaves_after_its_share_and_is_replaced() {
 
 fn leaves_after_its_share(pool: &DemoPool, preload: bool) {
     let slots: Vec<Result<Option<usize>, String>> = {
-        let _stopped = Stopped::supervisor(pool);
-        (0..10)
-            .map(|_| get_within(pool, "/").map(|r| r.slot))
-            .collect()
+        let _stopped = SupervisorStopped::new(pool);
+        (0..10).map(|_| get(pool, "/").map(|r| r.slot)).collect()
     };
     let want: Vec<_> = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
         .into_iter()
@@ -273,9 +122,9 @@ fn leaves_after_its_share(pool: &DemoPool, preload: bool) {
         .wait_status(PATIENCE, |s| total(s, "retired") >= 2 && s["idle"] == 2)
         .unwrap_or_else(|| panic!("the workers were not replaced: {}", pool.status()));
     assert_eq!(total(&status, "spawned"), 4, "preload {preload}: {status}");
-    assert_no_kill_nor_death(&status);
+    assert_clean(&status);
     for i in 0..5 {
-        let r = get_within(pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let r = get(pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(r.status, 200);
     }
 }
@@ -287,7 +136,7 @@ fn workers_told_to_quit_exit_at_once() {
     let Some(mut pool) = ruby_pool("3", &[]) else {
         return;
     };
-    assert_eq!(get_within(&pool, "/").map(|r| r.status), Ok(200));
+    assert_eq!(get(&pool, "/").map(|r| r.status), Ok(200));
     pool.signal(15);
     let exit = pool.wait_exit(PATIENCE).expect("the supervisor exited");
     assert!(exit.success(), "{exit:?}\n{}", pool.stderr.dump());
@@ -296,35 +145,11 @@ fn workers_told_to_quit_exit_at_once() {
     assert_eq!(total(&totals, "killed"), 0, "{totals}");
 }
 
-/// A worker stopped while the kernel queues a connection on its socket is
-/// told to quit meanwhile (a reload rolls the pool): woken, it reads `Q`
-/// first, then serves what is queued for it before it exits, instead of
-/// leaving it to the supervisor to hand elsewhere.
 #[test]
 fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
-    let Some(pool) = ruby_pool("2", &[]) else {
-        return;
-    };
-    let worker = pid_in_slot(&pool.status(), 0);
-    signal_pid(worker, "STOP");
-    let queued = send(pool.addr, "/");
-    pool.signal(1); // HUP: a new generation, and Q for the old one
-    let retiring = pool.wait_status(PATIENCE, |s| {
-        s["slots"].as_array().is_some_and(|all| {
-            all.iter()
-                .any(|w| w["pid"] == worker && w["state"] == "retiring")
-        })
-    });
-    signal_pid(worker, "CONT");
-    assert!(retiring.is_some(), "never told to quit: {}", pool.status());
-    let answer = read_answer(queued).expect("the queued connection was answered");
-    assert_eq!((answer.status, answer.pid), (200, Some(worker)));
-    let status = pool
-        .wait_status(PATIENCE, |s| {
-            s["generation"] == 2 && s["idle"] == 2 && total(s, "retired") >= 2
-        })
-        .unwrap_or_else(|| panic!("the old generation never left: {}", pool.status()));
-    assert_no_kill_nor_death(&status);
+    if require_ruby() {
+        kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&ruby_worker());
+    }
 }
 
 /// forkpool-rack in kernel dispatch, exec'd and under `--preload`, the
@@ -342,9 +167,9 @@ fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
 
 fn serves_keep_alive_included(pool: &DemoPool, preload: bool) {
     let (slots, kept) = {
-        let _stopped = Stopped::supervisor(pool);
+        let _stopped = SupervisorStopped::new(pool);
         let slots: Vec<Option<usize>> = (0..10)
-            .map(|_| get_within(pool, "/").expect("an answer").slot)
+            .map(|_| get(pool, "/").expect("an answer").slot)
             .collect();
         let mut conn = connect(pool);
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -376,7 +201,7 @@ fn serves_keep_alive_included(pool: &DemoPool, preload: bool) {
         .wait_status(PATIENCE, |s| total(s, "accepted") >= 11)
         .unwrap();
     assert_eq!(total(&status, "accepted"), 11, "{status}");
-    assert_no_kill_nor_death(&status);
+    assert_clean(&status);
 }
 
 /// One forkpool-rack worker holds an idle kept-alive connection (its
@@ -398,9 +223,9 @@ fn the_rack_server_gives_way_on_the_overflow() {
     let first = read_response(&mut kept, false);
     assert_eq!(first.header("connection"), None, "kept alive");
     let (answer, waited) = {
-        let _stopped = Stopped::supervisor(&pool);
+        let _stopped = SupervisorStopped::new(&pool);
         let started = Instant::now();
-        (get_within(&pool, "/?name=b"), started.elapsed())
+        (get(&pool, "/?name=b"), started.elapsed())
     };
     let answer = answer.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
     assert_eq!(answer.body, "hello b\n");
@@ -414,7 +239,7 @@ fn the_rack_server_gives_way_on_the_overflow() {
     let status = pool
         .wait_status(PATIENCE, |s| total(s, "taken_next") >= 1)
         .unwrap_or_else(|| panic!("not taken from the overflow: {}", pool.status()));
-    assert_no_kill_nor_death(&status);
+    assert_clean(&status);
 }
 
 /// Refork in kernel dispatch: after five connections the warm worker
@@ -434,7 +259,7 @@ fn a_reforking_worker_gives_up_its_seat() {
     let warm = pid_in_slot(&pool.status(), 0);
     let deadline = Instant::now() + PATIENCE;
     loop {
-        assert_eq!(get_within(&pool, "/").map(|r| r.status), Ok(200));
+        assert_eq!(get(&pool, "/").map(|r| r.status), Ok(200));
         let s = pool.status();
         if total(&s, "reforks") == 1
             && template_pid(&s) == warm
@@ -454,8 +279,8 @@ fn a_reforking_worker_gives_up_its_seat() {
         "the new template kept the board: {fds:?}\n{maps}"
     );
     let answers: Vec<Result<Response, String>> = {
-        let _stopped = Stopped::supervisor(&pool);
-        (0..3).map(|_| get_within(&pool, "/")).collect()
+        let _stopped = SupervisorStopped::new(&pool);
+        (0..3).map(|_| get(&pool, "/")).collect()
     };
     for answer in answers {
         let answer = answer.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
@@ -466,7 +291,7 @@ fn a_reforking_worker_gives_up_its_seat() {
             "served by a worker of the new template"
         );
     }
-    assert_no_kill_nor_death(&pool.status());
+    assert_clean(&pool.status());
 }
 
 /// The record the helper keeps, on a file mapped like the board (magic,

@@ -96,6 +96,15 @@ pub fn pid_in_slot(status: &serde_json::Value, slot: u64) -> i32 {
         .unwrap_or_else(|| panic!("no worker in slot {slot}: {status}")) as i32
 }
 
+/// What status says slot `slot` served.
+pub fn slot_served(status: &serde_json::Value, slot: u64) -> u64 {
+    status["slots"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["slot"] == slot))
+        .and_then(|s| s["served"].as_u64())
+        .unwrap_or(0)
+}
+
 /// No worker was killed (a `B`, `N` or `M` from a `K` worker is a protocol
 /// violation) or died, and the pool is in kernel dispatch.
 pub fn assert_clean(status: &serde_json::Value) {
@@ -119,6 +128,7 @@ pub fn sequential_requests_all_go_to_slot_zero_with(extra: &[&str], cmd: &[&str]
     let Some(pool) = kernel_pool(3, extra, cmd) else {
         return;
     };
+    let before = slot_served(&pool.status(), 0);
     let slots: Vec<Result<Option<usize>, String>> = {
         let _stopped = SupervisorStopped::new(&pool);
         let mut slots = Vec::new();
@@ -133,6 +143,7 @@ pub fn sequential_requests_all_go_to_slot_zero_with(extra: &[&str], cmd: &[&str]
         .wait_status(PATIENCE, |s| total(s, "accepted") >= 30)
         .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
     assert_eq!(total(&status, "accepted"), 30, "{status}");
+    assert_eq!(slot_served(&status, 0) - before, 30, "{status}");
     assert_clean(&status);
 }
 
@@ -142,6 +153,8 @@ pub fn a_burst_lands_one_request_per_idle_worker(cmd: &[&str]) {
     let Some(pool) = kernel_pool(4, &[], cmd) else {
         return;
     };
+    let status = pool.status();
+    let before: Vec<u64> = (0..4).map(|slot| slot_served(&status, slot)).collect();
     let mut slots: Vec<usize> = {
         let _stopped = SupervisorStopped::new(&pool);
         let sent: Vec<_> = (0..4).map(|_| send(pool.addr, "/?work_ms=300")).collect();
@@ -157,11 +170,15 @@ pub fn a_burst_lands_one_request_per_idle_worker(cmd: &[&str]) {
     let status = pool
         .wait_status(PATIENCE, |s| total(s, "accepted") >= 4)
         .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
+    for (slot, before) in before.iter().enumerate() {
+        assert_eq!(slot_served(&status, slot as u64) - before, 1, "{status}");
+    }
     assert_clean(&status);
 }
 
 /// A stopped worker in slot 0 is reserved for the first connection,
-/// which waits on its own socket; the next goes to slot 1. SIGKILLed, the
+/// which waits on its own socket; the next goes to slot 1 (both with the
+/// supervisor stopped too). SIGKILLed, the
 /// worker loses nothing: the supervisor accepts what was queued on its
 /// socket and hands it on.
 pub fn a_killed_worker_loses_nothing_queued_on_its_socket(cmd: &[&str]) {
@@ -170,8 +187,12 @@ pub fn a_killed_worker_loses_nothing_queued_on_its_socket(cmd: &[&str]) {
     };
     let first = pid_in_slot(&pool.status(), 0);
     signal_pid(first, "STOP");
-    let queued = send(pool.addr, "/");
-    let next = get(&pool, "/").expect("the second request");
+    let (queued, next) = {
+        let _stopped = SupervisorStopped::new(&pool);
+        let queued = send(pool.addr, "/");
+        (queued, get(&pool, "/"))
+    };
+    let next = next.unwrap_or_else(|e| panic!("the second request: {e}"));
     assert_eq!(next.slot, Some(1), "{}", pool.stderr.dump());
     signal_pid(first, "KILL");
     let answer = answer(queued).expect("the queued connection was answered");
