@@ -301,6 +301,11 @@ int main(void)
 {
     const char *proto = getenv("FORKPOOL_PROTOCOL");
     const char *mode = getenv("FORKPOOL_DISPATCH");
+    /* Kernel dispatch is announced as handoff plus FORKPOOL_KERNEL_DISPATCH=1,
+     * so that a worker written before it serves as in handoff. */
+    const char *kernel = getenv("FORKPOOL_KERNEL_DISPATCH");
+    if (mode && kernel && strcmp(mode, "handoff") == 0 && strcmp(kernel, "1") == 0)
+        mode = "kernel";
     const char *chan_s = getenv("FORKPOOL_CHANNEL_FD");
     const char *s = getenv("FORKPOOL_SLOT");
     if (s)

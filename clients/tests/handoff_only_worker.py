@@ -1,7 +1,7 @@
 """A worker written from docs/protocol.md before kernel dispatch existed:
-it says `R`, never touches the scoreboard, and serves whatever connection
-the supervisor hands it (`C`) as in `handoff`, whatever FORKPOOL_DISPATCH
-says. In `kernel` dispatch the supervisor must still serve through it.
+it knows only `handoff`, says `R`, never touches the scoreboard, and serves
+whatever connection the supervisor hands it (`C`). In `kernel` dispatch the
+supervisor must still serve through it.
 
 Reads each request's head and answers `HTTP/1.0 200 OK` with
 `X-Forkpool-Slot`, then closes the connection.
@@ -12,6 +12,10 @@ import socket
 import struct
 import sys
 
+# Strict, as workers written from the protocol's first version were: a mode
+# it does not know is an error. Kernel dispatch says `handoff` to it.
+if os.environ["FORKPOOL_DISPATCH"] != "handoff":
+    sys.exit(f"this worker knows only handoff, not {os.environ['FORKPOOL_DISPATCH']}")
 channel_fd = int(os.environ["FORKPOOL_CHANNEL_FD"])
 listeners = int(os.environ.get("LISTEN_FDS", "0"))
 if channel_fd != 3 + listeners:

@@ -71,6 +71,17 @@ my %PAYLOAD = (A => 2, C => 2, p => 4, Q => 0);
 # And, in kernel dispatch, S (its seat: own sockets and the scoreboard).
 my %PAYLOAD_V2 = (%PAYLOAD, T => 0, S => 10);
 
+# The dispatch mode: `kernel` dispatch is announced as `handoff` plus
+# FORKPOOL_KERNEL_DISPATCH=1, so that a worker written before it serves as
+# in handoff.
+sub dispatch_of {
+    my ($env, $required) = @_;
+    my $dispatch = $required->('FORKPOOL_DISPATCH');
+    return 'kernel'
+        if $dispatch eq 'handoff' && ($env->{FORKPOOL_KERNEL_DISPATCH} // '') eq '1';
+    return $dispatch;
+}
+
 sub from_env {
     my ($class, %env) = @_;
     %env = %ENV unless %env;
@@ -83,7 +94,7 @@ sub from_env {
     };
     return Forkpool::Worker::Template->from_env(%env)
         if defined $env{FORKPOOL_TEMPLATE_FD};
-    my $dispatch = $required->('FORKPOOL_DISPATCH');
+    my $dispatch = dispatch_of(\%env, $required);
     if ($dispatch eq 'none') {
         die "the pool runs with --dispatch none, which has no back-channel: "
             . "accept on the LISTEN_FDS listeners directly instead\n";
@@ -641,7 +652,7 @@ sub from_env {
         channel        => $channel,
         listeners      => [ map { Forkpool::Worker::_adopt($start + $_) } 0 .. $count - 1 ],
         generation     => $required->('FORKPOOL_GENERATION'),
-        dispatch       => $required->('FORKPOOL_DISPATCH'),
+        dispatch       => Forkpool::Worker::dispatch_of(\%env, $required),
         supervisor_pid => $required->('FORKPOOL_SUPERVISOR_PID'),
         recvmsg        => Forkpool::Worker::_recvmsg_number(),
         version        => Forkpool::Worker::TEMPLATE_PROTOCOL_VERSION,

@@ -117,6 +117,9 @@ module Forkpool
       @pid = Process.pid
       @leaving = false
       dispatch = required(env, "FORKPOOL_DISPATCH")
+      # Kernel dispatch is announced as handoff plus FORKPOOL_KERNEL_DISPATCH=1,
+      # so that a worker written before it serves as in handoff.
+      dispatch = "kernel" if dispatch == "handoff" && env["FORKPOOL_KERNEL_DISPATCH"] == "1"
       if dispatch == "none"
         raise ArgumentError, "the pool runs with --dispatch none, which has no back-channel: " \
                              "accept on the LISTEN_FDS listeners directly instead"

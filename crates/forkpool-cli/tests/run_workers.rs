@@ -585,7 +585,8 @@ for name in os.listdir("/proc/self/fd"):
     fds[fd] = entry
 names = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "FORKPOOL_CHANNEL_FD",
          "FORKPOOL_PROTOCOL", "FORKPOOL_SLOT", "FORKPOOL_GENERATION", "FORKPOOL_DISPATCH",
-         "FORKPOOL_OVERFLOW_FD", "FORKPOOL_BOARD_FD", "FORKPOOL_MAX_REQUESTS"]
+         "FORKPOOL_OVERFLOW_FD", "FORKPOOL_BOARD_FD", "FORKPOOL_MAX_REQUESTS",
+         "FORKPOOL_KERNEL_DISPATCH"]
 report = {"pid": os.getpid(), "fds": fds, "env": {n: os.environ.get(n) for n in names}}
 print("FDREPORT " + json.dumps(report), file=sys.stderr, flush=True)
 print(f"stdout of worker {os.getpid()}", flush=True)
@@ -750,7 +751,9 @@ fn fd_hygiene_kernel_worker_gets_its_sockets_the_channel_the_overflow_and_the_bo
         ("FORKPOOL_CHANNEL_FD", "5"),
         ("FORKPOOL_OVERFLOW_FD", "6"),
         ("FORKPOOL_BOARD_FD", "8"),
-        ("FORKPOOL_DISPATCH", "kernel"),
+        // Kernel dispatch is handoff to a worker that does not know it.
+        ("FORKPOOL_DISPATCH", "handoff"),
+        ("FORKPOOL_KERNEL_DISPATCH", "1"),
     ] {
         assert_eq!(env_of(&report, var).as_deref(), Some(value), "{var}");
     }

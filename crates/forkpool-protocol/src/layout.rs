@@ -26,7 +26,8 @@
 //! | `FORKPOOL_PROTOCOL`   | `1`, the back-channel protocol version, except in `none` mode |
 //! | `FORKPOOL_SLOT`       | the worker's slot number                                |
 //! | `FORKPOOL_GENERATION` | the pool generation (it goes up on every reload)        |
-//! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `kernel`, `herd` or `none` |
+//! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `herd` or `none` (`kernel` dispatch says `handoff`) |
+//! | `FORKPOOL_KERNEL_DISPATCH` | `1` in `kernel` dispatch                           |
 //! | `FORKPOOL_OVERFLOW_FD` | `kernel` only: 3+n+1, the first of the pool's n listeners |
 //! | `FORKPOOL_BOARD_FD`   | `kernel` only: the scoreboard map, 3+2n+1               |
 //! | `FORKPOOL_MAX_REQUESTS` | `kernel` only: connections before it leaves, when limited |
@@ -50,6 +51,10 @@ pub const SLOT_VAR: &str = "FORKPOOL_SLOT";
 pub const GENERATION_VAR: &str = "FORKPOOL_GENERATION";
 /// The dispatch mode's name.
 pub const DISPATCH_VAR: &str = "FORKPOOL_DISPATCH";
+/// `1` in `kernel` dispatch, where `FORKPOOL_DISPATCH` says `handoff`: a
+/// worker that knows kernel dispatch says `K` and keeps its record; one
+/// that does not serves as in `handoff`, which it is for it.
+pub const KERNEL_DISPATCH_VAR: &str = "FORKPOOL_KERNEL_DISPATCH";
 /// `kernel` dispatch: the first of the pool's listeners (the overflow),
 /// which follow the slot's own sockets.
 pub const OVERFLOW_FD_VAR: &str = "FORKPOOL_OVERFLOW_FD";

@@ -30,13 +30,14 @@ use crate::sys;
 use crate::worker::ChildStart;
 
 pub use forkpool_protocol::layout::{
-    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDNAMES_VAR,
-    LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
-    SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
+    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, KERNEL_DISPATCH_VAR,
+    LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR,
+    PROTOCOL_VAR, SLOT_VAR, SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
 };
 
-const MANAGED_VARS: [&str; 13] = [
+const MANAGED_VARS: [&str; 14] = [
     BOARD_FD_VAR,
+    KERNEL_DISPATCH_VAR,
     MAX_REQUESTS_VAR,
     OVERFLOW_FD_VAR,
     CHANNEL_FD_VAR,
@@ -311,8 +312,16 @@ fn prepare(parts: Parts, role: Role, command: &WorkerCommand) -> io::Result<std:
             cmd.env(MAX_REQUESTS_VAR, max_requests.to_string());
         }
     }
-    cmd.env(GENERATION_VAR, generation.to_string())
-        .env(DISPATCH_VAR, mode.name());
+    cmd.env(GENERATION_VAR, generation.to_string());
+    // Kernel dispatch is handoff to a worker that does not know it (one
+    // written before it): such a worker says `R` and is handed every
+    // connection; one that knows it reads FORKPOOL_KERNEL_DISPATCH.
+    if mode == crate::config::DispatchMode::Kernel {
+        cmd.env(DISPATCH_VAR, crate::config::DispatchMode::Handoff.name())
+            .env(KERNEL_DISPATCH_VAR, "1");
+    } else {
+        cmd.env(DISPATCH_VAR, mode.name());
+    }
     Ok(cmd)
 }
 

@@ -39,8 +39,8 @@ use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
 use crate::dispatch::kernel::board::Board;
 use crate::exec::{
-    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDS_VAR,
-    LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
+    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, KERNEL_DISPATCH_VAR,
+    LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
 };
 use crate::listener::Listener;
 use crate::protocol::{self, TemplateReply, TemplateRequest};
@@ -130,9 +130,14 @@ fn read_layout(var: impl Fn(&str) -> Option<String>, pid: u32) -> Result<Layout,
             message: format!("{name}={text:?} is not a number"),
         })
     };
-    let mode: DispatchMode = required(DISPATCH_VAR)?
+    let mut mode: DispatchMode = required(DISPATCH_VAR)?
         .parse()
         .map_err(|e: String| ExecWorkerError { message: e })?;
+    // Kernel dispatch is announced as handoff plus this, for workers that
+    // predate it.
+    if mode == DispatchMode::Handoff && var(KERNEL_DISPATCH_VAR).as_deref() == Some("1") {
+        mode = DispatchMode::Kernel;
+    }
     if !mode.speaks_protocol() {
         return fail(
             "the pool runs with --dispatch none, which has no back-channel: \
@@ -787,8 +792,10 @@ mod tests {
             ("FORKPOOL_BOARD_FD", "8"),
             ("FORKPOOL_MAX_REQUESTS", "1234"),
         ]);
-        vars[3] = ("FORKPOOL_DISPATCH", "kernel");
+        vars[3] = ("FORKPOOL_DISPATCH", "handoff");
+        vars.push(("FORKPOOL_KERNEL_DISPATCH", "1"));
         let got = layout(&vars, 77).unwrap();
+        assert_eq!(got.mode, DispatchMode::Kernel);
         assert_eq!(
             got.kernel,
             Some(KernelLayout {
