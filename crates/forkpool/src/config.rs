@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub enum DispatchMode {
     /// The supervisor accepts and passes the connection's descriptor to the
     /// lowest-numbered idle child over its back-channel (`SCM_RIGHTS`).
-    #[default]
+    /// What [`DispatchMode::Kernel`] falls back to.
     Handoff,
     /// Children hold the listeners; the supervisor orders the lowest-numbered
     /// idle child to accept one connection (SpamAssassin spamd's scheme).
@@ -29,7 +29,8 @@ pub enum DispatchMode {
     /// idle, to the supervisor's, which hands it on as in `Handoff`). Needs
     /// Linux 5.12+ and `CAP_BPF`; where it cannot run, or for children it
     /// does not serve yet (many-connection children), the pool falls back
-    /// to `Handoff` and says why.
+    /// to `Handoff` and says why. The default.
+    #[default]
     Kernel,
     /// Like `Shared` but every child polls the listeners non-exclusively, so
     /// every connection wakes every idle child. Exists only so the benchmark
@@ -267,7 +268,7 @@ impl Default for PoolConfig {
             busy_timeout: Duration::ZERO,
             retire_grace: Duration::from_secs(1),
             max_spawn_rate: 32,
-            dispatch: DispatchMode::Handoff,
+            dispatch: DispatchMode::Kernel,
             backlog: 1024,
             defer_accept: Duration::ZERO,
             max_requests_jitter: 0,
