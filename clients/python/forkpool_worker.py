@@ -29,9 +29,12 @@ connection and let the worker read it.
 
 Every dispatch mode is supported: `handoff` (connections arrive over the
 back-channel with SCM_RIGHTS; needs Python 3.9 for `socket.recv_fds`),
-`order` (accept on the inherited listener when told) and `shared`/`herd`
-(wait on the listeners with epoll). `--dispatch none` has no back-channel
-at all: such a worker just accepts on the `LISTEN_FDS` sockets.
+`order` (accept on the inherited listener when told), `shared`/`herd`
+(wait on the listeners with epoll) and `kernel` (the kernel queues each
+connection on the lowest idle worker's own socket; the worker says idle or
+busy on the shared scoreboard, `forkpool_board`, and reports nothing per
+connection). `--dispatch none` has no back-channel at all: such a worker
+just accepts on the `LISTEN_FDS` sockets.
 
 The wire format is in forkpool's docs/protocol.md.
 """
@@ -46,6 +49,8 @@ import socket
 import struct
 import sys
 import time
+
+import forkpool_board
 
 PROTOCOL_VERSION = 1
 # Version 2: version 1 plus templates (`forkpool run --preload`).
@@ -65,15 +70,36 @@ class ProtocolError(Exception):
 class Worker:
     """One worker process's end of the back-channel, and its listeners."""
 
-    def __init__(self, channel, listeners, slot, generation, dispatch, version=1):
+    def __init__(
+        self, channel, listeners, slot, generation, dispatch, version=1, overflow=(), board=None
+    ):
         self.version = version
         self.channel = channel
+        # In `kernel` dispatch, the worker's own sockets (one per pool
+        # listener); otherwise the pool's listeners.
         self.listeners = listeners
         self.slot = slot
         self.generation = generation
         self.dispatch = dispatch
         self.pid = os.getpid()
         self.leaving = False
+        # `kernel` dispatch: the pool's listeners, where connections no
+        # idle worker took wait (the overflow), and this slot's record on
+        # the scoreboard (a forkpool_board.Record). Without a board the
+        # worker is served as in `handoff`.
+        self.overflow = list(overflow)
+        self.board = board
+        # The listeners where a connection waits for any worker: what a
+        # kept-alive connection gives way to.
+        self.pool_listeners = self.overflow if board is not None else listeners
+        # Per listener: a poll of (channel, overflow listener) and the
+        # overflow's descriptor, for the one look a finishing worker takes.
+        self._finish_polls = []
+        for sock in self.overflow:
+            look = select.poll()
+            look.register(channel.fileno(), select.POLLIN)
+            look.register(sock.fileno(), select.POLLIN)
+            self._finish_polls.append((look, sock.fileno()))
 
     @classmethod
     def from_env(cls, environ=None):
@@ -116,11 +142,27 @@ class Worker:
                     "to a parent (a shell wrapper that forks instead of exec'ing?)"
                 )
             count = int(env["LISTEN_FDS"])
+        channel_at = _LISTEN_FDS_START + count
+        board_fd = env.get("FORKPOOL_BOARD_FD") if dispatch == "kernel" else None
+        if board_fd is not None:
+            # Own sockets, then the overflow, then the channel, then the board.
+            overflow_fd = int(required("FORKPOOL_OVERFLOW_FD"))
+            if overflow_fd != channel_at:
+                raise RuntimeError(
+                    f"FORKPOOL_OVERFLOW_FD is {overflow_fd}, but with {count} "
+                    f"listener(s) it must be {channel_at}"
+                )
+            channel_at += count
+            if int(board_fd) != channel_at + 1:
+                raise RuntimeError(
+                    f"FORKPOOL_BOARD_FD is {board_fd}, but with {count} "
+                    f"listener(s) it must be {channel_at + 1}"
+                )
         channel_fd = int(required("FORKPOOL_CHANNEL_FD"))
-        if channel_fd != _LISTEN_FDS_START + count:
+        if channel_fd != channel_at:
             raise RuntimeError(
                 f"FORKPOOL_CHANNEL_FD is {channel_fd}, but with {count} "
-                f"listener(s) it must be {_LISTEN_FDS_START + count}"
+                f"listener(s) it must be {channel_at}"
             )
         # socket(fileno=...) asks the kernel for family and type and leaves
         # the descriptor's flags alone. That matters for the listeners:
@@ -132,16 +174,28 @@ class Worker:
         channel = socket.socket(fileno=channel_fd)
         if channel.type != socket.SOCK_SEQPACKET:
             raise RuntimeError(f"descriptor {channel_fd} is not the back-channel")
+        overflow = []
+        board = None
+        slot = int(required("FORKPOOL_SLOT"))
+        if board_fd is not None:
+            overflow = [
+                socket.socket(fileno=_LISTEN_FDS_START + count + i) for i in range(count)
+            ]
+            os.set_inheritable(int(board_fd), False)
+            # A BoardError is a RuntimeError: the caller says why and exits 1.
+            board = forkpool_board.Record(int(board_fd), slot)
         # Programs the handler starts must not inherit these.
-        for sock in listeners + [channel]:
+        for sock in listeners + overflow + [channel]:
             sock.set_inheritable(False)
         return cls(
             channel,
             listeners,
-            int(required("FORKPOOL_SLOT")),
+            slot,
             int(required("FORKPOOL_GENERATION")),
             dispatch,
             int(version),
+            overflow,
+            board,
         )
 
     def serve(self, handle):
@@ -149,7 +203,8 @@ class Worker:
         gone. Returns normally in both cases; raises ProtocolError on a
         message it does not understand."""
         _run_after_fork_hooks()
-        self._send(b"R", struct.pack(">I", self.pid))
+        # K: this worker keeps its record on the scoreboard (kernel dispatch).
+        self._send(b"R" if self.board is None else b"K", struct.pack(">I", self.pid))
         try:
             self._serve_loop(handle)
         except _BecomeTemplate as order:
@@ -157,7 +212,10 @@ class Worker:
             self.serve(handle)
 
     def _serve_loop(self, handle):
-        if self.dispatch in ("handoff", "order"):
+        if self.board is not None:
+            self._wait_on_own_sockets(handle)
+        elif self.dispatch in ("handoff", "order", "kernel"):
+            # `kernel` without a board: served as in handoff.
             while self._take_message(handle) and not self.leaving:
                 pass
         elif self.dispatch in ("shared", "herd"):
@@ -217,10 +275,21 @@ class Worker:
         if kind == b"p":
             self._send(b"P", payload)
         elif kind == b"Q":
+            if self.board is not None:
+                self._serve_what_the_kernel_queued(handle)
             return False
         elif kind == b"T":
+            if self.board is not None:
+                self.board.go_busy()
             raise _BecomeTemplate(fd)
-        elif kind == b"C" and self.dispatch == "handoff":
+        elif kind == b"C" and self.board is not None:
+            (listener,) = struct.unpack(">H", payload)
+            conn = self._connection(fd, listener)
+            # The supervisor claimed this worker (idle to busy) already;
+            # the store only makes sure of it.
+            self.board.go_busy()
+            self._serve_then_idle(conn, listener, handle)
+        elif kind == b"C" and self.dispatch in ("handoff", "kernel"):
             (listener,) = struct.unpack(">H", payload)
             self._serve(self._connection(fd, listener), listener, handle)
         elif kind == b"A" and self.dispatch == "order":
@@ -323,6 +392,110 @@ class Worker:
                     self._accept(index_of[fd], handle)
                 if self.leaving:
                     return
+
+    # -- kernel dispatch (docs/protocol.md, "`kernel` dispatch") ---------
+    #
+    # The kernel queues a connection on this worker's own socket only after
+    # reserving its idle record on the scoreboard, so the worker reports
+    # nothing per connection: it stores busy on accept and idle when done,
+    # counts on its record, and speaks on the channel only to answer pings
+    # and, while the supervisor asks for it (word 2), to say `I`.
+
+    def _wait_on_own_sockets(self, handle):
+        """Waits on the own sockets and the channel until told to quit."""
+        channel_fd = self.channel.fileno()
+        waiter = select.poll()
+        waiter.register(channel_fd, select.POLLIN)
+        index_of = {}
+        for i, listener in enumerate(self.listeners):
+            waiter.register(listener.fileno(), select.POLLIN)
+            index_of[listener.fileno()] = i
+        if self.board.go_idle():
+            self._send(b"I")
+        while True:
+            for fd, _event in waiter.poll():
+                if fd == channel_fd:
+                    if not self._take_message(handle):
+                        return
+                else:
+                    self._accept_own(index_of[fd], handle)
+                if self.leaving:
+                    return
+
+    def _accept_own(self, listener, handle):
+        """Accepts what the kernel queued on own socket `listener`, and
+        serves it. Nothing there (a reservation given back, its client
+        gone): say nothing, wait again."""
+        try:
+            conn, _addr = self.listeners[listener].accept()
+        except (BlockingIOError, ConnectionAbortedError):
+            return
+        except OSError as e:
+            print(f"forkpool worker: accept failed: {e}", file=sys.stderr)
+            return
+        record = self.board
+        record.state.value = forkpool_board.BUSY
+        record.taken.value += 1
+        self._serve_then_idle(conn, listener, handle)
+
+    def _serve_then_idle(self, conn, listener, handle):
+        """Serves `conn`, then finishes it: takes the next connection
+        waiting on the overflow, if any, or goes idle on the scoreboard
+        (and says `I` if the supervisor asks). The finished connection is
+        closed only then, so a client that reconnects the moment it sees
+        the close finds this same worker idle."""
+        record = self.board
+        while conn is not None:
+            try:
+                handle(conn, listener)
+                record.served.value += 1
+                if self.leaving:
+                    record.go_busy()
+                    self._say_leaving()
+                    return
+                following = self._take_from_overflow(listener)
+                if following is not None:
+                    record.taken.value += 1
+                    record.next.value += 1
+                elif record.go_idle():
+                    self._send(b"I")
+            finally:
+                conn.close()
+            conn = following
+
+    def _take_from_overflow(self, listener):
+        """The next connection waiting on overflow listener `listener`, or
+        None. One poll asks both whether a message waits (it goes first:
+        the worker goes idle and reads it) and whether a connection does,
+        so finding nothing costs one system call."""
+        if listener >= len(self._finish_polls):
+            return None
+        look, overflow_fd = self._finish_polls[listener]
+        ready = look.poll(0)
+        if len(ready) != 1 or ready[0][0] != overflow_fd:
+            return None
+        try:
+            conn, _addr = self.overflow[listener].accept()
+        except OSError:  # another worker or the supervisor was faster
+            return None
+        return conn  # accept() makes it close-on-exec
+
+    def _serve_what_the_kernel_queued(self, handle):
+        """Told to quit: busy on the scoreboard, so the kernel queues
+        nothing more, then serves what it queued just before on the own
+        sockets (until accept finds nothing)."""
+        record = self.board
+        record.go_busy()
+        for listener, sock in enumerate(self.listeners):
+            while True:
+                try:
+                    conn, _addr = sock.accept()
+                except OSError:
+                    break
+                record.taken.value += 1
+                with conn:
+                    handle(conn, listener)
+                record.served.value += 1
 
 
 # --- Stack dumps (docs/protocol.md, "Stack dumps") --------------------------

@@ -272,14 +272,25 @@ class Server:
         self.worker = worker
         self.limits = limits
         self.access_log = access_log
+        # Built on the first connection, in the worker itself: under
+        # --preload `worker` is the template until then.
         self._listener_poll = None
-        if worker.listeners:
+        self._pool_listeners = None
+
+    def _watch_pool_listeners(self):
+        """The listeners where connections wait for any worker (in
+        `kernel` dispatch the overflow, not the worker's own sockets) and
+        one poll of them all, made once."""
+        self._pool_listeners = list(self.worker.pool_listeners)
+        if self._pool_listeners:
             self._listener_poll = select.poll()
-            for listener in worker.listeners:
+            for listener in self._pool_listeners:
                 self._listener_poll.register(listener.fileno(), select.POLLIN)
 
     def handle(self, conn, _listener):
         """One connection: requests until close, a limit, or an idle timeout."""
+        if self._pool_listeners is None:
+            self._watch_pool_listeners()
         reader = http.Reader(conn)
         peer = _peer(conn)
         opened = None
@@ -320,7 +331,7 @@ class Server:
         watch = select.poll()
         watch.register(conn.fileno(), select.POLLIN)
         watch.register(self.worker.channel.fileno(), select.POLLIN)
-        for listener in self.worker.listeners:
+        for listener in self._pool_listeners:
             watch.register(listener.fileno(), select.POLLIN)
         step = GIVE_WAY_STEP * (self.worker.slot % 4 + 1)
         idle_since = time.monotonic()
