@@ -8,8 +8,12 @@
 //! | 0           | `/dev/null`                                                 |
 //! | 1           | the supervisor's standard output, shared                    |
 //! | 2           | a pipe the supervisor reads; each line is logged with the slot and pid |
-//! | 3 … 3+n−1   | the n listening sockets, in every mode                      |
+//! | 3 … 3+n−1   | the n listening sockets, in every mode (in `kernel`: the slot's own) |
 //! | 3+n         | the back-channel (not in `none` mode)                       |
+//!
+//! In `kernel` dispatch the pool's listeners (the overflow) come after the
+//! back-channel, at 3+n+1 … 3+2n, and the scoreboard map at 3+2n+1
+//! (`FORKPOOL_OVERFLOW_FD`, `FORKPOOL_BOARD_FD`).
 //!
 //! No other descriptor is open. The environment says where things are:
 //!
@@ -22,7 +26,10 @@
 //! | `FORKPOOL_PROTOCOL`   | `1`, the back-channel protocol version, except in `none` mode |
 //! | `FORKPOOL_SLOT`       | the worker's slot number                                |
 //! | `FORKPOOL_GENERATION` | the pool generation (it goes up on every reload)        |
-//! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `herd` or `none`          |
+//! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `kernel`, `herd` or `none` |
+//! | `FORKPOOL_OVERFLOW_FD` | `kernel` only: 3+n+1, the first of the pool's n listeners |
+//! | `FORKPOOL_BOARD_FD`   | `kernel` only: the scoreboard map, 3+2n+1               |
+//! | `FORKPOOL_MAX_REQUESTS` | `kernel` only: connections before it leaves, when limited |
 //!
 //! Variables of these names that the supervisor itself inherited are removed,
 //! so a worker never mistakes its parent's socket activation for its own.
@@ -43,6 +50,14 @@ pub const SLOT_VAR: &str = "FORKPOOL_SLOT";
 pub const GENERATION_VAR: &str = "FORKPOOL_GENERATION";
 /// The dispatch mode's name.
 pub const DISPATCH_VAR: &str = "FORKPOOL_DISPATCH";
+/// `kernel` dispatch: the first of the pool's listeners (the overflow),
+/// which follow the slot's own sockets.
+pub const OVERFLOW_FD_VAR: &str = "FORKPOOL_OVERFLOW_FD";
+/// `kernel` dispatch: the scoreboard map's descriptor, to `mmap`.
+pub const BOARD_FD_VAR: &str = "FORKPOOL_BOARD_FD";
+/// `kernel` dispatch: the connections this worker serves before it leaves
+/// on its own (`X`); absent or 0: no limit.
+pub const MAX_REQUESTS_VAR: &str = "FORKPOOL_MAX_REQUESTS";
 /// systemd socket activation: how many listeners follow fd 2.
 pub const LISTEN_FDS_VAR: &str = "LISTEN_FDS";
 /// systemd socket activation: the pid the listeners are meant for.

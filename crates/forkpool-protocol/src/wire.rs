@@ -28,6 +28,14 @@ pub enum ChildMessage {
         /// The child's process id, so the supervisor can check who speaks.
         pid: u32,
     },
+    /// The child has started, and keeps its own record on the scoreboard
+    /// (`kernel` dispatch only): `Ready` for a child that serves its own
+    /// socket and says idle and busy there instead of in messages. Sent
+    /// once, first, in place of `Ready`.
+    ReadyOnBoard {
+        /// The child's process id, as in `Ready`.
+        pid: u32,
+    },
     /// The child finished its connection (or was never busy) and waits again.
     Idle,
     /// The child accepted a connection itself (`order` and `shared` dispatch).
@@ -151,6 +159,7 @@ impl ChildMessage {
         buf[0] = VERSION;
         let len = match self {
             ChildMessage::Ready { pid } => put_u32(buf, b'R', pid),
+            ChildMessage::ReadyOnBoard { pid } => put_u32(buf, b'K', pid),
             ChildMessage::Idle => put_bare(buf, b'I'),
             ChildMessage::Busy => put_bare(buf, b'B'),
             ChildMessage::Missed => put_bare(buf, b'M'),
@@ -177,6 +186,9 @@ impl ChildMessage {
         let (kind, payload) = split_header(bytes)?;
         let msg = match kind {
             b'R' => ChildMessage::Ready {
+                pid: get_u32(kind, payload)?,
+            },
+            b'K' => ChildMessage::ReadyOnBoard {
                 pid: get_u32(kind, payload)?,
             },
             b'I' => bare(kind, payload, ChildMessage::Idle)?,
@@ -515,6 +527,18 @@ mod tests {
         let mut buf = MessageBuf::default();
         let bytes = ChildMessage::Ready { pid: 0x01020304 }.encode(&mut buf);
         assert_eq!(bytes, &[1, b'R', 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn ready_on_board_has_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let bytes = ChildMessage::ReadyOnBoard { pid: 0x01020304 }.encode(&mut buf);
+        assert_eq!(bytes, &[1, b'K', 1, 2, 3, 4]);
+        assert_eq!(
+            ChildMessage::decode(bytes),
+            Ok(ChildMessage::ReadyOnBoard { pid: 0x01020304 })
+        );
+        assert!(ChildMessage::decode(&[1, b'K', 1]).is_err());
     }
 
     #[test]

@@ -30,11 +30,15 @@ use crate::sys;
 use crate::worker::ChildStart;
 
 pub use forkpool_protocol::layout::{
-    CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR,
-    LISTEN_PID_VAR, PROTOCOL_VAR, SLOT_VAR, SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
+    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDNAMES_VAR,
+    LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
+    SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
 };
 
-const MANAGED_VARS: [&str; 10] = [
+const MANAGED_VARS: [&str; 13] = [
+    BOARD_FD_VAR,
+    MAX_REQUESTS_VAR,
+    OVERFLOW_FD_VAR,
     CHANNEL_FD_VAR,
     TEMPLATE_FD_VAR,
     SUPERVISOR_PID_VAR,
@@ -137,7 +141,13 @@ pub(crate) fn exec_worker(start: ChildStart, command: &WorkerCommand) -> ! {
         listeners: start.listeners,
         channel: start.channel,
         stderr: start.stderr,
+        kernel: start.board_map.map(|board_map| KernelParts {
+            overflow: start.overflow,
+            board_map,
+            max_requests: start.max_requests,
+        }),
     };
+    drop(start.board);
     exec_or_exit(parts, role, command, &who)
 }
 
@@ -174,6 +184,7 @@ pub(crate) fn exec_template(start: TemplateStart, command: &WorkerCommand) -> ! 
         listeners: start.listeners,
         channel: start.channel,
         stderr: start.stderr,
+        kernel: None,
     };
     exec_or_exit(parts, role, command, &who)
 }
@@ -181,9 +192,22 @@ pub(crate) fn exec_template(start: TemplateStart, command: &WorkerCommand) -> ! 
 /// The descriptors an exec'd process gets, worker or template.
 struct Parts {
     mode: crate::config::DispatchMode,
+    /// The listeners (in `kernel` dispatch, the slot's own sockets).
     listeners: Vec<crate::listener::Listener>,
     channel: Channel,
     stderr: Option<OwnedFd>,
+    /// `kernel` dispatch, for a worker that keeps its record.
+    kernel: Option<KernelParts>,
+}
+
+/// What a worker in `kernel` dispatch gets beyond its own sockets.
+struct KernelParts {
+    /// The pool's listeners, the overflow (after the own sockets).
+    overflow: Vec<crate::listener::Listener>,
+    /// The scoreboard map (after the channel).
+    board_map: OwnedFd,
+    /// This worker's share of connections (0: no limit).
+    max_requests: u64,
 }
 
 /// Which side of `--preload` the program is started as.
@@ -233,6 +257,17 @@ fn prepare(parts: Parts, role: Role, command: &WorkerCommand) -> io::Result<std:
         plan.push((listener.into(), FIRST_FD + i as RawFd));
     }
     let channel_fd = FIRST_FD + n as RawFd;
+    // Kernel dispatch: after the channel (where it is in every mode), the
+    // overflow listeners, then the scoreboard.
+    let overflow_fd = channel_fd + 1;
+    let board_fd = overflow_fd + n as RawFd;
+    let kernel = parts.kernel.map(|kernel| {
+        for (i, listener) in kernel.overflow.into_iter().enumerate() {
+            plan.push((listener.into(), overflow_fd + i as RawFd));
+        }
+        plan.push((kernel.board_map, board_fd));
+        kernel.max_requests
+    });
     if mode.speaks_protocol() {
         plan.push((parts.channel.into(), channel_fd));
     } else {
@@ -269,6 +304,13 @@ fn prepare(parts: Parts, role: Role, command: &WorkerCommand) -> io::Result<std:
             generation
         }
     };
+    if let Some(max_requests) = kernel {
+        cmd.env(OVERFLOW_FD_VAR, overflow_fd.to_string())
+            .env(BOARD_FD_VAR, board_fd.to_string());
+        if max_requests > 0 {
+            cmd.env(MAX_REQUESTS_VAR, max_requests.to_string());
+        }
+    }
     cmd.env(GENERATION_VAR, generation.to_string())
         .env(DISPATCH_VAR, mode.name());
     Ok(cmd)

@@ -106,6 +106,9 @@ pub(crate) struct ChildStart {
     pub listeners: Vec<Listener>,
     /// `kernel` dispatch: the scoreboard, where the child says it is idle.
     pub board: Option<Board>,
+    /// `kernel` dispatch: the scoreboard map's descriptor, which an exec'd
+    /// worker is given to map again (a forked child uses `board`).
+    pub board_map: Option<OwnedFd>,
     /// `kernel` dispatch: the pool's listeners (the supervisor's overflow
     /// sockets), which a child finishing a connection takes the next
     /// waiting connection from, as in `handoff`.
@@ -168,8 +171,11 @@ pub(crate) fn run_child_speaking(
         overflow: start.overflow,
         handler,
     };
-    let result = worker.report(ChildMessage::Ready {
-        pid: worker.info.pid,
+    // Kernel dispatch: `K`, the child keeps its own record on the board.
+    let pid = worker.info.pid;
+    let result = worker.report(match worker.board {
+        Some(_) => ChildMessage::ReadyOnBoard { pid },
+        None => ChildMessage::Ready { pid },
     });
     let result = result.and_then(|()| match start.mode {
         DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),

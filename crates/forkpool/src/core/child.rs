@@ -42,6 +42,10 @@ pub(crate) struct Child {
     /// A slow-request capture is gathering its stack: its busy deadline
     /// waits for the capture, which carries the kill.
     pub capturing: bool,
+    /// Kernel dispatch: the child said it keeps its record on the
+    /// scoreboard (`K`), so the supervisor reads its state there; a child
+    /// that said `R` is served as in `handoff`.
+    pub keeps_board: bool,
     /// Kernel dispatch: the child's counts on the scoreboard when last
     /// read (connections taken, finished, and taken from the overflow).
     pub board_counts: (u64, u64, u64),
@@ -102,6 +106,7 @@ impl Child {
             version,
             claimed: None,
             capturing: false,
+            keeps_board: false,
             board_counts: (0, 0, 0),
         }
     }

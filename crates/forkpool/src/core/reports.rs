@@ -39,13 +39,19 @@ impl<L: HasChild> Core<L> {
     /// one verb below. An `Err` is why the child is killed as misbehaved.
     fn apply_report(&mut self, slot: usize, msg: ChildMessage, now: Instant) -> Result<(), String> {
         self.check_report_kind(&msg)?;
-        messages::mode_allows(self.config.dispatch, &msg)?;
+        let on_board = self.keeps_board(slot);
+        messages::mode_allows(self.config.dispatch, on_board, &msg)?;
         match msg {
             ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
-            // Kernel dispatch: only a wake-up; the scoreboard says idle.
-            ChildMessage::Idle if self.config.dispatch == crate::config::DispatchMode::Kernel => {
+            ChildMessage::ReadyOnBoard { pid } => {
+                self.on_ready(slot, pid, now)?;
+                if let Some(link) = self.board.link_mut(slot) {
+                    link.child_mut().keeps_board = true;
+                }
                 Ok(())
             }
+            // Kernel dispatch: only a wake-up; the scoreboard says idle.
+            ChildMessage::Idle if on_board => Ok(()),
             ChildMessage::Idle => self.on_idle(slot, now),
             ChildMessage::Busy => self.on_busy(slot, now),
             ChildMessage::Next => self.on_next(slot, now),
@@ -58,6 +64,12 @@ impl<L: HasChild> Core<L> {
                 received,
             } => self.on_load(slot, open, capacity, received, now),
         }
+    }
+
+    /// Kernel dispatch: whether the child in `slot` keeps its record on
+    /// the scoreboard (it said `K`), so its state is read there.
+    pub fn keeps_board(&self, slot: usize) -> bool {
+        self.board.link(slot).is_some_and(|l| l.child().keeps_board)
     }
 
     /// Whether this pool's children serve many connections at once.

@@ -36,13 +36,14 @@ fn moved(before: u64, now: u64) -> u64 {
 impl<L: HasChild> Core<L> {
     /// The record of the child in `slot` reads `sample`: its state follows
     /// (idle to busy, busy to idle, counting what it finished), and the
-    /// connections it took count as accepted. A child not yet ready or on
-    /// its way out is left as it is.
+    /// connections it took count as accepted. A child not yet ready, on
+    /// its way out, or that does not keep its record (it said `R`, not
+    /// `K`) is left as it is.
     pub fn sampled(&mut self, slot: usize, sample: Sample, now: Instant) {
         let Some(state) = self.board.get(slot).map(|s| s.state) else {
             return;
         };
-        if !matches!(state, SlotState::Idle | SlotState::Busy) {
+        if !matches!(state, SlotState::Idle | SlotState::Busy) || !self.keeps_board(slot) {
             return;
         }
         let child = self.board.link_mut(slot).expect("occupied").child_mut();

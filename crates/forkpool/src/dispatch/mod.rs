@@ -67,6 +67,11 @@ pub(crate) trait Children {
     fn handed(&mut self, slot: usize, now: Instant);
     /// The child in `slot` was ordered to accept on `listener`.
     fn ordered(&mut self, slot: usize, listener: usize, now: Instant);
+    /// Kernel dispatch: whether the child in `slot` keeps its record on
+    /// the scoreboard (so handing it a connection claims it there first).
+    fn keeps_board(&self, _slot: usize) -> bool {
+        false
+    }
 }
 
 /// A link the supervisor can send on: its channel.
@@ -76,6 +81,10 @@ pub(crate) trait Sends {
 }
 
 impl<L: HasChild + Sends> Children for Core<L> {
+    fn keeps_board(&self, slot: usize) -> bool {
+        Core::keeps_board(self, slot)
+    }
+
     fn lowest_with_room(&self) -> Option<usize> {
         self.board.lowest_with_room()
     }

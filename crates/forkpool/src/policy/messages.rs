@@ -8,16 +8,25 @@ use crate::config::DispatchMode;
 use crate::protocol::ChildMessage;
 
 /// Whether a child in `mode` can send `msg`; if not, why not, for the log.
-pub(crate) fn mode_allows(mode: DispatchMode, msg: &ChildMessage) -> Result<(), String> {
-    // Kernel dispatch children report nothing per connection (the
-    // scoreboard says it); `I` is only the wake-up the supervisor asks for.
+/// `on_board`: a `kernel` child that keeps its record on the scoreboard
+/// (it said `K`); one that said `R` is served, and reports, as in `handoff`.
+pub(crate) fn mode_allows(
+    mode: DispatchMode,
+    on_board: bool,
+    msg: &ChildMessage,
+) -> Result<(), String> {
+    // Kernel dispatch children on the board report nothing per connection
+    // (the scoreboard says it); `I` is only the wake-up the supervisor
+    // asks for.
     let child_accepts = !matches!(mode, DispatchMode::Handoff | DispatchMode::Kernel);
+    let takes_next = mode == DispatchMode::Handoff || (mode == DispatchMode::Kernel && !on_board);
     let (letter, allowed) = match msg {
         ChildMessage::Busy => ("B", child_accepts),
         ChildMessage::Missed => ("M", child_accepts),
         // Only a handoff child that holds the listeners takes the next
         // connection itself.
-        ChildMessage::Next => ("N", matches!(mode, DispatchMode::Handoff)),
+        ChildMessage::Next => ("N", takes_next),
+        ChildMessage::ReadyOnBoard { .. } => ("K", mode == DispatchMode::Kernel),
         _ => ("", true),
     };
     if allowed {
@@ -49,22 +58,40 @@ mod tests {
     #[test]
     fn handoff_children_never_accept_and_others_never_take_next() {
         let h = DispatchMode::Handoff;
-        assert!(mode_allows(h, &ChildMessage::Busy).is_err());
-        assert!(mode_allows(h, &ChildMessage::Missed).is_err());
-        assert!(mode_allows(h, &ChildMessage::Next).is_ok());
-        assert!(mode_allows(h, &ChildMessage::Idle).is_ok());
+        assert!(mode_allows(h, false, &ChildMessage::Busy).is_err());
+        assert!(mode_allows(h, false, &ChildMessage::Missed).is_err());
+        assert!(mode_allows(h, false, &ChildMessage::Next).is_ok());
+        assert!(mode_allows(h, false, &ChildMessage::Idle).is_ok());
         for mode in [DispatchMode::Order, DispatchMode::Shared] {
-            assert!(mode_allows(mode, &ChildMessage::Busy).is_ok());
-            assert!(mode_allows(mode, &ChildMessage::Missed).is_ok());
-            assert!(mode_allows(mode, &ChildMessage::Next).is_err());
+            assert!(mode_allows(mode, false, &ChildMessage::Busy).is_ok());
+            assert!(mode_allows(mode, false, &ChildMessage::Missed).is_ok());
+            assert!(mode_allows(mode, false, &ChildMessage::Next).is_err());
         }
         let k = DispatchMode::Kernel;
         for msg in [ChildMessage::Busy, ChildMessage::Missed, ChildMessage::Next] {
-            assert!(mode_allows(k, &msg).is_err(), "{msg:?}");
+            assert!(mode_allows(k, true, &msg).is_err(), "{msg:?}");
         }
-        assert!(mode_allows(k, &ChildMessage::Idle).is_ok());
-        let why = mode_allows(h, &ChildMessage::Missed).unwrap_err();
+        assert!(mode_allows(k, true, &ChildMessage::Idle).is_ok());
+        let why = mode_allows(h, false, &ChildMessage::Missed).unwrap_err();
         assert!(why.contains("M") && why.contains("handoff"), "{why}");
+    }
+
+    #[test]
+    fn only_kernel_children_keep_the_board_and_the_others_report_as_in_handoff() {
+        let on_board = ChildMessage::ReadyOnBoard { pid: 7 };
+        assert!(mode_allows(DispatchMode::Kernel, false, &on_board).is_ok());
+        for mode in [
+            DispatchMode::Handoff,
+            DispatchMode::Order,
+            DispatchMode::Shared,
+        ] {
+            let why = mode_allows(mode, false, &on_board).unwrap_err();
+            assert!(why.contains('K'), "{why}");
+        }
+        // A kernel child that said R takes the next connection as in handoff.
+        let k = DispatchMode::Kernel;
+        assert!(mode_allows(k, false, &ChildMessage::Next).is_ok());
+        assert!(mode_allows(k, false, &ChildMessage::Busy).is_err());
     }
 
     #[test]

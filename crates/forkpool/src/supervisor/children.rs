@@ -52,13 +52,17 @@ impl Supervisor {
             self.resource_backoff(now, format!("cannot make slot {slot}'s socket: {e}"));
             return Ok(None);
         }
+        let limits = self.draw_limits_ahead(slot);
         match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ends.ours);
                 drop(ends.output_read);
-                Ok(Some(self.child_start(slot, ends.theirs, ends.output_write)))
+                let mut start = self.child_start(slot, ends.theirs, ends.output_write);
+                start.max_requests = limits.max_requests;
+                Ok(Some(start))
             }
             Ok(Forked::Parent(pid)) => {
+                self.recycler.bind(slot, pid);
                 drop(ends.theirs);
                 drop(ends.output_write);
                 self.adopt_forked(slot, pid, ends.ours, ends.output_read, now)?;
@@ -112,6 +116,7 @@ impl Supervisor {
             listener_is_tcp: Vec::new(),
             listeners: Vec::new(),
             board: None,
+            board_map: None,
             overflow: Vec::new(),
             max_requests: self.core.config.max_requests_per_child,
             stderr,

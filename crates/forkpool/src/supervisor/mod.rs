@@ -513,9 +513,10 @@ impl Supervisor {
         if let Some(kernel) = self.kernel.take() {
             let pool: Vec<Listener> = listeners.into_iter().map(|l| l.listener).collect();
             match kernel.into_seat(start.slot, &pool) {
-                Ok((own, board)) => {
-                    start.listeners = own;
-                    start.board = Some(board);
+                Ok(seat) => {
+                    start.listeners = seat.own;
+                    start.board = Some(seat.board);
+                    start.board_map = Some(seat.board_map);
                     start.overflow = pool;
                 }
                 Err(e) => {

@@ -70,7 +70,48 @@ impl Recycler {
     }
 }
 
+impl Recycler {
+    /// Draws the limits of the child about to be forked into `slot`, so
+    /// it can be told its share (a `kernel` dispatch child counts its own
+    /// connections); [`Recycler::bind`] gives them its pid once forked.
+    pub fn draw_ahead(
+        &mut self,
+        slot: usize,
+        max_requests: u64,
+        jitter: u64,
+        lifetime: Duration,
+    ) -> ChildLimits {
+        if self.limits.len() <= slot {
+            self.limits.resize(slot + 1, None);
+        }
+        let l = recycle::draw(&mut self.rng, 0, max_requests, jitter, lifetime);
+        self.limits[slot] = Some(l);
+        l
+    }
+
+    /// The child forked into `slot` after [`Recycler::draw_ahead`] is `pid`.
+    pub fn bind(&mut self, slot: usize, pid: i32) {
+        if let Some(Some(l)) = self.limits.get_mut(slot) {
+            if l.pid == 0 {
+                l.pid = pid;
+            }
+        }
+    }
+}
+
 impl Supervisor {
+    /// The limits of the child about to be forked into `slot` (see
+    /// [`Recycler::draw_ahead`]).
+    pub(super) fn draw_limits_ahead(&mut self, slot: usize) -> ChildLimits {
+        let c = &self.core.config;
+        self.recycler.draw_ahead(
+            slot,
+            c.max_requests_per_child,
+            c.max_requests_jitter,
+            c.max_child_lifetime,
+        )
+    }
+
     /// Whether the child in `slot` is past a limit now; `fresh_memory`
     /// re-reads its memory first (between connections).
     fn recycle_due(&mut self, slot: usize, fresh_memory: bool, now: Instant) -> Option<Recycle> {
@@ -172,6 +213,18 @@ mod tests {
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn limits_drawn_ahead_belong_to_the_child_forked_next() {
+        let mut r = Recycler::with_seed(Some(3));
+        let ahead = r.draw_ahead(2, 1000, 500, Duration::ZERO);
+        r.bind(2, 77);
+        let asked = r.limits(2, 77, 1000, 500, Duration::ZERO);
+        assert_eq!(asked.max_requests, ahead.max_requests);
+        assert_eq!(asked.pid, 77);
+        // Another child in the slot later gets limits of its own.
+        assert_eq!(r.limits(2, 78, 1000, 500, Duration::ZERO).pid, 78);
     }
 
     #[test]

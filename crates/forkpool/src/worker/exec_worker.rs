@@ -37,9 +37,10 @@ use tracing::error;
 use super::{run_child_speaking, ChildEnd, ChildStart, Handler};
 use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
+use crate::dispatch::kernel::board::Board;
 use crate::exec::{
-    CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR,
-    PROTOCOL_VAR, SLOT_VAR,
+    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, LISTEN_FDS_VAR,
+    LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
 };
 use crate::listener::Listener;
 use crate::protocol::{self, TemplateReply, TemplateRequest};
@@ -88,7 +89,18 @@ struct Layout {
     /// The back-channel, or the template channel: always 3 + listeners.
     channel_fd: RawFd,
     listener_fds: Vec<RawFd>,
+    /// `kernel` dispatch: the overflow listeners and the scoreboard map.
+    kernel: Option<KernelLayout>,
     role: LayoutRole,
+}
+
+/// Where a `kernel` dispatch worker finds the overflow and the board.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KernelLayout {
+    overflow_fds: Vec<RawFd>,
+    board_fd: RawFd,
+    /// Connections before it leaves on its own (0: no limit).
+    max_requests: u64,
 }
 
 /// Whether the program runs as a worker or as a template.
@@ -184,11 +196,35 @@ fn read_layout(var: impl Fn(&str) -> Option<String>, pid: u32) -> Result<Layout,
             "{channel_var} is {channel_fd}, but with {listeners} listener(s) it must be {expected}"
         ));
     }
+    let kernel = match (mode, &role) {
+        (DispatchMode::Kernel, LayoutRole::Worker { .. }) => {
+            let overflow = number(OVERFLOW_FD_VAR, required(OVERFLOW_FD_VAR)?)?;
+            let board = number(BOARD_FD_VAR, required(BOARD_FD_VAR)?)?;
+            if overflow != expected + 1 || board != overflow + listeners {
+                return fail(format!(
+                    "{OVERFLOW_FD_VAR}={overflow} and {BOARD_FD_VAR}={board} do not follow the \
+                     channel {expected} and {listeners} listener(s); use matching forkpool versions"
+                ));
+            }
+            Some(KernelLayout {
+                overflow_fds: (0..listeners as RawFd)
+                    .map(|i| overflow as RawFd + i)
+                    .collect(),
+                board_fd: board as RawFd,
+                max_requests: var(MAX_REQUESTS_VAR)
+                    .map(|n| number(MAX_REQUESTS_VAR, n))
+                    .transpose()?
+                    .unwrap_or(0),
+            })
+        }
+        _ => None,
+    };
     Ok(Layout {
         mode,
         generation,
         channel_fd: channel_fd as RawFd,
         listener_fds: (0..listeners as RawFd).map(|i| FIRST_FD + i).collect(),
+        kernel,
         role,
     })
 }
@@ -231,10 +267,17 @@ impl ExecWorker {
             .map_err(io_error(format!("back-channel {channel_fd}")))?;
         let channel = Channel::from_fd(channel);
         let role = match layout.role {
-            LayoutRole::Worker { slot } => Role::Worker {
-                start: worker_start(slot, layout.generation, channel, layout.mode, listeners),
-                version: protocol::VERSION,
-            },
+            LayoutRole::Worker { slot } => {
+                let mut start =
+                    worker_start(slot, layout.generation, channel, layout.mode, listeners);
+                if let Some(kernel) = &layout.kernel {
+                    take_board(&mut start, kernel)?;
+                }
+                Role::Worker {
+                    start,
+                    version: protocol::VERSION,
+                }
+            }
             LayoutRole::Template { supervisor_pid } => Role::Template(Template {
                 channel,
                 listeners,
@@ -367,6 +410,34 @@ impl fmt::Debug for ExecWorker {
     }
 }
 
+/// `kernel` dispatch: takes the overflow listeners and maps the
+/// scoreboard, checking it is one and that this worker's slot is on it.
+fn take_board(start: &mut ChildStart, kernel: &KernelLayout) -> Result<(), ExecWorkerError> {
+    let error = |what: String| {
+        move |e: std::io::Error| ExecWorkerError {
+            message: format!("{what}: {e}"),
+        }
+    };
+    for fd in &kernel.overflow_fds {
+        let owned = sys::fds::take_inherited(*fd).map_err(error(format!("overflow {fd}")))?;
+        let listener = Listener::from_inherited(owned).map_err(error(format!("overflow {fd}")))?;
+        start.overflow.push(listener);
+    }
+    let fd = kernel.board_fd;
+    let map = sys::fds::take_inherited(fd).map_err(error(format!("scoreboard {fd}")))?;
+    let board = Board::open_announced(map.as_fd()).map_err(error(format!("scoreboard {fd}")))?;
+    if start.slot >= board.slots() {
+        return fail(format!(
+            "the scoreboard has {} slots, but this worker is slot {}",
+            board.slots(),
+            start.slot
+        ));
+    }
+    start.board = Some(board);
+    start.max_requests = kernel.max_requests;
+    Ok(())
+}
+
 fn worker_start(
     slot: usize,
     generation: u32,
@@ -382,6 +453,7 @@ fn worker_start(
         listener_is_tcp: listeners.iter().map(Listener::is_tcp).collect(),
         listeners,
         board: None,
+        board_map: None,
         overflow: Vec::new(),
         max_requests: 0,
         stderr: None,
@@ -699,9 +771,45 @@ mod tests {
                 generation: 2,
                 channel_fd: 5,
                 listener_fds: vec![3, 4],
+                kernel: None,
                 role: LayoutRole::Worker { slot: 4 },
             }
         );
+    }
+
+    #[test]
+    fn a_kernel_worker_finds_the_overflow_and_the_board_after_the_channel() {
+        let mut vars = with(&[
+            ("LISTEN_FDS", "2"),
+            ("LISTEN_PID", "77"),
+            ("FORKPOOL_CHANNEL_FD", "5"),
+            ("FORKPOOL_OVERFLOW_FD", "6"),
+            ("FORKPOOL_BOARD_FD", "8"),
+            ("FORKPOOL_MAX_REQUESTS", "1234"),
+        ]);
+        vars[3] = ("FORKPOOL_DISPATCH", "kernel");
+        let got = layout(&vars, 77).unwrap();
+        assert_eq!(
+            got.kernel,
+            Some(KernelLayout {
+                overflow_fds: vec![6, 7],
+                board_fd: 8,
+                max_requests: 1234,
+            })
+        );
+        // A board that is not after the overflow is a version mismatch.
+        let bad: Vec<_> = vars
+            .iter()
+            .map(|&(k, v)| {
+                if k == "FORKPOOL_BOARD_FD" {
+                    (k, "9")
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        let why = layout(&bad, 77).unwrap_err().to_string();
+        assert!(why.contains("FORKPOOL_BOARD_FD=9"), "{why}");
     }
 
     #[test]
@@ -770,6 +878,7 @@ mod tests {
                 generation: 3,
                 channel_fd: 4,
                 listener_fds: vec![3],
+                kernel: None,
                 role: LayoutRole::Template {
                     supervisor_pid: 900
                 },

@@ -137,6 +137,25 @@ impl Board {
         Ok(Board { words, slots })
     }
 
+    /// Maps an existing scoreboard whose size is read from its header (an
+    /// exec'd worker's side): refuses a map that is not a scoreboard.
+    pub fn open_announced(map: BorrowedFd<'_>) -> io::Result<Board> {
+        let header = SharedWords::map(map, HEADER_WORDS)?;
+        let words = header.words();
+        if words[0].load(Ordering::Acquire) != MAGIC {
+            return Err(io::Error::other(
+                "not a forkpool scoreboard (its first word is not `fkpbrd01`)",
+            ));
+        }
+        let slots = words[SLOTS_WORD].load(Ordering::Relaxed);
+        let slots = usize::try_from(slots)
+            .ok()
+            .filter(|&n| (1..=crate::dispatch::kernel::program::MAX_SLOTS).contains(&n))
+            .ok_or_else(|| io::Error::other(format!("the scoreboard says {slots} slots")))?;
+        drop(header);
+        Board::open(map, slots)
+    }
+
     /// The number of slots.
     pub fn slots(&self) -> usize {
         self.slots

@@ -130,11 +130,7 @@ impl Kernel {
     /// In a child just forked into `slot`: its own sockets, as its
     /// listeners (in the pool's listener order), and the scoreboard. The
     /// other slots' sockets close when the rest is dropped.
-    pub fn into_seat(
-        mut self,
-        slot: usize,
-        pool: &[Listener],
-    ) -> std::io::Result<(Vec<Listener>, Board)> {
+    pub fn into_seat(mut self, slot: usize, pool: &[Listener]) -> std::io::Result<Seat> {
         let mut listeners = Vec::with_capacity(self.groups.len());
         for (group, listener) in self.groups.iter_mut().zip(pool) {
             let fd = group
@@ -142,9 +138,25 @@ impl Kernel {
                 .ok_or_else(|| std::io::Error::other(format!("slot {slot} has no socket")))?;
             listeners.push(Listener::from_group_socket(fd, listener));
         }
-        drop(self.board_map);
-        Ok((listeners, self.board))
+        Ok(Seat {
+            own: listeners,
+            board: self.board,
+            board_map: self.board_map,
+        })
     }
+}
+
+/// What a child takes from kernel dispatch: its slot's sockets and the
+/// scoreboard, mapped, and the map's descriptor (an exec'd worker maps it
+/// again after `exec`).
+#[derive(Debug)]
+pub struct Seat {
+    /// The slot's own socket for each pool listener, in the pool's order.
+    pub own: Vec<Listener>,
+    /// The scoreboard, mapped.
+    pub board: Board,
+    /// The scoreboard map's descriptor.
+    pub board_map: OwnedFd,
 }
 
 /// The supervisor's children as dispatch sees them in kernel mode: a child
@@ -176,9 +188,12 @@ impl<'a, C: Children> Claiming<'a, C> {
         }
         // The core's idle children in slot order, from its lowest.
         let first = lowest?;
-        let slot = (first..self.board.slots())
-            .find(|&s| self.children.is_idle(s) && self.board.claim(s))?;
-        self.claimed.set(Some(slot));
+        let slot = (first..self.board.slots()).find(|&s| {
+            self.children.is_idle(s) && (!self.children.keeps_board(s) || self.board.claim(s))
+        })?;
+        if self.children.keeps_board(slot) {
+            self.claimed.set(Some(slot));
+        }
         Some(slot)
     }
 }
@@ -193,7 +208,12 @@ impl<C: Children> Children for Claiming<'_, C> {
     }
 
     fn is_idle(&self, slot: usize) -> bool {
-        self.children.is_idle(slot) && self.board.state(slot) == SlotWord::Idle
+        self.children.is_idle(slot)
+            && (!self.children.keeps_board(slot) || self.board.state(slot) == SlotWord::Idle)
+    }
+
+    fn keeps_board(&self, slot: usize) -> bool {
+        self.children.keeps_board(slot)
     }
 
     fn pid(&self, slot: usize) -> Option<i32> {

@@ -1,0 +1,129 @@
+//! `forkpool run --dispatch kernel`: exec'd workers get their slot's own
+//! socket, the overflow and the scoreboard (docs/protocol.md, "kernel
+//! dispatch"), and a worker that does not keep the board (it says `R`)
+//! is still served, as in `handoff`. Real supervisor, real workers.
+
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
+mod common;
+#[path = "common/example_workers.rs"]
+mod example_workers;
+
+use std::time::Duration;
+
+use common::{require, scrape_metrics, total, DemoPool};
+use example_workers::rust_worker;
+
+/// `clients/tests/handoff_only_worker.py`: says `R`, knows no board.
+const HANDOFF_ONLY_WORKER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/tests/handoff_only_worker.py"
+);
+
+/// A `forkpool run` pool in kernel dispatch of `children` workers running
+/// `cmd`; fails (or, outside CI, returns None with a NOT RUN line) where
+/// the kernel refuses the program.
+fn kernel_run(children: usize, extra: &[&str], cmd: &[&str]) -> Option<DemoPool> {
+    let n = children.to_string();
+    let mut args = vec![
+        "--dispatch",
+        "kernel",
+        "--min-children",
+        &n,
+        "--min-spare",
+        "0",
+        "--max-spare",
+        "64",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let pool = DemoPool::start_run(&args, cmd);
+    let status = pool.status();
+    if !require(
+        status["dispatch"] == "kernel",
+        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
+        "run as root on Linux 5.12 or later (CAP_BPF)",
+    ) {
+        return None;
+    }
+    assert!(pool
+        .wait_status(Duration::from_secs(20), |s| s["idle"] == children as u64)
+        .is_some());
+    Some(pool)
+}
+
+/// The slots' accept counts on the board reach the totals: every
+/// connection taken by the workers themselves, none handed.
+#[test]
+fn an_exec_worker_keeps_the_board_and_slot_zero_stays_hot() {
+    let Some(pool) = kernel_run(3, &[], &[rust_worker()]) else {
+        return;
+    };
+    let mut slots = Vec::new();
+    for _ in 0..30 {
+        let r = pool.get("/").expect("request");
+        assert_eq!(r.status, 200);
+        slots.push(r.slot.expect("slot header"));
+    }
+    assert_eq!(slots, vec![0; 30], "{}", pool.stderr.dump());
+    let status = pool
+        .wait_status(Duration::from_secs(5), |s| s["slots"][0]["served"] == 30)
+        .unwrap_or_else(|| panic!("slot 0 never showed 30 served: {}", pool.status()));
+    assert_eq!(total(&status, "accepted"), 30, "{status}");
+    assert!(status.get("dispatch_fallback").is_none(), "{status}");
+    // Each connection came from the kernel, none through the supervisor.
+    let metrics = scrape_metrics(&pool);
+    assert!(
+        metrics.contains("forkpool_dispatch_latency_seconds_count 0"),
+        "{metrics}"
+    );
+}
+
+/// A worker that says `R` in kernel dispatch never touches the board; the
+/// supervisor takes every connection from the overflow and hands it over.
+#[test]
+fn a_worker_that_does_not_keep_the_board_is_served_as_in_handoff() {
+    let python = "python3";
+    let Some(pool) = kernel_run(2, &[], &[python, HANDOFF_ONLY_WORKER]) else {
+        return;
+    };
+    let mut slots = Vec::new();
+    for _ in 0..10 {
+        let r = pool.get("/").expect("request");
+        assert_eq!((r.status, r.body.as_str()), (200, "hello\n"));
+        slots.push(r.slot.expect("slot header"));
+    }
+    assert_eq!(slots, vec![0; 10], "{}", pool.stderr.dump());
+    let status = pool
+        .wait_status(Duration::from_secs(5), |s| s["slots"][0]["served"] == 10)
+        .unwrap_or_else(|| panic!("slot 0 never showed 10 served: {}", pool.status()));
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+    assert_eq!(total(&status, "died"), 0, "{status}");
+    // Each one handed by the supervisor, from the overflow.
+    let metrics = scrape_metrics(&pool);
+    assert!(
+        metrics.contains("forkpool_dispatch_latency_seconds_count 10"),
+        "{metrics}"
+    );
+}
+
+/// An exec'd worker is not told `max_requests_per_child`: the supervisor
+/// reads what it served on the board and sends `Q`; nothing is refused.
+#[test]
+fn an_exec_worker_is_recycled_by_the_count_on_the_board() {
+    let Some(pool) = kernel_run(1, &["--max-requests-per-child", "5"], &[rust_worker()]) else {
+        return;
+    };
+    let mut pids = Vec::new();
+    for _ in 0..20 {
+        let r = pool.get("/").expect("request");
+        assert_eq!(r.status, 200);
+        pids.push(r.pid.unwrap());
+    }
+    pids.dedup();
+    assert!(pids.len() >= 3, "20 requests, 5 a worker: {pids:?}");
+    let status = pool.status();
+    assert_eq!(total(&status, "died"), 0, "{status}");
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+}
