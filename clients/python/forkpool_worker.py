@@ -89,6 +89,9 @@ class Worker:
         # worker is served as in `handoff`.
         self.overflow = list(overflow)
         self.board = board
+        # `kernel` dispatch: this worker's share of connections
+        # (FORKPOOL_MAX_REQUESTS), after which it leaves; 0: no limit.
+        self.max_requests = 0
         # The listeners where a connection waits for any worker: what a
         # kept-alive connection gives way to.
         self.pool_listeners = self.overflow if board is not None else listeners
@@ -145,18 +148,17 @@ class Worker:
         channel_at = _LISTEN_FDS_START + count
         board_fd = env.get("FORKPOOL_BOARD_FD") if dispatch == "kernel" else None
         if board_fd is not None:
-            # Own sockets, then the overflow, then the channel, then the board.
+            # Own sockets, the channel, the overflow, then the board.
             overflow_fd = int(required("FORKPOOL_OVERFLOW_FD"))
-            if overflow_fd != channel_at:
+            if overflow_fd != channel_at + 1:
                 raise RuntimeError(
                     f"FORKPOOL_OVERFLOW_FD is {overflow_fd}, but with {count} "
-                    f"listener(s) it must be {channel_at}"
+                    f"listener(s) it must be {channel_at + 1}"
                 )
-            channel_at += count
-            if int(board_fd) != channel_at + 1:
+            if int(board_fd) != overflow_fd + count:
                 raise RuntimeError(
                     f"FORKPOOL_BOARD_FD is {board_fd}, but with {count} "
-                    f"listener(s) it must be {channel_at + 1}"
+                    f"listener(s) it must be {overflow_fd + count}"
                 )
         channel_fd = int(required("FORKPOOL_CHANNEL_FD"))
         if channel_fd != channel_at:
@@ -178,16 +180,14 @@ class Worker:
         board = None
         slot = int(required("FORKPOOL_SLOT"))
         if board_fd is not None:
-            overflow = [
-                socket.socket(fileno=_LISTEN_FDS_START + count + i) for i in range(count)
-            ]
+            overflow = [socket.socket(fileno=channel_at + 1 + i) for i in range(count)]
             os.set_inheritable(int(board_fd), False)
             # A BoardError is a RuntimeError: the caller says why and exits 1.
             board = forkpool_board.Record(int(board_fd), slot)
         # Programs the handler starts must not inherit these.
         for sock in listeners + overflow + [channel]:
             sock.set_inheritable(False)
-        return cls(
+        worker = cls(
             channel,
             listeners,
             slot,
@@ -197,6 +197,9 @@ class Worker:
             overflow,
             board,
         )
+        if board is not None:
+            worker.max_requests = int(env.get("FORKPOOL_MAX_REQUESTS") or 0)
+        return worker
 
     def serve(self, handle):
         """Says Ready, then serves until told to quit or the supervisor is
@@ -449,6 +452,8 @@ class Worker:
             try:
                 handle(conn, listener)
                 record.served.value += 1
+                if self.max_requests and record.served.value >= self.max_requests:
+                    self.leaving = True  # its share served
                 if self.leaving:
                     record.go_busy()
                     self._say_leaving()

@@ -87,23 +87,24 @@ class FakeSupervisor:
         # Out of the way of 3..6, where the worker finds them.
         self.passed = [
             fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 50)
-            for fd in (self.own.fileno(), self.overflow.fileno(), theirs.fileno(), self.board)
+            for fd in (self.own.fileno(), theirs.fileno(), self.overflow.fileno(), self.board)
         ]
         theirs.close()
         self.process = None
 
-    def start(self):
+    def start(self, **extra):
         env = dict(
             os.environ,
             PYTHONPATH=CLIENTS,
             LISTEN_FDS="1",
-            FORKPOOL_OVERFLOW_FD="4",
-            FORKPOOL_CHANNEL_FD="5",
+            FORKPOOL_CHANNEL_FD="4",
+            FORKPOOL_OVERFLOW_FD="5",
             FORKPOOL_BOARD_FD="6",
             FORKPOOL_DISPATCH="kernel",
             FORKPOOL_SLOT=str(SLOT),
             FORKPOOL_PROTOCOL="1",
             FORKPOOL_GENERATION="1",
+            **extra,
         )
         passed = self.passed
 
@@ -143,8 +144,8 @@ class FakeSupervisor:
     def nothing_said(self):
         return not select.select([self.channel], [], [], 0)[0]
 
-    def ready_and_idle(self):
-        self.start()
+    def ready_and_idle(self, **extra):
+        self.start(**extra)
         assert self.message() == b"\x01K" + struct.pack(">I", self.process.pid)
         wait_for("the worker to go idle", lambda: self.read(STATE) == forkpool_board.IDLE)
         return self
@@ -314,6 +315,16 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(fake.message(), b"\x01X")
         self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
         self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+
+    def test_a_worker_leaves_when_it_has_served_its_share(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_REQUESTS="2")
+        ask(fake.own.getsockname())
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        ask(fake.own.getsockname())
+        self.assertEqual(fake.message(), b"\x01X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+        self.assertEqual(fake.read(SERVED), 2)
 
     def test_a_ping_is_answered(self):
         fake = self.fake.ready_and_idle()
