@@ -83,6 +83,10 @@ class Worker:
         self.dispatch = dispatch
         self.pid = os.getpid()
         self.leaving = False
+        # The peer address accept() gave for the connection being served,
+        # or None (a connection handed over the channel): a handler that
+        # logs it is spared a getpeername.
+        self.peer = None
         # `kernel` dispatch: the pool's listeners, where connections no
         # idle worker took wait (the overflow), and this slot's record on
         # the scoreboard (a forkpool_board.Record). Without a board the
@@ -311,7 +315,7 @@ class Worker:
     def _accept(self, listener, handle):
         """Accepts one connection: B and serve it, or M if none is waiting."""
         try:
-            conn, _addr = self.listeners[listener].accept()
+            conn, self.peer = self.listeners[listener].accept()
         except BlockingIOError:
             self._send(b"M")  # another worker was faster
             return
@@ -326,6 +330,7 @@ class Worker:
         """The socket object for a connection passed as `fd`. Its family
         is the listener's when the worker holds it, which spares the three
         system calls Python would make to find out."""
+        self.peer = None
         if listener < len(self.listeners):
             family = self.listeners[listener].family
             return socket.socket(family, socket.SOCK_STREAM, 0, fileno=fd)
@@ -372,9 +377,10 @@ class Worker:
         if self.channel_waiting():
             return None
         try:
-            conn, _addr = self.listeners[listener].accept()
+            conn, peer = self.listeners[listener].accept()
         except OSError:  # nothing waiting (EAGAIN), or a failed accept
             return None
+        self.peer = peer
         return conn  # accept() makes it close-on-exec
 
     def _wait_on_listeners(self, handle, exclusive):
@@ -430,7 +436,7 @@ class Worker:
         serves it. Nothing there (a reservation given back, its client
         gone): say nothing, wait again."""
         try:
-            conn, _addr = self.listeners[listener].accept()
+            conn, self.peer = self.listeners[listener].accept()
         except (BlockingIOError, ConnectionAbortedError):
             return
         except OSError as e:
@@ -480,9 +486,10 @@ class Worker:
         if len(ready) != 1 or ready[0][0] != overflow_fd:
             return None
         try:
-            conn, _addr = self.overflow[listener].accept()
+            conn, peer = self.overflow[listener].accept()
         except OSError:  # another worker or the supervisor was faster
             return None
+        self.peer = peer
         return conn  # accept() makes it close-on-exec
 
     def _serve_what_the_kernel_queued(self, handle):
@@ -494,7 +501,7 @@ class Worker:
         for listener, sock in enumerate(self.listeners):
             while True:
                 try:
-                    conn, _addr = sock.accept()
+                    conn, self.peer = sock.accept()
                 except OSError:
                     break
                 record.taken.value += 1

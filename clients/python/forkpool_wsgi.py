@@ -292,7 +292,7 @@ class Server:
         if self._pool_listeners is None:
             self._watch_pool_listeners()
         reader = http.Reader(conn)
-        peer = _peer(conn)
+        peer = _peer(conn, self.worker.peer)
         opened = None
         for number in range(self.limits.max_requests):
             if number and not self._next_request_waiting(conn, reader, opened):
@@ -310,7 +310,11 @@ class Server:
                 return
             if opened is None:
                 opened = started
-            last = number + 1 == self.limits.max_requests or self._turn_over(opened, started)
+            # A request that ends its connection anyway needs no look at
+            # the listeners (a poll) to end it.
+            last = number + 1 == self.limits.max_requests or (
+                request.wants_keepalive() and self._turn_over(opened, started)
+            )
             if not self.serve_request(conn, reader, request, peer, last, started):
                 return
             if self.worker.leaving:
@@ -520,11 +524,15 @@ def _drained(body):
         return False
 
 
-def _peer(conn):
-    try:
-        addr = conn.getpeername()
-    except OSError:
-        return ("", "")
+def _peer(conn, accepted=None):
+    """The client's (address, port) as strings: what accept() gave, if
+    anything, else asked of the connection."""
+    addr = accepted
+    if addr is None:
+        try:
+            addr = conn.getpeername()
+        except OSError:
+            return ("", "")
     if isinstance(addr, tuple):
         return (str(addr[0]), str(addr[1]))
     return ("", "")

@@ -46,6 +46,8 @@ def handle(conn, listener):
         data += chunk
     if data == b"leave\n":
         worker.leave()
+    if data == b"peer\n":
+        data = b"%s:%d\n" % (worker.peer[0].encode(), worker.peer[1])
     conn.sendall(b"slot=%d listener=%d %s" % (worker.slot, listener, data))
 
 worker.serve(handle)
@@ -325,6 +327,13 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
         self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
         self.assertEqual(fake.read(SERVED), 2)
+
+    def test_the_peer_is_the_one_accept_gave(self):
+        fake = self.fake.ready_and_idle()
+        with socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT) as conn:
+            conn.sendall(b"peer\n")
+            host, port = conn.getsockname()
+            self.assertEqual(read_all(conn), b"slot=1 listener=0 %s:%d\n" % (host.encode(), port))
 
     def test_a_ping_is_answered(self):
         fake = self.fake.ready_and_idle()
