@@ -392,13 +392,20 @@ class Worker:
         for i, listener in enumerate(self.listeners):
             poller.register(listener.fileno(), events)
             index_of[listener.fileno()] = i
+        self._take_events(poller, index_of, self._accept, handle)
+
+    def _take_events(self, poller, index_of, accept, handle):
+        """Until told to quit (or leaving): reads the channel when it is
+        readable, and calls `accept(i, handle)` for a readable listener,
+        `index_of` its descriptor."""
+        channel_fd = self.channel.fileno()
         while True:
             for fd, _event in poller.poll():
-                if fd == self.channel.fileno():
+                if fd == channel_fd:
                     if not self._take_message(handle):
                         return
                 else:
-                    self._accept(index_of[fd], handle)
+                    accept(index_of[fd], handle)
                 if self.leaving:
                     return
 
@@ -412,24 +419,15 @@ class Worker:
 
     def _wait_on_own_sockets(self, handle):
         """Waits on the own sockets and the channel until told to quit."""
-        channel_fd = self.channel.fileno()
         waiter = select.poll()
-        waiter.register(channel_fd, select.POLLIN)
+        waiter.register(self.channel.fileno(), select.POLLIN)
         index_of = {}
         for i, listener in enumerate(self.listeners):
             waiter.register(listener.fileno(), select.POLLIN)
             index_of[listener.fileno()] = i
         if self.board.go_idle():
             self._send(b"I")
-        while True:
-            for fd, _event in waiter.poll():
-                if fd == channel_fd:
-                    if not self._take_message(handle):
-                        return
-                else:
-                    self._accept_own(index_of[fd], handle)
-                if self.leaving:
-                    return
+        self._take_events(waiter, index_of, self._accept_own, handle)
 
     def _accept_own(self, listener, handle):
         """Accepts what the kernel queued on own socket `listener`, and

@@ -178,21 +178,18 @@ class RecordTest(unittest.TestCase):
         # Slot 126 ends at byte 8 * (8 + 4 * 127) = 4128.
         self.assertEqual(forkpool_board.map_length(126), 8192)
 
-    def test_a_board_without_the_magic_is_refused(self):
-        fake = FakeSupervisor(magic=int.from_bytes(b"notboard", "little"))
-        try:
-            with self.assertRaisesRegex(forkpool_board.BoardError, "not a forkpool scoreboard"):
-                forkpool_board.Record(fake.board, SLOT)
-        finally:
-            fake.stop()
-
-    def test_a_slot_past_the_board_is_refused(self):
-        fake = FakeSupervisor(slots=SLOT)
-        try:
-            with self.assertRaisesRegex(forkpool_board.BoardError, "not on the scoreboard"):
-                forkpool_board.Record(fake.board, SLOT)
-        finally:
-            fake.stop()
+    def test_a_board_without_the_magic_or_the_slot_is_refused(self):
+        boards = [
+            (dict(magic=int.from_bytes(b"notboard", "little")), "not a forkpool scoreboard"),
+            (dict(slots=SLOT), "not on the scoreboard"),
+        ]
+        for board, why in boards:
+            fake = FakeSupervisor(**board)
+            try:
+                with self.assertRaisesRegex(forkpool_board.BoardError, why):
+                    forkpool_board.Record(fake.board, SLOT)
+            finally:
+                fake.stop()
 
     def test_go_idle_stores_idle_and_reads_the_waiting_word(self):
         fake = FakeSupervisor()

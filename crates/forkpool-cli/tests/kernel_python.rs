@@ -49,21 +49,11 @@ fn kernel_python_pool(
     dir: Option<&std::path::Path>,
 ) -> Option<DemoPool> {
     require_program_python()?;
-    let n = children.to_string();
-    let mut args = vec![
-        "--dispatch",
-        "kernel",
-        "--ping-timeout",
-        "20s",
-        "--min-children",
-        &n,
-        "--min-spare",
-        "0",
-        "--max-spare",
-        "64",
-        "--metrics",
-        "127.0.0.1:0",
-    ];
+    // `children` workers, none retired for being idle; pings patient with
+    // a loaded machine; metrics for the count of connections handed on.
+    let min = format!("--min-children={children}");
+    let mut args = vec!["--dispatch=kernel", &min, "--min-spare=0", "--max-spare=64"];
+    args.extend(["--ping-timeout=20s", "--metrics=127.0.0.1:0"]);
     args.extend_from_slice(extra);
     let mut command = Command::new(common::forkpool_bin());
     command.arg("run").env("PYTHONPATH", clients_dir());
