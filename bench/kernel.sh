@@ -51,9 +51,9 @@ start_pool() {
 
 bench/peers.sh start >/dev/null
 start_pool kernel-deferred 18101 --dispatch kernel --defer-accept 5s
-start_pool kernel 18102 --dispatch kernel
+start_pool kernel 18102 --dispatch kernel --defer-accept 0s
 start_pool handoff-deferred 18103 --dispatch handoff --defer-accept 5s
-start_pool handoff 18104 --dispatch handoff
+start_pool handoff 18104 --dispatch handoff --defer-accept 0s
 url_of[kernel-deferred]=http://127.0.0.1:18101/
 url_of[kernel]=http://127.0.0.1:18102/
 url_of[handoff-deferred]=http://127.0.0.1:18103/

@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// The pool's knobs given as flags.
     #[command(flatten)]
     pub pool: PoolArgs,
+    /// `defer_accept` when neither a flag nor the file sets it: a command
+    /// whose clients always speak first (`forkpool demo`'s HTTP) sets it.
+    #[arg(skip)]
+    pub default_defer_accept: std::time::Duration,
 }
 
 /// What a config file may hold. Unknown keys are errors.
@@ -86,6 +90,10 @@ pub struct FileSettings {
     pub pool: PoolConfig,
     /// `forkpool run`: the worker command and its arguments.
     pub command: Option<Vec<String>>,
+    /// Whether the file's `[pool]` sets `defer_accept` (a default cannot
+    /// tell a `0s` written there from one left out).
+    #[serde(skip)]
+    pub sets_defer_accept: bool,
 }
 
 /// One listener to bind.
@@ -151,7 +159,10 @@ impl ServeArgs {
         let user = self.user.clone().or(file.user.clone());
         let group = self.group.clone().or(file.group.clone());
         let credentials = resolve_credentials(user.as_deref(), group.as_deref())?;
-        let pool = self.pool.apply(file.pool.clone());
+        let mut pool = self.pool.apply(file.pool.clone());
+        if self.pool.defer_accept.is_none() && !file.sets_defer_accept {
+            pool.defer_accept = self.default_defer_accept;
+        }
         if let Err(e) = pool.validate() {
             let place = self
                 .config
@@ -183,7 +194,14 @@ impl ServeArgs {
 fn read_file(path: &Path) -> Result<FileSettings, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    let mut file: FileSettings =
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).unwrap_or_default();
+    file.sets_defer_accept = table
+        .get("pool")
+        .and_then(|pool| pool.get("defer_accept"))
+        .is_some();
+    Ok(file)
 }
 
 /// The line of `key = ...` in the file, for errors found after parsing.
@@ -312,6 +330,42 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!(reloaded.exit_timeout, secs(20));
         assert_eq!(reloaded.start_timeout, secs(120));
+    }
+
+    #[test]
+    fn a_commands_defer_accept_yields_to_the_file_and_the_flag_even_at_zero() {
+        let path = std::env::temp_dir().join(format!(
+            "forkpool-settings-defer-{}.toml",
+            std::process::id()
+        ));
+        let secs = std::time::Duration::from_secs;
+        let resolve = |file: Option<&str>, flag: Option<u64>| {
+            if let Some(text) = file {
+                std::fs::write(&path, text).unwrap();
+            }
+            let args = ServeArgs {
+                config: file.map(|_| path.clone()),
+                pool: PoolArgs {
+                    defer_accept: flag.map(secs),
+                    ..PoolArgs::default()
+                },
+                default_defer_accept: secs(5),
+                ..ServeArgs::default()
+            };
+            args.resolve().unwrap().pool.defer_accept
+        };
+        assert_eq!(resolve(None, None), secs(5));
+        assert_eq!(resolve(Some("[pool]\nmin_children = 2\n"), None), secs(5));
+        assert_eq!(
+            resolve(Some("[pool]\ndefer_accept = \"0s\"\n"), None),
+            secs(0)
+        );
+        assert_eq!(
+            resolve(Some("[pool]\ndefer_accept = \"2s\"\n"), Some(0)),
+            secs(0)
+        );
+        assert_eq!(resolve(None, Some(3)), secs(3));
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

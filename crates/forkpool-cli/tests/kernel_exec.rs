@@ -127,3 +127,44 @@ fn an_exec_worker_is_recycled_by_the_count_on_the_board() {
     assert_eq!(total(&status, "died"), 0, "{status}");
     assert_eq!(total(&status, "killed"), 0, "{status}");
 }
+
+/// `--preload`: a worker forked by the template says `K` and is sent its
+/// slot's socket and the board (`S`, docs/protocol.md); then it is a
+/// kernel dispatch worker like any other, recycled by its share.
+#[test]
+fn a_worker_forked_by_a_template_is_sent_its_socket_and_the_board() {
+    let Some(pool) = kernel_run(
+        3,
+        &["--preload", "--max-requests-per-child", "10"],
+        &[rust_worker()],
+    ) else {
+        return;
+    };
+    let mut slots = Vec::new();
+    let mut pids = Vec::new();
+    for _ in 0..30 {
+        let r = pool.get("/").expect("request");
+        assert_eq!(r.status, 200);
+        slots.push(r.slot.expect("slot header"));
+        pids.push(r.pid.unwrap());
+    }
+    // Slot 0 until its worker has served its share; its replacement is
+    // still being forked when the next connection comes.
+    assert_eq!(slots[..10], [0; 10], "{slots:?}\n{}", pool.stderr.dump());
+    // No worker serves past its share (without it, slot 0's would serve
+    // all 30 until the supervisor's reading caught up).
+    let mut per_pid = std::collections::BTreeMap::new();
+    for pid in &pids {
+        *per_pid.entry(pid).or_insert(0) += 1;
+    }
+    assert!(per_pid.values().all(|&n| n <= 10), "{per_pid:?}");
+    assert!(per_pid.len() >= 3, "{per_pid:?}");
+    let metrics = scrape_metrics(&pool);
+    assert!(
+        metrics.contains("forkpool_dispatch_latency_seconds_count 0"),
+        "{metrics}"
+    );
+    let status = pool.status();
+    assert_eq!(total(&status, "died"), 0, "{status}");
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+}

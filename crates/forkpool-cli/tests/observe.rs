@@ -130,7 +130,16 @@ fn status_until(
 /// /proc and sock_diag see them.
 #[test]
 fn status_and_metrics_report_children_and_queue_as_proc_does() {
-    let pool = DemoPool::start(&[&common::ONE_CHILD[..], &["--metrics", "127.0.0.1:0"]].concat());
+    // `handoff`: in kernel dispatch every slot has a listening socket on
+    // the same address, and sock_diag cannot tell which is the pool's
+    // (kernel_dispatch.rs checks a busy child's client there).
+    let pool = DemoPool::start(
+        &[
+            &common::ONE_CHILD[..],
+            &["--metrics", "127.0.0.1:0", "--dispatch", "handoff"],
+        ]
+        .concat(),
+    );
     let busy = common::send(pool.addr, "/?work_ms=20000");
     let client = busy.local_addr().unwrap().to_string();
     let waiting: Vec<_> = (0..3)

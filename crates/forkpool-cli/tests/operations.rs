@@ -99,9 +99,20 @@ fn scrape(pool: &DemoPool) -> String {
 
 #[test]
 fn metrics_count_what_happened() {
+    // `handoff`: the dispatch latency is that of connections the
+    // supervisor hands over (in `kernel` dispatch it sees only the
+    // overflow: kernel_exec.rs checks that count).
     let pool = DemoPool::start_from(
         &bench_bins::forkpool_bench(),
-        &["--chaos", "--min-children", "2", "--metrics", "127.0.0.1:0"],
+        &[
+            "--chaos",
+            "--min-children",
+            "2",
+            "--metrics",
+            "127.0.0.1:0",
+            "--dispatch",
+            "handoff",
+        ],
         &[],
     );
     assert!(pool

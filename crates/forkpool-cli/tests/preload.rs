@@ -500,7 +500,12 @@ fn a_reload_whose_template_fails_keeps_the_old_generation() {
 /// template (the template's pid becomes that worker's), the pool rolls
 /// onto workers forked from it, and no request fails.
 fn refork_under_load(cmd: &[&str]) {
-    let pool = start("handoff", &["--refork-after", "20"], cmd);
+    refork_under_load_in("handoff", cmd);
+}
+
+fn refork_under_load_in(mode: &str, cmd: &[&str]) {
+    let pool = start(mode, &["--refork-after", "20"], cmd);
+    assert_eq!(pool.status()["dispatch"], mode, "{}", pool.status());
     let before = ready(&pool, 1);
     let first_template = template_pid(&before);
     let warm = before["slots"][0]["pid"].as_i64().unwrap() as i32;
@@ -549,6 +554,14 @@ fn perl_refork_makes_the_warm_worker_the_template_under_load() {
 #[test]
 fn rust_refork_makes_the_warm_worker_the_template_under_load() {
     refork_under_load(&[rust_worker()]);
+}
+
+/// Kernel dispatch: the warm worker gives up its slot's socket and the
+/// scoreboard when it becomes the template, and the workers forked from
+/// it are sent theirs (`S`).
+#[test]
+fn rust_refork_in_kernel_dispatch() {
+    refork_under_load_in("kernel", &[rust_worker()]);
 }
 
 /// A template that answers a fork order never given is killed and

@@ -187,7 +187,10 @@ fn rust_worker_in_order_and_shared_serves_side_by_side() {
 /// A pool of one worker gets 8 slow requests at once: it takes each next
 /// one itself (see `common::assert_takes_the_next_waiting_connection`).
 fn takes_the_next_waiting_connection(cmd: &[&str]) {
-    let pool = start_run(&common::ONE_CHILD, cmd);
+    let pool = start_run(
+        &[&common::ONE_CHILD[..], &["--dispatch", "handoff"]].concat(),
+        cmd,
+    );
     common::assert_takes_the_next_waiting_connection(&pool);
 }
 
@@ -236,8 +239,10 @@ fn perl_without_syscall_ph_refuses_handoff_with_a_clear_error() {
     let scratch = Scratch::new("no-syscall-ph");
     scratch.write("syscall.ph", "1;\n");
     let dir = scratch.0.to_str().unwrap();
-    let pool =
-        DemoPool::start_run_unready(&["--min-children", "1"], &["perl", "-I", dir, PERL_WORKER]);
+    let pool = DemoPool::start_run_unready(
+        &["--min-children", "1", "--dispatch", "handoff"],
+        &["perl", "-I", dir, PERL_WORKER],
+    );
     // The worker dies at start-up and never becomes ready...
     assert!(pool.wait_total("died", 1, START), "{}", pool.stderr.dump());
     assert_eq!(pool.status()["idle"], 0);
@@ -579,7 +584,8 @@ for name in os.listdir("/proc/self/fd"):
     entry["nonblocking"] = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
     fds[fd] = entry
 names = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "FORKPOOL_CHANNEL_FD",
-         "FORKPOOL_PROTOCOL", "FORKPOOL_SLOT", "FORKPOOL_GENERATION", "FORKPOOL_DISPATCH"]
+         "FORKPOOL_PROTOCOL", "FORKPOOL_SLOT", "FORKPOOL_GENERATION", "FORKPOOL_DISPATCH",
+         "FORKPOOL_OVERFLOW_FD", "FORKPOOL_BOARD_FD", "FORKPOOL_MAX_REQUESTS"]
 report = {"pid": os.getpid(), "fds": fds, "env": {n: os.environ.get(n) for n in names}}
 print("FDREPORT " + json.dumps(report), file=sys.stderr, flush=True)
 print(f"stdout of worker {os.getpid()}", flush=True)
@@ -670,7 +676,7 @@ const SOCK_SEQPACKET: i64 = 5;
 
 #[test]
 fn fd_hygiene_handoff_worker_gets_the_listener_then_the_channel() {
-    let (_pool, report) = fd_report("fds-handoff", &[]);
+    let (_pool, report) = fd_report("fds-handoff", &["--dispatch", "handoff"]);
     let fds: Vec<i32> = report.fds.keys().copied().collect();
     assert_eq!(fds, [0, 1, 2, 3, 4], "{:?}", report.fds);
     check_std_streams(&report);
@@ -694,6 +700,65 @@ fn fd_hygiene_handoff_worker_gets_the_listener_then_the_channel() {
         Some(report.pid.to_string()),
         "LISTEN_PID must be the worker's own pid"
     );
+}
+
+/// Kernel dispatch (docs/protocol.md, "What a kernel dispatch worker
+/// finds"): its own sockets, the channel where it always is, the
+/// overflow listeners, then the scoreboard.
+#[test]
+fn fd_hygiene_kernel_worker_gets_its_sockets_the_channel_the_overflow_and_the_board() {
+    let (pool, report) = fd_report(
+        "fds-kernel",
+        &[
+            "--dispatch",
+            "kernel",
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+            "--max-requests-per-child",
+            "50",
+        ],
+    );
+    let status = pool.status();
+    if !common::require(
+        status["dispatch"] == "kernel",
+        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
+        "run as root on Linux 5.12 or later (CAP_BPF)",
+    ) {
+        return;
+    }
+    let fds: Vec<i32> = report.fds.keys().copied().collect();
+    assert_eq!(fds, [0, 1, 2, 3, 4, 5, 6, 7, 8], "{:?}", report.fds);
+    check_std_streams(&report);
+    // Own sockets, then (after the channel) the pool's listeners: all
+    // listening, non-blocking, and eight distinct sockets.
+    for listener in [3, 4, 6, 7] {
+        assert_eq!(report.fds[&listener]["type"], SOCK_STREAM);
+        assert_eq!(report.fds[&listener]["listening"], true);
+        assert_eq!(report.fds[&listener]["nonblocking"], true);
+    }
+    let targets: BTreeSet<_> = [3, 4, 6, 7]
+        .iter()
+        .map(|fd| report.fds[fd]["target"].to_string())
+        .collect();
+    assert_eq!(targets.len(), 4, "{:?}", report.fds);
+    assert_eq!(report.fds[&5]["type"], SOCK_SEQPACKET);
+    assert_eq!(report.fds[&8]["target"], "anon_inode:bpf-map");
+    for (var, value) in [
+        ("LISTEN_FDS", "2"),
+        ("FORKPOOL_CHANNEL_FD", "5"),
+        ("FORKPOOL_OVERFLOW_FD", "6"),
+        ("FORKPOOL_BOARD_FD", "8"),
+        ("FORKPOOL_DISPATCH", "kernel"),
+    ] {
+        assert_eq!(env_of(&report, var).as_deref(), Some(value), "{var}");
+    }
+    let share: u64 = env_of(&report, "FORKPOOL_MAX_REQUESTS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(share, 50, "no jitter asked for");
 }
 
 #[test]

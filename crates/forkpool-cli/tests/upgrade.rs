@@ -68,8 +68,19 @@ fn end_load(
 
 #[test]
 fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
+    upgrade_under_load(&["--min-children", "3"]);
+}
+
+/// Kernel dispatch: the new supervisor's slots join the listener's group
+/// and take over; what the old children's sockets held is not reset.
+#[test]
+fn upgrade_under_load_in_kernel_dispatch_refuses_nothing() {
+    upgrade_under_load(&["--min-children", "3", "--dispatch", "kernel"]);
+}
+
+fn upgrade_under_load(args: &[&str]) {
     let binary = binary_copy();
-    let mut pool = DemoPool::start_from(&binary, &["--min-children", "3"], &[]);
+    let mut pool = DemoPool::start_from(&binary, args, &[]);
     let old_pid = pool.pid;
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, load) = continuous_load(pool.addr, 4, Arc::clone(&stop));
@@ -89,6 +100,9 @@ fn upgrade_under_load_refuses_nothing_and_the_old_supervisor_leaves() {
     let new_pid = new["pid"].as_i64().unwrap() as i32;
     let _cleanup = KillOnDrop(new_pid);
     assert_ne!(new_pid, old_pid);
+    if args.contains(&"kernel") {
+        assert_eq!(new["dispatch"], "kernel", "{new}");
+    }
     // Keep the load on the new supervisor for a while.
     let target = ok.load(Ordering::SeqCst) + 100;
     end_load(&ok, target, &stop, load);

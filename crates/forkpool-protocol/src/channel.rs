@@ -188,16 +188,42 @@ impl Channel {
     /// other message none; anything else is malformed (and the descriptors
     /// are closed here).
     pub fn recv_order(&self) -> io::Result<Incoming<WorkerOrder>> {
+        Ok(match self.recv_order_with_fds()? {
+            Incoming::Message(order, mut fds) if fds.len() <= 1 => {
+                Incoming::Message(order, fds.pop())
+            }
+            Incoming::Message(..) => Incoming::Malformed(Malformed::UnexpectedFd),
+            Incoming::WouldBlock => Incoming::WouldBlock,
+            Incoming::Closed => Incoming::Closed,
+            Incoming::Malformed(why) => Incoming::Malformed(why),
+        })
+    }
+
+    /// Worker side, version 2: receives one order with every descriptor
+    /// that came with it ([`WorkerOrder::Seat`] brings several); a count
+    /// other than the order's is malformed.
+    pub fn recv_order_with_fds(&self) -> io::Result<Incoming<WorkerOrder, Vec<OwnedFd>>> {
         Ok(match self.recv_raw()? {
-            Raw::Bytes(buf, n, mut fds, _) => match WorkerOrder::decode(&buf[..n]) {
+            Raw::Bytes(buf, n, fds, _) => match WorkerOrder::decode(&buf[..n]) {
                 Ok(order) if fds.len() != order.fd_count() => {
                     Incoming::Malformed(Malformed::UnexpectedFd)
                 }
-                Ok(order) => Incoming::Message(order, fds.pop()),
+                Ok(order) => Incoming::Message(order, fds),
                 Err(e) => Incoming::Malformed(Malformed::Protocol(e)),
             },
-            Raw::Other(other) => other,
+            Raw::Other(other) => other.without_fds(),
         })
+    }
+
+    /// Supervisor side, version 2: sends `order` with several descriptors
+    /// ([`WorkerOrder::Seat`]: the slot's sockets, then the scoreboard).
+    pub fn send_order_with_fds(
+        &self,
+        order: WorkerOrder,
+        fds: &[BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        let mut buf = MessageBuf::default();
+        fdpass::send_fds(self.fd.as_fd(), order.encode(&mut buf), fds)
     }
 
     /// Supervisor side: sends `request` to a template with its descriptors

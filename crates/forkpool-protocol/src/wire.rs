@@ -375,6 +375,16 @@ pub enum WorkerOrder {
     /// the new template channel. The worker reads it only when idle, so its
     /// current connection is finished first.
     BecomeTemplate,
+    /// `kernel` dispatch: the answer to a worker's `K`. Its slot's own
+    /// listening sockets travel with it, one per pool listener in the
+    /// pool's order, then the scoreboard map: `listeners + 1` descriptors.
+    Seat {
+        /// How many pool listeners (own sockets) come with it.
+        listeners: u16,
+        /// The worker's share of connections before it leaves (`X`); 0 for
+        /// no limit.
+        max_requests: u64,
+    },
 }
 
 impl TemplateRequest {
@@ -443,6 +453,15 @@ impl WorkerOrder {
         let len = match self {
             WorkerOrder::Parent(msg) => msg.encode(buf).len(),
             WorkerOrder::BecomeTemplate => put_bare(buf, b'T'),
+            WorkerOrder::Seat {
+                listeners,
+                max_requests,
+            } => {
+                buf[1] = b'S';
+                buf[2..4].copy_from_slice(&listeners.to_be_bytes());
+                buf[4..12].copy_from_slice(&max_requests.to_be_bytes());
+                12
+            }
         };
         buf[0] = TEMPLATE_VERSION;
         &buf[..len]
@@ -454,6 +473,15 @@ impl WorkerOrder {
         if kind == b'T' {
             return bare(kind, payload, WorkerOrder::BecomeTemplate);
         }
+        if kind == b'S' {
+            let p = fixed::<10>(kind, payload)?;
+            let mut max = [0u8; 8];
+            max.copy_from_slice(&p[2..]);
+            return Ok(WorkerOrder::Seat {
+                listeners: u16::from_be_bytes([p[0], p[1]]),
+                max_requests: u64::from_be_bytes(max),
+            });
+        }
         ParentMessage::decode(&as_version_1(bytes)).map(WorkerOrder::Parent)
     }
 
@@ -462,6 +490,7 @@ impl WorkerOrder {
         match self {
             WorkerOrder::Parent(msg) => usize::from(msg.carries_fd()),
             WorkerOrder::BecomeTemplate => 1,
+            WorkerOrder::Seat { listeners, .. } => usize::from(listeners) + 1,
         }
     }
 }
@@ -539,6 +568,20 @@ mod tests {
             Ok(ChildMessage::ReadyOnBoard { pid: 0x01020304 })
         );
         assert!(ChildMessage::decode(&[1, b'K', 1]).is_err());
+    }
+
+    #[test]
+    fn seat_has_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let seat = WorkerOrder::Seat {
+            listeners: 2,
+            max_requests: 1000,
+        };
+        let bytes = seat.encode(&mut buf);
+        assert_eq!(bytes, &[2, b'S', 0, 2, 0, 0, 0, 0, 0, 0, 0x03, 0xe8]);
+        assert_eq!(WorkerOrder::decode(bytes), Ok(seat));
+        assert_eq!(seat.fd_count(), 3);
+        assert!(WorkerOrder::decode(&bytes[..11]).is_err());
     }
 
     #[test]

@@ -28,8 +28,8 @@ pub enum DispatchMode {
     /// connection to the lowest-numbered idle child's socket (or, with none
     /// idle, to the supervisor's, which hands it on as in `Handoff`). Needs
     /// Linux 5.12+ and `CAP_BPF`; where it cannot run, or for children it
-    /// does not serve yet (exec'd workers, `--preload`, many-connection
-    /// children), the pool falls back to `Handoff` and says why.
+    /// does not serve yet (many-connection children), the pool falls back
+    /// to `Handoff` and says why.
     Kernel,
     /// Like `Shared` but every child polls the listeners non-exclusively, so
     /// every connection wakes every idle child. Exists only so the benchmark

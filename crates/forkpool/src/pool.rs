@@ -289,12 +289,7 @@ impl Pool {
         // connection may take the next waiting one itself (`N`).
         supervisor.children_take_next = true;
         supervisor.templates.command = command.to_string();
-        let preload = supervisor.core.config.preload;
-        supervisor.settle_dispatch(
-            preload.then_some(
-                "--preload templates do not hand their workers a socket of their own yet",
-            ),
-        );
+        supervisor.settle_dispatch(None);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => exec::exec_worker(start, command),

@@ -171,13 +171,22 @@ pub(crate) fn run_child_speaking(
         overflow: start.overflow,
         handler,
     };
-    // Kernel dispatch: `K`, the child keeps its own record on the board.
+    // Kernel dispatch: `K`, the child keeps its own record on the board;
+    // forked by a template, it is sent its sockets and the board then.
     let pid = worker.info.pid;
-    let result = worker.report(match worker.board {
-        Some(_) => ChildMessage::ReadyOnBoard { pid },
-        None => ChildMessage::Ready { pid },
+    let seat_awaited = start.mode == DispatchMode::Kernel
+        && worker.board.is_none()
+        && version == protocol::TEMPLATE_VERSION;
+    let result = worker.report(match worker.board.is_some() || seat_awaited {
+        true => ChildMessage::ReadyOnBoard { pid },
+        false => ChildMessage::Ready { pid },
     });
-    let result = result.and_then(|()| match start.mode {
+    let result = result.and_then(|()| match seat_awaited {
+        true => worker.take_seat(),
+        false => Ok(true),
+    });
+    let result = result.and_then(|seated| match start.mode {
+        _ if !seated => Ok(None),
         DispatchMode::Handoff | DispatchMode::Order => worker.obey_orders(),
         DispatchMode::Shared => worker.accept_shared(true),
         DispatchMode::Kernel => worker.accept_own(),
@@ -191,7 +200,12 @@ pub(crate) fn run_child_speaking(
         Ok(None) => ChildEnd::Exit(0),
         Ok(Some(channel)) => ChildEnd::BecomeTemplate {
             channel,
-            listeners: worker.listeners,
+            // A template holds the pool's listeners (in kernel dispatch,
+            // the overflow; its own sockets and the board close here).
+            listeners: match start.mode {
+                DispatchMode::Kernel => worker.overflow,
+                _ => worker.listeners,
+            },
         },
         Err(reason) => {
             error!(slot = worker.info.slot, "child stopping: {reason}");
@@ -279,6 +293,9 @@ impl Worker<'_> {
             }
             Incoming::Message(WorkerOrder::BecomeTemplate, None) => {
                 return Err("become-template order without a descriptor".into());
+            }
+            Incoming::Message(WorkerOrder::Seat { .. }, _) => {
+                return Err("sent the slot's sockets (S) a second time".into());
             }
             Incoming::Message(WorkerOrder::Parent(msg), fd) => Incoming::Message(msg, fd),
             Incoming::WouldBlock => Incoming::WouldBlock,
@@ -428,6 +445,51 @@ impl Worker<'_> {
                     // scoreboard still says busy, so nothing more comes).
                     self.report(ChildMessage::Leaving)?;
                     return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Kernel dispatch, a worker forked by a template: after its `K`, the
+    /// supervisor's `S` brings its slot's sockets and the board. The
+    /// listeners it inherited become its overflow. False: told to quit (or
+    /// the supervisor gone) before that.
+    fn take_seat(&mut self) -> Result<bool, String> {
+        loop {
+            let incoming = self
+                .info
+                .channel
+                .recv_order_with_fds()
+                .map_err(|e| format!("cannot read from the supervisor: {e}"))?;
+            match incoming {
+                Incoming::Message(WorkerOrder::Seat { max_requests, .. }, mut fds) => {
+                    let map = fds.pop().ok_or("a seat without the scoreboard")?;
+                    let board = Board::open_announced(map.as_fd())
+                        .map_err(|e| format!("cannot map the scoreboard: {e}"))?;
+                    if self.info.slot >= board.slots() {
+                        return Err(format!("slot {} is not on the scoreboard", self.info.slot));
+                    }
+                    let own = fds
+                        .into_iter()
+                        .map(Listener::from_inherited)
+                        .collect::<std::io::Result<Vec<_>>>()
+                        .map_err(|e| format!("a socket of the seat: {e}"))?;
+                    self.overflow = std::mem::replace(&mut self.listeners, own);
+                    self.board = Some(board);
+                    self.max_requests = max_requests;
+                    return Ok(true);
+                }
+                Incoming::Message(WorkerOrder::Parent(ParentMessage::Ping { seq }), _) => {
+                    self.report(ChildMessage::Pong { seq })?;
+                }
+                Incoming::Message(WorkerOrder::Parent(ParentMessage::Quit), _)
+                | Incoming::Closed => return Ok(false),
+                Incoming::WouldBlock => {}
+                Incoming::Message(order, _) => {
+                    return Err(format!("expected the slot's sockets (S), got {order:?}"));
+                }
+                Incoming::Malformed(why) => {
+                    return Err(format!("a message it does not understand: {why:?}"));
                 }
             }
         }

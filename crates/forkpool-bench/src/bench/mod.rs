@@ -64,7 +64,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "handoff,order,shared,herd"
+        default_value = "kernel,handoff,order,shared,herd"
     )]
     pub modes: Vec<DispatchMode>,
     /// Another server to measure alongside, e.g. apache=http://127.0.0.1:8081/hello
@@ -363,7 +363,8 @@ mod tests {
         let args = parse(&[]).unwrap();
         assert_eq!(args.duration, Duration::from_secs(5));
         assert_eq!(args.concurrency, [1, 16, 64, 256]);
-        assert_eq!(args.modes.len(), 4);
+        assert_eq!(args.modes.len(), 5);
+        assert_eq!(args.modes[0], DispatchMode::Kernel);
         assert!(args.only.is_empty() && args.peers.is_empty() && args.url.is_none());
         assert!(args.wants(Benchmark::Memory));
     }

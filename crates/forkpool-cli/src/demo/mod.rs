@@ -34,6 +34,13 @@ pub struct DemoArgs {
     pub sessions_per_child: Option<usize>,
 }
 
+/// `defer_accept` for the HTTP demo unless a flag or the file sets it: an
+/// HTTP client speaks first, so the kernel hands over a connection only
+/// once its request has arrived (Apache's `AcceptFilter http data` and
+/// nginx's `listen ... deferred` do the same), and a client that connects
+/// and says nothing never occupies a child.
+pub const DEFAULT_DEFER_ACCEPT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Worker threads per child with `--sessions`, unless told otherwise.
 pub const DEFAULT_SESSION_WORKERS: usize = 4;
 /// Sessions per child with `--sessions`, unless told otherwise.
@@ -50,10 +57,13 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
 /// the HTTP demo honouring `?chaos=` with `chaos` (`forkpool-bench demo
 /// --chaos`, for fault-injection tests).
 pub fn run_with(
-    args: DemoArgs,
+    mut args: DemoArgs,
     table: Vec<u8>,
     chaos: Option<http::ChaosHooks>,
 ) -> Result<(), String> {
+    if !args.sessions {
+        args.serve.default_defer_accept = DEFAULT_DEFER_ACCEPT;
+    }
     let settings = args.serve.resolve()?;
     let session_options = sessions::SessionOptions {
         workers: args.session_workers.unwrap_or(DEFAULT_SESSION_WORKERS),

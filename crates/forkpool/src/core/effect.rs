@@ -50,6 +50,12 @@ pub(crate) enum Effect<L> {
         /// The child.
         slot: usize,
     },
+    /// `kernel` dispatch: the worker in `slot`, forked by a template, said
+    /// `K`: send it its slot's sockets and the scoreboard (`S`).
+    Seat {
+        /// The child.
+        slot: usize,
+    },
     /// A child has room again: connections parked for want of one go
     /// first.
     Room,

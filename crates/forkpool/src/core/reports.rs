@@ -46,7 +46,12 @@ impl<L: HasChild> Core<L> {
             ChildMessage::ReadyOnBoard { pid } => {
                 self.on_ready(slot, pid, now)?;
                 if let Some(link) = self.board.link_mut(slot) {
-                    link.child_mut().keeps_board = true;
+                    let child = link.child_mut();
+                    child.keeps_board = true;
+                    // Forked by a template, it has no socket of its own yet.
+                    if child.version == crate::protocol::TEMPLATE_VERSION {
+                        self.effects.push(Effect::Seat { slot });
+                    }
                 }
                 Ok(())
             }

@@ -216,6 +216,13 @@ impl Supervisor {
     /// frees the slot and hands back what the shell kept for it.
     pub(super) fn child_exited(&mut self, pid: i32, status: process::ExitStatus, now: Instant) {
         let slot = self.core.slot_of(pid);
+        // What it sent before it exited counts first: a worker that said
+        // `X` (leaving) and exited at once was retired, not died, even when
+        // its exit is seen in the same turn before its channel is read. A
+        // worker the kernel has not vouched for is left to the core.
+        if let Some(slot) = slot.filter(|&s| !self.unverified(s)) {
+            self.read_reports(slot, now);
+        }
         if let Some(link) = slot.and_then(|slot| self.core.board.link_mut(slot)) {
             let slot = slot.expect("found above");
             let mut taken = std::mem::take(&mut link.output);

@@ -82,6 +82,7 @@ impl Supervisor {
                     let _ = crate::sys::process::own_process_group(e.pid);
                 }
             }
+            Effect::Seat { slot } => self.send_seat(slot, now),
             Effect::Room => self.child_available(now),
             Effect::OrderAnswered { listener } => {
                 order::order_answered(listener, &mut self.listeners)

@@ -474,6 +474,10 @@ impl Supervisor {
     /// The scoreboard and totals as the control socket reports them.
     pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {
         let counts = self.core.board.counts();
+        // Kernel dispatch: a child's client is asked of the kernel, once per
+        // snapshot (the supervisor never held the connection).
+        let established = (self.kernel.is_some() && counts.busy > 0)
+            .then(crate::observe::peers::established_by_inode);
         let slots = self
             .core
             .board
@@ -502,6 +506,13 @@ impl Supervisor {
                     ready_after_ms: s.link.child.ready_after().map(|d| d.as_millis() as u64),
                 };
                 self.resources.fill(&mut status);
+                if let (None, Some(_), Some(established)) =
+                    (&status.peer, status.busy_for_ms, &established)
+                {
+                    status.peer = crate::observe::peers::peers_of(s.pid, established)
+                        .first()
+                        .map(|a| a.to_string());
+                }
                 status
             })
             .collect();

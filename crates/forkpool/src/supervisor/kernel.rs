@@ -13,9 +13,11 @@ use super::event::Event;
 use super::Supervisor;
 use crate::config::DispatchMode;
 use crate::core::slot_limit;
-use crate::dispatch::kernel::board::SAMPLE_INTERVAL;
+use crate::core::Input;
+use crate::dispatch::kernel::board::{SlotWord, SAMPLE_INTERVAL};
 use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
+use crate::protocol::WorkerOrder;
 
 /// How long a reservation may wait for its connection before it is given
 /// back, beyond `defer_accept` (a client that connected may take that long
@@ -53,7 +55,13 @@ impl Supervisor {
                 self.kernel = Some(kernel);
             }
             Err(why) => {
-                warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                // Children it does not serve are a known limit; a kernel
+                // that refuses is worth a warning.
+                if refused.is_some() {
+                    info!("kernel dispatch does not serve these children ({why}); using handoff");
+                } else {
+                    warn!("kernel dispatch cannot run ({why}); falling back to handoff");
+                }
                 self.core.config.dispatch = DispatchMode::Handoff;
                 self.dispatch_fallback = Some(why);
             }
@@ -79,6 +87,27 @@ impl Supervisor {
         kernel.follow_defer_accept(&fds)
     }
 
+    /// An upgrade starts: the listeners leave this pool's socket arrays,
+    /// so the new supervisor can put them in its own (a socket is in one
+    /// at a time); this pool's children keep their sockets.
+    pub(crate) fn release_listeners_for_successor(&self) {
+        if let Some(kernel) = &self.kernel {
+            if let Err(e) = kernel.release_listeners() {
+                warn!("kernel dispatch: cannot release the listeners to the new supervisor: {e}");
+            }
+        }
+    }
+
+    /// The upgrade failed: the listeners are this pool's overflow again.
+    pub(crate) fn reclaim_listeners_from_successor(&self) {
+        if let Some(kernel) = &self.kernel {
+            let fds: Vec<_> = self.listeners.iter().map(|l| l.listener.as_fd()).collect();
+            if let Err(e) = kernel.restore_listeners(&fds) {
+                warn!("kernel dispatch: cannot take the listeners back after the upgrade: {e}");
+            }
+        }
+    }
+
     /// The slots kernel dispatch was set up for (0 without it).
     pub(crate) fn kernel_slots(&self) -> usize {
         self.kernel.as_ref().map_or(0, |k| k.board().slots())
@@ -95,6 +124,49 @@ impl Supervisor {
         kernel.board().reset(slot);
         self.unwatch_slot_sockets(slot);
         Ok(())
+    }
+
+    /// A worker forked by a template said `K`: its slot's sockets (made
+    /// now if need be) and the scoreboard go to it with `S`, and its share
+    /// of connections. A failed send is a failed send to the child.
+    pub(crate) fn send_seat(&mut self, slot: usize, now: Instant) {
+        let sent = self.seat_child(slot).and_then(|()| {
+            let Some(entry) = self.core.board.get(slot) else {
+                return Ok(());
+            };
+            let pid = entry.pid;
+            let c = &self.core.config;
+            let (max, jitter, life) = (
+                c.max_requests_per_child,
+                c.max_requests_jitter,
+                c.max_child_lifetime,
+            );
+            let share = self
+                .recycler
+                .limits(slot, pid, max, jitter, life)
+                .max_requests;
+            let (Some(kernel), Some(link)) = (self.kernel.as_ref(), self.core.board.link(slot))
+            else {
+                return Ok(());
+            };
+            let mut fds: Vec<_> = kernel.sockets(slot).map(|(_, fd)| fd).collect();
+            fds.push(kernel.board_map());
+            let seat = WorkerOrder::Seat {
+                listeners: u16::try_from(self.listeners.len()).unwrap_or(u16::MAX),
+                max_requests: share,
+            };
+            link.channel.send_order_with_fds(seat, &fds)
+        });
+        if let Err(e) = sent {
+            self.core.on(
+                Input::SendFailed {
+                    slot,
+                    peer_gone: super::children::is_peer_gone(&e),
+                    detail: format!("cannot send its sockets: {e}"),
+                },
+                now,
+            );
+        }
     }
 
     /// A child has left `slot`: nothing more is queued on its sockets (its
@@ -215,6 +287,24 @@ impl Supervisor {
         self.carry_out(now);
     }
 
+    /// Whether a connection taken from a listener now would find a child.
+    /// In kernel dispatch the core's idle children are as of the last
+    /// reading of the scoreboard (up to 100 ms old); a child that keeps its
+    /// record may be busy or reserved since, so the board decides for it.
+    /// Without this the supervisor, seeing room the board does not have,
+    /// watched the overflow, woke, found no child, and stopped watching it,
+    /// thousands of times a second while the pool was saturated.
+    pub(crate) fn has_room_for_overflow(&self) -> bool {
+        let Some(kernel) = &self.kernel else {
+            return self.core.board.has_room();
+        };
+        let board = kernel.board();
+        (0..self.core.board.span().min(board.slots())).any(|slot| {
+            crate::dispatch::Children::is_idle(&self.core, slot)
+                && (!self.core.keeps_board(slot) || board.state(slot) == SlotWord::Idle)
+        })
+    }
+
     /// When the scoreboard is next read if nothing else wakes the loop.
     pub(crate) fn board_read_due(&self) -> Option<Instant> {
         self.kernel.as_ref()?;
@@ -233,12 +323,20 @@ impl Supervisor {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
+        // A listener not watched (no child had room) with nothing queued
+        // needs no wake-up: a child finishing a connection looks at the
+        // overflow itself before it goes idle. Only connections the
+        // supervisor holds, or ones queued on the overflow, do.
         let waiting = self.core.shutdown.is_none()
-            && (self.dispatcher.parked() > 0 || self.listeners.iter().any(|l| !l.watched));
+            && (self.dispatcher.parked() > 0
+                || self
+                    .listeners
+                    .iter()
+                    .any(|l| !l.watched && l.listener.queued() > 0));
         kernel.board().set_waiting(waiting);
         if waiting {
             self.read_board(now);
-            if self.core.board.has_room() {
+            if self.has_room_for_overflow() {
                 self.child_available(now);
                 self.rewatch_listeners(now);
             }

@@ -285,7 +285,7 @@ impl Supervisor {
     /// After each turn's events: the checks that run whatever woke the
     /// loop, each a verb that does nothing until its deadline or condition.
     fn keep_up(&mut self, now: Instant) {
-        if self.core.board.has_room() {
+        if self.has_room_for_overflow() {
             self.rewatch_listeners(now);
         }
         self.check_liveness(now);

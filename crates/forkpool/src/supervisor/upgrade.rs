@@ -112,6 +112,7 @@ impl Supervisor {
             );
             return;
         }
+        self.release_listeners_for_successor();
         match self.spawn_successor(&command) {
             Ok((pid, ready)) => {
                 info!(pid, program = %command.program.display(), "upgrade: started a new supervisor");
@@ -131,7 +132,7 @@ impl Supervisor {
                 });
             }
             Err(e) => {
-                self.core.totals.upgrade_failures += 1;
+                self.upgrade_failed();
                 error!("upgrade failed, this supervisor keeps serving: {e}");
             }
         }
@@ -219,7 +220,7 @@ impl Supervisor {
             Ok(_) => {
                 let pid = upgrade.pid;
                 self.end_upgrade();
-                self.core.totals.upgrade_failures += 1;
+                self.upgrade_failed();
                 error!(
                     pid,
                     "upgrade failed: the new supervisor stopped before it was ready; \
@@ -229,7 +230,7 @@ impl Supervisor {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 self.end_upgrade();
-                self.core.totals.upgrade_failures += 1;
+                self.upgrade_failed();
                 error!("upgrade failed: {e}; this supervisor keeps serving");
             }
         }
@@ -242,7 +243,7 @@ impl Supervisor {
                 let (pid, timeout) = (upgrade.pid, upgrade.timeout);
                 let _ = process::send_signal(pid, Signal::SIGKILL);
                 self.end_upgrade();
-                self.core.totals.upgrade_failures += 1;
+                self.upgrade_failed();
                 error!(
                     pid,
                     "upgrade failed: the new supervisor was not ready within {timeout:?} \
@@ -266,7 +267,7 @@ impl Supervisor {
             .is_some_and(|u| u.pid == pid)
         {
             self.end_upgrade();
-            self.core.totals.upgrade_failures += 1;
+            self.upgrade_failed();
             error!(
                 pid,
                 %status,
@@ -275,6 +276,13 @@ impl Supervisor {
             return true;
         }
         false
+    }
+
+    /// An upgrade failed: counted, and kernel dispatch takes its
+    /// listeners back.
+    fn upgrade_failed(&mut self) {
+        self.core.totals.upgrade_failures += 1;
+        self.reclaim_listeners_from_successor();
     }
 
     fn end_upgrade(&mut self) {

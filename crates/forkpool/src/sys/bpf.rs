@@ -20,6 +20,8 @@ use nix::errno::Errno;
 const MAP_CREATE: libc::c_int = 0;
 /// `BPF_MAP_UPDATE_ELEM`.
 const MAP_UPDATE_ELEM: libc::c_int = 2;
+/// `BPF_MAP_DELETE_ELEM`.
+const MAP_DELETE_ELEM: libc::c_int = 3;
 /// `BPF_PROG_LOAD`.
 const PROG_LOAD: libc::c_int = 5;
 
@@ -165,6 +167,21 @@ pub fn sockarray_set(map: BorrowedFd<'_>, index: u32, sock: BorrowedFd<'_>) -> R
         rest: [0; ATTR_SIZE - 32],
     };
     bpf(MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// Empties `index` of sockarray `map`: the socket there leaves the array
+/// (and may join another).
+pub fn sockarray_clear(map: BorrowedFd<'_>, index: u32) -> Result<(), Errno> {
+    let key = index;
+    let mut attr = ElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        pad: 0,
+        key: &key as *const u32 as u64,
+        value: 0,
+        flags: 0,
+        rest: [0; ATTR_SIZE - 32],
+    };
+    bpf(MAP_DELETE_ELEM, &mut attr).map(drop)
 }
 
 /// Why a program did not load: the error, and the verifier's log when it

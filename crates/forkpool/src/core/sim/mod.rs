@@ -551,6 +551,11 @@ impl Sim {
                     p.in_group_of = None;
                 }
             }
+            // The simulated children say `R`, never `K` (they keep no
+            // scoreboard): a seat for one is a core bug.
+            Effect::Seat { slot } => {
+                return Err(format!("a seat for slot {slot}, whose child never said K"));
+            }
             Effect::Abandoned(_) | Effect::TemplateGone { .. } => {}
             Effect::Rewatch { .. } | Effect::Status(_) | Effect::ReloadFailed(_) => {}
             Effect::BecameTemplate {

@@ -219,6 +219,26 @@ impl Group {
         Ok(())
     }
 
+    /// Takes the listener out of this group's socket array, so a new
+    /// supervisor (an upgrade) can put it in its own: a socket is in one
+    /// array at a time. Until then the program's overflow pick fails and
+    /// the kernel's hash picks among the group's sockets, every one of
+    /// which has a taker.
+    pub fn release_overflow(&self) -> io::Result<()> {
+        bpf::sockarray_clear(self.sockets_map.as_fd(), self.sockets.len() as u32)
+            .map_err(|e| io::Error::from_raw_os_error(e as i32))
+    }
+
+    /// Puts the listener back as the overflow (an upgrade that failed).
+    pub fn restore_overflow(&self, listener: BorrowedFd<'_>) -> io::Result<()> {
+        bpf::sockarray_set(
+            self.sockets_map.as_fd(),
+            self.sockets.len() as u32,
+            listener,
+        )
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))
+    }
+
     /// `slot`'s socket if it has been made.
     pub fn existing(&self, slot: usize) -> Option<BorrowedFd<'_>> {
         self.sockets[slot].as_ref().map(|fd| fd.as_fd())

@@ -96,6 +96,12 @@ impl Kernel {
         released
     }
 
+    /// The scoreboard map's descriptor (for a worker forked by a template,
+    /// which is sent it).
+    pub fn board_map(&self) -> BorrowedFd<'_> {
+        self.board_map.as_fd()
+    }
+
     /// The scoreboard.
     pub fn board(&self) -> &Board {
         &self.board
@@ -117,6 +123,21 @@ impl Kernel {
             group.follow_defer_accept(listener)?;
         }
         Ok(())
+    }
+
+    /// An upgrade begins: the listeners leave this pool's socket arrays
+    /// so the new supervisor's can take them (see
+    /// [`Group::release_overflow`]).
+    pub fn release_listeners(&self) -> std::io::Result<()> {
+        self.groups.iter().try_for_each(Group::release_overflow)
+    }
+
+    /// The upgrade failed: the listeners are this pool's overflow again.
+    pub fn restore_listeners(&self, listeners: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+        self.groups
+            .iter()
+            .zip(listeners)
+            .try_for_each(|(group, &listener)| group.restore_overflow(listener))
     }
 
     /// `slot`'s sockets, one per listener, where made.
@@ -381,6 +402,59 @@ mod tests {
         }
         assert_eq!(per_socket, [1, 0, 1, 1, 2]);
         drop(clients);
+    }
+
+    /// Where `count` connections land with every slot busy: per slot
+    /// socket, then the overflow last.
+    fn landing(
+        group: &Kernel,
+        overflow: BorrowedFd<'_>,
+        addr: SocketAddr,
+        count: usize,
+    ) -> Vec<usize> {
+        let slots = group.board().slots();
+        let mut per_socket = vec![0; slots + 1];
+        for _ in 0..count {
+            let client = TcpStream::connect(addr).unwrap();
+            let at = queued_on(group, overflow, slots).unwrap_or(slots);
+            let fd = if at < slots {
+                socket(group, at)
+            } else {
+                overflow
+            };
+            drop(accept_one(fd));
+            per_socket[at] += 1;
+            drop(client);
+        }
+        per_socket
+    }
+
+    /// An upgrade: the old pool lets go of the listener so the new pool
+    /// can take it (a socket is in one array at a time); meanwhile the
+    /// kernel's hash picks. A failed upgrade takes it back.
+    #[test]
+    fn the_listener_moves_to_a_new_pool_and_back() {
+        let (overflow, addr) = overflow_listener();
+        let Some(mut old) = group(overflow.as_fd(), 4) else {
+            return;
+        };
+        seat_all(&mut old, 4, &[]);
+        assert_eq!(landing(&old, overflow.as_fd(), addr, 12), [0, 0, 0, 0, 12]);
+        assert!(
+            Kernel::new(&[overflow.as_fd()], 4, 64).is_err(),
+            "the listener is in the old pool's array"
+        );
+        old.release_listeners().unwrap();
+        let hashed = landing(&old, overflow.as_fd(), addr, 12);
+        assert_ne!(
+            hashed[4], 12,
+            "the hash picks among every socket: {hashed:?}"
+        );
+        old.restore_listeners(&[overflow.as_fd()]).unwrap();
+        assert_eq!(landing(&old, overflow.as_fd(), addr, 12), [0, 0, 0, 0, 12]);
+        old.release_listeners().unwrap();
+        let new = Kernel::new(&[overflow.as_fd()], 4, 64).expect("the new pool takes it");
+        drop(new);
     }
 
     #[test]
