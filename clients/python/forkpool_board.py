@@ -108,3 +108,9 @@ class Record:
     def go_busy(self):
         """Stores busy: the kernel picks this slot no more."""
         self.state.value = BUSY
+
+    def close(self):
+        """Unmaps the board (a worker becoming the template)."""
+        # The views hold the mapping's buffer: drop them first.
+        del self.state, self.taken, self.served, self.next, self._waiting
+        self._map.close()

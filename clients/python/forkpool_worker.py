@@ -91,20 +91,25 @@ class Worker:
         # idle worker took wait (the overflow), and this slot's record on
         # the scoreboard (a forkpool_board.Record). Without a board the
         # worker is served as in `handoff`.
-        self.overflow = list(overflow)
         self.board = board
         # `kernel` dispatch: this worker's share of connections
-        # (FORKPOOL_MAX_REQUESTS), after which it leaves; 0: no limit.
+        # (FORKPOOL_MAX_REQUESTS, or the seat's), after which it leaves;
+        # 0: no limit.
         self.max_requests = 0
+        self._watch_overflow(overflow)
+
+    def _watch_overflow(self, overflow):
+        """Takes `overflow` as the pool's listeners in kernel dispatch."""
+        self.overflow = list(overflow)
         # The listeners where a connection waits for any worker: what a
         # kept-alive connection gives way to.
-        self.pool_listeners = self.overflow if board is not None else listeners
+        self.pool_listeners = self.overflow if self.board is not None else self.listeners
         # Per listener: a poll of (channel, overflow listener) and the
         # overflow's descriptor, for the one look a finishing worker takes.
         self._finish_polls = []
         for sock in self.overflow:
             look = select.poll()
-            look.register(channel.fileno(), select.POLLIN)
+            look.register(self.channel.fileno(), select.POLLIN)
             look.register(sock.fileno(), select.POLLIN)
             self._finish_polls.append((look, sock.fileno()))
 
@@ -210,9 +215,15 @@ class Worker:
         gone. Returns normally in both cases; raises ProtocolError on a
         message it does not understand."""
         _run_after_fork_hooks()
+        # A worker a template forked in kernel dispatch is given its own
+        # sockets and the board on its channel (S), after it says K.
+        seated = self.board is None and self.dispatch == "kernel" and self.version == 2
         # K: this worker keeps its record on the scoreboard (kernel dispatch).
-        self._send(b"R" if self.board is None else b"K", struct.pack(">I", self.pid))
+        keeps_board = self.board is not None or seated
+        self._send(b"K" if keeps_board else b"R", struct.pack(">I", self.pid))
         try:
+            if seated and not self._take_seat():
+                return
             self._serve_loop(handle)
         except _BecomeTemplate as order:
             _assume(self, _template_from_worker(self, order.fd))
@@ -246,12 +257,14 @@ class Worker:
     def _send(self, kind, payload=b""):
         self.channel.send(bytes([self.version]) + kind + payload)
 
-    def _receive(self):
-        """One message: (kind, payload, fd or None), or None at end of file."""
+    def _receive(self, max_fds=1):
+        """One message: (kind, payload, fd or None), or None at end of file.
+        With `max_fds` above 1 (a seat), the third is the list of
+        descriptors."""
         # Received close-on-exec: programs the handler starts must not
         # inherit a connection, and this saves an fcntl per connection.
         data, fds, flags, _addr = socket.recv_fds(
-            self.channel, _RECV_SIZE, 1, socket.MSG_CMSG_CLOEXEC
+            self.channel, _RECV_SIZE, max_fds, socket.MSG_CMSG_CLOEXEC
         )
         fd = fds[0] if fds else None
         if not data and fd is None:
@@ -259,19 +272,23 @@ class Worker:
         try:
             if flags & socket.MSG_TRUNC:
                 raise ProtocolError("message longer than any message of protocol 1")
+            if flags & socket.MSG_CTRUNC:
+                raise ProtocolError("more descriptors than the message may carry")
             if data[0] != self.version:
                 raise ProtocolError(f"protocol version {data[0]} is not supported")
             kind, payload = data[1:2], data[2:]
             known = _PAYLOAD if self.version == 1 else _PAYLOAD_V2
             if known.get(kind) != len(payload):
                 raise ProtocolError(f"malformed message {data!r}")
-            if (kind in (b"C", b"T")) != (fd is not None):
+            if (kind in (b"C", b"T", b"S")) != (fd is not None) or (
+                len(fds) > 1 and kind != b"S"
+            ):
                 raise ProtocolError(f"message {data!r} with a wrong descriptor")
         except ProtocolError:
-            if fd is not None:
-                os.close(fd)
+            for each in fds:
+                os.close(each)
             raise
-        return kind, payload, fd
+        return kind, payload, (fds if max_fds > 1 else fd)
 
     def _take_message(self, handle):
         """Acts on one message; False when it is time to exit."""
@@ -417,6 +434,52 @@ class Worker:
     # counts on its record, and speaks on the channel only to answer pings
     # and, while the supervisor asks for it (word 2), to say `I`.
 
+    def _take_seat(self):
+        """A worker a template forked, after its K: waits for its seat (S:
+        its own sockets, then the scoreboard), answering pings; its
+        inherited listeners become its overflow. False when told to quit
+        (or the supervisor is gone) first."""
+        while True:
+            message = self._receive(max_fds=len(self.listeners) + 1)
+            if message is None:
+                return False
+            kind, payload, fds = message
+            if kind == b"p":
+                self._send(b"P", payload)
+            elif kind == b"Q":
+                return False
+            elif kind != b"S":
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"{kind!r} before the seat (S) in kernel dispatch")
+            else:
+                count, max_requests = struct.unpack(">HQ", payload)
+                if count != len(self.listeners) or len(fds) != count + 1:
+                    for fd in fds:
+                        os.close(fd)
+                    raise ProtocolError(
+                        f"a seat for {count} listener(s) with {len(fds)} descriptor(s); "
+                        f"this worker has {len(self.listeners)} listener(s)"
+                    )
+                self._sit(fds[:-1], fds[-1], max_requests)
+                return True
+
+    def _sit(self, own_fds, board_fd, max_requests):
+        """Takes the seat: the board mapped (the mapping keeps its own
+        descriptor), the own sockets as listeners, the inherited ones as
+        the overflow."""
+        try:
+            self.board = forkpool_board.Record(board_fd, self.slot)
+        finally:
+            os.close(board_fd)
+        own = [
+            socket.socket(listener.family, socket.SOCK_STREAM, 0, fileno=fd)
+            for listener, fd in zip(self.listeners, own_fds)
+        ]
+        inherited, self.listeners = self.listeners, own
+        self._watch_overflow(inherited)
+        self.max_requests = max_requests
+
     def _wait_on_own_sockets(self, handle):
         """Waits on the own sockets and the channel until told to quit."""
         waiter = select.poll()
@@ -541,7 +604,9 @@ install_stack_dump()
 # forks workers that run the very same `handle`.
 
 # A version 2 worker also understands T (become the template).
-_PAYLOAD_V2 = {**_PAYLOAD, b"T": 0}
+# A worker a template forked in kernel dispatch is given its seat (S:
+# listeners u16, max_requests u64) once, after its K.
+_PAYLOAD_V2 = {**_PAYLOAD, b"T": 0, b"S": 10}
 # Supervisor-to-template messages: kind -> payload length.
 _TEMPLATE_PAYLOAD = {b"F": 8, b"p": 4, b"Q": 0}
 _PR_SET_PDEATHSIG = 1
@@ -832,7 +897,15 @@ def _assume(obj, other):
 
 
 def _template_from_worker(worker, fd):
-    """Refork: the worker `worker` becomes the template, on channel `fd`."""
+    """Refork: the worker `worker` becomes the template, on channel `fd`.
+    A seated kernel dispatch worker gives up its own sockets and the
+    board first: a template holds the pool's listeners (its overflow)."""
+    if worker.board is not None:
+        for sock in worker.listeners:
+            sock.close()
+        worker.board.close()
+        worker.board = None
+        worker.listeners = worker.overflow
     place = _LISTEN_FDS_START + len(worker.listeners)
     worker.channel.close()
     if fd != place:
