@@ -166,6 +166,22 @@ fn assert_clean(status: &serde_json::Value) {
     assert!(status.get("dispatch_fallback").is_none(), "{status}");
 }
 
+/// `n` sequential requests with the supervisor stopped, all served by
+/// slot 0; then the board says `n` were accepted by the workers, and the
+/// supervisor handed none on.
+fn slot_zero_serves_alone(pool: &DemoPool, n: usize) {
+    let slots = without_supervisor(pool, || slots_of_sequential_gets(pool, n));
+    assert_eq!(slots, vec![Ok(Some(0)); n], "{}", pool.stderr.dump());
+    // Read off the board once the supervisor runs again. (Not slot 0's
+    // `served`: a worker the supervisor reads busy before its first idle
+    // store is counted one connection more.)
+    let status = pool
+        .wait_status(PATIENCE, |s| s["totals"]["accepted"] == n as u64)
+        .unwrap_or_else(|| panic!("never {n} accepted: {}", pool.status()));
+    assert_eq!(handed_by_supervisor(pool), 0);
+    assert_clean(&status);
+}
+
 /// 30 sequential requests with the supervisor stopped: every one served
 /// by slot 0, which the kernel picks because the worker went idle on the
 /// board before each close. The supervisor then reads the 30 off the board.
@@ -174,16 +190,7 @@ fn sequential_requests_all_go_to_slot_zero_without_the_supervisor() {
     let Some(pool) = kernel_python_pool(3, &[], &example_worker(), None) else {
         return;
     };
-    let slots = without_supervisor(&pool, || slots_of_sequential_gets(&pool, 30));
-    assert_eq!(slots, vec![Ok(Some(0)); 30], "{}", pool.stderr.dump());
-    // What slot 0 took on its own, read off the board once the supervisor
-    // runs again. (Not its `served`: a worker the supervisor reads busy
-    // before its first idle store is counted one connection more.)
-    let status = pool
-        .wait_status(PATIENCE, |s| s["totals"]["accepted"] == 30)
-        .unwrap_or_else(|| panic!("never 30 accepted: {}", pool.status()));
-    assert_eq!(handed_by_supervisor(&pool), 0);
-    assert_clean(&status);
+    slot_zero_serves_alone(&pool, 30);
 }
 
 /// Four connections arrive while all four idle workers are stopped: the
@@ -221,13 +228,7 @@ fn preloaded_workers_take_their_seat_and_keep_the_board() {
     let Some(pool) = kernel_python_pool(2, &["--preload"], &example_worker(), None) else {
         return;
     };
-    let slots = without_supervisor(&pool, || slots_of_sequential_gets(&pool, 10));
-    assert_eq!(slots, vec![Ok(Some(0)); 10], "{}", pool.stderr.dump());
-    let status = pool
-        .wait_status(PATIENCE, |s| s["totals"]["accepted"] == 10)
-        .unwrap_or_else(|| panic!("never 10 accepted: {}", pool.status()));
-    assert_eq!(handed_by_supervisor(&pool), 0);
-    assert_clean(&status);
+    slot_zero_serves_alone(&pool, 10);
 }
 
 /// A stopped worker cannot accept: the kernel queues one connection on
