@@ -5,7 +5,8 @@
 #   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv), in
 #           handoff (the default) and shared dispatch, and with --preload
 #           (also with --no-hold-when-cpu-bound: a pool that grows to 16);
-#           in kernel dispatch, adaptive and with 16 workers held
+#           in kernel dispatch, adaptive (also --preload) and with 16
+#           workers held
 #           gunicorn -w 16 (sync), gunicorn --preload -w 16
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
@@ -191,9 +192,12 @@ run() {
     --preload --no-hold-when-cpu-bound --control "$scratch/control-preload-nohold.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   # Kernel dispatch: the kernel gives each connection to the lowest idle
-  # worker's own socket (no --preload: a template falls back to handoff).
+  # worker's own socket (under --preload too: each forked worker is seated).
   row forkpool-wsgi-kernel bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --dispatch kernel --control "$scratch/control-kernel.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-kernel-preload bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --dispatch kernel --preload --control "$scratch/control-kernel-preload.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row forkpool-wsgi-kernel-held bench/apps "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" \
     --min-children "$WORKERS" --max-children "$WORKERS" --min-spare 0 --max-spare "$WORKERS" \
