@@ -94,21 +94,37 @@ class FakeSupervisor:
         theirs.close()
         self.process = None
 
+    def start_forked(self):
+        """As a worker a template forked: version 2, the pool's listener
+        (here the overflow) at 3, the channel at 4, no board until `S`."""
+        self._spawn([self.passed[2], self.passed[1]], FORKPOOL_PROTOCOL="2")
+        assert self.message() == b"\x02K" + struct.pack(">I", self.process.pid)
+        return self
+
+    def seat(self, listeners=1, max_requests=0, fds=None):
+        fds = [self.own.fileno(), self.board] if fds is None else fds
+        seat = b"\x02S" + struct.pack(">HQ", listeners, max_requests)
+        socket.send_fds(self.channel, [seat], fds)
+
     def start(self, **extra):
+        """As an exec'd worker: own socket 3, channel 4, overflow 5, board 6."""
+        extra = dict(FORKPOOL_OVERFLOW_FD="5", FORKPOOL_BOARD_FD="6", **extra)
+        return self._spawn(self.passed, **extra)
+
+    def _spawn(self, passed, **extra):
+        """The worker, with `passed` at 3, 4, ... and `extra` in its
+        environment."""
         env = dict(
             os.environ,
             PYTHONPATH=CLIENTS,
             LISTEN_FDS="1",
             FORKPOOL_CHANNEL_FD="4",
-            FORKPOOL_OVERFLOW_FD="5",
-            FORKPOOL_BOARD_FD="6",
             FORKPOOL_DISPATCH="kernel",
             FORKPOOL_SLOT=str(SLOT),
             FORKPOOL_PROTOCOL="1",
             FORKPOOL_GENERATION="1",
-            **extra,
         )
-        passed = self.passed
+        env.update(extra)
 
         def place():
             for i, fd in enumerate(passed):
@@ -331,6 +347,34 @@ class KernelWorkerTest(unittest.TestCase):
             conn.sendall(b"peer\n")
             host, port = conn.getsockname()
             self.assertEqual(read_all(conn), b"slot=1 listener=0 %s:%d\n" % (host.encode(), port))
+
+    def test_a_forked_worker_takes_its_seat_then_keeps_the_board(self):
+        fake = self.fake.start_forked()
+        fake.channel.send(b"\x02p\x00\x00\x00\x05")
+        self.assertEqual(fake.message(), b"\x02P\x00\x00\x00\x05", "a ping before the seat")
+        fake.seat(max_requests=2)
+        wait_for("the worker to go idle", lambda: fake.read(STATE) == forkpool_board.IDLE)
+        self.assertEqual(ask(fake.own.getsockname()), b"slot=1 listener=0 hi\n")
+        self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (1, 1))
+        # The inherited listener is the overflow: taken as the next one.
+        first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 2)
+        waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        first.sendall(b"first\n")
+        self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
+        # Its share (2) served: it leaves rather than take the next.
+        self.assertEqual(fake.message(), b"\x02X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(NEXT), 0)
+        first.close()
+        waiting.close()
+
+    def test_a_seat_with_the_wrong_descriptors_is_refused(self):
+        fake = self.fake.start_forked()
+        fake.seat(fds=[fake.board])
+        fake.process.wait(timeout=TIMEOUT)
+        self.assertNotEqual(fake.process.returncode, 0)
+        self.assertIn(b"seat for 1 listener(s) with 1 descriptor(s)", fake.process.stderr.read())
 
     def test_a_ping_is_answered(self):
         fake = self.fake.ready_and_idle()
