@@ -11,8 +11,10 @@
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
 #           starman --workers 16
-#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, also --preload
-#           (in handoff, the default, and in order and shared dispatch),
+#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, in handoff (the
+#           default) and kernel dispatch, each also with --defer-accept 1s
+#           (unicorn's default), also --preload (in handoff, order and
+#           shared dispatch),
 #           16 workers held (--min-children 16), against
 #           unicorn (16 workers, also preload_app) and
 #           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
@@ -234,9 +236,19 @@ run() {
 rack_rows() { # FORKPOOL
   local fp=$1 held=(--min-children "$WORKERS" --max-children "$WORKERS" --min-spare 0 --max-spare "$WORKERS")
   export RACK_ENV=production
-  row forkpool-rack . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
-    --control "$scratch/control-rack.sock" \
-    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  # unicorn defers accepts (TCP_DEFER_ACCEPT, 1 s) by default: these rows
+  # do too.
+  local dispatch name
+  for dispatch in handoff kernel; do
+    name=forkpool-rack
+    [ "$dispatch" = handoff ] || name=forkpool-rack-$dispatch
+    row "$name" . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+      --dispatch "$dispatch" --control "$scratch/control-$name.sock" \
+      -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+    row "$name-deferred" . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+      --dispatch "$dispatch" --defer-accept 1s --control "$scratch/control-$name-deferred.sock" \
+      -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  done
   row forkpool-rack-preload . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --preload --control "$scratch/control-rack-preload.sock" \
     -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru

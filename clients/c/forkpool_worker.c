@@ -1,12 +1,13 @@
 /*
  * forkpool_worker.c - a forkpool exec'd worker in C (POSIX + Linux, libc only),
  * written from docs/protocol.md alone.  It speaks back-channel protocol
- * version 1 in the handoff, order and shared (and herd) dispatch modes and
- * serves the same tiny HTTP answer as the other example workers:
+ * version 1 in the handoff, order, shared (and herd) and kernel dispatch modes
+ * and serves the same tiny HTTP answer as the other example workers:
  * "hello", with ?work_ms=N to sleep N ms first, and the X-Forkpool-Slot and
  * X-Forkpool-Pid headers.
  *
- * Build: cc -O2 -Wall -Wextra -o forkpool-c-worker clients/c/forkpool_worker.c
+ * Build: cc -O2 -Wall -Wextra -o forkpool-c-worker clients/c/forkpool_worker.c \
+ *            clients/c/kernel_dispatch.c
  * Run:   forkpool run --dispatch order -- ./forkpool-c-worker
  */
 #define _GNU_SOURCE
@@ -23,16 +24,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "forkpool_worker.h"
+
 #define PROTOCOL_VERSION 1
 #define HEAD_MAX 8192        /* cap on the request head, in bytes */
 #define HEAD_DEADLINE_MS 10000 /* the whole head must arrive within this */
 #define WORK_MS_MAX 60000    /* cap on ?work_ms= */
 
-static int chan = -1;
-static const char *slot = "?";
-static long listen_fds;
+int chan = -1;
+const char *slot = "?";
+long listen_fds;
 
-static void die(const char *fmt, ...)
+void die(const char *fmt, ...)
 {
     va_list ap;
     fprintf(stderr, "forkpool C worker (slot %s, pid %ld): ", slot, (long)getpid());
@@ -44,7 +47,7 @@ static void die(const char *fmt, ...)
 }
 
 /* One message is one datagram: one send call. */
-static void send_msg(char kind, const unsigned char *payload, size_t len)
+void send_msg(char kind, const unsigned char *payload, size_t len)
 {
     unsigned char buf[16];
     buf[0] = PROTOCOL_VERSION;
@@ -63,7 +66,7 @@ static void send_msg(char kind, const unsigned char *payload, size_t len)
     }
 }
 
-static void put_u32(unsigned char *p, uint32_t v)
+void put_u32(unsigned char *p, uint32_t v)
 {
     p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
 }
@@ -121,9 +124,9 @@ static long work_ms(const char *target, size_t len)
     return 0;
 }
 
-/* Serve one HTTP request on a blocking connected socket.  Only the head is
+/* Answer one HTTP request on a blocking connected socket.  Only the head is
  * read (within a deadline and a size cap); a body is never buffered. */
-static void serve(int fd)
+void answer_request(int fd)
 {
     char head[HEAD_MAX + 1];
     size_t got = 0;
@@ -177,12 +180,19 @@ static void serve(int fd)
             ;
     }
     respond(fd, 200, "OK", "hello\n");
+}
+
+/* Answer, and end the response at once (the report to the supervisor and
+ * the close come after). */
+static void serve(int fd)
+{
+    answer_request(fd);
     shutdown(fd, SHUT_WR);
 }
 
 /* Read one message.  Returns its length (0 = end of file); *fd_out gets a
  * received descriptor or -1.  Exits on anything the protocol forbids. */
-static size_t recv_msg(unsigned char *buf, int *fd_out)
+size_t recv_msg(unsigned char *buf, int *fd_out)
 {
     union {
         char raw[CMSG_SPACE(sizeof(int) * 4)];
@@ -248,6 +258,14 @@ static void accept_and_serve(int idx)
     close(fd);
 }
 
+int answer_ping(const unsigned char *m, size_t n)
+{
+    if (n != 6 || m[1] != 'p')
+        return 0;
+    send_msg('P', m + 2, 4);
+    return 1;
+}
+
 /* Handle one message from the parent.  Returns 0 at end of file / quit. */
 static int handle(const char *mode)
 {
@@ -256,10 +274,8 @@ static int handle(const char *mode)
     size_t n = recv_msg(m, &fd);
     if (n == 0)
         return 0;
-    if (n == 6 && m[1] == 'p') {
-        send_msg('P', m + 2, 4);
+    if (answer_ping(m, n))
         return 1;
-    }
     if (n == 2 && m[1] == 'Q')
         return 0;
     if (n == 4 && m[1] == 'C' && fd >= 0 && strcmp(mode, "handoff") == 0) {
@@ -291,7 +307,7 @@ int main(void)
         slot = s;
     if (!mode || !chan_s || !proto)
         die("FORKPOOL_DISPATCH, FORKPOOL_PROTOCOL or FORKPOOL_CHANNEL_FD is not set: "
-            "run me under `forkpool run` in handoff, order or shared mode");
+            "run me under `forkpool run` in handoff, order, shared or kernel mode");
     if (strcmp(proto, "1") != 0)
         die("the supervisor speaks back-channel protocol %s; this worker speaks only %d",
             proto, PROTOCOL_VERSION);
@@ -300,9 +316,11 @@ int main(void)
     const char *lp = getenv("LISTEN_PID");
     if (lf && lp && atol(lp) == (long)getpid())
         listen_fds = atol(lf);
+    if (strcmp(mode, "kernel") == 0)
+        return kernel_main();
     int shared = strcmp(mode, "shared") == 0 || strcmp(mode, "herd") == 0;
     if (!shared && strcmp(mode, "handoff") != 0 && strcmp(mode, "order") != 0)
-        die("dispatch mode `%s` is not supported: use handoff, order or shared", mode);
+        die("dispatch mode `%s` is not supported: use handoff, order, shared or kernel", mode);
     if ((shared || strcmp(mode, "order") == 0) && listen_fds < 1)
         die("%s mode but no listeners were passed (LISTEN_FDS)", mode);
 

@@ -117,7 +117,7 @@ sub run {
     return;
 }
 
-# True when a listener this worker holds has a connection waiting: the
+# True when a connection waits on the pool's listeners for a worker: the
 # current one then closes after its response, so a kept-alive client does
 # not keep a busy pool from the clients queued behind it. Asked only once
 # the connection has had its turn (--keepalive-turn): closing at once
@@ -132,12 +132,13 @@ sub _others_waiting {
     return $n > 0 ? 1 : 0;
 }
 
-# The select bits of the listeners this worker holds ('' for none).
+# The select bits of the listeners where connections wait for a worker
+# ('' for none): the pool's listeners (in kernel dispatch, the overflow).
 sub _listen_bits {
     my ($self) = @_;
     return $self->{listen_bits} //= do {
         my $v = '';
-        vec($v, fileno($_), 1) = 1 for $self->{worker}->listeners;
+        vec($v, fileno($_), 1) = 1 for $self->{worker}->waiting_listeners;
         $v;
     };
 }

@@ -20,7 +20,9 @@ package Forkpool::Worker;
 #
 # Dispatch modes: `handoff` (the supervisor accepts each connection and
 # passes its descriptor over the back-channel with SCM_RIGHTS), `order`
-# (the supervisor tells the lowest idle worker to accept) and
+# (the supervisor tells the lowest idle worker to accept), `kernel` (the
+# kernel queues each connection on the own socket of the lowest idle
+# worker it finds on a shared scoreboard: Forkpool::Worker::Kernel) and
 # `shared`/`herd` (every idle worker waits on the listeners with select();
 # core Perl has no epoll, so `shared` behaves like `herd` and every idle
 # worker wakes for each connection). Core Perl has no recvmsg(2) either:
@@ -49,9 +51,10 @@ use constant LISTEN_FDS_START => 3;
 # Longer than any message (10 bytes): a longer datagram shows up as a
 # length no message has, instead of being cut to a valid one.
 use constant RECV_SIZE => 16;
-# Room for a dozen descriptors: one more than the one a `C` carries shows
-# up as a protocol error instead of being cut off by the kernel.
-use constant CONTROL_SIZE => 64;
+# Room for the most descriptors a message carries (`S`: a worker's own
+# sockets and the scoreboard) and more: one more than a message carries
+# shows up as a protocol error instead of being cut off by the kernel.
+use constant CONTROL_SIZE => 16 + 4 * 128;
 
 # struct msghdr and struct iovec on 64-bit Linux: pointers and size_t are
 # 8 bytes, socklen_t and int 4, padded to 8.
@@ -65,7 +68,8 @@ use constant CMSGHDR_SIZE => 16;
 # Parent-to-child messages: kind => payload length.
 my %PAYLOAD = (A => 2, C => 2, p => 4, Q => 0);
 # A version 2 worker also understands T (become the template).
-my %PAYLOAD_V2 = (%PAYLOAD, T => 0);
+# And, in kernel dispatch, S (its seat: own sockets and the scoreboard).
+my %PAYLOAD_V2 = (%PAYLOAD, T => 0, S => 10);
 
 sub from_env {
     my ($class, %env) = @_;
@@ -103,17 +107,38 @@ sub from_env {
     $channel_fd == LISTEN_FDS_START + $count
         or die "FORKPOOL_CHANNEL_FD is $channel_fd, but with $count listener(s) "
         . "it must be " . (LISTEN_FDS_START + $count) . "\n";
+    # kernel: the slot's own sockets are the listeners; the pool's
+    # listeners (the overflow) follow the channel, then the scoreboard.
+    my $kernel = $dispatch eq 'kernel';
+    # Forked by a template (--preload): the pool's listeners (the
+    # overflow) are where the template had them; the own sockets and the
+    # scoreboard come on the channel (S) after K.
+    my $seated_later = $kernel && $version eq TEMPLATE_PROTOCOL_VERSION
+        && !defined $env{FORKPOOL_OVERFLOW_FD};
+    my $overflow_start = $seated_later ? LISTEN_FDS_START : $channel_fd + 1;
+    if ($kernel && !$seated_later) {
+        $count or die "kernel dispatch, but no listeners were passed (LISTEN_FDS)\n";
+        $recvmsg //= _recvmsg_number('kernel');
+        my $overflow = $required->('FORKPOOL_OVERFLOW_FD');
+        $overflow == $overflow_start
+            or die "FORKPOOL_OVERFLOW_FD is $overflow, but it must follow the "
+            . "channel ($overflow_start): use matching forkpool versions\n";
+    }
 
     # The listeners' open file is shared with the supervisor and every
     # other worker: leave its flags (non-blocking) alone.
     my @listeners = map { _adopt(LISTEN_FDS_START + $_) } 0 .. $count - 1;
+    my @overflow = !$kernel ? ()
+        : $seated_later ? splice(@listeners)
+        : map { _adopt($overflow_start + $_) } 0 .. $count - 1;
     my $channel = _adopt($channel_fd);
     my $type = unpack('i', getsockopt($channel, SOL_SOCKET, SO_TYPE) // pack('i', -1));
     $type == SOCK_SEQPACKET
         or die "descriptor $channel_fd is not the back-channel\n";
-    return bless {
+    my $self = bless {
         channel    => $channel,
         listeners  => \@listeners,
+        overflow   => \@overflow,
         slot       => $required->('FORKPOOL_SLOT'),
         generation => $required->('FORKPOOL_GENERATION'),
         dispatch   => $dispatch,
@@ -121,13 +146,90 @@ sub from_env {
         pid        => $$,
         version    => $version,
     }, $class;
+    if ($seated_later) {
+        $self->_await_seat;
+    }
+    elsif ($kernel) {
+        $self->_open_board($required->('FORKPOOL_BOARD_FD'));
+        # The connections to serve before leaving (the supervisor also
+        # says Q once it reads that many on the board, a little later).
+        $self->{max_requests} = $env{FORKPOOL_MAX_REQUESTS} || undef;
+    }
+    return $self;
+}
+
+# kernel dispatch: maps this slot's record on the scoreboard. Exits with
+# status 1 when the map is not a scoreboard for this slot. Where this perl
+# cannot store into it (Forkpool::Board says why), the worker says so
+# once and is served as in handoff: it sends R instead of K, and the
+# supervisor hands it each connection from the pool's listeners.
+sub _open_board {
+    my ($self, $fd) = @_;
+    my $expected = fileno($self->{channel}) + @{ $self->{listeners} } + 1;
+    $fd == $expected
+        or die "FORKPOOL_BOARD_FD is $fd, but it must follow the overflow "
+        . "listeners ($expected): use matching forkpool versions\n";
+    require Forkpool::Board;
+    $self->{board} = eval { $self->_map_board($fd) };
+    return if $self->{board};
+    my $why = $@;
+    if (ref $why) {
+        $self->{own_sockets} = $self->{listeners};
+        $self->{listeners}   = delete $self->{overflow};
+        $self->_serve_as_in_handoff($why->{unsupported});
+        return;
+    }
+    _refuse_board($self, $fd, $why);
+}
+
+# The scoreboard on descriptor $fd, mapped (the descriptor is closed: the
+# mapping stays), or dies as Forkpool::Board->open does.
+sub _map_board {
+    my ($self, $fd) = @_;
+    my $map = _adopt($fd);
+    return Forkpool::Board->open(fileno($map), $self->{slot}, \&syscall_number);
+}
+
+# The scoreboard cannot be used: says why on stderr, exits 1.
+sub _refuse_board {
+    my ($self, $fd, $why) = @_;
+    $why = $why->{unsupported} . "\n" if ref $why;
+    print STDERR "forkpool worker (slot $self->{slot}): cannot use the kernel "
+        . "dispatch scoreboard (descriptor $fd): $why";
+    exit 1;
+}
+
+sub _serve_as_in_handoff {
+    my ($self, $why) = @_;
+    warn "forkpool worker (slot $self->{slot}): $why; served as in handoff "
+        . "dispatch instead (it says R, not K)\n";
+    $self->{dispatch} = 'handoff';
+    return;
+}
+
+# Forked by a template in kernel dispatch: the seat (S) comes after K.
+# Where this perl cannot store into a scoreboard, the worker says R
+# instead and is served as in handoff from the listeners it has.
+sub _await_seat {
+    my ($self) = @_;
+    require Forkpool::Board;
+    my ($why) = Forkpool::Board->support(\&syscall_number);
+    if (defined $why) {
+        $self->{listeners} = delete $self->{overflow};
+        $self->_serve_as_in_handoff("cannot store into the scoreboard: $why");
+        return;
+    }
+    $self->{seat_pending} = 1;
+    return;
 }
 
 # The system-call number of recvmsg(2), or dies saying why this perl
 # cannot receive descriptors.
 sub _recvmsg_number {
+    my ($dispatch) = @_;
+    $dispatch //= 'handoff';
     my $refuse = sub {
-        die "dispatch 'handoff' passes connections with SCM_RIGHTS, which needs "
+        die "dispatch '$dispatch' passes connections with SCM_RIGHTS, which needs "
             . "recvmsg(2): core Perl has none, and this helper calls it with "
             . "syscall(), but $_[0]; or run the pool with --dispatch order "
             . "(or shared)\n";
@@ -172,6 +274,17 @@ sub dispatch   { $_[0]{dispatch} }
 sub channel    { $_[0]{channel} }
 sub listeners  { @{ $_[0]{listeners} || [] } }
 
+# The listeners on which connections wait for a worker, in listener
+# order: the pool's (overflow) listeners in kernel dispatch, where the
+# worker's own sockets only ever hold connections for it; the listeners
+# in every other mode. A worker holding a kept-alive connection polls
+# them to see whether it should give way.
+sub waiting_listeners {
+    my ($self) = @_;
+    return @{ $self->{overflow} } if $self->{overflow} && @{ $self->{overflow} };
+    return $self->listeners;
+}
+
 # Asks to leave once the current connection is closed: `serve` returns
 # instead of reporting idle (the program then exits). For a process the
 # handler left in a state it should not serve from again (psgix.harakiri).
@@ -188,6 +301,23 @@ sub serve {
     # A client that hangs up mid-response must not kill the worker.
     local $SIG{PIPE} = 'IGNORE';
     _run_after_fork_hooks();
+    if ($self->{dispatch} eq 'kernel') {
+        require Forkpool::Worker::Kernel;
+        Forkpool::Worker::Kernel::serve($self, $handler);
+    }
+    else {
+        $self->_serve_reporting($handler);
+    }
+    if (defined $self->{become_template}) {
+        _assume($self, Forkpool::Worker::Template->_from_worker($self, $self->{become_template}));
+        $self->serve($handler);
+    }
+    return;
+}
+
+# Every mode but kernel: says Ready, then reports busy and idle.
+sub _serve_reporting {
+    my ($self, $handler) = @_;
     $self->_send('R', pack('N', $$));
     if ($self->{dispatch} eq 'handoff' || $self->{dispatch} eq 'order') {
         while ($self->_take_message($handler) == 1) { }
@@ -197,10 +327,6 @@ sub serve {
     }
     else {
         die "unknown dispatch mode '$self->{dispatch}'\n";
-    }
-    if (defined $self->{become_template}) {
-        _assume($self, Forkpool::Worker::Template->_from_worker($self, $self->{become_template}));
-        $self->serve($handler);
     }
     return;
 }
@@ -264,11 +390,16 @@ sub _receive {
                     . " message '$kind' came with " . @fds
                     . ' descriptors instead of exactly one');
         }
+        elsif ($kind eq 'S') {
+            @fds == unpack('n', $payload) + 1
+                or $refuse->("a seat 'S' for " . unpack('n', $payload)
+                    . ' listener(s) came with ' . @fds . ' descriptors');
+        }
         elsif (@fds) {
             $refuse->("message '$kind' came with a descriptor");
         }
     }
-    return ($kind, $payload, $fds[0]);
+    return ($kind, $payload, @fds);
 }
 
 sub _recv {

@@ -27,7 +27,9 @@ module Forkpool
       @worker = worker
       @limits = limits
       @access_log = access_log
-      @listeners = worker.listeners
+      # Where clients wait for a worker: a kept-alive connection gives way
+      # when one of these is readable (in kernel dispatch, the overflow).
+      @listeners = worker.pool_listeners
       @recycle = -> { worker.leave }
       # must_close for a request without a body: only a leaving worker.
       @leaving = -> { worker.leaving? }

@@ -203,6 +203,7 @@ module Forkpool
 
     # Refork: this worker becomes the template, on channel `io`.
     def become_template(io)
+      leave_board if @board
       place = @channel.fileno
       Libc.dup2(io.fileno, place) # closes the worker channel
       io.close

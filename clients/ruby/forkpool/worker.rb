@@ -25,7 +25,9 @@
 # Every dispatch mode: `handoff` (connections arrive over the back-channel
 # with SCM_RIGHTS), `order` (accept when told), `shared`/`herd` (wait on
 # the listeners; Ruby has no epoll, so every idle worker wakes for each
-# connection, as in `herd`). The wire format is docs/protocol.md.
+# connection, as in `herd`), `kernel` (wait on the slot's own socket and
+# keep the record on the scoreboard: forkpool/kernel_dispatch.rb). The
+# wire format is docs/protocol.md.
 
 require "socket"
 require "fcntl"
@@ -198,8 +200,13 @@ module Forkpool
       sock = Socket.for_fd(fd)
       sock.autoclose = false
       sock.close_on_exec = true
+      nonblocking(sock)
+    end
+
+    # `sock`, checked to be non-blocking.
+    def nonblocking(sock)
       if (sock.fcntl(Fcntl::F_GETFL) & File::NONBLOCK).zero?
-        raise ArgumentError, "listener #{fd} is blocking: forkpool passes non-blocking listeners " \
+        raise ArgumentError, "listener #{sock.fileno} is blocking: forkpool passes non-blocking listeners " \
                              "in every mode with a back-channel; something cleared O_NONBLOCK"
       end
       sock
@@ -231,6 +238,7 @@ module Forkpool
       @slot = Integer(required(env, "FORKPOOL_SLOT"))
       @channel = channel_at(Integer(required(env, "FORKPOOL_CHANNEL_FD")), "FORKPOOL_CHANNEL_FD")
       @supervisor_pid = env["FORKPOOL_SUPERVISOR_PID"]&.to_i
+      init_kernel(env) if @dispatch == "kernel"
     end
 
     # -- the worker loop ------------------------------------------------------
@@ -238,8 +246,12 @@ module Forkpool
     def serve_as_worker(handle)
       Random.srand # a forked worker must not repeat the template's sequence
       self.class.hooks[:after_fork].each(&:call)
-      send_message("R", [@pid].pack("N"))
+      send_message(@dispatch == "kernel" ? "K" : "R", [@pid].pack("N"))
       case @dispatch
+      when "kernel"
+        # Forked by a template, the worker gets its seat (its own sockets
+        # and the board) on the channel.
+        serve_on_board(handle) if @board || take_seat
       when "handoff", "order"
         nil while take_message(handle) && !@leaving
       when "shared", "herd"
@@ -257,7 +269,8 @@ module Forkpool
 
     # One message: [kind, payload, io or nil], or nil at end of file.
     def receive(known)
-      data, _addr, rflags, *controls = @channel.recvmsg(RECV_SIZE, 0, CONTROL_SIZE, scm_rights: true)
+      data, _addr, rflags, *controls = @channel.recvmsg(RECV_SIZE, 0, CONTROL_SIZE + 4 * @listeners.size,
+                                                        scm_rights: true)
       ios = controls.flat_map { |c| c.cmsg_is?(:SOCKET, :RIGHTS) ? c.unix_rights || [] : [] }
       return nil if data.empty? && ios.empty?
 
@@ -277,7 +290,7 @@ module Forkpool
       kind = data[1]
       raise ProtocolError, "malformed message #{data.inspect}" if known[kind] != data.bytesize - 2
 
-      wanted = { "C" => 1, "T" => 1, "F" => 2 }.fetch(kind, 0)
+      wanted = { "C" => 1, "T" => 1, "F" => 2, "S" => @listeners.size + 1 }.fetch(kind, 0)
       raise ProtocolError, "#{data.inspect} came with #{ios.size} descriptor(s)" if ios.size != wanted
     end
 
@@ -289,14 +302,16 @@ module Forkpool
       kind, payload, ios = message
       case kind
       when "p" then send_message("P", payload)
-      when "Q" then return false
+      when "Q"
+        drain_own_sockets(handle) if @board
+        return false
       when "T" then raise BecomeTemplate, ios.first
-      when "C"
-        expect_mode(kind, "handoff", ios)
+      when "C" # in kernel dispatch, the supervisor claimed this worker on the board
+        expect_mode(kind, %w[handoff kernel], ios)
         listener = payload.unpack1("n")
         serve_connections(connection(ios.first, listener), listener, handle)
       when "A"
-        expect_mode(kind, "order", ios)
+        expect_mode(kind, %w[order], ios)
         listener = payload.unpack1("n")
         raise ProtocolError, "told to accept on unknown listener #{listener}" if listener >= @listeners.size
 
@@ -305,8 +320,8 @@ module Forkpool
       true
     end
 
-    def expect_mode(kind, mode, ios)
-      return if @dispatch == mode
+    def expect_mode(kind, modes, ios)
+      return if modes.include?(@dispatch)
 
       ios.each(&:close)
       raise ProtocolError, "#{kind.inspect} is not expected in #{@dispatch} mode"
@@ -337,7 +352,12 @@ module Forkpool
 
     # One waiting connection from `listener`, or nil. Never waits.
     def accept(listener)
-      conn, = @listeners[listener].accept_nonblock(exception: false)
+      accept_from(@listeners[listener])
+    end
+
+    # One waiting connection from listening socket `sock`, or nil.
+    def accept_from(sock)
+      conn, = sock.accept_nonblock(exception: false)
       conn == :wait_readable ? nil : conn
     rescue SystemCallError => e
       warn "forkpool worker: accept failed: #{e.message}"
@@ -349,17 +369,7 @@ module Forkpool
         following = nil
         begin
           handle.call(conn, listener)
-          # A leaving worker does not report Idle: the supervisor could hand
-          # it a connection before it sees the exit. It says Leaving, so the
-          # exit counts as a retirement, not a death.
-          if @leaving
-            say_leaving
-            return
-          end
-          following = take_next(listener)
-          # The report goes before the close: a client that reconnects at
-          # once then finds this (hot) worker idle.
-          send_message(following ? "N" : "I")
+          following = finish(listener)
         rescue Exception # rubocop:disable Lint/RescueException
           following&.close
           raise
@@ -368,6 +378,25 @@ module Forkpool
         end
         conn = following
       end
+    end
+
+    # After a connection on `listener`, before its close: the next
+    # connection to serve, or nil.
+    def finish(listener)
+      return finish_on_board(listener) if @board
+
+      # A leaving worker does not report Idle: the supervisor could hand
+      # it a connection before it sees the exit. It says Leaving, so the
+      # exit counts as a retirement, not a death.
+      if @leaving
+        say_leaving
+        return nil
+      end
+      following = take_next(listener)
+      # The report goes before the close: a client that reconnects at
+      # once then finds this (hot) worker idle.
+      send_message(following ? "N" : "I")
+      following
     end
 
     def say_leaving
@@ -391,14 +420,16 @@ module Forkpool
       accept(listener)
     end
 
-    # `shared` and `herd`: wait on the channel and the listeners at once.
-    # The channel goes first when both are ready.
+    # `shared`, `herd` and `kernel`: wait on the channel and the listeners
+    # at once. The channel goes first when both are ready.
     def wait_on_listeners(handle)
       watched = [@channel] + @listeners
       loop do
         ready, = IO.select(watched)
         if ready.include?(@channel)
           return unless take_message(handle)
+        elsif @board
+          take_own(@listeners.index(ready.first), handle)
         else
           accept_and_serve(@listeners.index(ready.first), handle)
         end
@@ -409,3 +440,4 @@ module Forkpool
 end
 
 require_relative "template"
+require_relative "kernel_dispatch"

@@ -4,11 +4,13 @@
 //! SIGKILLed worker is replaced, and SIGTERM stops the pool with no process
 //! left.
 
+#[path = "common/c_worker_build.rs"]
+mod c_worker_build;
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,23 +18,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+use c_worker_build::build_worker;
 use common::alive;
-
-/// Compiles the worker into `dir`; `None` when there is no C compiler
-/// and the test must return without running (see `common::require`).
-fn build_worker(dir: &Path) -> Option<PathBuf> {
-    let cc = common::require_program("cc", "run bash .ci/deps/system-tools.sh (gcc)")?;
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/c/forkpool_worker.c");
-    let out = dir.join("forkpool-c-worker");
-    let status = Command::new(cc)
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run the C compiler");
-    assert!(status.success(), "cc failed to compile {}", src.display());
-    Some(out)
-}
 
 /// A running `forkpool run` pool of the C worker, killed (with its workers)
 /// on Drop.

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{require, send, signal_pid, total, DemoPool};
+use common::{require_kernel_dispatch, send, signal_pid, total, DemoPool};
 
 /// A demo pool in kernel dispatch with `children` idle children; fails
 /// (or, outside CI, returns None with a NOT RUN line) where the kernel
@@ -26,13 +26,7 @@ fn kernel_pool(children: &str, extra: &[&str]) -> Option<DemoPool> {
     ];
     args.extend_from_slice(extra);
     let pool = DemoPool::start(&args);
-    let status = pool.status();
-    let running = status["dispatch"] == "kernel";
-    if !require(
-        running,
-        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
-        "run as root on Linux 5.12 or later (CAP_BPF)",
-    ) {
+    if !require_kernel_dispatch(&pool) {
         return None;
     }
     let n: usize = children.parse().unwrap();

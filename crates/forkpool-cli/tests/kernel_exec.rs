@@ -11,7 +11,7 @@ mod example_workers;
 
 use std::time::Duration;
 
-use common::{require, scrape_metrics, total, DemoPool};
+use common::{require_kernel_dispatch, scrape_metrics, total, DemoPool};
 use example_workers::rust_worker;
 
 /// `clients/tests/handoff_only_worker.py`: says `R`, knows no board.
@@ -39,12 +39,7 @@ fn kernel_run(children: usize, extra: &[&str], cmd: &[&str]) -> Option<DemoPool>
     ];
     args.extend_from_slice(extra);
     let pool = DemoPool::start_run(&args, cmd);
-    let status = pool.status();
-    if !require(
-        status["dispatch"] == "kernel",
-        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
-        "run as root on Linux 5.12 or later (CAP_BPF)",
-    ) {
+    if !require_kernel_dispatch(&pool) {
         return None;
     }
     assert!(pool

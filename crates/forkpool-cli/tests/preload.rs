@@ -565,6 +565,11 @@ fn rust_refork_in_kernel_dispatch() {
 }
 
 #[test]
+fn perl_refork_in_kernel_dispatch() {
+    refork_under_load_in("kernel", &["perl", PERL_WORKER]);
+}
+
+#[test]
 fn python_refork_in_kernel_dispatch() {
     refork_under_load_in("kernel", &["python3", PYTHON_WORKER]);
 }

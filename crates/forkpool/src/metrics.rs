@@ -54,6 +54,28 @@ pub fn render(
     }
     registry.register("children", "Children by state", children);
 
+    let dispatch = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    dispatch
+        .get_or_create(&vec![
+            ("mode", snapshot.dispatch.clone()),
+            (
+                "fallback",
+                snapshot.dispatch_fallback.clone().unwrap_or_default(),
+            ),
+        ])
+        .set(1);
+    registry.register(
+        "dispatch",
+        "The dispatch mode running (always 1); fallback says why kernel dispatch could not run, if it could not",
+        dispatch,
+    );
+    counter(
+        &mut registry,
+        "reservations_released",
+        "Kernel dispatch: reservations given back because their connection never came",
+        t.reservations_released,
+    );
+
     let kills = Family::<Labels, Counter>::default();
     for reason in KillReason::ALL {
         kills
@@ -324,5 +346,18 @@ mod tests {
         assert!(text.contains("forkpool_generation 3"));
         assert!(text.contains("forkpool_serving_generation 2"));
         assert!(text.contains("forkpool_dispatch_latency_seconds_count 1"));
+        assert!(
+            text.contains("forkpool_dispatch{mode=\"handoff\",fallback=\"\"} 1"),
+            "{text}"
+        );
+        let fell_back = Snapshot {
+            dispatch_fallback: Some("no CAP_BPF".into()),
+            ..snapshot
+        };
+        let text = render(&fell_back, &h, &dispatch_latency_histogram());
+        assert!(
+            text.contains("forkpool_dispatch{mode=\"handoff\",fallback=\"no CAP_BPF\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -550,6 +550,15 @@ impl<L> Scoreboard<L> {
         }
     }
 
+    /// Kernel dispatch: the connection [`Scoreboard::idle`] counted for a
+    /// busy child was none (the child's record read busy before it first
+    /// said idle, and its counts never moved).
+    pub fn uncount_one(&mut self, slot: usize) {
+        if let Some(Some(s)) = self.slots.get_mut(slot) {
+            s.served = s.served.saturating_sub(1);
+        }
+    }
+
     /// `Next`: the child finished its connection and accepted the next one
     /// itself. It stays busy, its busy clock restarts and the served count
     /// goes up.

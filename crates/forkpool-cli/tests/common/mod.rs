@@ -170,6 +170,17 @@ pub fn require_program(name: &str, install: &str) -> Option<std::path::PathBuf> 
     found
 }
 
+/// Whether `pool` runs in `kernel` dispatch; where the kernel refused the
+/// eBPF program it fell back, and (see [`require`]) this fails under CI.
+pub fn require_kernel_dispatch(pool: &DemoPool) -> bool {
+    let status = pool.status();
+    require(
+        status["dispatch"] == "kernel",
+        &format!("kernel dispatch ({})", status["dispatch_fallback"]),
+        "run as root on Linux 5.12 or later (CAP_BPF)",
+    )
+}
+
 /// A fresh path in the temp dir, unique to this test process.
 pub fn temp_path(what: &str) -> std::path::PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -66,13 +66,19 @@ impl<L: HasChild> Core<L> {
                 }
             }
             (SlotState::Busy, false) => {
-                // `idle` counts the connection the core saw begin.
+                // `idle` counts the connection the core saw begin; the
+                // record's count says whether there was one (a child reads
+                // busy from its start until it first says idle).
                 if self.board.idle(slot, now).is_err() {
                     return;
                 }
-                served = served.saturating_sub(1);
+                if served == 0 {
+                    self.board.uncount_one(slot);
+                } else {
+                    served -= 1;
+                    self.effects.push(Effect::Served { slot });
+                }
                 self.effects.push(Effect::Room);
-                self.effects.push(Effect::Served { slot });
             }
             _ => {}
         }
@@ -86,6 +92,39 @@ impl<L: HasChild> Core<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::config::PoolConfig;
+    use crate::core::child::Child;
+    use crate::protocol::ChildMessage;
+
+    /// A child that said `K` and whose record reads busy before it first
+    /// goes idle has served nothing when it does.
+    #[test]
+    fn a_child_busy_only_while_it_starts_has_served_nothing() {
+        let now = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            dispatch: crate::config::DispatchMode::Kernel,
+            ..PoolConfig::default()
+        });
+        core.adopt(0, 42, 1, Child::new(now, true, 1), now);
+        core.report(0, ChildMessage::ReadyOnBoard { pid: 42 }, now);
+        let record = |busy, taken, served| Sample {
+            busy,
+            taken,
+            served,
+            next: 0,
+        };
+        core.sampled(0, record(true, 0, 0), now);
+        core.sampled(0, record(false, 0, 0), now);
+        assert_eq!(core.board.get(0).unwrap().served, 0);
+        // A real connection, seen begin and end, counts once.
+        core.sampled(0, record(true, 1, 0), now);
+        core.sampled(0, record(false, 1, 1), now);
+        assert_eq!(core.board.get(0).unwrap().served, 1);
+        // Two finished between readings, the state idle both times.
+        core.sampled(0, record(false, 3, 3), now);
+        assert_eq!(core.board.get(0).unwrap().served, 3);
+    }
 
     #[test]
     fn counts_never_go_back_or_jump() {

@@ -5,7 +5,9 @@
 //! simulated workers that follow the protocol or break it in every
 //! documented way, templates that lie or stall, connections arriving, a
 //! kill storm, stop signals alone or in pairs, reloads and reforks to
-//! working or broken code: `reloads.rs`), and carries out the core's
+//! working or broken code: `reloads.rs`; in `kernel` dispatch the program
+//! and the scoreboard, with workers that scramble their counts:
+//! `kernel.rs`), and carries out the core's
 //! effects on that world. After every step it checks the invariants
 //! below. A failing seed prints the command that replays it:
 //! `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib core::sim::replay
@@ -25,6 +27,7 @@
 //! - forks in any one second stay within `max_children` plus the
 //!   replacement burst and rate, whatever the children do.
 
+mod kernel;
 mod reloads;
 mod rng;
 mod templates;
@@ -72,6 +75,9 @@ struct Scenario {
     refused_reload_per_mille: u64,
     /// Workers are reforked (`--refork-after`, with `preload`).
     refork: bool,
+    /// `kernel` dispatch: the world plays the program and the scoreboard
+    /// (`kernel.rs`).
+    kernel: bool,
 }
 
 /// How a run ended.
@@ -92,6 +98,10 @@ struct Outcome {
     refused: u64,
     /// Stops (and so upgrades' hand-overs) that came during a rollout.
     stopped_rolling: u64,
+    /// Kernel dispatch: connections the program gave a worker directly,
+    /// and seats sent to workers forked by a template.
+    kernel_taken: u64,
+    seats: u64,
     /// The core's totals at the end.
     totals: crate::status::Totals,
 }
@@ -127,6 +137,11 @@ impl Sim {
             start_timeout: Duration::from_secs(3),
             exit_timeout: Duration::from_secs(10),
             preload: scenario.preload,
+            dispatch: if scenario.kernel {
+                crate::config::DispatchMode::Kernel
+            } else {
+                crate::config::DispatchMode::Handoff
+            },
             refork_after: if scenario.refork && scenario.preload {
                 vec![20, 200, 600, 2000]
             } else {
@@ -182,6 +197,12 @@ impl Sim {
             while let Some(what) = self.world.pop_due(self.world.now) {
                 self.happen(what)?;
                 self.check()?;
+            }
+            // Kernel dispatch: the board is read first each turn, as the
+            // supervisor's loop does, so the tick acts on what it says.
+            if self.scenario.kernel {
+                self.read_board();
+                self.carry_out()?;
             }
             self.core.on(Input::Tick, now);
             self.carry_out()?;
@@ -248,7 +269,8 @@ impl Sim {
             Happening::Ready(pid) => {
                 if let Some(slot) = self.live_slot(pid) {
                     self.world.procs.get_mut(&pid).expect("live").ready = true;
-                    self.report(slot, ChildMessage::Ready { pid: pid as u32 });
+                    let first = self.kernel_first_message(pid);
+                    self.report(slot, first);
                     self.world.after_ready(pid);
                 }
             }
@@ -287,7 +309,9 @@ impl Sim {
                         let told_quit = p.told_quit;
                         self.settle(conn, pid, Conn::Served)?;
                         self.outcome.served += 1;
-                        self.report(slot, ChildMessage::Idle);
+                        if !self.kernel_finished(pid, slot) {
+                            self.report(slot, ChildMessage::Idle);
+                        }
                         if told_quit {
                             self.quit(pid);
                         }
@@ -468,7 +492,10 @@ impl Sim {
                     return Ok(());
                 }
                 match msg {
-                    ParentMessage::Quit => self.quit(pid),
+                    ParentMessage::Quit => {
+                        self.kernel_quit(pid);
+                        self.quit(pid)
+                    }
                     ParentMessage::Ping { seq } => {
                         if p.behaviour != Behaviour::Deaf && p.ready {
                             let t = self.world.ms(0, 5);
@@ -551,11 +578,7 @@ impl Sim {
                     p.in_group_of = None;
                 }
             }
-            // The simulated children say `R`, never `K` (they keep no
-            // scoreboard): a seat for one is a core bug.
-            Effect::Seat { slot } => {
-                return Err(format!("a seat for slot {slot}, whose child never said K"));
-            }
+            Effect::Seat { slot } => self.seat(slot)?,
             Effect::Abandoned(_) | Effect::TemplateGone { .. } => {}
             Effect::Rewatch { .. } | Effect::Status(_) | Effect::ReloadFailed(_) => {}
             Effect::BecameTemplate {
@@ -637,6 +660,11 @@ impl Sim {
     /// waits for the next.
     fn dispatch(&mut self) -> Result<(), String> {
         let now = self.now();
+        if self.scenario.kernel && self.core.shutdown.is_none() {
+            // The program first: only what no idle record took is left on
+            // the overflow for the core.
+            self.kernel_picks();
+        }
         while !self.world.backlog.is_empty() && self.core.shutdown.is_none() {
             let Some(slot) = self.core.board.lowest_with_room() else {
                 return Ok(());
@@ -650,6 +678,12 @@ impl Sim {
                 self.carry_out()?;
                 continue;
             }
+            // Kernel dispatch: a worker on the board is claimed there first
+            // (the core's reading may be up to a turn old).
+            if !self.claim(pid) {
+                return Ok(());
+            }
+            let p = self.world.procs.get_mut(&pid).expect("a slot's process");
             self.world.backlog.pop_front();
             p.serving = Some(conn);
             self.world.conns[conn as usize] = Conn::Held(pid);
@@ -788,6 +822,7 @@ fn scenario_of(seed: u64) -> Scenario {
         broken_reload_per_mille: rng.below(600),
         refused_reload_per_mille: rng.below(300),
         refork: rng.per_mille(500),
+        kernel: rng.per_mille(400),
     }
 }
 
@@ -798,9 +833,12 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut seed = 0;
     let mut seen = crate::status::Totals::default();
     let mut rolls = [0u64; 5];
+    let mut kernel = [0u64; 2];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
+        kernel[0] += outcome.kernel_taken;
+        kernel[1] += outcome.seats;
         rolls[0] += outcome.rollouts;
         rolls[1] += outcome.rolled;
         rolls[2] += outcome.reload_failed;
@@ -817,7 +855,8 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     eprintln!(
         "simulator: {steps} steps over {seed} seeds in {:?}: {} workers started, {} killed, \
          {} died, {} lost, {} templates killed; {} rollouts ({} reforks): {} rolled, {} failed; \
-         {} reloads refused; {} stops during a rollout",
+         {} reloads refused; {} stops during a rollout; kernel dispatch: {} connections \
+         picked by the program, {} seats",
         started.elapsed(),
         seen.spawned,
         seen.killed,
@@ -830,7 +869,11 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         rolls[2],
         rolls[3],
         rolls[4],
+        kernel[0],
+        kernel[1],
     );
+    // Kernel dispatch runs: the program serves, templates' workers seated.
+    assert!(kernel[0] > 0 && kernel[1] > 0);
     // The schedules reach what they are for: misbehaving workers and
     // templates, lies caught, workers lost behind the supervisor's back.
     assert!(seen.killed > 0 && seen.died > 0 && seen.lost > 0 && seen.templates_killed > 0);
@@ -878,6 +921,7 @@ fn a_kill_storm_never_empties_the_pool() {
             broken_reload_per_mille: 0,
             refused_reload_per_mille: 0,
             refork: false,
+            kernel: seed % 4 >= 2,
         };
         let storm = Scenario {
             kill_every: 200 * MS,

@@ -156,6 +156,17 @@ impl Sim {
         } else {
             BrokenCode::pick(&mut self.world.rng).template
         };
+        // Kernel dispatch: the program may have given it a connection since
+        // the core last read the board; it reads `T` once that is served,
+        // and gives up its seat.
+        let p = self.world.procs.get_mut(&pid).expect("alive");
+        p.board = None;
+        if let Some(conn) = p.serving.take() {
+            p.serving = Some(conn);
+            self.settle(conn, pid, super::world::Conn::Served)?;
+            self.outcome.served += 1;
+            self.world.procs.get_mut(&pid).expect("alive").serving = None;
+        }
         self.world.become_template(pid, generation, behaviour);
         Ok(())
     }

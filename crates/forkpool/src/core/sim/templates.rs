@@ -203,9 +203,12 @@ impl Sim {
                 pid: pid as u32 + 1,
             },
             Behaviour::OutOfOrder => ChildMessage::Idle,
-            _ => ChildMessage::Ready { pid: pid as u32 },
+            _ => self.kernel_first_message(pid),
         };
-        let ready = matches!(first, ChildMessage::Ready { pid: p } if p as i32 == pid);
+        let ready = matches!(
+            first,
+            ChildMessage::Ready { pid: p } | ChildMessage::ReadyOnBoard { pid: p } if p as i32 == pid
+        );
         self.report(slot, first);
         if ready {
             self.world.procs.get_mut(&pid).expect("alive").ready = true;

@@ -126,6 +126,12 @@ pub(super) struct Proc {
     pub told_quit: bool,
     /// It said `Ready`.
     pub ready: bool,
+    /// Kernel dispatch: it said `K` (keeps a record on the board).
+    pub said_k: bool,
+    /// Kernel dispatch: its record, once it has its sockets.
+    pub board: Option<super::kernel::Record>,
+    /// Kernel dispatch: it will write nonsense into its counts.
+    pub liar: bool,
 }
 
 /// Something the world does at a moment.
@@ -417,6 +423,9 @@ impl World {
                 serving: None,
                 told_quit: false,
                 ready: false,
+                said_k: false,
+                board: None,
+                liar: false,
             },
         );
         pid

@@ -1,0 +1,30 @@
+/* forkpool_worker.h - what forkpool_worker.c (the protocol and the HTTP
+ * answer) shares with kernel_dispatch.c (the `kernel` dispatch loop). */
+#ifndef FORKPOOL_WORKER_H
+#define FORKPOOL_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+extern int chan;           /* the back-channel's descriptor */
+extern const char *slot;   /* FORKPOOL_SLOT, for messages and the header */
+extern long listen_fds;    /* LISTEN_FDS: listeners per kind */
+
+/* Prints why to stderr (with the slot and pid) and exits 2. */
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Sends one message of the back-channel protocol. */
+void send_msg(char kind, const unsigned char *payload, size_t len);
+/* Reads one message (0 = end of file); *fd_out gets a descriptor or -1. */
+size_t recv_msg(unsigned char *buf, int *fd_out);
+/* Answers one HTTP request on a blocking connected socket (no shutdown:
+ * the caller closes it when it likes). */
+void answer_request(int fd);
+void put_u32(unsigned char *p, uint32_t v);
+/* If message m (n bytes) is a ping, answers it and returns 1; else 0. */
+int answer_ping(const unsigned char *m, size_t n);
+
+/* `kernel` dispatch: runs the worker until told to quit; returns the exit
+ * status. */
+int kernel_main(void);
+
+#endif

@@ -1,0 +1,230 @@
+/*
+ * kernel_dispatch.c - the C worker in `kernel` dispatch (docs/protocol.md,
+ * "`kernel` dispatch"): the kernel queues each new connection on the own
+ * listening socket of the lowest idle worker, which it finds on the
+ * scoreboard, a shared memory map this worker keeps its record in.
+ *
+ * Descriptors: 3 .. 3+n-1 own sockets, 3+n the back-channel (as in every
+ * mode), 3+n+1 .. 3+2n the pool's listeners (the overflow), 3+2n+1 the
+ * scoreboard.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "forkpool_worker.h"
+
+#define BOARD_MAGIC 0x3130647262706b66ULL /* "fkpbrd01", little-endian */
+#define MAX_LISTENERS 64
+
+/* The scoreboard's words: the header, and this slot's record. */
+static volatile uint64_t *board;
+static volatile uint64_t *record; /* state, taken, served, next */
+enum { STATE, TAKEN, SERVED, NEXT };
+enum { BUSY = 0, IDLE = 1 };
+static int overflow_fd; /* the first overflow listener */
+static uint64_t max_requests; /* FORKPOOL_MAX_REQUESTS: leave after this many (0: never) */
+
+/* The board is unusable: say why and exit 1 (the spec's start-up refusal). */
+static void refuse(const char *why)
+{
+    fprintf(stderr, "forkpool C worker (slot %s, pid %ld): the scoreboard: %s\n", slot,
+            (long)getpid(), why);
+    exit(1);
+}
+
+static long env_number(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        die("%s is not set: `forkpool run --dispatch kernel` sets it", name);
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 0)
+        die("%s is `%s`, not a number", name, v);
+    return n;
+}
+
+static void map_board(long slot_no)
+{
+    long fd = env_number("FORKPOOL_BOARD_FD");
+    if (fd != overflow_fd + listen_fds)
+        die("FORKPOOL_BOARD_FD is not 3+2*LISTEN_FDS+1: use matching forkpool versions");
+    size_t len = 8 * (8 + 4 * ((size_t)slot_no + 1));
+    len = (len + 4095) & ~(size_t)4095;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+    if (p == MAP_FAILED) {
+        char why[160];
+        snprintf(why, sizeof why, "cannot map FORKPOOL_BOARD_FD %ld: %s", fd, strerror(errno));
+        refuse(why);
+    }
+    board = p;
+    if (__atomic_load_n(&board[0], __ATOMIC_SEQ_CST) != BOARD_MAGIC)
+        refuse("wrong magic (not a forkpool scoreboard of layout fkpbrd01)");
+    if ((uint64_t)slot_no >= __atomic_load_n(&board[1], __ATOMIC_SEQ_CST))
+        refuse("FORKPOOL_SLOT is beyond the board's slot count");
+    record = board + 8 + 4 * slot_no;
+}
+
+static void set_state(uint64_t v)
+{
+    __atomic_store_n(&record[STATE], v, __ATOMIC_SEQ_CST);
+}
+
+/* Idle; then, if the supervisor holds connections no idle worker took
+ * (word 2), the wake-up it waits for.  The sequentially consistent store
+ * and load order the two: with the supervisor setting word 2 before it
+ * reads the states, one of the two sees the other. */
+static void go_idle(void)
+{
+    set_state(IDLE);
+    if (__atomic_load_n(&board[2], __ATOMIC_SEQ_CST) != 0)
+        send_msg('I', NULL, 0);
+}
+
+/* One writer (this worker): a plain load and store is enough. */
+static void count(int word)
+{
+    __atomic_store_n(&record[word], __atomic_load_n(&record[word], __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELAXED);
+}
+
+/* A connection from a non-blocking listener, blocking itself, or -1. */
+static int take(int listener)
+{
+    int fd;
+    do
+        fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
+/* A connection waiting on overflow listener i, unless a message waits on
+ * the channel (it goes first): one poll sees both. -1 for none. */
+static int take_next(long i)
+{
+    struct pollfd p[2] = { { .fd = chan, .events = POLLIN },
+                           { .fd = overflow_fd + (int)i, .events = POLLIN } };
+    if (poll(p, 2, 0) <= 0 || p[0].revents || !p[1].revents)
+        return -1;
+    return take(overflow_fd + (int)i);
+}
+
+/* Serves fd (which arrived on listener i), then takes the next connection
+ * waiting on overflow listener i, or goes idle: the spec's "finish". */
+static void serve_and_finish(int fd, long i)
+{
+    for (;;) {
+        answer_request(fd);
+        count(SERVED);
+        if (max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) {
+            /* Its share served: leave, still busy, so nothing is queued
+             * for it meanwhile; X makes the exit a retirement. */
+            close(fd);
+            send_msg('X', NULL, 0);
+            exit(0);
+        }
+        int next = take_next(i);
+        if (next < 0)
+            break;
+        count(TAKEN);
+        count(NEXT);
+        close(fd);
+        fd = next;
+    }
+    go_idle();
+    close(fd);
+}
+
+/* Q: busy, then serve what the kernel already queued on the own sockets. */
+static __attribute__((noreturn)) void drain_and_quit(void)
+{
+    set_state(BUSY);
+    for (long i = 0; i < listen_fds; i++) {
+        int fd;
+        while ((fd = take(3 + (int)i)) >= 0) {
+            count(TAKEN);
+            answer_request(fd);
+            count(SERVED);
+            close(fd);
+        }
+    }
+    exit(0);
+}
+
+/* One back-channel message; returns 0 at end of file. */
+static int handle_message(void)
+{
+    unsigned char m[16];
+    int fd;
+    size_t n = recv_msg(m, &fd);
+    if (n == 2 && m[1] == 'Q')
+        drain_and_quit();
+    if (n == 0 || answer_ping(m, n))
+        return n != 0;
+    if (n == 4 && m[1] == 'C' && fd >= 0) {
+        /* The supervisor claimed this worker (state 0) before handing. */
+        long i = (m[2] << 8) | m[3];
+        if (i >= listen_fds) {
+            close(fd);
+            die("a connection on listener %ld, but only %ld listeners", i, listen_fds);
+        }
+        serve_and_finish(fd, i);
+        return 1;
+    }
+    if (fd >= 0)
+        close(fd);
+    die("unexpected back-channel message: kind 0x%02x, %zu bytes, in kernel mode", m[1], n);
+}
+
+int kernel_main(void)
+{
+    if (listen_fds < 1 || listen_fds > MAX_LISTENERS)
+        die("kernel mode needs 1 to %d listeners (LISTEN_FDS), not %ld", MAX_LISTENERS,
+            listen_fds);
+    if (chan != 3 + listen_fds)
+        die("FORKPOOL_CHANNEL_FD is not 3+LISTEN_FDS");
+    overflow_fd = chan + 1;
+    if (env_number("FORKPOOL_OVERFLOW_FD") != overflow_fd)
+        die("FORKPOOL_OVERFLOW_FD is not 3+LISTEN_FDS+1: use matching forkpool versions");
+    map_board(env_number("FORKPOOL_SLOT"));
+    if (getenv("FORKPOOL_MAX_REQUESTS"))
+        max_requests = (uint64_t)env_number("FORKPOOL_MAX_REQUESTS");
+
+    unsigned char pid[4];
+    put_u32(pid, (uint32_t)getpid());
+    send_msg('K', pid, 4);
+    go_idle();
+
+    struct pollfd fds[MAX_LISTENERS + 1];
+    for (long i = 0; i < listen_fds; i++)
+        fds[i] = (struct pollfd){ .fd = 3 + (int)i, .events = POLLIN };
+    fds[listen_fds] = (struct pollfd){ .fd = chan, .events = POLLIN };
+    for (;;) {
+        int r = poll(fds, (nfds_t)listen_fds + 1, -1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            die("poll: %s", strerror(errno));
+        /* The channel first: pings, quit and end of file come before work. */
+        if (fds[listen_fds].revents && !handle_message())
+            return 0;
+        for (long i = 0; i < listen_fds; i++) {
+            if (!fds[i].revents)
+                continue;
+            int fd = take(3 + (int)i);
+            if (fd < 0)
+                continue; /* EAGAIN (another took it) or ECONNABORTED: wait again */
+            set_state(BUSY);
+            count(TAKEN);
+            serve_and_finish(fd, i);
+        }
+    }
+}

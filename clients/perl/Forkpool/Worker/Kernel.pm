@@ -1,0 +1,188 @@
+package Forkpool::Worker::Kernel;
+
+# A Forkpool::Worker's life in `kernel` dispatch (docs/protocol.md,
+# "`kernel` dispatch"): the kernel queues each new connection on the own
+# socket of the lowest idle worker, which it reads on the scoreboard; the
+# worker keeps its record there (Forkpool::Board) and tells the
+# supervisor nothing per connection. It says K instead of R, waits on its
+# own sockets and the channel, and as it finishes a connection takes the
+# next one waiting on the pool's listener (the overflow) itself or goes
+# idle; it says I only when the board's word 2 asks for it.
+
+use strict;
+use warnings;
+
+use POSIX ();
+
+# Serves until told to quit or the supervisor is gone.
+sub serve {
+    my ($self, $handler) = @_;
+    $self->_send('K', pack('N', $$));
+    if (delete $self->{seat_pending}) {
+        return unless _take_seat($self);
+    }
+    my $board = $self->{board};
+    # Idle, and a wake-up if the supervisor already holds connections.
+    $self->_send('I') if $board->idle;
+    my @own = @{ $self->{listeners} };
+    my $channel_fd = fileno($self->{channel});
+    my $bits = '';
+    vec($bits, $_, 1) = 1 for $channel_fd, map { fileno($_) } @own;
+    # As a connection on listener i ends: the channel and overflow i, to
+    # see in one call whether a message or a connection waits.
+    $self->{finish_bits} = [
+        map {
+            my $v = '';
+            vec($v, $_, 1) = 1 for $channel_fd, fileno($_);
+            $v;
+        } @{ $self->{overflow} }
+    ];
+    while (1) {
+        my $n = select(my $ready = $bits, undef, undef, undef);
+        if ($n < 0) {
+            next if $!{EINTR};
+            die "select: $!\n";
+        }
+        # The channel first: pings, quit and end of file come before work.
+        if (vec($ready, $channel_fd, 1)) {
+            return unless _take_message($self, $handler);
+        }
+        for my $i (0 .. $#own) {
+            next unless vec($ready, fileno($own[$i]), 1);
+            # Another worker cannot take it, but the connection may have
+            # been reset since: nothing to do then.
+            accept(my $conn, $own[$i]) or next;
+            $board->took;
+            return unless _serve($self, $conn, $i, $handler);
+        }
+    }
+}
+
+# Forked by a template: reads the seat, S, its own sockets and the
+# scoreboard (answering pings before it). False on Q or end of file.
+sub _take_seat {
+    my ($self) = @_;
+    while (1) {
+        my ($kind, $payload, @fds) = $self->_receive or return 0;
+        if ($kind eq 'p') {
+            $self->_send('P', $payload);
+            next;
+        }
+        return 0 if $kind eq 'Q';
+        unless ($kind eq 'S') {
+            POSIX::close($_) for @fds;
+            die "'$kind' came before the seat (S) in kernel mode\n";
+        }
+        my ($count, $max_requests) = unpack('n Q>', $payload);
+        my $map = pop @fds;
+        unless ($count == @{ $self->{overflow} }) {
+            POSIX::close($_) for @fds, $map;
+            die "a seat for $count listener(s), but the pool has "
+                . @{ $self->{overflow} } . "\n";
+        }
+        $self->{listeners} = [ map { Forkpool::Worker::_adopt($_) } @fds ];
+        $self->{board} = eval { $self->_map_board($map) }
+            or Forkpool::Worker::_refuse_board($self, $map, $@);
+        $self->{max_requests} = $max_requests || undef;
+        return 1;
+    }
+}
+
+# What each message from the supervisor does: false when it is time to
+# exit. p: answer. Q: serve what is queued, then exit. C: the supervisor
+# marked this worker busy before handing it the connection.
+my %ON_MESSAGE = (
+    p => sub { $_[0]->_send('P', $_[2]); 1 },
+    Q => sub { _drain(@_[0, 1]); 0 },
+    # Refork (forked by a template): busy, then it gives up its own
+    # sockets and the board, and becomes the template with the pool's
+    # listeners, at 3 .. 3+n-1 where a template has them.
+    T => sub {
+        my ($self, $handler, $payload, $fd) = @_;
+        delete($self->{board})->busy;
+        close($_) for @{ $self->{listeners} };
+        $self->{listeners} = delete $self->{overflow};
+        $self->{become_template} = $fd;
+        return 0;
+    },
+    C => sub {
+        my ($self, $handler, $payload, $fd) = @_;
+        my $listener = unpack('n', $payload);
+        unless ($listener < @{ $self->{listeners} }) {
+            POSIX::close($fd);
+            die "handed a connection on unknown listener $listener\n";
+        }
+        open(my $conn, '+<&=', $fd) or die "descriptor $fd is not open: $!\n";
+        return _serve($self, $conn, $listener, $handler);
+    },
+);
+
+# Acts on one message; false when it is time to exit (also at end of file).
+sub _take_message {
+    my ($self, $handler) = @_;
+    my ($kind, $payload, $fd) = $self->_receive or return 0;
+    my $on = $ON_MESSAGE{$kind};
+    return $on->($self, $handler, $payload, $fd) if $on;
+    POSIX::close($fd) if defined $fd;
+    die "'$kind' is not expected in kernel mode\n";
+}
+
+# Serves $conn, from listener $i, then the next connection waiting on
+# overflow listener $i, if any and the channel is quiet, and so on; then
+# goes idle. False if the handler asked to leave.
+sub _serve {
+    my ($self, $conn, $i, $handler) = @_;
+    my $board = $self->{board};
+    while (1) {
+        $conn->autoflush(1);
+        $handler->($conn, $i);
+        if ($self->{leave}
+            || ($self->{max_requests} && $board->served_so_far + 1 >= $self->{max_requests}))
+        {
+            # Asked to leave, or its share served. Busy, so the kernel
+            # queues nothing more here: leaving loses nothing. X makes the
+            # exit a retirement, not a death.
+            $board->served;
+            eval { $self->_send('X') };
+            close($conn);
+            return 0;
+        }
+        # A connection waiting on overflow i, unless a message waits.
+        my ($next, $ready);
+        if (select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
+            && !vec($ready, fileno($self->{channel}), 1))
+        {
+            accept($next, $self->{overflow}[$i]) or undef $next;
+        }
+        last unless $next;
+        $board->took_next;
+        close($conn);
+        $conn = $next;
+    }
+    # Idle before the close, so a client that reconnects as soon as it
+    # sees it finds this worker, hot, idle.
+    $self->_send('I') if $board->idle_after_serving;
+    close($conn);
+    return 1;
+}
+
+# Quit: busy, then serves what the kernel queued on the own sockets just
+# before (no one else would take it).
+sub _drain {
+    my ($self, $handler) = @_;
+    my $board = $self->{board};
+    $board->busy;
+    my @own = @{ $self->{listeners} };
+    for my $i (0 .. $#own) {
+        while (accept(my $conn, $own[$i])) {
+            $board->took;
+            $conn->autoflush(1);
+            $handler->($conn, $i);
+            $board->served;
+            close($conn);
+        }
+    }
+    return;
+}
+
+1;

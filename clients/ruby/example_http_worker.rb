@@ -1,0 +1,42 @@
+# frozen_string_literal: true
+
+# An HTTP worker for `forkpool run`, answering like `forkpool demo`, on the
+# Ruby helper alone (no Rack):
+#
+#   forkpool run --listen 127.0.0.1:8080 -- ruby -Iclients/ruby clients/ruby/example_http_worker.rb
+#   curl -i 'http://127.0.0.1:8080/?work_ms=100'
+#
+# Any request answers `hello`; `?work_ms=N` sleeps N ms first (a slow
+# handler). Every response names the worker in `X-Forkpool-Slot` and
+# `X-Forkpool-Pid` and closes the connection. The head must arrive whole
+# within 5 s (else 408); a body is not read.
+
+require "forkpool/worker"
+require "forkpool/http"
+
+MAX_WORK_MS = 60_000
+LIMITS = Forkpool::HTTP::Limits.defaults.tap do |limits|
+  limits.head_timeout = 5.0
+  limits.io_timeout = 5.0
+end
+
+worker = Forkpool::Worker.from_env
+
+worker.serve do |sock, _listener|
+  conn = Forkpool::HTTP::Connection.new(sock)
+  begin
+    head = Forkpool::HTTP.read_head(conn, LIMITS, Forkpool::HTTP.now + LIMITS.head_timeout)
+    next if head.nil?
+
+    request = Forkpool::HTTP.parse_head(head, LIMITS)
+    work_ms = request.query[/(?:\A|&)work_ms=(\d+)/, 1].to_i
+    sleep([work_ms, MAX_WORK_MS].min / 1000.0) if work_ms.positive?
+    conn.write("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n" \
+               "X-Forkpool-Slot: #{worker.slot}\r\nX-Forkpool-Pid: #{worker.pid}\r\n" \
+               "Connection: close\r\n\r\nhello\n", LIMITS.io_timeout)
+  rescue Forkpool::HTTP::Error => e
+    conn.write(Forkpool::HTTP.error_response(e.status, e.message), LIMITS.io_timeout)
+  end
+rescue Forkpool::HTTP::ClientGone, SystemCallError, IOError
+  nil
+end

@@ -1,0 +1,289 @@
+//! The cases every worker helper passes in `--dispatch kernel` (issue 26),
+//! for `kernel_c.rs` and `kernel_perl.rs`: real supervisor, real sockets,
+//! the helper's example HTTP worker (it names its slot and pid in
+//! `X-Forkpool-Slot` and `X-Forkpool-Pid`, and `?work_ms=N` sleeps).
+//!
+//! A worker that keeps its record on the scoreboard serves its own socket
+//! without the supervisor. So the cases that check *who* serves stop the
+//! supervisor (SIGSTOP) while they send: a helper that fell back to `R`
+//! (handed each connection by the supervisor) answers nothing then, and
+//! the case fails.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::common::{
+    killed_by, parse_response, require_kernel_dispatch, send, signal_pid, total, DemoPool, Response,
+};
+
+/// The longest wait for a state or an answer that should come at once.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A pool of `children` workers running `cmd` in kernel dispatch, once
+/// all are idle; None (under CI: a failure) where the kernel refuses the
+/// eBPF program.
+pub fn kernel_pool(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPool> {
+    let n = children.to_string();
+    let mut args = vec![
+        "--dispatch",
+        "kernel",
+        "--min-children",
+        &n,
+        "--max-children",
+        &n,
+        "--min-spare",
+        "0",
+        "--max-spare",
+        &n,
+    ];
+    // A stopped worker is not taken for a hung one, unless `extra` says.
+    if !extra.contains(&"--ping-timeout") {
+        args.extend(["--ping-timeout", "20s"]);
+    }
+    args.extend_from_slice(extra);
+    let pool = DemoPool::start_run(&args, cmd);
+    if !require_kernel_dispatch(&pool) {
+        return None;
+    }
+    assert!(
+        pool.wait_status(PATIENCE, |s| s["idle"] == children && s["starting"] == 0)
+            .is_some(),
+        "the workers never became idle: {}\n{}",
+        pool.status(),
+        pool.stderr.dump()
+    );
+    Some(pool)
+}
+
+/// The supervisor stopped (SIGSTOP) for as long as this lives.
+pub struct SupervisorStopped(i32);
+
+impl SupervisorStopped {
+    pub fn new(pool: &DemoPool) -> SupervisorStopped {
+        signal_pid(pool.pid, "STOP");
+        SupervisorStopped(pool.pid)
+    }
+}
+
+impl Drop for SupervisorStopped {
+    fn drop(&mut self) {
+        signal_pid(self.0, "CONT");
+    }
+}
+
+/// The answer on `conn`, read to its end within 5 s (else: nobody took it).
+pub fn answer(mut conn: TcpStream) -> Result<Response, String> {
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw)
+        .map_err(|e| format!("no answer within 5 s: {e}"))?;
+    parse_response(&raw)
+}
+
+/// A `GET` with `Connection: close`, answered within 5 s.
+pub fn get(pool: &DemoPool, path: &str) -> Result<Response, String> {
+    answer(send(pool.addr, path))
+}
+
+/// The worker in `slot` (its pid), from status.
+pub fn pid_in_slot(status: &serde_json::Value, slot: u64) -> i32 {
+    status["slots"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["slot"] == slot))
+        .and_then(|s| s["pid"].as_i64())
+        .unwrap_or_else(|| panic!("no worker in slot {slot}: {status}")) as i32
+}
+
+/// What status says slot `slot` served.
+pub fn slot_served(status: &serde_json::Value, slot: u64) -> u64 {
+    status["slots"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["slot"] == slot))
+        .and_then(|s| s["served"].as_u64())
+        .unwrap_or(0)
+}
+
+/// No worker was killed (a `B`, `N` or `M` from a `K` worker is a protocol
+/// violation) or died, and the pool is in kernel dispatch.
+pub fn assert_clean(status: &serde_json::Value) {
+    assert_eq!(killed_by(status, "misbehaved"), 0, "{status}");
+    assert_eq!(total(status, "killed"), 0, "{status}");
+    assert_eq!(total(status, "died"), 0, "{status}");
+    assert!(status.get("dispatch_fallback").is_none(), "{status}");
+}
+
+/// 30 sequential requests with the supervisor stopped: all answered by
+/// slot 0 (the lowest idle worker, which goes idle on the board before it
+/// closes each connection). Woken, the supervisor reads the 30 the worker
+/// took itself from the board.
+pub fn sequential_requests_all_go_to_slot_zero(cmd: &[&str]) {
+    sequential_requests_all_go_to_slot_zero_with(&[], cmd);
+}
+
+/// [`sequential_requests_all_go_to_slot_zero`], the pool run with `extra`
+/// options (`--preload`).
+pub fn sequential_requests_all_go_to_slot_zero_with(extra: &[&str], cmd: &[&str]) {
+    let Some(pool) = kernel_pool(3, extra, cmd) else {
+        return;
+    };
+    let before = slot_served(&pool.status(), 0);
+    let slots: Vec<Result<Option<usize>, String>> = {
+        let _stopped = SupervisorStopped::new(&pool);
+        let mut slots = Vec::new();
+        // Up to the first failure: one unanswered request says enough.
+        while slots.len() < 30 && slots.last().is_none_or(Result::is_ok) {
+            slots.push(get(&pool, "/").map(|r| r.slot));
+        }
+        slots
+    };
+    assert_eq!(slots, vec![Ok(Some(0)); 30], "{}", pool.stderr.dump());
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "accepted") >= 30)
+        .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
+    assert_eq!(total(&status, "accepted"), 30, "{status}");
+    assert_eq!(slot_served(&status, 0) - before, 30, "{status}");
+    assert_clean(&status);
+}
+
+/// Four slow requests at once to four idle workers, the supervisor
+/// stopped: the kernel reserves a different worker for each.
+pub fn a_burst_lands_one_request_per_idle_worker(cmd: &[&str]) {
+    let Some(pool) = kernel_pool(4, &[], cmd) else {
+        return;
+    };
+    let status = pool.status();
+    let before: Vec<u64> = (0..4).map(|slot| slot_served(&status, slot)).collect();
+    let mut slots: Vec<usize> = {
+        let _stopped = SupervisorStopped::new(&pool);
+        let sent: Vec<_> = (0..4).map(|_| send(pool.addr, "/?work_ms=300")).collect();
+        sent.into_iter()
+            .map(|conn| {
+                let r = answer(conn).unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+                r.slot.expect("X-Forkpool-Slot")
+            })
+            .collect()
+    };
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1, 2, 3], "{}", pool.stderr.dump());
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "accepted") >= 4)
+        .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
+    for (slot, before) in before.iter().enumerate() {
+        assert_eq!(slot_served(&status, slot as u64) - before, 1, "{status}");
+    }
+    assert_clean(&status);
+}
+
+/// A stopped worker in slot 0 is reserved for the first connection,
+/// which waits on its own socket; the next goes to slot 1 (both with the
+/// supervisor stopped too). SIGKILLed, the
+/// worker loses nothing: the supervisor accepts what was queued on its
+/// socket and hands it on.
+pub fn a_killed_worker_loses_nothing_queued_on_its_socket(cmd: &[&str]) {
+    let Some(pool) = kernel_pool(2, &[], cmd) else {
+        return;
+    };
+    let first = pid_in_slot(&pool.status(), 0);
+    signal_pid(first, "STOP");
+    let (queued, next) = {
+        let _stopped = SupervisorStopped::new(&pool);
+        let queued = send(pool.addr, "/");
+        (queued, get(&pool, "/"))
+    };
+    let next = next.unwrap_or_else(|e| panic!("the second request: {e}"));
+    assert_eq!(next.slot, Some(1), "{}", pool.stderr.dump());
+    signal_pid(first, "KILL");
+    let answer = answer(queued).expect("the queued connection was answered");
+    assert_eq!(answer.status, 200);
+    assert_ne!(answer.pid, Some(first));
+    assert!(pool.wait_total("died", 1, PATIENCE), "{}", pool.status());
+}
+
+/// `max_requests_per_child` 5 and 20 sequential requests: every one is
+/// answered, and each worker that served its share leaves (`X`, a
+/// retirement) and is replaced.
+pub fn workers_leave_after_their_share_and_nothing_is_lost(cmd: &[&str]) {
+    let Some(pool) = kernel_pool(1, &["--max-requests-per-child", "5"], cmd) else {
+        return;
+    };
+    let mut pids = Vec::new();
+    for i in 0..20 {
+        let r = get(&pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status, 200, "request {i}");
+        pids.push(r.pid.expect("X-Forkpool-Pid"));
+    }
+    pids.dedup();
+    assert!(pids.len() >= 4, "20 requests, 5 a worker: {pids:?}");
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "retired") >= 3 && s["idle"] == 1)
+        .unwrap_or_else(|| panic!("the workers were not replaced: {}", pool.status()));
+    assert_clean(&status);
+}
+
+/// `Q` (here from a reload, `HUP`) to a worker with a connection the
+/// kernel queued on its own socket just before: the worker serves it
+/// before it exits. The worker is stopped while the connection is queued
+/// and the roll tells it to quit, so both wait for it when it wakes.
+pub fn quit_serves_what_was_queued_on_the_own_socket(cmd: &[&str]) {
+    let Some(pool) = kernel_pool(2, &[], cmd) else {
+        return;
+    };
+    let first = pid_in_slot(&pool.status(), 0);
+    signal_pid(first, "STOP");
+    let queued = send(pool.addr, "/");
+    signal_pid(pool.pid, "HUP");
+    let told = pool.wait_status(PATIENCE, |s| {
+        s["slots"].as_array().is_some_and(|all| {
+            all.iter()
+                .any(|w| w["pid"] == first && w["state"] == "retiring")
+        })
+    });
+    signal_pid(first, "CONT");
+    assert!(
+        told.is_some(),
+        "the worker was never told to quit: {}",
+        pool.status()
+    );
+    let answer = answer(queued).expect("the queued connection was answered");
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.pid,
+        Some(first),
+        "served by the worker it was queued for"
+    );
+    let status = pool
+        .wait_status(PATIENCE, |s| {
+            total(s, "retired") >= 2 && s["idle"] == 2 && s["generation"] == 2
+        })
+        .unwrap_or_else(|| panic!("the old workers did not all leave: {}", pool.status()));
+    assert_clean(&status);
+}
+
+/// Idle workers answer the supervisor's pings (every 200 ms, 1 s to
+/// answer) while they wait on their own sockets: watched for 2 s, none is
+/// killed for silence and each was heard from within the last second.
+pub fn idle_workers_answer_pings(cmd: &[&str]) {
+    let pings = ["--ping-interval", "200ms", "--ping-timeout", "1s"];
+    let Some(pool) = kernel_pool(2, &pings, cmd) else {
+        return;
+    };
+    let first = [
+        pid_in_slot(&pool.status(), 0),
+        pid_in_slot(&pool.status(), 1),
+    ];
+    let watch = std::time::Instant::now() + Duration::from_secs(2);
+    let mut status = pool.status();
+    while std::time::Instant::now() < watch {
+        status = pool.status();
+        let now = [pid_in_slot(&status, 0), pid_in_slot(&status, 1)];
+        assert_eq!(now, first, "a worker was replaced: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(killed_by(&status, "ping_timeout"), 0, "{status}");
+    for slot in status["slots"].as_array().expect("slots") {
+        assert!(slot["last_heard_ms"].as_u64() < Some(1000), "{status}");
+    }
+    assert_clean(&status);
+}

@@ -1,0 +1,166 @@
+//! The Perl helper in `--dispatch kernel` (issue 26): `Forkpool::Worker`
+//! maps the scoreboard with `syscall(mmap)`, stores through
+//! `/proc/self/mem`, says `K` and serves its own socket. The example worker
+//! (`clients/perl/example_http_worker.pl`) passes the cases every helper
+//! passes (`common/kernel_helper_cases.rs`); `forkpool-psgi` serves in
+//! kernel dispatch, keep-alive included, and gives way on the overflow.
+
+#[path = "common/bench_bins.rs"]
+mod bench_bins;
+mod common;
+#[path = "common/example_workers.rs"]
+mod example_workers;
+#[path = "common/kernel_helper_cases.rs"]
+mod kernel_helper_cases;
+#[path = "common/psgi_support.rs"]
+mod psgi_support;
+
+use std::io::{Read, Write};
+
+use common::{send, total};
+use example_workers::PERL_WORKER;
+use kernel_helper_cases::{answer, assert_clean, kernel_pool, SupervisorStopped, PATIENCE};
+use psgi_support::{connect, read_response, require_plack, PSGI_SERVER, TEST_APP};
+
+const WORKER: [&str; 2] = ["perl", PERL_WORKER];
+
+#[test]
+fn sequential_requests_all_go_to_slot_zero() {
+    kernel_helper_cases::sequential_requests_all_go_to_slot_zero(&WORKER);
+}
+
+#[test]
+fn a_burst_lands_one_request_per_idle_worker() {
+    kernel_helper_cases::a_burst_lands_one_request_per_idle_worker(&WORKER);
+}
+
+#[test]
+fn a_killed_worker_loses_nothing_queued_on_its_socket() {
+    kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket(&WORKER);
+}
+
+#[test]
+fn workers_leave_after_their_share_and_nothing_is_lost() {
+    kernel_helper_cases::workers_leave_after_their_share_and_nothing_is_lost(&WORKER);
+}
+
+#[test]
+fn quit_serves_what_was_queued_on_the_own_socket() {
+    kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&WORKER);
+}
+
+#[test]
+fn idle_workers_answer_pings() {
+    kernel_helper_cases::idle_workers_answer_pings(&WORKER);
+}
+
+/// Under `--preload` the template's workers say `K` too and are sent
+/// their seat (`S`): slot 0 serves every request, the supervisor stopped.
+#[test]
+fn preloaded_workers_keep_the_board_too() {
+    kernel_helper_cases::sequential_requests_all_go_to_slot_zero_with(&["--preload"], &WORKER);
+}
+
+/// `perl forkpool-psgi [ARGS] t/app.psgi` (the Plack test app: it names
+/// the worker in `X-Forkpool-Slot` and `X-Forkpool-Pid`).
+fn psgi(args: &[&'static str]) -> Vec<&'static str> {
+    let mut cmd = vec!["perl", PSGI_SERVER];
+    cmd.extend_from_slice(args);
+    cmd.push(TEST_APP);
+    cmd
+}
+
+/// With the supervisor stopped, ten requests on ten connections and three
+/// on one kept-alive connection are all served by slot 0, the kept-alive
+/// ones by one process.
+#[test]
+fn forkpool_psgi_serves_slot_zero_keep_alive_included() {
+    if !require_plack() {
+        return;
+    }
+    let Some(pool) = kernel_pool(2, &[], &psgi(&[])) else {
+        return;
+    };
+    let (slots, kept) = {
+        let _stopped = SupervisorStopped::new(&pool);
+        let slots: Vec<Option<usize>> = (0..10)
+            .map(|_| {
+                let r = answer(send(pool.addr, "/?name=x"))
+                    .unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+                assert_eq!(r.body, "hello x\n");
+                r.slot
+            })
+            .collect();
+        let mut conn = connect(&pool);
+        let kept: Vec<_> = (0..3)
+            .map(|i| {
+                write!(conn, "GET /?name={i} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+                let r = read_response(&mut conn, false);
+                assert_eq!(r.body_text(), format!("hello {i}\n"));
+                assert_eq!(r.header("connection"), None, "kept alive");
+                (r.header("x-forkpool-slot"), r.header("x-forkpool-pid"))
+            })
+            .collect();
+        (slots, kept)
+    };
+    assert_eq!(slots, vec![Some(0); 10], "{}", pool.stderr.dump());
+    assert_eq!(kept[0].0.as_deref(), Some("0"), "{kept:?}");
+    assert!(kept.iter().all(|k| *k == kept[0]), "one worker: {kept:?}");
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "accepted") >= 11)
+        .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
+    assert_eq!(total(&status, "accepted"), 11, "{status}");
+    assert_clean(&status);
+}
+
+/// One worker holds a kept-alive connection (`--keepalive-turn 0`, a
+/// keep-alive timeout of a minute): a second client finds no idle worker,
+/// so the kernel puts it on the overflow; the worker sees it waiting
+/// there, closes the idle kept-alive connection and takes the waiting one
+/// itself, long before the keep-alive timeout.
+#[test]
+fn forkpool_psgi_gives_way_on_the_overflow() {
+    if !require_plack() {
+        return;
+    }
+    let args = ["--keepalive-turn", "0", "--keepalive-timeout", "60"];
+    let Some(pool) = kernel_pool(1, &[], &psgi(&args)) else {
+        return;
+    };
+    let mut kept = connect(&pool);
+    kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let first = read_response(&mut kept, false);
+    assert_eq!(first.header("connection"), None, "kept alive");
+    let waiting = answer(send(pool.addr, "/?name=b"))
+        .unwrap_or_else(|e| panic!("the waiting client: {e}\n{}", pool.stderr.dump()));
+    assert_eq!(waiting.body, "hello b\n");
+    let mut rest = Vec::new();
+    kept.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "the idle kept-alive connection was closed");
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "accepted") >= 2)
+        .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
+    assert_eq!(total(&status, "taken_next"), 1, "{status}");
+    assert_clean(&status);
+}
+
+/// `psgix.harakiri`: the worker leaves after its response (`X`, a
+/// retirement, not a death) and a new one takes the slot.
+#[test]
+fn forkpool_psgi_harakiri_leaves_as_a_retirement() {
+    if !require_plack() {
+        return;
+    }
+    let Some(pool) = kernel_pool(1, &[], &psgi(&[])) else {
+        return;
+    };
+    let r = answer(send(pool.addr, "/harakiri")).expect("an answer");
+    assert_eq!(r.body, "leaving\n");
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "retired") == 1 && s["idle"] == 1)
+        .unwrap_or_else(|| panic!("the worker was not replaced: {}", pool.status()));
+    assert_clean(&status);
+    let again = answer(send(pool.addr, "/?name=c")).expect("an answer");
+    assert_ne!(again.pid, r.pid);
+}

@@ -1,0 +1,384 @@
+//! The Ruby helper in `--dispatch kernel` (issue 26): `Forkpool::Worker`
+//! (clients/ruby/example_http_worker.rb) and `forkpool-rack` (the Sinatra
+//! test app) under `forkpool run`, with real sockets and the real
+//! supervisor; and the helper's scoreboard record on a file mapped like
+//! the board.
+//!
+//! A worker that keeps its record on the board serves its own socket
+//! without the supervisor: most tests stop the supervisor (SIGSTOP) while
+//! they send, so a worker that fell back to `R` (handed every connection)
+//! would answer nothing.
+
+mod common;
+
+#[path = "common/kernel_helper_cases.rs"]
+mod kernel_helper_cases;
+#[path = "common/psgi_support.rs"]
+mod psgi_support;
+#[path = "common/rack_support.rs"]
+mod rack_support;
+
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{total, DemoPool, Response};
+use kernel_helper_cases::{assert_clean, get, kernel_pool, pid_in_slot, SupervisorStopped};
+use psgi_support::{connect, read_response};
+use rack_support::{fd_targets, rack_command, require_sinatra, template_pid, PATIENCE, RUBY_DIR};
+
+/// `clients/ruby/example_http_worker.rb`.
+const RUBY_WORKER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/ruby/example_http_worker.rb"
+);
+
+/// `ruby -I clients/ruby clients/ruby/example_http_worker.rb`.
+fn ruby_worker() -> Vec<&'static str> {
+    vec!["ruby", "-I", RUBY_DIR, RUBY_WORKER]
+}
+
+fn require_ruby() -> bool {
+    common::require_program("ruby", "run bash .ci/deps/ruby.sh").is_some()
+}
+
+/// `kernel_pool` of the example worker; None when Ruby is missing.
+fn ruby_pool(children: &str, extra: &[&str]) -> Option<DemoPool> {
+    if !require_ruby() {
+        return None;
+    }
+    kernel_pool(children.parse().unwrap(), extra, &ruby_worker())
+}
+
+/// `kernel_pool` (EXTRA pool options) of forkpool-rack (SERVER_ARGS) on
+/// the Sinatra test app; None when Ruby, Rack or Sinatra is missing.
+fn rack_pool(children: &str, extra: &[&str], server_args: &[&str]) -> Option<DemoPool> {
+    if !require_sinatra() {
+        return None;
+    }
+    kernel_pool(children.parse().unwrap(), extra, &rack_command(server_args))
+}
+
+/// `--preload` or nothing.
+fn preload_args(preload: bool) -> &'static [&'static str] {
+    if preload {
+        &["--preload"]
+    } else {
+        &[]
+    }
+}
+
+/// The cases every helper passes (`common/kernel_helper_cases.rs`), on the
+/// example worker.
+#[test]
+fn sequential_requests_all_go_to_slot_zero_without_the_supervisor() {
+    if require_ruby() {
+        kernel_helper_cases::sequential_requests_all_go_to_slot_zero(&ruby_worker());
+    }
+}
+
+#[test]
+fn a_burst_lands_one_request_per_idle_worker() {
+    if require_ruby() {
+        kernel_helper_cases::a_burst_lands_one_request_per_idle_worker(&ruby_worker());
+    }
+}
+
+#[test]
+fn a_killed_worker_loses_nothing_queued_on_its_socket() {
+    if require_ruby() {
+        kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket(&ruby_worker());
+    }
+}
+
+/// `max_requests_per_child` 5: with the supervisor stopped, slot 0
+/// serves five requests and leaves (busy on the board, `X`), then slot 1
+/// the next five. Running again, the supervisor replaces both (retired,
+/// neither killed nor dead), and the new workers serve. Exec'd (the share
+/// in FORKPOOL_MAX_REQUESTS) and forked by a template (in `S`).
+#[test]
+fn a_worker_leaves_after_its_share_and_is_replaced() {
+    for preload in [false, true] {
+        let mut extra = vec!["--max-requests-per-child", "5"];
+        extra.extend_from_slice(preload_args(preload));
+        let Some(pool) = ruby_pool("2", &extra) else {
+            return;
+        };
+        leaves_after_its_share(&pool, preload);
+    }
+}
+
+fn leaves_after_its_share(pool: &DemoPool, preload: bool) {
+    let slots: Vec<Result<Option<usize>, String>> = {
+        let _stopped = SupervisorStopped::new(pool);
+        (0..10).map(|_| get(pool, "/").map(|r| r.slot)).collect()
+    };
+    let want: Vec<_> = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+        .into_iter()
+        .map(|s| Ok(Some(s)))
+        .collect();
+    assert_eq!(slots, want, "preload {preload}: {}", pool.stderr.dump());
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "retired") >= 2 && s["idle"] == 2)
+        .unwrap_or_else(|| panic!("the workers were not replaced: {}", pool.status()));
+    assert_eq!(total(&status, "spawned"), 4, "preload {preload}: {status}");
+    assert_clean(&status);
+    for i in 0..5 {
+        let r = get(pool, "/").unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status, 200);
+    }
+}
+
+/// On TERM every worker gets `Q`, stores busy and exits 0: retired, none
+/// killed for being slow to stop.
+#[test]
+fn workers_told_to_quit_exit_at_once() {
+    let Some(mut pool) = ruby_pool("3", &[]) else {
+        return;
+    };
+    assert_eq!(get(&pool, "/").map(|r| r.status), Ok(200));
+    pool.signal(15);
+    let exit = pool.wait_exit(PATIENCE).expect("the supervisor exited");
+    assert!(exit.success(), "{exit:?}\n{}", pool.stderr.dump());
+    let totals = common::final_totals(&pool);
+    assert_eq!(total(&totals, "retired"), 3, "{totals}");
+    assert_eq!(total(&totals, "killed"), 0, "{totals}");
+}
+
+#[test]
+fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
+    if require_ruby() {
+        kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&ruby_worker());
+    }
+}
+
+/// forkpool-rack in kernel dispatch, exec'd and under `--preload`, the
+/// supervisor stopped: sequential requests all land on slot 0, and a
+/// kept-alive connection serves three requests on one worker.
+#[test]
+fn the_rack_server_serves_in_kernel_dispatch_keep_alive_included() {
+    for preload in [false, true] {
+        let Some(pool) = rack_pool("2", preload_args(preload), &["--no-access-log"]) else {
+            return;
+        };
+        serves_keep_alive_included(&pool, preload);
+    }
+}
+
+fn serves_keep_alive_included(pool: &DemoPool, preload: bool) {
+    let (slots, kept) = {
+        let _stopped = SupervisorStopped::new(pool);
+        let slots: Vec<Option<usize>> = (0..10)
+            .map(|_| get(pool, "/").expect("an answer").slot)
+            .collect();
+        let mut conn = connect(pool);
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let kept: Vec<(u16, Option<String>, Option<String>)> = (0..3)
+            .map(|i| {
+                write!(conn, "GET /?name={i} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+                let r = read_response(&mut conn, false);
+                (
+                    r.status,
+                    r.header("x-forkpool-slot"),
+                    r.header("connection"),
+                )
+            })
+            .collect();
+        (slots, kept)
+    };
+    assert_eq!(
+        slots,
+        vec![Some(0); 10],
+        "preload {preload}: {}",
+        pool.stderr.dump()
+    );
+    assert_eq!(
+        kept,
+        vec![(200, Some("0".to_string()), None); 3],
+        "preload {preload}"
+    );
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "accepted") >= 11)
+        .unwrap();
+    assert_eq!(total(&status, "accepted"), 11, "{status}");
+    assert_clean(&status);
+}
+
+/// One forkpool-rack worker holds an idle kept-alive connection (its
+/// turn 0, the keep-alive timeout 30 s); a new client goes to the overflow,
+/// the worker gives way and takes it from there itself: served at once,
+/// even with the supervisor stopped.
+#[test]
+fn the_rack_server_gives_way_on_the_overflow() {
+    let Some(pool) = rack_pool(
+        "1",
+        &[],
+        &["--keepalive-timeout", "30", "--keepalive-turn", "0"],
+    ) else {
+        return;
+    };
+    let mut kept = connect(&pool);
+    kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let first = read_response(&mut kept, false);
+    assert_eq!(first.header("connection"), None, "kept alive");
+    let (answer, waited) = {
+        let _stopped = SupervisorStopped::new(&pool);
+        let started = Instant::now();
+        (get(&pool, "/?name=b"), started.elapsed())
+    };
+    let answer = answer.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+    assert_eq!(answer.body, "hello b\n");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        kept.read(&mut [0; 16]).unwrap_or(1),
+        0,
+        "the idle connection was closed"
+    );
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "taken_next") >= 1)
+        .unwrap_or_else(|| panic!("not taken from the overflow: {}", pool.status()));
+    assert_clean(&status);
+}
+
+/// Refork in kernel dispatch: after five connections the warm worker
+/// becomes the template. It gives up its seat first (busy, its own socket
+/// closed, the board closed and unmapped: no `bpf-map` among its
+/// descriptors or mappings), and the workers it forks are seated again
+/// (`S`) and serve with the supervisor stopped.
+#[test]
+fn a_reforking_worker_gives_up_its_seat() {
+    let Some(pool) = rack_pool(
+        "2",
+        &["--preload", "--refork-after", "5"],
+        &["--no-access-log"],
+    ) else {
+        return;
+    };
+    let warm = pid_in_slot(&pool.status(), 0);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert_eq!(get(&pool, "/").map(|r| r.status), Ok(200));
+        let s = pool.status();
+        if total(&s, "reforks") == 1
+            && template_pid(&s) == warm
+            && s["templates"].as_array().map_or(0, Vec::len) == 1
+            && s["templates"][0]["state"] == "ready"
+            && s["idle"] == 2
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no refork: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{warm}/maps")).unwrap();
+    let fds = fd_targets(warm);
+    assert!(
+        !maps.contains("bpf-map") && !fds.iter().any(|(_, t)| t.contains("bpf-map")),
+        "the new template kept the board: {fds:?}\n{maps}"
+    );
+    let answers: Vec<Result<Response, String>> = {
+        let _stopped = SupervisorStopped::new(&pool);
+        (0..3).map(|_| get(&pool, "/")).collect()
+    };
+    for answer in answers {
+        let answer = answer.unwrap_or_else(|e| panic!("{e}\n{}", pool.stderr.dump()));
+        assert_eq!(answer.status, 200);
+        assert_ne!(
+            answer.pid,
+            Some(warm),
+            "served by a worker of the new template"
+        );
+    }
+    assert_clean(&pool.status());
+}
+
+/// The record the helper keeps, on a file mapped like the board (magic,
+/// two slots): each way of going idle stores 1 and says whether word 2
+/// asks for `I`; the counts land in words 9-11 of slot 1's record; a file
+/// that is not a board, or a slot past its count, is refused.
+#[test]
+fn the_record_lands_on_a_file_mapped_like_the_board() {
+    if !require_ruby() {
+        return;
+    }
+    for atomics in ["true", "false"] {
+        let path = common::temp_path("board");
+        let mut board = vec![0u8; 4096];
+        board[..8].copy_from_slice(b"fkpbrd01");
+        board[8..16].copy_from_slice(&2u64.to_le_bytes());
+        std::fs::write(&path, &board).unwrap();
+        let script = format!(
+            r#"require "forkpool/board"
+               file = File.open(ARGV[0], "r+")
+               board = Forkpool::Board.new(file.fileno, 1, atomics: {atomics})
+               board.busy!
+               board.took!; board.served!; board.took!; board.took_next!; board.served!
+               quiet = board.idle!
+               File.open(ARGV[0], "r+") {{ |f| f.pwrite([1].pack("Q<"), 16) }}
+               asked = board.idle!
+               puts [board.idle_store, quiet, asked].join(" ")"#
+        );
+        let out = Command::new("ruby")
+            .args(["-I", RUBY_DIR, "-e", &script])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let words: Vec<u64> = std::fs::read(&path).unwrap()[..8 * 16]
+            .chunks(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        std::fs::remove_file(&path).unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let idle_store = if atomics == "true" {
+            "exchange"
+        } else {
+            "store_and_trylock"
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("{idle_store} false true")
+        );
+        // Slot 1's record: state idle, taken 3, served 2, taken next 1;
+        // slot 0's untouched.
+        assert_eq!(words[8..16], [0, 0, 0, 0, 1, 3, 2, 1], "{words:?}");
+    }
+
+    let path = common::temp_path("not-a-board");
+    std::fs::write(&path, vec![0u8; 4096]).unwrap();
+    let refused = |slot: &str, first: &[u8]| {
+        let mut bytes = vec![0u8; 4096];
+        bytes[..first.len()].copy_from_slice(first);
+        std::fs::write(&path, &bytes).unwrap();
+        let out = Command::new("ruby")
+            .args(["-I", RUBY_DIR, "-e"])
+            .arg(format!(
+                r#"require "forkpool/board"
+                   Forkpool::Board.new(File.open(ARGV[0], "r+").fileno, {slot})"#
+            ))
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Refused with ArgumentError (what `from_env` raises for a bad
+    // environment), not a crash.
+    let (code, why) = refused("0", b"notboard");
+    assert_eq!(code, Some(1), "{why}");
+    assert!(why.contains("(ArgumentError)"), "{why}");
+    let mut two_slots = b"fkpbrd01".to_vec();
+    two_slots.extend_from_slice(&2u64.to_le_bytes());
+    assert_eq!(
+        refused("1", &two_slots).0,
+        Some(0),
+        "slot 1 is on the board"
+    );
+    let (code, why) = refused("2", &two_slots);
+    assert_eq!(code, Some(1), "{why}");
+    assert!(why.contains("(ArgumentError)"), "{why}");
+    std::fs::remove_file(&path).unwrap();
+}
