@@ -169,6 +169,24 @@ impl Supervisor {
         }
     }
 
+    /// Kernel dispatch: takes the worker in `slot` on the scoreboard
+    /// (idle to busy) before it is made the template, if it is idle; true
+    /// if it was claimed.
+    pub(crate) fn claim_for_refork(&self, slot: usize) -> bool {
+        match &self.kernel {
+            Some(kernel) if self.core.keeps_board(slot) => kernel.board().claim(slot),
+            _ => false,
+        }
+    }
+
+    /// The refork did not happen after all: a worker claimed for it is
+    /// idle again.
+    pub(crate) fn unclaim_for_refork(&self, slot: usize, claimed: bool) {
+        if let (Some(kernel), true) = (&self.kernel, claimed) {
+            kernel.board().set_idle(slot);
+        }
+    }
+
     /// A child has left `slot`: nothing more is queued on its sockets (its
     /// word busy), and the supervisor watches them, so a connection the
     /// kernel gave the child just before it left (or whose handshake ends

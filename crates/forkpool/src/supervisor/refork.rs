@@ -38,14 +38,23 @@ impl Supervisor {
         let Some(slot) = self.core.refork_due() else {
             return;
         };
+        // Kernel dispatch: the core's idle is as of its last reading of the
+        // scoreboard. The worker is claimed there (idle to busy) if it is
+        // idle, so the kernel gives it nothing more and it reads `T` at
+        // once; one serving a connection the kernel gave it reads `T` when
+        // that is done (its channel stays open until then: see
+        // `keep_worker_channel`).
+        let claimed = self.claim_for_refork(slot);
         let (ours, theirs) = match Channel::pair() {
             Ok(pair) => pair,
             Err(e) => {
                 warn!("cannot create a template channel for the refork: {e}");
+                self.unclaim_for_refork(slot, claimed);
                 return;
             }
         };
         let Some(entry) = self.core.board.get(slot) else {
+            self.unclaim_for_refork(slot, claimed);
             return;
         };
         let sent = entry
@@ -54,6 +63,7 @@ impl Supervisor {
             .send_order(WorkerOrder::BecomeTemplate, Some(theirs.as_fd()));
         if let Err(e) = sent {
             warn!(pid = entry.pid, "cannot send the refork order: {e}");
+            self.unclaim_for_refork(slot, claimed);
             return;
         }
         drop(theirs);
@@ -86,6 +96,8 @@ impl Supervisor {
         if let Err(e) = self.adopt_template(pid, pidfd, generation, channel, output) {
             warn!(pid, "cannot watch the new template: {e}");
             self.template_broken(generation, format!("cannot watch its channel: {e}"), now);
+            return;
         }
+        self.keep_worker_channel(generation, link.channel);
     }
 }

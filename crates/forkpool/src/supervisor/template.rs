@@ -62,6 +62,11 @@ pub(crate) struct TemplateEnds {
     stderr_tail: Vec<String>,
     /// The template held by a pidfd (see `ChildLink::pidfd`).
     pidfd: Option<OwnedFd>,
+    /// A reforked worker's own back-channel, kept open (never read) for
+    /// the template's life: a worker told `T` while the kernel had given
+    /// it a connection (kernel dispatch) may still write to it (an `I`)
+    /// before it reads `T`, and must not find it closed.
+    worker_channel: Option<Channel>,
 }
 
 /// The shell's side of the templates (the core keeps their state), and
@@ -191,6 +196,7 @@ impl Supervisor {
                 output,
                 stderr_tail: Vec::new(),
                 pidfd,
+                worker_channel: None,
             },
         );
         registered
@@ -205,6 +211,14 @@ impl Supervisor {
         }
         drop(self);
         start
+    }
+
+    /// Keeps a reforked worker's back-channel with its template (see
+    /// [`TemplateEnds::worker_channel`]).
+    pub(super) fn keep_worker_channel(&mut self, generation: u32, channel: Channel) {
+        if let Some(ends) = self.templates.ends.get_mut(&generation) {
+            ends.worker_channel = Some(channel);
+        }
     }
 
     /// Opens a new template's channel pair (ours, theirs) and stderr pipe

@@ -64,6 +64,11 @@ impl ListenerWait {
             CHANNEL => Woken::Channel,
             i => Woken::Listener(i as usize),
         }));
+        // The supervisor first: a quit, or an order to become the template,
+        // goes before another connection, however busy the listeners are.
+        if let Some(at) = woken.iter().position(|w| *w == Woken::Channel) {
+            woken.swap(0, at);
+        }
         Ok(())
     }
 }
