@@ -4,7 +4,9 @@
 #
 #   Flask:  forkpool run -- python -m forkpool_wsgi   (target/py-venv), in
 #           handoff (the default) and shared dispatch, and with --preload
-#           (also with --no-hold-when-cpu-bound: a pool that grows to 16)
+#           (also with --no-hold-when-cpu-bound: a pool that grows to 16);
+#           in kernel dispatch, adaptive (also --preload) and with 16
+#           workers held
 #           gunicorn -w 16 (sync), gunicorn --preload -w 16
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
@@ -30,13 +32,17 @@
 # (the median: a template or master among the children does not count).
 # Then one row driven by forkpool's own load generator. Environment:
 # DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
-# names to run). Every server listens on 127.0.0.1 and is stopped by pid.
+# names to run), CONCURRENCY (default "16 64") and MODES (default
+# "close keepalive"), the cells of each row. Every server listens on
+# 127.0.0.1 and is stopped by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 DURATION=${DURATION:-10}
 ONLY=${ONLY:-.}
+CONCURRENCY=${CONCURRENCY:-16 64}
+MODES=${MODES:-close keepalive}
 VENV=$root/target/py-venv
 WORKERS=16
 port=18700
@@ -147,8 +153,8 @@ measure() { # NAME
   # workers import and touch what they need, before anything is counted.
   wrk -t2 -c64 -d2s -H "Connection: close" "http://127.0.0.1:$port/" >/dev/null
   sleep 1
-  for c in 16 64; do
-    for mode in close keepalive; do
+  for c in $CONCURRENCY; do
+    for mode in $MODES; do
       printf '%-26s c=%-3s %-9s ' "$name" "$c" "$mode"
       cell "$c" "$mode"
     done
@@ -186,6 +192,18 @@ run() {
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row forkpool-wsgi-preload-nohold bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --preload --no-hold-when-cpu-bound --control "$scratch/control-preload-nohold.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  # Kernel dispatch: the kernel gives each connection to the lowest idle
+  # worker's own socket (under --preload too: each forked worker is seated).
+  row forkpool-wsgi-kernel bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --dispatch kernel --control "$scratch/control-kernel.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-kernel-preload bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --dispatch kernel --preload --control "$scratch/control-kernel-preload.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-kernel-held bench/apps "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" \
+    --min-children "$WORKERS" --max-children "$WORKERS" --min-spare 0 --max-spare "$WORKERS" \
+    --dispatch kernel --control "$scratch/control-kernel-held.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row gunicorn-sync bench/apps "$WORKERS" "$VENV/bin/gunicorn" -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app
   row gunicorn-preload bench/apps "$WORKERS" "$VENV/bin/gunicorn" --preload -w "$WORKERS" -b "127.0.0.1:$((port + 1))" hello_flask:app

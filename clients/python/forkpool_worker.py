@@ -29,9 +29,12 @@ connection and let the worker read it.
 
 Every dispatch mode is supported: `handoff` (connections arrive over the
 back-channel with SCM_RIGHTS; needs Python 3.9 for `socket.recv_fds`),
-`order` (accept on the inherited listener when told) and `shared`/`herd`
-(wait on the listeners with epoll). `--dispatch none` has no back-channel
-at all: such a worker just accepts on the `LISTEN_FDS` sockets.
+`order` (accept on the inherited listener when told), `shared`/`herd`
+(wait on the listeners with epoll) and `kernel` (the kernel queues each
+connection on the lowest idle worker's own socket; the worker says idle or
+busy on the shared scoreboard, `forkpool_board`, and reports nothing per
+connection). `--dispatch none` has no back-channel at all: such a worker
+just accepts on the `LISTEN_FDS` sockets.
 
 The wire format is in forkpool's docs/protocol.md.
 """
@@ -46,6 +49,8 @@ import socket
 import struct
 import sys
 import time
+
+import forkpool_board
 
 PROTOCOL_VERSION = 1
 # Version 2: version 1 plus templates (`forkpool run --preload`).
@@ -65,15 +70,48 @@ class ProtocolError(Exception):
 class Worker:
     """One worker process's end of the back-channel, and its listeners."""
 
-    def __init__(self, channel, listeners, slot, generation, dispatch, version=1):
+    def __init__(
+        self, channel, listeners, slot, generation, dispatch, version=1, overflow=(), board=None
+    ):
         self.version = version
         self.channel = channel
+        # In `kernel` dispatch, the worker's own sockets (one per pool
+        # listener); otherwise the pool's listeners.
         self.listeners = listeners
         self.slot = slot
         self.generation = generation
         self.dispatch = dispatch
         self.pid = os.getpid()
         self.leaving = False
+        # The peer address accept() gave for the connection being served,
+        # or None (a connection handed over the channel): a handler that
+        # logs it is spared a getpeername.
+        self.peer = None
+        # `kernel` dispatch: the pool's listeners, where connections no
+        # idle worker took wait (the overflow), and this slot's record on
+        # the scoreboard (a forkpool_board.Record). Without a board the
+        # worker is served as in `handoff`.
+        self.board = board
+        # `kernel` dispatch: this worker's share of connections
+        # (FORKPOOL_MAX_REQUESTS, or the seat's), after which it leaves;
+        # 0: no limit.
+        self.max_requests = 0
+        self._watch_overflow(overflow)
+
+    def _watch_overflow(self, overflow):
+        """Takes `overflow` as the pool's listeners in kernel dispatch."""
+        self.overflow = list(overflow)
+        # The listeners where a connection waits for any worker: what a
+        # kept-alive connection gives way to.
+        self.pool_listeners = self.overflow if self.board is not None else self.listeners
+        # Per listener: a poll of (channel, overflow listener) and the
+        # overflow's descriptor, for the one look a finishing worker takes.
+        self._finish_polls = []
+        for sock in self.overflow:
+            look = select.poll()
+            look.register(self.channel.fileno(), select.POLLIN)
+            look.register(sock.fileno(), select.POLLIN)
+            self._finish_polls.append((look, sock.fileno()))
 
     @classmethod
     def from_env(cls, environ=None):
@@ -116,11 +154,26 @@ class Worker:
                     "to a parent (a shell wrapper that forks instead of exec'ing?)"
                 )
             count = int(env["LISTEN_FDS"])
+        channel_at = _LISTEN_FDS_START + count
+        board_fd = env.get("FORKPOOL_BOARD_FD") if dispatch == "kernel" else None
+        if board_fd is not None:
+            # Own sockets, the channel, the overflow, then the board.
+            overflow_fd = int(required("FORKPOOL_OVERFLOW_FD"))
+            if overflow_fd != channel_at + 1:
+                raise RuntimeError(
+                    f"FORKPOOL_OVERFLOW_FD is {overflow_fd}, but with {count} "
+                    f"listener(s) it must be {channel_at + 1}"
+                )
+            if int(board_fd) != overflow_fd + count:
+                raise RuntimeError(
+                    f"FORKPOOL_BOARD_FD is {board_fd}, but with {count} "
+                    f"listener(s) it must be {overflow_fd + count}"
+                )
         channel_fd = int(required("FORKPOOL_CHANNEL_FD"))
-        if channel_fd != _LISTEN_FDS_START + count:
+        if channel_fd != channel_at:
             raise RuntimeError(
                 f"FORKPOOL_CHANNEL_FD is {channel_fd}, but with {count} "
-                f"listener(s) it must be {_LISTEN_FDS_START + count}"
+                f"listener(s) it must be {channel_at}"
             )
         # socket(fileno=...) asks the kernel for family and type and leaves
         # the descriptor's flags alone. That matters for the listeners:
@@ -132,32 +185,55 @@ class Worker:
         channel = socket.socket(fileno=channel_fd)
         if channel.type != socket.SOCK_SEQPACKET:
             raise RuntimeError(f"descriptor {channel_fd} is not the back-channel")
+        overflow = []
+        board = None
+        slot = int(required("FORKPOOL_SLOT"))
+        if board_fd is not None:
+            overflow = [socket.socket(fileno=channel_at + 1 + i) for i in range(count)]
+            os.set_inheritable(int(board_fd), False)
+            # A BoardError is a RuntimeError: the caller says why and exits 1.
+            board = forkpool_board.Record(int(board_fd), slot)
         # Programs the handler starts must not inherit these.
-        for sock in listeners + [channel]:
+        for sock in listeners + overflow + [channel]:
             sock.set_inheritable(False)
-        return cls(
+        worker = cls(
             channel,
             listeners,
-            int(required("FORKPOOL_SLOT")),
+            slot,
             int(required("FORKPOOL_GENERATION")),
             dispatch,
             int(version),
+            overflow,
+            board,
         )
+        if board is not None:
+            worker.max_requests = int(env.get("FORKPOOL_MAX_REQUESTS") or 0)
+        return worker
 
     def serve(self, handle):
         """Says Ready, then serves until told to quit or the supervisor is
         gone. Returns normally in both cases; raises ProtocolError on a
         message it does not understand."""
         _run_after_fork_hooks()
-        self._send(b"R", struct.pack(">I", self.pid))
+        # A worker a template forked in kernel dispatch is given its own
+        # sockets and the board on its channel (S), after it says K.
+        seated = self.board is None and self.dispatch == "kernel" and self.version == 2
+        # K: this worker keeps its record on the scoreboard (kernel dispatch).
+        keeps_board = self.board is not None or seated
+        self._send(b"K" if keeps_board else b"R", struct.pack(">I", self.pid))
         try:
+            if seated and not self._take_seat():
+                return
             self._serve_loop(handle)
         except _BecomeTemplate as order:
             _assume(self, _template_from_worker(self, order.fd))
             self.serve(handle)
 
     def _serve_loop(self, handle):
-        if self.dispatch in ("handoff", "order"):
+        if self.board is not None:
+            self._wait_on_own_sockets(handle)
+        elif self.dispatch in ("handoff", "order", "kernel"):
+            # `kernel` without a board: served as in handoff.
             while self._take_message(handle) and not self.leaving:
                 pass
         elif self.dispatch in ("shared", "herd"):
@@ -181,12 +257,14 @@ class Worker:
     def _send(self, kind, payload=b""):
         self.channel.send(bytes([self.version]) + kind + payload)
 
-    def _receive(self):
-        """One message: (kind, payload, fd or None), or None at end of file."""
+    def _receive(self, max_fds=1):
+        """One message: (kind, payload, fd or None), or None at end of file.
+        With `max_fds` above 1 (a seat), the third is the list of
+        descriptors."""
         # Received close-on-exec: programs the handler starts must not
         # inherit a connection, and this saves an fcntl per connection.
         data, fds, flags, _addr = socket.recv_fds(
-            self.channel, _RECV_SIZE, 1, socket.MSG_CMSG_CLOEXEC
+            self.channel, _RECV_SIZE, max_fds, socket.MSG_CMSG_CLOEXEC
         )
         fd = fds[0] if fds else None
         if not data and fd is None:
@@ -194,19 +272,23 @@ class Worker:
         try:
             if flags & socket.MSG_TRUNC:
                 raise ProtocolError("message longer than any message of protocol 1")
+            if flags & socket.MSG_CTRUNC:
+                raise ProtocolError("more descriptors than the message may carry")
             if data[0] != self.version:
                 raise ProtocolError(f"protocol version {data[0]} is not supported")
             kind, payload = data[1:2], data[2:]
             known = _PAYLOAD if self.version == 1 else _PAYLOAD_V2
             if known.get(kind) != len(payload):
                 raise ProtocolError(f"malformed message {data!r}")
-            if (kind in (b"C", b"T")) != (fd is not None):
+            if (kind in (b"C", b"T", b"S")) != (fd is not None) or (
+                len(fds) > 1 and kind != b"S"
+            ):
                 raise ProtocolError(f"message {data!r} with a wrong descriptor")
         except ProtocolError:
-            if fd is not None:
-                os.close(fd)
+            for each in fds:
+                os.close(each)
             raise
-        return kind, payload, fd
+        return kind, payload, (fds if max_fds > 1 else fd)
 
     def _take_message(self, handle):
         """Acts on one message; False when it is time to exit."""
@@ -217,10 +299,21 @@ class Worker:
         if kind == b"p":
             self._send(b"P", payload)
         elif kind == b"Q":
+            if self.board is not None:
+                self._serve_what_the_kernel_queued(handle)
             return False
         elif kind == b"T":
+            if self.board is not None:
+                self.board.go_busy()
             raise _BecomeTemplate(fd)
-        elif kind == b"C" and self.dispatch == "handoff":
+        elif kind == b"C" and self.board is not None:
+            (listener,) = struct.unpack(">H", payload)
+            conn = self._connection(fd, listener)
+            # The supervisor claimed this worker (idle to busy) already;
+            # the store only makes sure of it.
+            self.board.go_busy()
+            self._serve_then_idle(conn, listener, handle)
+        elif kind == b"C" and self.dispatch in ("handoff", "kernel"):
             (listener,) = struct.unpack(">H", payload)
             self._serve(self._connection(fd, listener), listener, handle)
         elif kind == b"A" and self.dispatch == "order":
@@ -239,7 +332,7 @@ class Worker:
     def _accept(self, listener, handle):
         """Accepts one connection: B and serve it, or M if none is waiting."""
         try:
-            conn, _addr = self.listeners[listener].accept()
+            conn, self.peer = self.listeners[listener].accept()
         except BlockingIOError:
             self._send(b"M")  # another worker was faster
             return
@@ -254,6 +347,7 @@ class Worker:
         """The socket object for a connection passed as `fd`. Its family
         is the listener's when the worker holds it, which spares the three
         system calls Python would make to find out."""
+        self.peer = None
         if listener < len(self.listeners):
             family = self.listeners[listener].family
             return socket.socket(family, socket.SOCK_STREAM, 0, fileno=fd)
@@ -300,9 +394,10 @@ class Worker:
         if self.channel_waiting():
             return None
         try:
-            conn, _addr = self.listeners[listener].accept()
+            conn, peer = self.listeners[listener].accept()
         except OSError:  # nothing waiting (EAGAIN), or a failed accept
             return None
+        self.peer = peer
         return conn  # accept() makes it close-on-exec
 
     def _wait_on_listeners(self, handle, exclusive):
@@ -314,15 +409,166 @@ class Worker:
         for i, listener in enumerate(self.listeners):
             poller.register(listener.fileno(), events)
             index_of[listener.fileno()] = i
+        self._take_events(poller, index_of, self._accept, handle)
+
+    def _take_events(self, poller, index_of, accept, handle):
+        """Until told to quit (or leaving): reads the channel when it is
+        readable, and calls `accept(i, handle)` for a readable listener,
+        `index_of` its descriptor."""
+        channel_fd = self.channel.fileno()
         while True:
             for fd, _event in poller.poll():
-                if fd == self.channel.fileno():
+                if fd == channel_fd:
                     if not self._take_message(handle):
                         return
                 else:
-                    self._accept(index_of[fd], handle)
+                    accept(index_of[fd], handle)
                 if self.leaving:
                     return
+
+    # -- kernel dispatch (docs/protocol.md, "`kernel` dispatch") ---------
+    #
+    # The kernel queues a connection on this worker's own socket only after
+    # reserving its idle record on the scoreboard, so the worker reports
+    # nothing per connection: it stores busy on accept and idle when done,
+    # counts on its record, and speaks on the channel only to answer pings
+    # and, while the supervisor asks for it (word 2), to say `I`.
+
+    def _take_seat(self):
+        """A worker a template forked, after its K: waits for its seat (S:
+        its own sockets, then the scoreboard), answering pings; its
+        inherited listeners become its overflow. False when told to quit
+        (or the supervisor is gone) first."""
+        while True:
+            message = self._receive(max_fds=len(self.listeners) + 1)
+            if message is None:
+                return False
+            kind, payload, fds = message
+            if kind == b"p":
+                self._send(b"P", payload)
+            elif kind == b"Q":
+                return False
+            elif kind != b"S":
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"{kind!r} before the seat (S) in kernel dispatch")
+            else:
+                count, max_requests = struct.unpack(">HQ", payload)
+                if count != len(self.listeners) or len(fds) != count + 1:
+                    for fd in fds:
+                        os.close(fd)
+                    raise ProtocolError(
+                        f"a seat for {count} listener(s) with {len(fds)} descriptor(s); "
+                        f"this worker has {len(self.listeners)} listener(s)"
+                    )
+                self._sit(fds[:-1], fds[-1], max_requests)
+                return True
+
+    def _sit(self, own_fds, board_fd, max_requests):
+        """Takes the seat: the board mapped (the mapping keeps its own
+        descriptor), the own sockets as listeners, the inherited ones as
+        the overflow."""
+        try:
+            self.board = forkpool_board.Record(board_fd, self.slot)
+        finally:
+            os.close(board_fd)
+        own = [
+            socket.socket(listener.family, socket.SOCK_STREAM, 0, fileno=fd)
+            for listener, fd in zip(self.listeners, own_fds)
+        ]
+        inherited, self.listeners = self.listeners, own
+        self._watch_overflow(inherited)
+        self.max_requests = max_requests
+
+    def _wait_on_own_sockets(self, handle):
+        """Waits on the own sockets and the channel until told to quit."""
+        waiter = select.poll()
+        waiter.register(self.channel.fileno(), select.POLLIN)
+        index_of = {}
+        for i, listener in enumerate(self.listeners):
+            waiter.register(listener.fileno(), select.POLLIN)
+            index_of[listener.fileno()] = i
+        if self.board.go_idle():
+            self._send(b"I")
+        self._take_events(waiter, index_of, self._accept_own, handle)
+
+    def _accept_own(self, listener, handle):
+        """Accepts what the kernel queued on own socket `listener`, and
+        serves it. Nothing there (a reservation given back, its client
+        gone): say nothing, wait again."""
+        try:
+            conn, self.peer = self.listeners[listener].accept()
+        except (BlockingIOError, ConnectionAbortedError):
+            return
+        except OSError as e:
+            print(f"forkpool worker: accept failed: {e}", file=sys.stderr)
+            return
+        record = self.board
+        record.state.value = forkpool_board.BUSY
+        record.taken.value += 1
+        self._serve_then_idle(conn, listener, handle)
+
+    def _serve_then_idle(self, conn, listener, handle):
+        """Serves `conn`, then finishes it: takes the next connection
+        waiting on the overflow, if any, or goes idle on the scoreboard
+        (and says `I` if the supervisor asks). The finished connection is
+        closed only then, so a client that reconnects the moment it sees
+        the close finds this same worker idle."""
+        record = self.board
+        while conn is not None:
+            try:
+                handle(conn, listener)
+                record.served.value += 1
+                if self.max_requests and record.served.value >= self.max_requests:
+                    self.leaving = True  # its share served
+                if self.leaving:
+                    record.go_busy()
+                    self._say_leaving()
+                    return
+                following = self._take_from_overflow(listener)
+                if following is not None:
+                    record.taken.value += 1
+                    record.next.value += 1
+                elif record.go_idle():
+                    self._send(b"I")
+            finally:
+                conn.close()
+            conn = following
+
+    def _take_from_overflow(self, listener):
+        """The next connection waiting on overflow listener `listener`, or
+        None. One poll asks both whether a message waits (it goes first:
+        the worker goes idle and reads it) and whether a connection does,
+        so finding nothing costs one system call."""
+        if listener >= len(self._finish_polls):
+            return None
+        look, overflow_fd = self._finish_polls[listener]
+        ready = look.poll(0)
+        if len(ready) != 1 or ready[0][0] != overflow_fd:
+            return None
+        try:
+            conn, peer = self.overflow[listener].accept()
+        except OSError:  # another worker or the supervisor was faster
+            return None
+        self.peer = peer
+        return conn  # accept() makes it close-on-exec
+
+    def _serve_what_the_kernel_queued(self, handle):
+        """Told to quit: busy on the scoreboard, so the kernel queues
+        nothing more, then serves what it queued just before on the own
+        sockets (until accept finds nothing)."""
+        record = self.board
+        record.go_busy()
+        for listener, sock in enumerate(self.listeners):
+            while True:
+                try:
+                    conn, self.peer = sock.accept()
+                except OSError:
+                    break
+                record.taken.value += 1
+                with conn:
+                    handle(conn, listener)
+                record.served.value += 1
 
 
 # --- Stack dumps (docs/protocol.md, "Stack dumps") --------------------------
@@ -358,7 +604,9 @@ install_stack_dump()
 # forks workers that run the very same `handle`.
 
 # A version 2 worker also understands T (become the template).
-_PAYLOAD_V2 = {**_PAYLOAD, b"T": 0}
+# A worker a template forked in kernel dispatch is given its seat (S:
+# listeners u16, max_requests u64) once, after its K.
+_PAYLOAD_V2 = {**_PAYLOAD, b"T": 0, b"S": 10}
 # Supervisor-to-template messages: kind -> payload length.
 _TEMPLATE_PAYLOAD = {b"F": 8, b"p": 4, b"Q": 0}
 _PR_SET_PDEATHSIG = 1
@@ -649,7 +897,15 @@ def _assume(obj, other):
 
 
 def _template_from_worker(worker, fd):
-    """Refork: the worker `worker` becomes the template, on channel `fd`."""
+    """Refork: the worker `worker` becomes the template, on channel `fd`.
+    A seated kernel dispatch worker gives up its own sockets and the
+    board first: a template holds the pool's listeners (its overflow)."""
+    if worker.board is not None:
+        for sock in worker.listeners:
+            sock.close()
+        worker.board.close()
+        worker.board = None
+        worker.listeners = worker.overflow
     place = _LISTEN_FDS_START + len(worker.listeners)
     worker.channel.close()
     if fd != place:

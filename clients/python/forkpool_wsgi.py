@@ -272,16 +272,27 @@ class Server:
         self.worker = worker
         self.limits = limits
         self.access_log = access_log
+        # Built on the first connection, in the worker itself: under
+        # --preload `worker` is the template until then.
         self._listener_poll = None
-        if worker.listeners:
+        self._pool_listeners = None
+
+    def _watch_pool_listeners(self):
+        """The listeners where connections wait for any worker (in
+        `kernel` dispatch the overflow, not the worker's own sockets) and
+        one poll of them all, made once."""
+        self._pool_listeners = list(self.worker.pool_listeners)
+        if self._pool_listeners:
             self._listener_poll = select.poll()
-            for listener in worker.listeners:
+            for listener in self._pool_listeners:
                 self._listener_poll.register(listener.fileno(), select.POLLIN)
 
     def handle(self, conn, _listener):
         """One connection: requests until close, a limit, or an idle timeout."""
+        if self._pool_listeners is None:
+            self._watch_pool_listeners()
         reader = http.Reader(conn)
-        peer = _peer(conn)
+        peer = _peer(conn, self.worker.peer)
         opened = None
         for number in range(self.limits.max_requests):
             if number and not self._next_request_waiting(conn, reader, opened):
@@ -299,7 +310,11 @@ class Server:
                 return
             if opened is None:
                 opened = started
-            last = number + 1 == self.limits.max_requests or self._turn_over(opened, started)
+            # A request that ends its connection anyway needs no look at
+            # the listeners (a poll) to end it.
+            last = number + 1 == self.limits.max_requests or (
+                request.wants_keepalive() and self._turn_over(opened, started)
+            )
             if not self.serve_request(conn, reader, request, peer, last, started):
                 return
             if self.worker.leaving:
@@ -320,7 +335,7 @@ class Server:
         watch = select.poll()
         watch.register(conn.fileno(), select.POLLIN)
         watch.register(self.worker.channel.fileno(), select.POLLIN)
-        for listener in self.worker.listeners:
+        for listener in self._pool_listeners:
             watch.register(listener.fileno(), select.POLLIN)
         step = GIVE_WAY_STEP * (self.worker.slot % 4 + 1)
         idle_since = time.monotonic()
@@ -509,11 +524,15 @@ def _drained(body):
         return False
 
 
-def _peer(conn):
-    try:
-        addr = conn.getpeername()
-    except OSError:
-        return ("", "")
+def _peer(conn, accepted=None):
+    """The client's (address, port) as strings: what accept() gave, if
+    anything, else asked of the connection."""
+    addr = accepted
+    if addr is None:
+        try:
+            addr = conn.getpeername()
+        except OSError:
+            return ("", "")
     if isinstance(addr, tuple):
         return (str(addr[0]), str(addr[1]))
     return ("", "")

@@ -569,6 +569,11 @@ fn perl_refork_in_kernel_dispatch() {
     refork_under_load_in("kernel", &["perl", PERL_WORKER]);
 }
 
+#[test]
+fn python_refork_in_kernel_dispatch() {
+    refork_under_load_in("kernel", &["python3", PYTHON_WORKER]);
+}
+
 /// A template that answers a fork order never given is killed and
 /// replaced (with back-off), and no slot is taken on its word.
 #[test]

@@ -1,0 +1,386 @@
+"""Unit tests of forkpool_worker in `kernel` dispatch, without a supervisor.
+
+The test plays the supervisor: a memfd mapped shared stands for the
+scoreboard map (it behaves the same for the worker), two loopback
+listeners stand for the worker's own socket and the overflow, and a
+SEQPACKET pair is the channel. The worker runs as a real process with
+the descriptors where `forkpool run --dispatch kernel` puts them.
+
+Run from clients/python: python3 -m unittest discover -s tests
+"""
+
+import fcntl
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import unittest
+
+import forkpool_board
+
+TIMEOUT = 10.0
+SLOTS = 2
+SLOT = 1
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENTS = os.path.dirname(HERE)
+
+# The worker: answers one line per connection with its slot and listener.
+# A line `leave` makes it leave after answering.
+WORKER = r"""
+import os
+os.environ["LISTEN_PID"] = str(os.getpid())
+import forkpool_worker
+
+worker = forkpool_worker.Worker.from_env()
+
+def handle(conn, listener):
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(100)
+        if not chunk:
+            return
+        data += chunk
+    if data == b"leave\n":
+        worker.leave()
+    if data == b"peer\n":
+        data = b"%s:%d\n" % (worker.peer[0].encode(), worker.peer[1])
+    conn.sendall(b"slot=%d listener=%d %s" % (worker.slot, listener, data))
+
+worker.serve(handle)
+"""
+
+# Word indexes of slot SLOT's record.
+STATE, TAKEN, SERVED, NEXT = (forkpool_board.HEADER_WORDS + 4 * SLOT + i for i in range(4))
+WAITING = 2
+
+
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    return sock
+
+
+def wait_for(what, cond):
+    deadline = time.monotonic() + TIMEOUT
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+class FakeSupervisor:
+    """The board, the sockets and the channel of one kernel-dispatch worker."""
+
+    def __init__(self, magic=forkpool_board.MAGIC, slots=SLOTS):
+        self.board = os.memfd_create("forkpool-test-board")
+        os.ftruncate(self.board, forkpool_board.map_length(SLOTS))
+        self.write(0, magic)
+        self.write(1, slots)
+        self.own = listener()
+        self.overflow = listener()
+        self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.channel.settimeout(TIMEOUT)
+        # Out of the way of 3..6, where the worker finds them.
+        self.passed = [
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 50)
+            for fd in (self.own.fileno(), theirs.fileno(), self.overflow.fileno(), self.board)
+        ]
+        theirs.close()
+        self.process = None
+
+    def start_forked(self):
+        """As a worker a template forked: version 2, the pool's listener
+        (here the overflow) at 3, the channel at 4, no board until `S`."""
+        self._spawn([self.passed[2], self.passed[1]], FORKPOOL_PROTOCOL="2")
+        assert self.message() == b"\x02K" + struct.pack(">I", self.process.pid)
+        return self
+
+    def seat(self, listeners=1, max_requests=0, fds=None):
+        fds = [self.own.fileno(), self.board] if fds is None else fds
+        seat = b"\x02S" + struct.pack(">HQ", listeners, max_requests)
+        socket.send_fds(self.channel, [seat], fds)
+
+    def start(self, **extra):
+        """As an exec'd worker: own socket 3, channel 4, overflow 5, board 6."""
+        extra = dict(FORKPOOL_OVERFLOW_FD="5", FORKPOOL_BOARD_FD="6", **extra)
+        return self._spawn(self.passed, **extra)
+
+    def _spawn(self, passed, **extra):
+        """The worker, with `passed` at 3, 4, ... and `extra` in its
+        environment."""
+        env = dict(
+            os.environ,
+            PYTHONPATH=CLIENTS,
+            LISTEN_FDS="1",
+            FORKPOOL_CHANNEL_FD="4",
+            FORKPOOL_DISPATCH="kernel",
+            FORKPOOL_SLOT=str(SLOT),
+            FORKPOOL_PROTOCOL="1",
+            FORKPOOL_GENERATION="1",
+        )
+        env.update(extra)
+
+        def place():
+            for i, fd in enumerate(passed):
+                os.dup2(fd, 3 + i)
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", WORKER],
+            env=env,
+            preexec_fn=place,
+            close_fds=False,
+            stderr=subprocess.PIPE,
+        )
+        return self
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait()
+            self.process.stderr.close()
+        for fd in self.passed + [self.board]:
+            os.close(fd)
+        for sock in (self.own, self.overflow, self.channel):
+            sock.close()
+
+    def read(self, word):
+        return int.from_bytes(os.pread(self.board, 8, 8 * word), "little")
+
+    def write(self, word, value):
+        os.pwrite(self.board, value.to_bytes(8, "little"), 8 * word)
+
+    def message(self):
+        return self.channel.recv(16)
+
+    def nothing_said(self):
+        return not select.select([self.channel], [], [], 0)[0]
+
+    def ready_and_idle(self, **extra):
+        self.start(**extra)
+        assert self.message() == b"\x01K" + struct.pack(">I", self.process.pid)
+        wait_for("the worker to go idle", lambda: self.read(STATE) == forkpool_board.IDLE)
+        return self
+
+    def stopped(self):
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def ask(addr, line=b"hi\n"):
+    with socket.create_connection(addr, timeout=TIMEOUT) as conn:
+        conn.sendall(line)
+        return read_all(conn)
+
+
+def read_all(conn):
+    answer = b""
+    while True:
+        chunk = conn.recv(100)
+        if not chunk:
+            return answer
+        answer += chunk
+
+
+class RecordTest(unittest.TestCase):
+    def test_map_length_covers_the_record_in_whole_pages(self):
+        self.assertEqual(forkpool_board.map_length(0), 4096)
+        # Slot 126 ends at byte 8 * (8 + 4 * 127) = 4128.
+        self.assertEqual(forkpool_board.map_length(126), 8192)
+
+    def test_a_board_without_the_magic_or_the_slot_is_refused(self):
+        boards = [
+            (dict(magic=int.from_bytes(b"notboard", "little")), "not a forkpool scoreboard"),
+            (dict(slots=SLOT), "not on the scoreboard"),
+        ]
+        for board, why in boards:
+            fake = FakeSupervisor(**board)
+            try:
+                with self.assertRaisesRegex(forkpool_board.BoardError, why):
+                    forkpool_board.Record(fake.board, SLOT)
+            finally:
+                fake.stop()
+
+    def test_go_idle_stores_idle_and_reads_the_waiting_word(self):
+        fake = FakeSupervisor()
+        try:
+            record = forkpool_board.Record(fake.board, SLOT)
+            self.assertFalse(record.go_idle())
+            self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+            fake.write(WAITING, 1)
+            self.assertTrue(record.go_idle())
+            record.go_busy()
+            self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+            record.taken.value += 1
+            self.assertEqual(fake.read(TAKEN), 1)
+            self.assertEqual(fake.read(STATE - 4), 0, "the slot before is untouched")
+        finally:
+            fake.stop()
+
+
+class KernelWorkerTest(unittest.TestCase):
+    def setUp(self):
+        self.fake = FakeSupervisor()
+        self.addCleanup(self.fake.stop)
+
+    def test_a_worker_refuses_a_board_without_the_magic(self):
+        self.fake.write(0, 12345)
+        self.fake.start()
+        _out, err = self.fake.process.communicate(timeout=TIMEOUT)
+        self.assertEqual(self.fake.process.returncode, 1)
+        self.assertIn(b"not a forkpool scoreboard", err)
+
+    def test_own_socket_connections_are_counted_and_say_nothing(self):
+        fake = self.fake.ready_and_idle()
+        for n in range(1, 4):
+            self.assertEqual(ask(fake.own.getsockname()), b"slot=1 listener=0 hi\n")
+            # Idle again before the client saw the close.
+            self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+            self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (n, n))
+        self.assertEqual(fake.read(NEXT), 0)
+        self.assertTrue(fake.nothing_said(), "no report per connection")
+
+    def test_a_worker_going_idle_says_I_only_while_the_supervisor_waits(self):
+        fake = self.fake.ready_and_idle()
+        fake.write(WAITING, 1)
+        ask(fake.own.getsockname())
+        self.assertEqual(fake.message(), b"\x01I")
+        fake.write(WAITING, 0)
+        ask(fake.own.getsockname())
+        self.assertTrue(fake.nothing_said())
+
+    def test_busy_while_serving(self):
+        fake = self.fake.ready_and_idle()
+        conn = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        with conn:
+            wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
+            self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+            conn.sendall(b"x\n")
+            self.assertEqual(read_all(conn), b"slot=1 listener=0 x\n")
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+
+    def test_a_finishing_worker_takes_the_next_from_the_overflow(self):
+        fake = self.fake.ready_and_idle()
+        first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
+        waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        waiting.sendall(b"next\n")
+        first.sendall(b"first\n")
+        self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
+        self.assertEqual(read_all(waiting), b"slot=1 listener=0 next\n")
+        first.close()
+        waiting.close()
+        wait_for("the worker to go idle", lambda: fake.read(STATE) == forkpool_board.IDLE)
+        self.assertEqual(
+            (fake.read(TAKEN), fake.read(SERVED), fake.read(NEXT)), (2, 2, 1)
+        )
+
+    def test_a_message_goes_before_the_overflow(self):
+        fake = self.fake.ready_and_idle()
+        first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
+        waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        fake.channel.send(b"\x01p\x00\x00\x00\x07")
+        first.sendall(b"first\n")
+        self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
+        self.assertEqual(fake.message(), b"\x01P\x00\x00\x00\x07")
+        self.assertEqual(fake.read(NEXT), 0)
+        # Left for the supervisor.
+        self.assertTrue(select.select([fake.overflow], [], [], 0)[0])
+        waiting.close()
+
+    def test_a_handed_connection_is_served_and_counted_as_served_only(self):
+        fake = self.fake.ready_and_idle()
+        # The supervisor claims the worker (idle to busy) and hands one over.
+        fake.write(STATE, forkpool_board.BUSY)
+        client = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        wait_for("the handshake", lambda: select.select([fake.overflow], [], [], 0)[0])
+        conn, _ = fake.overflow.accept()
+        socket.send_fds(fake.channel, [b"\x01C\x00\x00"], [conn.fileno()])
+        conn.close()
+        client.sendall(b"handed\n")
+        self.assertEqual(read_all(client), b"slot=1 listener=0 handed\n")
+        client.close()
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (0, 1))
+
+    def test_quit_serves_what_was_queued_on_the_own_socket_then_exits(self):
+        fake = self.fake.ready_and_idle()
+        os.kill(fake.process.pid, signal.SIGSTOP)
+        wait_for("the worker to stop", fake.stopped)
+        queued = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        queued.sendall(b"queued\n")
+        fake.channel.send(b"\x01Q")
+        os.kill(fake.process.pid, signal.SIGCONT)
+        self.assertEqual(read_all(queued), b"slot=1 listener=0 queued\n")
+        queued.close()
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+        self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (1, 1))
+
+    def test_a_leaving_worker_is_busy_then_says_X(self):
+        fake = self.fake.ready_and_idle()
+        self.assertEqual(ask(fake.own.getsockname(), b"leave\n"), b"slot=1 listener=0 leave\n")
+        self.assertEqual(fake.message(), b"\x01X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+
+    def test_a_worker_leaves_when_it_has_served_its_share(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_REQUESTS="2")
+        ask(fake.own.getsockname())
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        ask(fake.own.getsockname())
+        self.assertEqual(fake.message(), b"\x01X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+        self.assertEqual(fake.read(SERVED), 2)
+
+    def test_the_peer_is_the_one_accept_gave(self):
+        fake = self.fake.ready_and_idle()
+        with socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT) as conn:
+            conn.sendall(b"peer\n")
+            host, port = conn.getsockname()
+            self.assertEqual(read_all(conn), b"slot=1 listener=0 %s:%d\n" % (host.encode(), port))
+
+    def test_a_forked_worker_takes_its_seat_then_keeps_the_board(self):
+        fake = self.fake.start_forked()
+        fake.channel.send(b"\x02p\x00\x00\x00\x05")
+        self.assertEqual(fake.message(), b"\x02P\x00\x00\x00\x05", "a ping before the seat")
+        fake.seat(max_requests=2)
+        wait_for("the worker to go idle", lambda: fake.read(STATE) == forkpool_board.IDLE)
+        self.assertEqual(ask(fake.own.getsockname()), b"slot=1 listener=0 hi\n")
+        self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (1, 1))
+        # The inherited listener is the overflow: taken as the next one.
+        first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 2)
+        waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        first.sendall(b"first\n")
+        self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
+        # Its share (2) served: it leaves rather than take the next.
+        self.assertEqual(fake.message(), b"\x02X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(NEXT), 0)
+        first.close()
+        waiting.close()
+
+    def test_a_seat_with_the_wrong_descriptors_is_refused(self):
+        fake = self.fake.start_forked()
+        fake.seat(fds=[fake.board])
+        fake.process.wait(timeout=TIMEOUT)
+        self.assertNotEqual(fake.process.returncode, 0)
+        self.assertIn(b"seat for 1 listener(s) with 1 descriptor(s)", fake.process.stderr.read())
+
+    def test_a_ping_is_answered(self):
+        fake = self.fake.ready_and_idle()
+        fake.channel.send(b"\x01p\x00\x00\x01\x02")
+        self.assertEqual(fake.message(), b"\x01P\x00\x00\x01\x02")
+
+
+if __name__ == "__main__":
+    unittest.main()
