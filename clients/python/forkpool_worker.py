@@ -67,6 +67,16 @@ class ProtocolError(Exception):
     """The supervisor sent something this worker does not understand."""
 
 
+
+def _dispatch_of(env, required):
+    """The dispatch mode: `kernel` dispatch is announced as `handoff` plus
+    FORKPOOL_KERNEL_DISPATCH=1, so that a worker written before it serves
+    as in handoff."""
+    dispatch = required("FORKPOOL_DISPATCH")
+    if dispatch == "handoff" and env.get("FORKPOOL_KERNEL_DISPATCH") == "1":
+        return "kernel"
+    return dispatch
+
 class Worker:
     """One worker process's end of the back-channel, and its listeners."""
 
@@ -133,7 +143,7 @@ class Worker:
 
         if "FORKPOOL_TEMPLATE_FD" in env:
             return Template.from_env(env)
-        dispatch = required("FORKPOOL_DISPATCH")
+        dispatch = _dispatch_of(env, required)
         if dispatch == "none":
             raise RuntimeError(
                 "the pool runs with --dispatch none, which has no back-channel: "
@@ -715,7 +725,7 @@ class Template:
             channel,
             listeners,
             int(required("FORKPOOL_GENERATION")),
-            required("FORKPOOL_DISPATCH"),
+            _dispatch_of(env, required),
             int(required("FORKPOOL_SUPERVISOR_PID")),
         )
 

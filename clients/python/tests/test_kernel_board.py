@@ -119,7 +119,9 @@ class FakeSupervisor:
             PYTHONPATH=CLIENTS,
             LISTEN_FDS="1",
             FORKPOOL_CHANNEL_FD="4",
-            FORKPOOL_DISPATCH="kernel",
+            # As forkpool announces kernel dispatch (protocol.md).
+            FORKPOOL_DISPATCH="handoff",
+            FORKPOOL_KERNEL_DISPATCH="1",
             FORKPOOL_SLOT=str(SLOT),
             FORKPOOL_PROTOCOL="1",
             FORKPOOL_GENERATION="1",
