@@ -57,6 +57,12 @@ impl<L: HasChild> Core<L> {
         // The state was checked above, so both moves are legal; were one
         // refused, the slot is left as it was until the next reading.
         match (state, sample.busy) {
+            // Busy without having taken a connection since the last
+            // reading is no connection: a child's record reads busy from
+            // its start (or its seat) until its first idle store, and for
+            // an instant between its busy store and its count. Taken for
+            // one, it made the pool look short of idle children and grow.
+            (SlotState::Idle, true) if taken == 0 => {}
             (SlotState::Idle, true) => {
                 // Busy now: a ping sent while it looked idle is answered
                 // after its connection.
@@ -100,7 +106,7 @@ mod tests {
     /// A child that said `K` and whose record reads busy before it first
     /// goes idle has served nothing when it does.
     #[test]
-    fn a_child_busy_only_while_it_starts_has_served_nothing() {
+    fn a_child_busy_only_while_it_starts_is_idle_and_has_served_nothing() {
         let now = Instant::now();
         let mut core: Core<Child> = Core::new(PoolConfig {
             dispatch: crate::config::DispatchMode::Kernel,
@@ -115,10 +121,12 @@ mod tests {
             next: 0,
         };
         core.sampled(0, record(true, 0, 0), now);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Idle);
         core.sampled(0, record(false, 0, 0), now);
         assert_eq!(core.board.get(0).unwrap().served, 0);
         // A real connection, seen begin and end, counts once.
         core.sampled(0, record(true, 1, 0), now);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Busy);
         core.sampled(0, record(false, 1, 1), now);
         assert_eq!(core.board.get(0).unwrap().served, 1);
         // Two finished between readings, the state idle both times.
