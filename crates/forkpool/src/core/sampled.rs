@@ -40,7 +40,7 @@ impl<L: HasChild> Core<L> {
     /// its way out, or that does not keep its record (it said `R`, not
     /// `K`) is left as it is.
     pub fn sampled(&mut self, slot: usize, sample: Sample, now: Instant) {
-        let Some(state) = self.board.get(slot).map(|s| s.state) else {
+        let Some((state, pid)) = self.board.get(slot).map(|s| (s.state, s.pid)) else {
             return;
         };
         if !matches!(state, SlotState::Idle | SlotState::Busy) || !self.keeps_board(slot) {
@@ -54,6 +54,15 @@ impl<L: HasChild> Core<L> {
         child.board_counts = (sample.taken, sample.served, sample.next);
         self.totals.accepted += taken;
         self.totals.taken_next += next;
+        // Connections finished: the pool is turning over (the CPU-bound
+        // hold reads this; without it a held pool grew as if stalled).
+        if served > 0 {
+            self.effects.push(Effect::ConnectionEnded {
+                slot,
+                pid,
+                took: None,
+            });
+        }
         // The state was checked above, so both moves are legal; were one
         // refused, the slot is left as it was until the next reading.
         match (state, sample.busy) {
@@ -130,8 +139,16 @@ mod tests {
         core.sampled(0, record(false, 1, 1), now);
         assert_eq!(core.board.get(0).unwrap().served, 1);
         // Two finished between readings, the state idle both times.
+        core.take_effects();
         core.sampled(0, record(false, 3, 3), now);
         assert_eq!(core.board.get(0).unwrap().served, 3);
+        // ... and the pool hears that connections ended (its CPU hold).
+        let ended = core
+            .take_effects()
+            .into_iter()
+            .filter(|e| matches!(e, Effect::ConnectionEnded { slot: 0, .. }))
+            .count();
+        assert_eq!(ended, 1);
     }
 
     #[test]
