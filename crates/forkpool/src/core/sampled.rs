@@ -66,12 +66,14 @@ impl<L: HasChild> Core<L> {
         // The state was checked above, so both moves are legal; were one
         // refused, the slot is left as it was until the next reading.
         match (state, sample.busy) {
-            // Busy without having taken a connection since the last
-            // reading is no connection: a child's record reads busy from
-            // its start (or its seat) until its first idle store, and for
-            // an instant between its busy store and its count. Taken for
-            // one, it made the pool look short of idle children and grow.
-            (SlotState::Idle, true) if taken == 0 => {}
+            // Busy before it has ever taken a connection is no connection:
+            // a child's record reads busy from its start (or its seat)
+            // until its first idle store. Taken for one, it made the pool
+            // look short of idle children and grow. (Not "none taken since
+            // the last reading": a helper may count a connection before it
+            // stores busy, and a reading between the two would then hide
+            // the connection for as long as it lasts.)
+            (SlotState::Idle, true) if sample.taken == 0 && sample.served == 0 => {}
             (SlotState::Idle, true) => {
                 // Busy now: a ping sent while it looked idle is answered
                 // after its connection.
@@ -138,10 +140,17 @@ mod tests {
         assert_eq!(core.board.get(0).unwrap().state, SlotState::Busy);
         core.sampled(0, record(false, 1, 1), now);
         assert_eq!(core.board.get(0).unwrap().served, 1);
+        // A helper that counts before it stores busy, read in between:
+        // the next reading, busy with nothing newly taken, is still busy.
+        core.sampled(0, record(false, 2, 1), now);
+        core.sampled(0, record(true, 2, 1), now);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Busy);
+        core.sampled(0, record(false, 2, 2), now);
+        assert_eq!(core.board.get(0).unwrap().served, 2);
         // Two finished between readings, the state idle both times.
         core.take_effects();
-        core.sampled(0, record(false, 3, 3), now);
-        assert_eq!(core.board.get(0).unwrap().served, 3);
+        core.sampled(0, record(false, 4, 4), now);
+        assert_eq!(core.board.get(0).unwrap().served, 4);
         // ... and the pool hears that connections ended (its CPU hold).
         let ended = core
             .take_effects()

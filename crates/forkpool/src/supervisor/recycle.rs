@@ -58,11 +58,29 @@ impl Recycler {
         jitter: u64,
         lifetime: Duration,
     ) -> ChildLimits {
+        if let Some(l) = self
+            .limits
+            .get(slot)
+            .copied()
+            .flatten()
+            .filter(|l| l.pid == pid)
+        {
+            return l;
+        }
+        self.draw_for(slot, pid, max_requests, jitter, lifetime)
+    }
+
+    /// Draws and keeps the limits of `slot`'s child `pid` (0: not forked yet).
+    fn draw_for(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        max_requests: u64,
+        jitter: u64,
+        lifetime: Duration,
+    ) -> ChildLimits {
         if self.limits.len() <= slot {
             self.limits.resize(slot + 1, None);
-        }
-        if let Some(l) = self.limits[slot].filter(|l| l.pid == pid) {
-            return l;
         }
         let l = recycle::draw(&mut self.rng, pid, max_requests, jitter, lifetime);
         self.limits[slot] = Some(l);
@@ -81,12 +99,7 @@ impl Recycler {
         jitter: u64,
         lifetime: Duration,
     ) -> ChildLimits {
-        if self.limits.len() <= slot {
-            self.limits.resize(slot + 1, None);
-        }
-        let l = recycle::draw(&mut self.rng, 0, max_requests, jitter, lifetime);
-        self.limits[slot] = Some(l);
-        l
+        self.draw_for(slot, 0, max_requests, jitter, lifetime)
     }
 
     /// The child forked into `slot` after [`Recycler::draw_ahead`] is `pid`.
