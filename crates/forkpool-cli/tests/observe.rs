@@ -301,6 +301,12 @@ fn a_worker_over_max_child_memory_is_recycled_after_its_connection() {
             "20s",
             "--max-child-memory",
             "48MiB",
+            // Handoff: the limit is checked as each connection ends; in
+            // kernel dispatch, at the supervisor's readings of the board
+            // (every 100 ms), so a fast worker serves a few more first
+            // (operations.md).
+            "--dispatch",
+            "handoff",
         ],
         &["python3", script.path()],
         true,
