@@ -608,7 +608,8 @@ impl Worker<'_> {
     }
 
     /// Runs the handler on one connection and returns a duplicate of its
-    /// descriptor, for the caller to close after its report.
+    /// descriptor, for the caller to close after its report (none when
+    /// holding it open would change nothing).
     fn serve(&mut self, fd: OwnedFd, listener: u16) -> Result<Option<OwnedFd>, String> {
         let index = usize::from(listener);
         let tcp = if self.listener_is_tcp.is_empty() {
@@ -621,7 +622,16 @@ impl Worker<'_> {
                 .get(index)
                 .ok_or_else(|| format!("connection from unknown listener {index}"))?
         };
-        let held_open = fd.try_clone().ok();
+        // Held open until the child has said it is idle, so a client that
+        // waits for the close and connects again finds this (hot) child.
+        // In kernel dispatch only when that next connection would go past
+        // it to an idle child above: saturated, it would find none anyway,
+        // and the duplicate's two system calls are a fifth of the child's.
+        let hold = match &self.board {
+            Some(board) => board.next_would_pass(self.info.slot),
+            None => true,
+        };
+        let held_open = if hold { fd.try_clone().ok() } else { None };
         let conn = Connection {
             stream: Stream::from_fd(fd, tcp),
             listener: index,

@@ -225,6 +225,20 @@ impl Board {
         }
     }
 
+    /// Whether a connection arriving now would go to a slot above `slot`:
+    /// none below it is idle or reserved, and one above it is idle. Only
+    /// then does it matter that the child in `slot` marks itself idle
+    /// before its client sees the connection close: a client that waits
+    /// for the close and connects again would otherwise land on a colder
+    /// child above it. Plain loads, no system call; the scan stops at the
+    /// first idle slot above, so at light load it reads a word or two, and
+    /// a saturated pool (nothing idle) is what it spares the two system
+    /// calls of holding the connection open (`Worker::serve`).
+    pub fn next_would_pass(&self, slot: usize) -> bool {
+        let free = |s: usize| self.slot(s).load(Ordering::Relaxed) != BUSY;
+        !(0..slot.min(self.slots)).any(free) && (slot + 1..self.slots).any(free)
+    }
+
     /// Says whether the supervisor wants a child going idle to tell it.
     pub fn set_waiting(&self, waiting: bool) {
         self.words.words()[WAITING_WORD].store(u64::from(waiting), Ordering::SeqCst);
@@ -253,6 +267,34 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A board holding `states` (a real map: these tests need CAP_BPF,
+    /// as every kernel dispatch test does).
+    fn board_of(states: &[u64]) -> Board {
+        let (_map, board) = Board::create(states.len()).expect("a scoreboard map (CAP_BPF)");
+        for (slot, &state) in states.iter().enumerate() {
+            board.slot(slot).store(state, Ordering::Relaxed);
+        }
+        board
+    }
+
+    #[test]
+    fn the_next_connection_passes_a_slot_only_to_an_idle_one_above_it() {
+        let reserved = 1_000_000 | RESERVED_BIT;
+        // A sequential client on slot 0, slot 1 idle: it would pass.
+        assert!(board_of(&[BUSY, IDLE, IDLE]).next_would_pass(0));
+        assert!(board_of(&[BUSY, BUSY, IDLE]).next_would_pass(0));
+        // Saturated, or idle only below: it would not.
+        assert!(!board_of(&[BUSY, BUSY, BUSY]).next_would_pass(0));
+        assert!(!board_of(&[BUSY, BUSY, BUSY]).next_would_pass(2));
+        assert!(!board_of(&[IDLE, BUSY, IDLE]).next_would_pass(1));
+        assert!(!board_of(&[reserved, BUSY, IDLE]).next_would_pass(1));
+        // A reservation above counts as free (the program picked it, and
+        // the next would go past it only if it were busy).
+        assert!(board_of(&[BUSY, reserved]).next_would_pass(0));
+        // The last slot has nothing above it.
+        assert!(!board_of(&[BUSY, IDLE, BUSY]).next_would_pass(2));
+    }
 
     #[test]
     fn a_raw_word_reads_as_busy_idle_or_a_reservation() {
