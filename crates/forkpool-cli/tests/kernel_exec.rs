@@ -8,11 +8,14 @@ mod bench_bins;
 mod common;
 #[path = "common/example_workers.rs"]
 mod example_workers;
+#[path = "common/kernel_helper_cases.rs"]
+mod kernel_helper_cases;
 
 use std::time::Duration;
 
-use common::{require_kernel_dispatch, scrape_metrics, total, DemoPool};
+use common::{scrape_metrics, total, DemoPool};
 use example_workers::rust_worker;
+use kernel_helper_cases::kernel_pool;
 
 /// `clients/tests/handoff_only_worker.py`: says `R`, knows no board.
 const HANDOFF_ONLY_WORKER: &str = concat!(
@@ -21,31 +24,11 @@ const HANDOFF_ONLY_WORKER: &str = concat!(
 );
 
 /// A `forkpool run` pool in kernel dispatch of `children` workers running
-/// `cmd`; fails (or, outside CI, returns None with a NOT RUN line) where
-/// the kernel refuses the program.
-fn kernel_run(children: usize, extra: &[&str], cmd: &[&str]) -> Option<DemoPool> {
-    let n = children.to_string();
-    let mut args = vec![
-        "--dispatch",
-        "kernel",
-        "--min-children",
-        &n,
-        "--min-spare",
-        "0",
-        "--max-spare",
-        "64",
-        "--metrics",
-        "127.0.0.1:0",
-    ];
+/// `cmd`, with metrics (`common/kernel_helper_cases.rs`'s start-up).
+fn kernel_run(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPool> {
+    let mut args = vec!["--metrics", "127.0.0.1:0"];
     args.extend_from_slice(extra);
-    let pool = DemoPool::start_run(&args, cmd);
-    if !require_kernel_dispatch(&pool) {
-        return None;
-    }
-    assert!(pool
-        .wait_status(Duration::from_secs(20), |s| s["idle"] == children as u64)
-        .is_some());
-    Some(pool)
+    kernel_pool(children, &args, cmd)
 }
 
 /// The slots' accept counts on the board reach the totals: every

@@ -24,35 +24,7 @@ use psgi_support::{connect, read_response, require_plack, PSGI_SERVER, TEST_APP}
 
 const WORKER: [&str; 2] = ["perl", PERL_WORKER];
 
-#[test]
-fn sequential_requests_all_go_to_slot_zero() {
-    kernel_helper_cases::sequential_requests_all_go_to_slot_zero(&WORKER);
-}
-
-#[test]
-fn a_burst_lands_one_request_per_idle_worker() {
-    kernel_helper_cases::a_burst_lands_one_request_per_idle_worker(&WORKER);
-}
-
-#[test]
-fn a_killed_worker_loses_nothing_queued_on_its_socket() {
-    kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket(&WORKER);
-}
-
-#[test]
-fn workers_leave_after_their_share_and_nothing_is_lost() {
-    kernel_helper_cases::workers_leave_after_their_share_and_nothing_is_lost(&WORKER);
-}
-
-#[test]
-fn quit_serves_what_was_queued_on_the_own_socket() {
-    kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&WORKER);
-}
-
-#[test]
-fn idle_workers_answer_pings() {
-    kernel_helper_cases::idle_workers_answer_pings(&WORKER);
-}
+kernel_helper_cases::every_helper_case!(|case: fn(&[&str])| case(&WORKER));
 
 /// Under `--preload` the template's workers say `K` too and are sent
 /// their seat (`S`): slot 0 serves every request, the supervisor stopped.

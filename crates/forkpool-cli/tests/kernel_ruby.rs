@@ -59,35 +59,22 @@ fn rack_pool(children: &str, extra: &[&str], server_args: &[&str]) -> Option<Dem
     kernel_pool(children.parse().unwrap(), extra, &rack_command(server_args))
 }
 
+/// The cases every helper passes (`common/kernel_helper_cases.rs`), on
+/// the example worker.
+fn on_the_example_worker(case: fn(&[&str])) {
+    if require_ruby() {
+        case(&ruby_worker());
+    }
+}
+
+kernel_helper_cases::every_helper_case!(on_the_example_worker);
+
 /// `--preload` or nothing.
 fn preload_args(preload: bool) -> &'static [&'static str] {
     if preload {
         &["--preload"]
     } else {
         &[]
-    }
-}
-
-/// The cases every helper passes (`common/kernel_helper_cases.rs`), on the
-/// example worker.
-#[test]
-fn sequential_requests_all_go_to_slot_zero_without_the_supervisor() {
-    if require_ruby() {
-        kernel_helper_cases::sequential_requests_all_go_to_slot_zero(&ruby_worker());
-    }
-}
-
-#[test]
-fn a_burst_lands_one_request_per_idle_worker() {
-    if require_ruby() {
-        kernel_helper_cases::a_burst_lands_one_request_per_idle_worker(&ruby_worker());
-    }
-}
-
-#[test]
-fn a_killed_worker_loses_nothing_queued_on_its_socket() {
-    if require_ruby() {
-        kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket(&ruby_worker());
     }
 }
 
@@ -143,13 +130,6 @@ fn workers_told_to_quit_exit_at_once() {
     let totals = common::final_totals(&pool);
     assert_eq!(total(&totals, "retired"), 3, "{totals}");
     assert_eq!(total(&totals, "killed"), 0, "{totals}");
-}
-
-#[test]
-fn a_worker_told_to_quit_serves_what_was_queued_for_it() {
-    if require_ruby() {
-        kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket(&ruby_worker());
-    }
 }
 
 /// forkpool-rack in kernel dispatch, exec'd and under `--preload`, the

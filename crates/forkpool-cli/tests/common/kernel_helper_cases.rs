@@ -57,6 +57,46 @@ pub fn kernel_pool(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPo
     Some(pool)
 }
 
+/// The cases every helper passes, as one `#[test]` each. `$run` takes a
+/// case (`fn(&[&str])`) and runs it on the helper's worker command, or
+/// does nothing where the helper cannot run (and fails under CI).
+#[allow(unused_macros)] // not every test file that uses the cases runs all six
+macro_rules! every_helper_case {
+    ($run:expr) => {
+        #[test]
+        fn sequential_requests_all_go_to_slot_zero() {
+            ($run)(kernel_helper_cases::sequential_requests_all_go_to_slot_zero);
+        }
+
+        #[test]
+        fn a_burst_lands_one_request_per_idle_worker() {
+            ($run)(kernel_helper_cases::a_burst_lands_one_request_per_idle_worker);
+        }
+
+        #[test]
+        fn a_killed_worker_loses_nothing_queued_on_its_socket() {
+            ($run)(kernel_helper_cases::a_killed_worker_loses_nothing_queued_on_its_socket);
+        }
+
+        #[test]
+        fn workers_leave_after_their_share_and_nothing_is_lost() {
+            ($run)(kernel_helper_cases::workers_leave_after_their_share_and_nothing_is_lost);
+        }
+
+        #[test]
+        fn quit_serves_what_was_queued_on_the_own_socket() {
+            ($run)(kernel_helper_cases::quit_serves_what_was_queued_on_the_own_socket);
+        }
+
+        #[test]
+        fn idle_workers_answer_pings() {
+            ($run)(kernel_helper_cases::idle_workers_answer_pings);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use every_helper_case;
+
 /// The supervisor stopped (SIGSTOP) for as long as this lives.
 pub struct SupervisorStopped(i32);
 
