@@ -346,6 +346,21 @@ impl<L> Scoreboard<L> {
             .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)
     }
 
+    /// The idle slots, lowest first: a walk over the set bits, so a pool
+    /// with no idle child costs one word read per 64 slots.
+    pub fn idle_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        self.idle_bits.iter().enumerate().flat_map(|(i, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                (rest != 0).then(|| {
+                    let bit = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    i * 64 + bit
+                })
+            })
+        })
+    }
+
     /// The highest-numbered idle slot (the one to retire first). A
     /// many-connection child is idle only while it holds no connection.
     pub fn highest_idle(&self) -> Option<usize> {
@@ -1124,6 +1139,12 @@ mod tests {
                 for (slot, op) in &ops {
                     apply(&mut board, *slot, op, now);
                     prop_assert_eq!(board.lowest_with_room(), policy_answer(&board));
+                    let idle: Vec<usize> = board
+                        .iter()
+                        .filter(|(_, s)| s.state == SlotState::Idle)
+                        .map(|(slot, _)| slot)
+                        .collect();
+                    prop_assert_eq!(board.idle_slots().collect::<Vec<_>>(), idle);
                 }
             }
         }

@@ -317,9 +317,9 @@ impl Supervisor {
             return self.core.board.has_room();
         };
         let board = kernel.board();
-        (0..self.core.board.span().min(board.slots())).any(|slot| {
-            crate::dispatch::Children::is_idle(&self.core, slot)
-                && (!self.core.keeps_board(slot) || board.state(slot) == SlotWord::Idle)
+        self.core.board.idle_slots().any(|slot| {
+            !self.core.keeps_board(slot)
+                || (slot < board.slots() && board.state(slot) == SlotWord::Idle)
         })
     }
 
