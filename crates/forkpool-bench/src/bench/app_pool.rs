@@ -116,12 +116,20 @@ impl AppPool {
                 }
             }
             if Instant::now() >= deadline {
+                // The whole snapshot (each slot's state and counts, the
+                // totals) and the pool's stderr: a pool that never gets
+                // there under one machine's load is read from this alone.
                 let seen = match last {
-                    Ok(s) => format!("last status line: {}", s.line),
+                    Ok(s) => format!(
+                        "last status line: {}; the snapshot: {}",
+                        s.line,
+                        serde_json::to_string(&s).unwrap_or_default()
+                    ),
                     Err(e) => e,
                 };
                 return Err(format!(
-                    "the pool was not {what} within {timeout:?} ({seen})"
+                    "the pool was not {what} within {timeout:?} ({seen}){}",
+                    self.pool.stderr_excerpt()
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));

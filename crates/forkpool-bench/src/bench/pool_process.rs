@@ -253,7 +253,8 @@ impl PoolProcess {
         kill_leftovers(&children);
     }
 
-    fn stderr_excerpt(&self) -> String {
+    /// The pool's last stderr lines, for an error message.
+    pub fn stderr_excerpt(&self) -> String {
         let tail = self
             .stderr_tail
             .lock()
