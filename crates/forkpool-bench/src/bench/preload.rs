@@ -112,21 +112,9 @@ pub fn run(notes: &mut Vec<String>) -> PreloadReport {
 }
 
 fn options(preload: bool, max_children: usize, extra: &[&'static str]) -> Vec<String> {
-    // Handoff: what this measures (starts, memory) does not depend on the
-    // dispatch mode, and under CI the one-at-a-time count never saw its
-    // held request busy in kernel dispatch (3 runs of 3, never outside CI:
-    // an open lead in issue 26's note).
-    let mut options: Vec<String> = [
-        "--dispatch",
-        "handoff",
-        "--min-children",
-        "2",
-        "--min-spare",
-        "2",
-        "--max-children",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut options: Vec<String> = ["--min-children", "2", "--min-spare", "2", "--max-children"]
+        .map(String::from)
+        .to_vec();
     options.push(max_children.to_string());
     options.extend(extra.iter().map(|s| s.to_string()));
     if preload {
@@ -176,35 +164,41 @@ fn one_at_a_time(preload: bool) -> Result<Percentiles, String> {
     let pool = AppPool::start(APP, &as_str(&options(preload, STEPS + 2, &[])), SETTLE)?;
     let first = pool.status()?;
     // Every held request must outlast all the steps, or a worker freed
-    // early would stand in for the spare the next step should fork.
-    let slowest_start = first
-        .slots
-        .iter()
-        .filter_map(|s| s.ready_after_ms)
-        .max()
-        .unwrap_or(1000);
-    let hold_ms = (STEPS as u64) * (slowest_start + 500) + 1000;
-    let path = format!("/?work_ms={hold_ms}");
+    // early would stand in for the spare the next step should fork: each
+    // is held until this file is gone (a time guessed from the first
+    // starts fell short on a loaded machine, where later starts and the
+    // pool's CPU hold take longer).
+    let hold = HoldFile::create()?;
+    let path = format!("/?hold={}", hold.path.display());
     let addr = pool.addr();
     let mut previous = first;
     let mut starts = Vec::new();
     let result = std::thread::scope(|scope| {
         let mut held = Vec::new();
+        let mut stepped = Ok(());
         for step in 1..=STEPS {
             let path = path.clone();
             held.push(scope.spawn(move || app_pool::get(addr, &path, REQUEST_TIMEOUT)));
-            let now = pool.wait_for("grown by one worker", SETTLE, |s| {
+            match pool.wait_for("grown by one worker", SETTLE, |s| {
                 s.busy as usize == step && s.idle >= 2 && s.starting == 0
-            })?;
-            starts.extend(starts_since(&previous, &now));
-            previous = now;
+            }) {
+                Ok(now) => {
+                    starts.extend(starts_since(&previous, &now));
+                    previous = now;
+                }
+                Err(e) => {
+                    stepped = Err(e);
+                    break;
+                }
+            }
         }
+        hold.release();
         for request in held {
             request
                 .join()
                 .map_err(|_| "a request thread panicked".to_string())??;
         }
-        Ok::<(), String>(())
+        stepped
     });
     let stopped = pool.stop();
     result?;
@@ -216,6 +210,33 @@ fn one_at_a_time(preload: bool) -> Result<Percentiles, String> {
         ));
     }
     Ok(percentiles_ms(&starts))
+}
+
+/// A file whose existence holds the heavy app's `?hold=PATH` requests.
+struct HoldFile {
+    path: std::path::PathBuf,
+}
+
+impl HoldFile {
+    fn create() -> Result<HoldFile, String> {
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("forkpool-bench-hold-{}-{n}", std::process::id()));
+        std::fs::write(&path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(HoldFile { path })
+    }
+
+    /// Lets every held request answer.
+    fn release(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for HoldFile {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// The fork-order-to-Ready times of the workers in `after` that were not
