@@ -38,6 +38,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=lib/server.sh
+. bench/lib/server.sh
 
 DURATION=${DURATION:-10}
 ONLY=${ONLY:-.}
@@ -84,14 +86,6 @@ bench_cmd() {
   fi
 }
 
-wait_for_port() {
-  local tries=300
-  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-    tries=$((tries - 1))
-    [ "$tries" -gt 0 ] || return 1
-    sleep 0.1
-  done
-}
 
 # Waits until the server's tree has its 16 workers (or `forkpool run`'s
 # first ones) and has been quiet for a moment.
@@ -117,19 +111,6 @@ start_server() { # NAME DIR MIN_WORKERS CMD...
   settle "$min"
 }
 
-stop_server() {
-  if [ -n "$server_pid" ]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    local tries=100
-    while kill -0 "$server_pid" 2>/dev/null && [ "$tries" -gt 0 ]; do
-      tries=$((tries - 1))
-      sleep 0.1
-    done
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-}
 
 # One wrk cell: prints "req/s p99 cpu_us/req ctxsw/req voluntary/req
 # involuntary/req errors" (the last two split the context switches into

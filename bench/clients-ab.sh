@@ -25,6 +25,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=lib/server.sh
+. bench/lib/server.sh
 
 PSGI_BEFORE=${PSGI_BEFORE:-25f9516^}
 WSGI_BEFORE=${WSGI_BEFORE:-28d002f^}
@@ -41,18 +43,6 @@ server_pid=""
 
 die() { echo "clients-ab.sh: $*" >&2; exit 1; }
 
-stop_server() {
-  [ -n "$server_pid" ] || return 0
-  kill -TERM "$server_pid" 2>/dev/null || true
-  local tries=100
-  while kill -0 "$server_pid" 2>/dev/null && [ "$tries" -gt 0 ]; do
-    tries=$((tries - 1))
-    sleep 0.1
-  done
-  kill -KILL "$server_pid" 2>/dev/null || true
-  wait "$server_pid" 2>/dev/null || true
-  server_pid=""
-}
 trap 'stop_server; rm -rf "$scratch"' EXIT
 
 command -v wrk >/dev/null || die "wrk is missing: bench/apps.sh install"
@@ -65,14 +55,6 @@ mkdir -p "$scratch/before-psgi" "$scratch/before-wsgi"
 git archive "$PSGI_BEFORE" clients/perl | tar -x -C "$scratch/before-psgi"
 git archive "$WSGI_BEFORE" clients/python | tar -x -C "$scratch/before-wsgi"
 
-wait_for_port() {
-  local tries=300
-  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-    tries=$((tries - 1))
-    [ "$tries" -gt 0 ] || return 1
-    sleep 0.1
-  done
-}
 
 start() { # SERVER POOL VERSION
   local server=$1 pool=$2 version=$3 tree=$root preload=()
