@@ -11,10 +11,10 @@
 #   Plack:  forkpool run -- perl clients/perl/forkpool-psgi, also --preload
 #           (and --preload --no-hold-when-cpu-bound)
 #           starman --workers 16
-#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, in handoff (the
-#           default) and kernel dispatch, each also with --defer-accept 1s
-#           (unicorn's default), also --preload (in handoff, order and
-#           shared dispatch),
+#   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, in handoff and
+#           kernel dispatch (the default), each also with --defer-accept 1s
+#           (unicorn's default), also --preload (in the default dispatch,
+#           kernel, also with --defer-accept 1s, and in order and shared),
 #           16 workers held (--min-children 16), against
 #           unicorn (16 workers, also preload_app) and
 #           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
@@ -232,6 +232,9 @@ rack_rows() { # FORKPOOL
   done
   row forkpool-rack-preload . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --preload --control "$scratch/control-rack-preload.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  row forkpool-rack-preload-deferred . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+    --preload --defer-accept 1s --control "$scratch/control-rack-preload-deferred.sock" \
     -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
   # The other dispatch modes: workers accept themselves (when told, or
   # whenever the listener is readable), as unicorn's do.

@@ -47,6 +47,8 @@ module Forkpool
 
     # One parsed request head.
     class Request
+      NO_TOKENS = [].freeze
+
       attr_reader :method, :target, :path, :query, :minor, :fields, :headers
       attr_accessor :host
 
@@ -85,7 +87,12 @@ module Forkpool
       def keepalive?
         return @keepalive unless @keepalive.nil?
 
-        connection = @headers.key?("connection") ? tokens("connection") : []
+        value = @headers["connection"]
+        # One token, as most requests send it, needs no split.
+        connection = if value.nil? then NO_TOKENS
+                     elsif value.include?(",") then tokens("connection")
+                     else [value.strip.downcase]
+                     end
         @keepalive = @minor >= 1 ? !connection.include?("close") : connection.include?("keep-alive")
       end
 

@@ -70,7 +70,7 @@ module Forkpool
       end
       *own, @board_io = ios
       @overflow = @listeners
-      @listeners = own.map { |sock| nonblocking(sock) }
+      @listeners = own.map { |sock| nonblocking(as_tcp_server(sock)) }
       @board = Board.new(@board_io.fileno, @slot)
       @max_requests = max_requests
       @served_here = 0

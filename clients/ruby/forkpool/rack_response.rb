@@ -15,7 +15,8 @@ module Forkpool
     # name => its lower-case form (or :hop for a hop-by-hop header): the
     # names an app sends, each checked once per process.
     NAMES = {} # rubocop:disable Style/MutableConstant (filled as names come)
-    # "HTTP/1.x STATUS REASON\r\n" for the statuses sent so far.
+    # "HTTP/1.x STATUS REASON\r\n" for the statuses sent so far, by
+    # x * 1000 + STATUS (an Integer key: no array made per response).
     STATUS_LINES = {} # rubocop:disable Style/MutableConstant (filled as statuses come)
 
     # The app's status or headers cannot be sent as they are (response
@@ -51,7 +52,7 @@ module Forkpool
       raise Invalid, "the app's status #{status.inspect} is not 100-999" unless status&.between?(100, 999)
 
       bodyless = @request.method == "HEAD" || status < 200 || status == 204 || status == 304
-      out = (STATUS_LINES[[@request.minor, status]] ||= status_line(status)).dup
+      out = (STATUS_LINES[@request.minor * 1000 + status] ||= status_line(status)).dup
       length = add_headers(out, headers)
       if length.nil? && body.respond_to?(:to_ary)
         parts = body.to_ary

@@ -199,11 +199,34 @@ module Forkpool
     # Ruby's accept_nonblock sets O_NONBLOCK on the listener when it is not
     # set: harmless only because the supervisor made it non-blocking.
     # Refuse to start on a blocking one rather than change it for all.
+    #
+    # A TCP listener is a TCPServer: its accept makes no Addrinfo, which
+    # costs Socket#accept a getsockopt (SO_TYPE) and two objects on every
+    # connection.
     def listener_at(fd)
       sock = Socket.for_fd(fd)
       sock.autoclose = false
       sock.close_on_exec = true
+      sock = TCPServer.for_fd(fd).tap { |server| server.autoclose = false } if tcp?(sock)
       nonblocking(sock)
+    end
+
+    # `sock` made a TCPServer when it is a TCP socket (the server then owns
+    # the descriptor, as `sock` did).
+    def as_tcp_server(sock)
+      return sock unless tcp?(sock)
+
+      server = TCPServer.for_fd(sock.fileno)
+      server.autoclose = sock.autoclose?
+      server.close_on_exec = true
+      sock.autoclose = false
+      server
+    end
+
+    def tcp?(sock)
+      sock.local_address.ip? && sock.getsockopt(Socket::SOL_SOCKET, Socket::SO_TYPE).int == Socket::SOCK_STREAM
+    rescue SystemCallError, SocketError
+      false
     end
 
     # `sock`, checked to be non-blocking.
@@ -358,10 +381,13 @@ module Forkpool
       accept_from(@listeners[listener])
     end
 
-    # One waiting connection from listening socket `sock`, or nil.
+    # One waiting connection from listening socket `sock`, or nil (a
+    # TCPServer's accept returns the socket alone, a Socket's an array).
     def accept_from(sock)
-      conn, = sock.accept_nonblock(exception: false)
-      conn == :wait_readable ? nil : conn
+      conn = sock.accept_nonblock(exception: false)
+      return nil if conn == :wait_readable
+
+      conn.is_a?(Array) ? conn.first : conn
     rescue SystemCallError => e
       warn "forkpool worker: accept failed: #{e.message}"
       nil

@@ -222,6 +222,61 @@ fn the_rack_server_gives_way_on_the_overflow() {
     assert_clean(&status);
 }
 
+/// REMOTE_ADDR and REMOTE_PORT name the client of each connection a
+/// forkpool-rack worker accepts itself (its accept makes no Addrinfo: the
+/// address comes from the connection): from its own socket, exec'd and
+/// under `--preload`, with the supervisor stopped, and from the overflow
+/// as it gives way.
+#[test]
+fn the_rack_server_names_the_client_of_what_it_accepts() {
+    for preload in [false, true] {
+        let Some(pool) = rack_pool("1", preload_args(preload), &["--keepalive-turn", "0"]) else {
+            return;
+        };
+        let answers: Vec<(String, String)> = {
+            let _stopped = SupervisorStopped::new(&pool);
+            (0..3)
+                .map(|_| {
+                    let mut conn = connect(&pool);
+                    conn.write_all(b"GET /env HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                        .unwrap();
+                    let peer = conn.local_addr().unwrap().to_string();
+                    (read_response(&mut conn, false).body_text(), peer)
+                })
+                .collect()
+        };
+        for (body, peer) in answers {
+            assert!(
+                body.ends_with(&format!(" {peer}\n")),
+                "preload {preload}: {body:?} does not name {peer}"
+            );
+        }
+        // A kept-alive connection holds the one worker; the next client
+        // waits on the overflow, and the worker takes it from there.
+        let mut kept = connect(&pool);
+        kept.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut kept, false).status, 200);
+        let (body, peer) = {
+            let _stopped = SupervisorStopped::new(&pool);
+            let mut waiting = connect(&pool);
+            waiting
+                .write_all(b"GET /env HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let peer = waiting.local_addr().unwrap().to_string();
+            (read_response(&mut waiting, false).body_text(), peer)
+        };
+        assert!(
+            body.ends_with(&format!(" {peer}\n")),
+            "preload {preload}: {body:?} does not name {peer}"
+        );
+        let status = pool
+            .wait_status(PATIENCE, |s| total(s, "taken_next") >= 1)
+            .unwrap_or_else(|| panic!("not taken from the overflow: {}", pool.status()));
+        assert_clean(&status);
+    }
+}
+
 /// Refork in kernel dispatch: after five connections the warm worker
 /// becomes the template. It gives up its seat first (busy, its own socket
 /// closed, the board closed and unmapped: no `bpf-map` among its
