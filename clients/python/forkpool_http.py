@@ -191,17 +191,19 @@ class Reader:
         before it are skipped; a bare LF in it is 400 at once (else the
         server would wait for a CRLF CRLF that never comes)."""
         while True:
-            start = 0
-            while start < 2 * _MAX_EMPTY_LINES and self.buf.startswith(CRLF, start):
-                start += 2
-            end = self.buf.find(b"\r\n\r\n", start)
-            if _BARE_LF.search(self.buf, start, len(self.buf) if end < 0 else end + 4):
-                raise HttpError(400, "a line of the request head ends with LF alone, not CRLF")
-            if end >= 0:
-                head, self.buf = self.buf[start : end + 4], self.buf[end + 4 :]
-                check_head_size(head, limits)
-                return head
-            check_head_size(self.buf[start:], limits)
+            # Nothing read yet (a new connection): read before looking.
+            if self.buf:
+                start = 0
+                while start < 2 * _MAX_EMPTY_LINES and self.buf.startswith(CRLF, start):
+                    start += 2
+                end = self.buf.find(b"\r\n\r\n", start)
+                if _BARE_LF.search(self.buf, start, len(self.buf) if end < 0 else end + 4):
+                    raise HttpError(400, "a line of the request head ends with LF alone, not CRLF")
+                if end >= 0:
+                    head, self.buf = self.buf[start : end + 4], self.buf[end + 4 :]
+                    check_head_size(head, limits)
+                    return head
+                check_head_size(self.buf[start:], limits)
             try:
                 more = self.fill(deadline)
             except TimeoutError:
@@ -382,10 +384,8 @@ class Request:
         self.content_length = None
         # What `wants_keepalive` found, once asked.
         self._keepalive = None
-
-    @property
-    def version_text(self):
-        return "HTTP/%d.%d" % self.version
+        # The version as the status line and SERVER_PROTOCOL give it.
+        self.version_text = "HTTP/%d.%d" % version
 
     def tokens(self, name):
         """A comma-separated header as a set of lower-case tokens."""
