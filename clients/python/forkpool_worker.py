@@ -83,7 +83,6 @@ def _accept_from(listener):
     return socket.socket(_family_of(listener), socket.SOCK_STREAM, 0, fileno=fd), peer
 
 
-
 def _dispatch_of(env, required):
     """The dispatch mode: `kernel` dispatch is announced as `handoff` plus
     FORKPOOL_KERNEL_DISPATCH=1, so that a worker written before it serves
