@@ -74,6 +74,19 @@ _BARE_LF = re.compile(rb"(?<!\r)\n")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 # Empty lines a server skips before a request line (RFC 9112 2.2).
 _MAX_EMPTY_LINES = 8
+# A plain request head, checked whole by one pattern: an origin-form
+# target, HTTP/1.x, and field lines that `parse_field_line` would take as
+# they are (a token, a colon, a value with no control but tab). The head
+# of nearly every request matches, and is split with `_PLAIN_FIELD` in one
+# pass instead of a call per line; any other head takes the line-by-line
+# path (`parse_head_by_lines`), which serves it or names its fault, so both
+# accept and refuse exactly the same heads.
+_FIELD_VALUE = rb"[\t\x20-\x7e\x80-\xff]*"
+_PLAIN_HEAD = re.compile(
+    rb"(%s) (/[\x21-\x7e]*) HTTP/1\.([0-9])\r\n((?:%s:%s\r\n)*)\r\n"
+    % (_TOKEN_CHARS, _TOKEN_CHARS, _FIELD_VALUE)
+)
+_PLAIN_FIELD = re.compile(rb"(%s):(%s)\r\n" % (_TOKEN_CHARS, _FIELD_VALUE))
 _MAX_CHUNK_LINE = 4096
 
 
@@ -178,17 +191,19 @@ class Reader:
         before it are skipped; a bare LF in it is 400 at once (else the
         server would wait for a CRLF CRLF that never comes)."""
         while True:
-            start = 0
-            while start < 2 * _MAX_EMPTY_LINES and self.buf.startswith(CRLF, start):
-                start += 2
-            end = self.buf.find(b"\r\n\r\n", start)
-            if _BARE_LF.search(self.buf, start, len(self.buf) if end < 0 else end + 4):
-                raise HttpError(400, "a line of the request head ends with LF alone, not CRLF")
-            if end >= 0:
-                head, self.buf = self.buf[start : end + 4], self.buf[end + 4 :]
-                check_head_size(head, limits)
-                return head
-            check_head_size(self.buf[start:], limits)
+            # Nothing read yet (a new connection): read before looking.
+            if self.buf:
+                start = 0
+                while start < 2 * _MAX_EMPTY_LINES and self.buf.startswith(CRLF, start):
+                    start += 2
+                end = self.buf.find(b"\r\n\r\n", start)
+                if _BARE_LF.search(self.buf, start, len(self.buf) if end < 0 else end + 4):
+                    raise HttpError(400, "a line of the request head ends with LF alone, not CRLF")
+                if end >= 0:
+                    head, self.buf = self.buf[start : end + 4], self.buf[end + 4 :]
+                    check_head_size(head, limits)
+                    return head
+                check_head_size(self.buf[start:], limits)
             try:
                 more = self.fill(deadline)
             except TimeoutError:
@@ -245,7 +260,15 @@ def send_all(sock, data, timeout):
     Raises ClientGone when the client has gone or does not read."""
     if sock.gettimeout() is not None:
         sock.settimeout(None)  # see Reader.fill
-    view = memoryview(data)
+    try:
+        sent = sock.send(data, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        sent = 0
+    except OSError as e:
+        raise ClientGone(str(e)) from e
+    if sent == len(data):
+        return
+    view = memoryview(data)[sent:]
     deadline = None
     while view:
         try:
@@ -359,10 +382,10 @@ class Request:
         self.path, self.query = target, ""
         # The Content-Length as a number, once `body_framing` has read it.
         self.content_length = None
-
-    @property
-    def version_text(self):
-        return "HTTP/%d.%d" % self.version
+        # What `wants_keepalive` found, once asked.
+        self._keepalive = None
+        # The version as the status line and SERVER_PROTOCOL give it.
+        self.version_text = "HTTP/%d.%d" % version
 
     def tokens(self, name):
         """A comma-separated header as a set of lower-case tokens."""
@@ -370,10 +393,13 @@ class Request:
 
     def wants_keepalive(self):
         """Whether the client allows the connection to stay open."""
-        connection = self.tokens("connection")
-        if self.version >= (1, 1):
-            return "close" not in connection
-        return "keep-alive" in connection
+        if self._keepalive is None:
+            connection = self.tokens("connection")
+            if self.version >= (1, 1):
+                self._keepalive = "close" not in connection
+            else:
+                self._keepalive = "keep-alive" in connection
+        return self._keepalive
 
     def expects_continue(self):
         """True for `Expect: 100-continue`; 417 for any other expectation."""
@@ -417,6 +443,23 @@ class Request:
 
 def parse_head(head, limits):
     """A `Request` from a complete head (ending with the blank line)."""
+    plain = _PLAIN_HEAD.fullmatch(head)
+    # A head no longer than a field line may be has no line too long.
+    if plain is None or len(head) > limits.max_field_line:
+        return parse_head_by_lines(head, limits)
+    method, target, minor, block = plain.groups()
+    fields = [
+        (name.decode("ascii").lower(), value.strip(b" \t").decode("latin-1"))
+        for name, value in _PLAIN_FIELD.findall(block)
+    ]
+    if len(fields) > limits.max_headers:
+        raise HttpError(431, f"more than {limits.max_headers} header fields")
+    version = (1, min(int(minor), 1))
+    return _checked(Request(method.decode("ascii"), target.decode("ascii"), version, fields))
+
+
+def parse_head_by_lines(head, limits):
+    """`parse_head` a line at a time: any head, the faulty ones included."""
     lines = head[:-4].split(CRLF) if head.endswith(b"\r\n\r\n") else head.split(CRLF)
     # RFC 9112: a server should ignore empty lines before the request line.
     while lines and not lines[0]:
@@ -424,7 +467,13 @@ def parse_head(head, limits):
     if not lines:
         raise HttpError(400, "an empty request")
     method, target, version = parse_request_line(lines[0])
-    request = Request(method, target, version, parse_header_lines(lines[1:], limits))
+    return _checked(Request(method, target, version, parse_header_lines(lines[1:], limits)))
+
+
+def _checked(request):
+    """`request` once its Host and target pass (docs/http.md, "Host" and
+    "Request target")."""
+    version = request.version
     hosts = [value for name, value in request.fields if name == "host"]
     if len(hosts) > 1:
         raise HttpError(400, "more than one Host header")
@@ -432,7 +481,7 @@ def parse_head(head, limits):
         raise HttpError(400, "an HTTP/1.1 request without Host")
     if hosts and hosts[0] and not _HOST.fullmatch(hosts[0]):
         raise HttpError(400, "the Host header is not host[:port]")
-    request.path, request.query, authority = parse_target(method, target)
+    request.path, request.query, authority = parse_target(request.method, request.target)
     if authority is not None:
         request.headers["host"] = authority  # RFC 9112 3.2.2: the URI wins
     return request

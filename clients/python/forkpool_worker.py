@@ -39,6 +39,7 @@ just accepts on the `LISTEN_FDS` sockets.
 The wire format is in forkpool's docs/protocol.md.
 """
 
+import _socket
 import ctypes
 import gc
 import os
@@ -66,6 +67,20 @@ _LISTEN_FDS_START = 3
 class ProtocolError(Exception):
     """The supervisor sent something this worker does not understand."""
 
+
+# A socket's address family as a plain number: socket.socket's own
+# `family` (and `type`) make an enum on every read.
+_family_of = _socket.socket.family.__get__
+
+
+def _accept_from(listener):
+    """`listener.accept()` without what socket.py adds per call (the
+    listener's family and type read back as enums, its timeout looked
+    at): the connection, close-on-exec and blocking (or with the default
+    timeout, when a program set one) as accept() makes it, and the peer's
+    address."""
+    fd, peer = listener._accept()
+    return socket.socket(_family_of(listener), socket.SOCK_STREAM, 0, fileno=fd), peer
 
 
 def _dispatch_of(env, required):
@@ -342,7 +357,7 @@ class Worker:
     def _accept(self, listener, handle):
         """Accepts one connection: B and serve it, or M if none is waiting."""
         try:
-            conn, self.peer = self.listeners[listener].accept()
+            conn, self.peer = _accept_from(self.listeners[listener])
         except BlockingIOError:
             self._send(b"M")  # another worker was faster
             return
@@ -404,7 +419,7 @@ class Worker:
         if self.channel_waiting():
             return None
         try:
-            conn, peer = self.listeners[listener].accept()
+            conn, peer = _accept_from(self.listeners[listener])
         except OSError:  # nothing waiting (EAGAIN), or a failed accept
             return None
         self.peer = peer
@@ -507,7 +522,7 @@ class Worker:
         serves it. Nothing there (a reservation given back, its client
         gone): say nothing, wait again."""
         try:
-            conn, self.peer = self.listeners[listener].accept()
+            conn, self.peer = _accept_from(self.listeners[listener])
         except (BlockingIOError, ConnectionAbortedError):
             return
         except OSError as e:
@@ -557,7 +572,7 @@ class Worker:
         if len(ready) != 1 or ready[0][0] != overflow_fd:
             return None
         try:
-            conn, peer = self.overflow[listener].accept()
+            conn, peer = _accept_from(self.overflow[listener])
         except OSError:  # another worker or the supervisor was faster
             return None
         self.peer = peer
@@ -572,7 +587,7 @@ class Worker:
         for listener, sock in enumerate(self.listeners):
             while True:
                 try:
-                    conn, self.peer = sock.accept()
+                    conn, self.peer = _accept_from(sock)
                 except OSError:
                     break
                 record.taken.value += 1

@@ -148,6 +148,8 @@ class Response:
         self.head_sent = False
         self.sent = 0  # body bytes sent
         self.head_only = request.method == "HEAD"
+        # Whether the status is one that never has a body (1xx, 204, 304).
+        self.bodyless = False
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -158,6 +160,7 @@ class Response:
         check_response_head(status, headers)
         self.status = status
         self.code = int(status[:3])
+        self.bodyless = http.no_body_status(self.code)
         self.headers = []
         self.length = None
         for name, value in headers:
@@ -176,8 +179,7 @@ class Response:
             raise AssertionError("the app returned without calling start_response")
         lines = ["%s %s\r\n" % (self.request.version_text, self.status)]
         lines += ["%s: %s\r\n" % pair for pair in self.headers]
-        bodyless = http.no_body_status(self.code)
-        if self.length is None and not bodyless and not self.head_only:
+        if self.length is None and not self.bodyless and not self.head_only:
             if self.keepalive and self.request.version >= (1, 1):
                 self.chunked = True
                 lines.append("Transfer-Encoding: chunked\r\n")
@@ -205,7 +207,7 @@ class Response:
         if not self.head_sent:
             out = self._head()
             self.head_sent = True
-        if data and not self.head_only and not http.no_body_status(self.code):
+        if data and not self.head_only and not self.bodyless:
             if self.length is not None:
                 data = data[: max(0, self.length - self.sent)]
             self.sent += len(data)
@@ -217,7 +219,7 @@ class Response:
         """Sends a `FileWrapper` with sendfile when the framing allows;
         False when it must be iterated instead."""
         fileno = getattr(wrapper.filelike, "fileno", None)
-        if fileno is None or self.head_only or http.no_body_status(self.code):
+        if fileno is None or self.head_only or self.bodyless:
             return False
         if self.length is None and self.keepalive and self.request.version >= (1, 1):
             return False  # it would need chunks
@@ -240,14 +242,14 @@ class Response:
     def finish(self):
         """Ends the body. False when the connection cannot be reused."""
         if not self.head_sent:
-            if self.length is None and not http.no_body_status(self.code):
+            if self.length is None and not self.bodyless:
                 self.length = 0
                 self.headers.append(("Content-Length", "0"))
             self.write(b"")
         elif self.chunked:
             self._send(http.LAST_CHUNK)
         if self.length is not None and self.sent < self.length and not self.head_only:
-            if not http.no_body_status(self.code):
+            if not self.bodyless:
                 return False  # the app gave less than it announced
         return self.keepalive
 
@@ -276,6 +278,7 @@ class Server:
         # --preload `worker` is the template until then.
         self._listener_poll = None
         self._pool_listeners = None
+        self._leaving = lambda: self.worker.leaving
 
     def _watch_pool_listeners(self):
         """The listeners where connections wait for any worker (in
@@ -392,18 +395,20 @@ class Server:
             self._refuse(conn, e, peer, started, request_line)
             return False
         continued = []
+        send_continue = None
+        if expect:
 
-        def send_continue():
-            http.send_all(conn, b"HTTP/1.1 100 Continue\r\n\r\n", self.limits.read_timeout)
-            continued.append(True)
+            def send_continue():
+                http.send_all(conn, b"HTTP/1.1 100 Continue\r\n\r\n", self.limits.read_timeout)
+                continued.append(True)
 
-        body = http.Body(reader, self.limits, framing, length, send_continue if expect else None)
+        body = http.Body(reader, self.limits, framing, length, send_continue)
         response = Response(
             conn,
             request,
             request.wants_keepalive() and not last and not self.worker.leaving,
             self.limits.read_timeout,
-            lambda: self.worker.leaving,
+            self._leaving,
         )
         environ = self.environ(request, body, peer, conn)
         keep = False
@@ -467,7 +472,7 @@ class Server:
         env = {
             "REQUEST_METHOD": request.method,
             "SCRIPT_NAME": "",
-            "PATH_INFO": urllib.parse.unquote_to_bytes(request.path).decode("latin-1"),
+            "PATH_INFO": _path_info(request.path),
             "QUERY_STRING": request.query,
             "RAW_URI": request.target,
             "SERVER_NAME": server_name,
@@ -488,13 +493,9 @@ class Server:
             "forkpool.slot": self.worker.slot,
         }
         for name, value in request.headers.items():
-            if "_" in name:
-                continue  # would be confused with a dash; gunicorn drops them too
-            key = name.upper().replace("-", "_")
-            if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            key = _ENVIRON_KEYS.get(name) or _environ_key(name)
+            if key:
                 env[key] = value
-            else:
-                env["HTTP_" + key] = value
         if body.chunked:
             env.pop("CONTENT_LENGTH", None)
         elif request.content_length is not None:
@@ -515,6 +516,36 @@ class Server:
             self.worker.slot,
         )
         os.write(2, line.encode("utf-8", "replace"))
+
+
+def _path_info(path):
+    """PATH_INFO: the target's path with its %XX escapes decoded, each
+    byte a Latin-1 character (PEP 3333). The target holds ASCII only."""
+    if "%" not in path:
+        return path
+    return urllib.parse.unquote_to_bytes(path).decode("latin-1")
+
+
+def _environ_key(name):
+    """The environ key of header `name` (lower case): HTTP_ and the name in
+    upper case with dashes as underscores; CONTENT_TYPE and CONTENT_LENGTH
+    without the prefix; None for a name with an underscore, which would be
+    confused with a dash (gunicorn drops them too)."""
+    if "_" in name:
+        return None
+    key = name.upper().replace("-", "_")
+    return key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
+
+
+# The keys of the headers most requests carry, worked out once.
+_ENVIRON_KEYS = {
+    name: _environ_key(name)
+    for name in (
+        "host", "connection", "user-agent", "accept", "accept-encoding", "accept-language",
+        "content-type", "content-length", "cookie", "referer", "origin", "authorization",
+        "cache-control", "x-forwarded-for", "x-forwarded-proto", "x-real-ip",
+    )
+}
 
 
 def _drained(body):
