@@ -179,6 +179,9 @@ run() {
   row forkpool-wsgi-kernel bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --dispatch kernel --control "$scratch/control-kernel.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
+  row forkpool-wsgi-kernel-deferred bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
+    --dispatch kernel --defer-accept 1s --control "$scratch/control-kernel-deferred.sock" \
+    -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
   row forkpool-wsgi-kernel-preload bench/apps 2 "$fp" run --listen "127.0.0.1:$((port + 1))" --max-children "$WORKERS" \
     --dispatch kernel --preload --control "$scratch/control-kernel-preload.sock" \
     -- "$VENV/bin/python" -m forkpool_wsgi hello_flask:app --no-access-log
