@@ -17,6 +17,8 @@
 # log, on 8082, and the same with `listen ... deferred` (TCP_DEFER_ACCEPT)
 # on 8083. Set FORKPOOL_PEERS_DIR to put the scratch directory elsewhere.
 set -euo pipefail
+# shellcheck source=lib/server.sh
+. "$(dirname "$0")/lib/server.sh"
 
 dir=${FORKPOOL_PEERS_DIR:-${TMPDIR:-/tmp}/forkpool-peers}
 apache_port=8081
@@ -50,15 +52,6 @@ live_pid() {
   echo "$pid"
 }
 
-# Waits until something accepts on 127.0.0.1:$1.
-wait_for_port() {
-  local tries=50
-  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-    tries=$((tries - 1))
-    [ "$tries" -gt 0 ] || return 1
-    sleep 0.1
-  done
-}
 
 write_apache_config() {
   mkdir -p "$dir/apache/htdocs" "$dir/apache/run"
