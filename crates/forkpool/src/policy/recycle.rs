@@ -61,15 +61,36 @@ pub(crate) fn due(limits: &ChildLimits, max_memory: u64, child: ChildState) -> O
     None
 }
 
+/// The pool's recycling settings a child's limits are drawn from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LimitSettings {
+    /// `max_requests_per_child` (0: no limit).
+    pub max_requests: u64,
+    /// `max_requests_jitter`: up to this many more, drawn per child.
+    pub jitter: u64,
+    /// `max_child_lifetime` (zero: no limit).
+    pub lifetime: Duration,
+}
+
+impl LimitSettings {
+    /// The settings of `config`.
+    pub fn of(config: &crate::config::PoolConfig) -> LimitSettings {
+        LimitSettings {
+            max_requests: config.max_requests_per_child,
+            jitter: config.max_requests_jitter,
+            lifetime: config.max_child_lifetime,
+        }
+    }
+}
+
 /// Draws one child's limits from `rng`: `max_requests` plus 0..=`jitter`,
 /// and `lifetime` plus up to a tenth of it (zero stays zero: no limit).
-pub(crate) fn draw(
-    rng: &mut fastrand::Rng,
-    pid: i32,
-    max_requests: u64,
-    jitter: u64,
-    lifetime: Duration,
-) -> ChildLimits {
+pub(crate) fn draw(rng: &mut fastrand::Rng, pid: i32, settings: &LimitSettings) -> ChildLimits {
+    let LimitSettings {
+        max_requests,
+        jitter,
+        lifetime,
+    } = *settings;
     let max_requests = if max_requests == 0 {
         0
     } else {
@@ -159,10 +180,10 @@ mod tests {
         ) {
             let mut rng = fastrand::Rng::with_seed(seed);
             let life = Duration::from_secs(life_s);
-            let l = draw(&mut rng, 1, max, jitter, life);
+            let l = draw(&mut rng, 1, &LimitSettings { max_requests: max, jitter, lifetime: life });
             prop_assert!(l.max_requests >= max && l.max_requests <= max + jitter);
             prop_assert!(l.lifetime >= life && l.lifetime <= life + life / 10);
-            let none = draw(&mut rng, 2, 0, jitter, Duration::ZERO);
+            let none = draw(&mut rng, 2, &LimitSettings { max_requests: 0, jitter, lifetime: Duration::ZERO });
             prop_assert_eq!(none.max_requests, 0);
             prop_assert_eq!(none.lifetime, Duration::ZERO);
         }

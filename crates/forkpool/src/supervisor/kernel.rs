@@ -135,16 +135,8 @@ impl Supervisor {
                 return Ok(());
             };
             let pid = entry.pid;
-            let c = &self.core.config;
-            let (max, jitter, life) = (
-                c.max_requests_per_child,
-                c.max_requests_jitter,
-                c.max_child_lifetime,
-            );
-            let share = self
-                .recycler
-                .limits(slot, pid, max, jitter, life)
-                .max_requests;
+            let settings = crate::policy::recycle::LimitSettings::of(&self.core.config);
+            let share = self.recycler.limits(slot, pid, &settings).max_requests;
             let (Some(kernel), Some(link)) = (self.kernel.as_ref(), self.core.board.link(slot))
             else {
                 return Ok(());

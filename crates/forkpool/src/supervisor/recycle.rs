@@ -10,12 +10,12 @@
 //! so it grows with the shared part and says nothing about what one child
 //! costs. USS is what the machine gets back when the child exits.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::info;
 
 use super::Supervisor;
-use crate::policy::recycle::{self, due, ChildLimits, ChildState, Recycle};
+use crate::policy::recycle::{self, due, ChildLimits, ChildState, LimitSettings, Recycle};
 use crate::scoreboard::SlotState;
 
 /// The environment variable that fixes the jitter's random seed, so a test
@@ -50,14 +50,7 @@ impl Recycler {
     /// The limits of the child `pid` in `slot`, drawn the first time it is
     /// asked about: `max_requests` plus 0..=`jitter`, and `lifetime` plus up
     /// to a tenth of it.
-    pub fn limits(
-        &mut self,
-        slot: usize,
-        pid: i32,
-        max_requests: u64,
-        jitter: u64,
-        lifetime: Duration,
-    ) -> ChildLimits {
+    pub fn limits(&mut self, slot: usize, pid: i32, settings: &LimitSettings) -> ChildLimits {
         if let Some(l) = self
             .limits
             .get(slot)
@@ -67,22 +60,15 @@ impl Recycler {
         {
             return l;
         }
-        self.draw_for(slot, pid, max_requests, jitter, lifetime)
+        self.draw_for(slot, pid, settings)
     }
 
     /// Draws and keeps the limits of `slot`'s child `pid` (0: not forked yet).
-    fn draw_for(
-        &mut self,
-        slot: usize,
-        pid: i32,
-        max_requests: u64,
-        jitter: u64,
-        lifetime: Duration,
-    ) -> ChildLimits {
+    fn draw_for(&mut self, slot: usize, pid: i32, settings: &LimitSettings) -> ChildLimits {
         if self.limits.len() <= slot {
             self.limits.resize(slot + 1, None);
         }
-        let l = recycle::draw(&mut self.rng, pid, max_requests, jitter, lifetime);
+        let l = recycle::draw(&mut self.rng, pid, settings);
         self.limits[slot] = Some(l);
         l
     }
@@ -92,14 +78,8 @@ impl Recycler {
     /// Draws the limits of the child about to be forked into `slot`, so
     /// it can be told its share (a `kernel` dispatch child counts its own
     /// connections); [`Recycler::bind`] gives them its pid once forked.
-    pub fn draw_ahead(
-        &mut self,
-        slot: usize,
-        max_requests: u64,
-        jitter: u64,
-        lifetime: Duration,
-    ) -> ChildLimits {
-        self.draw_for(slot, 0, max_requests, jitter, lifetime)
+    pub fn draw_ahead(&mut self, slot: usize, settings: &LimitSettings) -> ChildLimits {
+        self.draw_for(slot, 0, settings)
     }
 
     /// The child forked into `slot` after [`Recycler::draw_ahead`] is `pid`.
@@ -116,13 +96,8 @@ impl Supervisor {
     /// The limits of the child about to be forked into `slot` (see
     /// [`Recycler::draw_ahead`]).
     pub(super) fn draw_limits_ahead(&mut self, slot: usize) -> ChildLimits {
-        let c = &self.core.config;
-        self.recycler.draw_ahead(
-            slot,
-            c.max_requests_per_child,
-            c.max_requests_jitter,
-            c.max_child_lifetime,
-        )
+        let settings = LimitSettings::of(&self.core.config);
+        self.recycler.draw_ahead(slot, &settings)
     }
 
     /// Whether the child in `slot` is past a limit now; `fresh_memory`
@@ -136,13 +111,7 @@ impl Supervisor {
         }
         let age = now.saturating_duration_since(link.child.spawned_at);
         let c = &self.core.config;
-        let limits = self.recycler.limits(
-            slot,
-            pid,
-            c.max_requests_per_child,
-            c.max_requests_jitter,
-            c.max_child_lifetime,
-        );
+        let limits = self.recycler.limits(slot, pid, &LimitSettings::of(c));
         if fresh_memory && c.max_child_memory > 0 {
             self.resources.sample_child(slot, pid, now);
         }
@@ -214,13 +183,28 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    fn settings(max_requests: u64, jitter: u64, lifetime: Duration) -> LimitSettings {
+        LimitSettings {
+            max_requests,
+            jitter,
+            lifetime,
+        }
+    }
 
     #[test]
     fn a_fixed_seed_gives_the_same_limits() {
         let draw = |seed| {
             let mut r = Recycler::with_seed(Some(seed));
             (0..8)
-                .map(|slot| r.limits(slot, 100 + slot as i32, 1000, 500, Duration::ZERO))
+                .map(|slot| {
+                    r.limits(
+                        slot,
+                        100 + slot as i32,
+                        &settings(1000, 500, Duration::ZERO),
+                    )
+                })
                 .map(|l| l.max_requests)
                 .collect::<Vec<_>>()
         };
@@ -231,13 +215,16 @@ mod tests {
     #[test]
     fn limits_drawn_ahead_belong_to_the_child_forked_next() {
         let mut r = Recycler::with_seed(Some(3));
-        let ahead = r.draw_ahead(2, 1000, 500, Duration::ZERO);
+        let ahead = r.draw_ahead(2, &settings(1000, 500, Duration::ZERO));
         r.bind(2, 77);
-        let asked = r.limits(2, 77, 1000, 500, Duration::ZERO);
+        let asked = r.limits(2, 77, &settings(1000, 500, Duration::ZERO));
         assert_eq!(asked.max_requests, ahead.max_requests);
         assert_eq!(asked.pid, 77);
         // Another child in the slot later gets limits of its own.
-        assert_eq!(r.limits(2, 78, 1000, 500, Duration::ZERO).pid, 78);
+        assert_eq!(
+            r.limits(2, 78, &settings(1000, 500, Duration::ZERO)).pid,
+            78
+        );
     }
 
     #[test]
@@ -247,7 +234,13 @@ mod tests {
         // retire at different times.
         let mut r = Recycler::with_seed(Some(42));
         let mut limits: Vec<u64> = (0..8)
-            .map(|slot| r.limits(slot, 100 + slot as i32, 1000, 500, Duration::ZERO))
+            .map(|slot| {
+                r.limits(
+                    slot,
+                    100 + slot as i32,
+                    &settings(1000, 500, Duration::ZERO),
+                )
+            })
             .map(|l| l.max_requests)
             .collect();
         limits.sort_unstable();
@@ -258,9 +251,12 @@ mod tests {
     #[test]
     fn a_child_keeps_its_limits_and_a_new_pid_draws_again() {
         let mut r = Recycler::with_seed(Some(1));
-        let a = r.limits(0, 10, 100, 1_000_000, Duration::from_secs(100));
-        assert_eq!(r.limits(0, 10, 100, 1_000_000, Duration::from_secs(100)), a);
-        let b = r.limits(0, 11, 100, 1_000_000, Duration::from_secs(100));
+        let a = r.limits(0, 10, &settings(100, 1_000_000, Duration::from_secs(100)));
+        assert_eq!(
+            r.limits(0, 10, &settings(100, 1_000_000, Duration::from_secs(100))),
+            a
+        );
+        let b = r.limits(0, 11, &settings(100, 1_000_000, Duration::from_secs(100)));
         assert_ne!(a.max_requests, b.max_requests);
     }
 }
