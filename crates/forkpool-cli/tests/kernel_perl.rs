@@ -24,14 +24,7 @@ use psgi_support::{connect, read_response, require_plack, PSGI_SERVER, TEST_APP}
 
 const WORKER: [&str; 2] = ["perl", PERL_WORKER];
 
-kernel_helper_cases::every_helper_case!(|case: fn(&[&str])| case(&WORKER));
-
-/// Under `--preload` the template's workers say `K` too and are sent
-/// their seat (`S`): slot 0 serves every request, the supervisor stopped.
-#[test]
-fn preloaded_workers_keep_the_board_too() {
-    kernel_helper_cases::sequential_requests_all_go_to_slot_zero_with(&["--preload"], &WORKER);
-}
+kernel_helper_cases::every_helper_case!(|case: fn(&[&str])| case(&WORKER), with_preload);
 
 /// `perl forkpool-psgi [ARGS] t/app.psgi` (the Plack test app: it names
 /// the worker in `X-Forkpool-Slot` and `X-Forkpool-Pid`).

@@ -27,14 +27,7 @@ use wsgi_support::{apps_dir, clients_dir, connect, request, venv_python};
 
 const WORKER: [&str; 2] = ["python3", PYTHON_WORKER];
 
-kernel_helper_cases::every_helper_case!(|case: fn(&[&str])| case(&WORKER));
-
-/// Under `--preload` a worker the template forked says `K` and takes its
-/// seat (`S`: its own socket and the board).
-#[test]
-fn preloaded_workers_keep_the_board_too() {
-    kernel_helper_cases::sequential_requests_all_go_to_slot_zero_with(&["--preload"], &WORKER);
-}
+kernel_helper_cases::every_helper_case!(|case: fn(&[&str])| case(&WORKER), with_preload);
 
 /// A worker not told its share (FORKPOOL_MAX_REQUESTS removed) is sent
 /// `Q` by the supervisor, which reads what it served on the board (at

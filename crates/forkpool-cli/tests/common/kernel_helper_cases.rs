@@ -57,7 +57,8 @@ pub fn kernel_pool(children: u64, extra: &[&str], cmd: &[&str]) -> Option<DemoPo
     Some(pool)
 }
 
-/// The cases every helper passes, as one `#[test]` each. `$run` takes a
+/// The cases every helper passes, as one `#[test]` each (and, given
+/// `with_preload`, the case of workers forked by a template). `$run` takes a
 /// case (`fn(&[&str])`) and runs it on the helper's worker command, or
 /// does nothing where the helper cannot run (and fails under CI).
 #[allow(unused_macros)] // not every test file that uses the cases runs all six
@@ -91,6 +92,15 @@ macro_rules! every_helper_case {
         #[test]
         fn idle_workers_answer_pings() {
             ($run)(kernel_helper_cases::idle_workers_answer_pings);
+        }
+    };
+    // A helper with templates (`--preload`) passes one case more.
+    ($run:expr, with_preload) => {
+        kernel_helper_cases::every_helper_case!($run);
+
+        #[test]
+        fn preloaded_workers_keep_the_board_too() {
+            ($run)(kernel_helper_cases::preloaded_workers_keep_the_board_too);
         }
     };
 }
@@ -185,6 +195,13 @@ pub fn sequential_requests_all_go_to_slot_zero_with(extra: &[&str], cmd: &[&str]
     assert_eq!(total(&status, "accepted"), 30, "{status}");
     assert_eq!(slot_served(&status, 0) - before, 30, "{status}");
     assert_clean(&status);
+}
+
+/// Under `--preload` a worker the template forked says `K` too and is
+/// sent its seat (`S`: its own sockets and the board): slot 0 serves every
+/// request, the supervisor stopped.
+pub fn preloaded_workers_keep_the_board_too(cmd: &[&str]) {
+    sequential_requests_all_go_to_slot_zero_with(&["--preload"], cmd);
 }
 
 /// Four slow requests at once to four idle workers, the supervisor
