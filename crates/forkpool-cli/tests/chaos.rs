@@ -255,12 +255,6 @@ fn chaos(kind: Pool, victims: Victims, duration: Duration) -> Figures {
         for pid in workers(&status) {
             first_seen.entry(pid).or_insert(now);
         }
-        // Only the supervisor's own children, never the supervisor.
-        let children = pool.children();
-        let mut candidates: Vec<i32> = workers(&status)
-            .into_iter()
-            .filter(|pid| *pid != pool.pid && children.contains(pid))
-            .collect();
         // The kills that are due, up to two a sample, so a machine slow
         // to answer the status (a sample every 300 ms under load) still
         // gets the storm's rate, a kill every KILL_EVERY, without a
@@ -270,6 +264,16 @@ fn chaos(kind: Pool, victims: Victims, duration: Duration) -> Figures {
             next_kill += KILL_EVERY;
             due += 1;
         }
+        // Only the supervisor's own children, never the supervisor.
+        let mut candidates: Vec<i32> = if due > 0 {
+            let children = pool.children();
+            workers(&status)
+                .into_iter()
+                .filter(|pid| *pid != pool.pid && children.contains(pid))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for _ in 0..due.min(2) {
             let victim = if victims == Victims::RandomAndYoungest && killed % 2 == 1 {
                 candidates.iter().copied().max_by_key(|pid| first_seen[pid])
