@@ -1,18 +1,41 @@
-//! What the supervisor knows of one child, and nothing it talks to the
-//! child with: the per-slot data the core's transitions read and write.
-//! The channel, the stderr pipe and the pidfd are the shell's (see
-//! `supervisor/link.rs`), kept beside this in the same slot.
+//! One child of the supervisor as the core knows it, worker or template:
+//! its life (a state that carries its data), its pings and its channel,
+//! which every child has, and its role, what only a worker or only a
+//! template has. Nothing here talks to the child: the channel, the stderr
+//! pipe and the pidfd are the shell's (`supervisor/link.rs` for a worker,
+//! `supervisor/template.rs` for a template), kept beside this.
+//!
+//! A child's life moves only through [`Child::live`], one transition
+//! function for a child's reports and the supervisor's acts alike; a move
+//! it refuses is an [`IllegalLife`] the caller must handle.
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::policy::backoff::Start;
 use crate::policy::budget;
 
-/// The supervisor's knowledge of one child (worker) in a slot.
+/// One child: what every child has, and `role`, what its kind adds. A
+/// worker is a `Child` ([`WorkerRole`]); a template is a
+/// `Child<TemplateRole>` (`core/template.rs`).
 #[derive(Debug, Clone)]
-pub(crate) struct Child {
+pub(crate) struct Child<R = WorkerRole> {
+    /// When it was forked (a worker ordered from a template: when the
+    /// order went out).
+    pub born: Instant,
+    /// Where it is in its life.
+    pub life: Life,
     /// The ping we are waiting on: its sequence number and when it was sent.
     pub ping: Option<(u32, Instant)>,
+    /// Its channel read as closed: the process should be reaped soon.
+    pub channel_closed: bool,
+    /// What only its kind has.
+    pub role: R,
+}
+
+/// What only a worker has.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerRole {
     /// The sequence number of the last ping sent to this child.
     pub pinged_up_to: u32,
     /// The sequence number of the last ping it answered.
@@ -21,23 +44,15 @@ pub(crate) struct Child {
     pub messages: budget::Budget,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
-    /// Why and by when the child is on its way out, once it is.
-    pub leaving: Option<Leaving>,
-    /// The channel closed; the process should be reaped soon.
-    pub channel_closed: bool,
     /// Its end of the channel is closed, as the kernel says (a child that
     /// sent an empty datagram has not hung up, until it closes).
     pub hung_up: bool,
-    /// When the child was forked (or ordered from a template).
-    pub spawned_at: Instant,
-    /// Whether it has said `Ready`.
-    pub readiness: Readiness,
     /// The protocol version it speaks: 2 for a worker forked from a
     /// template (`--preload`), 1 otherwise.
     pub version: u8,
     /// For a worker ordered from a template: the pid its template said
     /// (`W`). Only a claim: the slot's pid is set, and the process may be
-    /// signalled, once the kernel has confirmed it (`verify.rs`).
+    /// signalled, once the kernel has confirmed it (`vouch.rs`).
     pub claimed: Option<i32>,
     /// A slow-request capture is gathering its stack: its busy deadline
     /// waits for the capture, which carries the kill.
@@ -51,24 +66,37 @@ pub(crate) struct Child {
     pub board_counts: (u64, u64, u64),
 }
 
-/// Whether a child has shown it is up.
+/// Where a child is in its life; each state carries what it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Life {
+    /// Started; it has not said it is ready.
+    Starting,
+    /// Up: it said so `after` its start, or (`None`) it never reports
+    /// (`none` dispatch) and counts as up from the start.
+    Up {
+        /// How long it took from its start to its word.
+        after: Option<Duration>,
+    },
+    /// On its way out.
+    Leaving {
+        /// Why.
+        cause: LeaveCause,
+        /// When it is SIGKILLed if still there (none once killed).
+        by: Option<Instant>,
+        /// How far it had got in starting.
+        readiness: Readiness,
+    },
+}
+
+/// How far a child got in starting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Readiness {
-    /// It has not said `Ready` yet.
+    /// It has not said it is ready yet.
     Awaited,
-    /// It said `Ready` this long after its fork (or fork order).
+    /// It said it is ready this long after its start.
     Said(Duration),
     /// It never will (`none` dispatch): counted as up from the start.
     Assumed,
-}
-
-/// A child on its way out: why, and when it is SIGKILLed if still there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Leaving {
-    /// Why it is leaving.
-    pub cause: LeaveCause,
-    /// When to SIGKILL it if it has not exited (none once it was killed).
-    pub deadline: Option<Instant>,
 }
 
 /// Why a child is leaving.
@@ -83,42 +111,231 @@ pub(crate) enum LeaveCause {
     ChannelClosed,
 }
 
-impl Child {
-    /// A child just forked (or ordered from a template) at `now`, speaking
-    /// protocol `version`. `speaks` is false for children that never
-    /// report (`none` dispatch): they count as ready from the start.
-    pub fn new(now: Instant, speaks: bool, version: u8) -> Child {
-        Child {
-            ping: None,
-            pinged_up_to: 0,
-            answered_up_to: 0,
-            messages: budget::message_budget(),
-            ordered_on: None,
-            leaving: None,
-            channel_closed: false,
-            hung_up: false,
-            spawned_at: now,
-            readiness: if speaks {
-                Readiness::Awaited
-            } else {
-                Readiness::Assumed
-            },
-            version,
-            claimed: None,
-            capturing: false,
-            keeps_board: false,
-            board_counts: (0, 0, 0),
+/// What moves a child's life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LifeEvent {
+    /// It said it is ready, `after` its start.
+    Ready {
+        /// How long after its start.
+        after: Duration,
+    },
+    /// The supervisor told it to go, or it said it is going, for `why`:
+    /// it must be gone `by` then.
+    Asked {
+        /// Why it goes.
+        why: String,
+        /// When it is SIGKILLed if still there.
+        by: Instant,
+    },
+    /// The supervisor SIGKILLed it, for `why`.
+    Killed {
+        /// Why it was killed.
+        why: String,
+    },
+    /// Its channel closed: it must be gone `by` then (a deadline already
+    /// set only moves earlier).
+    Closed {
+        /// When it is SIGKILLed if still there.
+        by: Instant,
+    },
+    /// The pool stops: a child leaving must be gone `by` the stop's
+    /// deadline, sooner or later than its own.
+    StopBy {
+        /// The stop's deadline.
+        by: Instant,
+    },
+}
+
+impl LifeEvent {
+    fn name(&self) -> &'static str {
+        match self {
+            LifeEvent::Ready { .. } => "ready",
+            LifeEvent::Asked { .. } => "told to go",
+            LifeEvent::Killed { .. } => "killed",
+            LifeEvent::Closed { .. } => "channel closed",
+            LifeEvent::StopBy { .. } => "stop deadline",
+        }
+    }
+}
+
+/// A move of a child's life that [`Child::live`] refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IllegalLife {
+    /// The state it was in, by name.
+    pub from: &'static str,
+    /// The event refused, by name.
+    pub event: &'static str,
+}
+
+impl fmt::Display for IllegalLife {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.from, self.event) {
+            ("up", "ready") => f.write_str("said Ready twice"),
+            (from, event) => write!(f, "'{event}' is not allowed while {from}"),
+        }
+    }
+}
+
+/// A move of a child's life that the table allows from every state the
+/// caller can be in: a refusal means the core's record is wrong, a bug in
+/// forkpool, never something a child did. It is logged loudly rather than
+/// dropped (like the scoreboard's `own_move`).
+pub(crate) fn own_life(result: Result<(), IllegalLife>) {
+    if let Err(e) = result {
+        tracing::error!(
+            "internal error, please report it: the supervisor's own move of a child's life \
+             was refused: {e}"
+        );
+    }
+}
+
+impl Life {
+    /// The state's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Life::Starting => "starting",
+            Life::Up { .. } => "up",
+            Life::Leaving {
+                cause: LeaveCause::Killed(_),
+                ..
+            } => "killed",
+            Life::Leaving { .. } => "leaving",
         }
     }
 
-    /// Whether it has said `Ready`, or never will.
-    pub fn is_ready(&self) -> bool {
-        self.readiness != Readiness::Awaited
+    /// How far it got in starting.
+    pub fn readiness(&self) -> Readiness {
+        match self {
+            Life::Starting => Readiness::Awaited,
+            Life::Up { after: Some(after) } => Readiness::Said(*after),
+            Life::Up { after: None } => Readiness::Assumed,
+            Life::Leaving { readiness, .. } => *readiness,
+        }
     }
 
-    /// How long it took from its fork (or fork order) to `Ready`.
+    /// The whole table: the life `event` moves `self` to, or why not.
+    /// - `Ready` starts a child that had not started, leaving or not (a
+    ///   word that crossed a quit still tells the back-off it started);
+    ///   twice is a lie.
+    /// - `Asked` makes a running child leave; one already told to go (or
+    ///   killed) cannot be told again. A child whose channel closed first
+    ///   is now asked, and keeps the sooner deadline.
+    /// - `Killed` ends every state but killed.
+    /// - `Closed` makes a running child leave as a death; a leaving one
+    ///   keeps its cause and the sooner deadline; a killed one waits.
+    /// - `StopBy` sets a leaving child's deadline to the stop's; a killed
+    ///   one waits.
+    pub fn after(&self, event: &LifeEvent) -> Result<Life, IllegalLife> {
+        let refused = || IllegalLife {
+            from: self.name(),
+            event: event.name(),
+        };
+        let readiness = self.readiness();
+        let killed = matches!(
+            self,
+            Life::Leaving {
+                cause: LeaveCause::Killed(_),
+                ..
+            }
+        );
+        let sooner = |by: Instant| match self {
+            Life::Leaving { by: Some(old), .. } => Some((*old).min(by)),
+            _ => Some(by),
+        };
+        match (event, self) {
+            (LifeEvent::Ready { after }, _) if readiness == Readiness::Awaited => match self {
+                Life::Leaving { cause, by, .. } => Ok(Life::Leaving {
+                    cause: cause.clone(),
+                    by: *by,
+                    readiness: Readiness::Said(*after),
+                }),
+                _ => Ok(Life::Up {
+                    after: Some(*after),
+                }),
+            },
+            (LifeEvent::Ready { .. }, _) => Err(refused()),
+            (LifeEvent::Asked { why, by }, Life::Starting | Life::Up { .. })
+            | (
+                LifeEvent::Asked { why, by },
+                Life::Leaving {
+                    cause: LeaveCause::ChannelClosed,
+                    ..
+                },
+            ) => Ok(Life::Leaving {
+                cause: LeaveCause::Asked(why.clone()),
+                by: sooner(*by),
+                readiness,
+            }),
+            (LifeEvent::Asked { .. }, _) => Err(refused()),
+            (LifeEvent::Killed { .. }, _) if killed => Err(refused()),
+            (LifeEvent::Killed { why }, _) => Ok(Life::Leaving {
+                cause: LeaveCause::Killed(why.clone()),
+                by: None,
+                readiness,
+            }),
+            (LifeEvent::Closed { .. } | LifeEvent::StopBy { .. }, _) if killed => Ok(self.clone()),
+            (LifeEvent::Closed { by }, Life::Starting | Life::Up { .. }) => Ok(Life::Leaving {
+                cause: LeaveCause::ChannelClosed,
+                by: Some(*by),
+                readiness,
+            }),
+            (LifeEvent::Closed { by }, Life::Leaving { cause, .. }) => Ok(Life::Leaving {
+                cause: cause.clone(),
+                by: sooner(*by),
+                readiness,
+            }),
+            (LifeEvent::StopBy { by }, Life::Leaving { cause, .. }) => Ok(Life::Leaving {
+                cause: cause.clone(),
+                by: Some(*by),
+                readiness,
+            }),
+            (LifeEvent::StopBy { .. }, _) => Err(refused()),
+        }
+    }
+}
+
+impl<R> Child<R> {
+    /// A child of `role` started at `now`; `reports` is false for children
+    /// that never report (`none` dispatch): they are up from the start.
+    pub fn with_role(now: Instant, reports: bool, role: R) -> Child<R> {
+        Child {
+            born: now,
+            life: if reports {
+                Life::Starting
+            } else {
+                Life::Up { after: None }
+            },
+            ping: None,
+            channel_closed: false,
+            role,
+        }
+    }
+
+    /// Moves its life by `event` (the one transition function); on a
+    /// refusal its life is unchanged and the caller decides.
+    pub fn live(&mut self, event: LifeEvent) -> Result<(), IllegalLife> {
+        let next = self.life.after(&event)?;
+        if matches!(next, Life::Leaving { .. }) {
+            // Nothing is asked of a child on its way out.
+            self.ping = None;
+        }
+        self.life = next;
+        Ok(())
+    }
+
+    /// How far it got in starting.
+    pub fn readiness(&self) -> Readiness {
+        self.life.readiness()
+    }
+
+    /// Whether it has said it is ready, or never will.
+    pub fn is_ready(&self) -> bool {
+        self.readiness() != Readiness::Awaited
+    }
+
+    /// How long it took from its start to saying it is ready.
     pub fn ready_after(&self) -> Option<Duration> {
-        match self.readiness {
+        match self.readiness() {
             Readiness::Said(after) => Some(after),
             _ => None,
         }
@@ -126,10 +343,18 @@ impl Child {
 
     /// How far it has got in starting, for the spawn back-off.
     pub fn start(&self) -> Start {
-        match self.readiness {
+        match self.readiness() {
             Readiness::Awaited => Start::Awaited,
-            Readiness::Said(after) => Start::Ready(self.spawned_at + after),
-            Readiness::Assumed => Start::Unannounced(self.spawned_at),
+            Readiness::Said(after) => Start::Ready(self.born + after),
+            Readiness::Assumed => Start::Unannounced(self.born),
+        }
+    }
+
+    /// Why it is leaving, once it is.
+    pub fn leave_cause(&self) -> Option<&LeaveCause> {
+        match &self.life {
+            Life::Leaving { cause, .. } => Some(cause),
+            _ => None,
         }
     }
 
@@ -137,51 +362,56 @@ impl Child {
     /// child whose channel merely closed has not been.
     pub fn told_to_leave(&self) -> bool {
         matches!(
-            self.leaving,
-            Some(Leaving {
-                cause: LeaveCause::Asked(_) | LeaveCause::Killed(_),
-                ..
-            })
+            self.leave_cause(),
+            Some(LeaveCause::Asked(_) | LeaveCause::Killed(_))
         )
     }
 
     /// Whether it was asked to go (its exit is expected, not a death).
     pub fn asked_to_leave(&self) -> bool {
-        matches!(
-            self.leaving,
-            Some(Leaving {
-                cause: LeaveCause::Asked(_),
-                ..
-            })
-        )
+        matches!(self.leave_cause(), Some(LeaveCause::Asked(_)))
+    }
+
+    /// Whether it has been SIGKILLed.
+    pub fn killed(&self) -> bool {
+        matches!(self.leave_cause(), Some(LeaveCause::Killed(_)))
     }
 
     /// When to SIGKILL it if it is still there.
     pub fn leave_deadline(&self) -> Option<Instant> {
-        self.leaving.as_ref().and_then(|l| l.deadline)
-    }
-
-    /// Moves its leave deadline earlier, to `at` at the latest (a closed
-    /// channel: it is on its way out whatever it was doing).
-    pub fn leave_by(&mut self, at: Instant) {
-        match &mut self.leaving {
-            Some(l) => {
-                if l.deadline.is_none_or(|t| t > at) {
-                    l.deadline = Some(at);
-                }
-            }
-            None => {
-                self.leaving = Some(Leaving {
-                    cause: LeaveCause::ChannelClosed,
-                    deadline: Some(at),
-                })
-            }
+        match self.life {
+            Life::Leaving { by, .. } => by,
+            _ => None,
         }
     }
 }
 
+impl Child {
+    /// A worker just forked (or ordered from a template) at `now`,
+    /// speaking protocol `version`. `speaks` is false for workers that
+    /// never report (`none` dispatch): they count as up from the start.
+    pub fn new(now: Instant, speaks: bool, version: u8) -> Child {
+        Child::with_role(
+            now,
+            speaks,
+            WorkerRole {
+                pinged_up_to: 0,
+                answered_up_to: 0,
+                messages: budget::message_budget(),
+                ordered_on: None,
+                hung_up: false,
+                version,
+                claimed: None,
+                capturing: false,
+                keeps_board: false,
+                board_counts: (0, 0, 0),
+            },
+        )
+    }
+}
+
 /// A slot's link type, as the core sees it: whatever the shell keeps per
-/// child, with the core's [`Child`] inside. The simulator's link is the
+/// worker, with the core's [`Child`] inside. The simulator's link is the
 /// bare `Child`; the supervisor's also holds the channel and the pidfd.
 pub(crate) trait HasChild {
     /// The core's part.
@@ -203,28 +433,184 @@ impl HasChild for Child {
 mod tests {
     use super::*;
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// Every life a child can be in, with two instants to order deadlines.
+    fn lives(t: Instant) -> Vec<Life> {
+        let mut all = vec![
+            Life::Starting,
+            Life::Up {
+                after: Some(secs(1)),
+            },
+            Life::Up { after: None },
+        ];
+        for readiness in [
+            Readiness::Awaited,
+            Readiness::Said(secs(1)),
+            Readiness::Assumed,
+        ] {
+            for cause in [
+                LeaveCause::Asked("surplus".into()),
+                LeaveCause::Killed("hung".into()),
+                LeaveCause::ChannelClosed,
+            ] {
+                for by in [None, Some(t), Some(t + secs(10))] {
+                    all.push(Life::Leaving {
+                        cause: cause.clone(),
+                        by,
+                        readiness,
+                    });
+                }
+            }
+        }
+        all
+    }
+
+    fn events(t: Instant) -> Vec<LifeEvent> {
+        vec![
+            LifeEvent::Ready { after: secs(2) },
+            LifeEvent::Asked {
+                why: "reload".into(),
+                by: t + secs(5),
+            },
+            LifeEvent::Killed { why: "ping".into() },
+            LifeEvent::Closed { by: t + secs(5) },
+            LifeEvent::StopBy { by: t + secs(5) },
+        ]
+    }
+
+    #[test]
+    fn every_move_keeps_the_rules_of_a_life() {
+        let t = Instant::now();
+        for life in lives(t) {
+            for event in events(t) {
+                let Ok(next) = life.after(&event) else {
+                    continue;
+                };
+                // Nothing comes back from leaving.
+                if matches!(life, Life::Leaving { .. }) {
+                    assert!(matches!(next, Life::Leaving { .. }), "{life:?} {event:?}");
+                }
+                // Readiness only moves from awaited to said.
+                let (was, now) = (life.readiness(), next.readiness());
+                assert!(
+                    was == now || (was == Readiness::Awaited && matches!(now, Readiness::Said(_)))
+                );
+                // A killed child stays killed, for its reason, with no
+                // deadline (only a word that crossed the kill is kept).
+                if life.name() == "killed" {
+                    assert_eq!(next.name(), "killed");
+                    assert_eq!(next.readiness() == life.readiness(), next == life);
+                }
+                // A deadline moves later only by a stop's.
+                if let (Life::Leaving { by: Some(old), .. }, Life::Leaving { by: new, .. }) =
+                    (&life, &next)
+                {
+                    if !matches!(event, LifeEvent::StopBy { .. }) && next.name() != "killed" {
+                        assert!(
+                            new.is_some_and(|n| n <= *old),
+                            "{life:?} {event:?} {next:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_the_table_refuses() {
+        let t = Instant::now();
+        let up = Life::Up {
+            after: Some(secs(1)),
+        };
+        let ready = LifeEvent::Ready { after: secs(1) };
+        assert_eq!(
+            up.after(&ready).unwrap_err().to_string(),
+            "said Ready twice"
+        );
+        let asked = Life::Starting
+            .after(&LifeEvent::Asked {
+                why: "surplus".into(),
+                by: t,
+            })
+            .unwrap();
+        assert!(asked
+            .after(&LifeEvent::Asked {
+                why: "again".into(),
+                by: t
+            })
+            .is_err());
+        let killed = asked
+            .after(&LifeEvent::Killed { why: "hung".into() })
+            .unwrap();
+        assert!(killed
+            .after(&LifeEvent::Killed {
+                why: "again".into()
+            })
+            .is_err());
+        assert!(Life::Starting.after(&LifeEvent::StopBy { by: t }).is_err());
+    }
+
     #[test]
     fn a_closed_channel_sets_a_deadline_but_is_not_a_request_to_leave() {
         let mut c = Child::new(Instant::now(), true, 1);
         let at = Instant::now();
-        c.leave_by(at);
+        c.live(LifeEvent::Closed { by: at }).unwrap();
         assert_eq!(c.leave_deadline(), Some(at));
         assert!(!c.told_to_leave());
     }
 
     #[test]
-    fn leave_by_only_moves_a_deadline_earlier() {
-        let mut c = Child::new(Instant::now(), true, 1);
+    fn a_closed_channel_only_moves_a_deadline_earlier_and_asking_keeps_the_sooner() {
         let now = Instant::now();
-        c.leaving = Some(Leaving {
-            cause: LeaveCause::Asked("surplus".into()),
-            deadline: Some(now + Duration::from_secs(1)),
-        });
-        c.leave_by(now + Duration::from_secs(5));
-        assert_eq!(c.leave_deadline(), Some(now + Duration::from_secs(1)));
-        c.leave_by(now);
+        let mut c = Child::new(now, true, 1);
+        c.live(LifeEvent::Asked {
+            why: "surplus".into(),
+            by: now + secs(1),
+        })
+        .unwrap();
+        c.live(LifeEvent::Closed { by: now + secs(5) }).unwrap();
+        assert_eq!(c.leave_deadline(), Some(now + secs(1)));
+        c.live(LifeEvent::Closed { by: now }).unwrap();
         assert_eq!(c.leave_deadline(), Some(now));
         assert!(c.told_to_leave());
+
+        let mut closed_first = Child::new(now, true, 1);
+        closed_first.live(LifeEvent::Closed { by: now }).unwrap();
+        closed_first
+            .live(LifeEvent::Asked {
+                why: "shutdown".into(),
+                by: now + secs(30),
+            })
+            .unwrap();
+        assert_eq!(closed_first.leave_deadline(), Some(now));
+        assert!(closed_first.asked_to_leave());
+    }
+
+    #[test]
+    fn a_ready_that_crossed_a_quit_still_counts_as_a_start() {
+        let now = Instant::now();
+        let mut c = Child::new(now, true, 1);
+        c.live(LifeEvent::Asked {
+            why: "surplus".into(),
+            by: now + secs(1),
+        })
+        .unwrap();
+        c.live(LifeEvent::Ready { after: secs(2) }).unwrap();
+        assert_eq!(c.ready_after(), Some(secs(2)));
+        assert!(c.asked_to_leave());
+    }
+
+    #[test]
+    fn leaving_drops_the_ping_owed() {
+        let now = Instant::now();
+        let mut c = Child::new(now, true, 1);
+        c.ping = Some((3, now));
+        c.live(LifeEvent::Killed { why: "hung".into() }).unwrap();
+        assert_eq!(c.ping, None);
+        assert!(c.killed());
     }
 
     #[test]

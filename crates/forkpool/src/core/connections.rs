@@ -17,7 +17,7 @@ impl<L: HasChild> Core<L> {
     /// it owes an answer, `Busy` or `Missed`.
     pub fn ordered_accept(&mut self, slot: usize, listener: usize, now: Instant) {
         if let Some(link) = self.board.link_mut(slot) {
-            link.child_mut().ordered_on = Some(listener);
+            link.child_mut().role.ordered_on = Some(listener);
         }
         own_move(self.board.order_accept(slot, now));
     }

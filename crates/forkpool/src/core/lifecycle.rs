@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tracing::{debug, error, info, warn};
 
-use super::child::{HasChild, LeaveCause, Leaving};
+use super::child::{own_life, HasChild, LeaveCause, LifeEvent};
 use super::effect::{Effect, Gone};
 use super::Core;
 use crate::policy::backoff::{fails_a_reload, Verdict, START_WINDOW};
@@ -22,7 +22,7 @@ impl<L: HasChild> Core<L> {
     /// the kernel has not confirmed yet: no signal may go to it.
     pub fn unverified(&self, slot: usize) -> bool {
         self.board.get(slot).is_some_and(|s| {
-            s.pid == 0 && s.link.child().version == crate::protocol::TEMPLATE_VERSION
+            s.pid == 0 && s.link.child().role.version == crate::protocol::TEMPLATE_VERSION
         })
     }
 
@@ -56,23 +56,19 @@ impl<L: HasChild> Core<L> {
     /// Marks the child in `slot` as leaving for `reason`, with its leave
     /// deadline. Returns false if it was told to go already.
     fn mark_leaving(&mut self, slot: usize, reason: &str, now: Instant) -> bool {
-        let Some(entry) = self.board.get(slot) else {
+        let deadline = now + self.config.shutdown_timeout;
+        let Some(pid) = self.board.get(slot).map(|s| s.pid) else {
             return false;
         };
-        if entry.link.child().told_to_leave() {
+        let asked = LifeEvent::Asked {
+            why: reason.to_string(),
+            by: deadline,
+        };
+        let link = self.board.link_mut(slot).expect("checked above");
+        if link.child_mut().live(asked).is_err() {
+            // Told to go already, or killed.
             return false;
         }
-        let pid = entry.pid;
-        let deadline = now + self.config.shutdown_timeout;
-        let child = self
-            .board
-            .link_mut(slot)
-            .expect("checked above")
-            .child_mut();
-        child.leaving = Some(Leaving {
-            cause: LeaveCause::Asked(reason.to_string()),
-            deadline: Some(deadline),
-        });
         own_move(self.board.retire(slot, now));
         self.totals.retired += 1;
         debug!(slot, pid, "retiring child: {reason}");
@@ -105,12 +101,10 @@ impl<L: HasChild> Core<L> {
         self.totals.killed_by.add(why);
         if let Some(link) = self.board.link_mut(slot) {
             let child = link.child_mut();
-            child.leaving = Some(Leaving {
-                cause: LeaveCause::Killed(detail),
-                deadline: None,
-            });
-            child.ping = None;
-            if let Some(listener) = child.ordered_on.take() {
+            // The slot was not killed (checked above), so neither was its
+            // child's life.
+            own_life(child.live(LifeEvent::Killed { why: detail }));
+            if let Some(listener) = child.role.ordered_on.take() {
                 self.effects.push(Effect::OrderDropped { listener });
             }
         }
@@ -131,14 +125,13 @@ impl<L: HasChild> Core<L> {
         };
         let child = link.child_mut();
         let grace = if unverified {
-            unverified_closed_grace(child.claimed.is_some(), &limits)
+            unverified_closed_grace(child.role.claimed.is_some(), &limits)
         } else {
             closed_channel_grace(hung_up, &limits)
         };
         child.channel_closed = true;
-        child.hung_up = hung_up;
-        child.ping = None;
-        child.leave_by(now + grace);
+        child.role.hung_up = hung_up;
+        own_life(child.live(LifeEvent::Closed { by: now + grace }));
         self.effects.push(Effect::StopReading { slot });
         // No more work can reach it: take it out of the idle set. Its
         // leaving cause is a closed channel, so the end reports a death.
@@ -187,14 +180,14 @@ impl<L: HasChild> Core<L> {
             if let Some(t) = self
                 .templates
                 .iter_mut()
-                .find(|t| t.generation == entry.generation)
+                .find(|t| t.role.generation == entry.generation)
             {
-                t.pending.remove(&slot);
+                t.role.pending.remove(&slot);
             }
         }
         let child = entry.link.child();
         let served = entry.served;
-        match child.leaving.as_ref().map(|l| &l.cause) {
+        match child.leave_cause() {
             Some(LeaveCause::Killed(reason)) => {
                 info!(slot, pid, %status, served, "killed child reaped ({reason})");
             }
@@ -239,7 +232,7 @@ impl<L: HasChild> Core<L> {
         // end is counted.
         self.note_starts(now);
         let verdict = self.spawn_gate.child_exited(child.start(), asked, now);
-        let how = match child.leaving.as_ref().map(|l| &l.cause) {
+        let how = match child.leave_cause() {
             Some(LeaveCause::Killed(reason)) => format!("killed: {reason}"),
             _ => status.to_string(),
         };
@@ -250,7 +243,7 @@ impl<L: HasChild> Core<L> {
             );
             return Some(format!("exited during start-up ({how})"));
         }
-        fails_a_reload(verdict, child.spawned_at, now)
+        fails_a_reload(verdict, child.born, now)
             .then(|| format!("exited within {:?} of starting ({how})", START_WINDOW))
     }
 

@@ -33,7 +33,10 @@ impl<L: HasChild> Core<L> {
                         });
                         continue;
                     }
-                    let ordered_on = self.board.link(slot).and_then(|l| l.child().ordered_on);
+                    let ordered_on = self
+                        .board
+                        .link(slot)
+                        .and_then(|l| l.child().role.ordered_on);
                     self.kill(slot, reason, detail, now);
                     // The connection it was ordered to take is still in the
                     // backlog: order another child at once.
@@ -67,7 +70,7 @@ impl<L: HasChild> Core<L> {
             leave_deadline: child.leave_deadline(),
             ping_sent: child.ping.map(|(_, sent)| sent),
             many_connections: entry.load.is_some(),
-            capture_pending: child.capturing,
+            capture_pending: child.role.capturing,
         };
         liveness::next_check(&facts, limits)
     }
@@ -76,7 +79,7 @@ impl<L: HasChild> Core<L> {
     fn describe(&self, slot: usize, check: Check, now: Instant) -> (KillReason, String) {
         let child = self.board.link(slot).map(|l| l.child());
         let channel_closed = child.is_some_and(|c| c.channel_closed);
-        let hung_up = child.is_some_and(|c| c.hung_up);
+        let hung_up = child.is_some_and(|c| c.role.hung_up);
         match check {
             Check::Stop => match liveness::missed_exit(channel_closed, hung_up) {
                 KillReason::ExitTimeout => (
@@ -147,7 +150,7 @@ impl<L: HasChild> Core<L> {
         };
         let child = link.child_mut();
         child.ping = Some((seq, now));
-        child.pinged_up_to = seq;
+        child.role.pinged_up_to = seq;
         self.effects.push(Effect::Send {
             slot,
             msg: ParentMessage::Ping { seq },

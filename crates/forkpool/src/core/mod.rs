@@ -138,7 +138,7 @@ impl<L: HasChild> Core<L> {
                 hung_up,
                 claimed_is_child,
             } => {
-                let claimed = self.board.link(slot).and_then(|l| l.child().claimed);
+                let claimed = self.board.link(slot).and_then(|l| l.child().role.claimed);
                 if self.unverified(slot) && claimed.is_some() && !claimed_is_child {
                     self.give_up_unverified(slot, "closed its channel", false, now);
                 } else {
@@ -147,7 +147,7 @@ impl<L: HasChild> Core<L> {
             }
             Input::HungUp { slot } => {
                 if let Some(link) = self.board.link_mut(slot) {
-                    link.child_mut().hung_up = true;
+                    link.child_mut().role.hung_up = true;
                 }
             }
             Input::SendFailed {

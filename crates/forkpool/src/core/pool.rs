@@ -127,7 +127,7 @@ impl<L: HasChild> Core<L> {
     /// counted (for the replacement rate too). A child that never reports
     /// counts as busy from its start.
     pub fn adopt(&mut self, slot: usize, pid: i32, generation: u32, link: L, now: Instant) {
-        let never_reports = link.child().readiness == Readiness::Assumed;
+        let never_reports = link.child().readiness() == Readiness::Assumed;
         self.board.occupy(slot, pid, generation, now, link);
         if never_reports {
             own_move(self.board.assume_busy(slot, now));

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::debug;
 
-use super::child::{HasChild, Readiness};
+use super::child::{HasChild, LifeEvent};
 use super::effect::Effect;
 use super::Core;
 use crate::policy::budget::MESSAGES_PER_SECOND;
@@ -22,7 +22,7 @@ impl<L: HasChild> Core<L> {
         let Some(link) = self.board.link_mut(slot) else {
             return;
         };
-        if !link.child_mut().messages.spend(now, 1) {
+        if !link.child_mut().role.messages.spend(now, 1) {
             let why = format!(
                 "sent more than {MESSAGES_PER_SECOND} messages a second on its back-channel"
             );
@@ -47,9 +47,9 @@ impl<L: HasChild> Core<L> {
                 self.on_ready(slot, pid, now)?;
                 if let Some(link) = self.board.link_mut(slot) {
                     let child = link.child_mut();
-                    child.keeps_board = true;
+                    child.role.keeps_board = true;
                     // Forked by a template, it has no socket of its own yet.
-                    if child.version == crate::protocol::TEMPLATE_VERSION {
+                    if child.role.version == crate::protocol::TEMPLATE_VERSION {
                         self.effects.push(Effect::Seat { slot });
                     }
                 }
@@ -74,7 +74,9 @@ impl<L: HasChild> Core<L> {
     /// Kernel dispatch: whether the child in `slot` keeps its record on
     /// the scoreboard (it said `K`), so its state is read there.
     pub fn keeps_board(&self, slot: usize) -> bool {
-        self.board.link(slot).is_some_and(|l| l.child().keeps_board)
+        self.board
+            .link(slot)
+            .is_some_and(|l| l.child().role.keeps_board)
     }
 
     /// Whether this pool's children serve many connections at once.
@@ -114,7 +116,7 @@ impl<L: HasChild> Core<L> {
         if self
             .board
             .link(slot)
-            .is_some_and(|l| l.child().version == crate::protocol::TEMPLATE_VERSION)
+            .is_some_and(|l| l.child().role.version == crate::protocol::TEMPLATE_VERSION)
         {
             // Forked by a template, it is in the template's process group;
             // now it is the supervisor's child, it gets a group of its own
@@ -124,7 +126,10 @@ impl<L: HasChild> Core<L> {
         self.board.ready(slot, now).map_err(out_of_order)?;
         if let Some(link) = self.board.link_mut(slot) {
             let child = link.child_mut();
-            child.readiness = Readiness::Said(now.saturating_duration_since(child.spawned_at));
+            let after = now.saturating_duration_since(child.born);
+            child
+                .live(LifeEvent::Ready { after })
+                .map_err(|e| e.to_string())?;
         }
         self.effects.push(Effect::Room);
         Ok(())
@@ -140,11 +145,11 @@ impl<L: HasChild> Core<L> {
         // Sequence numbers only grow, so any pong up to the last ping sent
         // is a real answer, possibly a late one (in `shared` mode a ping
         // can cross a `Busy`); a pong for a ping never sent is a lie.
-        if seq == 0 || seq > child.pinged_up_to {
+        if seq == 0 || seq > child.role.pinged_up_to {
             return Err(format!("sent pong {seq} for a ping it never got"));
         }
-        messages::pong_is_new(seq, child.answered_up_to)?;
-        child.answered_up_to = seq;
+        messages::pong_is_new(seq, child.role.answered_up_to)?;
+        child.role.answered_up_to = seq;
         if child
             .ping
             .is_some_and(|(outstanding, _)| seq >= outstanding)
@@ -247,7 +252,7 @@ impl<L: HasChild> Core<L> {
         let ordered = self
             .board
             .link_mut(slot)
-            .and_then(|l| l.child_mut().ordered_on.take());
+            .and_then(|l| l.child_mut().role.ordered_on.take());
         if let Some(listener) = ordered {
             self.effects.push(Effect::OrderAnswered { listener });
         }

@@ -186,7 +186,7 @@ impl<L: HasChild> Core<L> {
         self.board
             .iter()
             .filter(|(_, s)| s.generation == r.new && is_live(s.state))
-            .map(|(_, s)| s.link.child().spawned_at + START_WINDOW)
+            .map(|(_, s)| s.link.child().born + START_WINDOW)
             .filter(|t| *t > now)
             .min()
     }
@@ -290,7 +290,7 @@ impl<L: HasChild> Core<L> {
         };
         self.reforks += 1;
         self.totals.reforks += 1;
-        if let Some(listener) = entry.link.child().ordered_on {
+        if let Some(listener) = entry.link.child().role.ordered_on {
             self.effects.push(Effect::OrderDropped { listener });
         }
         let config = self.config.clone();

@@ -47,11 +47,11 @@ impl<L: HasChild> Core<L> {
             return;
         }
         let child = self.board.link_mut(slot).expect("occupied").child_mut();
-        let (taken_before, served_before, next_before) = child.board_counts;
+        let (taken_before, served_before, next_before) = child.role.board_counts;
         let taken = moved(taken_before, sample.taken);
         let mut served = moved(served_before, sample.served);
         let next = moved(next_before, sample.next).min(taken);
-        child.board_counts = (sample.taken, sample.served, sample.next);
+        child.role.board_counts = (sample.taken, sample.served, sample.next);
         self.totals.accepted += taken;
         self.totals.taken_next += next;
         // Connections finished: the pool is turning over (the CPU-bound

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::info;
 
-use super::child::HasChild;
+use super::child::{own_life, HasChild, LifeEvent};
 use super::effect::Effect;
 use super::{Core, Shutdown};
 use crate::status::KillReason;
@@ -38,12 +38,10 @@ impl<L: HasChild> Core<L> {
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.retire(slot, "shutdown", now);
-            if let Some(leaving) = self
-                .board
-                .link_mut(slot)
-                .and_then(|l| l.child_mut().leaving.as_mut())
-            {
-                leaving.deadline = Some(deadline);
+            if let Some(link) = self.board.link_mut(slot) {
+                // Every child is leaving now (retired above, or before):
+                // the stop's deadline is its own.
+                own_life(link.child_mut().live(LifeEvent::StopBy { by: deadline }));
             }
         }
     }

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::child::HasChild;
+use super::child::{own_life, LeaveCause, Life, LifeEvent};
 use super::effect::{Effect, TemplateFailure};
-use super::template::{Template, TemplateState};
+use super::template::Template;
 use super::Core;
 use crate::policy::liveness::{self, Deadlines, TemplateCheck as Check};
 use crate::protocol::{TemplateReply, TemplateRequest};
@@ -27,25 +28,27 @@ pub(crate) const TEMPLATE_RESTART_INTERVAL: Duration = crate::policy::backoff::F
 impl<L: HasChild> Core<L> {
     /// The template of `generation`, if there is one.
     pub fn template(&self, generation: u32) -> Option<&Template> {
-        self.templates.iter().find(|t| t.generation == generation)
+        self.templates
+            .iter()
+            .find(|t| t.role.generation == generation)
     }
 
     fn template_mut(&mut self, generation: u32) -> Option<&mut Template> {
         self.templates
             .iter_mut()
-            .find(|t| t.generation == generation)
+            .find(|t| t.role.generation == generation)
     }
 
     /// Whether the template of `generation` is ready for fork orders.
     pub fn has_ready_template(&self, generation: u32) -> bool {
         self.template(generation)
-            .is_some_and(|t| t.state == TemplateState::Ready)
+            .is_some_and(Template::takes_orders)
     }
 
     /// A template of `generation` was started as `pid` (forked, or slot
     /// 0's worker became one): it must say `R` next.
     pub fn template_started(&mut self, generation: u32, pid: i32, now: Instant) {
-        self.templates.push(Template::new(generation, pid, now));
+        self.templates.push(Template::started(generation, pid, now));
     }
 
     /// Keeps one template for the generation being started, and the
@@ -64,11 +67,11 @@ impl<L: HasChild> Core<L> {
             .templates
             .iter()
             .filter(|t| {
-                let needed =
-                    (t.generation == current && preload) || (t.generation == serving && rolling);
-                !needed && matches!(t.state, TemplateState::Starting | TemplateState::Ready)
+                let needed = (t.role.generation == current && preload)
+                    || (t.role.generation == serving && rolling);
+                !needed && !matches!(t.life, Life::Leaving { .. })
             })
-            .map(|t| t.generation)
+            .map(|t| t.role.generation)
             .collect();
         for generation in unneeded {
             self.quit_template(generation, now);
@@ -115,7 +118,7 @@ impl<L: HasChild> Core<L> {
     /// A fork order for `slot` went to the template of `generation`.
     pub fn ordered(&mut self, generation: u32, slot: usize, now: Instant) {
         if let Some(t) = self.template_mut(generation) {
-            t.pending.insert(slot, now);
+            t.role.pending.insert(slot, now);
         }
     }
 
@@ -125,7 +128,7 @@ impl<L: HasChild> Core<L> {
         let Some(t) = self.template_mut(generation) else {
             return;
         };
-        t.last_heard = now;
+        t.role.last_heard = now;
         if let Err(why) = self.apply_template_reply(generation, reply, now) {
             self.kill_template(generation, format!("broke the protocol: {why}"));
         }
@@ -144,14 +147,14 @@ impl<L: HasChild> Core<L> {
                 info!(
                     pid,
                     generation,
-                    took = ?now.duration_since(t.started_at),
+                    took = ?now.duration_since(t.born),
                     "template ready: forking workers from it"
                 );
                 Ok(())
             }
             TemplateReply::Forked { slot, pid } => {
                 t.fork_answered(slot as usize)?;
-                t.forks += 1;
+                t.role.forks += 1;
                 let claimed = self.worker_forked(slot as usize, pid, now);
                 if claimed.is_err() {
                     // Its order is answered, badly: no worker will come
@@ -198,7 +201,7 @@ impl<L: HasChild> Core<L> {
                 "said slot {slot} is pid {pid}, but the slot is gone"
             ));
         };
-        link.child_mut().claimed = Some(pid);
+        link.child_mut().role.claimed = Some(pid);
         if let Some(status) = self.take_orphan(pid) {
             // It died before its template's answer was read: a start that
             // failed, reaped by the supervisor, so the claim holds.
@@ -234,7 +237,7 @@ impl<L: HasChild> Core<L> {
         );
         if let Some(t) = self.template_mut(generation) {
             t.channel_closed = true;
-            t.exit_deadline = Some(t.exit_deadline.map_or(deadline, |d| d.min(deadline)));
+            own_life(t.live(LifeEvent::Closed { by: deadline }));
         }
     }
 
@@ -246,13 +249,12 @@ impl<L: HasChild> Core<L> {
         let Some(t) = self.template_mut(generation) else {
             return;
         };
-        if t.state == TemplateState::Killed {
+        let pid = t.role.pid;
+        if t.live(LifeEvent::Killed { why: why.clone() }).is_err() {
+            // Killed already: it only waits to be reaped.
             return;
         }
-        warn!(pid = t.pid, generation, "killing the template: {why}");
-        t.state = TemplateState::Killed;
-        t.killed_for = Some(why);
-        t.ping = None;
+        warn!(pid, generation, "killing the template: {why}");
         if !stopping {
             self.totals.templates_killed += 1;
         }
@@ -269,14 +271,16 @@ impl<L: HasChild> Core<L> {
         let Some(t) = self.template_mut(generation) else {
             return;
         };
-        if !matches!(t.state, TemplateState::Starting | TemplateState::Ready) {
+        let asked = LifeEvent::Asked {
+            why: "no longer needed".into(),
+            by: deadline,
+        };
+        if t.live(asked).is_err() {
+            // Told to go already, or killed.
             return;
         }
-        t.state = TemplateState::Quitting;
-        t.exit_deadline = Some(deadline);
-        t.ping = None;
         info!(
-            pid = t.pid,
+            pid = t.role.pid,
             generation, "template no longer needed: told to quit"
         );
         self.effects.push(Effect::SendTemplate {
@@ -287,7 +291,7 @@ impl<L: HasChild> Core<L> {
 
     /// Every template is told to quit (a graceful stop).
     pub fn quit_templates(&mut self, now: Instant) {
-        let all: Vec<u32> = self.templates.iter().map(|t| t.generation).collect();
+        let all: Vec<u32> = self.templates.iter().map(|t| t.role.generation).collect();
         for generation in all {
             self.quit_template(generation, now);
         }
@@ -295,7 +299,7 @@ impl<L: HasChild> Core<L> {
 
     /// Every template is killed (an immediate stop).
     pub fn kill_templates(&mut self) {
-        let all: Vec<u32> = self.templates.iter().map(|t| t.generation).collect();
+        let all: Vec<u32> = self.templates.iter().map(|t| t.role.generation).collect();
         for generation in all {
             self.kill_template(generation, "immediate stop".into());
         }
@@ -309,7 +313,7 @@ impl<L: HasChild> Core<L> {
             .iter()
             .filter_map(|t| {
                 let (at, check) = t.next_check(&limits)?;
-                (now >= at).then_some((t.generation, check))
+                (now >= at).then_some((t.role.generation, check))
             })
             .collect();
         for (generation, check) in due {
@@ -378,11 +382,11 @@ impl<L: HasChild> Core<L> {
     /// its group, or will never come), and one that ended unasked is
     /// replaced with back-off, or fails the reload it was for.
     pub(super) fn template_exited(&mut self, pid: i32, status: ExitStatus, now: Instant) -> bool {
-        let Some(i) = self.templates.iter().position(|t| t.pid == pid) else {
+        let Some(i) = self.templates.iter().position(|t| t.role.pid == pid) else {
             return false;
         };
-        let mut t = self.templates.remove(i);
-        let generation = t.generation;
+        let t = self.templates.remove(i);
+        let generation = t.role.generation;
         let unverified: Vec<usize> = self
             .board
             .iter()
@@ -392,8 +396,8 @@ impl<L: HasChild> Core<L> {
         for slot in unverified {
             self.abandon_unverified(slot);
         }
-        if t.state == TemplateState::Quitting || self.shutdown.is_some() {
-            info!(pid, generation, %status, forks = t.forks, "template exited");
+        if t.asked_to_leave() || self.shutdown.is_some() {
+            info!(pid, generation, %status, forks = t.role.forks, "template exited");
             self.effects.push(Effect::TemplateGone {
                 generation,
                 pid,
@@ -401,11 +405,11 @@ impl<L: HasChild> Core<L> {
             });
             return true;
         }
-        let how = t.killed_for.take().map_or_else(
-            || format!("exited unexpectedly ({status})"),
-            |why| format!("was killed ({why})"),
-        );
-        let was_ready = t.ready_at.is_some();
+        let how = match t.leave_cause() {
+            Some(LeaveCause::Killed(why)) => format!("was killed ({why})"),
+            _ => format!("exited unexpectedly ({status})"),
+        };
+        let was_ready = t.is_ready();
         let reload_failed = if !was_ready || self.rolling_in_unproven(generation) {
             // The reload's new code does not start: keep the old one.
             self.rollout_start_failed(generation, format!("(the template) {how}"), now)

@@ -33,8 +33,8 @@ impl<L: HasChild> Core<L> {
         self.board
             .iter()
             .filter(|(slot, _)| Some(*slot) != except)
-            .any(|(_, s)| s.pid == pid || s.link.child().claimed == Some(pid))
-            || self.templates.iter().any(|t| t.pid == pid)
+            .any(|(_, s)| s.pid == pid || s.link.child().role.claimed == Some(pid))
+            || self.templates.iter().any(|t| t.role.pid == pid)
     }
 
     /// The slot whose template claimed `pid` for it and whose worker has
@@ -42,7 +42,7 @@ impl<L: HasChild> Core<L> {
     pub fn slot_claiming(&self, pid: i32) -> Option<usize> {
         self.board
             .iter()
-            .find(|(_, s)| s.pid == 0 && s.link.child().claimed == Some(pid))
+            .find(|(_, s)| s.pid == 0 && s.link.child().role.claimed == Some(pid))
             .map(|(slot, _)| slot)
     }
 
@@ -63,7 +63,7 @@ impl<L: HasChild> Core<L> {
         sender: Option<i32>,
         sender_is_child: bool,
     ) -> Result<i32, String> {
-        let claimed = self.board.link(slot).and_then(|l| l.child().claimed);
+        let claimed = self.board.link(slot).and_then(|l| l.child().role.claimed);
         let facts = FirstMessage {
             claimed,
             sender,
@@ -73,7 +73,7 @@ impl<L: HasChild> Core<L> {
         let pid = verification::verify(facts).map_err(|lie| lie.describe(slot))?;
         self.board.set_pid(slot, pid);
         if let Some(link) = self.board.link_mut(slot) {
-            link.child_mut().claimed = None;
+            link.child_mut().role.claimed = None;
         }
         Ok(pid)
     }
@@ -101,7 +101,7 @@ impl<L: HasChild> Core<L> {
         claimed_is_child: bool,
         now: Instant,
     ) {
-        let claim = self.board.link(slot).and_then(|l| l.child().claimed);
+        let claim = self.board.link(slot).and_then(|l| l.child().role.claimed);
         match (claim, verification::gave_up(claim, claimed_is_child)) {
             (Some(pid), GaveUp::Lost) => {
                 self.totals.lost += 1;
@@ -149,9 +149,9 @@ impl<L: HasChild> Core<L> {
         if let Some(t) = self
             .templates
             .iter_mut()
-            .find(|t| t.generation == generation)
+            .find(|t| t.role.generation == generation)
         {
-            t.pending.remove(&slot);
+            t.role.pending.remove(&slot);
         }
         if let Some(entry) = self.board.vacate(slot) {
             self.effects.push(Effect::Abandoned(Abandoned {

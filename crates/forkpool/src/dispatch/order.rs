@@ -119,7 +119,7 @@ mod tests {
         assert_eq!(listeners[0].orders_out, 1);
         assert_eq!(core.board.get(1).unwrap().state, SlotState::Idle);
 
-        let ordered_on = core.board.link_mut(0).unwrap().child.ordered_on.take();
+        let ordered_on = core.board.link_mut(0).unwrap().child.role.ordered_on.take();
         assert_eq!(ordered_on, Some(0), "the child remembers its listener");
         order_answered(0, &mut listeners);
         assert_eq!(listeners[0].orders_out, 0);

@@ -294,7 +294,7 @@ impl Supervisor {
     }
 
     pub(super) fn release_order(&mut self, link: &ChildLink) {
-        if let Some(i) = link.child.ordered_on {
+        if let Some(i) = link.child.role.ordered_on {
             self.listeners[i].orders_out = self.listeners[i].orders_out.saturating_sub(1);
         }
     }

@@ -67,7 +67,7 @@ impl ChildLink {
 
     /// Sends `msg` (with `fd`, for a connection) in the child's version.
     pub fn send(&self, msg: ParentMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-        if self.child.version == TEMPLATE_VERSION {
+        if self.child.role.version == TEMPLATE_VERSION {
             self.channel.send_order(WorkerOrder::Parent(msg), fd)
         } else {
             self.channel.send_to_child(msg, fd)
@@ -78,7 +78,7 @@ impl ChildLink {
     /// sender's pid where the kernel attaches it (the channels of workers
     /// ordered from a template, see `verify.rs`).
     pub fn receive(&self) -> io::Result<(Incoming<ChildMessage>, Option<i32>)> {
-        if self.child.version == TEMPLATE_VERSION {
+        if self.child.role.version == TEMPLATE_VERSION {
             self.channel.recv_from_child_v2_sent_by()
         } else {
             Ok((self.channel.recv_from_child()?, None))

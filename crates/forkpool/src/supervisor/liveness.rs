@@ -17,9 +17,9 @@ impl Supervisor {
             let Some(link) = self.core.board.link_mut(slot) else {
                 continue;
             };
-            link.child.capturing = capturing;
+            link.child.role.capturing = capturing;
             if link.child.channel_closed
-                && !link.child.hung_up
+                && !link.child.role.hung_up
                 && super::reports::peer_hung_up(&link.channel)
             {
                 hung_up.push(slot);

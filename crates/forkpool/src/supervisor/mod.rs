@@ -379,7 +379,7 @@ impl Supervisor {
                 .iter()
                 .map(|(slot, s)| (slot, s.pid))
                 .collect();
-            let templates: Vec<i32> = self.core.templates.iter().map(|t| t.pid).collect();
+            let templates: Vec<i32> = self.core.templates.iter().map(|t| t.role.pid).collect();
             tracing::error!(
                 ?children,
                 ?templates,

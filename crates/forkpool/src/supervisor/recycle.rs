@@ -109,7 +109,7 @@ impl Supervisor {
         if link.child.told_to_leave() {
             return None;
         }
-        let age = now.saturating_duration_since(link.child.spawned_at);
+        let age = now.saturating_duration_since(link.child.born);
         let c = &self.core.config;
         let limits = self.recycler.limits(slot, pid, &LimitSettings::of(c));
         if fresh_memory && c.max_child_memory > 0 {

@@ -545,19 +545,17 @@ impl Supervisor {
             .templates
             .iter()
             .map(|t| {
-                let memory = crate::observe::procfs::sample_process(t.pid)
+                let memory = crate::observe::procfs::sample_process(t.role.pid)
                     .ok()
                     .map(|s| s.memory);
                 crate::status::TemplateStatus {
-                    pid: t.pid,
-                    generation: t.generation,
-                    state: t.state.name().to_string(),
-                    uptime_ms: now.duration_since(t.started_at).as_millis() as u64,
-                    ready_after_ms: t
-                        .ready_at
-                        .map(|at| at.duration_since(t.started_at).as_millis() as u64),
-                    forks: t.forks,
-                    pending_forks: t.pending.len() as u32,
+                    pid: t.role.pid,
+                    generation: t.role.generation,
+                    state: t.state_name().to_string(),
+                    uptime_ms: now.duration_since(t.born).as_millis() as u64,
+                    ready_after_ms: t.ready_after().map(|d| d.as_millis() as u64),
+                    forks: t.role.forks,
+                    pending_forks: t.role.pending.len() as u32,
                     rss_bytes: memory.map(|m| m.rss_bytes),
                     pss_bytes: memory.map(|m| m.pss_bytes),
                     uss_bytes: memory.map(|m| m.uss_bytes),

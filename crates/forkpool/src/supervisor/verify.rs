@@ -51,7 +51,7 @@ impl Supervisor {
             .core
             .board
             .link(slot)
-            .is_some_and(|l| l.child.claimed.is_none())
+            .is_some_and(|l| l.child.role.claimed.is_none())
         {
             // The template's `W` was sent before this; read it first.
             self.learn_pid_from_template(slot, now);
@@ -81,7 +81,11 @@ impl Supervisor {
     /// core decides, once told whether the claimed process is still the
     /// supervisor's child.
     pub(super) fn give_up_unverified(&mut self, slot: usize, detail: &str, now: Instant) {
-        let claim = self.core.board.link(slot).and_then(|l| l.child.claimed);
+        let claim = self
+            .core
+            .board
+            .link(slot)
+            .and_then(|l| l.child.role.claimed);
         let claimed_is_child = claim.is_some_and(|p| self.is_our_child(p));
         self.core
             .give_up_unverified(slot, detail, claimed_is_child, now);
@@ -95,7 +99,7 @@ impl Supervisor {
         self.core
             .board
             .link(slot)
-            .and_then(|l| l.child.claimed)
+            .and_then(|l| l.child.role.claimed)
             .is_some_and(|pid| !self.is_our_child(pid))
     }
 

@@ -335,7 +335,7 @@ impl Sim {
                     let slot = p.slot;
                     let vanished = p.vanished;
                     let ours = self.core.board.get(slot).is_some_and(|s| {
-                        s.pid == pid || (s.pid == 0 && s.link.claimed == Some(pid))
+                        s.pid == pid || (s.pid == 0 && s.link.role.claimed == Some(pid))
                     });
                     if ours {
                         let claimed_is_child = !vanished;
@@ -533,7 +533,7 @@ impl Sim {
                         "slot {slot} is unverified, but every worker was forked"
                     ));
                 }
-                let claim = self.core.board.link(slot).and_then(|l| l.claimed);
+                let claim = self.core.board.link(slot).and_then(|l| l.role.claimed);
                 let claimed_is_child = claim.is_some_and(|p| {
                     p == world::SIDECAR || self.world.procs.get(&p).is_some_and(|w| !w.vanished)
                 });

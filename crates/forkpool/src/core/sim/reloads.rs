@@ -199,8 +199,8 @@ impl Sim {
             .templates
             .iter()
             .map(|t| {
-                let how = self.world.templates.get(&t.pid).map(|w| w.behaviour);
-                format!("g{} {:?} {how:?}", t.generation, t.state)
+                let how = self.world.templates.get(&t.role.pid).map(|w| w.behaviour);
+                format!("g{} {} {how:?}", t.role.generation, t.state_name())
             })
             .collect();
         let now = self.now();

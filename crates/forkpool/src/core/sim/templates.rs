@@ -238,11 +238,11 @@ impl Sim {
     /// The bound on unverified workers holds for every template.
     pub(super) fn check_templates(&self) -> Result<(), String> {
         for t in &self.core.templates {
-            let n = self.core.unverified_of(t.generation);
+            let n = self.core.unverified_of(t.role.generation);
             if n > UNVERIFIED_PER_TEMPLATE {
                 return Err(format!(
                     "{n} unverified workers for the template of generation {}",
-                    t.generation
+                    t.role.generation
                 ));
             }
         }
