@@ -437,6 +437,14 @@ mod tests {
         Duration::from_secs(n)
     }
 
+    /// A worker started at `now` and told to go by `by`.
+    fn asked_to_go(now: Instant, by: Instant) -> Child {
+        let mut c = Child::new(now, true, 1);
+        let why = "surplus".into();
+        c.live(LifeEvent::Asked { why, by }).unwrap();
+        c
+    }
+
     /// Every life a child can be in, with two instants to order deadlines.
     fn lives(t: Instant) -> Vec<Life> {
         let mut all = vec![
@@ -565,12 +573,7 @@ mod tests {
     #[test]
     fn a_closed_channel_only_moves_a_deadline_earlier_and_asking_keeps_the_sooner() {
         let now = Instant::now();
-        let mut c = Child::new(now, true, 1);
-        c.live(LifeEvent::Asked {
-            why: "surplus".into(),
-            by: now + secs(1),
-        })
-        .unwrap();
+        let mut c = asked_to_go(now, now + secs(1));
         c.live(LifeEvent::Closed { by: now + secs(5) }).unwrap();
         assert_eq!(c.leave_deadline(), Some(now + secs(1)));
         c.live(LifeEvent::Closed { by: now }).unwrap();
@@ -592,12 +595,7 @@ mod tests {
     #[test]
     fn a_ready_that_crossed_a_quit_still_counts_as_a_start() {
         let now = Instant::now();
-        let mut c = Child::new(now, true, 1);
-        c.live(LifeEvent::Asked {
-            why: "surplus".into(),
-            by: now + secs(1),
-        })
-        .unwrap();
+        let mut c = asked_to_go(now, now + secs(1));
         c.live(LifeEvent::Ready { after: secs(2) }).unwrap();
         assert_eq!(c.ready_after(), Some(secs(2)));
         assert!(c.asked_to_leave());
