@@ -309,7 +309,8 @@ pub struct TemplateStatus {
     pub pid: i32,
     /// The generation whose workers it forks.
     pub generation: u32,
-    /// `starting` (loading), `ready`, `quitting` or `killed`.
+    /// `starting` (loading), `ready`, `quitting` (told to), `exiting`
+    /// (closed its channel unasked) or `killed`.
     pub state: String,
     /// How long ago it was started.
     pub uptime_ms: u64,

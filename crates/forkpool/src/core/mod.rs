@@ -20,11 +20,13 @@ mod sim;
 mod stop;
 pub(crate) mod template;
 mod templates;
+mod view;
 mod vouch;
 
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;
+pub(crate) use view::CoreView;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -9,11 +9,8 @@ use std::time::Instant;
 use tracing::info;
 
 use super::Supervisor;
-use crate::fleet::agent::AgentReply;
 use crate::fleet::drain::{After, Drain, Step};
-use crate::fleet::health::{self, ReadyPolicy};
-use crate::fleet::request::{self, Method};
-use crate::fleet::{Capacity, Phase};
+use crate::fleet::Phase;
 
 /// The balancer-facing state: the drain-delay machine, made at the first
 /// stop signal or hand-over (so it uses the `drain_delay` in force then).
@@ -34,40 +31,6 @@ impl Supervisor {
         } else {
             Phase::Serving
         }
-    }
-
-    /// The pool's capacity now.
-    pub(super) fn capacity(&self, now: Instant) -> Capacity {
-        let counts = self.scaling_counts();
-        Capacity {
-            idle: counts.idle,
-            busy: counts.busy,
-            starting: counts.starting,
-            max_children: self.core.config.max_children,
-            spawn_held_back: self.spawns_held_until(now).is_some(),
-            phase: self.phase(),
-        }
-    }
-
-    /// The agent-check line for a connection accepted now.
-    pub(super) fn agent_line(&self, now: Instant) -> Vec<u8> {
-        AgentReply::for_capacity(&self.capacity(now))
-            .line()
-            .into_bytes()
-    }
-
-    /// The answer to a request on the metrics address when it is for
-    /// `/live` or `/ready` (or is not an HTTP request at all); `None` for
-    /// any other path, and for a head cut short, which the metrics serve
-    /// as before.
-    pub(super) fn health_response(&self, head: &[u8], now: Instant) -> Option<Vec<u8>> {
-        let parsed = request::parse_head(head).transpose()?;
-        let method = parsed.as_ref().map_or(Method::Get, |h| h.method);
-        let policy = ReadyPolicy {
-            unready_when_saturated: self.core.config.ready_unless_saturated,
-        };
-        let answer = health::answer(&parsed, &self.capacity(now), policy)?;
-        Some(answer.to_http(method))
     }
 
     fn drain_machine(&mut self) -> &mut Drain {

@@ -19,8 +19,6 @@ pub(crate) enum Event {
     Child(usize),
     /// The exec'd worker in this slot wrote to its stderr.
     Output(usize),
-    /// Control-socket or metrics client `i` can be read or written.
-    Client(usize),
     /// The template of this generation (`--preload`) sent replies (or
     /// closed its channel).
     Template(usize),
@@ -30,35 +28,29 @@ pub(crate) enum Event {
     /// has a connection queued (its child left just as the kernel gave it
     /// one).
     SlotSocket(usize, usize),
-    /// Someone connected to the control socket.
-    Control,
-    /// Someone connected to the metrics endpoint.
-    Metrics,
-    /// A load balancer connected to the agent-check port.
-    Agent,
+    /// The supervisor's small servers (control socket, metrics, agent
+    /// check) have something to do: their own poll is readable.
+    Endpoints,
     /// A signal arrived (the self-pipe is readable).
     Signal,
     /// The supervisor started by a binary upgrade wrote to its ready pipe.
     Upgrade,
 }
 
-/// How many indices each indexed event can carry: far more listeners,
-/// slots or endpoint clients than any pool has.
+/// How many indices each indexed event can carry: far more listeners or
+/// slots than any pool has.
 pub(crate) const RANGE: usize = 1 << 20;
 
 const CHILD_BASE: usize = RANGE;
 const OUTPUT_BASE: usize = 2 * RANGE;
-const CLIENT_BASE: usize = 3 * RANGE;
-const TEMPLATE_BASE: usize = 4 * RANGE;
-const TEMPLATE_OUTPUT_BASE: usize = 5 * RANGE;
-const SLOT_SOCKET_BASE: usize = 6 * RANGE;
+const TEMPLATE_BASE: usize = 3 * RANGE;
+const TEMPLATE_OUTPUT_BASE: usize = 4 * RANGE;
+const SLOT_SOCKET_BASE: usize = 5 * RANGE;
 /// Listeners per slot a [`Event::SlotSocket`] token can tell apart.
 pub(crate) const SLOT_SOCKET_LISTENERS: usize = 256;
 const SIGNAL: usize = usize::MAX - 1;
-const CONTROL: usize = usize::MAX - 2;
-const METRICS: usize = usize::MAX - 3;
-const UPGRADE: usize = usize::MAX - 4;
-const AGENT: usize = usize::MAX - 5;
+const ENDPOINTS: usize = usize::MAX - 2;
+const UPGRADE: usize = usize::MAX - 3;
 
 impl Event {
     /// The token to register this event's source with.
@@ -71,7 +63,6 @@ impl Event {
             Event::Listener(i) => (0, i),
             Event::Child(i) => (CHILD_BASE, i),
             Event::Output(i) => (OUTPUT_BASE, i),
-            Event::Client(i) => (CLIENT_BASE, i),
             Event::Template(i) => (TEMPLATE_BASE, i),
             Event::TemplateOutput(i) => (TEMPLATE_OUTPUT_BASE, i),
             Event::SlotSocket(slot, listener) => {
@@ -81,9 +72,7 @@ impl Event {
                 );
                 (SLOT_SOCKET_BASE, slot * SLOT_SOCKET_LISTENERS + listener)
             }
-            Event::Control => return Token(CONTROL),
-            Event::Metrics => return Token(METRICS),
-            Event::Agent => return Token(AGENT),
+            Event::Endpoints => return Token(ENDPOINTS),
             Event::Signal => return Token(SIGNAL),
             Event::Upgrade => return Token(UPGRADE),
         };
@@ -96,14 +85,11 @@ impl Event {
         let t = token.0;
         let event = match t {
             SIGNAL => Event::Signal,
-            CONTROL => Event::Control,
-            METRICS => Event::Metrics,
-            AGENT => Event::Agent,
+            ENDPOINTS => Event::Endpoints,
             UPGRADE => Event::Upgrade,
             _ if t < CHILD_BASE => Event::Listener(t),
             _ if (CHILD_BASE..OUTPUT_BASE).contains(&t) => Event::Child(t - CHILD_BASE),
-            _ if (OUTPUT_BASE..CLIENT_BASE).contains(&t) => Event::Output(t - OUTPUT_BASE),
-            _ if (CLIENT_BASE..TEMPLATE_BASE).contains(&t) => Event::Client(t - CLIENT_BASE),
+            _ if (OUTPUT_BASE..TEMPLATE_BASE).contains(&t) => Event::Output(t - OUTPUT_BASE),
             _ if (TEMPLATE_BASE..TEMPLATE_OUTPUT_BASE).contains(&t) => {
                 Event::Template(t - TEMPLATE_BASE)
             }
@@ -127,19 +113,12 @@ mod tests {
 
     /// Every variant, at the ends of its range where it has one.
     fn every_variant() -> Vec<Event> {
-        let mut all = vec![
-            Event::Control,
-            Event::Metrics,
-            Event::Agent,
-            Event::Signal,
-            Event::Upgrade,
-        ];
+        let mut all = vec![Event::Endpoints, Event::Signal, Event::Upgrade];
         for i in [0, 1, RANGE - 1] {
             all.extend([
                 Event::Listener(i),
                 Event::Child(i),
                 Event::Output(i),
-                Event::Client(i),
                 Event::Template(i),
                 Event::TemplateOutput(i),
             ]);
@@ -180,13 +159,12 @@ mod tests {
 
     proptest! {
         #[test]
-        fn indexed_events_round_trip(i in 0..RANGE, kind in 0..6u8) {
+        fn indexed_events_round_trip(i in 0..RANGE, kind in 0..5u8) {
             let event = match kind {
                 0 => Event::Listener(i),
                 1 => Event::Child(i),
                 2 => Event::Output(i),
-                3 => Event::Client(i),
-                4 => Event::Template(i),
+                3 => Event::Template(i),
                 _ => Event::TemplateOutput(i),
             };
             prop_assert_eq!(Event::from_token(event.token()), Some(event));

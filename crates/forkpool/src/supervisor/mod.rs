@@ -39,6 +39,7 @@ mod liveness;
 mod load;
 mod notify;
 mod output;
+mod published;
 mod recycle;
 mod refork;
 mod reload;
@@ -163,6 +164,8 @@ pub(crate) struct Supervisor {
     /// Kernel dispatch: when the scoreboard was last read.
     board_read_at: Option<Instant>,
     started: Instant,
+    /// The pool as of the end of the last turn, for the endpoints.
+    published: published::Published,
 }
 
 impl Supervisor {
@@ -221,6 +224,7 @@ impl Supervisor {
             orphaned_sockets: Vec::new(),
             board_read_at: None,
             started: Instant::now(),
+            published: published::Published::new(Instant::now()),
         })
     }
 
@@ -244,7 +248,7 @@ impl Supervisor {
                 self.endpoints.remove_control_file();
                 return Ok(Exit::Done(self.core.totals));
             }
-            let timeout = if self.unread.is_empty() {
+            let timeout = if self.unread.is_empty() && !self.endpoints.has_more() {
                 self.next_deadline(now)
                     .map(|d| d.saturating_duration_since(now))
             } else {
@@ -270,6 +274,11 @@ impl Supervisor {
             self.dispatch_marked(now);
             self.keep_up(Instant::now());
             self.ask_for_idle_children(Instant::now());
+            let now = Instant::now();
+            self.publish(now);
+            if ready.contains(&Event::Endpoints) || self.endpoints.has_more() {
+                self.serve_endpoints(now);
+            }
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
             let stopping = self.core.shutdown.is_some();
             let has_room = self.core.board.has_room();
@@ -291,7 +300,7 @@ impl Supervisor {
         self.check_liveness(now);
         self.release_stale_reservations(now);
         self.notify_ready_once();
-        self.expire_clients(now);
+        self.endpoints.expire_clients(now);
         self.check_upgrade(now);
         self.check_drain(now);
         self.check_backlog_finish(now);
@@ -306,10 +315,8 @@ impl Supervisor {
         match event {
             Event::Signal => self.handle_signals(now)?,
             Event::Upgrade => self.upgrade_progress(now),
-            Event::Control => self.accept_endpoint_clients(event.token(), now),
-            Event::Metrics => self.accept_endpoint_clients(event.token(), now),
-            Event::Agent => self.accept_endpoint_clients(event.token(), now),
-            Event::Client(i) => self.serve_client(i),
+            // Served after the turn, from what it publishes.
+            Event::Endpoints => {}
             Event::Output(slot) => self.read_output(slot),
             Event::Template(generation) => self.read_template(generation as u32, now),
             Event::TemplateOutput(generation) => self.read_template_output(generation as u32),

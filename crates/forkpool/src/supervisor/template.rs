@@ -539,31 +539,6 @@ impl Supervisor {
         ends.stderr_tail
     }
 
-    /// Each template as `forkpool status` shows it.
-    pub(super) fn template_statuses(&self, now: Instant) -> Vec<crate::status::TemplateStatus> {
-        self.core
-            .templates
-            .iter()
-            .map(|t| {
-                let memory = crate::observe::procfs::sample_process(t.role.pid)
-                    .ok()
-                    .map(|s| s.memory);
-                crate::status::TemplateStatus {
-                    pid: t.role.pid,
-                    generation: t.role.generation,
-                    state: t.state_name().to_string(),
-                    uptime_ms: now.duration_since(t.born).as_millis() as u64,
-                    ready_after_ms: t.ready_after().map(|d| d.as_millis() as u64),
-                    forks: t.role.forks,
-                    pending_forks: t.role.pending.len() as u32,
-                    rss_bytes: memory.map(|m| m.rss_bytes),
-                    pss_bytes: memory.map(|m| m.pss_bytes),
-                    uss_bytes: memory.map(|m| m.uss_bytes),
-                }
-            })
-            .collect()
-    }
-
     /// For a worker that says `Ready` before its template's `W` was read:
     /// reads the template's replies first (they were sent before it).
     pub(super) fn learn_pid_from_template(&mut self, slot: usize, now: Instant) {

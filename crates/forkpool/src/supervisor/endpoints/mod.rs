@@ -1,11 +1,21 @@
-//! The supervisor's own small servers, run from its event loop (no thread):
-//! the control socket, which writes a JSON [`Snapshot`] to whoever connects,
-//! and the Prometheus metrics endpoint, which answers any HTTP request with
-//! the text exposition (and `/live` and `/ready`, see [`crate::fleet`]),
-//! and HAProxy's agent check, one line per connection. All write without blocking; a client that does not
-//! read is dropped after [`CLIENT_TIMEOUT`]. At most [`MAX_ENDPOINT_CLIENTS`]
-//! are served at once, and never from the last [`FD_RESERVE`] descriptors:
-//! either way the oldest client is closed to make room.
+//! The supervisor's own small servers: the control socket, which writes
+//! a JSON snapshot to whoever connects; the Prometheus metrics endpoint,
+//! which answers any HTTP request with the text exposition (and `/live`
+//! and `/ready`, see [`crate::fleet`]); and HAProxy's agent check, one
+//! line per connection.
+//!
+//! They have a poll of their own, watched by the loop's as one source,
+//! and run once a turn after the loop has published the pool's state
+//! (`published.rs`): they answer from that alone (`answers.rs`), never
+//! from the core. The supervisor forks its children, so it stays one
+//! thread; the endpoints are bounded instead. All write without
+//! blocking; a client that does not read is dropped after
+//! [`CLIENT_TIMEOUT`]. At most [`MAX_ENDPOINT_CLIENTS`] are served at
+//! once, and never from the last [`FD_RESERVE`] descriptors: either way
+//! the oldest client is closed to make room. A turn handles at most
+//! [`ROUNDS_PER_TURN`] rounds of their events.
+
+mod answers;
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -18,13 +28,19 @@ use mio::{Interest, Token};
 use nix::sys::stat::{umask, Mode};
 use tracing::warn;
 
+pub(crate) use answers::Sources;
+
 use super::event::Event;
 use super::Supervisor;
-use crate::status::{SlotStatus, Snapshot};
 
-const CONTROL_TOKEN: Token = Event::Control.token();
-const METRICS_TOKEN: Token = Event::Metrics.token();
-const AGENT_TOKEN: Token = Event::Agent.token();
+/// The endpoints' own tokens: a client's is its index in the table.
+const CONTROL_TOKEN: Token = Token(usize::MAX - 1);
+const METRICS_TOKEN: Token = Token(usize::MAX - 2);
+const AGENT_TOKEN: Token = Token(usize::MAX - 3);
+/// Events taken from the endpoints' poll at once.
+const EVENTS_PER_ROUND: usize = 64;
+/// Rounds of events a turn of the loop serves; the rest wait a turn.
+const ROUNDS_PER_TURN: usize = 4;
 
 /// How long a status or metrics client may take.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,7 +64,6 @@ pub const METRICS_FD_NAME: &str = "forkpool-metrics";
 pub const AGENT_FD_NAME: &str = "forkpool-agent";
 
 /// The bound control socket and metrics listener, and their clients.
-#[derive(Default)]
 pub(crate) struct Endpoints {
     control: Option<ControlSocket>,
     metrics: Option<TcpListener>,
@@ -56,6 +71,32 @@ pub(crate) struct Endpoints {
     clients: Vec<Option<Client>>,
     /// Clients closed early to make room (too many, or few descriptors left).
     displaced: u64,
+    /// Their own poll, made when they are registered with the loop's.
+    poll: Option<mio::Poll>,
+    events: mio::Events,
+    /// The tokens of one round's events.
+    ready: Vec<Token>,
+    /// Events were left in the poll at the end of the last turn.
+    more: bool,
+    /// Rounds of events a turn serves ([`ROUNDS_PER_TURN`]).
+    rounds: usize,
+}
+
+impl Default for Endpoints {
+    fn default() -> Self {
+        Endpoints {
+            control: None,
+            metrics: None,
+            agent: None,
+            clients: Vec::new(),
+            displaced: 0,
+            poll: None,
+            events: mio::Events::with_capacity(EVENTS_PER_ROUND),
+            ready: Vec::with_capacity(EVENTS_PER_ROUND),
+            more: false,
+            rounds: ROUNDS_PER_TURN,
+        }
+    }
 }
 
 struct ControlSocket {
@@ -202,17 +243,27 @@ impl Endpoints {
         self.agent.is_some() || self.metrics.is_some()
     }
 
-    /// Registers the bound listeners with the loop.
+    /// Makes the endpoints' own poll, watches the bound listeners with
+    /// it, and has the loop's `registry` watch that poll.
     pub fn register(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let poll = mio::Poll::new()?;
+        let own = poll.registry();
         if let Some(c) = self.control.as_mut() {
-            registry.register(&mut c.listener, CONTROL_TOKEN, Interest::READABLE)?;
+            own.register(&mut c.listener, CONTROL_TOKEN, Interest::READABLE)?;
         }
         if let Some(m) = self.metrics.as_mut() {
-            registry.register(m, METRICS_TOKEN, Interest::READABLE)?;
+            own.register(m, METRICS_TOKEN, Interest::READABLE)?;
         }
         if let Some(a) = self.agent.as_mut() {
-            registry.register(a, AGENT_TOKEN, Interest::READABLE)?;
+            own.register(a, AGENT_TOKEN, Interest::READABLE)?;
         }
+        registry.register(
+            &mut mio::unix::SourceFd(&poll.as_raw_fd()),
+            Event::Endpoints.token(),
+            Interest::READABLE,
+        )?;
+        self.poll = Some(poll);
         Ok(())
     }
 
@@ -236,35 +287,78 @@ impl Endpoints {
     }
 }
 
-impl Supervisor {
+impl Endpoints {
+    /// Whether clients are left to serve from the last turn (its bound
+    /// was reached): the loop turns again without waiting.
+    pub fn has_more(&self) -> bool {
+        self.more
+    }
+
+    /// Serves what the endpoints' own poll has ready, answering from
+    /// `src`: at most [`ROUNDS_PER_TURN`] rounds of events a turn, so a
+    /// crowd of clients cannot hold the loop; what is left is served next
+    /// turn.
+    pub(super) fn turn(&mut self, src: &Sources<'_>, now: Instant) {
+        self.more = false;
+        for _ in 0..self.rounds {
+            let Some(poll) = self.poll.as_mut() else {
+                return;
+            };
+            match poll.poll(&mut self.events, Some(Duration::ZERO)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    warn!("the status endpoints' poll failed: {e}");
+                    return;
+                }
+            }
+            if self.events.is_empty() {
+                return;
+            }
+            self.ready.clear();
+            self.ready.extend(self.events.iter().map(|e| e.token()));
+            for i in 0..self.ready.len() {
+                match self.ready[i] {
+                    token @ (CONTROL_TOKEN | METRICS_TOKEN | AGENT_TOKEN) => {
+                        self.accept_clients(token, src, now)
+                    }
+                    Token(index) => self.serve_client(index, src),
+                }
+            }
+        }
+        // The poll is watched edge-triggered by the loop's: events left
+        // in it would not wake the loop again.
+        self.more = true;
+    }
+
     /// A client connected to the control socket, the metrics endpoint or
     /// the agent port.
-    pub(super) fn accept_endpoint_clients(&mut self, token: Token, now: Instant) {
-        while let Some(stream) = self.accept_endpoint_stream(token) {
+    fn accept_clients(&mut self, token: Token, src: &Sources<'_>, now: Instant) {
+        while let Some(stream) = self.accept_stream(token) {
             let Some(stream) = self.make_room_for(stream) else {
                 continue;
             };
-            let client = self.new_endpoint_client(stream, token, now);
-            if let Some(index) = self.add_endpoint_client(client) {
-                self.serve_client(index);
+            let client = new_client(stream, token, src, now);
+            if let Some(index) = self.add_client(client) {
+                self.serve_client(index, src);
             }
         }
     }
 
     /// Accepts one connection on the endpoint `token` names; `None` when
     /// that endpoint is not open, nothing is waiting, or the accept failed.
-    fn accept_endpoint_stream(&self, token: Token) -> Option<ClientStream> {
+    fn accept_stream(&self, token: Token) -> Option<ClientStream> {
         let accepted = match token {
             CONTROL_TOKEN => {
-                let c = self.endpoints.control.as_ref()?;
+                let c = self.control.as_ref()?;
                 c.listener.accept().map(|(s, _)| ClientStream::Unix(s))
             }
             AGENT_TOKEN => {
-                let a = self.endpoints.agent.as_ref()?;
+                let a = self.agent.as_ref()?;
                 a.accept().map(|(s, _)| ClientStream::Tcp(s))
             }
             _ => {
-                let m = self.endpoints.metrics.as_ref()?;
+                let m = self.metrics.as_ref()?;
                 m.accept().map(|(s, _)| ClientStream::Tcp(s))
             }
         };
@@ -283,11 +377,11 @@ impl Supervisor {
     fn make_room_for(&mut self, stream: ClientStream) -> Option<ClientStream> {
         // Too many clients, or descriptors running low: the oldest client
         // makes room. With no client to close, the new one is refused.
-        let live = self.endpoints.clients.iter().flatten().count();
+        let live = self.clients.iter().flatten().count();
         let low = in_fd_reserve(&stream);
         if live >= MAX_ENDPOINT_CLIENTS || low {
             let closed = self.close_oldest_client();
-            self.endpoint_client_displaced(low);
+            self.client_displaced(low);
             if !closed {
                 return None;
             }
@@ -301,44 +395,27 @@ impl Supervisor {
         }
     }
 
-    /// A new client on the endpoint `token` names, with its answer ready
-    /// unless it must send a request first (metrics).
-    fn new_endpoint_client(&self, stream: ClientStream, token: Token, now: Instant) -> Client {
-        let (request, out) = match (&stream, token) {
-            (ClientStream::Unix(_), _) => (None, self.status_json()),
-            (ClientStream::Tcp(_), AGENT_TOKEN) => (None, self.agent_line(now)),
-            (ClientStream::Tcp(_), _) => (Some(Vec::new()), Vec::new()),
-        };
-        Client {
-            stream,
-            request,
-            out,
-            written: 0,
-            since: now,
-        }
-    }
-
     /// Puts `client` in a free place of the client table and watches it;
     /// its index, or `None` when it cannot be watched (it is closed).
-    fn add_endpoint_client(&mut self, client: Client) -> Option<usize> {
-        let index = match self.endpoints.clients.iter().position(Option::is_none) {
+    fn add_client(&mut self, client: Client) -> Option<usize> {
+        let index = match self.clients.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
-                self.endpoints.clients.push(None);
-                self.endpoints.clients.len() - 1
+                self.clients.push(None);
+                self.clients.len() - 1
             }
         };
-        self.endpoints.clients[index] = Some(client);
+        self.clients[index] = Some(client);
         if self.register_client(index).is_err() {
-            self.endpoints.clients[index] = None;
+            self.clients[index] = None;
             return None;
         }
         Some(index)
     }
 
-    fn endpoint_client_displaced(&mut self, low_on_fds: bool) {
-        self.endpoints.displaced += 1;
-        let n = self.endpoints.displaced;
+    fn client_displaced(&mut self, low_on_fds: bool) {
+        self.displaced += 1;
+        let n = self.displaced;
         if n.is_power_of_two() {
             if low_on_fds {
                 warn!(
@@ -359,7 +436,6 @@ impl Supervisor {
     /// Closes the client that connected first; false if there is none.
     fn close_oldest_client(&mut self) -> bool {
         let oldest = self
-            .endpoints
             .clients
             .iter()
             .enumerate()
@@ -372,31 +448,28 @@ impl Supervisor {
     }
 
     fn register_client(&mut self, index: usize) -> io::Result<()> {
-        let token = Event::Client(index).token();
-        let registry = self.poll.registry();
-        let client = self.endpoints.clients[index].as_mut().expect("just set");
+        let Some(poll) = self.poll.as_ref() else {
+            return Err(io::Error::other("the endpoints are not registered"));
+        };
+        let registry = poll.registry();
+        let client = self.clients[index].as_mut().expect("just set");
         let interest = Interest::READABLE | Interest::WRITABLE;
         match &mut client.stream {
-            ClientStream::Unix(s) => registry.register(s, token, interest),
-            ClientStream::Tcp(s) => registry.register(s, token, interest),
+            ClientStream::Unix(s) => registry.register(s, Token(index), interest),
+            ClientStream::Tcp(s) => registry.register(s, Token(index), interest),
         }
     }
 
     /// Moves a client along: read its request, write the answer, close.
-    pub(super) fn serve_client(&mut self, index: usize) {
-        let done = self.advance_client(index).unwrap_or(true);
+    fn serve_client(&mut self, index: usize, src: &Sources<'_>) {
+        let done = self.advance_client(index, src).unwrap_or(true);
         if done {
             self.close_client(index);
         }
     }
 
-    fn advance_client(&mut self, index: usize) -> io::Result<bool> {
-        let Some(client) = self
-            .endpoints
-            .clients
-            .get_mut(index)
-            .and_then(Option::as_mut)
-        else {
+    fn advance_client(&mut self, index: usize, src: &Sources<'_>) -> io::Result<bool> {
+        let Some(client) = self.clients.get_mut(index).and_then(Option::as_mut) else {
             return Ok(false);
         };
         if let Some(request) = client.request.as_mut() {
@@ -417,27 +490,17 @@ impl Supervisor {
                 }
             }
             let request = client.request.take().unwrap_or_default();
-            if let Some(answer) = self.health_response(&request, Instant::now()) {
-                let client = self.endpoints.clients[index].as_mut().expect("checked");
-                client.out = answer;
-                return self.write_client(index);
-            }
-            let body = self.metrics_text();
-            let client = self.endpoints.clients[index].as_mut().expect("checked");
-            client.out = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            )
-            .into_bytes();
-            client.out.extend_from_slice(body.as_bytes());
+            client.out = match answers::health_response(src, &request) {
+                Some(answer) => answer,
+                None => answers::metrics_response(src, Instant::now()),
+            };
         }
         self.write_client(index)
     }
 
     /// Writes what is left of a client's answer: true once all of it is out.
     fn write_client(&mut self, index: usize) -> io::Result<bool> {
-        let client = self.endpoints.clients[index].as_mut().expect("checked");
+        let client = self.clients[index].as_mut().expect("checked");
         while client.written < client.out.len() {
             match client.stream.write(&client.out[client.written..]) {
                 Ok(0) => return Ok(true),
@@ -450,19 +513,21 @@ impl Supervisor {
     }
 
     fn close_client(&mut self, index: usize) {
-        if let Some(mut client) = self.endpoints.clients.get_mut(index).and_then(Option::take) {
-            let registry = self.poll.registry();
-            let _ = match &mut client.stream {
-                ClientStream::Unix(s) => registry.deregister(s),
-                ClientStream::Tcp(s) => registry.deregister(s),
-            };
+        if let Some(mut client) = self.clients.get_mut(index).and_then(Option::take) {
+            if let Some(poll) = self.poll.as_ref() {
+                let registry = poll.registry();
+                let _ = match &mut client.stream {
+                    ClientStream::Unix(s) => registry.deregister(s),
+                    ClientStream::Tcp(s) => registry.deregister(s),
+                };
+            }
         }
     }
 
     /// Drops clients that have taken too long.
     pub(super) fn expire_clients(&mut self, now: Instant) {
-        for index in 0..self.endpoints.clients.len() {
-            let late = self.endpoints.clients[index]
+        for index in 0..self.clients.len() {
+            let late = self.clients[index]
                 .as_ref()
                 .is_some_and(|c| now.duration_since(c.since) >= CLIENT_TIMEOUT);
             if late {
@@ -470,94 +535,34 @@ impl Supervisor {
             }
         }
     }
+}
 
-    /// The scoreboard and totals as the control socket reports them.
-    pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {
-        let counts = self.core.board.counts();
-        // Kernel dispatch: a child's client is asked of the kernel, once per
-        // snapshot (the supervisor never held the connection).
-        let established = (self.kernel.is_some() && counts.busy > 0)
-            .then(crate::observe::peers::established_by_inode);
-        let slots = self
-            .core
-            .board
-            .iter()
-            .map(|(slot, s)| {
-                let mut status = SlotStatus {
-                    slot,
-                    pid: s.pid,
-                    state: s.state.name().to_string(),
-                    generation: s.generation,
-                    served: s.served,
-                    busy_for_ms: matches!(
-                        s.state,
-                        crate::scoreboard::SlotState::Busy | crate::scoreboard::SlotState::Ordered
-                    )
-                    .then(|| now.duration_since(s.since).as_millis() as u64),
-                    last_heard_ms: now.duration_since(s.last_heard).as_millis() as u64,
-                    sessions: s.load.map(|l| (l.load(), l.capacity)),
-                    cpu_seconds: None,
-                    cpu_percent: None,
-                    rss_bytes: None,
-                    pss_bytes: None,
-                    uss_bytes: None,
-                    peer: None,
-                    last_capture: None,
-                    ready_after_ms: s.link.child.ready_after().map(|d| d.as_millis() as u64),
-                };
-                self.resources.fill(&mut status);
-                if let (None, Some(_), Some(established)) =
-                    (&status.peer, status.busy_for_ms, &established)
-                {
-                    status.peer = crate::observe::peers::peers_of(s.pid, established)
-                        .first()
-                        .map(|a| a.to_string());
-                }
-                status
-            })
-            .collect();
-        let mut totals = self.core.totals;
-        if let Some(since) = self.core.saturated_since() {
-            totals.saturated_ms += now.duration_since(since).as_millis() as u64;
-        }
-        Snapshot {
-            pid: std::process::id(),
-            generation: self.core.generation,
-            serving_generation: self.core.serving_generation(),
-            ready: self.told_ready,
-            dispatch: self.core.config.dispatch.name().to_string(),
-            dispatch_fallback: self.dispatch_fallback.clone(),
-            uptime_ms: now.duration_since(self.started).as_millis() as u64,
-            line: self.core.board.line(),
-            starting: counts.starting,
-            idle: counts.idle,
-            busy: counts.busy,
-            leaving: counts.leaving,
-            bounds: [
-                self.core.config.min_children,
-                self.core.config.max_children,
-                self.core.config.min_spare,
-                self.core.config.max_spare,
-            ],
-            slots,
-            totals,
-            queues: self.resources.queues(),
-            templates: self.template_statuses(now),
-        }
+/// A new client on the endpoint `token` names, with its answer ready
+/// unless it must send a request first (metrics).
+fn new_client(stream: ClientStream, token: Token, src: &Sources<'_>, now: Instant) -> Client {
+    let (request, out) = match (&stream, token) {
+        (ClientStream::Unix(_), _) => (None, answers::status_json(src, now)),
+        (ClientStream::Tcp(_), AGENT_TOKEN) => (None, answers::agent_line(src)),
+        (ClientStream::Tcp(_), _) => (Some(Vec::new()), Vec::new()),
+    };
+    Client {
+        stream,
+        request,
+        out,
+        written: 0,
+        since: now,
     }
+}
 
-    fn status_json(&self) -> Vec<u8> {
-        let mut json = serde_json::to_vec(&self.snapshot(Instant::now())).unwrap_or_default();
-        json.push(b'\n');
-        json
-    }
-
-    fn metrics_text(&self) -> String {
-        crate::metrics::render(
-            &self.snapshot(Instant::now()),
-            self.dispatcher.latency(),
-            &self.resources.service_time,
-        )
+impl Supervisor {
+    /// Serves the endpoints from what this turn published.
+    pub(super) fn serve_endpoints(&mut self, now: Instant) {
+        let src = Sources {
+            view: &self.published,
+            resources: &self.resources,
+            latency: self.dispatcher.latency(),
+        };
+        self.endpoints.turn(&src, now);
     }
 }
 
@@ -628,5 +633,126 @@ impl Write for ClientStream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::published::Published;
+    use crate::supervisor::resources::Resources;
+    use prometheus_client::metrics::histogram::Histogram;
+    use std::io::{BufRead, BufReader};
+
+    /// What the answers are made from: nothing published yet.
+    struct Nothing {
+        published: Published,
+        resources: Resources,
+        latency: Histogram,
+    }
+
+    impl Nothing {
+        fn new() -> Nothing {
+            Nothing {
+                published: Published::new(Instant::now()),
+                resources: Resources::default(),
+                latency: Histogram::new([0.001]),
+            }
+        }
+
+        fn src(&self) -> Sources<'_> {
+            Sources {
+                view: &self.published,
+                resources: &self.resources,
+                latency: &self.latency,
+            }
+        }
+    }
+
+    /// Endpoints serving the metrics address, `events` events a round and
+    /// `rounds` rounds a turn, registered with a loop poll of their own.
+    fn metrics_endpoints(events: usize, rounds: usize) -> (Endpoints, SocketAddr, mio::Poll) {
+        let mut endpoints = Endpoints {
+            events: mio::Events::with_capacity(events),
+            rounds,
+            ..Endpoints::default()
+        };
+        let addr = endpoints
+            .bind_metrics("127.0.0.1:0".parse().unwrap())
+            .unwrap();
+        let outer = mio::Poll::new().unwrap();
+        endpoints.register(outer.registry()).unwrap();
+        (endpoints, addr, outer)
+    }
+
+    fn live_request(stream: &mut std::net::TcpStream) {
+        stream
+            .write_all(b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+    }
+
+    /// Turns until `stream` has its status line, at most 50 turns: how
+    /// many it took.
+    fn turns_until_answered(
+        endpoints: &mut Endpoints,
+        src: &Sources<'_>,
+        stream: &std::net::TcpStream,
+    ) -> Option<usize> {
+        stream.set_nonblocking(true).unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        for turn in 1..=50 {
+            endpoints.turn(src, Instant::now());
+            if reader.read_line(&mut line).is_ok() && line.starts_with("HTTP/1.1") {
+                return Some(turn);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        None
+    }
+
+    #[test]
+    fn events_past_a_turns_bound_are_served_next_turn_and_the_loop_knows_to_turn_again() {
+        let (mut endpoints, addr, _outer) = metrics_endpoints(1, 1);
+        let nothing = Nothing::new();
+        let src = nothing.src();
+        let mut a = std::net::TcpStream::connect(addr).unwrap();
+        let mut b = std::net::TcpStream::connect(addr).unwrap();
+        // Both are accepted (one event: the listener) and wait for their
+        // requests.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while endpoints.clients.iter().flatten().count() < 2 && Instant::now() < deadline {
+            endpoints.turn(&src, Instant::now());
+        }
+        assert_eq!(endpoints.clients.iter().flatten().count(), 2);
+        live_request(&mut a);
+        live_request(&mut b);
+        std::thread::sleep(Duration::from_millis(20));
+        // One event a turn: the first turn answers one and says more wait.
+        endpoints.turn(&src, Instant::now());
+        assert!(endpoints.has_more(), "a turn at its bound must say so");
+        assert_eq!(endpoints.clients.iter().flatten().count(), 1);
+        let left = if endpoints.clients[0].is_some() {
+            &a
+        } else {
+            &b
+        };
+        assert_eq!(turns_until_answered(&mut endpoints, &src, left), Some(1));
+    }
+
+    #[test]
+    fn a_crowd_of_idle_clients_is_capped_and_the_newest_is_answered() {
+        let (mut endpoints, addr, _outer) = metrics_endpoints(EVENTS_PER_ROUND, ROUNDS_PER_TURN);
+        let nothing = Nothing::new();
+        let src = nothing.src();
+        let idle: Vec<_> = (0..MAX_ENDPOINT_CLIENTS + 10)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut fresh = std::net::TcpStream::connect(addr).unwrap();
+        live_request(&mut fresh);
+        assert!(turns_until_answered(&mut endpoints, &src, &fresh).is_some());
+        assert!(endpoints.clients.iter().flatten().count() <= MAX_ENDPOINT_CLIENTS);
+        assert!(endpoints.displaced >= 10);
+        drop(idle);
     }
 }

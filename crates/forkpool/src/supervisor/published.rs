@@ -1,0 +1,83 @@
+//! What the loop publishes at the end of each turn for its small servers
+//! (`endpoints/`): the core's [`CoreView`], and the few facts only the
+//! shell knows (whether the pool has been ready, where it is in its life
+//! as a balancer sees it, why kernel dispatch fell back). The servers
+//! answer from this alone, with the sampled `/proc` figures beside it;
+//! they never read the core or the children's channels.
+
+use std::time::Instant;
+
+use super::Supervisor;
+use crate::core::CoreView;
+use crate::fleet::Capacity;
+
+/// The pool as of the end of the last turn.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    /// The core's part.
+    pub core: CoreView,
+    /// The supervisor's pid.
+    pub pid: u32,
+    /// When the supervisor started.
+    pub started: Instant,
+    /// Whether the pool has been ready (told systemd, logged).
+    pub ready: bool,
+    /// Why kernel dispatch was asked for and handoff runs instead.
+    pub dispatch_fallback: Option<String>,
+    /// Whether kernel dispatch runs (a busy child's peer is then asked of
+    /// the kernel when status is read).
+    pub kernel: bool,
+    /// The pool's capacity, for the agent check and `/ready`.
+    pub capacity: Capacity,
+}
+
+impl Published {
+    /// Nothing published yet: the state before the first turn.
+    pub fn new(now: Instant) -> Published {
+        Published {
+            core: CoreView::new(now),
+            pid: std::process::id(),
+            started: now,
+            ready: false,
+            dispatch_fallback: None,
+            kernel: false,
+            capacity: Capacity {
+                idle: 0,
+                busy: 0,
+                starting: 0,
+                max_children: 0,
+                spawn_held_back: false,
+                phase: crate::fleet::Phase::Starting,
+            },
+        }
+    }
+}
+
+impl Supervisor {
+    /// Publishes the pool as of `now`: once per turn, with no I/O and no
+    /// allocation once the lists have grown.
+    pub(super) fn publish(&mut self, now: Instant) {
+        self.core.publish(&mut self.published.core, now);
+        let view = &self.published.core;
+        // Queued connections change no child count (`pool_counts`), so
+        // none are read here.
+        let counts = self.core.pool_counts(|| 0, self.cpu_count());
+        let capacity = Capacity {
+            idle: counts.idle,
+            busy: counts.busy,
+            starting: counts.starting,
+            max_children: view.bounds[1],
+            spawn_held_back: view.spawns_held,
+            phase: self.phase(),
+        };
+        let p = &mut self.published;
+        p.capacity = capacity;
+        p.pid = self.pid;
+        p.started = self.started;
+        p.ready = self.told_ready;
+        p.kernel = self.kernel.is_some();
+        if p.dispatch_fallback != self.dispatch_fallback {
+            p.dispatch_fallback.clone_from(&self.dispatch_fallback);
+        }
+    }
+}
