@@ -1,4 +1,4 @@
-//! What the core publishes at the end of each turn of the loop, for the
+//! What the core publishes at the end of a turn of the loop, for the
 //! supervisor's small servers (`forkpool status`, metrics, `/ready`, the
 //! agent check): plain copies of its state, made without I/O and, once
 //! its lists have grown to the pool's size, without allocating. The

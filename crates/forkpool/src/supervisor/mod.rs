@@ -274,9 +274,11 @@ impl Supervisor {
             self.dispatch_marked(now);
             self.keep_up(Instant::now());
             self.ask_for_idle_children(Instant::now());
-            let now = Instant::now();
-            self.publish(now);
             if ready.contains(&Event::Endpoints) || self.endpoints.has_more() {
+                // Published on the turns it is read: a handoff pool turns
+                // once a connection, and no other turn needs the copy.
+                let now = Instant::now();
+                self.publish(now);
                 self.serve_endpoints(now);
             }
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));

@@ -1,4 +1,4 @@
-//! What the loop publishes at the end of each turn for its small servers
+//! What the loop publishes at the end of a turn for its small servers
 //! (`endpoints/`): the core's [`CoreView`], and the few facts only the
 //! shell knows (whether the pool has been ready, where it is in its life
 //! as a balancer sees it, why kernel dispatch fell back). The servers
@@ -54,8 +54,9 @@ impl Published {
 }
 
 impl Supervisor {
-    /// Publishes the pool as of `now`: once per turn, with no I/O and no
-    /// allocation once the lists have grown.
+    /// Publishes the pool as of `now`, at the end of a turn in which the
+    /// endpoints have work: no I/O, and no allocation once the lists have
+    /// grown.
     pub(super) fn publish(&mut self, now: Instant) {
         self.core.publish(&mut self.published.core, now);
         let view = &self.published.core;

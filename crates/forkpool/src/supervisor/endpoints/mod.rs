@@ -5,8 +5,9 @@
 //! line per connection.
 //!
 //! They have a poll of their own, watched by the loop's as one source,
-//! and run once a turn after the loop has published the pool's state
-//! (`published.rs`): they answer from that alone (`answers.rs`), never
+//! and run at the end of a turn in which that poll woke the loop, once
+//! the loop has published the pool's state (`published.rs`): they answer
+//! from that alone (`answers.rs`), never
 //! from the core. The supervisor forks its children, so it stays one
 //! thread; the endpoints are bounded instead. All write without
 //! blocking; a client that does not read is dropped after
