@@ -40,6 +40,7 @@ use super::{Core, Effect, Input};
 use crate::config::PoolConfig;
 use crate::protocol::{ChildMessage, ParentMessage};
 use crate::scaling::Decision;
+use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 use crate::sys::process::ExitStatus;
 use world::{Behaviour, Conn, Happening, StopKind, World, MS, SEC};
@@ -694,10 +695,44 @@ impl Sim {
         Ok(())
     }
 
+    /// Every slot's state and its child's life tell the same story: the
+    /// table that dispatch reads and the life the core moves are two
+    /// views of one child, moved together.
+    fn check_lives(&self) -> Result<(), String> {
+        use super::child::{LeaveCause, Life};
+        for (slot, s) in self.core.board.iter() {
+            let agree = match (&s.link.life, s.state) {
+                (Life::Starting, SlotState::Starting) => true,
+                (Life::Up { .. }, state) => !matches!(
+                    state,
+                    SlotState::Starting | SlotState::Retiring | SlotState::Killed
+                ),
+                (
+                    Life::Leaving {
+                        cause: LeaveCause::Killed(_),
+                        ..
+                    },
+                    state,
+                ) => state == SlotState::Killed,
+                (Life::Leaving { .. }, state) => state == SlotState::Retiring,
+                _ => false,
+            };
+            if !agree {
+                return Err(format!(
+                    "slot {slot} is {} on the board but its child's life is {}",
+                    s.state.name(),
+                    s.link.life.name()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The invariants that hold after every step.
     fn check(&mut self) -> Result<(), String> {
         self.check_templates()?;
         self.check_roll()?;
+        self.check_lives()?;
         // Twice max_children while a reload rolls, and until the old
         // generation it retired is reaped (`slot_limit`); every fork is
         // checked against the limit of its moment (`adopt_checked`).
