@@ -180,7 +180,7 @@ impl fmt::Display for IllegalLife {
 /// caller can be in: a refusal means the core's record is wrong, a bug in
 /// forkpool, never something a child did. It is logged loudly rather than
 /// dropped (like the scoreboard's `own_move`).
-pub(crate) fn own_life(result: Result<(), IllegalLife>) {
+pub(crate) fn own_life<E: fmt::Display>(result: Result<(), E>) {
     if let Err(e) = result {
         tracing::error!(
             "internal error, please report it: the supervisor's own move of a child's life \

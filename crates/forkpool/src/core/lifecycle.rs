@@ -13,7 +13,7 @@ use super::Core;
 use crate::policy::backoff::{fails_a_reload, Verdict, START_WINDOW};
 use crate::policy::liveness::{closed_channel_grace, unverified_closed_grace, Deadlines};
 use crate::protocol::ParentMessage;
-use crate::scoreboard::{own_move, SlotState};
+use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 use crate::sys::process::ExitStatus;
 
@@ -64,12 +64,10 @@ impl<L: HasChild> Core<L> {
             why: reason.to_string(),
             by: deadline,
         };
-        let link = self.board.link_mut(slot).expect("checked above");
-        if link.child_mut().live(asked).is_err() {
+        if self.move_worker(slot, asked, now).is_err() {
             // Told to go already, or killed.
             return false;
         }
-        own_move(self.board.retire(slot, now));
         self.totals.retired += 1;
         debug!(slot, pid, "retiring child: {reason}");
         true
@@ -96,15 +94,13 @@ impl<L: HasChild> Core<L> {
             "killing child: {detail}"
         );
         self.effects.push(Effect::Kill { slot });
-        own_move(self.board.kill(slot, now));
+        // The slot was not killed (checked above), so neither was its
+        // child's life.
+        own_life(self.move_worker(slot, LifeEvent::Killed { why: detail }, now));
         self.totals.killed += 1;
         self.totals.killed_by.add(why);
         if let Some(link) = self.board.link_mut(slot) {
-            let child = link.child_mut();
-            // The slot was not killed (checked above), so neither was its
-            // child's life.
-            own_life(child.live(LifeEvent::Killed { why: detail }));
-            if let Some(listener) = child.role.ordered_on.take() {
+            if let Some(listener) = link.child_mut().role.ordered_on.take() {
                 self.effects.push(Effect::OrderDropped { listener });
             }
         }
@@ -131,14 +127,10 @@ impl<L: HasChild> Core<L> {
         };
         child.channel_closed = true;
         child.role.hung_up = hung_up;
-        own_life(child.live(LifeEvent::Closed { by: now + grace }));
         self.effects.push(Effect::StopReading { slot });
-        // No more work can reach it: take it out of the idle set. Its
-        // leaving cause is a closed channel, so the end reports a death.
-        let state = self.board.get(slot).map(|s| s.state);
-        if !matches!(state, Some(SlotState::Retiring | SlotState::Killed)) {
-            own_move(self.board.retire(slot, now));
-        }
+        // No more work can reach it: it leaves the idle set. Its leaving
+        // cause is a closed channel, so the end reports a death.
+        own_life(self.move_worker(slot, LifeEvent::Closed { by: now + grace }, now));
     }
 
     /// A send to the child in `slot` failed. A child whose end is closed

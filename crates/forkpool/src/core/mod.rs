@@ -11,6 +11,7 @@ mod effect;
 mod input;
 mod lifecycle;
 mod liveness;
+mod moves;
 mod pool;
 mod reports;
 mod rollout;

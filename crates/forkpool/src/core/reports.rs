@@ -8,6 +8,7 @@ use tracing::debug;
 
 use super::child::{HasChild, LifeEvent};
 use super::effect::Effect;
+use super::moves::Refused;
 use super::Core;
 use crate::policy::budget::MESSAGES_PER_SECOND;
 use crate::policy::messages;
@@ -123,14 +124,13 @@ impl<L: HasChild> Core<L> {
             // like every worker (`supervisor/containment.rs`).
             self.effects.push(Effect::OwnGroup { slot });
         }
-        self.board.ready(slot, now).map_err(out_of_order)?;
-        if let Some(link) = self.board.link_mut(slot) {
-            let child = link.child_mut();
-            let after = now.saturating_duration_since(child.born);
-            child
-                .live(LifeEvent::Ready { after })
-                .map_err(|e| e.to_string())?;
-        }
+        let born = self.board.link(slot).map_or(now, |l| l.child().born);
+        let after = now.saturating_duration_since(born);
+        self.move_worker(slot, LifeEvent::Ready { after }, now)
+            .map_err(|refused| match refused {
+                Refused::Slot(e) => out_of_order(e),
+                other => other.to_string(),
+            })?;
         self.effects.push(Effect::Room);
         Ok(())
     }

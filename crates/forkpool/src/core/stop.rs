@@ -38,11 +38,9 @@ impl<L: HasChild> Core<L> {
         let slots: Vec<usize> = self.board.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             self.retire(slot, "shutdown", now);
-            if let Some(link) = self.board.link_mut(slot) {
-                // Every child is leaving now (retired above, or before):
-                // the stop's deadline is its own.
-                own_life(link.child_mut().live(LifeEvent::StopBy { by: deadline }));
-            }
+            // Every child is leaving now (retired above, or before): the
+            // stop's deadline is its own.
+            own_life(self.move_worker(slot, LifeEvent::StopBy { by: deadline }, now));
         }
     }
 
