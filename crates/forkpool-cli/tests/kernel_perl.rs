@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use common::{send, total};
 use example_workers::PERL_WORKER;
 use kernel_helper_cases::{answer, assert_clean, kernel_pool, SupervisorStopped, PATIENCE};
-use psgi_support::{connect, read_response, require_plack, PSGI_SERVER, TEST_APP};
+use psgi_support::{connect, kept_alive, read_response, require_plack, PSGI_SERVER, TEST_APP};
 
 const WORKER: [&str; 2] = ["perl", PERL_WORKER];
 
@@ -92,11 +92,7 @@ fn forkpool_psgi_gives_way_on_the_overflow() {
     let Some(pool) = kernel_pool(1, &[], &psgi(&args)) else {
         return;
     };
-    let mut kept = connect(&pool);
-    kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    let first = read_response(&mut kept, false);
-    assert_eq!(first.header("connection"), None, "kept alive");
+    let mut kept = kept_alive(&pool);
     let waiting = answer(send(pool.addr, "/?name=b"))
         .unwrap_or_else(|e| panic!("the waiting client: {e}\n{}", pool.stderr.dump()));
     assert_eq!(waiting.body, "hello b\n");

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::{total, DemoPool, Response};
 use kernel_helper_cases::{assert_clean, get, kernel_pool, pid_in_slot, SupervisorStopped};
-use psgi_support::{connect, read_response};
+use psgi_support::{connect, kept_alive, read_response};
 use rack_support::{fd_targets, rack_command, require_sinatra, template_pid, PATIENCE, RUBY_DIR};
 
 /// `clients/ruby/example_http_worker.rb`.
@@ -197,11 +197,7 @@ fn the_rack_server_gives_way_on_the_overflow() {
     ) else {
         return;
     };
-    let mut kept = connect(&pool);
-    kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    let first = read_response(&mut kept, false);
-    assert_eq!(first.header("connection"), None, "kept alive");
+    let mut kept = kept_alive(&pool);
     let (answer, waited) = {
         let _stopped = SupervisorStopped::new(&pool);
         let started = Instant::now();

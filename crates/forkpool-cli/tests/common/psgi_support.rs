@@ -153,6 +153,18 @@ pub fn connect(pool: &DemoPool) -> TcpStream {
     conn
 }
 
+/// A connection that has had one answer (`GET /?name=a`) and is kept
+/// alive, as the give-way tests need.
+pub fn kept_alive(pool: &DemoPool) -> TcpStream {
+    use std::io::Write;
+    let mut kept = connect(pool);
+    kept.write_all(b"GET /?name=a HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let first = read_response(&mut kept, false);
+    assert_eq!(first.header("connection"), None, "kept alive");
+    kept
+}
+
 /// One HTTP response.
 #[derive(Debug)]
 pub struct Resp {
