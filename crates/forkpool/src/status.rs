@@ -189,7 +189,7 @@ pub struct Totals {
 }
 
 /// One slot as the control socket reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SlotStatus {
     /// The slot number.
     pub slot: usize,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::child::HasChild;
 use super::Core;
-use crate::scoreboard::{SlotState, StateCounts};
+use crate::scoreboard::{Slot, StateCounts};
 use crate::status::Totals;
 
 /// The core's state as of the end of one turn.
@@ -43,35 +43,15 @@ pub(crate) struct CoreView {
     pub stopping: bool,
     /// Slots in use, the span of the table (for the scoreboard line).
     pub span: usize,
-    /// Every occupied slot, lowest first.
-    pub slots: Vec<SlotView>,
+    /// Every occupied slot, lowest first, with its index.
+    pub slots: Vec<(usize, SlotView)>,
     /// Every template.
     pub templates: Vec<TemplateView>,
 }
 
-/// One occupied slot, as published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SlotView {
-    /// Its index.
-    pub slot: usize,
-    /// Its child's pid (0 until the kernel vouches for a worker ordered
-    /// from a template).
-    pub pid: i32,
-    /// What the child is doing.
-    pub state: SlotState,
-    /// The generation it was started in.
-    pub generation: u32,
-    /// Connections it has finished.
-    pub served: u64,
-    /// When it entered its state.
-    pub since: Instant,
-    /// When it last sent anything.
-    pub last_heard: Instant,
-    /// A many-connection child's load and capacity.
-    pub sessions: Option<(u32, u32)>,
-    /// How long it took to say `Ready`.
-    pub ready_after: Option<Duration>,
-}
+/// One occupied slot, as published: the board's own record, with its
+/// child's time to `Ready` where the board keeps its link.
+pub(crate) type SlotView = Slot<Option<Duration>>;
 
 /// One template, as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,8 +97,8 @@ impl CoreView {
     /// The one-letter-per-slot line, `.` for a free slot: `IIB.S`.
     pub fn line(&self) -> String {
         let mut line = vec!['.'; self.span];
-        for s in &self.slots {
-            if let Some(c) = line.get_mut(s.slot) {
+        for (slot, s) in &self.slots {
+            if let Some(c) = line.get_mut(*slot) {
                 *c = s.state.letter();
             }
         }
@@ -148,18 +128,19 @@ impl<L: HasChild> Core<L> {
         view.stopping = self.shutdown.is_some();
         view.span = self.board.span();
         view.slots.clear();
-        view.slots
-            .extend(self.board.iter().map(|(slot, s)| SlotView {
-                slot,
+        view.slots.extend(self.board.iter().map(|(slot, s)| {
+            let view = Slot {
                 pid: s.pid,
                 state: s.state,
                 generation: s.generation,
                 served: s.served,
                 since: s.since,
                 last_heard: s.last_heard,
-                sessions: s.load.map(|l| (l.load(), l.capacity)),
-                ready_after: s.link.child().ready_after(),
-            }));
+                load: s.load,
+                link: s.link.child().ready_after(),
+            };
+            (slot, view)
+        }));
         view.templates.clear();
         view.templates
             .extend(self.templates.iter().map(|t| TemplateView {
@@ -203,8 +184,8 @@ mod tests {
         assert_eq!(view.turn, 1);
         assert_eq!(view.line(), "I.S");
         assert_eq!((view.counts.idle, view.counts.starting), (1, 1));
-        assert_eq!(view.slots[0].ready_after, Some(ms(30)));
-        assert_eq!(view.slots[1].pid, 42);
+        assert_eq!(view.slots[0].1.link, Some(ms(30)));
+        assert_eq!((view.slots[1].0, view.slots[1].1.pid), (2, 42));
         assert_eq!(view.totals.spawned, 2);
 
         // The next turn's view replaces this one in place.

@@ -255,18 +255,8 @@ mod tests {
             pid,
             state: "busy".into(),
             generation: 1,
-            served: 0,
             busy_for_ms: busy.then_some(5),
-            last_heard_ms: 0,
-            sessions: None,
-            cpu_seconds: None,
-            cpu_percent: None,
-            rss_bytes: None,
-            pss_bytes: None,
-            uss_bytes: None,
-            peer: None,
-            last_capture: None,
-            ready_after_ms: None,
+            ..SlotStatus::default()
         }
     }
 

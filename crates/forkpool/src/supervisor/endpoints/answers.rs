@@ -37,9 +37,9 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
     let slots = view
         .slots
         .iter()
-        .map(|s| {
+        .map(|(slot, s)| {
             let mut status = SlotStatus {
-                slot: s.slot,
+                slot: *slot,
                 pid: s.pid,
                 state: s.state.name().to_string(),
                 generation: s.generation,
@@ -47,15 +47,9 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
                 busy_for_ms: matches!(s.state, SlotState::Busy | SlotState::Ordered)
                     .then(|| now.saturating_duration_since(s.since).as_millis() as u64),
                 last_heard_ms: now.saturating_duration_since(s.last_heard).as_millis() as u64,
-                sessions: s.sessions,
-                cpu_seconds: None,
-                cpu_percent: None,
-                rss_bytes: None,
-                pss_bytes: None,
-                uss_bytes: None,
-                peer: None,
-                last_capture: None,
-                ready_after_ms: s.ready_after.map(|d| d.as_millis() as u64),
+                sessions: s.load.map(|l| (l.load(), l.capacity)),
+                ready_after_ms: s.link.map(|d| d.as_millis() as u64),
+                ..SlotStatus::default()
             };
             src.resources.fill(&mut status);
             if let (None, Some(_), Some(established)) =
