@@ -5,6 +5,7 @@
 # over the rounds.
 #
 #   bench/kernel.sh            ROUNDS=3 DURATION=5 CONNS="16 64 256"
+#   BIN=/tmp/forkpool-old SERVERS="kernel-deferred nginx-deferred" bench/kernel.sh
 #
 # Servers: the forkpool demo (release build) in `kernel` and `handoff`
 # dispatch, each with and without --defer-accept 5s, 16 children held
@@ -20,13 +21,14 @@ rounds=${ROUNDS:-3}
 duration=${DURATION:-5}
 conns=${CONNS:-"16 64 256"}
 modes=${MODES:-"close keepalive"}
-bin=target/release/forkpool
+bin=${BIN:-target/release/forkpool}
 out=${OUT:-/tmp/forkpool-kernel-bench}
 mkdir -p "$out"
 rm -f "$out"/*.tsv
 
 command -v wrk >/dev/null || { echo "kernel.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-cargo build --release -q -p forkpool-cli
+# BIN=path measures another build (an A/B of two commits); none is built.
+[ -n "${BIN:-}" ] || cargo build --release -q -p forkpool-cli
 
 pool_pids=()
 stop_pools() {

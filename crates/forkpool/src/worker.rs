@@ -589,6 +589,7 @@ impl Worker<'_> {
                 if next.is_some() {
                     board.count_taken(self.info.slot);
                     board.count_next(self.info.slot);
+                    board.count_overflow_taken(1);
                 } else if !self.exhausted() {
                     self.now_idle()?;
                 }
@@ -663,6 +664,11 @@ impl Worker<'_> {
             _ => return None,
         };
         if self.exhausted() {
+            return None;
+        }
+        if self.board.as_ref().is_some_and(|b| !b.overflow_may_wait()) {
+            // Kernel dispatch: the program sent nothing to the overflow
+            // that is not taken, so the poll below would find nothing.
             return None;
         }
         let l = shared.get(usize::from(listener))?;

@@ -59,6 +59,9 @@ impl Supervisor {
                         ),
                     };
                     self.core.totals.accepted += accepted;
+                    if let Some(kernel) = &self.kernel {
+                        kernel.board().count_overflow_taken(accepted);
+                    }
                     end
                 }
                 DispatchMode::Order => self.dispatcher.order_accepts(

@@ -66,6 +66,8 @@ const EXIT: u8 = 0x90;
 /// `BPF_CMPXCHG`: compare R0 with memory, store the source if equal,
 /// and load the old value into R0 either way.
 const CMPXCHG: i32 = 0xf0 | 0x01;
+/// `BPF_ADD` as an atomic operation: add the source to memory (no fetch).
+const ATOMIC_ADD: i32 = 0x00;
 /// `BPF_PSEUDO_MAP_FD`: the immediate of a 64-bit load is a map's fd.
 const PSEUDO_MAP_FD: u8 = 1;
 /// `BPF_PSEUDO_MAP_VALUE`: ... a map's fd, and the second half's
@@ -207,6 +209,11 @@ impl Asm {
         self.push(STX | DW | ATOMIC, dst, src, off, CMPXCHG);
     }
 
+    /// Atomically: `*(u64 *)(dst + off) += src`.
+    pub fn atomic_add_u64(&mut self, dst: Reg, off: i16, src: Reg) {
+        self.push(STX | DW | ATOMIC, dst, src, off, ATOMIC_ADD);
+    }
+
     /// `dst` = the address of map `fd` (for a helper's map argument).
     pub fn load_map(&mut self, dst: Reg, fd: i32) {
         self.push(LD | DW | IMM, dst, Reg(PSEUDO_MAP_FD), 0, fd);
@@ -275,6 +282,7 @@ mod tests {
         asm.exit(); // 95 00 00 00 00 00 00 00
         asm.lsh_imm(R2, 3); // 67 02 00 00 03 00 00 00
         asm.add(R3, R2); // 0f 23 00 00 00 00 00 00
+        asm.atomic_add_u64(R7, 24, R1); // db 17 18 00 00 00 00 00
         let words: Vec<[u8; 8]> = asm
             .finish()
             .unwrap()
@@ -294,6 +302,7 @@ mod tests {
                 [0x95, 0, 0, 0, 0, 0, 0, 0],
                 [0x67, 0x02, 0, 0, 3, 0, 0, 0],
                 [0x0f, 0x23, 0, 0, 0, 0, 0, 0],
+                [0xdb, 0x17, 0x18, 0, 0, 0, 0, 0],
             ]
         );
     }

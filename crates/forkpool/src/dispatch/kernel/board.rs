@@ -9,7 +9,9 @@
 //! | 0 | [`MAGIC`]: the layout's name and version | the supervisor, once |
 //! | 1 | the number of slots | the supervisor, once |
 //! | 2 | nonzero: the supervisor holds connections no idle child took, and wants an `I` from a child that goes idle | the supervisor |
-//! | 3–7 | reserved, zero | |
+//! | 3 | connections the program sent to an overflow socket | the program (an atomic add) |
+//! | 4 | connections taken from an overflow socket | whoever accepts one there (an atomic add) |
+//! | 5–7 | reserved, zero | |
 //! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
 //! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
 //! | 10 + 4 *slot* | connections the child finished (its own and handed ones) | the child |
@@ -35,6 +37,13 @@
 //! child stores its state before it reads word 2, and the supervisor sets
 //! word 2 before it reads the states, both sequentially consistent: one of
 //! the two always sees the other, and no idle child is missed.
+//!
+//! Words 3 and 4 let a child that finishes a connection skip looking on
+//! the overflow (a system call) when nothing can be waiting there: word 3
+//! not above word 4. They only ever over-count what waits (a connection
+//! sent that never completes its handshake stays counted), and then the
+//! child looks as it would without them; one they miss is handed on by
+//! the supervisor, which watches the overflow.
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -54,6 +63,10 @@ pub const RECORD_WORDS: usize = 4;
 const SLOTS_WORD: usize = 1;
 /// The word saying the supervisor wants to hear of a child going idle.
 const WAITING_WORD: usize = 2;
+/// The word counting connections the program sent to the overflow.
+pub const OVERFLOW_SENT_WORD: usize = 3;
+/// The word counting connections taken from the overflow.
+const OVERFLOW_TAKEN_WORD: usize = 4;
 /// Within a record: the state.
 const STATE: usize = 0;
 /// Within a record: connections accepted from the child's own socket.
@@ -200,6 +213,22 @@ impl Board {
     /// waiting on the overflow itself (counted in taken too).
     pub fn count_next(&self, slot: usize) {
         self.word(slot, NEXT).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a connection may wait on an overflow socket: the program
+    /// sent more there than were taken. False means none can.
+    pub fn overflow_may_wait(&self) -> bool {
+        let words = self.words.words();
+        // Taken first: read after it, sent is at least as new.
+        let taken = words[OVERFLOW_TAKEN_WORD].load(Ordering::SeqCst);
+        words[OVERFLOW_SENT_WORD].load(Ordering::SeqCst) > taken
+    }
+
+    /// `n` connections were taken from an overflow socket.
+    pub fn count_overflow_taken(&self, n: u64) {
+        if n > 0 {
+            self.words.words()[OVERFLOW_TAKEN_WORD].fetch_add(n, Ordering::SeqCst);
+        }
     }
 
     /// The child in `slot` finished a connection.

@@ -388,6 +388,7 @@ mod tests {
         for slot in [0, 2, 3] {
             group.board().set_idle(slot);
         }
+        assert!(!group.board().overflow_may_wait(), "nothing sent there yet");
         let clients: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(addr).unwrap()).collect();
         let mut per_socket = [0usize; 5];
         for _ in 0..5 {
@@ -395,12 +396,15 @@ mod tests {
             let fd = if at < 4 {
                 socket(&group, at)
             } else {
+                assert!(group.board().overflow_may_wait(), "the program counted it");
+                group.board().count_overflow_taken(1);
                 overflow.as_fd()
             };
             drop(accept_one(fd));
             per_socket[at] += 1;
         }
         assert_eq!(per_socket, [1, 0, 1, 1, 2]);
+        assert!(!group.board().overflow_may_wait(), "both taken");
         drop(clients);
     }
 

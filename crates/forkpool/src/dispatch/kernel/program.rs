@@ -7,7 +7,9 @@
 //! socket by its index in the sockarray (slot *i* at index *i*, the
 //! overflow socket at index `slots`). Per connection it costs one clock
 //! read, one load per busy slot below the one it picks, one
-//! compare-and-swap and one helper call.
+//! compare-and-swap and one helper call; one sent to the overflow also
+//! adds one to the board's count of them (an atomic add), which lets a
+//! finishing child skip looking there when nothing was sent.
 //!
 //! Registers: R6 the context, R7 the scoreboard's value, R8 the
 //! reservation stamp, R9 the slot being looked at; the stack's 4 bytes at
@@ -44,20 +46,22 @@
 //! 27     r9 += 1                         stays until the supervisor's deadline)
 //! 28     goto scan
 //! overflow:
-//! 29     *(u32 *)(r10 - 4) = SLOTS      key = the overflow socket
-//! 30     r1 = r6
-//! 31–32  r2 = &sockarray
-//! 33     r3 = r10
-//! 34     r3 += -4
-//! 35     r4 = 0
-//! 36     call sk_select_reuseport       (if it fails, the kernel's hash picks)
+//! 29     r1 = 1
+//! 30     lock *(u64 *)(r7 + 24) += r1   count it: sent to the overflow (word 3)
+//! 31     *(u32 *)(r10 - 4) = SLOTS      key = the overflow socket
+//! 32     r1 = r6
+//! 33–34  r2 = &sockarray
+//! 35     r3 = r10
+//! 36     r3 += -4
+//! 37     r4 = 0
+//! 38     call sk_select_reuseport       (if it fails, the kernel's hash picks)
 //! pass:
-//! 37     r0 = SK_PASS
-//! 38     exit
+//! 39     r0 = SK_PASS
+//! 40     exit
 //! ```
 
 use super::asm::{Asm, Cond, Insn, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8, R9};
-use super::board::{HEADER_WORDS, IDLE, RECORD_WORDS, RESERVED_BIT};
+use super::board::{HEADER_WORDS, IDLE, OVERFLOW_SENT_WORD, RECORD_WORDS, RESERVED_BIT};
 
 // The scan steps from record to record with a shift.
 const _: () = assert!(RECORD_WORDS * 8 == 1 << 5);
@@ -120,6 +124,8 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
     asm.jump(scan);
 
     asm.bind(overflow);
+    asm.mov_imm(R1, 1);
+    asm.atomic_add_u64(R7, (8 * OVERFLOW_SENT_WORD) as i16, R1);
     asm.store_u32_imm(R10, key, slots);
     select_socket_at_key(&mut asm, sockets, key);
 
@@ -147,16 +153,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_program_is_the_thirty_nine_slots_its_listing_shows() {
+    fn the_program_is_the_forty_one_slots_its_listing_shows() {
         let insns = pick_lowest_idle(3, 4, 16);
-        assert_eq!(insns.len(), 39);
+        assert_eq!(insns.len(), 41);
         // The scan's bound, the slot word's offset, the overflow key.
         assert_eq!((insns[7].code, insns[7].imm, insns[7].off), (0x35, 16, 21));
         assert_eq!(insns[12].off, 64);
         assert_eq!((insns[16].code, insns[16].imm), (0xdb, 0xf1));
-        assert_eq!(insns[29].imm, 16);
+        assert_eq!(
+            (insns[30].code, insns[30].off),
+            (0xdb, 24),
+            "the overflow count"
+        );
+        assert_eq!(insns[31].imm, 16);
         assert_eq!(insns[28].off, -22, "back to the scan");
-        assert_eq!(insns[38].code, 0x95);
+        assert_eq!(insns[40].code, 0x95);
     }
 
     #[test]
