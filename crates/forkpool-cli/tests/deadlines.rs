@@ -23,12 +23,18 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// (the old limit for a worker or template told to quit).
 const TEAR_DOWN: &str = "1.5";
 
-/// Whether python3 (3.9, for `socket.send_fds`) is here.
-fn have_python() -> bool {
-    Command::new("python3")
+/// Whether python3 (3.9, for `socket.send_fds`) is here: under `CI=true`
+/// its absence fails the test (`common::require`).
+fn require_python() -> bool {
+    let found = Command::new("python3")
         .args(["-c", "import socket; socket.send_fds"])
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success());
+    common::require(
+        found,
+        "python3 (3.9+, for socket.send_fds)",
+        "apt-get install -y python3",
+    )
 }
 
 /// A worker (the Python helper) that serves until told to quit, closes its
@@ -155,8 +161,7 @@ fn no_misbehaviour(status: &serde_json::Value) {
 
 #[test]
 fn a_worker_slow_to_exit_after_quitting_is_not_killed_by_default() {
-    if !have_python() {
-        eprintln!("skipped: no python3 with socket.send_fds");
+    if !require_python() {
         return;
     }
     // The old limit for a worker told to quit was `ping_timeout`.
@@ -168,8 +173,7 @@ fn a_worker_slow_to_exit_after_quitting_is_not_killed_by_default() {
 
 #[test]
 fn a_worker_past_exit_timeout_after_quitting_counts_as_a_slow_exit() {
-    if !have_python() {
-        eprintln!("skipped: no python3 with socket.send_fds");
+    if !require_python() {
         return;
     }
     // A long ping timeout: the kill is exit_timeout's doing.
@@ -182,8 +186,7 @@ fn a_worker_past_exit_timeout_after_quitting_counts_as_a_slow_exit() {
 
 #[test]
 fn a_worker_that_closes_its_channel_unasked_has_exit_timeout_to_exit() {
-    if !have_python() {
-        eprintln!("skipped: no python3 with socket.send_fds");
+    if !require_python() {
         return;
     }
     let status = one_closing_worker(&[], |s| total(s, "died") >= 1);
@@ -193,8 +196,7 @@ fn a_worker_that_closes_its_channel_unasked_has_exit_timeout_to_exit() {
 
 #[test]
 fn a_worker_that_closes_its_channel_unasked_and_overstays_counts_as_a_slow_exit() {
-    if !have_python() {
-        eprintln!("skipped: no python3 with socket.send_fds");
+    if !require_python() {
         return;
     }
     let status = one_closing_worker(&["--exit-timeout", "200ms"], |s| {
@@ -261,8 +263,7 @@ fn stop_a_slow_template(extra: &[&str]) -> (i32, bool) {
 
 #[test]
 fn a_template_slow_to_exit_after_quit_is_left_to_finish_by_default() {
-    if !have_python() {
-        eprintln!("skipped: no python3 with socket.send_fds");
+    if !require_python() {
         return;
     }
     // The old limit for a template told to quit was `ping_timeout`.
@@ -275,8 +276,7 @@ fn a_template_slow_to_exit_after_quit_is_left_to_finish_by_default() {
 
 #[test]
 fn a_template_past_exit_timeout_after_quit_is_killed() {
-    if !have_python() {
-        eprintln!("skipped: no python3 with socket.send_fds");
+    if !require_python() {
         return;
     }
     let long_ping = ["--ping-timeout", "20s", "--exit-timeout", "200ms"];
