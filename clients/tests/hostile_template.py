@@ -11,6 +11,7 @@ helper with one step changed, chosen by the first argument:
   helper        the template starts a helper process that keeps the
                 listeners, and writes its pid to $HOSTILE_PID_FILE
   flood         the template writes to stderr without pause once ready
+  deaf          the template and its workers ignore SIGTERM and every Quit
 
 Every worker that does come to life serves `ok` and closes.
 """
@@ -94,6 +95,21 @@ elif MODE == "flood":
         return honest_serve_orders(self)
 
     Template._serve_orders = _serve_orders
+
+elif MODE == "deaf":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def deaf(receive):
+        def _receive(self):
+            while True:
+                message = receive(self)
+                if message is None or message[0] != b"Q":
+                    return message
+
+        return _receive
+
+    Template._receive = deaf(Template._receive)
+    forkpool_worker.Worker._receive = deaf(forkpool_worker.Worker._receive)
 
 else:
     sys.exit(f"unknown mode {MODE}")

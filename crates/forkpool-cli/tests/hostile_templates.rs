@@ -259,6 +259,51 @@ fn workers_reaped_behind_the_supervisors_back_are_counted_lost_and_stops_finish(
     stop_in_time(&mut pool);
 }
 
+/// SIGQUIT ends the supervisor within one second, whatever its children
+/// do: a template and workers deaf to SIGTERM and to every Quit (a TERM
+/// would wait `shutdown_timeout` for them), a template whose workers are
+/// reaped behind its back (the case where QUIT once did nothing), and one
+/// whose helper keeps the listeners.
+#[test]
+fn quit_ends_the_supervisor_within_a_second_whatever_the_children_do() {
+    for mode in ["deaf", "reaped", "helper"] {
+        let pid_file = common::temp_path("quit-helper.pid");
+        let mut pool = start(
+            mode,
+            None,
+            &[("HOSTILE_PID_FILE", pid_file.display().to_string())],
+        );
+        let busy = pool.wait_status(Duration::from_secs(20), |s| {
+            total(s, "lost") >= 1 || s["ready"] == true
+        });
+        assert!(
+            busy.is_some(),
+            "{mode}: the pool never got going: {}",
+            pool.status()
+        );
+        let asked = Instant::now();
+        pool.signal(libc::SIGQUIT);
+        let exited = pool.wait_exit(Duration::from_secs(3));
+        let took = asked.elapsed();
+        assert!(
+            exited.is_some() && took <= Duration::from_millis(1200),
+            "{mode}: QUIT took {took:?} (exited: {exited:?})\n{}",
+            pool.stderr.dump()
+        );
+        if let Some(helper) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            let _guard = Adopted(helper);
+            assert!(
+                gone(helper, Duration::from_secs(1)),
+                "{mode}: the helper outlived QUIT"
+            );
+        }
+        let _ = std::fs::remove_file(pid_file);
+    }
+}
+
 #[test]
 fn what_a_template_started_does_not_outlive_the_pool() {
     let pid_file = common::temp_path("helper.pid");
