@@ -4,6 +4,9 @@ helper with one step changed, chosen by the first argument:
 
   lie-pid       `W` names the pid in $HOSTILE_PID instead of the worker's
   lie-template  `W` names the template itself
+  forge         `W` names the pid in $HOSTILE_PID, and the worker sends its
+                first message with that pid in forged SCM_CREDENTIALS (which
+                the kernel allows a sender with CAP_SYS_ADMIN: run as root)
   silent        fork orders are closed and never answered
   reaped        SIGCHLD stays ignored in the intermediate and the worker
                 dies before the intermediate exits, so the kernel reaps it
@@ -36,20 +39,32 @@ def say_forked(template, slot, pid):
     template._send(b"W", struct.pack(">II", slot, pid))
 
 
-if MODE in ("lie-pid", "lie-template"):
+if MODE in ("lie-pid", "lie-template", "forge"):
     honest_intermediate = Template._intermediate
 
     def _intermediate(self, slot):
         worker = os.fork()
         if worker == 0:
             return 0
-        liar = int(os.environ["HOSTILE_PID"]) if MODE == "lie-pid" else self.pid
+        liar = int(os.environ["HOSTILE_PID"]) if MODE != "lie-template" else self.pid
         try:
             say_forked(self, slot, liar)
         finally:
             os._exit(0)
 
     Template._intermediate = _intermediate
+
+    if MODE == "forge":
+
+        def _send(self, kind, payload=b""):
+            liar = int(os.environ["HOSTILE_PID"])
+            creds = struct.pack("iII", liar, os.getuid(), os.getgid())
+            self.channel.sendmsg(
+                [bytes([self.version]) + kind + payload],
+                [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)],
+            )
+
+        forkpool_worker.Worker._send = _send
 
 elif MODE == "silent":
 

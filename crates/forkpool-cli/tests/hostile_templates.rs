@@ -162,14 +162,33 @@ fn children_of(parent: i32) -> Vec<i32> {
 
 #[test]
 fn a_template_naming_the_supervisors_own_sidecar_cannot_get_it_killed() {
-    // The wrapper leaves a sidecar behind as the supervisor's own child,
-    // and the template names it in every `W`.
+    sidecar_survives("lie-pid");
+}
+
+/// The same lie, with the worker's credentials forged to the sidecar's pid
+/// too (a template run as root may): the sidecar started before the fork
+/// order, so it is not the worker.
+#[test]
+fn a_root_template_forging_its_workers_credentials_cannot_get_the_sidecar_killed() {
+    if !common::require(
+        nix::unistd::geteuid().is_root(),
+        "root (CAP_SYS_ADMIN, to forge SCM_CREDENTIALS)",
+        "run the tests as root",
+    ) {
+        return;
+    }
+    sidecar_survives("forge");
+}
+
+/// The wrapper leaves a sidecar behind as the supervisor's own child, and
+/// the template (`mode`) names it in every `W`.
+fn sidecar_survives(mode: &str) {
     let pid_file = common::temp_path("sidecar.pid");
     let script = format!(
         r#"sleep 1000 & echo $! > {}; HOSTILE_PID=$! exec "$0" "$@""#,
         pid_file.display()
     );
-    let mut pool = start("lie-pid", Some(&script), &[]);
+    let mut pool = start(mode, Some(&script), &[]);
     let sidecar = std::fs::read_to_string(&pid_file)
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())

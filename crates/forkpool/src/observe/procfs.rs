@@ -23,6 +23,8 @@ pub struct Stat {
     pub utime_ticks: u64,
     /// CPU time in kernel mode, in clock ticks.
     pub stime_ticks: u64,
+    /// When it started, in clock ticks since boot (field 22).
+    pub start_ticks: u64,
 }
 
 /// Parses the text of `/proc/PID/stat`. The command name (field 2) is in
@@ -50,12 +52,29 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
         ppid: field(1, "ppid")? as i32,
         utime_ticks: field(11, "utime")?,
         stime_ticks: field(12, "stime")?,
+        start_ticks: field(19, "starttime")?,
     })
 }
 
 /// The parent of `pid`, from `/proc/PID/stat`; `None` if it is gone.
 pub fn parent_of(pid: i32) -> Option<i32> {
     read_stat(pid).map(|s| s.ppid)
+}
+
+/// When `pid` started, in clock ticks since boot; `None` if it is gone.
+pub fn start_ticks(pid: i32) -> Option<u64> {
+    read_stat(pid).map(|s| s.start_ticks)
+}
+
+/// The boot clock now in the clock ticks `/proc/PID/stat` counts a
+/// start in (rounded down, so a process started from now on has a start
+/// at or above it).
+pub fn boot_ticks_now() -> io::Result<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
+    let ticks = clock_ticks_per_second()?;
+    let ns = u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(now.tv_nsec()).unwrap_or(0);
+    Ok(ns / (1_000_000_000 / ticks.max(1)))
 }
 
 fn read_stat(pid: i32) -> Option<Stat> {
@@ -268,9 +287,29 @@ Locked:                0 kB
                 state: 'S',
                 ppid: 1,
                 utime_ticks: 250,
-                stime_ticks: 75
+                stime_ticks: 75,
+                start_ticks: 123456,
             }
         );
+    }
+
+    #[test]
+    fn a_process_started_now_starts_at_or_after_the_boot_clock_read_before() {
+        let before = boot_ticks_now().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let started = start_ticks(child.id() as i32);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            started.is_some_and(|t| t >= before),
+            "{started:?} < {before}"
+        );
+        // This test process started before the read.
+        let me = start_ticks(std::process::id() as i32).unwrap();
+        assert!(me <= before, "{me} > {before}");
     }
 
     #[test]

@@ -20,6 +20,11 @@ pub(crate) struct FirstMessage {
     pub sender_is_child: bool,
     /// Whether another slot or a template holds (or claims) the sender.
     pub sender_taken: bool,
+    /// Whether the sender started after its fork order was sent, as the
+    /// kernel's start time says. A sender with `CAP_SYS_ADMIN` (a template
+    /// run as root) can put any pid in its credentials; a process older
+    /// than the order (a sidecar, an adopted orphan) is then still refused.
+    pub sender_born_after_order: bool,
 }
 
 /// Why a claim does not hold: the template lied, or failed its worker.
@@ -35,6 +40,8 @@ pub(crate) enum Lie {
     NotOurChild { pid: i32 },
     /// Another slot or a template holds the process.
     Taken { pid: i32 },
+    /// The process started before its fork order was sent: not the worker.
+    Older { pid: i32 },
 }
 
 impl Lie {
@@ -56,6 +63,9 @@ impl Lie {
             Lie::Taken { pid } => {
                 format!("said slot {slot} is pid {pid}, which another slot or a template holds")
             }
+            Lie::Older { pid } => format!(
+                "said slot {slot} is pid {pid}, which started before its fork order was sent"
+            ),
         }
     }
 }
@@ -73,6 +83,9 @@ pub(crate) fn verify(m: FirstMessage) -> Result<i32, Lie> {
     }
     if m.sender_taken {
         return Err(Lie::Taken { pid: sender });
+    }
+    if !m.sender_born_after_order {
+        return Err(Lie::Older { pid: sender });
     }
     Ok(sender)
 }
@@ -121,6 +134,7 @@ mod tests {
         sender: Some(100),
         sender_is_child: true,
         sender_taken: false,
+        sender_born_after_order: true,
     };
 
     #[test]
@@ -169,6 +183,13 @@ mod tests {
                 },
                 Lie::Taken { pid: 100 },
             ),
+            (
+                FirstMessage {
+                    sender_born_after_order: false,
+                    ..HONEST
+                },
+                Lie::Older { pid: 100 },
+            ),
         ];
         for (m, lie) in cases {
             assert_eq!(verify(m), Err(lie), "{m:?}");
@@ -178,22 +199,25 @@ mod tests {
 
     #[test]
     fn only_all_conditions_together_verify() {
-        // Every combination of the four facts: exactly one passes.
+        // Every combination of the five facts: exactly one passes.
         let mut passed = 0;
         for claimed in [None, Some(100), Some(101)] {
             for sender in [None, Some(100)] {
                 for sender_is_child in [false, true] {
                     for sender_taken in [false, true] {
-                        let m = FirstMessage {
-                            claimed,
-                            sender,
-                            sender_is_child,
-                            sender_taken,
-                        };
-                        if let Ok(pid) = verify(m) {
-                            assert_eq!(m, HONEST);
-                            assert_eq!(pid, 100);
-                            passed += 1;
+                        for sender_born_after_order in [false, true] {
+                            let m = FirstMessage {
+                                claimed,
+                                sender,
+                                sender_is_child,
+                                sender_taken,
+                                sender_born_after_order,
+                            };
+                            if let Ok(pid) = verify(m) {
+                                assert_eq!(m, HONEST);
+                                assert_eq!(pid, 100);
+                                passed += 1;
+                            }
                         }
                     }
                 }

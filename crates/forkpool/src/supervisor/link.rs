@@ -27,6 +27,10 @@ pub(crate) struct ChildLink {
     /// supervisor's (just forked, or verified): every signal to the child
     /// alone goes through it (`signal_child`).
     pub pidfd: Option<std::os::fd::OwnedFd>,
+    /// A worker ordered from a template: the boot clock, in the ticks
+    /// `/proc` counts starts in, just before the order was sent. The
+    /// worker cannot have started before it.
+    pub ordered_at_ticks: Option<u64>,
 }
 
 impl HasChild for ChildLink {
@@ -62,6 +66,7 @@ impl ChildLink {
             output,
             stderr_tail: Vec::new(),
             pidfd: None,
+            ordered_at_ticks: None,
         }
     }
 

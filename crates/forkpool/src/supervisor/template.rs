@@ -285,6 +285,14 @@ impl Supervisor {
             self.resource_backoff(now, format!("cannot ask for a worker's credentials: {e}"));
             return Ok(());
         }
+        // Read before the order goes out: the worker starts after it.
+        let ordered_at_ticks = match crate::observe::procfs::boot_ticks_now() {
+            Ok(ticks) => ticks,
+            Err(e) => {
+                self.resource_backoff(now, format!("cannot read the boot clock: {e}"));
+                return Ok(());
+            }
+        };
         let slot = self.core.board.lowest_free();
         let order = TemplateRequest::Fork {
             slot: slot as u32,
@@ -316,7 +324,8 @@ impl Supervisor {
                 None
             }
         };
-        let link = ChildLink::new(ours, output, now, true, TEMPLATE_VERSION);
+        let mut link = ChildLink::new(ours, output, now, true, TEMPLATE_VERSION);
+        link.ordered_at_ticks = Some(ordered_at_ticks);
         self.core.adopt(slot, 0, generation, link, now);
         Ok(())
     }

@@ -15,7 +15,11 @@
 //!   it is the pid claimed;
 //! - that process is the supervisor's child (reparented to it, the child
 //!   subreaper), so its pid cannot be reused before the supervisor reaps it;
-//! - no slot and no template holds that pid already.
+//! - no slot and no template holds that pid already;
+//! - that process started after its fork order was sent (the kernel's
+//!   start time): a sender with `CAP_SYS_ADMIN`, a template run as root,
+//!   can put any pid in its credentials, but not make an older process,
+//!   such as a sidecar, younger than the order.
 //!
 //! Anything else is the template's fault: its whole process group is
 //! killed (the unverified workers it forked are in that group) and the
@@ -27,7 +31,7 @@
 use std::time::Instant;
 
 use super::Supervisor;
-use crate::observe::procfs::parent_of;
+use crate::observe::procfs::{parent_of, start_ticks};
 
 impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
@@ -63,7 +67,17 @@ impl Supervisor {
             return Ok(true);
         }
         let sender_is_child = sender.is_some_and(|p| self.is_our_child(p));
-        let pid = self.core.verify(slot, sender, sender_is_child)?;
+        // Credentials can be forged by a sender with CAP_SYS_ADMIN (a
+        // template run as root); a process that started before its order
+        // (a sidecar, an adopted orphan) is not the worker, whatever they say.
+        let ordered_at = self.core.board.link(slot).and_then(|l| l.ordered_at_ticks);
+        let born_after_order = match (sender, ordered_at) {
+            (Some(p), Some(order)) => start_ticks(p).is_some_and(|t| t >= order),
+            _ => false,
+        };
+        let pid = self
+            .core
+            .verify(slot, sender, sender_is_child, born_after_order)?;
         if let Some(link) = self.core.board.link_mut(slot) {
             // The supervisor's unreaped child: the pid is certainly it.
             link.pidfd = super::children::hold(pid);

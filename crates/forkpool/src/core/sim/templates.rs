@@ -186,7 +186,7 @@ impl Sim {
             return Ok(());
         };
         if entry.pid == 0 {
-            match self.core.verify(slot, Some(pid), true) {
+            match self.core.verify(slot, Some(pid), true, true) {
                 Ok(_) => {}
                 Err(why) => {
                     self.core.template_failed_worker(slot, why, now);
