@@ -7,6 +7,9 @@ helper with one step changed, chosen by the first argument:
   forge         `W` names the pid in $HOSTILE_PID, and the worker sends its
                 first message with that pid in forged SCM_CREDENTIALS (which
                 the kernel allows a sender with CAP_SYS_ADMIN: run as root)
+  lie-slot      the first worker is named honestly (its pid written to
+                $HOSTILE_PID_FILE); every later `W` names that first worker,
+                a second after the order
   silent        fork orders are closed and never answered
   reaped        SIGCHLD stays ignored in the intermediate and the worker
                 dies before the intermediate exits, so the kernel reaps it
@@ -65,6 +68,31 @@ if MODE in ("lie-pid", "lie-template", "forge"):
             )
 
         forkpool_worker.Worker._send = _send
+
+elif MODE == "lie-slot":
+    first_worker_file = os.environ["HOSTILE_PID_FILE"]
+
+    def _intermediate(self, slot):
+        worker = os.fork()
+        if worker == 0:
+            return 0
+        try:
+            with open(first_worker_file) as f:
+                named = int(f.read())
+        except (OSError, ValueError):
+            with open(first_worker_file, "w") as f:
+                f.write(str(worker))
+            named = worker
+        else:
+            # Lie once the first worker has been verified (and moved to a
+            # process group of its own), so it outlives this template.
+            time.sleep(1)
+        try:
+            say_forked(self, slot, named)
+        finally:
+            os._exit(0)
+
+    Template._intermediate = _intermediate
 
 elif MODE == "silent":
 

@@ -250,6 +250,46 @@ fn a_template_naming_itself_is_killed_and_its_slots_freed() {
     stop_in_time(&mut pool);
 }
 
+/// A `W` naming another slot's (verified) worker is a lie: the template
+/// is killed, and the worker it named keeps its slot and serves on.
+#[test]
+fn a_template_naming_another_slots_worker_is_killed_and_that_worker_serves_on() {
+    let pid_file = common::temp_path("first-worker.pid");
+    let mut pool = start(
+        "lie-slot",
+        None,
+        &[("HOSTILE_PID_FILE", pid_file.display().to_string())],
+    );
+    let status = lied_twice(&pool);
+    killed_for_lying(&status);
+    let first: i32 = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("the first worker's pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let held: Vec<i64> = status["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["pid"].as_i64())
+        .filter(|pid| *pid == i64::from(first))
+        .collect();
+    assert_eq!(held.len(), 1, "one slot holds the named worker: {status}");
+    assert_eq!(
+        total(&status, "killed"),
+        0,
+        "no worker was killed: {status}"
+    );
+    assert!(alive(first), "the named worker was killed");
+    assert_eq!(pool.get("/").map(|r| r.status), Ok(200));
+    slots_stay_within(&pool, 4, Duration::from_millis(500));
+    stop_in_time(&mut pool);
+    assert!(
+        gone(first, Duration::from_secs(1)),
+        "the worker outlived the pool"
+    );
+}
+
 #[test]
 fn a_template_that_never_answers_fork_orders_cannot_storm() {
     let mut pool = start("silent", None, &[]);
