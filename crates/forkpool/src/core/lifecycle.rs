@@ -133,15 +133,22 @@ impl<L: HasChild> Core<L> {
         own_life(self.move_worker(slot, LifeEvent::Closed { by: now + grace }, now));
     }
 
-    /// A send to the child in `slot` failed. A child whose end is closed
-    /// and that was told to go is exiting: nothing to do. Anything else
-    /// means its channel is broken: it is killed.
+    /// A send to the child in `slot` failed. A child told to go, or whose
+    /// channel closed, is leaving with a deadline: whatever the error, the
+    /// failed send is neither a kill nor a failed start, and a child that
+    /// did not hear its quit is killed at that deadline like any other
+    /// that overstays. For any other child it means its channel is broken
+    /// (`peer_gone` or not): it is killed.
     pub fn send_failed(&mut self, slot: usize, peer_gone: bool, detail: String, now: Instant) {
         let leaving = self
             .board
             .link(slot)
             .is_some_and(|l| l.child().told_to_leave() || l.child().channel_closed);
-        if peer_gone && leaving {
+        if leaving {
+            debug!(
+                slot,
+                peer_gone, "a send to a leaving child failed: {detail}"
+            );
             return;
         }
         self.kill(slot, KillReason::ChannelFailed, detail, now);
@@ -277,5 +284,42 @@ impl<L: HasChild> Core<L> {
     /// unanswered, a template's lie): it feeds the back-off.
     pub fn count_failed_start(&mut self, now: Instant) {
         self.spawn_gate.failed(now, std::time::Duration::ZERO);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::config::PoolConfig;
+    use crate::core::child::Child;
+    use crate::core::{Core, Input};
+    use crate::protocol::ChildMessage;
+    use crate::scoreboard::SlotState;
+
+    /// A failed send (not a closed peer: a full channel, say) to a child
+    /// told to go leaves it to its deadline; to any other, it is a kill.
+    #[test]
+    fn a_failed_send_kills_only_a_child_that_is_not_leaving() {
+        let t0 = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig::default());
+        for (slot, pid) in [(0, 40), (1, 41)] {
+            core.adopt(slot, pid, 1, Child::new(t0, true, 1), t0);
+            let ready = ChildMessage::Ready { pid: pid as u32 };
+            core.on(Input::Report { slot, msg: ready }, t0);
+        }
+        core.retire(1, "surplus", t0);
+        let failed = |slot| Input::SendFailed {
+            slot,
+            peer_gone: false,
+            detail: "No buffer space available".into(),
+        };
+        let later = t0 + Duration::from_millis(5);
+        core.on(failed(1), later);
+        assert_eq!(core.board.get(1).unwrap().state, SlotState::Retiring);
+        assert_eq!(core.totals.killed, 0);
+        core.on(failed(0), later);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Killed);
+        assert_eq!(core.totals.killed_by.channel_failed, 1);
     }
 }
