@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::child::HasChild;
 use super::effect::Effect;
 use super::Core;
-use crate::scoreboard::SlotState;
+use crate::scoreboard::{own_move, SlotState};
 
 /// The most connections one reading believes a child finished or took
 /// since the last (the supervisor reads at least every 100 ms).
@@ -64,7 +64,8 @@ impl<L: HasChild> Core<L> {
             });
         }
         // The state was checked above, so both moves are legal; were one
-        // refused, the slot is left as it was until the next reading.
+        // refused (a bug), it is logged and the slot left as it was until
+        // the next reading.
         match (state, sample.busy) {
             // Busy before it has ever taken a connection is no connection:
             // a child's record reads busy from its start (or its seat)
@@ -78,7 +79,7 @@ impl<L: HasChild> Core<L> {
                 // Busy now: a ping sent while it looked idle is answered
                 // after its connection.
                 child.ping = None;
-                if self.board.busy(slot, now).is_err() {
+                if own_move(self.board.busy(slot, now)).is_none() {
                     return;
                 }
             }
@@ -86,7 +87,7 @@ impl<L: HasChild> Core<L> {
                 // `idle` counts the connection the core saw begin; the
                 // record's count says whether there was one (a child reads
                 // busy from its start until it first says idle).
-                if self.board.idle(slot, now).is_err() {
+                if own_move(self.board.idle(slot, now)).is_none() {
                     return;
                 }
                 if served == 0 {
