@@ -737,8 +737,19 @@ impl Sim {
         // generation it retired is reaped (`slot_limit`); every fork is
         // checked against the limit of its moment (`adopt_checked`).
         let max = self.core.config.max_children as usize;
-        let largest = self.max_seen.max(max as u32);
-        if self.core.board.occupied() > super::slot_limit(largest, true) {
+        let generation = self.core.generation;
+        let old_left = self
+            .core
+            .board
+            .iter()
+            .any(|(_, s)| s.generation != generation);
+        // Outside a rollout, with no older child left: max_children itself.
+        let (largest, rolling) = if self.core.rolling() || old_left {
+            (self.max_seen.max(max as u32), true)
+        } else {
+            (max as u32, false)
+        };
+        if self.core.board.occupied() > super::slot_limit(largest, rolling) {
             return Err(format!(
                 "{} slots taken, max_children {max} ({largest} before a reload)",
                 self.core.board.occupied()
