@@ -947,7 +947,8 @@ fn replay() {
 }
 
 /// The chaos run of issue 24: a SIGKILL on a random worker every 200 ms
-/// for 30 s under steady load. The pool is never left at 0 for long,
+/// for 30 s under steady load. The pool is never left at 0 (the last
+/// child's death starts its replacement at the same moment),
 /// fewer requests fail than workers are killed, and at least 80% of the
 /// undisturbed rate is served.
 #[test]
@@ -976,8 +977,8 @@ fn a_kill_storm_never_empties_the_pool() {
         let undisturbed = run_seed(seed, calm);
         let chaos = run_seed(seed, storm);
         assert!(
-            chaos.longest_empty < SEC,
-            "seed {seed}: the pool sat at 0 children for {:?}",
+            chaos.longest_empty == 0,
+            "seed {seed}: the pool sat at 0 children for {:?}, not an instant",
             world::span(chaos.longest_empty)
         );
         assert!(
