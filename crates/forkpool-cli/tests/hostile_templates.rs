@@ -340,6 +340,17 @@ fn quit_ends_the_supervisor_within_a_second_whatever_the_children_do() {
             "{mode}: the pool never got going: {}",
             pool.status()
         );
+        // Every process the pool holds now: the template and its workers.
+        let status = pool.status();
+        let held: Vec<i32> = ["slots", "templates"]
+            .iter()
+            .flat_map(|key| status[key].as_array().cloned().unwrap_or_default())
+            .filter_map(|entry| entry["pid"].as_i64())
+            .filter(|pid| *pid > 0)
+            .map(|pid| pid as i32)
+            .collect();
+        assert!(!held.is_empty(), "{mode}: no process to stop: {status}");
+        let addr = pool.addr;
         let asked = Instant::now();
         pool.signal(libc::SIGQUIT);
         let exited = pool.wait_exit(Duration::from_secs(3));
@@ -348,6 +359,16 @@ fn quit_ends_the_supervisor_within_a_second_whatever_the_children_do() {
             exited.is_some() && took <= Duration::from_millis(1200),
             "{mode}: QUIT took {took:?} (exited: {exited:?})\n{}",
             pool.stderr.dump()
+        );
+        for pid in held {
+            assert!(
+                gone(pid, Duration::from_secs(1)),
+                "{mode}: {pid} outlived QUIT"
+            );
+        }
+        assert!(
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
+            "{mode}: something still listens on the pool's port after QUIT"
         );
         if let Some(helper) = std::fs::read_to_string(&pid_file)
             .ok()

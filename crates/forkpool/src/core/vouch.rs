@@ -62,7 +62,7 @@ impl<L: HasChild> Core<L> {
         slot: usize,
         sender: Option<i32>,
         sender_is_child: bool,
-        sender_born_after_order: bool,
+        sender_from_template: bool,
     ) -> Result<i32, String> {
         let claimed = self.board.link(slot).and_then(|l| l.child().role.claimed);
         let facts = FirstMessage {
@@ -70,7 +70,7 @@ impl<L: HasChild> Core<L> {
             sender,
             sender_is_child,
             sender_taken: sender.is_some_and(|p| self.pid_taken(p, Some(slot))),
-            sender_born_after_order,
+            sender_from_template,
         };
         let pid = verification::verify(facts).map_err(|lie| lie.describe(slot))?;
         self.board.set_pid(slot, pid);

@@ -19,6 +19,8 @@ pub struct Stat {
     pub state: char,
     /// The parent's process id.
     pub ppid: i32,
+    /// Its process group (field 5).
+    pub pgrp: i32,
     /// CPU time in user mode, in clock ticks.
     pub utime_ticks: u64,
     /// CPU time in kernel mode, in clock ticks.
@@ -50,6 +52,7 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
     Ok(Stat {
         state,
         ppid: field(1, "ppid")? as i32,
+        pgrp: field(2, "pgrp")? as i32,
         utime_ticks: field(11, "utime")?,
         stime_ticks: field(12, "stime")?,
         start_ticks: field(19, "starttime")?,
@@ -61,9 +64,10 @@ pub fn parent_of(pid: i32) -> Option<i32> {
     read_stat(pid).map(|s| s.ppid)
 }
 
-/// When `pid` started, in clock ticks since boot; `None` if it is gone.
-pub fn start_ticks(pid: i32) -> Option<u64> {
-    read_stat(pid).map(|s| s.start_ticks)
+/// When `pid` started, in clock ticks since boot, and its process
+/// group; `None` if it is gone.
+pub fn start_and_group(pid: i32) -> Option<(u64, i32)> {
+    read_stat(pid).map(|s| (s.start_ticks, s.pgrp))
 }
 
 /// The boot clock now in the clock ticks `/proc/PID/stat` counts a
@@ -286,6 +290,7 @@ Locked:                0 kB
             Stat {
                 state: 'S',
                 ppid: 1,
+                pgrp: 4242,
                 utime_ticks: 250,
                 stime_ticks: 75,
                 start_ticks: 123456,
@@ -300,7 +305,7 @@ Locked:                0 kB
             .arg("5")
             .spawn()
             .unwrap();
-        let started = start_ticks(child.id() as i32);
+        let started = start_and_group(child.id() as i32).map(|(t, _)| t);
         let _ = child.kill();
         let _ = child.wait();
         assert!(
@@ -308,7 +313,7 @@ Locked:                0 kB
             "{started:?} < {before}"
         );
         // This test process started before the read.
-        let me = start_ticks(std::process::id() as i32).unwrap();
+        let (me, _) = start_and_group(std::process::id() as i32).unwrap();
         assert!(me <= before, "{me} > {before}");
     }
 

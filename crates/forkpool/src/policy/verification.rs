@@ -20,11 +20,13 @@ pub(crate) struct FirstMessage {
     pub sender_is_child: bool,
     /// Whether another slot or a template holds (or claims) the sender.
     pub sender_taken: bool,
-    /// Whether the sender started after its fork order was sent, as the
-    /// kernel's start time says. A sender with `CAP_SYS_ADMIN` (a template
-    /// run as root) can put any pid in its credentials; a process older
-    /// than the order (a sidecar, an adopted orphan) is then still refused.
-    pub sender_born_after_order: bool,
+    /// Whether the sender comes from its template, as the kernel's
+    /// records say: it started after its fork order was sent, and it is in
+    /// the template's process group (where a worker stays until it is
+    /// verified). A sender with `CAP_SYS_ADMIN` (a template run as root)
+    /// can put any pid in its credentials; a process the template did not
+    /// fork (a sidecar, an adopted orphan, however young) is still refused.
+    pub sender_from_template: bool,
 }
 
 /// Why a claim does not hold: the template lied, or failed its worker.
@@ -40,8 +42,9 @@ pub(crate) enum Lie {
     NotOurChild { pid: i32 },
     /// Another slot or a template holds the process.
     Taken { pid: i32 },
-    /// The process started before its fork order was sent: not the worker.
-    Older { pid: i32 },
+    /// The process started before its fork order was sent, or outside its
+    /// template's process group: not the worker.
+    NotFromTemplate { pid: i32 },
 }
 
 impl Lie {
@@ -63,8 +66,9 @@ impl Lie {
             Lie::Taken { pid } => {
                 format!("said slot {slot} is pid {pid}, which another slot or a template holds")
             }
-            Lie::Older { pid } => format!(
-                "said slot {slot} is pid {pid}, which started before its fork order was sent"
+            Lie::NotFromTemplate { pid } => format!(
+                "said slot {slot} is pid {pid}, which started before its fork order was sent \
+                 or is not in the template's process group"
             ),
         }
     }
@@ -84,8 +88,8 @@ pub(crate) fn verify(m: FirstMessage) -> Result<i32, Lie> {
     if m.sender_taken {
         return Err(Lie::Taken { pid: sender });
     }
-    if !m.sender_born_after_order {
-        return Err(Lie::Older { pid: sender });
+    if !m.sender_from_template {
+        return Err(Lie::NotFromTemplate { pid: sender });
     }
     Ok(sender)
 }
@@ -134,7 +138,7 @@ mod tests {
         sender: Some(100),
         sender_is_child: true,
         sender_taken: false,
-        sender_born_after_order: true,
+        sender_from_template: true,
     };
 
     #[test]
@@ -185,10 +189,10 @@ mod tests {
             ),
             (
                 FirstMessage {
-                    sender_born_after_order: false,
+                    sender_from_template: false,
                     ..HONEST
                 },
-                Lie::Older { pid: 100 },
+                Lie::NotFromTemplate { pid: 100 },
             ),
         ];
         for (m, lie) in cases {
@@ -205,13 +209,13 @@ mod tests {
             for sender in [None, Some(100)] {
                 for sender_is_child in [false, true] {
                     for sender_taken in [false, true] {
-                        for sender_born_after_order in [false, true] {
+                        for sender_from_template in [false, true] {
                             let m = FirstMessage {
                                 claimed,
                                 sender,
                                 sender_is_child,
                                 sender_taken,
-                                sender_born_after_order,
+                                sender_from_template,
                             };
                             if let Ok(pid) = verify(m) {
                                 assert_eq!(m, HONEST);

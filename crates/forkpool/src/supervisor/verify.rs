@@ -17,9 +17,11 @@
 //!   subreaper), so its pid cannot be reused before the supervisor reaps it;
 //! - no slot and no template holds that pid already;
 //! - that process started after its fork order was sent (the kernel's
-//!   start time): a sender with `CAP_SYS_ADMIN`, a template run as root,
-//!   can put any pid in its credentials, but not make an older process,
-//!   such as a sidecar, younger than the order.
+//!   start time) and is in its template's process group: a sender with
+//!   `CAP_SYS_ADMIN`, a template run as root, can put any pid in its
+//!   credentials, but cannot make a process it did not fork (a sidecar,
+//!   an orphan adopted later) younger than the order or a member of its
+//!   group.
 //!
 //! Anything else is the template's fault: its whole process group is
 //! killed (the unverified workers it forked are in that group) and the
@@ -31,7 +33,7 @@
 use std::time::Instant;
 
 use super::Supervisor;
-use crate::observe::procfs::{parent_of, start_ticks};
+use crate::observe::procfs::{parent_of, start_and_group};
 
 impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
@@ -68,16 +70,25 @@ impl Supervisor {
         }
         let sender_is_child = sender.is_some_and(|p| self.is_our_child(p));
         // Credentials can be forged by a sender with CAP_SYS_ADMIN (a
-        // template run as root); a process that started before its order
-        // (a sidecar, an adopted orphan) is not the worker, whatever they say.
+        // template run as root): the process must also be one its template
+        // forked, as far as the kernel's records tell: started after the
+        // order, and still in the template's process group.
         let ordered_at = self.core.board.link(slot).and_then(|l| l.ordered_at_ticks);
-        let born_after_order = match (sender, ordered_at) {
-            (Some(p), Some(order)) => start_ticks(p).is_some_and(|t| t >= order),
+        let template_group = self
+            .core
+            .board
+            .get(slot)
+            .and_then(|s| self.core.template(s.generation))
+            .map(|t| t.role.pid);
+        let from_template = match (sender.and_then(start_and_group), ordered_at, template_group) {
+            (Some((started, group)), Some(order), Some(template)) => {
+                started >= order && group == template
+            }
             _ => false,
         };
         let pid = self
             .core
-            .verify(slot, sender, sender_is_child, born_after_order)?;
+            .verify(slot, sender, sender_is_child, from_template)?;
         if let Some(link) = self.core.board.link_mut(slot) {
             // The supervisor's unreaped child: the pid is certainly it.
             link.pidfd = super::children::hold(pid);

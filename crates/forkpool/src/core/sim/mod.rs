@@ -743,13 +743,16 @@ impl Sim {
             .board
             .iter()
             .any(|(_, s)| s.generation != generation);
-        // Outside a rollout, with no older child left: max_children itself.
-        let (largest, rolling) = if self.core.rolling() || old_left {
-            (self.max_seen.max(max as u32), true)
+        // Outside a rollout, with no older child left: max_children itself;
+        // else twice the larger of the old and new (the oracle's own sum,
+        // not the core's `slot_limit`).
+        let limit = if self.core.rolling() || old_left {
+            2 * self.max_seen.max(max as u32) as usize
         } else {
-            (max as u32, false)
+            max
         };
-        if self.core.board.occupied() > super::slot_limit(largest, rolling) {
+        let largest = self.max_seen.max(max as u32);
+        if self.core.board.occupied() > limit {
             return Err(format!(
                 "{} slots taken, max_children {max} ({largest} before a reload)",
                 self.core.board.occupied()
@@ -782,6 +785,10 @@ impl Sim {
             ));
         }
         if let Some(s) = self.core.shutdown {
+            // A pool that sat at 0 until the stop: that time counts too.
+            if let Some(since) = self.empty_since.take() {
+                self.outcome.longest_empty = self.outcome.longest_empty.max(self.world.now - since);
+            }
             let now = self.now();
             if now > s.exit_by {
                 return Err("the stop went past its exit_by".into());
