@@ -77,16 +77,26 @@ elif MODE == "lie-slot":
         if worker == 0:
             return 0
         try:
-            with open(first_worker_file) as f:
-                named = int(f.read())
-        except (OSError, ValueError):
-            with open(first_worker_file, "w") as f:
-                f.write(str(worker))
-            named = worker
-        else:
+            # Exactly one intermediate creates the file: its worker is the
+            # first, named honestly. Orders can come two at a time.
+            fd = os.open(first_worker_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            named = 0
+            while not named:
+                try:
+                    with open(first_worker_file) as f:
+                        named = int(f.read() or 0)
+                except ValueError:
+                    pass
+                if not named:
+                    time.sleep(0.01)
             # Lie once the first worker has been verified (and moved to a
             # process group of its own), so it outlives this template.
             time.sleep(1)
+        else:
+            os.write(fd, str(worker).encode())
+            os.close(fd)
+            named = worker
         try:
             say_forked(self, slot, named)
         finally:
