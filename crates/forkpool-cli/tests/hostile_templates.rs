@@ -139,6 +139,16 @@ fn slots_stay_within(pool: &DemoPool, max: usize, period: Duration) -> serde_jso
     }
 }
 
+/// The pid a hostile template or wrapper wrote to `path`, once written.
+fn read_pid(path: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether nothing listens on `addr` any more.
+fn refuses(addr: std::net::SocketAddr) -> bool {
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err()
+}
+
 /// Waits up to `within` for `pid` to be gone; whether it is.
 fn gone(pid: i32, within: Duration) -> bool {
     let until = Instant::now() + within;
@@ -189,9 +199,7 @@ fn sidecar_survives(mode: &str) {
         pid_file.display()
     );
     let mut pool = start(mode, Some(&script), &[]);
-    let sidecar = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
+    let sidecar = read_pid(&pid_file)
         .expect("the wrapper wrote its sidecar's pid before exec'ing the supervisor");
     let _ = std::fs::remove_file(&pid_file);
     let sidecar = Adopted(sidecar);
@@ -262,10 +270,7 @@ fn a_template_naming_another_slots_worker_is_killed_and_that_worker_serves_on() 
     );
     let status = lied_twice(&pool);
     killed_for_lying(&status);
-    let first: i32 = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .expect("the first worker's pid");
+    let first = read_pid(&pid_file).expect("the first worker's pid");
     let _ = std::fs::remove_file(&pid_file);
     let held: Vec<i64> = status["slots"]
         .as_array()
@@ -367,13 +372,10 @@ fn quit_ends_the_supervisor_within_a_second_whatever_the_children_do() {
             );
         }
         assert!(
-            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
+            refuses(addr),
             "{mode}: something still listens on the pool's port after QUIT"
         );
-        if let Some(helper) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-        {
+        if let Some(helper) = read_pid(&pid_file) {
             let _guard = Adopted(helper);
             assert!(
                 gone(helper, Duration::from_secs(1)),
@@ -394,10 +396,7 @@ fn what_a_template_started_does_not_outlive_the_pool() {
     );
     let until = Instant::now() + Duration::from_secs(20);
     let helper = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-        {
+        if let Some(pid) = read_pid(&pid_file) {
             break pid;
         }
         assert!(
@@ -420,7 +419,7 @@ fn what_a_template_started_does_not_outlive_the_pool() {
         "the template's helper {helper} outlived the pool"
     );
     assert!(
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
+        refuses(addr),
         "something still listens on the pool's port after the stop"
     );
     let _ = std::fs::remove_file(pid_file);

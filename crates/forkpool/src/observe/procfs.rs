@@ -64,10 +64,9 @@ pub fn parent_of(pid: i32) -> Option<i32> {
     read_stat(pid).map(|s| s.ppid)
 }
 
-/// When `pid` started, in clock ticks since boot, and its process
-/// group; `None` if it is gone.
-pub fn start_and_group(pid: i32) -> Option<(u64, i32)> {
-    read_stat(pid).map(|s| (s.start_ticks, s.pgrp))
+/// `pid`'s record in `/proc/PID/stat`; `None` if it is gone.
+pub fn stat_of(pid: i32) -> Option<Stat> {
+    read_stat(pid)
 }
 
 /// The boot clock now in the clock ticks `/proc/PID/stat` counts a
@@ -305,7 +304,7 @@ Locked:                0 kB
             .arg("5")
             .spawn()
             .unwrap();
-        let started = start_and_group(child.id() as i32).map(|(t, _)| t);
+        let started = stat_of(child.id() as i32).map(|s| s.start_ticks);
         let _ = child.kill();
         let _ = child.wait();
         assert!(
@@ -313,7 +312,7 @@ Locked:                0 kB
             "{started:?} < {before}"
         );
         // This test process started before the read.
-        let (me, _) = start_and_group(std::process::id() as i32).unwrap();
+        let me = stat_of(std::process::id() as i32).unwrap().start_ticks;
         assert!(me <= before, "{me} > {before}");
     }
 

@@ -33,7 +33,7 @@
 use std::time::Instant;
 
 use super::Supervisor;
-use crate::observe::procfs::{parent_of, start_and_group};
+use crate::observe::procfs::{parent_of, stat_of};
 
 impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
@@ -68,7 +68,9 @@ impl Supervisor {
         if self.core.board.get(slot).is_some_and(|s| s.pid != 0) {
             return Ok(true);
         }
-        let sender_is_child = sender.is_some_and(|p| self.is_our_child(p));
+        // One read of the sender's record gives its parent, start and group.
+        let record = sender.and_then(stat_of);
+        let sender_is_child = record.is_some_and(|r| r.ppid == self.pid as i32);
         // Credentials can be forged by a sender with CAP_SYS_ADMIN (a
         // template run as root): the process must also be one its template
         // forked, as far as the kernel's records tell: started after the
@@ -80,10 +82,8 @@ impl Supervisor {
             .get(slot)
             .and_then(|s| self.core.template(s.generation))
             .map(|t| t.role.pid);
-        let from_template = match (sender.and_then(start_and_group), ordered_at, template_group) {
-            (Some((started, group)), Some(order), Some(template)) => {
-                started >= order && group == template
-            }
+        let from_template = match (record, ordered_at, template_group) {
+            (Some(r), Some(order), Some(template)) => r.start_ticks >= order && r.pgrp == template,
             _ => false,
         };
         let pid = self
