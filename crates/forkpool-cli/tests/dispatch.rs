@@ -139,6 +139,33 @@ fn bad_requests_get_clear_errors() {
 }
 
 #[test]
+fn a_refused_request_on_a_kept_alive_connection_closes_it() {
+    let pool = DemoPool::start(&[]);
+    let mut stream = TcpStream::connect(pool.addr).unwrap();
+    // Kept alive by default, but the answer says close: the connection
+    // must then end (EOF), not wait for a next request until the
+    // keep-alive timeout ends it.
+    stream
+        .set_read_timeout(Some(forkpool_cli::demo::http::KEEPALIVE_TIMEOUT / 2))
+        .unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 405"), "{raw}");
+    assert!(raw.contains("Connection: close"), "{raw}");
+}
+
+#[test]
+fn a_closing_answer_carries_the_fin_in_every_mode() {
+    for mode in ["kernel", "handoff", "shared"] {
+        let pool = DemoPool::start(&["--dispatch", mode]);
+        common::assert_closing_answer_carries_the_fin(pool.addr, "/");
+    }
+}
+
+#[test]
 fn a_kept_alive_connection_gives_way_after_its_share() {
     let pool = DemoPool::start(&["--keepalive-requests", "3"]);
     let mut stream = TcpStream::connect(pool.addr).unwrap();

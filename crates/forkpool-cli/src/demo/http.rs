@@ -146,7 +146,10 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         // Like Apache's MaxKeepAliveRequests: a connection that has had its
         // share gives way, so clients beyond the pool's size get a turn.
         let keep_alive = request.keep_alive && served < options.keepalive_requests;
-        if answer(&mut stream, &request, keep_alive, worker, options).is_err() || !keep_alive {
+        if !matches!(
+            answer(&mut stream, &request, keep_alive, worker, options),
+            Ok(true)
+        ) {
             return;
         }
     }
@@ -301,15 +304,20 @@ fn read_before(
     }
 }
 
+/// Answers one request; true when the connection stays open for the
+/// next. An answer that says `Connection: close` is always followed by the
+/// close: the last bytes of such an answer wait for it (see
+/// [`forkpool::Stream::write_all_before_close`]).
 fn answer(
     stream: &mut forkpool::Stream,
     request: &Request,
     keep_alive: bool,
     worker: &forkpool::WorkerInfo,
     options: &DemoOptions,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     if request.method != "GET" && request.method != "HEAD" {
-        return respond(stream, 405, "only GET and HEAD are served\n", false, worker);
+        respond(stream, 405, "only GET and HEAD are served\n", false, worker)?;
+        return Ok(false);
     }
     let query = request.query.as_deref();
     let millis = |key| -> Result<u64, String> {
@@ -323,7 +331,10 @@ fn answer(
     };
     let (work, cpu) = match (millis("work_ms"), millis("cpu_ms")) {
         (Ok(w), Ok(c)) => (w, c),
-        (Err(why), _) | (_, Err(why)) => return respond(stream, 400, &why, false, worker),
+        (Err(why), _) | (_, Err(why)) => {
+            respond(stream, 400, &why, false, worker)?;
+            return Ok(false);
+        }
     };
     let chaos = options
         .chaos
@@ -346,7 +357,7 @@ fn answer(
     if let Some((hooks, what)) = chaos {
         (hooks.after_response)(what, worker);
     }
-    Ok(())
+    Ok(keep_alive)
 }
 
 fn burn_cpu(duration: Duration) {
@@ -396,7 +407,11 @@ fn respond_with_body(
          X-Forkpool-Slot: {}\r\nX-Forkpool-Pid: {}\r\nConnection: {connection}\r\n\r\n{body}",
         worker.slot, worker.pid
     );
-    stream.write_all(response.as_bytes())
+    if keep_alive {
+        stream.write_all(response.as_bytes())
+    } else {
+        stream.write_all_before_close(response.as_bytes())
+    }
 }
 
 #[cfg(test)]

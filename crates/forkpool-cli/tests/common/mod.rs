@@ -755,3 +755,53 @@ pub fn check_keepalive_turn(
         );
     }
 }
+
+/// How many TCP segments `stream` has received so far (`tcpi_segs_in`
+/// from the kernel's `TCP_INFO`), handshake included.
+pub fn segments_received(stream: &TcpStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero bytes are a valid `tcp_info` (plain integers).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are live and `len` is `info`'s size; the
+    // kernel writes at most `len` bytes and says how many.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+    info.tcpi_segs_in
+}
+
+/// Asserts that a `Connection: close` answer and the end of the
+/// connection reach the client in one segment, on 10 connections in a
+/// row: the client receives the handshake's SYN-ACK, the acknowledgement
+/// of its request, and the answer carrying the FIN. A server that sends
+/// its FIN after the answer costs the client a fourth segment (and one
+/// more acknowledgement).
+pub fn assert_closing_answer_carries_the_fin(addr: SocketAddr, path: &str) {
+    // One write, so the request is one segment and gets one acknowledgement.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    for i in 0..10 {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        let answer = parse_response(&raw).unwrap();
+        assert_eq!(answer.status, 200, "{raw}");
+        let segments = segments_received(&stream);
+        assert!(
+            segments <= 3,
+            "connection {i}: {segments} segments for one closing answer: \
+             the FIN came apart from the answer"
+        );
+    }
+}
