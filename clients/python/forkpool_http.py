@@ -252,27 +252,42 @@ def wait_ready(sock, events, timeout):
     return bool(poller.poll(timeout * 1000))
 
 
-def send_all(sock, data, timeout):
+def send_all(sock, data, timeout, last=False):
     """Sends all of `data`, each send without waiting (MSG_DONTWAIT): one
     system call when the socket has room, as it nearly always has. When
     it has none, waits for room for at most `timeout` seconds in all (the
     socket is kept without a Python timeout, as `Reader.fill` keeps it).
-    Raises ClientGone when the client has gone or does not read."""
+    Raises ClientGone when the client has gone or does not read.
+
+    `last`: these are the connection's last bytes. They go with MSG_MORE,
+    and the sending side is shut at once, so the FIN rides in the same
+    segment as the end of the answer: the client gets one packet and
+    acknowledges once, not twice, and sees the end without waiting for
+    whatever runs before the close."""
     if sock.gettimeout() is not None:
         sock.settimeout(None)  # see Reader.fill
+    flags = socket.MSG_DONTWAIT | (socket.MSG_MORE if last else 0)
     try:
-        sent = sock.send(data, socket.MSG_DONTWAIT)
+        sent = sock.send(data, flags)
     except BlockingIOError:
         sent = 0
     except OSError as e:
         raise ClientGone(str(e)) from e
-    if sent == len(data):
-        return
-    view = memoryview(data)[sent:]
+    if sent < len(data):
+        _send_rest(sock, memoryview(data)[sent:], flags, timeout)
+    if last:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            raise ClientGone(str(e)) from e
+
+
+def _send_rest(sock, view, flags, timeout):
+    """`send_all` when the first send did not take everything."""
     deadline = None
     while view:
         try:
-            view = view[sock.send(view, socket.MSG_DONTWAIT) :]
+            view = view[sock.send(view, flags) :]
             continue
         except BlockingIOError:
             pass

@@ -195,7 +195,16 @@ class Response:
         return "".join(lines).encode("latin-1")
 
     def _send(self, data):
-        http.send_all(self.conn, data, self.timeout)
+        http.send_all(self.conn, data, self.timeout, last=self._ends_connection())
+
+    def _ends_connection(self):
+        """True when what is being sent completes a response after which
+        the connection closes: its bytes and the FIN then go together."""
+        if self.keepalive or self.chunked:
+            return False
+        if self.head_only or self.bodyless:
+            return True
+        return self.length is not None and self.sent >= self.length
 
     def write(self, data):
         """Sends body bytes; the head goes with the first non-empty write."""
