@@ -606,14 +606,17 @@ sub _send_response {
         $length += length $_ for @$body;
     }
     my $head = $self->_send_head($c, $r, $status, $headers, $length, 1);
+    # The whole answer in one write: when it ends the connection, its FIN
+    # goes with it.
+    my $write = $r->{keep} ? \&_write : \&_write_last;
     if (!$r->{with_body}) {
-        _write($c, $head);
+        $write->($c, $head);
         $body->close if ref $body ne 'ARRAY';
         return;
     }
     if (ref $body eq 'ARRAY') {
         my $data = join '', @$body;
-        _write($c, $r->{chunked} && length $data
+        $write->($c, $r->{chunked} && length $data
             ? $head . sprintf('%x', length $data) . "\r\n$data\r\n0\r\n\r\n"
             : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data);
         $r->{bytes} += length $data;
@@ -723,6 +726,30 @@ sub _write {
         $c->{broken} = 1;
         die "writing to the client failed: $!\n";
     }
+    return;
+}
+
+# Linux's MSG_MORE, which Socket does not export: the kernel holds a
+# segment that is not full until more comes or the sending side shuts.
+use constant MSG_MORE => 0x8000;
+
+# _write for a connection's last bytes: sent with MSG_MORE, then the
+# sending side shut at once, so the FIN rides in the same segment as the
+# end of the answer. The client gets one packet and acknowledges once,
+# not twice, and sees the end before anything that runs until the close.
+sub _write_last {
+    my ($c, $data) = @_;
+    die "the client has gone\n" if $c->{broken};
+    _arm($c) if length $data > READ_SIZE;
+    my $offset = 0;
+    while ($offset < length $data) {
+        my $n = send($c->{sock}, substr($data, $offset), MSG_MORE);
+        if (defined $n) { $offset += $n; next }
+        next if $!{EINTR};
+        $c->{broken} = 1;
+        die "writing to the client failed: $!\n";
+    }
+    shutdown($c->{sock}, 1);
     return;
 }
 
