@@ -259,11 +259,12 @@ def send_all(sock, data, timeout, last=False):
     socket is kept without a Python timeout, as `Reader.fill` keeps it).
     Raises ClientGone when the client has gone or does not read.
 
-    `last`: these are the connection's last bytes. They go with MSG_MORE,
-    and the sending side is shut at once, so the FIN rides in the same
-    segment as the end of the answer: the client gets one packet and
-    acknowledges once, not twice, and sees the end without waiting for
-    whatever runs before the close."""
+    `last`: these are the connection's last bytes, and the caller closes
+    it right after. They go with MSG_MORE: the kernel holds a segment that
+    is not full until the close, whose FIN then rides in it, so the client
+    gets one packet and acknowledges once, not twice. Not shut here: the
+    close comes after the worker has said it is free, so a client that
+    reconnects when it sees the end finds this (hot) worker again."""
     if sock.gettimeout() is not None:
         sock.settimeout(None)  # see Reader.fill
     flags = socket.MSG_DONTWAIT | (socket.MSG_MORE if last else 0)
@@ -275,11 +276,6 @@ def send_all(sock, data, timeout, last=False):
         raise ClientGone(str(e)) from e
     if sent < len(data):
         _send_rest(sock, memoryview(data)[sent:], flags, timeout)
-    if last:
-        try:
-            sock.shutdown(socket.SHUT_WR)
-        except OSError as e:
-            raise ClientGone(str(e)) from e
 
 
 def _send_rest(sock, view, flags, timeout):

@@ -607,8 +607,9 @@ sub _send_response {
     }
     my $head = $self->_send_head($c, $r, $status, $headers, $length, 1);
     # The whole answer in one write: when it ends the connection, its FIN
-    # goes with it.
-    my $write = $r->{keep} ? \&_write : \&_write_last;
+    # goes with it, unless a body handle is still to close (app code must
+    # not hold the end of the answer back).
+    my $write = $r->{keep} || ref $body ne 'ARRAY' ? \&_write : \&_write_last;
     if (!$r->{with_body}) {
         $write->($c, $head);
         $body->close if ref $body ne 'ARRAY';
@@ -733,10 +734,12 @@ sub _write {
 # segment that is not full until more comes or the sending side shuts.
 use constant MSG_MORE => 0x8000;
 
-# _write for a connection's last bytes: sent with MSG_MORE, then the
-# sending side shut at once, so the FIN rides in the same segment as the
-# end of the answer. The client gets one packet and acknowledges once,
-# not twice, and sees the end before anything that runs until the close.
+# _write for a connection's last bytes, closed right after: sent with
+# MSG_MORE, so the FIN of the close rides in the same segment as the end
+# of the answer, and the client gets one packet and acknowledges once, not
+# twice. Not shut here: the close comes after the worker has said it is
+# free, so a client that reconnects when it sees the end finds this (hot)
+# worker again.
 sub _write_last {
     my ($c, $data) = @_;
     die "the client has gone\n" if $c->{broken};
@@ -749,7 +752,6 @@ sub _write_last {
         $c->{broken} = 1;
         die "writing to the client failed: $!\n";
     }
-    shutdown($c->{sock}, 1);
     return;
 }
 
