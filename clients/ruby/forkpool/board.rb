@@ -33,6 +33,10 @@ module Forkpool
     # Word 2: nonzero while the supervisor holds connections for the next
     # worker to go idle.
     WAITING = 2 * WORD
+    # Words 3 and 4: connections the kernel sent to the overflow, and
+    # those taken from it (by the supervisor or a finishing worker).
+    OVERFLOW_SENT = 3 * WORD
+    OVERFLOW_TAKEN = 4 * WORD
     IDLE = [1].pack("Q<").freeze
     ZERO = [0].pack("Q<").freeze
     BUSY = ZERO
@@ -41,6 +45,15 @@ module Forkpool
     # libatomic's exchange, or nil where the library is not installed.
     EXCHANGE = begin
       Fiddle::Function.new(Fiddle::Handle.new("libatomic.so.1")["__atomic_exchange_8"],
+                           [Fiddle::TYPE_VOIDP, Fiddle::TYPE_LONG_LONG, Fiddle::TYPE_INT],
+                           Fiddle::TYPE_LONG_LONG)
+    rescue Fiddle::DLError
+      nil
+    end
+
+    # libatomic's fetch-and-add, or nil where the library is not installed.
+    FETCH_ADD = begin
+      Fiddle::Function.new(Fiddle::Handle.new("libatomic.so.1")["__atomic_fetch_add_8"],
                            [Fiddle::TYPE_VOIDP, Fiddle::TYPE_LONG_LONG, Fiddle::TYPE_INT],
                            Fiddle::TYPE_LONG_LONG)
     rescue Fiddle::DLError
@@ -61,6 +74,8 @@ module Forkpool
       # a new pointer object on every call.
       @state_ptr = @ptr + @state
       @exchange = atomics ? EXCHANGE : nil
+      @fetch_add = atomics ? FETCH_ADD : nil
+      @overflow_taken_ptr = @ptr + OVERFLOW_TAKEN
       @fence_lock = Libc.held_spin_lock unless @exchange
       @taken = load(@state + WORD)
       @served = load(@state + 2 * WORD)
@@ -112,6 +127,23 @@ module Forkpool
       took!
       @taken_next += 1
       @ptr[@state + 3 * WORD, WORD] = [@taken_next].pack("Q<")
+    end
+
+    # False when nothing can wait on an overflow socket: the kernel sent
+    # no more there than were taken (word 4 read first), so a finishing
+    # worker need not look (a system call). True when something may.
+    def overflow_may_wait?
+      taken = @ptr[OVERFLOW_TAKEN, WORD]
+      @ptr[OVERFLOW_SENT, WORD].unpack1("Q<") > taken.unpack1("Q<")
+    end
+
+    # It took a connection from an overflow socket: word 4 goes up by one,
+    # atomically (the supervisor adds too). Without libatomic it is left
+    # alone: a racy add could lose the supervisor's, or tear, and word 4
+    # must never count more than were taken. The others then look every
+    # time, as they would without the words.
+    def overflow_taken!
+      @fetch_add&.call(@overflow_taken_ptr, 1, SEQ_CST)
     end
 
     # It finished a connection (handed ones included).

@@ -131,13 +131,19 @@ module Forkpool
     end
 
     # The next connection waiting on overflow listener `listener`, unless
-    # the supervisor has a message first. One select asks about both, and
-    # the accept is tried only when the listener has something.
+    # the supervisor has a message first. Nothing is asked when the board
+    # says no connection can wait on any overflow (at light load, nearly
+    # always); else one select asks about both, and the accept is tried
+    # only when the listener has something.
     def take_overflow(listener)
+      return nil unless @board.overflow_may_wait?
+
       ready, = IO.select([@channel, @overflow[listener]], nil, nil, 0)
       return nil if ready.nil? || ready.include?(@channel)
 
-      accept_from(@overflow[listener])
+      conn = accept_from(@overflow[listener])
+      @board.overflow_taken! if conn
+      conn
     end
 
     # On `Q`: busy, then serve what the kernel queued on the own sockets

@@ -325,6 +325,53 @@ fn a_reforking_worker_gives_up_its_seat() {
     assert_clean(&pool.status());
 }
 
+/// Words 3 and 4 on a file mapped like the board: a finishing worker
+/// looks at the overflow only while the kernel sent more there than were
+/// taken, and each connection it takes there adds one to word 4 (with
+/// libatomic; without, it adds nothing and so always looks).
+#[test]
+fn a_finishing_worker_looks_at_the_overflow_only_when_something_may_wait() {
+    if !require_ruby() {
+        return;
+    }
+    for (atomics, expected, taken) in [
+        ("true", "false true true false", 2),
+        ("false", "false true true true", 0),
+    ] {
+        let path = common::temp_path("overflow-words");
+        let mut board = vec![0u8; 4096];
+        board[..8].copy_from_slice(b"fkpbrd01");
+        board[8..16].copy_from_slice(&2u64.to_le_bytes());
+        std::fs::write(&path, &board).unwrap();
+        let script = format!(
+            r#"require "forkpool/board"
+               board = Forkpool::Board.new(File.open(ARGV[0], "r+").fileno, 1, atomics: {atomics})
+               seen = [board.overflow_may_wait?]
+               File.open(ARGV[0], "r+") {{ |f| f.pwrite([2].pack("Q<"), 24) }}
+               seen << board.overflow_may_wait?
+               board.overflow_taken!
+               seen << board.overflow_may_wait?
+               board.overflow_taken!
+               seen << board.overflow_may_wait?
+               puts seen.join(" ")"#
+        );
+        let out = Command::new("ruby")
+            .args(["-I", RUBY_DIR, "-e", &script])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let words = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
+        assert_eq!(
+            u64::from_le_bytes(words[32..40].try_into().unwrap()),
+            taken,
+            "word 4 (atomics: {atomics})"
+        );
+    }
+}
+
 /// The record the helper keeps, on a file mapped like the board (magic,
 /// two slots): each way of going idle stores 1 and says whether word 2
 /// asks for `I`; the counts land in words 9-11 of slot 1's record; a file
