@@ -13,6 +13,8 @@ in forkpool's docs/protocol.md ("`kernel` dispatch"): 64-bit words, native
 | 0 | the magic `fkpbrd01` |
 | 1 | the number of slots |
 | 2 | nonzero: the supervisor wants an `I` from a worker going idle |
+| 3 | connections the kernel sent to the overflow |
+| 4 | connections taken from the overflow (atomic adds) |
 | 8+4s .. 11+4s | slot s: state, taken, served, next |
 
 `Record` maps the board once and makes a `ctypes.c_uint64` view of each
@@ -31,11 +33,29 @@ HEADER_WORDS = 8
 RECORD_WORDS = 4
 _SLOTS_WORD = 1
 _WAITING_WORD = 2
+_OVERFLOW_SENT_WORD = 3
+_OVERFLOW_TAKEN_WORD = 4
 # A slot's state: busy (or no worker), idle; anything else is a
 # reservation by the kernel, which only the kernel and the supervisor move.
 BUSY = 0
 IDLE = 1
 _PAGE = 4096
+
+
+def _fetch_add():
+    """libatomic's 64-bit fetch-and-add (ctypes), or None where the
+    library is not installed."""
+    try:
+        add = ctypes.CDLL("libatomic.so.1").__atomic_fetch_add_8
+    except (OSError, AttributeError):
+        return None
+    add.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
+    add.restype = ctypes.c_uint64
+    return add
+
+
+_FETCH_ADD = _fetch_add()
+_SEQ_CST = 5  # __ATOMIC_SEQ_CST
 
 
 class BoardError(RuntimeError):
@@ -81,6 +101,9 @@ class Record:
                 "FORKPOOL_SLOT and FORKPOOL_BOARD_FD come from different pools"
             )
         self._waiting = self._word(_WAITING_WORD)
+        self._overflow_sent = self._word(_OVERFLOW_SENT_WORD)
+        self._overflow_taken = self._word(_OVERFLOW_TAKEN_WORD)
+        self._overflow_taken_at = ctypes.addressof(self._overflow_taken)
         base = HEADER_WORDS + RECORD_WORDS * slot
         self.state = self._word(base)
         self.taken = self._word(base + 1)
@@ -105,6 +128,22 @@ class Record:
         fence.release()
         return self._waiting.value != 0
 
+    def overflow_may_wait(self):
+        """False when nothing can wait on an overflow socket: the kernel
+        sent no more there than were taken (word 4 is read first), so a
+        finishing worker need not look (a system call)."""
+        taken = self._overflow_taken.value
+        return self._overflow_sent.value > taken
+
+    def count_overflow_taken(self):
+        """One connection taken from an overflow socket: word 4 goes up by
+        one, atomically (the supervisor adds too). Without libatomic it is
+        left alone: a racy add could lose the supervisor's, and word 4 must
+        never count more than were taken; the workers then look every
+        time, as they would without the words."""
+        if _FETCH_ADD is not None:
+            _FETCH_ADD(self._overflow_taken_at, 1, _SEQ_CST)
+
     def go_busy(self):
         """Stores busy: the kernel picks this slot no more."""
         self.state.value = BUSY
@@ -113,4 +152,5 @@ class Record:
         """Unmaps the board (a worker becoming the template)."""
         # The views hold the mapping's buffer: drop them first.
         del self.state, self.taken, self.served, self.next, self._waiting
+        del self._overflow_sent, self._overflow_taken
         self._map.close()

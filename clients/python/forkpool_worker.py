@@ -562,10 +562,12 @@ class Worker:
 
     def _take_from_overflow(self, listener):
         """The next connection waiting on overflow listener `listener`, or
-        None. One poll asks both whether a message waits (it goes first:
-        the worker goes idle and reads it) and whether a connection does,
-        so finding nothing costs one system call."""
-        if listener >= len(self._finish_polls):
+        None. Nothing is asked when the board says no connection can wait
+        on any overflow (at light load, nearly always). Else one poll asks
+        both whether a message waits (it goes first: the worker goes idle
+        and reads it) and whether a connection does, so finding nothing
+        costs one system call."""
+        if listener >= len(self._finish_polls) or not self.board.overflow_may_wait():
             return None
         look, overflow_fd = self._finish_polls[listener]
         ready = look.poll(0)
@@ -575,6 +577,7 @@ class Worker:
             conn, peer = _accept_from(self.overflow[listener])
         except OSError:  # another worker or the supervisor was faster
             return None
+        self.board.count_overflow_taken()
         self.peer = peer
         return conn  # accept() makes it close-on-exec
 

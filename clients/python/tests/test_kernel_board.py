@@ -56,6 +56,7 @@ worker.serve(handle)
 # Word indexes of slot SLOT's record.
 STATE, TAKEN, SERVED, NEXT = (forkpool_board.HEADER_WORDS + 4 * SLOT + i for i in range(4))
 WAITING = 2
+OVERFLOW_SENT, OVERFLOW_TAKEN = 3, 4
 
 
 def listener():
@@ -272,6 +273,7 @@ class KernelWorkerTest(unittest.TestCase):
         first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
         wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
         waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        fake.write(OVERFLOW_SENT, 1)  # as the kernel's program counts it
         waiting.sendall(b"next\n")
         first.sendall(b"first\n")
         self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
@@ -282,6 +284,24 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(
             (fake.read(TAKEN), fake.read(SERVED), fake.read(NEXT)), (2, 2, 1)
         )
+        taken = 1 if forkpool_board._FETCH_ADD is not None else 0
+        self.assertEqual(fake.read(OVERFLOW_TAKEN), taken)
+
+    def test_a_finishing_worker_does_not_look_when_the_words_say_nothing_waits(self):
+        fake = self.fake.ready_and_idle()
+        first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
+        # Queued on the overflow, but words 3 and 4 say the kernel sent
+        # nothing there that was not taken: the worker does not look.
+        waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        fake.write(OVERFLOW_SENT, 5)
+        fake.write(OVERFLOW_TAKEN, 5)
+        first.sendall(b"first\n")
+        self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
+        wait_for("the worker to go idle", lambda: fake.read(STATE) == forkpool_board.IDLE)
+        self.assertEqual(fake.read(NEXT), 0)
+        self.assertTrue(select.select([fake.overflow], [], [], 0)[0], "left on the overflow")
+        waiting.close()
 
     def test_a_message_goes_before_the_overflow(self):
         fake = self.fake.ready_and_idle()
