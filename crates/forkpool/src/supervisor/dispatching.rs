@@ -60,7 +60,7 @@ impl Supervisor {
                     };
                     self.core.totals.accepted += accepted;
                     if let Some(kernel) = &self.kernel {
-                        kernel.board().count_overflow_taken(accepted);
+                        kernel.board().count_overflow_handed(accepted);
                     }
                     end
                 }
