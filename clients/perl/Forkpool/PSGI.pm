@@ -609,17 +609,17 @@ sub _send_response {
     # The whole answer in one write: when it ends the connection, its FIN
     # goes with it, unless a body handle is still to close (app code must
     # not hold the end of the answer back).
-    my $write = $r->{keep} || ref $body ne 'ARRAY' ? \&_write : \&_write_last;
+    my $last = !$r->{keep} && ref $body eq 'ARRAY';
     if (!$r->{with_body}) {
-        $write->($c, $head);
+        _write($c, $head, $last);
         $body->close if ref $body ne 'ARRAY';
         return;
     }
     if (ref $body eq 'ARRAY') {
         my $data = join '', @$body;
-        $write->($c, $r->{chunked} && length $data
+        _write($c, $r->{chunked} && length $data
             ? $head . sprintf('%x', length $data) . "\r\n$data\r\n0\r\n\r\n"
-            : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data);
+            : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data, $last);
         $r->{bytes} += length $data;
         return;
     }
@@ -713,40 +713,27 @@ sub _send_handle {
     return;
 }
 
-# Writes all of $data to the client, or marks the connection broken and
-# dies (the client left, or did not read for --timeout).
-sub _write {
-    my ($c, $data) = @_;
-    die "the client has gone\n" if $c->{broken};
-    _arm($c) if length $data > READ_SIZE;
-    my $offset = 0;
-    while ($offset < length $data) {
-        my $n = syswrite($c->{sock}, $data, length($data) - $offset, $offset);
-        if (defined $n) { $offset += $n; next }
-        next if $!{EINTR};
-        $c->{broken} = 1;
-        die "writing to the client failed: $!\n";
-    }
-    return;
-}
-
 # Linux's MSG_MORE, which Socket does not export: the kernel holds a
 # segment that is not full until more comes or the sending side shuts.
 use constant MSG_MORE => 0x8000;
 
-# _write for a connection's last bytes, closed right after: sent with
-# MSG_MORE, so the FIN of the close rides in the same segment as the end
-# of the answer, and the client gets one packet and acknowledges once, not
+# Writes all of $data to the client, or marks the connection broken and
+# dies (the client left, or did not read for --timeout). $last: these are
+# the connection's last bytes, closed right after: they go with MSG_MORE,
+# so the FIN of the close rides in the same segment as the end of the
+# answer, and the client gets one packet and acknowledges once, not
 # twice. Not shut here: the close comes after the worker has said it is
 # free, so a client that reconnects when it sees the end finds this (hot)
 # worker again.
-sub _write_last {
-    my ($c, $data) = @_;
+sub _write {
+    my ($c, $data, $last) = @_;
     die "the client has gone\n" if $c->{broken};
     _arm($c) if length $data > READ_SIZE;
     my $offset = 0;
     while ($offset < length $data) {
-        my $n = send($c->{sock}, substr($data, $offset), MSG_MORE);
+        my $n = $last
+            ? send($c->{sock}, substr($data, $offset), MSG_MORE)
+            : syswrite($c->{sock}, $data, length($data) - $offset, $offset);
         if (defined $n) { $offset += $n; next }
         next if $!{EINTR};
         $c->{broken} = 1;

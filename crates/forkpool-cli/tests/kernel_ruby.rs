@@ -325,6 +325,15 @@ fn a_reforking_worker_gives_up_its_seat() {
     assert_clean(&pool.status());
 }
 
+/// Writes a file that maps like a board of two slots: the magic, the
+/// slot count, every other word zero.
+fn write_two_slot_board(path: &std::path::Path) {
+    let mut board = vec![0u8; 4096];
+    board[..8].copy_from_slice(b"fkpbrd01");
+    board[8..16].copy_from_slice(&2u64.to_le_bytes());
+    std::fs::write(path, &board).unwrap();
+}
+
 /// Words 3 and 4 on a file mapped like the board: a finishing worker
 /// looks at the overflow only while the kernel sent more there than were
 /// taken, and each connection it takes there adds one to word 4 (with
@@ -339,10 +348,7 @@ fn a_finishing_worker_looks_at_the_overflow_only_when_something_may_wait() {
         ("false", "false true true true", 0),
     ] {
         let path = common::temp_path("overflow-words");
-        let mut board = vec![0u8; 4096];
-        board[..8].copy_from_slice(b"fkpbrd01");
-        board[8..16].copy_from_slice(&2u64.to_le_bytes());
-        std::fs::write(&path, &board).unwrap();
+        write_two_slot_board(&path);
         let script = format!(
             r#"require "forkpool/board"
                board = Forkpool::Board.new(File.open(ARGV[0], "r+").fileno, 1, atomics: {atomics})
@@ -383,10 +389,7 @@ fn the_record_lands_on_a_file_mapped_like_the_board() {
     }
     for atomics in ["true", "false"] {
         let path = common::temp_path("board");
-        let mut board = vec![0u8; 4096];
-        board[..8].copy_from_slice(b"fkpbrd01");
-        board[8..16].copy_from_slice(&2u64.to_le_bytes());
-        std::fs::write(&path, &board).unwrap();
+        write_two_slot_board(&path);
         let script = format!(
             r#"require "forkpool/board"
                file = File.open(ARGV[0], "r+")
