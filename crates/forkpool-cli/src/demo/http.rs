@@ -146,8 +146,13 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         // Like Apache's MaxKeepAliveRequests: a connection that has had its
         // share gives way, so clients beyond the pool's size get a turn.
         let keep_alive = request.keep_alive && served < options.keepalive_requests;
+        // The answer's end may wait for the close (its FIN rides with it)
+        // only when the client asked to close and sent nothing after this
+        // request: closing on unread input resets the connection, and a
+        // reset throws away what the kernel still holds.
+        let hold_end = !request.keep_alive && buf.is_empty();
         if !matches!(
-            answer(&mut stream, &request, keep_alive, worker, options),
+            answer(&mut stream, &request, keep_alive, hold_end, worker, options),
             Ok(true)
         ) {
             return;
@@ -306,12 +311,12 @@ fn read_before(
 
 /// Answers one request; true when the connection stays open for the
 /// next. An answer that says `Connection: close` is always followed by the
-/// close: the last bytes of such an answer wait for it (see
-/// [`forkpool::Stream::write_all_before_close`]).
+/// close; with `hold_end`, its last bytes wait for it (see [`End`]).
 fn answer(
     stream: &mut forkpool::Stream,
     request: &Request,
     keep_alive: bool,
+    hold_end: bool,
     worker: &forkpool::WorkerInfo,
     options: &DemoOptions,
 ) -> io::Result<bool> {
@@ -353,7 +358,12 @@ fn answer(
     } else {
         "hello\n"
     };
-    respond_with_body(stream, 200, body, BODY.len(), keep_alive, worker)?;
+    let end = match (keep_alive, hold_end) {
+        (true, _) => End::KeepAlive,
+        (false, true) => End::CloseHeld,
+        (false, false) => End::Close,
+    };
+    respond_with_body(stream, 200, body, BODY.len(), end, worker)?;
     if let Some((hooks, what)) = chaos {
         (hooks.after_response)(what, worker);
     }
@@ -377,7 +387,25 @@ fn respond(
     keep_alive: bool,
     worker: &forkpool::WorkerInfo,
 ) -> io::Result<()> {
-    respond_with_body(stream, status, body, body.len(), keep_alive, worker)
+    let end = if keep_alive {
+        End::KeepAlive
+    } else {
+        End::Close
+    };
+    respond_with_body(stream, status, body, body.len(), end, worker)
+}
+
+/// How an answer's connection goes on.
+#[derive(Clone, Copy, PartialEq)]
+enum End {
+    /// Kept alive for the next request.
+    KeepAlive,
+    /// Closed after the answer.
+    Close,
+    /// Closed after the answer, whose last bytes wait for the close so
+    /// its FIN rides with them ([`forkpool::Stream::write_all_before_close`]):
+    /// only when nothing unread can be left at the close.
+    CloseHeld,
 }
 
 fn respond_with_body(
@@ -385,7 +413,7 @@ fn respond_with_body(
     status: u16,
     body: &str,
     content_length: usize,
-    keep_alive: bool,
+    end: End,
     worker: &forkpool::WorkerInfo,
 ) -> io::Result<()> {
     let reason = match status {
@@ -401,16 +429,20 @@ fn respond_with_body(
         505 => "HTTP Version Not Supported",
         _ => "Error",
     };
-    let connection = if keep_alive { "keep-alive" } else { "close" };
+    let connection = if end == End::KeepAlive {
+        "keep-alive"
+    } else {
+        "close"
+    };
     let response = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {content_length}\r\n\
          X-Forkpool-Slot: {}\r\nX-Forkpool-Pid: {}\r\nConnection: {connection}\r\n\r\n{body}",
         worker.slot, worker.pid
     );
-    if keep_alive {
-        stream.write_all(response.as_bytes())
-    } else {
+    if end == End::CloseHeld {
         stream.write_all_before_close(response.as_bytes())
+    } else {
+        stream.write_all(response.as_bytes())
     }
 }
 
