@@ -252,38 +252,27 @@ def wait_ready(sock, events, timeout):
     return bool(poller.poll(timeout * 1000))
 
 
-def send_all(sock, data, timeout, last=False):
+def send_all(sock, data, timeout):
     """Sends all of `data`, each send without waiting (MSG_DONTWAIT): one
     system call when the socket has room, as it nearly always has. When
     it has none, waits for room for at most `timeout` seconds in all (the
     socket is kept without a Python timeout, as `Reader.fill` keeps it).
-    Raises ClientGone when the client has gone or does not read.
-
-    `last`: these are the connection's last bytes, and the caller closes
-    it right after. They go with MSG_MORE: the kernel holds a segment that
-    is not full until the close, whose FIN then rides in it, so the client
-    gets one packet and acknowledges once, not twice. Not shut here: the
-    close comes after the worker has said it is free, so a client that
-    reconnects when it sees the end finds this (hot) worker again."""
+    Raises ClientGone when the client has gone or does not read."""
     if sock.gettimeout() is not None:
         sock.settimeout(None)  # see Reader.fill
-    flags = socket.MSG_DONTWAIT | (socket.MSG_MORE if last else 0)
     try:
-        sent = sock.send(data, flags)
+        sent = sock.send(data, socket.MSG_DONTWAIT)
     except BlockingIOError:
         sent = 0
     except OSError as e:
         raise ClientGone(str(e)) from e
-    if sent < len(data):
-        _send_rest(sock, memoryview(data)[sent:], flags, timeout)
-
-
-def _send_rest(sock, view, flags, timeout):
-    """`send_all` when the first send did not take everything."""
+    if sent == len(data):
+        return
+    view = memoryview(data)[sent:]
     deadline = None
     while view:
         try:
-            view = view[sock.send(view, flags) :]
+            view = view[sock.send(view, socket.MSG_DONTWAIT) :]
             continue
         except BlockingIOError:
             pass

@@ -150,8 +150,6 @@ class Response:
         self.head_only = request.method == "HEAD"
         # Whether the status is one that never has a body (1xx, 204, 304).
         self.bodyless = False
-        # Whether the app's iterable has a `close` to call after the body.
-        self.app_closes = True
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -197,19 +195,7 @@ class Response:
         return "".join(lines).encode("latin-1")
 
     def _send(self, data):
-        http.send_all(self.conn, data, self.timeout, last=self._ends_connection())
-
-    def _ends_connection(self):
-        """True when what is being sent completes a response after which
-        the connection closes at once: its bytes and the FIN then go
-        together. Not when the app's iterable has a `close`: app code then
-        runs before the close, and the end of the answer must not wait
-        for it (the kernel would hold it up to 200 ms)."""
-        if self.keepalive or self.chunked or self.app_closes:
-            return False
-        if self.head_only or self.bodyless:
-            return True
-        return self.length is not None and self.sent >= self.length
+        http.send_all(self.conn, data, self.timeout)
 
     def write(self, data):
         """Sends body bytes; the head goes with the first non-empty write."""
@@ -459,7 +445,6 @@ class Server:
 
     def _run_app(self, environ, response, body):
         result = self.app(environ, response.start_response)
-        response.app_closes = hasattr(result, "close")
         try:
             if isinstance(result, FileWrapper) and response.status is not None:
                 if response.send_file(result):

@@ -606,12 +606,8 @@ sub _send_response {
         $length += length $_ for @$body;
     }
     my $head = $self->_send_head($c, $r, $status, $headers, $length, 1);
-    # The whole answer in one write: when it ends the connection, its FIN
-    # goes with it, unless a body handle is still to close (app code must
-    # not hold the end of the answer back).
-    my $last = !$r->{keep} && ref $body eq 'ARRAY';
     if (!$r->{with_body}) {
-        _write($c, $head, $last);
+        _write($c, $head);
         $body->close if ref $body ne 'ARRAY';
         return;
     }
@@ -619,7 +615,7 @@ sub _send_response {
         my $data = join '', @$body;
         _write($c, $r->{chunked} && length $data
             ? $head . sprintf('%x', length $data) . "\r\n$data\r\n0\r\n\r\n"
-            : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data, $last);
+            : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data);
         $r->{bytes} += length $data;
         return;
     }
@@ -713,27 +709,15 @@ sub _send_handle {
     return;
 }
 
-# Linux's MSG_MORE, which Socket does not export: the kernel holds a
-# segment that is not full until more comes or the sending side shuts.
-use constant MSG_MORE => 0x8000;
-
 # Writes all of $data to the client, or marks the connection broken and
-# dies (the client left, or did not read for --timeout). $last: these are
-# the connection's last bytes, closed right after: they go with MSG_MORE,
-# so the FIN of the close rides in the same segment as the end of the
-# answer, and the client gets one packet and acknowledges once, not
-# twice. Not shut here: the close comes after the worker has said it is
-# free, so a client that reconnects when it sees the end finds this (hot)
-# worker again.
+# dies (the client left, or did not read for --timeout).
 sub _write {
-    my ($c, $data, $last) = @_;
+    my ($c, $data) = @_;
     die "the client has gone\n" if $c->{broken};
     _arm($c) if length $data > READ_SIZE;
     my $offset = 0;
     while ($offset < length $data) {
-        my $n = $last
-            ? send($c->{sock}, substr($data, $offset), MSG_MORE)
-            : syswrite($c->{sock}, $data, length($data) - $offset, $offset);
+        my $n = syswrite($c->{sock}, $data, length($data) - $offset, $offset);
         if (defined $n) { $offset += $n; next }
         next if $!{EINTR};
         $c->{broken} = 1;

@@ -308,6 +308,7 @@ class KernelWorkerTest(unittest.TestCase):
         first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
         wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
         waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        fake.write(OVERFLOW_SENT, 1)  # counted: only the message keeps the worker from it
         fake.channel.send(b"\x01p\x00\x00\x00\x07")
         first.sendall(b"first\n")
         self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")

@@ -66,32 +66,3 @@ class StartResponse(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
-
-
-class EndOfAnswer(unittest.TestCase):
-    """When the last send of an answer holds its end for the close
-    (MSG_MORE, so the FIN rides with it)."""
-
-    def closing(self, app_closes):
-        r = response()
-        r.keepalive = False
-        r.app_closes = app_closes
-        r.start_response("200 OK", [("Content-Length", "5")])
-        return r
-
-    def test_held_only_once_complete_and_with_no_app_close_to_run(self):
-        r = self.closing(app_closes=False)
-        self.assertFalse(r._ends_connection(), "nothing of the body sent yet")
-        r.sent = 5
-        self.assertTrue(r._ends_connection())
-
-    def test_never_held_when_the_app_has_a_close_to_run(self):
-        r = self.closing(app_closes=True)
-        r.sent = 5
-        self.assertFalse(r._ends_connection())
-
-    def test_never_held_on_a_kept_alive_connection(self):
-        r = self.closing(app_closes=False)
-        r.keepalive = True
-        r.sent = 5
-        self.assertFalse(r._ends_connection())

@@ -118,17 +118,10 @@ module Forkpool
       end
 
       # Sends all of `data`, waiting for room at most `timeout` in all.
-      # `last`: these are the connection's last bytes, and it is closed
-      # right after. They go with MSG_MORE, so the FIN of the close rides
-      # in the same segment as the end of the answer: the client gets one
-      # packet and acknowledges once, not twice. Not shut here: the close
-      # comes after the worker has said it is free, so a client that
-      # reconnects when it sees the end finds this (hot) worker again.
-      def write(data, timeout, last: false)
+      def write(data, timeout)
         deadline = nil
         until data.empty?
-          @holds_end = last
-          written = last ? @sock.sendmsg_nonblock(data, Socket::MSG_MORE, exception: false) : @sock.write_nonblock(data, exception: false)
+          written = @sock.write_nonblock(data, exception: false)
           if written == :wait_writable
             deadline ||= HTTP.now + timeout
             left = deadline - HTTP.now
@@ -143,15 +136,6 @@ module Forkpool
         end
       rescue Errno::EPIPE, Errno::ECONNRESET, Errno::ETIMEDOUT, IOError => e
         raise ClientGone, e.message
-      end
-
-      # Sends at once what a `last` write holds for the close, with the
-      # FIN: for when something slow (an after_reply callback) comes
-      # before the close.
-      def send_held
-        @sock.shutdown(Socket::SHUT_WR) if @holds_end
-      rescue SystemCallError, IOError
-        nil
       end
 
       # After an error answer: stop sending (the client sees the answer

@@ -32,7 +32,6 @@ module Forkpool
       @keepalive = keepalive
       @sent = 0
       @started = false
-      @holds_end = false
     end
 
     def keepalive?
@@ -72,10 +71,6 @@ module Forkpool
       @keepalive = false if must_close.call
       out << (@keepalive ? (@request.minor.zero? ? "Connection: keep-alive\r\n\r\n" : "\r\n") : "Connection: close\r\n\r\n")
       @started = true
-      # The end of an answer that closes its connection waits for the
-      # close (its FIN rides with it) only when no app code runs before
-      # that: a body to close is app code.
-      @holds_end = !@keepalive && !body.respond_to?(:close)
       send_body(out, body, bodyless, chunked, length)
     ensure
       body.close if body.respond_to?(:close)
@@ -145,14 +140,11 @@ module Forkpool
         else
           out << piece
         end
-        # The piece that completes an answer after which the connection
-        # closes carries the FIN.
-        @conn.write(out, @timeout, last: @holds_end && !chunked && length == @sent)
+        @conn.write(out, @timeout)
         out = +"".b
       end
       out << "0\r\n\r\n" if chunked
-      # The body is done: a connection that closes ends with these bytes.
-      @conn.write(out, @timeout, last: @holds_end) unless out.empty?
+      @conn.write(out, @timeout) unless out.empty?
       @keepalive = false if length && @sent < length && !bodyless # less than it announced
     end
   end

@@ -158,7 +158,7 @@ module Forkpool
       keep = run_app(env, response, request, peer, started, must_close)
       keep &&= body_consumed(input, has_body)
       input.close
-      run_after_reply(env, conn)
+      run_after_reply(env)
       keep && !@worker.leaving?
     rescue HTTP::Error => e
       refuse(conn, e, peer, started, request.request_line, linger: e.status != 500)
@@ -220,14 +220,8 @@ module Forkpool
       raise HTTP::Error.new(500, "the application raised an exception")
     end
 
-    # The callbacks run once the client has its whole answer: what the
-    # last write held for the close goes first.
-    def run_after_reply(env, conn)
-      callbacks = env["rack.after_reply"]
-      return if callbacks.empty?
-
-      conn.send_held
-      callbacks.each(&:call)
+    def run_after_reply(env)
+      env["rack.after_reply"].each(&:call)
     rescue StandardError => e
       warn "forkpool-rack: an after_reply callback failed: #{e.class}: #{e.message}"
     end

@@ -1,8 +1,7 @@
 # frozen_string_literal: true
 
 # The Sinatra app crates/forkpool-cli/tests/rack.rs serves with
-# forkpool-rack, every request through Rack::Lint; and under /plain, a
-# bare Rack app whose body is an Array (nothing to close).
+# forkpool-rack, every request through Rack::Lint.
 require "sinatra/base"
 require "forkpool/worker"
 
@@ -81,29 +80,5 @@ class TestApp < Sinatra::Base
   end
 end
 
-# A bare app: "/plain" answers "plain"; "/plain/after-reply-waits" adds
-# an after_reply callback that waits (at most 10 s) for the client to say,
-# by creating the file named by the query, that it has the whole answer,
-# then writes to that name + ".done" how many milliseconds it waited (-1:
-# never).
-PLAIN = lambda do |env|
-  if env["PATH_INFO"] == "/after-reply-waits"
-    marker = Rack::Utils.parse_query(env["QUERY_STRING"])["wait_for"]
-    env["rack.after_reply"] << lambda do
-      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      now = started
-      now = (sleep(0.001) && Process.clock_gettime(Process::CLOCK_MONOTONIC)) until File.exist?(marker) || now > started + 10
-      File.write("#{marker}.done", File.exist?(marker) ? ((now - started) * 1000).round.to_s : "-1")
-    end
-  end
-  [200, { "content-type" => "text/plain" }, ["plain\n"]]
-end
-
-map "/plain" do
-  run PLAIN
-end
-
-map "/" do
-  use Rack::Lint
-  run TestApp
-end
+use Rack::Lint
+run TestApp

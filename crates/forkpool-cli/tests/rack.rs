@@ -122,9 +122,6 @@ fn serves_the_sinatra_app(mode: &str, preload: bool) {
             fd_targets(worker)
         );
     }
-    // An Array body (nothing to close): the end of a closing answer and
-    // the FIN go in one segment.
-    common::assert_closing_answer_carries_the_fin(pool.addr, "/plain");
 }
 
 fn serves_in_every_mode(preload: bool) {
@@ -238,44 +235,6 @@ fn term_leaves_nothing_behind() {
     assert!(
         std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
         "something still listens on {addr}"
-    );
-}
-
-#[test]
-fn an_after_reply_callback_runs_once_the_client_has_the_whole_answer() {
-    if !require_sinatra() {
-        return;
-    }
-    let pool = start("handoff", false, &[]);
-    let marker = common::temp_path("after-reply");
-    let done = marker.with_extension("done");
-    let _ = std::fs::remove_file(&marker);
-    let _ = std::fs::remove_file(&done);
-    // A closing answer: its last bytes wait for the close (MSG_MORE),
-    // but must not wait for the callback, which waits for this client.
-    let mut conn = common::send(
-        pool.addr,
-        &format!("/plain/after-reply-waits?wait_for={}", marker.display()),
-    );
-    let answer = read_response(&mut conn, false);
-    assert_eq!(answer.body_text(), "plain\n");
-    std::fs::write(&marker, b"").unwrap();
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while !done.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let waited: i64 = std::fs::read_to_string(&done)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(-1);
-    let _ = std::fs::remove_file(&marker);
-    let _ = std::fs::remove_file(&done);
-    // Held bytes the kernel sends by itself after 200 ms (its ceiling on
-    // a corked segment): the callback then waits that long for the
-    // client. Sent before the callbacks, they reach it at once.
-    assert!(
-        (0..150).contains(&waited),
-        "the callback waited {waited} ms for the client to have its answer"
     );
 }
 
