@@ -779,15 +779,18 @@ pub fn segments_received(stream: &TcpStream) -> u32 {
 }
 
 /// Asserts that a `Connection: close` answer and the end of the
-/// connection reach the client in one segment, on 10 connections in a
-/// row: the client receives the handshake's SYN-ACK, the acknowledgement
-/// of its request, and the answer carrying the FIN. A server that sends
-/// its FIN after the answer costs the client a fourth segment (and one
-/// more acknowledgement).
+/// connection reach the client in one segment: the client receives the
+/// handshake's SYN-ACK, the acknowledgement of its request, and the answer
+/// carrying the FIN. A server that sends its FIN after the answer costs
+/// the client a fourth segment (and one more acknowledgement). Of 10
+/// connections in a row, 8 must: the kernel sends held bytes by itself
+/// after 200 ms, which a worker stalled that long between its answer and
+/// its close (a loaded test machine) would see.
 pub fn assert_closing_answer_carries_the_fin(addr: SocketAddr, path: &str) {
     // One write, so the request is one segment and gets one acknowledgement.
     let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    for i in 0..10 {
+    let mut segments = Vec::new();
+    for _ in 0..10 {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
@@ -797,11 +800,11 @@ pub fn assert_closing_answer_carries_the_fin(addr: SocketAddr, path: &str) {
         stream.read_to_string(&mut raw).unwrap();
         let answer = parse_response(&raw).unwrap();
         assert_eq!(answer.status, 200, "{raw}");
-        let segments = segments_received(&stream);
-        assert!(
-            segments <= 3,
-            "connection {i}: {segments} segments for one closing answer: \
-             the FIN came apart from the answer"
-        );
+        segments.push(segments_received(&stream));
     }
+    let together = segments.iter().filter(|&&n| n <= 3).count();
+    assert!(
+        together >= 8,
+        "segments received per closing answer: {segments:?}: the FIN came apart from the answer"
+    );
 }
