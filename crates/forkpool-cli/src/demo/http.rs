@@ -145,15 +145,20 @@ pub fn serve(conn: Connection<'_>, options: &DemoOptions) {
         served += 1;
         // Like Apache's MaxKeepAliveRequests: a connection that has had its
         // share gives way, so clients beyond the pool's size get a turn.
-        let keep_alive = request.keep_alive && served < options.keepalive_requests;
-        // The answer's end may wait for the close (its FIN rides with it)
-        // only when the client asked to close and sent nothing after this
-        // request: closing on unread input resets the connection, and a
-        // reset throws away what the kernel still holds.
-        let hold_end = !request.keep_alive && buf.is_empty();
+        let end = if request.keep_alive && served < options.keepalive_requests {
+            End::KeepAlive
+        } else if !request.keep_alive && buf.is_empty() {
+            // The answer's end may wait for the close (its FIN rides with
+            // it) only when the client asked to close and sent nothing
+            // after this request: closing on unread input resets the
+            // connection, and a reset throws away what the kernel holds.
+            End::CloseHeld
+        } else {
+            End::Close
+        };
         if !matches!(
-            answer(&mut stream, &request, keep_alive, hold_end, worker, options),
-            Ok(true)
+            answer(&mut stream, &request, end, worker, options),
+            Ok(End::KeepAlive)
         ) {
             return;
         }
@@ -231,7 +236,7 @@ fn refuse_and_close(
     why: &str,
     worker: &forkpool::WorkerInfo,
 ) {
-    if respond(stream, status, why, false, worker).is_err() {
+    if respond(stream, status, why, worker).is_err() {
         return;
     }
     let shut = match stream {
@@ -309,20 +314,19 @@ fn read_before(
     }
 }
 
-/// Answers one request; true when the connection stays open for the
-/// next. An answer that says `Connection: close` is always followed by the
-/// close; with `hold_end`, its last bytes wait for it (see [`End`]).
+/// Answers one request, ending it as `end` says unless it is refused (a
+/// refusal closes); returns how it ended. An answer that says
+/// `Connection: close` is always followed by the close.
 fn answer(
     stream: &mut forkpool::Stream,
     request: &Request,
-    keep_alive: bool,
-    hold_end: bool,
+    end: End,
     worker: &forkpool::WorkerInfo,
     options: &DemoOptions,
-) -> io::Result<bool> {
+) -> io::Result<End> {
     if request.method != "GET" && request.method != "HEAD" {
-        respond(stream, 405, "only GET and HEAD are served\n", false, worker)?;
-        return Ok(false);
+        respond(stream, 405, "only GET and HEAD are served\n", worker)?;
+        return Ok(End::Close);
     }
     let query = request.query.as_deref();
     let millis = |key| -> Result<u64, String> {
@@ -337,8 +341,8 @@ fn answer(
     let (work, cpu) = match (millis("work_ms"), millis("cpu_ms")) {
         (Ok(w), Ok(c)) => (w, c),
         (Err(why), _) | (_, Err(why)) => {
-            respond(stream, 400, &why, false, worker)?;
-            return Ok(false);
+            respond(stream, 400, &why, worker)?;
+            return Ok(End::Close);
         }
     };
     let chaos = options
@@ -358,16 +362,11 @@ fn answer(
     } else {
         "hello\n"
     };
-    let end = match (keep_alive, hold_end) {
-        (true, _) => End::KeepAlive,
-        (false, true) => End::CloseHeld,
-        (false, false) => End::Close,
-    };
     respond_with_body(stream, 200, body, BODY.len(), end, worker)?;
     if let Some((hooks, what)) = chaos {
         (hooks.after_response)(what, worker);
     }
-    Ok(keep_alive)
+    Ok(end)
 }
 
 fn burn_cpu(duration: Duration) {
@@ -380,19 +379,14 @@ fn burn_cpu(duration: Duration) {
     }
 }
 
+/// An answer of `status` with `body` that closes the connection.
 fn respond(
     stream: &mut forkpool::Stream,
     status: u16,
     body: &str,
-    keep_alive: bool,
     worker: &forkpool::WorkerInfo,
 ) -> io::Result<()> {
-    let end = if keep_alive {
-        End::KeepAlive
-    } else {
-        End::Close
-    };
-    respond_with_body(stream, status, body, body.len(), end, worker)
+    respond_with_body(stream, status, body, body.len(), End::Close, worker)
 }
 
 /// How an answer's connection goes on.

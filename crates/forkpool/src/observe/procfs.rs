@@ -61,12 +61,7 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
 
 /// The parent of `pid`, from `/proc/PID/stat`; `None` if it is gone.
 pub fn parent_of(pid: i32) -> Option<i32> {
-    read_stat(pid).map(|s| s.ppid)
-}
-
-/// `pid`'s record in `/proc/PID/stat`; `None` if it is gone.
-pub fn stat_of(pid: i32) -> Option<Stat> {
-    read_stat(pid)
+    stat_of(pid).map(|s| s.ppid)
 }
 
 /// The boot clock now in the clock ticks `/proc/PID/stat` counts a
@@ -80,7 +75,8 @@ pub fn boot_ticks_now() -> io::Result<u64> {
     Ok(ns / (1_000_000_000 / ticks.max(1)))
 }
 
-fn read_stat(pid: i32) -> Option<Stat> {
+/// `pid`'s record in `/proc/PID/stat`; `None` if it is gone.
+pub fn stat_of(pid: i32) -> Option<Stat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&text).ok()
 }

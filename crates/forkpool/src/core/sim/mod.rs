@@ -737,6 +737,7 @@ impl Sim {
         // generation it retired is reaped (`slot_limit`); every fork is
         // checked against the limit of its moment (`adopt_checked`).
         let max = self.core.config.max_children as usize;
+        let largest = self.max_seen.max(max as u32);
         let generation = self.core.generation;
         let old_left = self
             .core
@@ -747,11 +748,10 @@ impl Sim {
         // else twice the larger of the old and new (the oracle's own sum,
         // not the core's `slot_limit`).
         let limit = if self.core.rolling() || old_left {
-            2 * self.max_seen.max(max as u32) as usize
+            2 * largest as usize
         } else {
             max
         };
-        let largest = self.max_seen.max(max as u32);
         if self.core.board.occupied() > limit {
             return Err(format!(
                 "{} slots taken, max_children {max} ({largest} before a reload)",
