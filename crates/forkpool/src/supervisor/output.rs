@@ -141,6 +141,29 @@ impl ChildOutput {
     }
 }
 
+impl ChildOutput {
+    /// After a turn of [`ChildOutput::read_lines`]: adds the lines the
+    /// gate dropped to `dropped`, and says why the writer must end when it
+    /// has flooded its stderr for too long.
+    pub(super) fn flooded(&mut self, dropped: &mut u64, now: Instant) -> Option<String> {
+        *dropped += std::mem::take(&mut self.gate.dropped);
+        self.gate.flooding_too_long(now).then(|| {
+            format!(
+                "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
+                 for {STDERR_FLOOD_LIMIT:?}"
+            )
+        })
+    }
+
+    /// Watches the pipe again under `token`: the poll is edge-triggered,
+    /// so what a turn left ([`Left::More`]) is read in the next one, after
+    /// every other source had its turn.
+    pub(super) fn rearm(&self, registry: &mio::Registry, token: mio::Token) -> io::Result<()> {
+        let fd = self.pipe.as_raw_fd();
+        registry.reregister(&mut SourceFd(&fd), token, Interest::READABLE)
+    }
+}
+
 impl Supervisor {
     /// Starts watching a new worker's output pipe.
     pub(super) fn register_output(&self, slot: usize, output: &ChildOutput) -> io::Result<()> {
@@ -166,31 +189,14 @@ impl Supervisor {
             log_line(slot, pid, line);
             slow.line(slot, pid, line, now);
         });
-        self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
-        if output.gate.flooding_too_long(now) {
-            self.kill(
-                slot,
-                KillReason::Misbehaved,
-                format!(
-                    "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
-                     for {STDERR_FLOOD_LIMIT:?}"
-                ),
-                now,
-            );
+        if let Some(why) = output.flooded(&mut self.core.totals.stderr_lines_dropped, now) {
+            self.kill(slot, KillReason::Misbehaved, why, now);
             return;
         }
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
-                // The poll is edge-triggered: re-arm it so the rest is
-                // read in the next turn, after everyone else had theirs.
-                let fd = output.pipe.as_raw_fd();
-                let rearmed = self.poll.registry().reregister(
-                    &mut SourceFd(&fd),
-                    Event::Output(slot).token(),
-                    Interest::READABLE,
-                );
-                if let Err(e) = rearmed {
+                if let Err(e) = output.rearm(self.poll.registry(), Event::Output(slot).token()) {
                     warn!(slot, pid, "cannot watch the worker's stderr any more: {e}");
                 }
             }

@@ -42,7 +42,6 @@ use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
 use crate::core::{Input, TemplateFailure};
 use crate::exec::TemplateStart;
-use crate::policy::budget::{STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::protocol::{TemplateRequest, TEMPLATE_VERSION};
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
@@ -447,27 +446,20 @@ impl Supervisor {
         };
         let now = Instant::now();
         let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-        self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
-        if output.gate.flooding_too_long(now) {
-            self.template_broken(
-                generation,
-                format!(
-                    "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
-                     for {STDERR_FLOOD_LIMIT:?}"
-                ),
-                now,
-            );
+        if let Some(why) = output.flooded(&mut self.core.totals.stderr_lines_dropped, now) {
+            self.template_broken(generation, why, now);
             return;
         }
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
-                let fd = output.pipe.as_raw_fd();
                 let token = Event::TemplateOutput(generation as usize).token();
-                let _ =
-                    self.poll
-                        .registry()
-                        .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
+                if let Err(e) = output.rearm(self.poll.registry(), token) {
+                    warn!(
+                        generation,
+                        pid, "cannot watch the template's stderr any more: {e}"
+                    );
+                }
             }
             Ok(Left::Closed) | Err(_) => {
                 if let Some(mut output) = ends.output.take() {
