@@ -35,7 +35,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 type Scenario = fn() -> Result<(), String>;
 
 fn main() {
-    let scenarios: [(&str, Scenario); 9] = [
+    let scenarios: [(&str, Scenario); 10] = [
         (
             "serves_from_the_lowest_slot_grows_and_shrinks",
             serves_from_the_lowest_slot_grows_and_shrinks,
@@ -59,6 +59,10 @@ fn main() {
         (
             "children_that_wait_for_the_cpu_hold_the_pool",
             children_that_wait_for_the_cpu_hold_the_pool,
+        ),
+        (
+            "a_cpu_hog_beside_the_pool_does_not_make_it_grow",
+            a_cpu_hog_beside_the_pool_does_not_make_it_grow,
         ),
         (
             "without_hold_when_cpu_bound_the_same_pool_grows",
@@ -509,6 +513,41 @@ fn children_that_wait_for_the_cpu_hold_the_pool() -> Result<(), String> {
     check(totals.accepted == 240 && totals.died == 0, || {
         format!("{totals:?}")
     })
+}
+
+fn a_cpu_hog_beside_the_pool_does_not_make_it_grow() -> Result<(), String> {
+    // A process outside the pool spins on the pool's one CPU, so the
+    // children wait for it as well as for each other; a look then often
+    // finds children that have not had the CPU since the last one (their
+    // wait not yet in the kernel's totals). The pool must hold all the
+    // same, three times over.
+    // SAFETY: this test process is single-threaded here (harness = false,
+    // no client thread started yet), so the child may do anything.
+    let hog = match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            let _ = pin_to_one_cpu();
+            let mut n: u64 = 0;
+            loop {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
+        ForkResult::Parent { child } => child,
+    };
+    let rounds = (0..3).try_for_each(|round| {
+        let (most, totals) = six_cpu_bound_clients(PoolConfig {
+            hold_when_cpu_bound: true,
+            ..config()
+        })?;
+        check(most <= 4, || {
+            format!("round {round}: the pool grew to {most} children beside a CPU hog")
+        })?;
+        check(totals.accepted == 240 && totals.died == 0, || {
+            format!("round {round}: {totals:?}")
+        })
+    });
+    let _ = kill(hog, Signal::SIGKILL);
+    let _ = waitpid(hog, None);
+    rounds
 }
 
 fn without_hold_when_cpu_bound_the_same_pool_grows() -> Result<(), String> {

@@ -81,17 +81,35 @@ pub fn stat_of(pid: i32) -> Option<Stat> {
     parse_stat(&text).ok()
 }
 
-/// Nanoseconds `pid` has spent waiting in a run queue for a CPU, from
-/// `/proc/PID/schedstat` (on a CPU, waiting, timeslices); `None` if it
-/// is gone or the kernel keeps no scheduler statistics.
-pub fn run_queue_wait_ns(pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
-    parse_schedstat_wait(&text)
+/// What `/proc/PID/schedstat` says of a process's turns on the CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedStat {
+    /// Nanoseconds spent on a CPU, as of the kernel's last update (at
+    /// least every scheduler tick while it runs).
+    pub ran_ns: u64,
+    /// Nanoseconds spent runnable in a run queue, waiting for a CPU. The
+    /// kernel adds a wait when it ends (the process gets a CPU), so a
+    /// wait still going on is not in it yet.
+    pub waited_ns: u64,
+    /// Times the process got a CPU.
+    pub timeslices: u64,
 }
 
-/// The second field of a `schedstat` line: time spent waiting to run.
-pub fn parse_schedstat_wait(text: &str) -> Option<u64> {
-    text.split_whitespace().nth(1)?.parse().ok()
+/// `pid`'s scheduler statistics (`/proc/PID/schedstat`: on a CPU,
+/// waiting, timeslices); `None` if it is gone or the kernel keeps none.
+pub fn sched_stat(pid: i32) -> Option<SchedStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    parse_schedstat(&text)
+}
+
+/// The three fields of a `schedstat` line: on a CPU, waiting, timeslices.
+pub fn parse_schedstat(text: &str) -> Option<SchedStat> {
+    let mut fields = text.split_whitespace();
+    Some(SchedStat {
+        ran_ns: fields.next()?.parse().ok()?,
+        waited_ns: fields.next()?.parse().ok()?,
+        timeslices: fields.next()?.parse().ok()?,
+    })
 }
 
 /// Memory of one process, in bytes.
@@ -252,9 +270,17 @@ pub(crate) mod tests {
 
     #[test]
     fn schedstat_gives_the_time_spent_waiting_to_run() {
-        assert_eq!(parse_schedstat_wait("827505 12345 7\n"), Some(12345));
-        assert_eq!(parse_schedstat_wait("827505"), None);
-        assert_eq!(parse_schedstat_wait(""), None);
+        assert_eq!(
+            parse_schedstat("827505 12345 7\n"),
+            Some(SchedStat {
+                ran_ns: 827505,
+                waited_ns: 12345,
+                timeslices: 7
+            })
+        );
+        assert_eq!(parse_schedstat("827505 12345"), None);
+        assert_eq!(parse_schedstat("827505"), None);
+        assert_eq!(parse_schedstat(""), None);
     }
 
     const STAT: &str = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 1234 0 0 0 \

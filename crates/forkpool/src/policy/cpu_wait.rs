@@ -14,7 +14,19 @@
 //! look that happens to catch the children between two requests does not
 //! swing it.
 //!
-//! A look reads one small file per busy child (a few microseconds each),
+//! The kernel adds a wait to a process's total only when the wait ends,
+//! as the process gets a CPU. A child that was runnable at two looks and
+//! got no CPU between them (no new timeslice, no CPU time) waited all that
+//! time, though its total has not moved: with another process holding the
+//! CPU (a database, a build, the clients themselves) a short look would
+//! otherwise read no waiting at all and let the pool grow. Such a child
+//! counts the whole time between the looks ([`Turns`]). A child that ran
+//! all that time on a CPU of its own is told apart by its CPU time, which
+//! the kernel brings up to date at every scheduler tick (4 ms at 250 Hz,
+//! 10 ms at 100 Hz; the first look of a measurement comes 5 ms after the
+//! fresh one).
+//!
+//! A look reads two small files per busy child (a few microseconds each),
 //! at most once per [`LOOK_INTERVAL`] (the second of a fresh measurement
 //! after [`FIRST_LOOK_AFTER`]), and only while at least as many children
 //! are busy as there are CPUs (fewer cannot fill them). A look more than
@@ -56,12 +68,43 @@ const FULL_MEMORY: Duration = Duration::from_secs(1);
 /// found them taken grows again.
 const FREE_LOOKS: u32 = 5;
 
+/// One busy child's turns on the CPUs at a look, as the kernel reports
+/// them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Turns {
+    /// Nanoseconds it has run on a CPU.
+    pub ran_ns: u64,
+    /// Nanoseconds it has waited in a run queue, waits that ended only.
+    pub waited_ns: u64,
+    /// Times it got a CPU.
+    pub timeslices: u64,
+    /// Whether it was runnable (running or waiting to) at the look.
+    pub runnable: bool,
+}
+
+impl Turns {
+    /// How long this child waited for a CPU between `before` and now,
+    /// `elapsed_ns` apart: what its total says, or, when it was runnable
+    /// at both looks and got no new turn on a CPU in between, all of that
+    /// time it did not run (it was on a CPU at the first look, or waiting
+    /// since before it, and has waited since).
+    fn waited_since(&self, before: &Turns, elapsed_ns: u128) -> u128 {
+        let ended = u128::from(self.waited_ns.saturating_sub(before.waited_ns));
+        if before.runnable && self.runnable && self.timeslices == before.timeslices {
+            let ran = u128::from(self.ran_ns.saturating_sub(before.ran_ns));
+            ended.max(elapsed_ns.saturating_sub(ran))
+        } else {
+            ended
+        }
+    }
+}
+
 /// The CPUs the pool may use and the busy children's run-queue waiting.
 #[derive(Debug)]
 pub(crate) struct CpuWatch {
     cpus: usize,
     /// When the last look was, and each busy child's waiting total then.
-    last: Option<(Instant, HashMap<i32, u64>)>,
+    last: Option<(Instant, HashMap<i32, Turns>)>,
     /// What the last look found.
     use_now: CpuUse,
     /// Whether the last look started a fresh measurement (the next one is
@@ -162,11 +205,11 @@ impl CpuWatch {
         }
     }
 
-    /// A look at `now` found these run-queue waiting totals (ns) for the
-    /// busy children, by pid: how many of them waited for a CPU on average
-    /// since the look before, per CPU, in thousandths. A look long after
-    /// the one before starts measuring afresh.
-    pub fn look(&mut self, totals: HashMap<i32, u64>, now: Instant) {
+    /// A look at `now` found the busy children's turns on the CPUs, by
+    /// pid: how many of them waited for a CPU on average since the look
+    /// before, per CPU, in thousandths. A look long after the one before
+    /// starts measuring afresh.
+    pub fn look(&mut self, totals: HashMap<i32, Turns>, now: Instant) {
         let fresh = self
             .last
             .as_ref()
@@ -176,9 +219,7 @@ impl CpuWatch {
                 let elapsed = now.saturating_duration_since(*at).as_nanos().max(1);
                 let waited: u128 = totals
                     .iter()
-                    .filter_map(|(pid, ns)| {
-                        before.get(pid).map(|b| u128::from(ns.saturating_sub(*b)))
-                    })
+                    .filter_map(|(pid, t)| before.get(pid).map(|b| t.waited_since(b, elapsed)))
                     .sum();
                 let per_cpu = waited * 1000 / (elapsed * self.cpus as u128);
                 let per_cpu = u32::try_from(per_cpu).unwrap_or(u32::MAX);
@@ -198,11 +239,13 @@ impl CpuWatch {
         self.cpus
     }
 
-    /// A child was started: while the CPUs fill up, a careful look no
-    /// longer says how the pool uses them, and the next one decides.
+    /// A child was started: a look from before it no longer says how the
+    /// pool uses the CPUs. A fresh measurement decides (the pool holds for
+    /// its 5 ms), so one low look cannot let several spawns through.
     pub fn changed(&mut self) {
-        if self.use_now.careful() {
+        if matches!(self.use_now, CpuUse::Waiting(_) | CpuUse::Stalled) {
             self.use_now = CpuUse::Measuring;
+            self.last = None;
         }
     }
 }
@@ -216,6 +259,50 @@ mod tests {
             cpus: 2,
             ..CpuWatch::default()
         }
+    }
+
+    fn turns(waited_ns: u64, timeslices: u64, runnable: bool) -> Turns {
+        Turns {
+            ran_ns: 5_000_000 + 1_000 * timeslices,
+            waited_ns,
+            timeslices,
+            runnable,
+        }
+    }
+
+    #[test]
+    fn a_child_that_got_no_cpu_between_two_looks_waited_all_of_it() {
+        let t0 = Instant::now();
+        let t1 = t0 + FIRST_LOOK_AFTER;
+        let looked = |before: [Turns; 2], after: [Turns; 2]| {
+            let mut w = watch();
+            w.look(HashMap::from([(1, before[0]), (2, before[1])]), t0);
+            w.look(HashMap::from([(1, after[0]), (2, after[1])]), t1);
+            w.use_now
+        };
+        // Two children runnable at both looks that never got the CPU (a
+        // process outside the pool held it): their totals have not moved,
+        // but both waited the whole 5 ms, one per CPU.
+        let waiting = turns(100, 3, true);
+        assert_eq!(looked([waiting; 2], [waiting; 2]), CpuUse::Waiting(1000));
+        // One got the CPU in between: only what its total says counts.
+        let ran = turns(100 + 1_000_000, 4, true);
+        assert_eq!(looked([waiting; 2], [ran, waiting]), CpuUse::Waiting(600));
+        // Running all along on a CPU of its own: same timeslice, but its
+        // CPU time moved. Not waiting.
+        let running = Turns {
+            ran_ns: waiting.ran_ns + FIRST_LOOK_AFTER.as_nanos() as u64,
+            ..waiting
+        };
+        assert_eq!(looked([waiting; 2], [running; 2]), CpuUse::Waiting(0));
+        // Asleep at either look (a database, a slow client): it may never
+        // have wanted the CPU, and only its total counts.
+        let asleep = turns(100, 3, false);
+        assert_eq!(looked([asleep; 2], [waiting; 2]), CpuUse::Waiting(0));
+        assert_eq!(looked([waiting; 2], [asleep; 2]), CpuUse::Waiting(0));
+        // A total that says more than the time between wins.
+        let long = turns(100 + 2 * FIRST_LOOK_AFTER.as_nanos() as u64, 3, true);
+        assert_eq!(looked([waiting; 2], [long, waiting]), CpuUse::Waiting(1500));
     }
 
     #[test]
@@ -242,6 +329,35 @@ mod tests {
         w.burst_at = Some(t0);
         assert_eq!(w.use_at(t0 + HOLD_TURNOVER / 2), CpuUse::Waiting(3000));
         assert_eq!(w.use_at(t0 + HOLD_TURNOVER), CpuUse::Stalled);
+    }
+
+    #[test]
+    fn a_child_started_after_a_look_is_measured_afresh_before_the_next_spawn() {
+        let t0 = Instant::now();
+        let t1 = t0 + FIRST_LOOK_AFTER;
+        for measured in [0, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD] {
+            let mut w = watch();
+            w.look(HashMap::new(), t0);
+            w.look(HashMap::new(), t1);
+            w.use_now = CpuUse::Waiting(measured);
+            w.changed();
+            // The pool holds, and the next look (due at once) starts a
+            // fresh measurement whose second look comes 5 ms later.
+            assert_eq!(w.use_now, CpuUse::Measuring, "after Waiting({measured})");
+            assert_eq!(w.next_look(), None);
+            w.look(HashMap::new(), t1);
+            assert_eq!(w.use_now, CpuUse::Measuring);
+            assert_eq!(w.next_look(), Some(t1 + FIRST_LOOK_AFTER));
+        }
+        // Behind long requests too.
+        let mut w = watch();
+        w.use_now = CpuUse::Stalled;
+        w.changed();
+        assert_eq!(w.use_now, CpuUse::Measuring);
+        // Not looked at (too few busy to fill the CPUs): nothing to redo.
+        let mut w = watch();
+        w.changed();
+        assert_eq!(w.use_now, CpuUse::NotLooked);
     }
 
     #[test]

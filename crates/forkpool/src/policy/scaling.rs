@@ -26,7 +26,8 @@
 //!   measured it (two looks 5 ms apart once enough children are busy to
 //!   fill the CPUs, [`CpuUse::Measuring`]) the pool holds too, and while
 //!   the CPUs fill up ([`CPU_WAIT_CAREFUL`]) it grows one child at a
-//!   time, measured again after each: a burst's first moments would
+//!   time (and at any pace, the next spawn waits for a measurement made
+//!   after the last: `policy::cpu_wait`): a burst's first moments would
 //!   otherwise fork up to `max_children`, and nothing shrinks a pool
 //!   whose children are all kept busy. A hold is only worth it while
 //!   children finish connections: when none has for [`HOLD_TURNOVER`],

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::Supervisor;
 use crate::observe::procfs;
+use crate::policy::cpu_wait::Turns;
 use crate::scaling::CpuUse;
 use crate::scoreboard::SlotState;
 
@@ -58,13 +59,26 @@ impl Supervisor {
     }
 
     fn look_at_cpu_waiting(&mut self, now: Instant) {
-        let totals: HashMap<i32, u64> = self
+        let turns: HashMap<i32, Turns> = self
             .core
             .board
             .iter()
             .filter(|(_, s)| holds_work(s.state))
-            .filter_map(|(_, s)| procfs::run_queue_wait_ns(s.pid).map(|ns| (s.pid, ns)))
+            .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
             .collect();
-        self.cpu.look(totals, now);
+        self.cpu.look(turns, now);
     }
+}
+
+/// A child's turns on the CPUs now: its scheduler statistics and whether
+/// it is runnable (state `R` in `/proc/PID/stat`).
+fn turns_of(pid: i32) -> Option<Turns> {
+    let sched = procfs::sched_stat(pid)?;
+    let runnable = procfs::stat_of(pid).is_some_and(|s| s.state == 'R');
+    Some(Turns {
+        ran_ns: sched.ran_ns,
+        waited_ns: sched.waited_ns,
+        timeslices: sched.timeslices,
+        runnable,
+    })
 }
