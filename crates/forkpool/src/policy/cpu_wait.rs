@@ -16,15 +16,15 @@
 //!
 //! The kernel adds a wait to a process's total only when the wait ends,
 //! as the process gets a CPU. A child that was runnable at two looks and
-//! got no CPU between them (no new timeslice, no CPU time) waited all that
-//! time, though its total has not moved: with another process holding the
-//! CPU (a database, a build, the clients themselves) a short look would
-//! otherwise read no waiting at all and let the pool grow. Such a child
-//! counts the whole time between the looks ([`Turns`]). A child that ran
-//! all that time on a CPU of its own is told apart by its CPU time, which
-//! the kernel brings up to date at every scheduler tick (4 ms at 250 Hz,
-//! 10 ms at 100 Hz; the first look of a measurement comes 5 ms after the
-//! fresh one).
+//! got no new turn on a CPU between them waited for whatever part of that
+//! time it did not run, though its total may not have moved: with another
+//! process holding the CPU (a database, a build, the clients themselves)
+//! a short look would otherwise read no waiting at all and let the pool
+//! grow. Such a child counts that part ([`Turns`]). Its CPU time tells a
+//! child that ran all along on a CPU of its own apart (the kernel brings
+//! it up to date at every scheduler tick: 4 ms at 250 Hz, 10 ms at
+//! 100 Hz; the first look of a measurement comes 5 ms after the fresh
+//! one).
 //!
 //! A look reads two small files per busy child (a few microseconds each),
 //! at most once per [`LOOK_INTERVAL`] (the second of a fresh measurement
@@ -39,6 +39,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::observe::procfs::SchedStat;
 use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD, HOLD_TURNOVER};
 
 /// The shortest time between two looks, and how long a result stands.
@@ -72,12 +73,8 @@ const FREE_LOOKS: u32 = 5;
 /// them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Turns {
-    /// Nanoseconds it has run on a CPU.
-    pub ran_ns: u64,
-    /// Nanoseconds it has waited in a run queue, waits that ended only.
-    pub waited_ns: u64,
-    /// Times it got a CPU.
-    pub timeslices: u64,
+    /// Its scheduler statistics (waits that ended only).
+    pub sched: SchedStat,
     /// Whether it was runnable (running or waiting to) at the look.
     pub runnable: bool,
 }
@@ -89,9 +86,10 @@ impl Turns {
     /// time it did not run (it was on a CPU at the first look, or waiting
     /// since before it, and has waited since).
     fn waited_since(&self, before: &Turns, elapsed_ns: u128) -> u128 {
-        let ended = u128::from(self.waited_ns.saturating_sub(before.waited_ns));
-        if before.runnable && self.runnable && self.timeslices == before.timeslices {
-            let ran = u128::from(self.ran_ns.saturating_sub(before.ran_ns));
+        let (now, then) = (&self.sched, &before.sched);
+        let ended = u128::from(now.waited_ns.saturating_sub(then.waited_ns));
+        if before.runnable && self.runnable && now.timeslices == then.timeslices {
+            let ran = u128::from(now.ran_ns.saturating_sub(then.ran_ns));
             ended.max(elapsed_ns.saturating_sub(ran))
         } else {
             ended
@@ -209,7 +207,7 @@ impl CpuWatch {
     /// pid: how many of them waited for a CPU on average since the look
     /// before, per CPU, in thousandths. A look long after the one before
     /// starts measuring afresh.
-    pub fn look(&mut self, totals: HashMap<i32, Turns>, now: Instant) {
+    pub fn look(&mut self, turns: HashMap<i32, Turns>, now: Instant) {
         let fresh = self
             .last
             .as_ref()
@@ -217,7 +215,7 @@ impl CpuWatch {
         self.use_now = match &self.last {
             Some((at, before)) if !fresh => {
                 let elapsed = now.saturating_duration_since(*at).as_nanos().max(1);
-                let waited: u128 = totals
+                let waited: u128 = turns
                     .iter()
                     .filter_map(|(pid, t)| before.get(pid).map(|b| t.waited_since(b, elapsed)))
                     .sum();
@@ -231,7 +229,7 @@ impl CpuWatch {
             self.burst_at = Some(now);
         }
         self.fresh = fresh;
-        self.last = Some((now, totals));
+        self.last = Some((now, turns));
     }
 
     /// The CPUs the pool may use.
@@ -263,9 +261,11 @@ mod tests {
 
     fn turns(waited_ns: u64, timeslices: u64, runnable: bool) -> Turns {
         Turns {
-            ran_ns: 5_000_000 + 1_000 * timeslices,
-            waited_ns,
-            timeslices,
+            sched: SchedStat {
+                ran_ns: 5_000_000 + 1_000 * timeslices,
+                waited_ns,
+                timeslices,
+            },
             runnable,
         }
     }
@@ -290,10 +290,8 @@ mod tests {
         assert_eq!(looked([waiting; 2], [ran, waiting]), CpuUse::Waiting(600));
         // Running all along on a CPU of its own: same timeslice, but its
         // CPU time moved. Not waiting.
-        let running = Turns {
-            ran_ns: waiting.ran_ns + FIRST_LOOK_AFTER.as_nanos() as u64,
-            ..waiting
-        };
+        let mut running = waiting;
+        running.sched.ran_ns += FIRST_LOOK_AFTER.as_nanos() as u64;
         assert_eq!(looked([waiting; 2], [running; 2]), CpuUse::Waiting(0));
         // Asleep at either look (a database, a slow client): it may never
         // have wanted the CPU, and only its total counts.

@@ -52,8 +52,8 @@ impl Supervisor {
         u32::try_from(self.cpu.cpus()).unwrap_or(u32::MAX)
     }
 
-    /// A child was started: while the CPUs fill up, the last look no
-    /// longer says how the pool uses them, and the next one decides.
+    /// A child was started: the last look no longer says how the pool
+    /// uses the CPUs, and a fresh measurement decides.
     pub(super) fn cpu_changed(&mut self) {
         self.cpu.changed();
     }
@@ -73,12 +73,8 @@ impl Supervisor {
 /// A child's turns on the CPUs now: its scheduler statistics and whether
 /// it is runnable (state `R` in `/proc/PID/stat`).
 fn turns_of(pid: i32) -> Option<Turns> {
-    let sched = procfs::sched_stat(pid)?;
-    let runnable = procfs::stat_of(pid).is_some_and(|s| s.state == 'R');
     Some(Turns {
-        ran_ns: sched.ran_ns,
-        waited_ns: sched.waited_ns,
-        timeslices: sched.timeslices,
-        runnable,
+        sched: procfs::sched_stat(pid)?,
+        runnable: procfs::stat_of(pid).is_some_and(|s| s.state == 'R'),
     })
 }
