@@ -24,10 +24,15 @@
 #define BOARD_MAGIC 0x3130647262706b66ULL /* "fkpbrd01", little-endian */
 #define MAX_LISTENERS 64
 
-/* The scoreboard's words: the header, and this slot's record. */
+/* The scoreboard's words: the header, and this slot's record.  Of the
+ * header it reads word 2 (the supervisor waits for an `I`) and word 5 (the
+ * dispatch bound); it does not read words 3 and 4, and so looks on the
+ * overflow at every finish within the width. */
 static volatile uint64_t *board;
 static volatile uint64_t *record; /* state, taken, served, next */
 enum { STATE, TAKEN, SERVED, NEXT };
+enum { BOUND_WORD = 5 }; /* the dispatch bound: 0, or the first slot outside the width */
+static uint64_t slot_index; /* FORKPOOL_SLOT, to compare with the bound */
 enum { BUSY = 0, IDLE = 1 };
 static int overflow_fd; /* the first overflow listener */
 static uint64_t max_requests; /* FORKPOOL_MAX_REQUESTS: leave after this many (0: never) */
@@ -71,6 +76,7 @@ static void map_board(long slot_no)
     if ((uint64_t)slot_no >= __atomic_load_n(&board[1], __ATOMIC_SEQ_CST))
         refuse("FORKPOOL_SLOT is beyond the board's slot count");
     record = board + 8 + 4 * slot_no;
+    slot_index = (uint64_t)slot_no;
 }
 
 static void set_state(uint64_t v)
@@ -106,10 +112,26 @@ static int take(int listener)
     return fd;
 }
 
+/* Whether this slot is outside the pool's dispatch width: the bound (word
+ * 5, the supervisor's) is set and not above the slot.  Under load that
+ * computes, the supervisor narrows the set of workers that serve, so that
+ * each stays hot in its CPU's cache; the kernel gives the slots outside it
+ * no new connection, and a worker there that kept taking from the
+ * overflow would keep serving and never leave the set. */
+static int outside_width(void)
+{
+    uint64_t bound = __atomic_load_n(&board[BOUND_WORD], __ATOMIC_SEQ_CST);
+    return bound != 0 && slot_index >= bound;
+}
+
 /* A connection waiting on overflow listener i, unless a message waits on
- * the channel (it goes first): one poll sees both. -1 for none. */
+ * the channel (it goes first): one poll sees both. -1 for none, and
+ * without a look when this slot is outside the dispatch width (it goes
+ * idle instead). */
 static int take_next(long i)
 {
+    if (outside_width())
+        return -1;
     struct pollfd p[2] = { { .fd = chan, .events = POLLIN },
                            { .fd = overflow_fd + (int)i, .events = POLLIN } };
     if (poll(p, 2, 0) <= 0 || p[0].revents || !p[1].revents)

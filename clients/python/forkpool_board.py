@@ -15,6 +15,7 @@ in forkpool's docs/protocol.md ("`kernel` dispatch"): 64-bit words, native
 | 2 | nonzero: the supervisor wants an `I` from a worker going idle |
 | 3 | connections the kernel sent to the overflow |
 | 4 | connections taken from the overflow (atomic adds) |
+| 5 | the dispatch bound: 0 (none), or the first slot outside the pool's dispatch width |
 | 8+4s .. 11+4s | slot s: state, taken, served, next |
 
 `Record` maps the board once and makes a `ctypes.c_uint64` view of each
@@ -35,6 +36,10 @@ _SLOTS_WORD = 1
 _WAITING_WORD = 2
 _OVERFLOW_SENT_WORD = 3
 _OVERFLOW_TAKEN_WORD = 4
+# Word 5, the supervisor's: 0, or the first slot outside the dispatch
+# width. The kernel gives the slots from it on no new connection, and
+# their workers take none from the overflow as they finish one.
+_BOUND_WORD = 5
 # A slot's state: busy (or no worker), idle; anything else is a
 # reservation by the kernel, which only the kernel and the supervisor move.
 BUSY = 0
@@ -104,6 +109,8 @@ class Record:
         self._overflow_sent = self._word(_OVERFLOW_SENT_WORD)
         self._overflow_taken = self._word(_OVERFLOW_TAKEN_WORD)
         self._overflow_taken_at = ctypes.addressof(self._overflow_taken)
+        self._bound = self._word(_BOUND_WORD)
+        self._slot = slot
         base = HEADER_WORDS + RECORD_WORDS * slot
         self.state = self._word(base)
         self.taken = self._word(base + 1)
@@ -129,9 +136,19 @@ class Record:
         return self._waiting.value != 0
 
     def overflow_may_wait(self):
-        """False when nothing can wait on an overflow socket: the kernel
-        sent no more there than were taken (word 4 is read first), so a
-        finishing worker need not look (a system call)."""
+        """False when a finishing worker is not to look on an overflow
+        socket (a system call): its slot is outside the dispatch width
+        (word 5 is set and not above the slot), or nothing can wait there
+        (the kernel sent no more there than were taken; word 4 is read
+        first).
+
+        Under load that computes, the supervisor narrows the set of
+        workers that serve, so that each stays hot in its CPU's cache; a
+        worker outside it that took from the overflow would keep serving
+        and never leave the set, so it goes idle instead."""
+        bound = self._bound.value
+        if bound and self._slot >= bound:
+            return False
         taken = self._overflow_taken.value
         return self._overflow_sent.value > taken
 
@@ -152,5 +169,5 @@ class Record:
         """Unmaps the board (a worker becoming the template)."""
         # The views hold the mapping's buffer: drop them first.
         del self.state, self.taken, self.served, self.next, self._waiting
-        del self._overflow_sent, self._overflow_taken
+        del self._overflow_sent, self._overflow_taken, self._bound
         self._map.close()

@@ -563,10 +563,12 @@ class Worker:
     def _take_from_overflow(self, listener):
         """The next connection waiting on overflow listener `listener`, or
         None. Nothing is asked when the board says no connection can wait
-        on any overflow (at light load, nearly always). Else one poll asks
-        both whether a message waits (it goes first: the worker goes idle
-        and reads it) and whether a connection does, so finding nothing
-        costs one system call."""
+        on any overflow (at light load, nearly always), or that this slot
+        is outside the dispatch width (word 5: the worker goes idle, and
+        the kernel gives it nothing new either). Else one poll asks both
+        whether a message waits (it goes first: the worker goes idle and
+        reads it) and whether a connection does, so finding nothing costs
+        one system call."""
         if listener >= len(self._finish_polls) or not self.board.overflow_may_wait():
             return None
         look, overflow_fd = self._finish_polls[listener]

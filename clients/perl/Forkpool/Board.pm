@@ -35,6 +35,12 @@ package Forkpool::Board;
 #
 # /proc/self/mem names the address space of the process that opened it:
 # a worker opens its own (a forked process must not inherit it).
+#
+# The header words it reads: 0 the magic, 1 the slot count, 2 the wake-up
+# the supervisor asks for, and 5 the dispatch bound (0, or the first slot
+# outside the pool's dispatch width; the supervisor writes it). Words 3
+# and 4 (the overflow's counts) it leaves alone: it looks on the overflow
+# at every finish, as a worker may.
 
 use strict;
 use warnings;
@@ -49,6 +55,7 @@ use constant PROT_RW      => 3;    # PROT_READ | PROT_WRITE
 use constant MAP_SHARED   => 1;
 use constant BUSY         => 0;
 use constant IDLE         => 1;
+use constant BOUND_WORD   => 5;
 
 # Why this perl cannot store into a scoreboard, or undef when it can.
 # $syscall_number is Forkpool::Worker::syscall_number. Returns the
@@ -90,6 +97,8 @@ sub open {
         pwrite  => $pwrite,
         record  => $record,
         waiting => pack('Q', $base + 16),
+        bound   => pack('Q', $base + 8 * BOUND_WORD),
+        slot    => $slot,
         # This worker is the only writer of its counts: kept here, stored.
         taken   => unpack('Q<', $read->(HEADER_WORDS + RECORD_WORDS * $slot + 1)),
         served  => unpack('Q<', $read->(HEADER_WORDS + RECORD_WORDS * $slot + 2)),
@@ -150,6 +159,18 @@ sub idle {
     my ($self) = @_;
     $self->_store(0, pack('Q<Q<Q<', IDLE, $self->{taken}, $self->{served}));
     return unpack('P8', $self->{waiting}) ne "\0" x 8;
+}
+
+# True when the worker, finishing a connection, may take the next one
+# waiting on the overflow: no dispatch bound (word 5 is 0), or its slot is
+# below it. Under load that computes, the supervisor narrows the set of
+# workers that serve, so that each stays hot in its CPU's cache; a worker
+# outside it that kept taking from the overflow would keep serving and
+# never leave the set, so it goes idle instead. One read, no system call.
+sub within_width {
+    my ($self) = @_;
+    my $bound = unpack('Q<', unpack('P8', $self->{bound}));
+    return !$bound || $self->{slot} < $bound;
 }
 
 # The worker is busy (quitting or leaving).

@@ -57,6 +57,7 @@ worker.serve(handle)
 STATE, TAKEN, SERVED, NEXT = (forkpool_board.HEADER_WORDS + 4 * SLOT + i for i in range(4))
 WAITING = 2
 OVERFLOW_SENT, OVERFLOW_TAKEN = 3, 4
+BOUND = 5
 
 
 def listener():
@@ -226,6 +227,29 @@ class RecordTest(unittest.TestCase):
         finally:
             fake.stop()
 
+    def test_a_slot_outside_the_dispatch_width_does_not_look_at_the_overflow(self):
+        # Slot 2 of 4; the kernel sent one more to the overflow than was
+        # taken, so only the bound (word 5) can keep the worker from it.
+        fake = FakeSupervisor(slots=4)
+        try:
+            fake.write(OVERFLOW_SENT, 3)
+            fake.write(OVERFLOW_TAKEN, 2)
+            record = forkpool_board.Record(fake.board, 2)
+            seen = []
+            for bound in (0, 4, 3, 2, 1, 0):
+                fake.write(BOUND, bound)
+                seen.append((bound, record.overflow_may_wait()))
+            self.assertEqual(
+                seen,
+                [(0, True), (4, True), (3, True), (2, False), (1, False), (0, True)],
+                "0 is no bound; a bound above the slot lets it look",
+            )
+            fake.write(OVERFLOW_TAKEN, 3)
+            fake.write(BOUND, 3)
+            self.assertFalse(record.overflow_may_wait(), "within the width, nothing waits")
+        finally:
+            fake.stop()
+
 
 class KernelWorkerTest(unittest.TestCase):
     def setUp(self):
@@ -302,6 +326,32 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(fake.read(NEXT), 0)
         self.assertTrue(select.select([fake.overflow], [], [], 0)[0], "left on the overflow")
         waiting.close()
+
+    def test_a_finishing_worker_outside_the_dispatch_width_goes_idle(self):
+        fake = self.fake.ready_and_idle()
+        first = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 1)
+        # Counted on the overflow, but the supervisor narrowed the width to
+        # slot 0 alone: slot 1 leaves the connection to the others.
+        waiting = socket.create_connection(fake.overflow.getsockname(), timeout=TIMEOUT)
+        fake.write(OVERFLOW_SENT, 1)
+        fake.write(BOUND, SLOT)
+        first.sendall(b"first\n")
+        self.assertEqual(read_all(first), b"slot=1 listener=0 first\n")
+        wait_for("the worker to go idle", lambda: fake.read(STATE) == forkpool_board.IDLE)
+        self.assertEqual((fake.read(TAKEN), fake.read(SERVED), fake.read(NEXT)), (1, 1, 0))
+        self.assertTrue(select.select([fake.overflow], [], [], 0)[0], "left on the overflow")
+        # The width takes it in again: it finishes the next one by taking it.
+        fake.write(BOUND, SLOT + 1)
+        again = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
+        wait_for("the worker to accept", lambda: fake.read(TAKEN) == 2)
+        waiting.sendall(b"next\n")
+        again.sendall(b"again\n")
+        self.assertEqual(read_all(again), b"slot=1 listener=0 again\n")
+        self.assertEqual(read_all(waiting), b"slot=1 listener=0 next\n")
+        again.close()
+        waiting.close()
+        self.assertEqual(fake.read(NEXT), 1)
 
     def test_a_message_goes_before_the_overflow(self):
         fake = self.fake.ready_and_idle()

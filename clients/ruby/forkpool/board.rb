@@ -6,7 +6,11 @@ require_relative "libc"
 module Forkpool
   # One worker's record on the scoreboard of `kernel` dispatch
   # (docs/protocol.md, "`kernel` dispatch"): the board mapped with libc's
-  # mmap through Fiddle, the slot's state and its three counts.
+  # mmap through Fiddle, the slot's state and its three counts. Of the
+  # header it reads words 0 and 1 (the magic, the slot count) once, and,
+  # as it goes, word 2 (the supervisor waits for an `I`), words 3 and 4
+  # (the overflow's counts, word 4 also added to) and word 5 (the dispatch
+  # bound).
   #
   # Every store and load goes through Fiddle::Pointers made here, once:
   # the fast path allocates no Fiddle object (a count's store packs a
@@ -37,6 +41,11 @@ module Forkpool
     # those taken from it (by the supervisor or a finishing worker).
     OVERFLOW_SENT = 3 * WORD
     OVERFLOW_TAKEN = 4 * WORD
+    # Word 5, the supervisor's: the dispatch bound. 0, or the first slot
+    # outside the pool's dispatch width: the kernel gives the slots from
+    # it on no new connection, and their workers take none from the
+    # overflow as they finish one.
+    BOUND = 5 * WORD
     IDLE = [1].pack("Q<").freeze
     ZERO = [0].pack("Q<").freeze
     BUSY = ZERO
@@ -69,6 +78,7 @@ module Forkpool
       length = (WORD * (8 + 4 * (slot + 1)) + PAGE - 1) / PAGE * PAGE
       @ptr = Libc.map_shared(fd, length)
       check(slot)
+      @slot = slot
       @state = (8 + 4 * slot) * WORD
       # A pointer, not an address: Fiddle turns an Integer argument into
       # a new pointer object on every call.
@@ -129,10 +139,18 @@ module Forkpool
       @ptr[@state + 3 * WORD, WORD] = [@taken_next].pack("Q<")
     end
 
-    # False when nothing can wait on an overflow socket: the kernel sent
-    # no more there than were taken (word 4 read first), so a finishing
-    # worker need not look (a system call). True when something may.
+    # False when a finishing worker is not to look on an overflow socket
+    # (a system call): its slot is outside the dispatch width (word 5 is
+    # set and not above the slot), or nothing can wait there (the kernel
+    # sent no more there than were taken; word 4 read first). True when
+    # something may. Under load that computes, the supervisor narrows the
+    # set of workers that serve, so that each stays hot in its CPU's
+    # cache; a worker outside it that took from the overflow would keep
+    # serving and never leave the set, so it goes idle instead.
     def overflow_may_wait?
+      bound = @ptr[BOUND, WORD]
+      return false if bound != ZERO && @slot >= bound.unpack1("Q<")
+
       taken = @ptr[OVERFLOW_TAKEN, WORD]
       @ptr[OVERFLOW_SENT, WORD].unpack1("Q<") > taken.unpack1("Q<")
     end

@@ -133,8 +133,10 @@ module Forkpool
     # The next connection waiting on overflow listener `listener`, unless
     # the supervisor has a message first. Nothing is asked when the board
     # says no connection can wait on any overflow (at light load, nearly
-    # always); else one select asks about both, and the accept is tried
-    # only when the listener has something.
+    # always), or that this slot is outside the dispatch width (word 5:
+    # the worker goes idle, and the kernel gives it nothing new either);
+    # else one select asks about both, and the accept is tried only when
+    # the listener has something.
     def take_overflow(listener)
       return nil unless @board.overflow_may_wait?
 

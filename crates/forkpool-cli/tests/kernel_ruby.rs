@@ -334,6 +334,32 @@ fn write_two_slot_board(path: &std::path::Path) {
     std::fs::write(path, &board).unwrap();
 }
 
+/// Word 5 on a file mapped like the board (`clients/ruby/test/board_test.rb`):
+/// a worker at or beyond the dispatch bound leaves the overflow alone.
+#[test]
+fn a_finishing_worker_keeps_to_the_dispatch_width() {
+    if !require_ruby() {
+        return;
+    }
+    let test = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../clients/ruby/test/board_test.rb"
+    );
+    let out = Command::new("ruby")
+        .args(["-I", RUBY_DIR, test])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 runs, 2 assertions, 0 failures, 0 errors")
+    );
+}
+
 /// Words 3 and 4 on a file mapped like the board: a finishing worker
 /// looks at the overflow only while the kernel sent more there than were
 /// taken, and each connection it takes there adds one to word 4 (with

@@ -69,6 +69,27 @@ pub fn render(
         "The dispatch mode running (always 1); fallback says why kernel dispatch could not run, if it could not",
         dispatch,
     );
+    if let Some(width) = snapshot.dispatch_width {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(i64::from(width));
+        registry.register(
+            "dispatch_width",
+            "Kernel dispatch: how many children new connections go to while the busy ones wait for the CPUs (absent: all of them)",
+            gauge,
+        );
+    }
+    counter(
+        &mut registry,
+        "width_narrowed",
+        "Kernel dispatch: times the dispatch width narrowed because the busy children waited for the CPUs",
+        t.width_narrowed,
+    );
+    counter(
+        &mut registry,
+        "width_widened",
+        "Kernel dispatch: times the dispatch width widened for waiting connections, or opened after a quiet second",
+        t.width_widened,
+    );
     counter(
         &mut registry,
         "reservations_released",
@@ -316,6 +337,7 @@ mod tests {
             ready: true,
             dispatch: "handoff".into(),
             dispatch_fallback: None,
+            dispatch_width: None,
             uptime_ms: 10,
             line: "IB".into(),
             starting: 0,
@@ -352,6 +374,7 @@ mod tests {
         );
         let fell_back = Snapshot {
             dispatch_fallback: Some("no CAP_BPF".into()),
+            dispatch_width: None,
             ..snapshot
         };
         let text = render(&fell_back, &h, &dispatch_latency_histogram());

@@ -186,6 +186,12 @@ pub struct Scoreboard<L = ()> {
     session_capacity: Option<u32>,
     counts: StateCounts,
     changes: u64,
+    /// The dispatch width: how many serving children new connections go
+    /// to (`None`: all; `policy::width`).
+    width: Option<u32>,
+    /// The first slot beyond the width (`usize::MAX`: none), kept in step
+    /// whenever a child starts or stops serving.
+    bound: usize,
 }
 
 impl<L> Default for Scoreboard<L> {
@@ -198,6 +204,8 @@ impl<L> Default for Scoreboard<L> {
             session_capacity: None,
             counts: StateCounts::default(),
             changes: 0,
+            width: None,
+            bound: usize::MAX,
         }
     }
 }
@@ -282,7 +290,42 @@ impl<L> Scoreboard<L> {
         }
         self.idle_bits.truncate(self.slots.len().div_ceil(64));
         self.room_bits.truncate(self.slots.len().div_ceil(64));
+        if old.state.serves() {
+            self.place_bound();
+        }
         Some(old)
+    }
+
+    /// Sets the dispatch width: new connections go to the lowest `width`
+    /// serving children only (`None`: to any).
+    pub fn set_width(&mut self, width: Option<u32>) {
+        self.width = width;
+        self.place_bound();
+    }
+
+    /// The dispatch width (`None`: every serving child).
+    pub fn width(&self) -> Option<u32> {
+        self.width
+    }
+
+    /// The first slot beyond the dispatch width, if the width leaves any
+    /// serving child out.
+    pub fn dispatch_bound(&self) -> Option<usize> {
+        (self.bound != usize::MAX).then_some(self.bound)
+    }
+
+    /// Puts the bound just past the width's last serving child.
+    fn place_bound(&mut self) {
+        self.bound = match self.width {
+            None => usize::MAX,
+            Some(width) => self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.as_ref().is_some_and(|s| s.state.serves()))
+                .nth(width.max(1) as usize - 1)
+                .map_or(usize::MAX, |(slot, _)| slot + 1),
+        };
     }
 
     /// The slot, if occupied.
@@ -337,28 +380,35 @@ impl<L> Scoreboard<L> {
         self.iter().count()
     }
 
-    /// The lowest-numbered idle slot.
+    /// The lowest-numbered idle slot within the dispatch width.
     pub fn lowest_idle(&self) -> Option<usize> {
         self.idle_bits
             .iter()
             .enumerate()
             .find(|(_, word)| **word != 0)
             .map(|(i, word)| i * 64 + word.trailing_zeros() as usize)
+            .filter(|&slot| slot < self.bound)
     }
 
-    /// The idle slots, lowest first: a walk over the set bits, so a pool
-    /// with no idle child costs one word read per 64 slots.
+    /// The idle slots within the dispatch width, lowest first: a walk over
+    /// the set bits, so a pool with no idle child costs one word read per
+    /// 64 slots.
     pub fn idle_slots(&self) -> impl Iterator<Item = usize> + '_ {
-        self.idle_bits.iter().enumerate().flat_map(|(i, &word)| {
-            let mut rest = word;
-            std::iter::from_fn(move || {
-                (rest != 0).then(|| {
-                    let bit = rest.trailing_zeros() as usize;
-                    rest &= rest - 1;
-                    i * 64 + bit
+        let bound = self.bound;
+        self.idle_bits
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &word)| {
+                let mut rest = word;
+                std::iter::from_fn(move || {
+                    (rest != 0).then(|| {
+                        let bit = rest.trailing_zeros() as usize;
+                        rest &= rest - 1;
+                        i * 64 + bit
+                    })
                 })
             })
-        })
+            .take_while(move |&slot| slot < bound)
     }
 
     /// The highest-numbered idle slot (the one to retire first). A
@@ -374,8 +424,16 @@ impl<L> Scoreboard<L> {
 
     /// The lowest-numbered slot that can take one more connection, by the
     /// rule in `policy::dispatch::lowest_with_room` (a property test checks
-    /// this bitset lookup gives the same answer).
+    /// this bitset lookup gives the same answer), within the dispatch
+    /// width.
     pub fn lowest_with_room(&self) -> Option<usize> {
+        self.lowest_with_room_anywhere()
+            .filter(|&slot| slot < self.bound)
+    }
+
+    /// The lowest-numbered slot that can take one more connection, the
+    /// dispatch width aside.
+    fn lowest_with_room_anywhere(&self) -> Option<usize> {
         let slot = self
             .room_bits
             .iter()
@@ -389,6 +447,13 @@ impl<L> Scoreboard<L> {
     /// ([`lowest_with_room`](Scoreboard::lowest_with_room) has a slot).
     pub fn has_room(&self) -> bool {
         self.lowest_with_room().is_some()
+    }
+
+    /// Whether any child could take a connection, within the dispatch
+    /// width or beyond it: a pool narrowed for the CPUs is not short of
+    /// children.
+    pub fn has_room_anywhere(&self) -> bool {
+        self.lowest_with_room_anywhere().is_some()
     }
 
     /// Free places (connections that could be handed out now) over every
@@ -651,6 +716,9 @@ impl<L> Scoreboard<L> {
             entry.state = to;
             entry.since = now;
             self.index_room(slot);
+            if from.serves() != to.serves() {
+                self.place_bound();
+            }
         }
         Ok(())
     }

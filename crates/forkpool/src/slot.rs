@@ -49,6 +49,15 @@ impl SlotState {
             SlotState::Killed => "killed",
         }
     }
+
+    /// Whether a child in this state serves: ready and not leaving (the
+    /// children the dispatch width counts).
+    pub fn serves(self) -> bool {
+        matches!(
+            self,
+            SlotState::Idle | SlotState::Ordered | SlotState::Partial | SlotState::Busy
+        )
+    }
 }
 
 /// What can happen to the child in a slot: its reports, and what the

@@ -135,6 +135,14 @@ pub struct Totals {
     /// Times the pool was short of spare children but held, because its
     /// busy children already waited for the CPUs (`hold_when_cpu_bound`).
     pub cpu_bound: u64,
+    /// `kernel` dispatch: times the dispatch width narrowed (the busy
+    /// children waited for the CPUs) and widened (connections waited and
+    /// the CPUs had room, or the pool was quiet for a second).
+    #[serde(default)]
+    pub width_narrowed: u64,
+    /// See `width_narrowed`.
+    #[serde(default)]
+    pub width_widened: u64,
     /// Reloads (SIGHUP) applied.
     pub reloads: u64,
     /// Children recycled because their unshared memory (USS) went over
@@ -275,6 +283,12 @@ pub struct Snapshot {
     /// absent when nothing fell back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatch_fallback: Option<String>,
+    /// `kernel` dispatch: how many of the serving children new
+    /// connections go to while the busy ones wait for the CPUs (the
+    /// lowest ones; the others stay idle, kept for a load that sleeps);
+    /// absent while every child takes connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch_width: Option<u32>,
     /// How long the supervisor has run.
     pub uptime_ms: u64,
     /// The scoreboard line, one letter per slot.

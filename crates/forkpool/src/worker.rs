@@ -666,9 +666,15 @@ impl Worker<'_> {
         if self.exhausted() {
             return None;
         }
-        if self.board.as_ref().is_some_and(|b| !b.overflow_may_wait()) {
+        if self
+            .board
+            .as_ref()
+            .is_some_and(|b| !b.may_take_next(self.info.slot))
+        {
             // Kernel dispatch: the program sent nothing to the overflow
-            // that is not taken, so the poll below would find nothing.
+            // that is not taken, so the poll below would find nothing; or
+            // this slot is beyond the dispatch width, and leaves what
+            // waits there to the children within it.
             return None;
         }
         let l = shared.get(usize::from(listener))?;

@@ -7,7 +7,9 @@ package Forkpool::Worker::Kernel;
 # supervisor nothing per connection. It says K instead of R, waits on its
 # own sockets and the channel, and as it finishes a connection takes the
 # next one waiting on the pool's listener (the overflow) itself or goes
-# idle; it says I only when the board's word 2 asks for it.
+# idle; it says I only when the board's word 2 asks for it. A worker whose
+# slot the board's word 5 puts outside the pool's dispatch width takes
+# nothing from the overflow: it goes idle.
 
 use strict;
 use warnings;
@@ -147,9 +149,11 @@ sub _serve {
             close($conn);
             return 0;
         }
-        # A connection waiting on overflow i, unless a message waits.
+        # A connection waiting on overflow i, unless a message waits or
+        # the board puts this slot outside the dispatch width.
         my ($next, $ready);
-        if (select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
+        if ($board->within_width
+            && select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
             && !vec($ready, fileno($self->{channel}), 1))
         {
             accept($next, $self->{overflow}[$i]) or undef $next;

@@ -36,6 +36,7 @@ use crate::config::PoolConfig;
 use crate::policy::backoff::SpawnGate;
 use crate::policy::backoff::StartBackoff;
 use crate::policy::shutdown::Stop;
+use crate::policy::width::Width;
 use crate::scaling::ScalingMemory;
 use crate::scoreboard::Scoreboard;
 use crate::status::Totals;
@@ -76,6 +77,8 @@ pub(crate) struct Core<L> {
     pub spawn_gate: SpawnGate,
     /// What the scaling rule remembers between turns.
     pub memory: ScalingMemory,
+    /// How many children new connections go to (`kernel` dispatch).
+    pub width: Width,
     /// The templates (`--preload`): one per generation, two while a
     /// reload rolls.
     pub templates: Vec<Template>,
@@ -113,6 +116,7 @@ impl<L: HasChild> Core<L> {
             shutdown: None,
             spawn_gate: SpawnGate::default(),
             memory: ScalingMemory::default(),
+            width: Width::default(),
             templates: Vec::new(),
             template_backoff: StartBackoff::default(),
             templates_blocked_until: None,

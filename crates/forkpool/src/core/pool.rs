@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use super::child::{HasChild, Readiness};
 use super::Core;
-use crate::scaling::{self, Decision, PlaceCounts, PoolCounts};
+use crate::config::DispatchMode;
+use crate::policy::width::{WidthCounts, WidthMove};
+use crate::scaling::{self, CpuUse, Decision, PlaceCounts, PoolCounts};
 use crate::scoreboard::own_move;
 
 impl<L: HasChild> Core<L> {
@@ -17,8 +19,8 @@ impl<L: HasChild> Core<L> {
     /// child at a time while [`Core::may_spawn`] says so.
     pub fn decide(&mut self, pool: PoolCounts, now: Instant) -> Decision {
         let decision = if self.config.dispatch.speaks_protocol() {
-            let at_ceiling =
-                !self.board.has_room() && self.board.counts().live() >= self.config.max_children;
+            let at_ceiling = !self.board.has_room_anywhere()
+                && self.board.counts().live() >= self.config.max_children;
             self.account_saturation(at_ceiling, now);
             scaling::decide(pool, &self.config, &mut self.memory, now)
         } else {
@@ -86,6 +88,52 @@ impl<L: HasChild> Core<L> {
     /// the delay.
     pub fn fork_failed(&mut self, now: Instant, floor: std::time::Duration) -> std::time::Duration {
         self.spawn_gate.failed(now, floor)
+    }
+
+    /// Moves the dispatch width (`policy::width`) by what the pool shows:
+    /// `cpu` and `last_look` as the shell measured them, `queued` the
+    /// connections waiting (asked only when no child within the width is
+    /// idle), `cpus` the CPUs the pool may use. Only `kernel` dispatch
+    /// with the CPU hold on has a width; children that serve many
+    /// connections never run in it.
+    pub fn steer_width(
+        &mut self,
+        cpu: CpuUse,
+        last_look: Option<(Instant, u32)>,
+        queued: impl FnOnce() -> u32,
+        cpus: u32,
+        now: Instant,
+    ) -> WidthMove {
+        let narrows = self.config.dispatch == DispatchMode::Kernel
+            && self.config.hold_when_cpu_bound
+            && self.board.session_capacity().is_none()
+            && self.shutdown.is_none();
+        let moved = if narrows {
+            let counts = self.board.counts();
+            let queued = if self.board.has_room() { 0 } else { queued() };
+            self.width.steer(
+                WidthCounts {
+                    serving: counts.idle + counts.busy,
+                    busy: counts.busy,
+                    queued,
+                    cpu,
+                    last_look,
+                    cpus,
+                },
+                now,
+            )
+        } else {
+            self.width.open()
+        };
+        match moved {
+            WidthMove::Narrowed => self.totals.width_narrowed += 1,
+            WidthMove::Widened => self.totals.width_widened += 1,
+            WidthMove::Stayed => {}
+        }
+        if self.board.width() != self.width.children() {
+            self.board.set_width(self.width.children());
+        }
+        moved
     }
 
     /// Adds the time spent at the ceiling to the totals.

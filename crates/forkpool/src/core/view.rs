@@ -27,6 +27,8 @@ pub(crate) struct CoreView {
     pub dispatch: &'static str,
     /// `min_children`, `max_children`, `min_spare`, `max_spare`.
     pub bounds: [u32; 4],
+    /// How many children new connections go to (`None`: all).
+    pub dispatch_width: Option<u32>,
     /// Whether `/ready` says no while the pool is saturated.
     pub ready_unless_saturated: bool,
     /// Children by state.
@@ -82,6 +84,7 @@ impl CoreView {
             serving_generation: 0,
             dispatch: "",
             bounds: [0; 4],
+            dispatch_width: None,
             ready_unless_saturated: false,
             counts: StateCounts::default(),
             totals: Totals::default(),
@@ -120,6 +123,7 @@ impl<L: HasChild> Core<L> {
             self.config.min_spare,
             self.config.max_spare,
         ];
+        view.dispatch_width = self.board.width();
         view.ready_unless_saturated = self.config.ready_unless_saturated;
         view.counts = self.board.counts();
         view.totals = self.totals;

@@ -105,6 +105,9 @@ pub(crate) struct CpuWatch {
     last: Option<(Instant, HashMap<i32, Turns>)>,
     /// What the last look found.
     use_now: CpuUse,
+    /// The last look that measured, as it found the CPUs: when, and the
+    /// busy children waiting per CPU (thousandths), no memory applied.
+    measured: Option<(Instant, u32)>,
     /// Whether the last look started a fresh measurement (the next one is
     /// due after [`FIRST_LOOK_AFTER`]).
     fresh: bool,
@@ -127,6 +130,7 @@ impl Default for CpuWatch {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             last: None,
             use_now: CpuUse::NotLooked,
+            measured: None,
             fresh: false,
             full_at: None,
             ended_at: None,
@@ -157,6 +161,13 @@ impl CpuWatch {
     /// A child finished a connection at `now`.
     pub fn connection_ended(&mut self, now: Instant) {
         self.ended_at = Some(now);
+    }
+
+    /// Whether a child finished a connection less than [`LOOK_STALE`]
+    /// before `now`: the pool is serving, and a look may find something.
+    pub fn serving_at(&self, now: Instant) -> bool {
+        self.ended_at
+            .is_some_and(|at| now.saturating_duration_since(at) < LOOK_STALE)
     }
 
     /// What the last look says at `now`: a hold turns into careful growth
@@ -221,6 +232,7 @@ impl CpuWatch {
                     .sum();
                 let per_cpu = waited * 1000 / (elapsed * self.cpus as u128);
                 let per_cpu = u32::try_from(per_cpu).unwrap_or(u32::MAX);
+                self.measured = Some((now, per_cpu));
                 CpuUse::Waiting(self.remembered(per_cpu, now))
             }
             _ => CpuUse::Measuring,
@@ -232,19 +244,27 @@ impl CpuWatch {
         self.last = Some((now, turns));
     }
 
+    /// The last look that measured: when, and how many busy children
+    /// waited for a CPU per CPU (thousandths), as that look alone found
+    /// it (the dispatch width narrows on this, one step per look).
+    pub fn last_measure(&self) -> Option<(Instant, u32)> {
+        self.measured
+    }
+
     /// The CPUs the pool may use.
     pub fn cpus(&self) -> usize {
         self.cpus
     }
 
-    /// A child was started: a look from before it no longer says how the
-    /// pool uses the CPUs. A fresh measurement decides (the pool holds for
+    /// A child was started, or the dispatch width widened: a look from
+    /// before it no longer says how the pool uses the CPUs. A fresh measurement decides (the pool holds for
     /// its 5 ms), so one low look cannot let several spawns through.
     pub fn changed(&mut self) {
         if matches!(self.use_now, CpuUse::Waiting(_) | CpuUse::Stalled) {
             self.use_now = CpuUse::Measuring;
             self.last = None;
         }
+        self.measured = None;
     }
 }
 

@@ -17,7 +17,9 @@
 //! - `budget.rs`: what one child may make the supervisor do per second
 //!   (messages, stderr lines and bytes);
 //! - `verification.rs`: whether a template's word about a worker's pid
-//!   holds, by what the kernel says.
+//!   holds, by what the kernel says;
+//! - `width.rs`: how many of the children new connections go to, in
+//!   `kernel` dispatch, while the busy ones wait for the CPUs.
 
 pub(crate) mod backoff;
 pub(crate) mod budget;
@@ -30,3 +32,4 @@ pub(crate) mod rollout;
 pub mod scaling;
 pub(crate) mod shutdown;
 pub(crate) mod verification;
+pub(crate) mod width;

@@ -58,6 +58,30 @@ impl Supervisor {
         self.cpu.changed();
     }
 
+    /// Kernel dispatch: how much every serving child, busy or idle, waited
+    /// for the CPUs since the last such look, per CPU (thousandths), when
+    /// a look is due. A child the kernel woke for a connection waits for
+    /// a CPU before it accepts and marks itself busy: on CPUs the clients
+    /// share, most of a pool's waiting is there, out of the busy
+    /// children's measure.
+    /// Only while connections end or the width leaves children out: an
+    /// idle pool is not looked at.
+    pub(super) fn look_at_pool_waiting(&mut self, now: Instant) -> Option<(Instant, u32)> {
+        let due = self.pool_cpu.next_look().is_none_or(|due| now >= due);
+        let serving = self.pool_cpu.serving_at(now) || self.core.board.width().is_some();
+        if due && serving {
+            let turns: HashMap<i32, Turns> = self
+                .core
+                .board
+                .iter()
+                .filter(|(_, s)| s.state.serves())
+                .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
+                .collect();
+            self.pool_cpu.look(turns, now);
+        }
+        self.pool_cpu.last_measure()
+    }
+
     fn look_at_cpu_waiting(&mut self, now: Instant) {
         let turns: HashMap<i32, Turns> = self
             .core

@@ -92,6 +92,7 @@ impl Supervisor {
             }
             Effect::ConnectionEnded { slot, pid, took } => {
                 self.cpu.connection_ended(now);
+                self.pool_cpu.connection_ended(now);
                 if let Some(took) = took {
                     self.resources.service_time.observe(took.as_secs_f64());
                     self.resources.handed(slot, pid, None);

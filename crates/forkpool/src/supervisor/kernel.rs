@@ -17,6 +17,8 @@ use crate::core::Input;
 use crate::dispatch::kernel::board::{SlotWord, SAMPLE_INTERVAL};
 use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
+use crate::policy::cpu_wait::LOOK_INTERVAL;
+use crate::policy::width::WidthMove;
 use crate::protocol::WorkerOrder;
 
 /// How long a reservation may wait for its connection before it is given
@@ -313,6 +315,62 @@ impl Supervisor {
             !self.core.keeps_board(slot)
                 || (slot < board.slots() && board.state(slot) == SlotWord::Idle)
         })
+    }
+
+    /// Kernel dispatch: moves the dispatch width by how the serving
+    /// children use the CPUs (`policy::width`), and puts its bound on the
+    /// scoreboard, where the program and the children read it. Returns
+    /// whether it widened: the waiting connections then have children
+    /// again (the overflow is watched for them), and the CPUs' use is
+    /// measured afresh before it widens by one more.
+    ///
+    /// The measure is over every serving child, busy or idle (a look at
+    /// most every 20 ms, while connections end): a child the kernel woke
+    /// for a connection waits for a CPU before it accepts and marks itself
+    /// busy, so on CPUs the clients share most of a pool's waiting is
+    /// where the busy children's measure (the scaling hold's) never looks.
+    pub(crate) fn steer_width(&mut self, now: Instant) -> bool {
+        if self.kernel.is_none() {
+            return false;
+        }
+        let cpus = u32::try_from(self.pool_cpu.cpus()).unwrap_or(u32::MAX);
+        let last_look = if self.core.config.hold_when_cpu_bound {
+            self.look_at_pool_waiting(now)
+        } else {
+            None
+        };
+        let cpu = self.pool_cpu.use_at(now);
+        let Some(kernel) = self.kernel.as_ref() else {
+            return false;
+        };
+        let listeners = &self.listeners;
+        let queued = || listeners.iter().map(|l| l.listener.queued()).sum();
+        let moved = self.core.steer_width(cpu, last_look, queued, cpus, now);
+        kernel.board().set_bound(self.core.board.dispatch_bound());
+        if moved != WidthMove::Widened {
+            return false;
+        }
+        self.pool_cpu.changed();
+        self.cpu_changed();
+        if self.has_room_for_overflow() {
+            self.child_available(now);
+            self.rewatch_listeners(now);
+        }
+        true
+    }
+
+    /// While the width leaves children out, the loop wakes at least every
+    /// look interval, so the width follows the load (narrower, wider, or
+    /// open after a quiet second) even when no event comes: children within
+    /// it take the overflow's connections themselves and wake no one.
+    pub(crate) fn width_look_due(&self, now: Instant) -> Option<Instant> {
+        self.core.board.width()?;
+        Some(
+            self.pool_cpu
+                .next_look()
+                .filter(|t| *t > now)
+                .unwrap_or(now + LOOK_INTERVAL),
+        )
     }
 
     /// When the scoreboard is next read if nothing else wakes the loop.

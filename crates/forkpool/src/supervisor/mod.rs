@@ -122,6 +122,9 @@ pub(crate) struct Supervisor {
     last_saturated_log: Option<Instant>,
     /// How long the busy children wait for the CPUs (`cpu.rs`).
     cpu: crate::policy::cpu_wait::CpuWatch,
+    /// The same measure over every serving child, busy or not, for the
+    /// dispatch width (`policy::width`).
+    pool_cpu: crate::policy::cpu_wait::CpuWatch,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -200,6 +203,7 @@ impl Supervisor {
             reload_source: None,
             last_saturated_log: None,
             cpu: crate::policy::cpu_wait::CpuWatch::default(),
+            pool_cpu: crate::policy::cpu_wait::CpuWatch::default(),
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
@@ -418,6 +422,13 @@ impl Supervisor {
         if self.core.config.dispatch.speaks_protocol() {
             pool.cpu = self.cpu_use(now);
         }
+        if self.steer_width(now) {
+            // Children beyond the width took the waiting connections'
+            // place: the pool is counted again before it grows.
+            let cpu = pool.cpu;
+            pool = self.scaling_counts();
+            pool.cpu = cpu;
+        }
         let decision = self.core.decide(pool, now);
         match decision {
             Decision::Hold => {}
@@ -481,6 +492,7 @@ impl Supervisor {
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.cpu_look_due(now));
+        consider(self.width_look_due(now));
         consider(self.reservation_sweep_due());
         consider(self.board_read_due());
         consider(dispatch::backlog_recheck_due(

@@ -6,6 +6,8 @@
 //! the core hands on (claiming the record first). The core learns only by
 //! reading the records each turn (`Core::sampled`), as the supervisor does;
 //! some workers scramble their counts, which must not break anything.
+//! The program and the finishing workers keep to the dispatch width's
+//! bound, as the real ones read it in word 5.
 
 use super::world::{Conn, Happening};
 use super::Sim;
@@ -72,10 +74,11 @@ impl Sim {
 
     /// The program: each waiting connection to the lowest idle record.
     pub(super) fn kernel_picks(&mut self) {
+        let bound = self.core.board.dispatch_bound().unwrap_or(usize::MAX);
         while let Some(&conn) = self.world.backlog.front() {
             let pick = self
                 .seated()
-                .find(|&(_, _, r)| r.idle)
+                .find(|&(slot, _, r)| r.idle && slot < bound)
                 .map(|(_, pid, _)| pid);
             let Some(pid) = pick else {
                 return;
@@ -136,7 +139,12 @@ impl Sim {
         if told_quit {
             return true;
         }
-        if let Some(conn) = self.world.backlog.pop_front() {
+        let within = self
+            .core
+            .board
+            .dispatch_bound()
+            .is_none_or(|bound| slot < bound);
+        if let Some(conn) = within.then(|| self.world.backlog.pop_front()).flatten() {
             self.take(pid, conn, true);
             return true;
         }

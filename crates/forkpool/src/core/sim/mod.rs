@@ -31,6 +31,7 @@ mod kernel;
 mod reloads;
 mod rng;
 mod templates;
+mod width;
 mod world;
 
 use std::time::{Duration, Instant};
@@ -122,6 +123,11 @@ struct Sim {
     max_seen: u32,
     /// When rollouts began, in the last second.
     roll_starts: std::collections::VecDeque<u64>,
+    /// When a worker last finished a connection.
+    last_finish: Option<u64>,
+    /// Since when connections have waited with an idle child beyond the
+    /// dispatch width while the CPUs had room (`width.rs`).
+    held_back_since: Option<u64>,
 }
 
 impl Sim {
@@ -177,6 +183,8 @@ impl Sim {
             was_up: false,
             roll: None,
             roll_starts: Default::default(),
+            last_finish: None,
+            held_back_since: None,
         }
     }
 
@@ -310,6 +318,7 @@ impl Sim {
                         let told_quit = p.told_quit;
                         self.settle(conn, pid, Conn::Served)?;
                         self.outcome.served += 1;
+                        self.last_finish = Some(self.world.now);
                         if !self.kernel_finished(pid, slot) {
                             self.report(slot, ChildMessage::Idle);
                         }
@@ -624,7 +633,11 @@ impl Sim {
             None if self.core.refork_wants_spare() => 1,
             None => {
                 let backlog = self.world.backlog.len() as u32;
-                let pool = self.core.pool_counts(|| backlog, 2);
+                // The width sees the simulated CPUs; the scaling rule does
+                // not: in this world a connection takes as long however
+                // many workers share the CPUs, so a hold would only cost.
+                self.steer_width(now);
+                let pool = self.core.pool_counts(|| backlog, width::CPUS);
                 match self.core.decide(pool, now) {
                     Decision::Spawn(n) => n,
                     _ => 0,
@@ -730,6 +743,7 @@ impl Sim {
 
     /// The invariants that hold after every step.
     fn check(&mut self) -> Result<(), String> {
+        self.check_width()?;
         self.check_templates()?;
         self.check_roll()?;
         self.check_lives()?;
@@ -903,13 +917,15 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         seen.died += outcome.totals.died;
         seen.lost += outcome.totals.lost;
         seen.templates_killed += outcome.totals.templates_killed;
+        seen.width_narrowed += outcome.totals.width_narrowed;
+        seen.width_widened += outcome.totals.width_widened;
         seed += 1;
     }
     eprintln!(
         "simulator: {steps} steps over {seed} seeds in {:?}: {} workers started, {} killed, \
          {} died, {} lost, {} templates killed; {} rollouts ({} reforks): {} rolled, {} failed; \
          {} reloads refused; {} stops during a rollout; kernel dispatch: {} connections \
-         picked by the program, {} seats",
+         picked by the program, {} seats; the width narrowed {} times, widened {}",
         started.elapsed(),
         seen.spawned,
         seen.killed,
@@ -924,9 +940,13 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         rolls[4],
         kernel[0],
         kernel[1],
+        seen.width_narrowed,
+        seen.width_widened,
     );
     // Kernel dispatch runs: the program serves, templates' workers seated.
     assert!(kernel[0] > 0 && kernel[1] > 0);
+    // The width moves both ways.
+    assert!(seen.width_narrowed > 0 && seen.width_widened > 0);
     // The schedules reach what they are for: misbehaving workers and
     // templates, lies caught, workers lost behind the supervisor's back.
     assert!(seen.killed > 0 && seen.died > 0 && seen.lost > 0 && seen.templates_killed > 0);

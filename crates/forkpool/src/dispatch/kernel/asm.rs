@@ -83,6 +83,8 @@ pub enum Cond {
     Ge = 0x30,
     /// Not equal.
     Ne = 0x50,
+    /// Less than.
+    Lt = 0xa0,
 }
 
 /// One instruction slot.
@@ -193,6 +195,11 @@ impl Asm {
         self.push(LDX | DW | MEM, dst, src, off, 0);
     }
 
+    /// `*(u64 *)(dst + off) = src`.
+    pub fn store_u64(&mut self, dst: Reg, off: i16, src: Reg) {
+        self.push(STX | DW | MEM, dst, src, off, 0);
+    }
+
     /// `*(u32 *)(dst + off) = src`.
     pub fn store_u32(&mut self, dst: Reg, off: i16, src: Reg) {
         self.push(STX | W | MEM, dst, src, off, 0);
@@ -231,6 +238,12 @@ impl Asm {
     pub fn jump_if(&mut self, cond: Cond, reg: Reg, imm: i32, target: Label) {
         self.jumps.push((self.insns.len(), target));
         self.push(JMP | cond as u8 | K, reg, R0, 0, imm);
+    }
+
+    /// `if dst <cond> src goto target` (two registers).
+    pub fn jump_if_reg(&mut self, cond: Cond, dst: Reg, src: Reg, target: Label) {
+        self.jumps.push((self.insns.len(), target));
+        self.push(JMP | cond as u8 | X, dst, src, 0, 0);
     }
 
     /// `goto target`.
@@ -283,6 +296,11 @@ mod tests {
         asm.lsh_imm(R2, 3); // 67 02 00 00 03 00 00 00
         asm.add(R3, R2); // 0f 23 00 00 00 00 00 00
         asm.atomic_add_u64(R7, 24, R1); // db 17 18 00 00 00 00 00
+        let here = asm.label();
+        asm.bind(here);
+        asm.jump_if_reg(Cond::Ge, R9, R2, here); // 3d 29 ff ff 00 00 00 00
+        asm.jump_if_reg(Cond::Lt, R9, R8, here); // ad 89 fe ff 00 00 00 00
+        asm.store_u64(R10, -16, R0); // 7b 0a f0 ff 00 00 00 00
         let words: Vec<[u8; 8]> = asm
             .finish()
             .unwrap()
@@ -303,6 +321,9 @@ mod tests {
                 [0x67, 0x02, 0, 0, 3, 0, 0, 0],
                 [0x0f, 0x23, 0, 0, 0, 0, 0, 0],
                 [0xdb, 0x17, 0x18, 0, 0, 0, 0, 0],
+                [0x3d, 0x29, 0xff, 0xff, 0, 0, 0, 0],
+                [0xad, 0x89, 0xfe, 0xff, 0, 0, 0, 0],
+                [0x7b, 0x0a, 0xf0, 0xff, 0, 0, 0, 0],
             ]
         );
     }

@@ -11,7 +11,8 @@
 //! | 2 | nonzero: the supervisor holds connections no idle child took, and wants an `I` from a child that goes idle | the supervisor |
 //! | 3 | connections the program sent to an overflow socket | the program (an atomic add) |
 //! | 4 | connections taken from an overflow socket | whoever accepts one there (an atomic add) |
-//! | 5–7 | reserved, zero | |
+//! | 5 | the dispatch bound: 0, or the first slot beyond the dispatch width; the program picks no slot from it on, and children there take nothing from the overflow | the supervisor |
+//! | 6–7 | reserved, zero | |
 //! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
 //! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
 //! | 10 + 4 *slot* | connections the child finished (its own and handed ones) | the child |
@@ -37,6 +38,13 @@
 //! child stores its state before it reads word 2, and the supervisor sets
 //! word 2 before it reads the states, both sequentially consistent: one of
 //! the two always sees the other, and no idle child is missed.
+//!
+//! Word 5 narrows where connections go while the busy children wait for
+//! the CPUs (`policy::width`): the children below the bound serve, and
+//! take the overflow's connections as they finish, while those above it
+//! wait, kept for a load that sleeps rather than computes. A child that
+//! does not read word 5 still works; it takes from the overflow as
+//! before, only without the gain.
 //!
 //! Words 3 and 4 let a child that finishes a connection skip looking on
 //! the overflow (a system call) when nothing can be waiting there: word 3
@@ -67,6 +75,8 @@ const WAITING_WORD: usize = 2;
 pub const OVERFLOW_SENT_WORD: usize = 3;
 /// The word counting connections taken from the overflow.
 const OVERFLOW_TAKEN_WORD: usize = 4;
+/// The word holding the dispatch bound (0: none).
+pub const BOUND_WORD: usize = 5;
 /// Within a record: the state.
 const STATE: usize = 0;
 /// Within a record: connections accepted from the child's own socket.
@@ -224,6 +234,33 @@ impl Board {
         words[OVERFLOW_SENT_WORD].load(Ordering::SeqCst) > taken
     }
 
+    /// Whether the child in `slot`, finishing a connection, should look on
+    /// the overflow: something may wait there ([`Board::overflow_may_wait`])
+    /// and the slot is within the dispatch width (word 5).
+    pub fn may_take_next(&self, slot: usize) -> bool {
+        let bound = self.words.words()[BOUND_WORD].load(Ordering::SeqCst);
+        (bound == 0 || (slot as u64) < bound) && self.overflow_may_wait()
+    }
+
+    /// Sets the dispatch bound: from `bound` on (`None`: nowhere) no slot
+    /// is given a new connection or takes one from the overflow.
+    pub fn set_bound(&self, bound: Option<usize>) {
+        let word = bound.map_or(0, |b| b.clamp(1, self.slots) as u64);
+        let word = if word == self.slots as u64 { 0 } else { word };
+        let at = &self.words.words()[BOUND_WORD];
+        if at.load(Ordering::Relaxed) != word {
+            at.store(word, Ordering::SeqCst);
+        }
+    }
+
+    /// The dispatch bound as set (`None`: every slot).
+    pub fn bound(&self) -> Option<usize> {
+        match self.words.words()[BOUND_WORD].load(Ordering::SeqCst) {
+            0 => None,
+            b => Some(b as usize),
+        }
+    }
+
     /// `n` connections were taken from an overflow socket.
     pub fn count_overflow_taken(&self, n: u64) {
         if n > 0 {
@@ -375,6 +412,30 @@ mod tests {
         board.count_overflow_handed(1);
         assert_eq!(words[OVERFLOW_SENT_WORD].load(Ordering::SeqCst), 8);
         assert!(board.overflow_may_wait(), "one counted is still there");
+    }
+
+    #[test]
+    fn a_child_beyond_the_bound_leaves_the_overflow_to_the_others() {
+        let board = board_of(&[BUSY; 4]);
+        board.words.words()[OVERFLOW_SENT_WORD].store(1, Ordering::SeqCst);
+        assert!((0..4).all(|slot| board.may_take_next(slot)), "no bound");
+        board.set_bound(Some(2));
+        assert_eq!(board.bound(), Some(2));
+        assert!(board.may_take_next(0) && board.may_take_next(1));
+        assert!(!board.may_take_next(2) && !board.may_take_next(3));
+        // Within the width, nothing sent: nothing to look for.
+        board.count_overflow_taken(1);
+        assert!(!board.may_take_next(0));
+        // A bound at or past the last slot, or none, is no bound (word 5
+        // is 0); a bound of 0 children still lets slot 0 serve.
+        board.set_bound(Some(4));
+        assert_eq!(board.bound(), None);
+        board.set_bound(Some(9));
+        assert_eq!(board.bound(), None);
+        board.set_bound(Some(0));
+        assert_eq!(board.bound(), Some(1));
+        board.set_bound(None);
+        assert_eq!(board.words.words()[BOUND_WORD].load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -207,9 +207,15 @@ impl<'a, C: Children> Claiming<'a, C> {
         if let Some(slot) = self.claimed.get() {
             return Some(slot);
         }
-        // The core's idle children in slot order, from its lowest.
+        // The core's idle children in slot order, from its lowest, within
+        // the dispatch width.
         let first = lowest?;
-        let slot = (first..self.board.slots()).find(|&s| {
+        let end = self
+            .board
+            .bound()
+            .unwrap_or(usize::MAX)
+            .min(self.board.slots());
+        let slot = (first..end).find(|&s| {
             self.children.is_idle(s) && (!self.children.keeps_board(s) || self.board.claim(s))
         })?;
         if self.children.keeps_board(slot) {
@@ -405,6 +411,44 @@ mod tests {
         }
         assert_eq!(per_socket, [1, 0, 1, 1, 2]);
         assert!(!group.board().overflow_may_wait(), "both taken");
+        drop(clients);
+    }
+
+    #[test]
+    fn no_slot_beyond_the_bound_is_picked() {
+        let (overflow, addr) = overflow_listener();
+        let Some(mut group) = group(overflow.as_fd(), 4) else {
+            return;
+        };
+        for slot in 0..4 {
+            group.seat(slot).unwrap();
+        }
+        // Slots 0 and 3 idle, the width 2 slots: a connection to slot 0,
+        // the next to the overflow though slot 3 idles; with no bound,
+        // slot 3 takes one.
+        group.board().set_idle(0);
+        group.board().set_idle(3);
+        group.board().set_bound(Some(2));
+        let mut landed = Vec::new();
+        let mut clients = Vec::new();
+        for unbound_at in [None, None, Some(())] {
+            if unbound_at.is_some() {
+                group.board().set_bound(None);
+            }
+            clients.push(TcpStream::connect(addr).unwrap());
+            let at = queued_on(&group, overflow.as_fd(), 4).unwrap_or(4);
+            let fd = if at < 4 {
+                socket(&group, at)
+            } else {
+                overflow.as_fd()
+            };
+            drop(accept_one(fd));
+            landed.push(at);
+        }
+        assert_eq!(landed, [0, 4, 3]);
+        // A bound of every slot is none (word 5 stays 0).
+        group.board().set_bound(Some(4));
+        assert_eq!(group.board().bound(), None);
         drop(clients);
     }
 

@@ -73,6 +73,7 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
         ready: src.view.ready,
         dispatch: view.dispatch.to_string(),
         dispatch_fallback: src.view.dispatch_fallback.clone(),
+        dispatch_width: view.dispatch_width,
         uptime_ms: now.saturating_duration_since(src.view.started).as_millis() as u64,
         line: view.line(),
         starting: view.counts.starting,

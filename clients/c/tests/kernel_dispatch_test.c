@@ -1,0 +1,155 @@
+/*
+ * kernel_dispatch_test.c - unit test of the finish in kernel_dispatch.c
+ * (docs/protocol.md, "`kernel` dispatch", step 6), without a supervisor:
+ * a memfd mapped shared stands for the scoreboard (it behaves the same
+ * for the worker), a loopback listener with a connection queued for the
+ * overflow, a socketpair for the channel.  The protocol side
+ * (forkpool_worker.c) is stubbed: a request is answered by counting it.
+ *
+ *     cc -Wall -Wextra -o kernel_dispatch_test clients/c/tests/kernel_dispatch_test.c
+ *     ./kernel_dispatch_test
+ *
+ * It prints a line per case and exits 1 if any fails.
+ */
+#include "../kernel_dispatch.c"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+
+/* What forkpool_worker.c gives kernel_dispatch.c. */
+int chan = -1;
+const char *slot = "2";
+long listen_fds = 1;
+static int answered;
+
+void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+void send_msg(char kind, const unsigned char *payload, size_t len)
+{
+    (void)kind, (void)payload, (void)len;
+}
+
+size_t recv_msg(unsigned char *buf, int *fd_out)
+{
+    (void)buf;
+    *fd_out = -1;
+    return 0;
+}
+
+void answer_request(int fd)
+{
+    (void)fd;
+    answered++;
+}
+
+void put_u32(unsigned char *p, uint32_t v)
+{
+    (void)p, (void)v;
+}
+
+int answer_ping(const unsigned char *m, size_t n)
+{
+    (void)m, (void)n;
+    return 0;
+}
+
+#define SLOT 2
+#define SLOTS 4
+/* Where the worker finds the overflow and the board (3+n+1 and 3+2n+1 in
+ * a real worker; here out of the way of the test's own descriptors). */
+#define OVERFLOW_FD 100
+#define BOARD_FD (OVERFLOW_FD + 1)
+
+/* The board: magic, SLOTS slots, every other word zero; mapped by
+ * map_board as a worker maps FORKPOOL_BOARD_FD. */
+static void map_a_board(void)
+{
+    uint64_t header[2] = { BOARD_MAGIC, SLOTS };
+    int fd = memfd_create("forkpool-test-board", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, 4096) || pwrite(fd, header, sizeof header, 0) != sizeof header ||
+        dup2(fd, BOARD_FD) < 0)
+        die("the board: %s", strerror(errno));
+    close(fd);
+    char number[16];
+    snprintf(number, sizeof number, "%d", BOARD_FD);
+    setenv("FORKPOOL_BOARD_FD", number, 1);
+    overflow_fd = OVERFLOW_FD;
+    map_board(SLOT);
+}
+
+/* A loopback listener, non-blocking as the overflow is, with one
+ * connection queued on it (*client keeps it open), at OVERFLOW_FD. */
+static void listener_with_one_waiting(int *client)
+{
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4) ||
+        getsockname(l, (struct sockaddr *)&a, &len))
+        die("listener: %s", strerror(errno));
+    *client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (*client < 0 || connect(*client, (struct sockaddr *)&a, sizeof a))
+        die("connect: %s", strerror(errno));
+    struct pollfd p = { .fd = l, .events = POLLIN };
+    if (poll(&p, 1, 5000) != 1)
+        die("the connection never reached the listener");
+    if (dup2(l, OVERFLOW_FD) < 0)
+        die("dup2: %s", strerror(errno));
+    close(l);
+}
+
+/* Slot SLOT finishes a connection with word 5 at `bound` and one
+ * connection waiting on the overflow: whether it took that one (served
+ * two, one of them next) or went idle and left it (served one). */
+static int finish_with_bound(uint64_t bound, int takes)
+{
+    for (int w = 2; w < 8 + 4 * SLOTS; w++)
+        board[w] = 0;
+    board[5] = bound;
+    int client, ends[2], pair[2];
+    listener_with_one_waiting(&client);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair))
+        die("socketpair: %s", strerror(errno));
+    chan = ends[0];
+    answered = 0;
+
+    record[STATE] = BUSY;
+    serve_and_finish(pair[0], 0);
+
+    struct pollfd p = { .fd = overflow_fd, .events = POLLIN };
+    int left = poll(&p, 1, 0);
+    int served = takes ? 2 : 1;
+    int ok = answered == served && record[STATE] == IDLE && record[SERVED] == (uint64_t)served &&
+             record[TAKEN] == (uint64_t)(served - 1) && record[NEXT] == (uint64_t)(served - 1) &&
+             left == !takes;
+    printf("%s: bound %llu, slot %d: answered %d, next %llu, left on the overflow %d (want %s)\n",
+           ok ? "ok" : "FAILED", (unsigned long long)bound, SLOT, answered,
+           (unsigned long long)record[NEXT], left, takes ? "taken" : "left");
+    close(overflow_fd);
+    close(client);
+    close(ends[0]);
+    close(ends[1]);
+    close(pair[1]);
+    return ok;
+}
+
+int main(void)
+{
+    map_a_board();
+    int ok = 1;
+    ok &= finish_with_bound(0, 1);   /* no bound: as before */
+    ok &= finish_with_bound(3, 1);   /* the bound is above the slot */
+    ok &= finish_with_bound(2, 0);   /* the slot is the bound */
+    ok &= finish_with_bound(1, 0);   /* the slot is beyond it */
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,388 @@
+//! The dispatch width: how many of the pool's children new connections
+//! go to, as a rule with no I/O.
+//!
+//! The scaling policy's hold (`policy/scaling.rs`) stops the pool from
+//! forking a child more while the busy ones already wait for the CPUs.
+//! An idle child that exists is no better: given a connection, it too
+//! takes turns on the same CPUs, each child runs slower for the switching
+//! and for the caches the others evict, and a child that slept since its
+//! last connection starts with its code and data out of them. Measured
+//! on 2 CPUs with 16 clients, a Rack app's preloaded children cost 2.5
+//! times the CPU a connection when each connection woke one of 16 than
+//! when 3 of them took turn after turn (docs/benchmarks.md).
+//!
+//! So in `kernel` dispatch the pool has a **width**: the lowest children
+//! that new connections go to. The others stay idle and ready, kept for
+//! a load that sleeps (a database, a slow client) rather than computes.
+//! The supervisor turns the width into a slot bound for the kernel's
+//! program (the scoreboard's word 5), which then sends what finds no idle
+//! child within it to the overflow; the children within it take those as
+//! they finish their own, without sleeping in between.
+//!
+//! [`Width::steer`] moves it, each time the supervisor looks at the pool:
+//! - **narrower** when a look at the busy children finds them waiting for
+//!   the CPUs ([`CPU_WAIT_HOLD`]: one per CPU on average, the pool's hold):
+//!   half the way down to [`floor`] (one child more than CPUs) per look,
+//!   so 16 children come down to 3 in four looks (80 ms);
+//! - **wider** when connections wait with no idle child within it and
+//!   there are children beyond it, as far as the scaling policy would
+//!   grow the pool at that moment: by the connections waiting while the
+//!   CPUs are free (no look yet because fewer children are busy than
+//!   CPUs, or a look below [`CPU_WAIT_CAREFUL`]), by one child per look
+//!   while they fill up or the busy children serve long requests
+//!   ([`CpuUse::Stalled`]), not at all while the CPUs hold the pool or
+//!   are being measured;
+//! - **all of them** again once no connection has waited and fewer
+//!   children than CPUs were busy for [`RELAX_AFTER`]: after a quiet
+//!   second a pool dispatches as it did before any load.
+//!
+//! The width counts children that serve (idle or busy), not slots: one
+//! starting or leaving does not count, and a reload's new children come
+//! into it as the old leave.
+
+use std::time::{Duration, Instant};
+
+use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD};
+
+/// How long a narrowed pool must be quiet (nothing waiting, fewer
+/// children busy than CPUs) before every child takes connections again.
+pub(crate) const RELAX_AFTER: Duration = Duration::from_secs(1);
+
+/// The narrowest width for `cpus` CPUs: a child per CPU and one more,
+/// so a child between two connections, or blocked on a write for a
+/// moment, leaves no CPU without work.
+pub(crate) fn floor(cpus: u32) -> u32 {
+    cpus.max(1).saturating_add(1)
+}
+
+/// What the rule sees of the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WidthCounts {
+    /// Children that serve: idle or busy (not starting, not leaving).
+    pub serving: u32,
+    /// Children busy, in the whole pool.
+    pub busy: u32,
+    /// Connections waiting with no idle child within the width to take
+    /// them (0 while one is there).
+    pub queued: u32,
+    /// How the busy children use the CPUs, as the scaling policy sees it
+    /// (with the watch's memory of full looks).
+    pub cpu: CpuUse,
+    /// The last look's own finding, not remembered over: when it was, and
+    /// how many busy children waited for a CPU per CPU, in thousandths.
+    pub last_look: Option<(Instant, u32)>,
+    /// The CPUs the pool may use.
+    pub cpus: u32,
+}
+
+/// Which way a call moved the width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WidthMove {
+    /// It stayed.
+    Stayed,
+    /// It grew (or covers every child again): the CPUs' use must be
+    /// measured afresh before it grows by one more.
+    Widened,
+    /// It shrank.
+    Narrowed,
+}
+
+/// The width and what the rule remembers between calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Width {
+    /// Children new connections go to; `None`: all of them.
+    children: Option<u32>,
+    /// The look the last narrowing acted on (one narrowing per look).
+    narrowed_on: Option<Instant>,
+    /// Since when the pool has been quiet, while narrowed.
+    calm_since: Option<Instant>,
+}
+
+impl Width {
+    /// The width: `None` while every child takes connections.
+    pub fn children(&self) -> Option<u32> {
+        self.children
+    }
+
+    /// Every child takes connections (the rule is off).
+    pub fn open(&mut self) -> WidthMove {
+        *self = Width::default();
+        WidthMove::Stayed
+    }
+
+    /// Moves the width by what the pool shows at `now` (see the module
+    /// docs for the rules).
+    pub fn steer(&mut self, counts: WidthCounts, now: Instant) -> WidthMove {
+        let floor = floor(counts.cpus);
+        let current = self.children.unwrap_or(counts.serving).min(counts.serving);
+        if let Some((at, per_cpu)) = counts.last_look {
+            let new_look = self.narrowed_on.is_none_or(|n| at > n);
+            if per_cpu >= CPU_WAIT_HOLD && new_look && current > floor {
+                self.children = Some(floor + (current - floor) / 2);
+                self.narrowed_on = Some(at);
+                self.calm_since = None;
+                return WidthMove::Narrowed;
+            }
+        }
+        let Some(width) = self.children else {
+            return WidthMove::Stayed;
+        };
+        if counts.queued > 0 && width < counts.serving {
+            let by = match counts.cpu {
+                CpuUse::NotLooked => counts.queued,
+                CpuUse::Waiting(per_cpu) if per_cpu < CPU_WAIT_CAREFUL => counts.queued,
+                CpuUse::Waiting(per_cpu) if per_cpu < CPU_WAIT_HOLD => 1,
+                CpuUse::Stalled => 1,
+                CpuUse::Waiting(_) | CpuUse::Measuring => 0,
+            };
+            if by > 0 {
+                let wider = width.saturating_add(by);
+                self.children = (wider < counts.serving).then_some(wider);
+                self.calm_since = None;
+                return WidthMove::Widened;
+            }
+        }
+        if counts.queued == 0 && counts.busy < counts.cpus {
+            let since = *self.calm_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= RELAX_AFTER {
+                *self = Width::default();
+                return WidthMove::Widened;
+            }
+        } else {
+            self.calm_since = None;
+        }
+        WidthMove::Stayed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn counts(serving: u32, queued: u32, cpu: CpuUse) -> WidthCounts {
+        WidthCounts {
+            serving,
+            busy: serving,
+            queued,
+            cpu,
+            last_look: None,
+            cpus: 2,
+        }
+    }
+
+    fn looked(at: Instant, per_cpu: u32) -> WidthCounts {
+        WidthCounts {
+            last_look: Some((at, per_cpu)),
+            ..counts(16, 0, CpuUse::Waiting(per_cpu))
+        }
+    }
+
+    #[test]
+    fn children_that_wait_for_the_cpus_narrow_it_by_halves_one_look_at_a_time() {
+        let t0 = Instant::now();
+        let mut width = Width::default();
+        let mut seen = Vec::new();
+        for look in 0..6 {
+            let at = t0 + 20 * MS * look;
+            assert_ne!(width.steer(looked(at, 3_000), at), WidthMove::Widened);
+            // The same look again (an event between two looks) moves
+            // nothing.
+            assert_eq!(width.steer(looked(at, 3_000), at + MS), WidthMove::Stayed);
+            seen.push(width.children());
+        }
+        assert_eq!(
+            seen,
+            [Some(9), Some(6), Some(4), Some(3), Some(3), Some(3)],
+            "from 16 halfway to 3 (2 CPUs + 1) each look, never below"
+        );
+    }
+
+    #[test]
+    fn a_look_below_the_hold_does_not_narrow_it() {
+        let t0 = Instant::now();
+        let mut width = Width::default();
+        assert_eq!(
+            width.steer(looked(t0, CPU_WAIT_HOLD - 1), t0),
+            WidthMove::Stayed
+        );
+        assert_eq!(width.children(), None);
+        // Nor does a pool already at the floor.
+        let mut small = Width::default();
+        let at_floor = WidthCounts {
+            serving: 3,
+            ..looked(t0, 5_000)
+        };
+        assert_eq!(small.steer(at_floor, t0), WidthMove::Stayed);
+    }
+
+    fn narrowed_to_3() -> (Width, Instant) {
+        let t0 = Instant::now();
+        let mut width = Width::default();
+        for look in 0..4 {
+            let at = t0 + 20 * MS * look;
+            width.steer(looked(at, 3_000), at);
+        }
+        assert_eq!(width.children(), Some(3));
+        (width, t0 + 100 * MS)
+    }
+
+    #[test]
+    fn waiting_connections_widen_it_as_far_as_the_cpus_allow() {
+        let cases = [
+            // The CPUs are free: as many as wait.
+            (CpuUse::NotLooked, Some(8)),
+            (CpuUse::Waiting(0), Some(8)),
+            (CpuUse::Waiting(CPU_WAIT_CAREFUL - 1), Some(8)),
+            // Filling up, or behind long requests: one child.
+            (CpuUse::Waiting(CPU_WAIT_CAREFUL), Some(4)),
+            (CpuUse::Stalled, Some(4)),
+            // Held, or being measured: not at all.
+            (CpuUse::Waiting(CPU_WAIT_HOLD), Some(3)),
+            (CpuUse::Measuring, Some(3)),
+        ];
+        for (cpu, expected) in cases {
+            let (mut width, now) = narrowed_to_3();
+            let moved = width.steer(counts(16, 5, cpu), now);
+            assert_eq!(width.children(), expected, "{cpu:?}");
+            let widened = expected != Some(3);
+            assert_eq!(moved == WidthMove::Widened, widened, "{cpu:?}");
+        }
+        // Past the children there are, it is every child.
+        let (mut width, now) = narrowed_to_3();
+        width.steer(counts(16, 40, CpuUse::Waiting(0)), now);
+        assert_eq!(width.children(), None);
+        // Nothing waiting: nothing to widen for.
+        let (mut width, now) = narrowed_to_3();
+        assert_eq!(
+            width.steer(counts(16, 0, CpuUse::Waiting(0)), now),
+            WidthMove::Stayed
+        );
+        assert_eq!(width.children(), Some(3));
+    }
+
+    #[test]
+    fn a_quiet_second_gives_every_child_connections_again() {
+        let (mut width, now) = narrowed_to_3();
+        let quiet = WidthCounts {
+            busy: 1,
+            ..counts(16, 0, CpuUse::NotLooked)
+        };
+        assert_eq!(width.steer(quiet, now), WidthMove::Stayed);
+        assert_eq!(
+            width.steer(quiet, now + RELAX_AFTER - MS),
+            WidthMove::Stayed
+        );
+        // Two busy children (as many as CPUs) interrupt the quiet.
+        let busier = WidthCounts { busy: 2, ..quiet };
+        assert_eq!(width.steer(busier, now + RELAX_AFTER), WidthMove::Stayed);
+        assert_eq!(width.children(), Some(3));
+        let later = now + RELAX_AFTER + MS;
+        assert_eq!(width.steer(quiet, later), WidthMove::Stayed);
+        assert_eq!(width.steer(quiet, later + RELAX_AFTER), WidthMove::Widened);
+        assert_eq!(width.children(), None);
+    }
+
+    #[test]
+    fn the_floor_is_a_child_more_than_cpus() {
+        assert_eq!(floor(0), 2);
+        assert_eq!(floor(1), 2);
+        assert_eq!(floor(2), 3);
+        assert_eq!(floor(64), 65);
+        assert_eq!(floor(u32::MAX), u32::MAX);
+    }
+
+    #[test]
+    fn a_pool_with_fewer_children_than_the_width_narrows_from_what_it_has() {
+        let t0 = Instant::now();
+        let mut width = Width::default();
+        width.steer(looked(t0, 3_000), t0);
+        assert_eq!(width.children(), Some(9));
+        // Children left (a reload, deaths): 5 serve; the next look halves
+        // from 5, not from 9.
+        let fewer = WidthCounts {
+            serving: 5,
+            ..looked(t0 + 20 * MS, 3_000)
+        };
+        width.steer(fewer, t0 + 20 * MS);
+        assert_eq!(width.children(), Some(4));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn cpu_use() -> impl Strategy<Value = CpuUse> {
+            prop_oneof![
+                Just(CpuUse::NotLooked),
+                Just(CpuUse::Measuring),
+                Just(CpuUse::Stalled),
+                (0u32..4_000).prop_map(CpuUse::Waiting),
+            ]
+        }
+
+        proptest! {
+            /// Whatever the pool shows, in any order: a width is never
+            /// below the floor, never grows while nothing waits (but for
+            /// the quiet second), never shrinks without a new look that
+            /// found the CPUs taken, and never covers every child while
+            /// claiming to be narrower.
+            #[test]
+            fn the_width_keeps_its_rules(
+                steps in proptest::collection::vec(
+                    (1u32..40, 0u32..40, 0u32..6, cpu_use(), 0u32..4_000, any::<bool>(), 0u64..300),
+                    1..80,
+                ),
+                cpus in 1u32..5,
+            ) {
+                let t0 = Instant::now();
+                let mut now = t0;
+                let mut width = Width::default();
+                let mut look_at = t0;
+                for (serving, busy, queued, cpu, per_cpu, new_look, gap) in steps {
+                    now += MS * gap as u32;
+                    if new_look {
+                        look_at = now;
+                    }
+                    let before = width;
+                    let counts = WidthCounts {
+                        serving,
+                        busy: busy.min(serving),
+                        queued,
+                        cpu,
+                        last_look: Some((look_at, per_cpu)),
+                        cpus,
+                    };
+                    let moved = width.steer(counts, now);
+                    let (was, is) = (before.children(), width.children());
+                    if let Some(w) = is {
+                        prop_assert!(w >= floor(cpus), "{w} below the floor");
+                        prop_assert!(w < serving.max(floor(cpus) + 1) || was == is);
+                    }
+                    let narrower = match (was, is) {
+                        (None, Some(_)) => true,
+                        (Some(a), Some(b)) => b < a,
+                        _ => false,
+                    };
+                    let wider = match (was, is) {
+                        (Some(_), None) => true,
+                        (Some(a), Some(b)) => b > a,
+                        _ => false,
+                    };
+                    prop_assert_eq!(narrower, moved == WidthMove::Narrowed);
+                    if narrower {
+                        prop_assert!(per_cpu >= CPU_WAIT_HOLD);
+                        prop_assert!(before.narrowed_on.is_none_or(|n| look_at > n));
+                    }
+                    if wider {
+                        prop_assert_eq!(moved, WidthMove::Widened);
+                        let relaxed = is.is_none() && queued == 0;
+                        prop_assert!(queued > 0 || relaxed, "widened with nothing waiting");
+                        prop_assert!(!cpu.holds() || relaxed, "widened while the CPUs hold");
+                    }
+                }
+            }
+        }
+    }
+}
