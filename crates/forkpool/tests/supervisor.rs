@@ -35,7 +35,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 type Scenario = fn() -> Result<(), String>;
 
 fn main() {
-    let scenarios: [(&str, Scenario); 10] = [
+    let scenarios: [(&str, Scenario); 12] = [
         (
             "serves_from_the_lowest_slot_grows_and_shrinks",
             serves_from_the_lowest_slot_grows_and_shrinks,
@@ -75,6 +75,14 @@ fn main() {
         (
             "sleeping_children_on_one_cpu_are_not_held",
             sleeping_children_on_one_cpu_are_not_held,
+        ),
+        (
+            "cpu_bound_clients_get_the_lowest_children_only",
+            cpu_bound_clients_get_the_lowest_children_only,
+        ),
+        (
+            "sleeping_clients_widen_a_narrowed_pool",
+            sleeping_clients_widen_a_narrowed_pool,
         ),
     ];
     let filters: Vec<String> = std::env::args()
@@ -625,4 +633,118 @@ fn sleeping_children_on_one_cpu_are_not_held() -> Result<(), String> {
     })?;
     let totals = pool.stop()?;
     check(totals.died == 0, || format!("{totals:?}"))
+}
+
+/// Kernel dispatch on one CPU, eight children held: the width's pool.
+fn ready_kernel_pool_of_eight_on_one_cpu() -> Result<Running, String> {
+    let pool = Running::start_on_cpus(
+        PoolConfig {
+            dispatch: DispatchMode::Kernel,
+            hold_when_cpu_bound: true,
+            min_children: 8,
+            max_children: 8,
+            min_spare: 0,
+            max_spare: 8,
+            ..config()
+        },
+        true,
+    )?;
+    let ready = pool.wait_for("ready", |s| s.ready && s.idle == 8)?;
+    check(ready.dispatch == "kernel", || {
+        format!(
+            "kernel dispatch did not run (run as root, with CAP_BPF): {:?}",
+            ready.dispatch_fallback
+        )
+    })?;
+    Ok(pool)
+}
+
+/// Six clients asking for 5 ms of CPU each, `rounds` times over; the
+/// answers' slots, and the narrowest width status showed meanwhile.
+fn six_spinning_clients(
+    pool: &Running,
+    rounds: usize,
+) -> Result<(Vec<usize>, Option<u32>), String> {
+    std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..rounds)
+                        .map(|_| ask(pool.addr, "spin 5").map(|(slot, _)| slot))
+                        .collect::<Result<Vec<_>, String>>()
+                })
+            })
+            .collect();
+        let mut narrowest: Option<u32> = None;
+        while !clients.iter().all(|c| c.is_finished()) {
+            if let Ok(s) = pool.status() {
+                if let Some(w) = s.dispatch_width {
+                    narrowest = Some(narrowest.map_or(w, |n| n.min(w)));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut slots = Vec::new();
+        for client in clients {
+            slots.extend(client.join().unwrap()?);
+        }
+        Ok((slots, narrowest))
+    })
+}
+
+fn cpu_bound_clients_get_the_lowest_children_only() -> Result<(), String> {
+    // Six clients keep one CPU busy; eight children are there to take
+    // them. Each connection given to a child of its own would wake it
+    // cold; the width comes down to two (one CPU, and one more) and the
+    // lowest children serve nearly everything, the others kept idle.
+    let pool = ready_kernel_pool_of_eight_on_one_cpu()?;
+    let (slots, narrowest) = six_spinning_clients(&pool, 40)?;
+    let totals = pool.stop()?;
+    check(narrowest.is_some_and(|w| w <= 3), || {
+        format!("the width never came down to 3 or fewer: {narrowest:?}, {totals:?}")
+    })?;
+    let low = slots.iter().filter(|&&s| s < 3).count();
+    check(low * 10 >= slots.len() * 8, || {
+        format!(
+            "{low} of {} answers from slots 0-2 (slots {:?})",
+            slots.len(),
+            slots.iter().collect::<BTreeSet<_>>()
+        )
+    })?;
+    check(
+        totals.accepted == 240 && totals.died == 0 && totals.width_narrowed > 0,
+        || format!("{totals:?}"),
+    )
+}
+
+fn sleeping_clients_widen_a_narrowed_pool() -> Result<(), String> {
+    // The width narrowed by a CPU-bound load, six clients then sleep 600 ms
+    // each: the children within it wait for no CPU, so it widens and each
+    // is served by a child of its own, at once rather than two at a time.
+    let pool = ready_kernel_pool_of_eight_on_one_cpu()?;
+    six_spinning_clients(&pool, 10)?;
+    let narrowed = pool.wait_for("narrowed", |s| s.dispatch_width.is_some())?;
+    let started = Instant::now();
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| scope.spawn(|| ask(pool.addr, "work 600")))
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let took = started.elapsed();
+    let slots = slots_of(answers)?;
+    let totals = pool.stop()?;
+    check(slots.len() == 6, || {
+        format!(
+            "six sleeping requests after a width of {:?} were served by slots {slots:?} \
+             in {took:?}",
+            narrowed.dispatch_width
+        )
+    })?;
+    check(took < Duration::from_millis(1_200), || {
+        format!("six sleeping requests took {took:?}")
+    })?;
+    check(totals.width_widened > 0 && totals.died == 0, || {
+        format!("{totals:?}")
+    })
 }
