@@ -827,6 +827,40 @@ mod tests {
     }
 
     #[test]
+    fn the_width_counts_serving_children_and_moves_with_them() {
+        let (mut board, now) = board_with(6);
+        board.set_width(Some(3));
+        assert_eq!(board.dispatch_bound(), Some(3));
+        for slot in 0..3 {
+            board.hand_connection(slot, now).unwrap();
+        }
+        // Slots 3-5 idle, beyond the width: nothing to hand to, but the
+        // pool is not short of children.
+        assert_eq!(board.lowest_idle(), None);
+        assert_eq!(board.lowest_with_room(), None);
+        assert_eq!(board.idle_slots().count(), 0);
+        assert!(!board.has_room() && board.has_room_anywhere());
+        assert_eq!(board.highest_idle(), Some(5), "retire from beyond it");
+        // Slot 1 leaves: the third serving child is now in slot 3.
+        board.retire(1, now).unwrap();
+        assert_eq!(board.dispatch_bound(), Some(4));
+        assert_eq!(board.lowest_idle(), Some(3));
+        // Gone, and a new child starting in its slot: still 4 until it
+        // is ready.
+        board.vacate(1);
+        board.occupy(1, 77, 1, now, ());
+        assert_eq!(board.dispatch_bound(), Some(4));
+        board.ready(1, now).unwrap();
+        assert_eq!(board.dispatch_bound(), Some(3));
+        assert_eq!(board.lowest_idle(), Some(1));
+        // Every child: no bound.
+        board.set_width(None);
+        assert_eq!(board.dispatch_bound(), None);
+        board.set_width(Some(9));
+        assert_eq!(board.dispatch_bound(), None, "fewer serve than the width");
+    }
+
+    #[test]
     fn idle_lookup_crosses_word_boundaries() {
         let (mut board, now) = board_with(130);
         for slot in 0..129 {
