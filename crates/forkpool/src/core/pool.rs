@@ -93,7 +93,9 @@ impl<L: HasChild> Core<L> {
     /// Moves the dispatch width (`policy::width`) by what the pool shows:
     /// `cpu` and `last_look` as the shell measured them, `queued` the
     /// connections waiting (asked only when no child within the width is
-    /// idle), `cpus` the CPUs the pool may use. Only `kernel` dispatch
+    /// idle), `cpus` the CPUs the pool may use, `long_connections` whether
+    /// connections lately lasted `policy::width::LONG_CONNECTION` or more
+    /// on average. Only `kernel` dispatch
     /// with the CPU hold on has a width; children that serve many
     /// connections never run in it.
     pub fn steer_width(
@@ -102,6 +104,7 @@ impl<L: HasChild> Core<L> {
         last_look: Option<(Instant, u32)>,
         queued: impl FnOnce() -> u32,
         cpus: u32,
+        long_connections: bool,
         now: Instant,
     ) -> WidthMove {
         let narrows = self.config.dispatch == DispatchMode::Kernel
@@ -119,6 +122,7 @@ impl<L: HasChild> Core<L> {
                     cpu,
                     last_look,
                     cpus,
+                    long_connections,
                 },
                 now,
             )

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::Supervisor;
 use crate::observe::procfs;
 use crate::policy::cpu_wait::Turns;
+use crate::policy::width::LONG_CONNECTION;
 use crate::scaling::CpuUse;
 use crate::scoreboard::SlotState;
 
@@ -78,8 +79,24 @@ impl Supervisor {
                 .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
                 .collect();
             self.pool_cpu.look(turns, now);
+            self.measure_turnover(now);
         }
         self.pool_cpu.last_measure()
+    }
+
+    /// How long connections last, by Little's law: the busy children over
+    /// the connections begun a second since the last look. Long ones
+    /// (kept-alive clients) are never narrowed for (`policy::width`).
+    fn measure_turnover(&mut self, now: Instant) {
+        let begun = self.core.totals.accepted;
+        let busy = u128::from(self.core.board.counts().busy);
+        if let Some((at, before)) = self.pool_turnover {
+            let elapsed = now.saturating_duration_since(at).as_nanos();
+            let started = u128::from(begun.saturating_sub(before));
+            self.long_connections =
+                busy > 0 && busy * elapsed >= started * LONG_CONNECTION.as_nanos();
+        }
+        self.pool_turnover = Some((now, begun));
     }
 
     fn look_at_cpu_waiting(&mut self, now: Instant) {

@@ -345,7 +345,10 @@ impl Supervisor {
         };
         let listeners = &self.listeners;
         let queued = || listeners.iter().map(|l| l.listener.queued()).sum();
-        let moved = self.core.steer_width(cpu, last_look, queued, cpus, now);
+        let long = self.long_connections;
+        let moved = self
+            .core
+            .steer_width(cpu, last_look, queued, cpus, long, now);
         kernel.board().set_bound(self.core.board.dispatch_bound());
         if moved != WidthMove::Widened {
             return false;

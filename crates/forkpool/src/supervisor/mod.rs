@@ -125,6 +125,11 @@ pub(crate) struct Supervisor {
     /// The same measure over every serving child, busy or not, for the
     /// dispatch width (`policy::width`).
     pool_cpu: crate::policy::cpu_wait::CpuWatch,
+    /// At the last look of `pool_cpu`: when, and the connections begun
+    /// so far; and whether connections lasted long on average since the
+    /// look before (`policy::width::LONG_CONNECTION`).
+    pool_turnover: Option<(Instant, u64)>,
+    long_connections: bool,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -204,6 +209,8 @@ impl Supervisor {
             last_saturated_log: None,
             cpu: crate::policy::cpu_wait::CpuWatch::default(),
             pool_cpu: crate::policy::cpu_wait::CpuWatch::default(),
+            pool_turnover: None,
+            long_connections: false,
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),

@@ -46,7 +46,11 @@ impl Sim {
         };
         if self.scenario.kernel {
             let backlog = self.world.backlog.len() as u32;
-            self.core.steer_width(cpu, look, || backlog, CPUS, now);
+            // Now and then the connections read as long (kept-alive
+            // clients), which opens the width.
+            let long = self.world.rng.per_mille(20);
+            self.core
+                .steer_width(cpu, look, || backlog, CPUS, long, now);
         }
     }
 
