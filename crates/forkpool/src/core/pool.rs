@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::child::{HasChild, Readiness};
 use super::Core;
 use crate::config::DispatchMode;
-use crate::policy::width::{WidthCounts, WidthMove};
+use crate::policy::width::{Turnover, WidthCounts, WidthMove};
 use crate::scaling::{self, CpuUse, Decision, PlaceCounts, PoolCounts};
 use crate::scoreboard::own_move;
 
@@ -50,9 +50,13 @@ impl<L: HasChild> Core<L> {
     /// only when needed) only matters when no child has room: otherwise
     /// every waiting connection is about to be dispatched. `cpus` bounds
     /// the children starting at once when the pool holds for the CPUs.
+    /// While the dispatch width leaves children out, the connections it
+    /// holds back are not a reason to grow: they wait for the children
+    /// within it by design, and the idle ones beyond are the spare.
     pub fn pool_counts(&self, queued: impl FnOnce() -> u32, cpus: u32) -> PoolCounts {
         let counts = self.board.counts();
         let room = match self.board.session_capacity() {
+            None if self.board.dispatch_bound().is_some() => self.board.has_room_anywhere(),
             None => self.board.has_room(),
             Some(_) => self.board.free_places() > 0,
         };
@@ -93,9 +97,8 @@ impl<L: HasChild> Core<L> {
     /// Moves the dispatch width (`policy::width`) by what the pool shows:
     /// `cpu` and `last_look` as the shell measured them, `queued` the
     /// connections waiting (asked only when no child within the width is
-    /// idle), `cpus` the CPUs the pool may use, `long_connections` whether
-    /// connections lately lasted `policy::width::LONG_CONNECTION` or more
-    /// on average. Only `kernel` dispatch
+    /// idle), `cpus` the CPUs the pool may use, `turnover` what the
+    /// connections begun lately were like. Only `kernel` dispatch
     /// with the CPU hold on has a width; children that serve many
     /// connections never run in it.
     pub fn steer_width(
@@ -104,7 +107,7 @@ impl<L: HasChild> Core<L> {
         last_look: Option<(Instant, u32)>,
         queued: impl FnOnce() -> u32,
         cpus: u32,
-        long_connections: bool,
+        turnover: Turnover,
         now: Instant,
     ) -> WidthMove {
         let narrows = self.config.dispatch == DispatchMode::Kernel
@@ -122,7 +125,8 @@ impl<L: HasChild> Core<L> {
                     cpu,
                     last_look,
                     cpus,
-                    long_connections,
+                    long_connections: turnover.long,
+                    wakes_children: turnover.wakes_children,
                 },
                 now,
             )

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::Supervisor;
 use crate::observe::procfs;
 use crate::policy::cpu_wait::Turns;
-use crate::policy::width::LONG_CONNECTION;
+use crate::policy::width::Turnover;
 use crate::scaling::CpuUse;
 use crate::scoreboard::SlotState;
 
@@ -84,19 +84,22 @@ impl Supervisor {
         self.pool_cpu.last_measure()
     }
 
-    /// How long connections last, by Little's law: the busy children over
-    /// the connections begun a second since the last look. Long ones
-    /// (kept-alive clients) are never narrowed for (`policy::width`).
+    /// What the connections begun since the last look were like
+    /// (`policy::width::Turnover`): how long they last, by Little's law
+    /// (the busy children over the connections begun a second), and how
+    /// many woke an idle child rather than being taken by one finishing
+    /// the connection before.
     fn measure_turnover(&mut self, now: Instant) {
-        let begun = self.core.totals.accepted;
-        let busy = u128::from(self.core.board.counts().busy);
-        if let Some((at, before)) = self.pool_turnover {
-            let elapsed = now.saturating_duration_since(at).as_nanos();
-            let started = u128::from(begun.saturating_sub(before));
-            self.long_connections =
-                busy > 0 && busy * elapsed >= started * LONG_CONNECTION.as_nanos();
+        let (begun, next) = (self.core.totals.accepted, self.core.totals.taken_next);
+        if let Some((at, begun_then, next_then)) = self.pool_turnover {
+            self.turnover = Turnover::of(
+                self.core.board.counts().busy,
+                now.saturating_duration_since(at),
+                begun.saturating_sub(begun_then),
+                next.saturating_sub(next_then),
+            );
         }
-        self.pool_turnover = Some((now, begun));
+        self.pool_turnover = Some((now, begun, next));
     }
 
     fn look_at_cpu_waiting(&mut self, now: Instant) {

@@ -345,10 +345,10 @@ impl Supervisor {
         };
         let listeners = &self.listeners;
         let queued = || listeners.iter().map(|l| l.listener.queued()).sum();
-        let long = self.long_connections;
+        let turnover = self.turnover;
         let moved = self
             .core
-            .steer_width(cpu, last_look, queued, cpus, long, now);
+            .steer_width(cpu, last_look, queued, cpus, turnover, now);
         kernel.board().set_bound(self.core.board.dispatch_bound());
         if moved != WidthMove::Widened {
             return false;

@@ -128,8 +128,8 @@ pub(crate) struct Supervisor {
     /// At the last look of `pool_cpu`: when, and the connections begun
     /// so far; and whether connections lasted long on average since the
     /// look before (`policy::width::LONG_CONNECTION`).
-    pool_turnover: Option<(Instant, u64)>,
-    long_connections: bool,
+    pool_turnover: Option<(Instant, u64, u64)>,
+    turnover: crate::policy::width::Turnover,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -210,7 +210,7 @@ impl Supervisor {
             cpu: crate::policy::cpu_wait::CpuWatch::default(),
             pool_cpu: crate::policy::cpu_wait::CpuWatch::default(),
             pool_turnover: None,
-            long_connections: false,
+            turnover: Default::default(),
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),

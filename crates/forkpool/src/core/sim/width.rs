@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use super::world::MS;
 use super::Sim;
+use crate::policy::width::Turnover;
 use crate::scaling::{CpuUse, HOLD_TURNOVER};
 
 /// The simulated machine's CPUs.
@@ -47,10 +48,14 @@ impl Sim {
         if self.scenario.kernel {
             let backlog = self.world.backlog.len() as u32;
             // Now and then the connections read as long (kept-alive
-            // clients), which opens the width.
-            let long = self.world.rng.per_mille(20);
+            // clients), which opens the width, or as taken by finishing
+            // workers, which does not narrow it.
+            let turnover = Turnover {
+                long: self.world.rng.per_mille(20),
+                wakes_children: !self.world.rng.per_mille(100),
+            };
             self.core
-                .steer_width(cpu, look, || backlog, CPUS, long, now);
+                .steer_width(cpu, look, || backlog, CPUS, turnover, now);
         }
     }
 
