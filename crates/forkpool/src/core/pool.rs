@@ -126,7 +126,6 @@ impl<L: HasChild> Core<L> {
                     last_look,
                     cpus,
                     long_connections: turnover.long,
-                    wakes_children: turnover.wakes_children,
                 },
                 now,
             )

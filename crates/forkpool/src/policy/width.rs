@@ -21,10 +21,9 @@
 //!
 //! [`Width::steer`] moves it, each time the supervisor looks at the pool:
 //! - **narrower** when a look at the busy children finds them waiting for
-//!   the CPUs ([`CPU_WAIT_HOLD`]: one per CPU on average, the pool's hold)
-//!   while connections wake idle children ([`WOKEN_SHARE`]): half the way
-//!   down to [`floor`] (one child more than CPUs) per look, so 16 children
-//!   come down to 3 in four looks (80 ms);
+//!   the CPUs ([`CPU_WAIT_HOLD`]: one per CPU on average, the pool's hold):
+//!   half the way down to [`floor`] (one child more than CPUs) per look,
+//!   so 16 children come down to 3 in four looks (80 ms);
 //! - **wider** when connections wait with no idle child within it and
 //!   there are children beyond it, as far as the scaling policy would
 //!   grow the pool at that moment: by the connections waiting while the
@@ -54,14 +53,6 @@ use crate::scaling::{CpuUse, CPU_WAIT_CAREFUL, CPU_WAIT_HOLD};
 /// 61 ms on 16), for a gain that only short connections get (a child
 /// woken cold costs tens of microseconds, nothing beside a long one).
 pub(crate) const LONG_CONNECTION: Duration = Duration::from_millis(10);
-
-/// The share of connections that must wake an idle child for the width
-/// to narrow: one in five. Children that take connection after
-/// connection from the overflow never sleep, and are hot already; fewer
-/// of them would only take a smaller share of CPUs they share with other
-/// processes. Flask at 64 clients, 5 in 6 connections taken that way,
-/// served 15,500 req/s on its whole pool and 13,200 on a width of 3.
-pub(crate) const WOKEN_SHARE: (u64, u64) = (1, 5);
 
 /// How long a narrowed pool must be quiet (nothing waiting, fewer
 /// children busy than CPUs) before every child takes connections again.
@@ -96,10 +87,6 @@ pub(crate) struct WidthCounts {
     /// average (busy children over connections begun a second, by
     /// Little's law, at the last look).
     pub long_connections: bool,
-    /// At least [`WOKEN_SHARE`] of the connections begun since the last
-    /// look woke an idle child (rather than being taken by a child as it
-    /// finished the one before).
-    pub wakes_children: bool,
 }
 
 /// What the connections begun since the shell's last look were like.
@@ -107,22 +94,16 @@ pub(crate) struct WidthCounts {
 pub(crate) struct Turnover {
     /// They lasted [`LONG_CONNECTION`] or more on average.
     pub long: bool,
-    /// At least [`WOKEN_SHARE`] of them woke an idle child.
-    pub wakes_children: bool,
 }
 
 impl Turnover {
     /// From `busy` children at the end of `elapsed`, and the connections
-    /// `begun` in it, of which `taken_next` by a child finishing the one
-    /// before.
-    pub fn of(busy: u32, elapsed: Duration, begun: u64, taken_next: u64) -> Turnover {
-        let woken = begun.saturating_sub(taken_next);
-        let (part, whole) = WOKEN_SHARE;
+    /// `begun` in it: Little's law.
+    pub fn of(busy: u32, elapsed: Duration, begun: u64) -> Turnover {
         Turnover {
             long: busy > 0
                 && u128::from(busy) * elapsed.as_nanos()
                     >= u128::from(begun) * LONG_CONNECTION.as_nanos(),
-            wakes_children: begun > 0 && woken * whole >= begun * part,
         }
     }
 }
@@ -178,8 +159,7 @@ impl Width {
         }
         if let Some((at, per_cpu)) = counts.last_look {
             let new_look = self.narrowed_on.is_none_or(|n| at > n);
-            let narrows = per_cpu >= CPU_WAIT_HOLD && counts.wakes_children;
-            if narrows && new_look && current > floor {
+            if per_cpu >= CPU_WAIT_HOLD && new_look && current > floor {
                 self.children = Some(floor + (current - floor) / 2);
                 self.narrowed_on = Some(at);
                 self.calm_since = None;
@@ -232,7 +212,6 @@ mod tests {
             last_look: None,
             cpus: 2,
             long_connections: false,
-            wakes_children: true,
         }
     }
 
@@ -261,18 +240,6 @@ mod tests {
             [Some(9), Some(6), Some(4), Some(3), Some(3), Some(3)],
             "from 16 halfway to 3 (2 CPUs + 1) each look, never below"
         );
-    }
-
-    #[test]
-    fn children_that_take_connection_after_connection_are_not_narrowed() {
-        let t0 = Instant::now();
-        let mut width = Width::default();
-        let flowing = WidthCounts {
-            wakes_children: false,
-            ..looked(t0, 5_000)
-        };
-        assert_eq!(width.steer(flowing, t0), WidthMove::Stayed);
-        assert_eq!(width.children(), None);
     }
 
     #[test]
@@ -378,21 +345,17 @@ mod tests {
     }
 
     #[test]
-    fn turnover_by_littles_law_and_by_who_took_the_connections() {
+    fn turnover_by_littles_law() {
         let look = 20 * MS;
         // 3 busy, 600 begun in 20 ms: 0.1 ms each. Short.
-        assert!(!Turnover::of(3, look, 600, 0).long);
+        assert!(!Turnover::of(3, look, 600).long);
         // 16 busy, 16 begun in 20 ms (kept alive, 20 ms turns): long.
-        assert!(Turnover::of(16, look, 16, 0).long);
-        assert!(Turnover::of(16, look, 32, 0).long, "10 ms is long");
-        assert!(!Turnover::of(16, look, 33, 0).long);
+        assert!(Turnover::of(16, look, 16).long);
+        assert!(Turnover::of(16, look, 32).long, "10 ms is long");
+        assert!(!Turnover::of(16, look, 33).long);
         // None busy: nothing lasts. Busy and none begun: long.
-        assert!(!Turnover::of(0, look, 0, 0).long);
-        assert!(Turnover::of(1, look, 0, 0).long);
-        // One in five woken is enough; none begun wakes nothing.
-        assert!(Turnover::of(3, look, 100, 80).wakes_children);
-        assert!(!Turnover::of(3, look, 100, 81).wakes_children);
-        assert!(!Turnover::of(3, look, 0, 0).wakes_children);
+        assert!(!Turnover::of(0, look, 0).long);
+        assert!(Turnover::of(1, look, 0).long);
     }
 
     #[test]
@@ -442,7 +405,7 @@ mod tests {
             #[test]
             fn the_width_keeps_its_rules(
                 steps in proptest::collection::vec(
-                    (1u32..40, 0u32..40, 0u32..6, cpu_use(), 0u32..4_000, any::<bool>(), 0u64..300, 0u8..8, any::<bool>()),
+                    (1u32..40, 0u32..40, 0u32..6, cpu_use(), 0u32..4_000, any::<bool>(), 0u64..300, 0u8..8),
                     1..80,
                 ),
                 cpus in 1u32..5,
@@ -451,7 +414,7 @@ mod tests {
                 let mut now = t0;
                 let mut width = Width::default();
                 let mut look_at = t0;
-                for (serving, busy, queued, cpu, per_cpu, new_look, gap, long, wakes_children) in steps {
+                for (serving, busy, queued, cpu, per_cpu, new_look, gap, long) in steps {
                     let long_connections = long == 0;
                     now += MS * gap as u32;
                     if new_look {
@@ -466,7 +429,6 @@ mod tests {
                         last_look: Some((look_at, per_cpu)),
                         cpus,
                         long_connections,
-                        wakes_children,
                     };
                     let moved = width.steer(counts, now);
                     let (was, is) = (before.children(), width.children());
@@ -489,7 +451,7 @@ mod tests {
                         prop_assert_eq!(is, None, "long connections, yet a width");
                     }
                     if narrower {
-                        prop_assert!(per_cpu >= CPU_WAIT_HOLD && wakes_children);
+                        prop_assert!(per_cpu >= CPU_WAIT_HOLD);
                         prop_assert!(before.narrowed_on.is_none_or(|n| look_at > n));
                     }
                     if wider {

@@ -86,20 +86,17 @@ impl Supervisor {
 
     /// What the connections begun since the last look were like
     /// (`policy::width::Turnover`): how long they last, by Little's law
-    /// (the busy children over the connections begun a second), and how
-    /// many woke an idle child rather than being taken by one finishing
-    /// the connection before.
+    /// (the busy children over the connections begun a second).
     fn measure_turnover(&mut self, now: Instant) {
-        let (begun, next) = (self.core.totals.accepted, self.core.totals.taken_next);
-        if let Some((at, begun_then, next_then)) = self.pool_turnover {
+        let begun = self.core.totals.accepted;
+        if let Some((at, begun_then)) = self.pool_turnover {
             self.turnover = Turnover::of(
                 self.core.board.counts().busy,
                 now.saturating_duration_since(at),
                 begun.saturating_sub(begun_then),
-                next.saturating_sub(next_then),
             );
         }
-        self.pool_turnover = Some((now, begun, next));
+        self.pool_turnover = Some((now, begun));
     }
 
     fn look_at_cpu_waiting(&mut self, now: Instant) {

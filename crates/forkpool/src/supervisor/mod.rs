@@ -128,7 +128,7 @@ pub(crate) struct Supervisor {
     /// At the last look of `pool_cpu`: when, and the connections begun
     /// so far; and whether connections lasted long on average since the
     /// look before (`policy::width::LONG_CONNECTION`).
-    pool_turnover: Option<(Instant, u64, u64)>,
+    pool_turnover: Option<(Instant, u64)>,
     turnover: crate::policy::width::Turnover,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.

@@ -48,11 +48,9 @@ impl Sim {
         if self.scenario.kernel {
             let backlog = self.world.backlog.len() as u32;
             // Now and then the connections read as long (kept-alive
-            // clients), which opens the width, or as taken by finishing
-            // workers, which does not narrow it.
+            // clients), which opens the width.
             let turnover = Turnover {
                 long: self.world.rng.per_mille(20),
-                wakes_children: !self.world.rng.per_mille(100),
             };
             self.core
                 .steer_width(cpu, look, || backlog, CPUS, turnover, now);
