@@ -130,6 +130,8 @@ pub(crate) struct Supervisor {
     /// look before (`policy::width::LONG_CONNECTION`).
     pool_turnover: Option<(Instant, u64)>,
     turnover: crate::policy::width::Turnover,
+    /// Whether the last look alone read the connections as long.
+    long_look: bool,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -211,6 +213,7 @@ impl Supervisor {
             pool_cpu: crate::policy::cpu_wait::CpuWatch::default(),
             pool_turnover: None,
             turnover: Default::default(),
+            long_look: false,
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
