@@ -36,7 +36,8 @@
 //!   children than CPUs were busy for [`RELAX_AFTER`]: after a quiet
 //!   second a pool dispatches as it did before any load; and at once when
 //!   connections last [`LONG_CONNECTION`] or more on average (kept-alive
-//!   clients, long requests), which never narrow it.
+//!   clients, long requests; the shell asks two looks in a row), which
+//!   never narrow it.
 //!
 //! The width counts children that serve (idle or busy), not slots: one
 //! starting or leaving does not count, and a reload's new children come
