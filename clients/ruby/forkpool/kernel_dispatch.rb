@@ -26,6 +26,24 @@ module Forkpool
       @overflow || @listeners
     end
 
+    # The connection being served ends with the response about to go out,
+    # whole, in one write (a server calls this just before that write):
+    # in kernel dispatch the worker goes idle now, not after it has closed
+    # the connection, so that a client that reconnects the moment it has
+    # the answer (as one told `Connection: close` does) finds this worker
+    # idle and lands on it again, on the CPU it shares with it, rather than
+    # on a cold one. Not when something may wait on the overflow (the
+    # finish takes it), nor when the worker leaves after this connection
+    # (told to, or its share served); a no-op outside kernel dispatch.
+    def ending_connection
+      return if @board.nil? || @idle_early || @leaving
+      return if @max_requests.positive? && @served_here + 1 >= @max_requests
+      return if @board.overflow_may_wait?
+
+      @idle_early = true
+      send_message("I") if @board.idle!
+    end
+
     private
 
     # FORKPOOL_BOARD_FD mapped and checked, and the overflow listeners:
@@ -112,15 +130,20 @@ module Forkpool
     # worker goes idle (and says `I` if the board asks) before the
     # connection is closed, so a client that reconnects at once finds this
     # worker idle. Its share served, it leaves, still busy on the board.
+    # Idle already (#ending_connection), it only counts the connection.
     def finish_on_board(listener)
       @board.served!
       @served_here += 1
+      idle_early = @idle_early
+      @idle_early = false
       leave if @served_here == @max_requests
       if @leaving
         @board.busy!
         say_leaving
         return nil
       end
+      return nil if idle_early
+
       following = take_overflow(listener)
       if following
         @board.took_next!

@@ -25,11 +25,17 @@ module Forkpool
 
     attr_reader :sent
 
-    def initialize(conn, request, timeout, keepalive:)
+    # `ending` is called just before the write that completes a response
+    # ending the connection, when `after_reply` (the request's
+    # `rack.after_reply`) is empty by then: nothing is left to do for the
+    # connection once it is out (Worker#ending_connection).
+    def initialize(conn, request, timeout, keepalive:, ending: nil, after_reply: [].freeze)
       @conn = conn
       @request = request
       @timeout = timeout
       @keepalive = keepalive
+      @ending = ending
+      @after_reply = after_reply
       @sent = 0
       @started = false
     end
@@ -124,6 +130,15 @@ module Forkpool
       lower
     end
 
+    # Once, just before the last write of a response that ends the
+    # connection (see #initialize).
+    def ending
+      return if @keepalive || @ending.nil? || !@after_reply.empty?
+
+      @ending.call
+      @ending = nil
+    end
+
     # The head goes out with the first piece of the body; each piece after
     # it as it comes (a streaming body is sent as it is produced).
     def send_body(out, body, bodyless, chunked, length)
@@ -140,10 +155,12 @@ module Forkpool
         else
           out << piece
         end
+        ending if length && @sent == length # the piece completes the body
         @conn.write(out, @timeout)
         out = +"".b
       end
       out << "0\r\n\r\n" if chunked
+      ending
       @conn.write(out, @timeout) unless out.empty?
       @keepalive = false if length && @sent < length && !bodyless # less than it announced
     end

@@ -31,6 +31,8 @@ module Forkpool
       # when one of these is readable (in kernel dispatch, the overflow).
       @listeners = worker.pool_listeners
       @recycle = -> { worker.leave }
+      # Just before a connection's last response goes out (RackResponse).
+      @ending = -> { worker.ending_connection }
       # must_close for a request without a body: only a leaving worker.
       @leaving = -> { worker.leaving? }
       @env_base = environment_base.freeze
@@ -154,7 +156,8 @@ module Forkpool
       input, must_close = has_body ? body_input(conn, request, framing, length, expect) : [NULL_INPUT, @leaving]
       env = environment(request, input, peer, conn.sock)
       response = RackResponse.new(conn, request, @limits.io_timeout,
-                                  keepalive: request.keepalive? && !last && !@worker.leaving?)
+                                  keepalive: request.keepalive? && !last && !@worker.leaving?,
+                                  ending: @ending, after_reply: env["rack.after_reply"])
       keep = run_app(env, response, request, peer, started, must_close)
       keep &&= body_consumed(input, has_body)
       input.close

@@ -218,6 +218,57 @@ fn the_rack_server_gives_way_on_the_overflow() {
     assert_clean(&status);
 }
 
+/// A client told `Connection: close` that reconnects the moment it has
+/// the answer, without waiting for the close, lands on the same worker
+/// every time: forkpool-rack goes idle just before a connection's last
+/// answer goes out (`Worker#ending_connection`), not after the close, so
+/// the kernel finds slot 0 idle again. Going idle after the close, the
+/// reconnect races the worker's finish and lands on slot 1 (or the
+/// overflow). Exec'd and under `--preload`, the supervisor stopped.
+#[test]
+fn a_client_reconnecting_at_once_finds_its_worker_idle() {
+    const ROUNDS: usize = 100;
+    for preload in [false, true] {
+        let Some(pool) = rack_pool(
+            "2",
+            preload_args(preload),
+            &["--no-access-log", "--max-requests-per-connection", "1"],
+        ) else {
+            return;
+        };
+        let answers: Vec<(Option<String>, Option<String>)> = {
+            let _stopped = SupervisorStopped::new(&pool);
+            (0..ROUNDS)
+                .map(|_| {
+                    let mut conn = connect(&pool);
+                    conn.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                        .unwrap();
+                    let answer = read_response(&mut conn, false);
+                    (answer.header("x-forkpool-slot"), answer.header("connection"))
+                })
+                .collect()
+        };
+        let elsewhere = answers
+            .iter()
+            .filter(|(slot, _)| slot.as_deref() != Some("0"))
+            .count();
+        assert_eq!(
+            elsewhere, 0,
+            "preload {preload}: {elsewhere} of {ROUNDS} reconnects left slot 0: {answers:?}"
+        );
+        assert!(
+            answers
+                .iter()
+                .all(|(_, connection)| connection.as_deref() == Some("close")),
+            "preload {preload}: every answer ends its connection"
+        );
+        let status = pool
+            .wait_status(PATIENCE, |s| total(s, "accepted") >= ROUNDS as u64)
+            .unwrap_or_else(|| panic!("not all counted: {}", pool.status()));
+        assert_clean(&status);
+    }
+}
+
 /// REMOTE_ADDR and REMOTE_PORT name the client of each connection a
 /// forkpool-rack worker accepts itself (its accept makes no Addrinfo: the
 /// address comes from the connection): from its own socket, exec'd and
