@@ -129,6 +129,8 @@ class Worker:
         # The listeners where a connection waits for any worker: what a
         # kept-alive connection gives way to.
         self.pool_listeners = self.overflow if self.board is not None else self.listeners
+        # Idle on the board before the connection ended (ending_connection).
+        self._idle_early = False
         # Per listener: a poll of (channel, overflow listener) and the
         # overflow's descriptor, for the one look a finishing worker takes.
         self._finish_polls = []
@@ -533,6 +535,28 @@ class Worker:
         record.taken.value += 1
         self._serve_then_idle(conn, listener, handle)
 
+    def ending_connection(self):
+        """The connection being served ends with the response about to go
+        out (a server calls this just before the write that completes
+        it). In kernel dispatch the worker goes idle now, not after it has
+        closed the connection, so that a client that reconnects the moment
+        it has the answer (as one told `Connection: close` does) finds this
+        worker idle and lands on it again, on the CPU it shares with it,
+        rather than on a cold one. Not when something may wait on the
+        overflow (the finish takes it), nor when the worker leaves after
+        this connection (told to, or its share served); nothing outside
+        kernel dispatch."""
+        record = self.board
+        if record is None or self._idle_early or self.leaving:
+            return
+        if self.max_requests and record.served.value + 1 >= self.max_requests:
+            return
+        if record.overflow_may_wait():
+            return
+        self._idle_early = True
+        if record.go_idle():
+            self._send(b"I")
+
     def _serve_then_idle(self, conn, listener, handle):
         """Serves `conn`, then finishes it: takes the next connection
         waiting on the overflow, if any, or goes idle on the scoreboard
@@ -544,11 +568,14 @@ class Worker:
             try:
                 handle(conn, listener)
                 record.served.value += 1
+                idle_early, self._idle_early = self._idle_early, False
                 if self.max_requests and record.served.value >= self.max_requests:
                     self.leaving = True  # its share served
                 if self.leaving:
                     record.go_busy()
                     self._say_leaving()
+                    return
+                if idle_early:  # idle already (ending_connection)
                     return
                 following = self._take_from_overflow(listener)
                 if following is not None:

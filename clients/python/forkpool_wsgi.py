@@ -134,9 +134,12 @@ class FileWrapper:
 class Response:
     """The response side of one request: `start_response`, `write`, framing."""
 
-    def __init__(self, conn, request, keepalive, timeout, leaving=lambda: False):
+    def __init__(self, conn, request, keepalive, timeout, leaving=lambda: False, ending=None):
         self.conn = conn
         self.leaving = leaving
+        # Called once, just before the write that completes a response
+        # ending the connection (Worker.ending_connection).
+        self.ending = ending
         self.request = request
         self.keepalive = keepalive
         self.timeout = timeout
@@ -213,7 +216,16 @@ class Response:
             self.sent += len(data)
             out += http.chunk(data) if self.chunked else bytes(data)
         if out:
+            if self.head_only or self.bodyless or (self.length is not None and self.sent >= self.length):
+                self._ending()  # this write completes the response
             self._send(out)
+
+    def _ending(self):
+        """Once, before the last write of a response that ends the
+        connection."""
+        if self.ending is not None and not self.keepalive:
+            self.ending()
+            self.ending = None
 
     def send_file(self, wrapper):
         """Sends a `FileWrapper` with sendfile when the framing allows;
@@ -248,6 +260,8 @@ class Response:
             self.write(b"")
         elif self.chunked:
             self._send(http.LAST_CHUNK)
+        else:
+            self._ending()  # a body the close ends: all of it is out
         if self.length is not None and self.sent < self.length and not self.head_only:
             if not self.bodyless:
                 return False  # the app gave less than it announced
@@ -279,6 +293,14 @@ class Server:
         self._listener_poll = None
         self._pool_listeners = None
         self._leaving = lambda: self.worker.leaving
+
+    def _ending(self):
+        """Just before a connection's last answer goes out (Response): the
+        worker's `ending_connection`, looked up now, since under --preload
+        the worker was the template when this server was built."""
+        ending = getattr(self.worker, "ending_connection", None)
+        if ending is not None:
+            ending()
 
     def _watch_pool_listeners(self):
         """The listeners where connections wait for any worker (in
@@ -409,6 +431,7 @@ class Server:
             request.wants_keepalive() and not last and not self.worker.leaving,
             self.limits.read_timeout,
             self._leaving,
+            self._ending,
         )
         environ = self.environ(request, body, peer, conn)
         keep = False

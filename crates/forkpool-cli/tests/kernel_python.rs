@@ -132,6 +132,52 @@ fn forkpool_wsgi_serves_slot_zero_keep_alive_included() {
     assert_clean(&status);
 }
 
+/// A client told `Connection: close` that reconnects the moment it has
+/// the answer, without waiting for the close, lands on the same worker
+/// every time: forkpool_wsgi goes idle just before a connection's last
+/// answer goes out (`Worker.ending_connection`). Going idle after the
+/// close, the reconnect races the worker's finish and lands on slot 1 (or
+/// the overflow). Exec'd and under `--preload`, the supervisor stopped.
+#[test]
+fn forkpool_wsgi_client_reconnecting_at_once_finds_its_worker_idle() {
+    const ROUNDS: usize = 100;
+    let cmd = slot_app(&["--max-requests-per-connection", "1"]);
+    for extra in [&[][..], &["--preload"][..]] {
+        let Some(pool) = kernel_pool(2, extra, &as_strs(&cmd)) else {
+            return;
+        };
+        let answers: Vec<(Option<String>, Option<String>)> = {
+            let _stopped = SupervisorStopped::new(&pool);
+            (0..ROUNDS)
+                .map(|_| {
+                    let mut conn = connect(pool.addr);
+                    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let r = request(&mut conn, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+                    (r.header("x-forkpool-slot"), r.header("connection"))
+                })
+                .collect()
+        };
+        let elsewhere = answers
+            .iter()
+            .filter(|(slot, _)| slot.as_deref() != Some("0"))
+            .count();
+        assert_eq!(
+            elsewhere, 0,
+            "{extra:?}: {elsewhere} of {ROUNDS} reconnects left slot 0: {answers:?}"
+        );
+        assert!(
+            answers
+                .iter()
+                .all(|(_, connection)| connection.as_deref() == Some("close")),
+            "{extra:?}: every answer ends its connection"
+        );
+        let status = pool
+            .wait_status(PATIENCE, |s| total(s, "accepted") >= ROUNDS as u64)
+            .unwrap_or_else(|| panic!("not all counted: {}", pool.status()));
+        assert_clean(&status);
+    }
+}
+
 /// One worker holds an idle kept-alive connection (busy on the board, a
 /// keep-alive timeout of two minutes), so a new client lands on the
 /// overflow: the worker sees it there, gives way (closes the kept-alive
