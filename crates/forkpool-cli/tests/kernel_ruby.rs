@@ -244,7 +244,10 @@ fn a_client_reconnecting_at_once_finds_its_worker_idle() {
                     conn.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
                         .unwrap();
                     let answer = read_response(&mut conn, false);
-                    (answer.header("x-forkpool-slot"), answer.header("connection"))
+                    (
+                        answer.header("x-forkpool-slot"),
+                        answer.header("connection"),
+                    )
                 })
                 .collect()
         };
