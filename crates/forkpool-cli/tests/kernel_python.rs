@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use common::{send, total, DemoPool};
 use example_workers::PYTHON_WORKER;
-use kernel_helper_cases::{answer, assert_clean, kernel_pool, SupervisorStopped, PATIENCE};
+use kernel_helper_cases::{
+    answer, assert_clean, assert_reconnects_stayed, kernel_pool, SupervisorStopped, PATIENCE,
+};
 use wsgi_support::{apps_dir, clients_dir, connect, request, venv_python};
 
 const WORKER: [&str; 2] = ["python3", PYTHON_WORKER];
@@ -157,24 +159,7 @@ fn forkpool_wsgi_client_reconnecting_at_once_finds_its_worker_idle() {
                 })
                 .collect()
         };
-        let elsewhere = answers
-            .iter()
-            .filter(|(slot, _)| slot.as_deref() != Some("0"))
-            .count();
-        assert_eq!(
-            elsewhere, 0,
-            "{extra:?}: {elsewhere} of {ROUNDS} reconnects left slot 0: {answers:?}"
-        );
-        assert!(
-            answers
-                .iter()
-                .all(|(_, connection)| connection.as_deref() == Some("close")),
-            "{extra:?}: every answer ends its connection"
-        );
-        let status = pool
-            .wait_status(PATIENCE, |s| total(s, "accepted") >= ROUNDS as u64)
-            .unwrap_or_else(|| panic!("not all counted: {}", pool.status()));
-        assert_clean(&status);
+        assert_reconnects_stayed(&pool, &format!("{extra:?}"), &answers);
     }
 }
 

@@ -23,7 +23,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{total, DemoPool, Response};
-use kernel_helper_cases::{assert_clean, get, kernel_pool, pid_in_slot, SupervisorStopped};
+use kernel_helper_cases::{
+    assert_clean, assert_reconnects_stayed, get, kernel_pool, pid_in_slot, SupervisorStopped,
+};
 use psgi_support::{connect, kept_alive, read_response};
 use rack_support::{fd_targets, rack_command, require_sinatra, template_pid, PATIENCE, RUBY_DIR};
 
@@ -251,24 +253,7 @@ fn a_client_reconnecting_at_once_finds_its_worker_idle() {
                 })
                 .collect()
         };
-        let elsewhere = answers
-            .iter()
-            .filter(|(slot, _)| slot.as_deref() != Some("0"))
-            .count();
-        assert_eq!(
-            elsewhere, 0,
-            "preload {preload}: {elsewhere} of {ROUNDS} reconnects left slot 0: {answers:?}"
-        );
-        assert!(
-            answers
-                .iter()
-                .all(|(_, connection)| connection.as_deref() == Some("close")),
-            "preload {preload}: every answer ends its connection"
-        );
-        let status = pool
-            .wait_status(PATIENCE, |s| total(s, "accepted") >= ROUNDS as u64)
-            .unwrap_or_else(|| panic!("not all counted: {}", pool.status()));
-        assert_clean(&status);
+        assert_reconnects_stayed(&pool, &format!("preload {preload}"), &answers);
     }
 }
 

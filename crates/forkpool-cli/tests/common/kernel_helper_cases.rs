@@ -344,3 +344,35 @@ pub fn idle_workers_answer_pings(cmd: &[&str]) {
     }
     assert_clean(&status);
 }
+
+/// A reconnect test's answers, (`X-Forkpool-Slot`, `Connection`) each:
+/// every one from slot 0 and saying `Connection: close`; then the
+/// supervisor counted them all and the pool is clean.
+pub fn assert_reconnects_stayed(
+    pool: &DemoPool,
+    label: &str,
+    answers: &[(Option<String>, Option<String>)],
+) {
+    let elsewhere = answers
+        .iter()
+        .filter(|(slot, _)| slot.as_deref() != Some("0"))
+        .count();
+    assert_eq!(
+        elsewhere,
+        0,
+        "{label}: {elsewhere} of {} reconnects left slot 0: {answers:?}",
+        answers.len()
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|(_, connection)| connection.as_deref() == Some("close")),
+        "{label}: every answer ends its connection"
+    );
+    let status = pool
+        .wait_status(PATIENCE, |s| {
+            crate::common::total(s, "accepted") >= answers.len() as u64
+        })
+        .unwrap_or_else(|| panic!("not all counted: {}", pool.status()));
+    assert_clean(&status);
+}
