@@ -29,7 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENTS = os.path.dirname(HERE)
 
 # The worker: answers one line per connection with its slot and listener.
-# A line `leave` makes it leave after answering.
+# A line `leave` makes it leave after answering; a line `end` calls
+# `ending_connection` first and answers the state it then sees on its
+# record (1: idle already).
 WORKER = r"""
 import os
 os.environ["LISTEN_PID"] = str(os.getpid())
@@ -48,6 +50,9 @@ def handle(conn, listener):
         worker.leave()
     if data == b"peer\n":
         data = b"%s:%d\n" % (worker.peer[0].encode(), worker.peer[1])
+    if data == b"end\n":
+        worker.ending_connection()
+        data = b"state=%d\n" % worker.board.state.value
     conn.sendall(b"slot=%d listener=%d %s" % (worker.slot, listener, data))
 
 worker.serve(handle)
@@ -413,6 +418,32 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
         self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
         self.assertEqual(fake.read(SERVED), 2)
+
+    def test_ending_a_connection_goes_idle_before_the_answer(self):
+        fake = self.fake.ready_and_idle()
+        fake.write(WAITING, 1)
+        self.assertEqual(ask(fake.own.getsockname(), b"end\n"), b"slot=1 listener=0 state=1\n")
+        # `I` once, at the early idle; the finish only counts.
+        self.assertEqual(fake.message(), b"\x01I")
+        wait_for("the finish", lambda: fake.read(SERVED) == 1)
+        self.assertTrue(fake.nothing_said(), "one I, not two")
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        self.assertEqual((fake.read(TAKEN), fake.read(NEXT)), (1, 0))
+        # The next connection is served as ever.
+        self.assertEqual(ask(fake.own.getsockname()), b"slot=1 listener=0 hi\n")
+        self.assertEqual(fake.read(SERVED), 2)
+
+    def test_a_connection_ends_busy_while_the_overflow_may_hold_one(self):
+        fake = self.fake.ready_and_idle()
+        fake.write(OVERFLOW_SENT, 1)  # the kernel sent one there, none taken
+        self.assertEqual(ask(fake.own.getsockname(), b"end\n"), b"slot=1 listener=0 state=0\n")
+
+    def test_a_worker_that_leaves_after_the_connection_ends_it_busy(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_REQUESTS="1")
+        self.assertEqual(ask(fake.own.getsockname(), b"end\n"), b"slot=1 listener=0 state=0\n")
+        self.assertEqual(fake.message(), b"\x01X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
 
     def test_the_peer_is_the_one_accept_gave(self):
         fake = self.fake.ready_and_idle()

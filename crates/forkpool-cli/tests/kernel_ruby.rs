@@ -443,6 +443,52 @@ fn a_finishing_worker_looks_at_the_overflow_only_when_something_may_wait() {
     }
 }
 
+/// `Worker#ending_connection` on a file mapped like the board: a worker
+/// whose connection is ending goes idle at once (and says `I` when word 2
+/// asks), except when this connection is its share, when it is leaving,
+/// or when something may wait on the overflow (word 3 above word 4).
+#[test]
+fn a_connection_ending_goes_idle_early_only_when_nothing_else_is_due() {
+    if !require_ruby() {
+        return;
+    }
+    let path = common::temp_path("ending");
+    write_two_slot_board(&path);
+    let script = r#"require "forkpool/worker"
+        file = File.open(ARGV[0], "r+")
+        board = Forkpool::Board.new(file.fileno, 1)
+        ours, theirs = UNIXSocket.pair(:SEQPACKET)
+        ending = lambda do |max: 0, served: 0, leaving: false|
+          worker = Forkpool::Worker.allocate
+          { board: board, channel: ours, version: 1, max_requests: max, served_here: served,
+            leaving: leaving }.each { |name, value| worker.instance_variable_set("@#{name}", value) }
+          board.busy!
+          worker.ending_connection
+          board.state
+        end
+        seen = [ending.call, ending.call(max: 2, served: 1), ending.call(max: 3, served: 1),
+                ending.call(leaving: true)]
+        file.pwrite([1].pack("Q<"), 24) # word 3: the kernel sent one to the overflow
+        seen << ending.call
+        file.pwrite([0].pack("Q<"), 24)
+        file.pwrite([1].pack("Q<"), 16) # word 2: the supervisor waits for I
+        seen << ending.call
+        seen << theirs.recv_nonblock(16, exception: false).inspect
+        seen << theirs.recv_nonblock(16, exception: false).inspect
+        puts seen.join(" ")"#;
+    let out = Command::new("ruby")
+        .args(["-I", RUBY_DIR, "-e", script])
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"1 0 1 0 0 1 "\x01I" :wait_readable"#
+    );
+}
+
 /// The record the helper keeps, on a file mapped like the board (magic,
 /// two slots): each way of going idle stores 1 and says whether word 2
 /// asks for `I`; the counts land in words 9-11 of slot 1's record; a file
