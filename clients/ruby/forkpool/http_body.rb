@@ -16,6 +16,9 @@ module Forkpool
     # Bodies up to this size are kept in memory, larger ones in a file.
     MEMORY_BODY = 1 << 20
 
+    # The framing of a request without a body (shared, frozen).
+    NO_LENGTH = [:length, 0].freeze
+
     module_function
 
     # How the body is framed: [:chunked, nil] or [:length, N] (0: none).
@@ -35,7 +38,7 @@ module Forkpool
 
         return [:chunked, nil]
       end
-      return [:length, 0] unless request.headers.key?("content-length")
+      return NO_LENGTH unless request.headers.key?("content-length")
 
       values = request.headers["content-length"].split(",", -1).map(&:strip).uniq
       raise Error.new(400, "Content-Length values differ or are not numbers") if values.size != 1 || !values[0].match?(/\A\d{1,18}\z/)

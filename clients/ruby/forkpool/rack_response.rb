@@ -19,17 +19,22 @@ module Forkpool
     # x * 1000 + STATUS (an Integer key: no array made per response).
     STATUS_LINES = {} # rubocop:disable Style/MutableConstant (filled as statuses come)
 
+    # No rack.after_reply callbacks.
+    NO_CALLBACKS = [].freeze
+
     # The app's status or headers cannot be sent as they are (response
     # splitting, above all): nothing of them is sent, the client gets 500.
     class Invalid < StandardError; end
 
     attr_reader :sent
 
-    # `ending` is called just before the write that completes a response
-    # ending the connection, when `after_reply` (the request's
-    # `rack.after_reply`) is empty by then: nothing is left to do for the
-    # connection once it is out (Worker#ending_connection).
-    def initialize(conn, request, timeout, keepalive:, ending: nil, after_reply: [].freeze)
+    # `keepalive`: whether the connection may stay open after it. `ending`
+    # is called just before the write that completes a response ending
+    # the connection, when `after_reply` (the request's `rack.after_reply`)
+    # is empty by then: nothing is left to do for the connection once it
+    # is out (Worker#ending_connection). Positional: keywords would cost a
+    # Hash a request.
+    def initialize(conn, request, timeout, keepalive, ending = nil, after_reply = NO_CALLBACKS)
       @conn = conn
       @request = request
       @timeout = timeout
@@ -157,7 +162,7 @@ module Forkpool
         end
         ending if length && @sent == length # the piece completes the body
         @conn.write(out, @timeout)
-        out = +"".b
+        out.clear # written: the string is reused for the next piece
       end
       out << "0\r\n\r\n" if chunked
       ending

@@ -35,6 +35,8 @@ module Forkpool
       @ending = -> { worker.ending_connection }
       # must_close for a request without a body: only a leaving worker.
       @leaving = -> { worker.leaving? }
+      # [rack.input, must_close] of every request without a body.
+      @no_body = [NULL_INPUT, @leaving].freeze
       @env_base = environment_base.freeze
       # field name => its environment key (nil: dropped), per process.
       @env_keys = {}
@@ -153,11 +155,11 @@ module Forkpool
       end
 
       has_body = framing == :chunked || length.positive?
-      input, must_close = has_body ? body_input(conn, request, framing, length, expect) : [NULL_INPUT, @leaving]
+      input, must_close = has_body ? body_input(conn, request, framing, length, expect) : @no_body
       env = environment(request, input, peer, conn.sock)
       response = RackResponse.new(conn, request, @limits.io_timeout,
-                                  keepalive: request.keepalive? && !last && !@worker.leaving?,
-                                  ending: @ending, after_reply: env["rack.after_reply"])
+                                  request.keepalive? && !last && !@worker.leaving?,
+                                  @ending, env["rack.after_reply"])
       keep = run_app(env, response, request, peer, started, must_close)
       keep &&= body_consumed(input, has_body)
       input.close
@@ -202,7 +204,7 @@ module Forkpool
     def run_app(env, response, request, peer, started, must_close)
       status, headers, body = @app.call(env)
       response.send(status, headers, body, must_close)
-      log(peer, request.request_line, status, response.sent, started, env)
+      log(peer, request, status, response.sent, started, env)
       response.keepalive?
     rescue HTTP::ClientGone
       raise
@@ -310,9 +312,12 @@ module Forkpool
       ["", ""]
     end
 
-    def log(peer, request_line, status, sent, started, env = nil)
+    # `request`: the Request, or the request line as text (what a refusal
+    # has); the line is made only when there is a log to write.
+    def log(peer, request, status, sent, started, env = nil)
       return unless @access_log
 
+      request_line = request.is_a?(String) ? request : request.request_line
       stamp = Time.now.utc.strftime("%d/%b/%Y:%H:%M:%S +0000")
       referer = env&.fetch("HTTP_REFERER", nil) || "-"
       agent = env&.fetch("HTTP_USER_AGENT", nil) || "-"
