@@ -625,3 +625,40 @@ fn the_gem_builds_installs_offline_and_serves() {
     drop(pool);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The access log, on by default: one line per request on stderr, as
+/// forkpool-psgi's (client, time, request line, status, bytes, referer,
+/// user agent, duration, slot), a refused request included (its request
+/// line, bytes, referer and user agent `-`).
+#[test]
+fn the_access_log_has_a_line_per_request() {
+    if !require_sinatra() {
+        return;
+    }
+    let pool = start("handoff", false, &[]);
+    let mut conn = connect(&pool);
+    conn.write_all(
+        b"GET /?name=log HTTP/1.1\r\nHost: t\r\nReferer: http://r/\"x\r\nUser-Agent: probe/1\r\n\
+          Connection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut conn, false).status, 200);
+    drop(conn);
+    let mut bad = connect(&pool);
+    bad.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nHost: u\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut bad, false).status, 400);
+    let served = r#""GET /?name=log HTTP/1.1" 200 10 "http://r/%22x" "probe/1" "#;
+    let refused = r#""-" 400 - "-" "-" "#;
+    for needle in [served, refused] {
+        assert!(
+            pool.stderr.wait_for(needle, PATIENCE),
+            "{needle}: {}",
+            pool.stderr.dump()
+        );
+    }
+    let log = pool.stderr.dump();
+    let line = log.lines().find(|l| l.contains(served)).unwrap();
+    assert!(line.contains("127.0.0.1 - - ["), "{line}");
+    assert!(line.contains(" slot=0"), "{line}");
+}
