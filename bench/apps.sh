@@ -14,7 +14,8 @@
 #   Rack:   forkpool run -- ruby clients/ruby/forkpool-rack, in handoff and
 #           kernel dispatch (the default), each also with --defer-accept 1s
 #           (unicorn's default), also --preload (in the default dispatch,
-#           kernel, also with --defer-accept 1s, and in order and shared),
+#           kernel, also with --defer-accept 1s, reforked after 1000
+#           connections, and in order and shared),
 #           16 workers held (--min-children 16), against
 #           unicorn (16 workers, also preload_app) and
 #           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
@@ -33,7 +34,8 @@
 # Then one row driven by forkpool's own load generator. Environment:
 # DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
 # names to run), CONCURRENCY (default "16 64") and MODES (default
-# "close keepalive"), the cells of each row. Every server listens on
+# "close keepalive"), the cells of each row; ROUNDS (default 1) repeats
+# the table and adds the medians. Every server listens on
 # 127.0.0.1 and is stopped by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,7 @@ root=$PWD
 . bench/lib/server.sh
 
 DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-1}
 ONLY=${ONLY:-.}
 CONCURRENCY=${CONCURRENCY:-16 64}
 MODES=${MODES:-close keepalive}
@@ -239,6 +242,12 @@ rack_rows() { # FORKPOOL
   row forkpool-rack-preload-deferred . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --preload --defer-accept 1s --control "$scratch/control-rack-preload-deferred.sock" \
     -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  # Reforked (pitchfork's idea): once slot 0 has served 1000 connections
+  # (during the warm-up), the pool rolls onto workers forked from it, so
+  # they share its warm pages (inline caches, the heap it grew).
+  row forkpool-rack-preload-refork . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
+    --preload --refork-after 1000 --control "$scratch/control-rack-preload-refork.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
   # The other dispatch modes: workers accept themselves (when told, or
   # whenever the listener is readable), as unicorn's do.
   local mode
@@ -258,8 +267,28 @@ rack_rows() { # FORKPOOL
   unset RACK_ENV
 }
 
+# ROUNDS (default 1) runs the whole table that many times, one after the
+# other, then prints each cell's median with the rounds' range
+# (bench/lib/medians.py): on a shared machine one round's rows, run in a
+# fixed order, drift with the load.
+# A round's rows are printed when it ends (run stays in this shell, so
+# the EXIT trap still stops its server).
+rounds() {
+  local r
+  if [ "$ROUNDS" -le 1 ]; then
+    run
+    return
+  fi
+  for r in $(seq "$ROUNDS"); do
+    run >"$scratch/round-$r.out"
+    echo "## round $r of $ROUNDS"
+    cat "$scratch/round-$r.out"
+  done
+  python3 bench/lib/medians.py "$scratch"/round-*.out
+}
+
 case "${1:-}" in
   install) install ;;
-  run) run ;;
+  run) rounds ;;
   *) die "usage: bench/apps.sh install|run" ;;
 esac
