@@ -131,6 +131,12 @@ class FileWrapper:
             yield data
 
 
+# The largest last write a worker goes idle before (Response._ending): the
+# first of its response, it fits the socket's send buffer and does not wait
+# for the client to read.
+ENDING_WRITE_MAX = 16384
+
+
 class Response:
     """The response side of one request: `start_response`, `write`, framing."""
 
@@ -140,6 +146,7 @@ class Response:
         # Called once, just before the write that completes a response
         # ending the connection (Worker.ending_connection).
         self.ending = ending
+        self.written = False  # a write of this response went out
         self.request = request
         self.keepalive = keepalive
         self.timeout = timeout
@@ -199,6 +206,7 @@ class Response:
 
     def _send(self, data):
         http.send_all(self.conn, data, self.timeout)
+        self.written = True
 
     def write(self, data):
         """Sends body bytes; the head goes with the first non-empty write."""
@@ -216,8 +224,9 @@ class Response:
             self.sent += len(data)
             out += http.chunk(data) if self.chunked else bytes(data)
         if out:
-            if self.head_only or self.bodyless or (self.length is not None and self.sent >= self.length):
-                self._ending()  # this write completes the response
+            completes = self.head_only or self.bodyless or (self.length is not None and self.sent >= self.length)
+            if completes and not self.written and len(out) <= ENDING_WRITE_MAX:
+                self._ending()  # this write completes the response and will not wait
             self._send(out)
 
     def _ending(self):

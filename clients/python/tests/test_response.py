@@ -66,3 +66,44 @@ class StartResponse(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Ending(unittest.TestCase):
+    """When a response that ends its connection calls `ending` (the
+    worker going idle early, Worker.ending_connection): before its one
+    write when that write completes it and is small, else after the last
+    write; never for a kept-alive connection."""
+
+    def run_app(self, body, keepalive=False, length=True):
+        events = []
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        request = http.parse_head(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", http.Limits())
+        r = wsgi.Response(a, request, keepalive, 5.0, ending=lambda: events.append("ending"))
+        sent = wsgi.Response._send
+
+        def send(this, data):
+            events.append("send")
+            sent(this, data)
+            b.recv(1 << 20)  # the client reads, so no send waits
+
+        r._send = send.__get__(r)
+        headers = [("Content-Length", str(len(body)))] if length else []
+        r.start_response("200 OK", headers)
+        r.write(body)
+        r.finish()
+        return events
+
+    def test_a_small_last_answer_goes_idle_first(self):
+        self.assertEqual(self.run_app(b"hello\n"), ["ending", "send"])
+
+    def test_a_large_last_answer_goes_idle_after_its_write(self):
+        self.assertEqual(self.run_app(b"x" * (wsgi.ENDING_WRITE_MAX + 1)), ["send", "ending"])
+
+    def test_a_body_the_close_ends_goes_idle_after_it(self):
+        self.assertEqual(self.run_app(b"hello\n", length=False), ["send", "ending"])
+
+    def test_a_kept_alive_connection_never_ends(self):
+        self.assertEqual(self.run_app(b"hello\n", keepalive=True), ["send"])

@@ -26,9 +26,9 @@ module Forkpool
       @overflow || @listeners
     end
 
-    # The connection being served ends with the response about to go out,
-    # whole, in one write (a server calls this just before that write):
-    # in kernel dispatch the worker goes idle now, not after it has closed
+    # The connection being served ends with the response about to go out
+    # (a server calls this just before the write that completes it, when
+    # that write will not wait for the client): in kernel dispatch the worker goes idle now, not after it has closed
     # the connection, so that a client that reconnects the moment it has
     # the answer (as one told `Connection: close` does) finds this worker
     # idle and lands on it again, on the CPU it shares with it, rather than

@@ -21,6 +21,10 @@ module Forkpool
 
     # No rack.after_reply callbacks.
     NO_CALLBACKS = [].freeze
+    # The largest last write a worker goes idle before (#ending): the
+    # first of its response, it fits the socket's send buffer and does not
+    # wait for the client to read.
+    ENDING_WRITE_MAX = 16_384
 
     # The app's status or headers cannot be sent as they are (response
     # splitting, above all): nothing of them is sent, the client gets 500.
@@ -43,6 +47,7 @@ module Forkpool
       @after_reply = after_reply
       @sent = 0
       @started = false
+      @written = false
     end
 
     def keepalive?
@@ -135,10 +140,13 @@ module Forkpool
       lower
     end
 
-    # Once, just before the last write of a response that ends the
-    # connection (see #initialize).
-    def ending
+    # Once, just before `out`, the last write of a response that ends the
+    # connection, goes out (see #initialize), or after the last write when
+    # `out` is empty. Not before a write that could wait for the client:
+    # one after others, or a large one.
+    def ending(out)
       return if @keepalive || @ending.nil? || !@after_reply.empty?
+      return if !out.empty? && (@written || out.bytesize > ENDING_WRITE_MAX)
 
       @ending.call
       @ending = nil
@@ -160,12 +168,13 @@ module Forkpool
         else
           out << piece
         end
-        ending if length && @sent == length # the piece completes the body
+        ending(out) if length && @sent == length # the piece completes the body
         @conn.write(out, @timeout)
+        @written = true
         out.clear # written: the string is reused for the next piece
       end
       out << "0\r\n\r\n" if chunked
-      ending
+      ending(out)
       @conn.write(out, @timeout) unless out.empty?
       @keepalive = false if length && @sent < length && !bodyless # less than it announced
     end

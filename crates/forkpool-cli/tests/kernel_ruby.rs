@@ -489,6 +489,45 @@ fn a_connection_ending_goes_idle_early_only_when_nothing_else_is_due() {
     );
 }
 
+/// When forkpool-rack's response calls `ending` (the worker going idle
+/// early): before its one write when that write completes the answer and
+/// is small, else after the last write; never on a kept-alive connection
+/// or with `rack.after_reply` callbacks to run.
+#[test]
+fn a_last_answer_goes_idle_before_its_write_only_when_the_write_will_not_wait() {
+    if !require_ruby() {
+        return;
+    }
+    let script = r#"require "forkpool/rack_server"
+        Conn = Struct.new(:events) do
+          def write(_data, _timeout) = events << "write"
+        end
+        request = Forkpool::HTTP.parse_head("GET / HTTP/1.1\r\nHost: x\r\n\r\n".b, Forkpool::HTTP::Limits.defaults)
+        run = lambda do |body, keepalive: false, length: true, after_reply: []|
+          events = []
+          response = Forkpool::RackResponse.new(Conn.new(events), request, 5.0, keepalive,
+                                                -> { events << "ending" }, after_reply)
+          headers = length ? { "content-length" => body.sum(&:bytesize).to_s } : {}
+          response.send(200, headers, body, -> { false })
+          events.join(",")
+        end
+        big = "x" * (Forkpool::RackResponse::ENDING_WRITE_MAX + 1)
+        puts [run.call(["hello
+"]), run.call([big]), run.call(["a", "b"].each, length: false),
+              run.call(["hello
+"], keepalive: true), run.call(["hello
+"], after_reply: [-> {}])].join(" ")"#;
+    let out = Command::new("ruby")
+        .args(["-I", RUBY_DIR, "-e", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ending,write write,ending write,write,ending write write"
+    );
+}
+
 /// The record the helper keeps, on a file mapped like the board (magic,
 /// two slots): each way of going idle stores 1 and says whether word 2
 /// asks for `I`; the counts land in words 9-11 of slot 1's record; a file
