@@ -392,9 +392,11 @@ impl DemoPool {
         }
     }
 
-    /// `forkpool status --json` for this pool, parsed.
+    /// `forkpool status --json` for this pool, parsed; a failure panics
+    /// with what the pool logged, to say why it did not answer.
     pub fn status(&self) -> serde_json::Value {
-        self.try_status().unwrap_or_else(|e| panic!("{e}"))
+        self.try_status()
+            .unwrap_or_else(|e| panic!("{e}\nthe pool's log:\n{}", self.stderr.dump()))
     }
 
     /// `forkpool status --json` for this pool, or why it failed.
