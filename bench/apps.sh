@@ -18,7 +18,10 @@
 #           connections, and in order and shared),
 #           16 workers held (--min-children 16), against
 #           unicorn (16 workers, also preload_app) and
-#           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production
+#           Puma (-w 16 -t 1:1, also --preload), RACK_ENV=production;
+#           then with YJIT on in every server (RUBY_YJIT_ENABLE=1):
+#           forkpool-rack --preload --defer-accept 1s, also reforked,
+#           unicorn preload_app and Puma --preload
 #
 #   bench/apps.sh install   Flask+gunicorn venv (.ci/deps/python.sh), wrk,
 #                           and Starman + Plack from Debian (needs root/sudo);
@@ -51,6 +54,8 @@ MODES=${MODES:-close keepalive}
 VENV=$root/target/py-venv
 WORKERS=16
 port=18700
+# A command run after a row's warm-up (set around one row).
+after_warmup=
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/forkpool-apps.XXXXXX")
 server_pid=""
 
@@ -131,11 +136,32 @@ cell() { # CONCURRENCY close|keepalive
   printf '%8s %8s %s %s\n' "$rps" "$p99" "$(python3 bench/lib/treestat.py per-request "$before" "$after" "$requests")" "${errors:-}"
 }
 
+# Waits (at most 20 s) until the pool behind control socket $1 has
+# reforked and every slot's worker is of the latest generation: a reforked
+# row is measured after its roll, never during it.
+rolled() { # CONTROL
+  local tries=200
+  while [ "$tries" -gt 0 ]; do
+    "$(forkpool_bin)" status --json --control "$1" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+gens = [c["generation"] for c in s["slots"] if c]
+sys.exit(0 if s["generation"] > 1 and gens and all(g == s["generation"] for g in gens) else 1)
+' && return 0
+    tries=$((tries - 1))
+    sleep 0.1
+  done
+  die "the pool at $1 did not finish its refork"
+}
+
 measure() { # NAME
   local name=$1 pss
   # Warm-up: an adaptive pool grows to its load, and every server's
   # workers import and touch what they need, before anything is counted.
   wrk -t2 -c64 -d2s -H "Connection: close" "http://127.0.0.1:$port/" >/dev/null
+  if [ -n "$after_warmup" ]; then
+    $after_warmup
+  fi
   sleep 1
   for c in $CONCURRENCY; do
     for mode in $MODES; do
@@ -245,9 +271,11 @@ rack_rows() { # FORKPOOL
   # Reforked (pitchfork's idea): once slot 0 has served 1000 connections
   # (during the warm-up), the pool rolls onto workers forked from it, so
   # they share its warm pages (inline caches, the heap it grew).
+  after_warmup="rolled $scratch/control-rack-preload-refork.sock"
   row forkpool-rack-preload-refork . "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" "${held[@]}" \
     --preload --refork-after 1000 --control "$scratch/control-rack-preload-refork.sock" \
     -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  after_warmup=
   # The other dispatch modes: workers accept themselves (when told, or
   # whenever the listener is readable), as unicorn's do.
   local mode
@@ -263,6 +291,22 @@ rack_rows() { # FORKPOOL
     -l "127.0.0.1:$((port + 1))" hello.ru
   row puma bench/apps "$WORKERS" puma -w "$WORKERS" -t 1:1 -b "tcp://127.0.0.1:$((port + 1))" hello.ru
   row puma-preload bench/apps "$WORKERS" puma -w "$WORKERS" -t 1:1 --preload \
+    -b "tcp://127.0.0.1:$((port + 1))" hello.ru
+  # With YJIT on in every server (Ruby 3.1: experimental, off unless
+  # asked for; none of the three turns it on itself).
+  row forkpool-rack-preload-yjit . "$WORKERS" env RUBY_YJIT_ENABLE=1 "$fp" run --listen "127.0.0.1:$((port + 1))" \
+    "${held[@]}" --preload --defer-accept 1s --control "$scratch/control-rack-preload-yjit.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  # Reforked, the workers share the machine code slot 0's YJIT compiled.
+  after_warmup="rolled $scratch/control-rack-preload-refork-yjit.sock"
+  row forkpool-rack-preload-refork-yjit . "$WORKERS" env RUBY_YJIT_ENABLE=1 "$fp" run \
+    --listen "127.0.0.1:$((port + 1))" "${held[@]}" --preload --refork-after 1000 \
+    --control "$scratch/control-rack-preload-refork-yjit.sock" \
+    -- ruby -Iclients/ruby clients/ruby/forkpool-rack --no-access-log bench/apps/hello.ru
+  after_warmup=
+  row unicorn-preload-yjit bench/apps "$WORKERS" env RUBY_YJIT_ENABLE=1 unicorn -c "$scratch/unicorn-preload.rb" \
+    -l "127.0.0.1:$((port + 1))" hello.ru
+  row puma-preload-yjit bench/apps "$WORKERS" env RUBY_YJIT_ENABLE=1 puma -w "$WORKERS" -t 1:1 --preload \
     -b "tcp://127.0.0.1:$((port + 1))" hello.ru
   unset RACK_ENV
 }

@@ -54,6 +54,11 @@ class TestApp < Sinatra::Base
     "#{env['rack.input'].class} #{AFTER_FORK_PIDS.include?(Process.pid)}\n"
   end
 
+  # Whether this process runs with YJIT (ruby --yjit, RUBY_YJIT_ENABLE=1).
+  get "/yjit" do
+    "yjit #{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? 'on' : 'off'}\n"
+  end
+
   # What the server put in the environment, and a response header named
   # by the request (the server remembers what it saw of both).
   get "/env" do

@@ -321,6 +321,65 @@ fn refork_makes_the_warm_worker_the_template() {
     assert_eq!(total(&after, "died"), 0, "{after}");
 }
 
+/// `ruby --yjit`, as docs/workers.md suggests: the template (compacted
+/// before it forks) and the workers forked from it run with YJIT, in
+/// kernel dispatch, and so do those forked after a refork.
+#[test]
+fn yjit_reaches_preloaded_and_reforked_workers() {
+    if !require_sinatra() {
+        return;
+    }
+    let mut cmd = vec!["ruby", "--yjit"];
+    cmd.extend_from_slice(&rack_command(&[])[1..]);
+    let pool = start_with(
+        "kernel",
+        true,
+        &[
+            "--refork-after",
+            "5",
+            "--min-children",
+            "2",
+            "--max-children",
+            "2",
+            "--min-spare",
+            "0",
+            "--max-spare",
+            "2",
+        ],
+        &cmd,
+    );
+    let first = worker_pids(&pool);
+    let deadline = Instant::now() + PATIENCE;
+    while total(&pool.status(), "reforks") == 0 {
+        let res = pool.get("/yjit").unwrap();
+        assert_eq!(res.body, "yjit on\n", "{}", pool.stderr.dump());
+        assert!(Instant::now() < deadline, "no refork:\n{}", pool.stderr.dump());
+    }
+    assert!(
+        pool.wait_status(PATIENCE, |s| {
+            let pids: Vec<i64> = s["slots"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|slot| slot["pid"].as_i64())
+                .filter(|p| *p > 0)
+                .collect();
+            pids.len() == 2 && pids.iter().all(|p| !first.contains(&(*p as i32))) && s["busy"] == 0
+        })
+        .is_some(),
+        "the pool did not roll onto reforked workers: {}",
+        pool.status()
+    );
+    for _ in 0..4 {
+        let res = pool.get("/yjit").unwrap();
+        assert_eq!(res.body, "yjit on\n");
+        let pid = res.pid.unwrap();
+        assert!(!first.contains(&pid), "served by a reforked worker");
+        assert_eq!(parent_of(pid), Some(pool.pid));
+    }
+    assert_eq!(total(&pool.status(), "died"), 0, "{}", pool.stderr.dump());
+}
+
 /// An idle kept-alive connection gives way to a client waiting on the
 /// listener while the one worker holds it: the waiting client is served at
 /// once, not after the keep-alive timeout (30 s here).
