@@ -353,7 +353,11 @@ fn yjit_reaches_preloaded_and_reforked_workers() {
     while total(&pool.status(), "reforks") == 0 {
         let res = pool.get("/yjit").unwrap();
         assert_eq!(res.body, "yjit on\n", "{}", pool.stderr.dump());
-        assert!(Instant::now() < deadline, "no refork:\n{}", pool.stderr.dump());
+        assert!(
+            Instant::now() < deadline,
+            "no refork:\n{}",
+            pool.stderr.dump()
+        );
     }
     assert!(
         pool.wait_status(PATIENCE, |s| {
