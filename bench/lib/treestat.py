@@ -17,8 +17,8 @@
 
 CPU is utime+stime of every live process in the tree, plus the cutime+
 cstime the root has collected from children that exited (workers recycled
-during the window). Context switches are voluntary+involuntary, of the
-live processes only.
+during the window). Context switches are voluntary+involuntary, of every
+thread of the live processes only.
 """
 
 import json
@@ -59,14 +59,22 @@ def stat_fields(pid):
 
 
 def ctx_switches(pid):
-    """(voluntary, involuntary) context switches of one process."""
-    counts = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-                counts[key] = int(value)
-    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
+    """(voluntary, involuntary) context switches of one process: the sum
+    over its threads (/proc/PID/status counts the main thread's alone, and
+    Puma's workers serve on other threads)."""
+    voluntary = involuntary = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key == "voluntary_ctxt_switches":
+                        voluntary += int(value)
+                    elif key == "nonvoluntary_ctxt_switches":
+                        involuntary += int(value)
+        except OSError:
+            continue  # the thread exited meanwhile
+    return voluntary, involuntary
 
 
 def snapshot(root):
