@@ -334,18 +334,7 @@ fn yjit_reaches_preloaded_and_reforked_workers() {
     let pool = start_with(
         "kernel",
         true,
-        &[
-            "--refork-after",
-            "5",
-            "--min-children",
-            "2",
-            "--max-children",
-            "2",
-            "--min-spare",
-            "0",
-            "--max-spare",
-            "2",
-        ],
+        &[&["--refork-after", "5"][..], &held("2")].concat(),
         &cmd,
     );
     let first = worker_pids(&pool);
