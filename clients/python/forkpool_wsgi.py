@@ -301,20 +301,18 @@ class Server:
         # --preload `worker` is the template until then.
         self._listener_poll = None
         self._pool_listeners = None
+        # What a Response calls just before a connection's last answer
+        # goes out: the worker's `ending_connection` (None for a worker
+        # without one).
+        self._ending = None
         self._leaving = lambda: self.worker.leaving
-
-    def _ending(self):
-        """Just before a connection's last answer goes out (Response): the
-        worker's `ending_connection`, looked up now, since under --preload
-        the worker was the template when this server was built."""
-        ending = getattr(self.worker, "ending_connection", None)
-        if ending is not None:
-            ending()
 
     def _watch_pool_listeners(self):
         """The listeners where connections wait for any worker (in
         `kernel` dispatch the overflow, not the worker's own sockets) and
-        one poll of them all, made once."""
+        one poll of them all, and the worker's `ending_connection`: taken
+        once, in the worker (a template has neither)."""
+        self._ending = getattr(self.worker, "ending_connection", None)
         self._pool_listeners = list(self.worker.pool_listeners)
         if self._pool_listeners:
             self._listener_poll = select.poll()
