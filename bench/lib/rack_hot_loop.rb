@@ -64,8 +64,11 @@ objects = GC.stat(:total_allocated_objects)
 started = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
 if ENV["PROFILE"]
   require "stackprof"
-  StackProf.run(mode: :cpu, interval: 50, out: "rack_hot_loop.dump") { server.handle(HotLoopSocket.new, nil) }
-  warn "profile in rack_hot_loop.dump: stackprof rack_hot_loop.dump --text"
+  require "tmpdir"
+  # Written outside the work tree, so that it never lands in a commit.
+  out = File.join(Dir.tmpdir, "rack_hot_loop.dump")
+  StackProf.run(mode: :cpu, interval: 50, out: out) { server.handle(HotLoopSocket.new, nil) }
+  warn "profile in #{out}: stackprof #{out} --text"
 else
   server.handle(HotLoopSocket.new, nil)
 end
