@@ -19,7 +19,7 @@ use common::{alive, kill9, total, DemoPool};
 use psgi_support::{connect, read_response};
 use rack_support::{
     fd_targets, held, parent_of, rack_command, require_sinatra, start, start_with, template_pid,
-    wait_idle, worker_pids, PATIENCE, RUBY_DIR, SINATRA_APP,
+    wait_idle, worker_pids, worker_pids_in, PATIENCE, RUBY_DIR, SINATRA_APP,
 };
 
 const MODES: [&str; 3] = ["handoff", "order", "shared"];
@@ -350,14 +350,8 @@ fn yjit_reaches_preloaded_and_reforked_workers() {
     }
     assert!(
         pool.wait_status(PATIENCE, |s| {
-            let pids: Vec<i64> = s["slots"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|slot| slot["pid"].as_i64())
-                .filter(|p| *p > 0)
-                .collect();
-            pids.len() == 2 && pids.iter().all(|p| !first.contains(&(*p as i32))) && s["busy"] == 0
+            let pids = worker_pids_in(s);
+            pids.len() == 2 && pids.iter().all(|p| !first.contains(p)) && s["busy"] == 0
         })
         .is_some(),
         "the pool did not roll onto reforked workers: {}",

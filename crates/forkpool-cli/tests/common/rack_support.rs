@@ -101,10 +101,21 @@ pub fn wait_idle(pool: &DemoPool, n: u64) -> bool {
 }
 
 /// The pids of the pool's workers, by slot, from `forkpool status`.
-/// (A slot being forked from a template shows pid 0 until it is verified.)
 pub fn worker_pids(pool: &DemoPool) -> Vec<i32> {
-    let pids = crate::psgi_support::worker_pids(pool);
-    pids.into_iter().filter(|p| *p > 0).collect()
+    worker_pids_in(&pool.status())
+}
+
+/// The pids of the workers in a status snapshot, by slot. (A slot being
+/// forked from a template shows pid 0 until it is verified.)
+pub fn worker_pids_in(status: &serde_json::Value) -> Vec<i32> {
+    status["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|slot| slot["pid"].as_i64())
+        .filter(|pid| *pid > 0)
+        .map(|pid| pid as i32)
+        .collect()
 }
 
 /// The template's pid, 0 without one.
