@@ -317,6 +317,7 @@ impl Supervisor {
         self.release_stale_reservations(now);
         self.notify_ready_once();
         self.endpoints.expire_clients(now);
+        self.endpoints.check_accept_pause(now);
         self.check_upgrade(now);
         self.check_drain(now);
         self.check_backlog_finish(now);

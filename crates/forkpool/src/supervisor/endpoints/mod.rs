@@ -14,7 +14,11 @@
 //! [`CLIENT_TIMEOUT`]. At most [`MAX_ENDPOINT_CLIENTS`] are served at
 //! once, and never from the last [`FD_RESERVE`] descriptors: either way
 //! the oldest client is closed to make room. A turn handles at most
-//! [`ROUNDS_PER_TURN`] rounds of their events.
+//! [`ROUNDS_PER_TURN`] rounds of their events. An accept that fails for
+//! want of descriptors or memory pauses accepting for [`ACCEPT_PAUSE`];
+//! the pause's end is a deadline of the loop's, and what waited on the
+//! listeners meanwhile is taken then (their poll is edge-triggered: no
+//! new event would come for it).
 
 mod answers;
 
@@ -42,6 +46,10 @@ const AGENT_TOKEN: Token = Token(usize::MAX - 3);
 const EVENTS_PER_ROUND: usize = 64;
 /// Rounds of events a turn of the loop serves; the rest wait a turn.
 const ROUNDS_PER_TURN: usize = 4;
+
+/// How long the endpoints stop accepting after an accept failed for
+/// want of descriptors or memory.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// How long a status or metrics client may take.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -81,6 +89,9 @@ pub(crate) struct Endpoints {
     more: bool,
     /// Rounds of events a turn serves ([`ROUNDS_PER_TURN`]).
     rounds: usize,
+    /// No accepts until then: the last one failed for want of descriptors
+    /// or memory.
+    paused_until: Option<Instant>,
 }
 
 impl Default for Endpoints {
@@ -96,6 +107,7 @@ impl Default for Endpoints {
             ready: Vec::with_capacity(EVENTS_PER_ROUND),
             more: false,
             rounds: ROUNDS_PER_TURN,
+            paused_until: None,
         }
     }
 }
@@ -113,6 +125,18 @@ struct ControlSocket {
 enum ClientStream {
     Unix(UnixStream),
     Tcp(TcpStream),
+}
+
+/// What one accept on an endpoint's listener gave.
+enum Accept {
+    Client(ClientStream),
+    /// Nothing waits, or the endpoint is not open.
+    Nothing,
+    /// A connection that went away before it was taken: try the next.
+    Skipped,
+    /// The supervisor is out of descriptors or memory (or the listener
+    /// broke): accepting pauses.
+    Failed(io::Error),
 }
 
 struct Client {
@@ -278,12 +302,13 @@ impl Endpoints {
         }
     }
 
-    /// The earliest client deadline.
+    /// The earliest client deadline, or the end of a pause in accepting.
     pub fn deadline(&self) -> Option<Instant> {
         self.clients
             .iter()
             .flatten()
             .map(|c| c.since + CLIENT_TIMEOUT)
+            .chain(self.paused_until)
             .min()
     }
 }
@@ -301,6 +326,13 @@ impl Endpoints {
     /// turn.
     pub(super) fn turn(&mut self, src: &Sources<'_>, now: Instant) {
         self.more = false;
+        if self.paused_until.is_some_and(|until| now >= until) {
+            // What connected during the pause raised no new event.
+            self.paused_until = None;
+            for token in [CONTROL_TOKEN, METRICS_TOKEN, AGENT_TOKEN] {
+                self.accept_clients(token, src, now);
+            }
+        }
         for _ in 0..self.rounds {
             let Some(poll) = self.poll.as_mut() else {
                 return;
@@ -333,9 +365,23 @@ impl Endpoints {
     }
 
     /// A client connected to the control socket, the metrics endpoint or
-    /// the agent port.
+    /// the agent port. Nothing is taken while accepting is paused.
     fn accept_clients(&mut self, token: Token, src: &Sources<'_>, now: Instant) {
-        while let Some(stream) = self.accept_stream(token) {
+        while self.paused_until.is_none() {
+            let stream = match self.accept_stream(token) {
+                Accept::Client(stream) => stream,
+                Accept::Nothing => return,
+                Accept::Skipped => continue,
+                Accept::Failed(e) => {
+                    warn!(
+                        "status client accept failed: {e}; the supervisor is out of \
+                         descriptors or memory (raise `ulimit -n` / LimitNOFILE): \
+                         pausing its status endpoints' accepts for {ACCEPT_PAUSE:?}"
+                    );
+                    self.paused_until = Some(now + ACCEPT_PAUSE);
+                    return;
+                }
+            };
             let Some(stream) = self.make_room_for(stream) else {
                 continue;
             };
@@ -346,30 +392,33 @@ impl Endpoints {
         }
     }
 
-    /// Accepts one connection on the endpoint `token` names; `None` when
-    /// that endpoint is not open, nothing is waiting, or the accept failed.
-    fn accept_stream(&self, token: Token) -> Option<ClientStream> {
+    /// After a turn: a pause in accepting that has ended makes the loop
+    /// turn the endpoints again (see [`Endpoints::turn`]).
+    pub(super) fn check_accept_pause(&mut self, now: Instant) {
+        if self.paused_until.is_some_and(|until| now >= until) {
+            self.more = true;
+        }
+    }
+
+    /// Accepts one connection on the endpoint `token` names.
+    fn accept_stream(&self, token: Token) -> Accept {
         let accepted = match token {
-            CONTROL_TOKEN => {
-                let c = self.control.as_ref()?;
-                c.listener.accept().map(|(s, _)| ClientStream::Unix(s))
-            }
-            AGENT_TOKEN => {
-                let a = self.agent.as_ref()?;
-                a.accept().map(|(s, _)| ClientStream::Tcp(s))
-            }
-            _ => {
-                let m = self.metrics.as_ref()?;
-                m.accept().map(|(s, _)| ClientStream::Tcp(s))
-            }
+            CONTROL_TOKEN => match self.control.as_ref() {
+                Some(c) => c.listener.accept().map(|(s, _)| ClientStream::Unix(s)),
+                None => return Accept::Nothing,
+            },
+            AGENT_TOKEN => match self.agent.as_ref() {
+                Some(a) => a.accept().map(|(s, _)| ClientStream::Tcp(s)),
+                None => return Accept::Nothing,
+            },
+            _ => match self.metrics.as_ref() {
+                Some(m) => m.accept().map(|(s, _)| ClientStream::Tcp(s)),
+                None => return Accept::Nothing,
+            },
         };
         match accepted {
-            Ok(stream) => Some(stream),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            Err(e) => {
-                warn!("status client accept failed: {e}");
-                None
-            }
+            Ok(stream) => Accept::Client(stream),
+            Err(e) => accept_error(e),
         }
     }
 
@@ -535,6 +584,25 @@ impl Endpoints {
                 self.close_client(index);
             }
         }
+    }
+}
+
+/// What a failed accept means: nothing more waits, this connection is
+/// gone (the next may be fine), or accepting must pause.
+fn accept_error(e: io::Error) -> Accept {
+    use nix::errno::Errno;
+    if e.kind() == io::ErrorKind::WouldBlock {
+        return Accept::Nothing;
+    }
+    let gone = [
+        Errno::ECONNABORTED,
+        Errno::EPROTO,
+        Errno::ECONNRESET,
+        Errno::EINTR,
+    ];
+    match e.raw_os_error() {
+        Some(code) if gone.contains(&Errno::from_raw(code)) => Accept::Skipped,
+        _ => Accept::Failed(e),
     }
 }
 
@@ -755,5 +823,73 @@ mod tests {
         assert!(endpoints.clients.iter().flatten().count() <= MAX_ENDPOINT_CLIENTS);
         assert!(endpoints.displaced >= 10);
         drop(idle);
+    }
+
+    #[test]
+    fn an_accept_skips_a_lost_connection_and_pauses_when_out_of_descriptors() {
+        use nix::errno::Errno;
+        let sorted = |errno: Errno| match accept_error(io::Error::from_raw_os_error(errno as i32)) {
+            Accept::Nothing => "nothing",
+            Accept::Skipped => "skipped",
+            Accept::Failed(_) => "failed",
+            Accept::Client(_) => unreachable!("an error is no client"),
+        };
+        assert_eq!(sorted(Errno::EAGAIN), "nothing");
+        for lost in [
+            Errno::ECONNABORTED,
+            Errno::EPROTO,
+            Errno::ECONNRESET,
+            Errno::EINTR,
+        ] {
+            assert_eq!(sorted(lost), "skipped", "{lost}");
+        }
+        for exhausted in [
+            Errno::EMFILE,
+            Errno::ENFILE,
+            Errno::ENOBUFS,
+            Errno::ENOMEM,
+            Errno::EBADF,
+        ] {
+            assert_eq!(sorted(exhausted), "failed", "{exhausted}");
+        }
+    }
+
+    #[test]
+    fn a_client_that_connected_during_an_accept_pause_is_served_when_it_ends() {
+        let (mut endpoints, addr, _outer) = metrics_endpoints(EVENTS_PER_ROUND, ROUNDS_PER_TURN);
+        let nothing = Nothing::new();
+        let src = nothing.src();
+        let start = Instant::now();
+        // As after an accept that failed with EMFILE.
+        endpoints.paused_until = Some(start + ACCEPT_PAUSE);
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        live_request(&mut stream);
+        // Its listener's one (edge-triggered) event comes during the pause:
+        // nothing is accepted.
+        for _ in 0..5 {
+            endpoints.turn(&src, start);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(endpoints.clients.iter().flatten().count(), 0);
+        assert!(!endpoints.has_more());
+        // The pause's end is a deadline of the loop's, which then turns the
+        // endpoints: the client is taken and answered with no new event.
+        let end = start + ACCEPT_PAUSE;
+        assert_eq!(endpoints.deadline(), Some(end));
+        endpoints.check_accept_pause(end - Duration::from_millis(1));
+        assert!(!endpoints.has_more(), "the pause has not ended yet");
+        endpoints.check_accept_pause(end);
+        assert!(
+            endpoints.has_more(),
+            "the loop must turn the endpoints at the pause's end"
+        );
+        endpoints.turn(&src, end);
+        assert_eq!(endpoints.paused_until, None);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(&stream).read_line(&mut line).unwrap();
+        assert!(line.starts_with("HTTP/1.1 200"), "{line:?}");
     }
 }
