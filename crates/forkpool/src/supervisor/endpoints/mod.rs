@@ -540,6 +540,10 @@ impl Endpoints {
                 }
             }
             let request = client.request.take().unwrap_or_default();
+            if request.is_empty() {
+                // Closed without asking: nothing is made for it.
+                return Ok(true);
+            }
             client.out = match answers::health_response(src, &request) {
                 Some(answer) => answer,
                 None => answers::metrics_response(src, Instant::now()),
@@ -891,5 +895,34 @@ mod tests {
         let mut line = String::new();
         BufReader::new(&stream).read_line(&mut line).unwrap();
         assert!(line.starts_with("HTTP/1.1 200"), "{line:?}");
+    }
+
+    #[test]
+    fn a_metrics_client_that_closes_without_a_request_gets_nothing() {
+        let (mut endpoints, addr, _outer) = metrics_endpoints(EVENTS_PER_ROUND, ROUNDS_PER_TURN);
+        let nothing = Nothing::new();
+        let src = nothing.src();
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        // Turns until the endpoint closes the client (at most 5 s): what
+        // it got meanwhile.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut answer = Vec::new();
+        let mut closed = false;
+        while !closed && Instant::now() < deadline {
+            endpoints.turn(&src, Instant::now());
+            let mut buf = [0u8; 4096];
+            match stream.read(&mut buf) {
+                Ok(0) => closed = true,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => panic!("reading the answer: {e}"),
+            }
+        }
+        assert!(closed, "the endpoint never closed the client");
+        assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
     }
 }
