@@ -146,3 +146,18 @@ fn a_worker_forked_by_a_template_is_sent_its_socket_and_the_board() {
     assert_eq!(total(&status, "died"), 0, "{status}");
     assert_eq!(total(&status, "killed"), 0, "{status}");
 }
+
+/// The Rust helper (`run_child_speaking`, under the example worker) leaves
+/// before a leaking handler fills its descriptor table, in kernel dispatch
+/// and in handoff (`common/kernel_helper_cases.rs`).
+#[test]
+fn a_leaking_rust_worker_leaves_before_its_table_fills() {
+    kernel_helper_cases::a_leaking_worker_leaves_before_its_table_fills(&[rust_worker()]);
+}
+
+#[test]
+fn a_leaking_rust_worker_leaves_before_its_table_fills_in_handoff() {
+    kernel_helper_cases::a_leaking_worker_leaves_before_its_table_fills_in_handoff(
+        &[rust_worker()],
+    );
+}

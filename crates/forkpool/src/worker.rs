@@ -28,11 +28,11 @@ mod sessions;
 pub use exec_worker::{ExecWorker, ExecWorkerError};
 pub(crate) use sessions::run_session_child;
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nix::errno::Errno;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
@@ -165,6 +165,8 @@ pub(crate) fn run_child_speaking(
         mode: start.mode,
         max_requests: start.max_requests,
         served: 0,
+        fd_ceiling: sys::fds::descriptor_ceiling(),
+        out_of_descriptors: false,
         listener_is_tcp: start.listener_is_tcp,
         listeners: start.listeners,
         board: start.board,
@@ -222,6 +224,12 @@ struct Worker<'h> {
     max_requests: u64,
     /// Connections served so far, counted as the supervisor counts them.
     served: u64,
+    /// The descriptor whose being open says the table is filling, and the
+    /// soft `RLIMIT_NOFILE` (`sys::fds::descriptor_ceiling`).
+    fd_ceiling: Option<(RawFd, u64)>,
+    /// The child is out of descriptors (or memory): it leaves with `X`
+    /// after the connection it serves, or at once when an accept failed.
+    out_of_descriptors: bool,
     listener_is_tcp: Vec<bool>,
     listeners: Vec<Listener>,
     /// `kernel` dispatch: the scoreboard.
@@ -305,9 +313,15 @@ impl Worker<'_> {
         match incoming {
             Incoming::Message(ParentMessage::Connection { listener }, Some(fd)) => {
                 self.serve_then_idle(fd, listener)?;
+                if self.out_of_descriptors {
+                    return Ok(Next::Exit); // it said `X`
+                }
             }
             Incoming::Message(ParentMessage::Accept { listener }, _) => {
                 self.accept_ordered(listener)?;
+                if self.out_of_descriptors {
+                    return Ok(Next::Exit); // it said `X`
+                }
             }
             Incoming::Message(ParentMessage::Ping { seq }, _) => {
                 self.report(ChildMessage::Pong { seq })?;
@@ -343,11 +357,62 @@ impl Worker<'_> {
             }
             Err(Errno::EAGAIN | Errno::ECONNABORTED) => self.report(ChildMessage::Missed),
             Err(e) => {
-                // Out of descriptors and the like: say so and stay available.
-                error!(slot = self.info.slot, "accept failed: {e}");
-                self.report(ChildMessage::Missed)
+                self.accept_failed(e);
+                self.report(ChildMessage::Missed)?;
+                self.leave_if_out_of_descriptors()
             }
         }
+    }
+
+    /// Says why an accept failed (not for want of a connection); one that
+    /// ran out of descriptors or memory makes the child leave: retrying
+    /// would fail again at once, the listener still readable.
+    fn accept_failed(&mut self, e: Errno) {
+        if matches!(
+            e,
+            Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM
+        ) {
+            error!(
+                slot = self.info.slot,
+                "accept failed: {e}: this worker is out of descriptors or memory (does the \
+                 handler leak them? else raise ulimit -n / LimitNOFILE); it leaves, the \
+                 connection waits for a fresh one"
+            );
+            self.out_of_descriptors = true;
+        } else {
+            error!(slot = self.info.slot, "accept failed: {e}");
+        }
+    }
+
+    /// After an accept failed: `X` when it ran out of descriptors (busy on
+    /// the board first, so the kernel queues nothing more here).
+    fn leave_if_out_of_descriptors(&mut self) -> Stop {
+        if !self.out_of_descriptors {
+            return Ok(());
+        }
+        self.mark_busy();
+        self.report(ChildMessage::Leaving)
+    }
+
+    /// After a connection: the child leaves once the descriptor at the
+    /// start of the reserve below `RLIMIT_NOFILE` is open. Descriptors are
+    /// taken lowest first, so the table has filled up to there: a handler
+    /// that leaks them would soon fail its own opens, or this child an
+    /// accept (docs/protocol.md, "Running out of descriptors").
+    fn check_headroom(&mut self) {
+        let Some((ceiling, limit)) = self.fd_ceiling else {
+            return;
+        };
+        if self.out_of_descriptors || !sys::fds::is_open(ceiling) {
+            return;
+        }
+        warn!(
+            slot = self.info.slot,
+            "descriptor {ceiling} is open, with RLIMIT_NOFILE at {limit}: this worker is \
+             running out of descriptors (does the handler leak them? else raise ulimit -n / \
+             LimitNOFILE); it leaves after this connection and the supervisor starts a fresh one"
+        );
+        self.out_of_descriptors = true;
     }
 
     /// `shared` (exclusive wake-ups) and `herd` (everyone wakes): the child
@@ -379,6 +444,9 @@ impl Worker<'_> {
                         Next::BecomeTemplate(fd) => return Ok(Some(fd)),
                     },
                     sys::wait::Woken::Listener(i) => self.accept_woken(i)?,
+                }
+                if self.out_of_descriptors {
+                    return Ok(None); // it said `X`
                 }
             }
         }
@@ -418,6 +486,7 @@ impl Worker<'_> {
                     // more from the kernel.
                     sys::wait::Woken::Channel => match self.take_one_message()? {
                         Next::Continue => {}
+                        Next::Exit if self.out_of_descriptors => return Ok(None), // said `X`
                         Next::Exit => {
                             self.mark_busy();
                             self.serve_what_the_kernel_queued()?;
@@ -429,16 +498,27 @@ impl Worker<'_> {
                         }
                     },
                     sys::wait::Woken::Listener(i) => {
-                        // Nothing to accept (a reservation given back, its
-                        // connection came after all and went): wait again.
-                        if let Ok(fd) = sys::socket::accept(self.listeners[i].as_fd()) {
-                            self.mark_busy();
-                            if let Some(board) = &self.board {
-                                board.count_taken(self.info.slot);
+                        match sys::socket::accept(self.listeners[i].as_fd()) {
+                            Ok(fd) => {
+                                self.mark_busy();
+                                if let Some(board) = &self.board {
+                                    board.count_taken(self.info.slot);
+                                }
+                                self.serve_then_idle(fd, i as u16)?;
                             }
-                            self.serve_then_idle(fd, i as u16)?;
+                            // Nothing to accept (a reservation given back,
+                            // its connection came after all and went): wait
+                            // again.
+                            Err(Errno::EAGAIN | Errno::ECONNABORTED | Errno::EPROTO) => {}
+                            Err(e) => {
+                                self.accept_failed(e);
+                                self.leave_if_out_of_descriptors()?;
+                            }
                         }
                     }
+                }
+                if self.out_of_descriptors {
+                    return Ok(None); // it said `X`
                 }
                 if self.exhausted() {
                     // Its share served: it leaves on its own (the
@@ -560,8 +640,9 @@ impl Worker<'_> {
             }
             Err(Errno::EAGAIN | Errno::ECONNABORTED) => self.report(ChildMessage::Missed),
             Err(e) => {
-                error!(slot = self.info.slot, "accept failed: {e}");
-                self.report(ChildMessage::Missed)
+                self.accept_failed(e);
+                self.report(ChildMessage::Missed)?;
+                self.leave_if_out_of_descriptors()
             }
         }
     }
@@ -580,7 +661,17 @@ impl Worker<'_> {
         loop {
             let held_open = self.serve(fd, listener)?;
             self.served += 1;
+            self.check_headroom();
             let next = self.take_waiting(listener);
+            if self.out_of_descriptors {
+                // `X` instead of `I`; in kernel dispatch it stays busy.
+                if let Some(board) = &self.board {
+                    board.count_served(self.info.slot);
+                }
+                self.report(ChildMessage::Leaving)?;
+                drop(held_open);
+                return Ok(());
+            }
             if let Some(board) = &self.board {
                 // Kernel dispatch: no report; the count and the state on
                 // the scoreboard say it, before the client sees the close,
@@ -657,7 +748,10 @@ impl Worker<'_> {
     /// it. So does the end of its share of connections
     /// (`max_requests_per_child`): the supervisor recycles it on `Idle`,
     /// and must not learn of the limit only after a connection too many.
-    fn take_waiting(&self, listener: u16) -> Option<OwnedFd> {
+    fn take_waiting(&mut self, listener: u16) -> Option<OwnedFd> {
+        if self.out_of_descriptors {
+            return None;
+        }
         let shared = match self.mode {
             DispatchMode::Handoff => &self.listeners,
             DispatchMode::Kernel => &self.overflow,
@@ -691,12 +785,9 @@ impl Worker<'_> {
             Ok(fd) => Some(fd),
             Err(Errno::EAGAIN | Errno::ECONNABORTED | Errno::EPROTO) => None,
             Err(e) => {
-                // Out of descriptors and the like: leave it to the
-                // supervisor, which backs off and says so.
-                debug!(
-                    slot = self.info.slot,
-                    "accepting the next connection failed: {e}"
-                );
+                // Out of descriptors: the child leaves (the caller says
+                // `X`), and the connection waits for another.
+                self.accept_failed(e);
                 None
             }
         }

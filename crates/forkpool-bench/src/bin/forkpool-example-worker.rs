@@ -20,6 +20,11 @@
 //! process that served this program's first connection: state a refork
 //! carries over) and `after_fork` (whether the `after_fork` hook ran in
 //! this process). `clients/tests/template_harness.py` checks those.
+//!
+//! With `--chaos` (fault-injection tests only), `?leak_fds=N` (at most
+//! 1000) makes it open N descriptors of /dev/null and keep them for the
+//! life of the process, as a leaking handler does (500 if one cannot be
+//! opened).
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -49,8 +54,12 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("--json") {
         std::process::exit(report(worker));
     }
-    std::process::exit(worker.serve(answer));
+    let chaos = std::env::args().any(|a| a == "--chaos");
+    std::process::exit(worker.serve(move |conn: Connection<'_>| answer(conn, chaos)));
 }
+
+/// What `?leak_fds=N` opened (with `--chaos`), never closed.
+static LEAKED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
 
 /// The pid of the process the `after_fork` hook last ran in.
 static HOOKED: AtomicU32 = AtomicU32::new(0);
@@ -82,8 +91,28 @@ fn report(worker: ExecWorker) -> i32 {
     })
 }
 
+/// `name=N` in the query of `target`, or 0.
+fn query_number(target: &str, name: &str) -> u64 {
+    target
+        .split_once('?')
+        .map_or("", |(_, query)| query)
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// Opens `n` descriptors and keeps them (`--chaos`'s `?leak_fds=N`).
+fn leak(n: u64) -> std::io::Result<()> {
+    let mut leaked = LEAKED.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..n {
+        leaked.push(std::fs::File::open("/dev/null")?);
+    }
+    Ok(())
+}
+
 /// Serves one request and closes.
-fn answer(conn: Connection<'_>) {
+fn answer(conn: Connection<'_>, chaos: bool) {
     let Connection {
         mut stream, worker, ..
     } = conn;
@@ -98,19 +127,22 @@ fn answer(conn: Connection<'_>) {
     }
     let head = String::from_utf8_lossy(&head);
     let target = head.split_whitespace().nth(1).unwrap_or("/");
-    let work_ms = target
-        .split_once('?')
-        .map_or("", |(_, query)| query)
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("work_ms="))
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or(0)
-        .min(60_000);
+    let work_ms = query_number(target, "work_ms").min(60_000);
     std::thread::sleep(Duration::from_millis(work_ms));
+    let leaked = match chaos {
+        true => leak(query_number(target, "leak_fds").min(1000)),
+        false => Ok(()),
+    };
+    let (status, body) = match leaked {
+        Ok(()) => ("200 OK", "hello\n".to_string()),
+        Err(e) => ("500 Internal Server Error", format!("{e}\n")),
+    };
     let response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\
-         X-Forkpool-Slot: {}\r\nX-Forkpool-Pid: {}\r\nConnection: close\r\n\r\nhello\n",
-        worker.slot, worker.pid
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+         X-Forkpool-Slot: {}\r\nX-Forkpool-Pid: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len(),
+        worker.slot,
+        worker.pid
     );
     let _ = stream.write_all(response.as_bytes());
 }

@@ -376,3 +376,44 @@ pub fn assert_reconnects_stayed(
         .unwrap_or_else(|| panic!("not all counted: {}", pool.status()));
     assert_clean(&status);
 }
+
+/// A worker whose handler leaks descriptors (`?leak_fds=4`, the example
+/// worker run with `--chaos` under `prlimit --nofile=64`) leaves before its
+/// table fills (docs/protocol.md, "Running out of descriptors"): 30
+/// requests are all answered `200` (a full table would fail the handler's
+/// opens with 500, or an accept), by three workers or more, and the ones
+/// that went said `X` (retired), none died or was killed.
+pub fn a_leaking_worker_leaves_before_its_table_fills(cmd: &[&str]) {
+    leaking_worker_leaves_in(&["--dispatch", "kernel"], cmd);
+}
+
+/// [`a_leaking_worker_leaves_before_its_table_fills`] in `handoff`, where a
+/// full table would also drop the descriptor of a connection handed over.
+pub fn a_leaking_worker_leaves_before_its_table_fills_in_handoff(cmd: &[&str]) {
+    leaking_worker_leaves_in(&["--dispatch", "handoff"], cmd);
+}
+
+fn leaking_worker_leaves_in(dispatch: &[&str], cmd: &[&str]) {
+    let mut leaky = vec!["prlimit", "--nofile=64:64"];
+    leaky.extend_from_slice(cmd);
+    leaky.push("--chaos");
+    let mut args = dispatch.to_vec();
+    args.extend(["--min-children", "1", "--max-children", "1"]);
+    args.extend(["--min-spare", "0", "--max-spare", "1"]);
+    let pool = DemoPool::start_run(&args, &leaky);
+    if dispatch.contains(&"kernel") && !require_kernel_dispatch(&pool) {
+        return;
+    }
+    let mut pids = std::collections::BTreeSet::new();
+    for n in 0..30 {
+        let r = get(&pool, "/?leak_fds=4")
+            .unwrap_or_else(|e| panic!("request {n}: {e}\n{}", pool.stderr.dump()));
+        assert_eq!(r.status, 200, "request {n}\n{}", pool.stderr.dump());
+        pids.insert(r.pid.expect("X-Forkpool-Pid"));
+    }
+    assert!(pids.len() >= 3, "no worker left in time: {pids:?}");
+    let status = pool
+        .wait_status(PATIENCE, |s| total(s, "retired") >= 2)
+        .unwrap_or_else(|| panic!("the workers did not retire: {}", pool.status()));
+    assert_clean(&status);
+}

@@ -7,6 +7,35 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 
+/// Whether descriptor number `fd` is open: one `fcntl(F_GETFD)`, which
+/// touches nothing.
+pub fn is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only reads the descriptor's flags; on a number that
+    // is not open it fails with EBADF. No Rust object is created for it.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+}
+
+/// The descriptor at the start of the reserve a worker keeps below its
+/// soft `RLIMIT_NOFILE` (min(32, soft / 4) descriptors), with the limit;
+/// `None` without a limit (docs/protocol.md, "Running out of descriptors").
+pub fn descriptor_ceiling() -> Option<(RawFd, u64)> {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft == RLIM_INFINITY {
+        return None;
+    }
+    Some((reserve_start(soft)?, soft))
+}
+
+/// The first descriptor of the reserve below a soft limit of `soft`.
+fn reserve_start(soft: u64) -> Option<RawFd> {
+    RawFd::try_from(soft - (soft / 4).min(RESERVE)).ok()
+}
+
+/// Descriptors a worker keeps free below its soft `RLIMIT_NOFILE`, at most
+/// a quarter of it.
+const RESERVE: u64 = 32;
+
 /// A pipe, both ends close-on-exec: `(read, write)`.
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
@@ -156,6 +185,30 @@ pub fn move_to(fd: OwnedFd, target: RawFd) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reserve_is_32_descriptors_or_a_quarter_of_a_small_limit() {
+        assert_eq!(reserve_start(1024), Some(992));
+        assert_eq!(reserve_start(128), Some(96));
+        assert_eq!(reserve_start(100), Some(75));
+        assert_eq!(reserve_start(64), Some(48));
+        assert_eq!(reserve_start(3), Some(3));
+        assert_eq!(reserve_start(1 << 40), None, "past any descriptor number");
+    }
+
+    #[test]
+    fn is_open_tells_an_open_descriptor_from_a_closed_one() {
+        let (r, _w) = pipe().unwrap();
+        // High up, where the other tests' descriptors (lowest first) do not
+        // land between the close and the look.
+        let high = fcntl(r.as_fd(), FcntlArg::F_DUPFD_CLOEXEC(900)).unwrap();
+        // SAFETY: F_DUPFD_CLOEXEC just made it, and nothing else owns it.
+        let high = unsafe { OwnedFd::from_raw_fd(high) };
+        let number = high.as_raw_fd();
+        assert!(is_open(number));
+        drop(high);
+        assert!(!is_open(number));
+    }
 
     #[test]
     fn pipe_ends_are_close_on_exec() {
