@@ -11,8 +11,10 @@ and closes the connection. The request head must arrive whole within 5 s
 413), so neither a dripping client nor a huge upload holds the worker.
 
 With `--chaos` (fault-injection tests only), `?chaos=garbage` makes the
-worker write a malformed message on its back-channel and `?chaos=exit`
-makes it exit in the middle of the request.
+worker write a malformed message on its back-channel, `?chaos=exit`
+makes it exit in the middle of the request, and `?leak_fds=N` (at most
+1000) makes it open N descriptors of /dev/null and keep them for the life
+of the process, as a leaking app does (500 if one cannot be opened).
 """
 
 import os
@@ -24,6 +26,9 @@ import forkpool_http as http
 import forkpool_worker
 
 MAX_WORK_MS = 60_000
+MAX_LEAK = 1000
+# What `?leak_fds=N` opened (with --chaos), never closed.
+leaked = []
 # A whole head must arrive within head_timeout seconds (a client dripping
 # a byte at a time gets 408); a body is read and dropped a block at a time,
 # never held in memory, and one over max_body bytes is refused with 413.
@@ -72,9 +77,16 @@ def main():
         except ValueError:
             work_ms = 0
         time.sleep(work_ms / 1000)
-        body = b"hello\n"
+        status, body = b"200 OK", b"hello\n"
+        try:
+            for _ in range(min(int(query.get("leak_fds", ["0"])[0]), MAX_LEAK) if chaos else 0):
+                leaked.append(os.open("/dev/null", os.O_RDONLY))
+        except ValueError:
+            pass
+        except OSError as e:
+            status, body = b"500 Internal Server Error", f"{e}\n".encode()
         conn.sendall(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\n"
             + b"Content-Length: %d\r\n" % len(body)
             + b"X-Forkpool-Slot: %d\r\nX-Forkpool-Pid: %d\r\n" % (worker.slot, worker.pid)
             + b"Connection: close\r\n\r\n"

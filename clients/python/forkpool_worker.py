@@ -22,7 +22,9 @@ A handler that knows its process is no longer fit to serve (a leak, a
 broken library) calls `worker.leave()`: after the current connection
 `serve` returns without reporting Idle (so no new connection can be on its
 way to it), the process exits with status 0 and the supervisor starts a
-replacement. Between two requests on one
+replacement. The worker leaves the same way by itself when its
+descriptor table is filling (a handler that leaks them; docs/protocol.md,
+"Running out of descriptors"). Between two requests on one
 kept-alive connection, `worker.channel_waiting()` says whether the
 supervisor has sent something (a Quit), so the handler can end the
 connection and let the worker read it.
@@ -41,9 +43,12 @@ The wire format is in forkpool's docs/protocol.md.
 
 import _socket
 import ctypes
+import errno
+import fcntl
 import gc
 import os
 import random
+import resource
 import select
 import signal
 import socket
@@ -66,6 +71,24 @@ _LISTEN_FDS_START = 3
 
 class ProtocolError(Exception):
     """The supervisor sent something this worker does not understand."""
+
+
+# Descriptors kept free below the soft RLIMIT_NOFILE (at most a quarter of
+# it): once the one at the reserve's start is open, the worker leaves after
+# its connection (docs/protocol.md, "Running out of descriptors").
+DESCRIPTOR_RESERVE = 32
+# An accept failing with one of these: this process is out of descriptors
+# or memory, and a retry would fail again at once.
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _descriptor_ceiling():
+    """The descriptor at the start of the reserve, and the soft limit it
+    comes from; (None, None) without a limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None, None
+    return soft - min(DESCRIPTOR_RESERVE, soft // 4), soft
 
 
 # A socket's address family as a plain number: socket.socket's own
@@ -121,6 +144,7 @@ class Worker:
         # (FORKPOOL_MAX_REQUESTS, or the seat's), after which it leaves;
         # 0: no limit.
         self.max_requests = 0
+        self._fd_ceiling, self._fd_limit = _descriptor_ceiling()
         self._watch_overflow(overflow)
 
     def _watch_overflow(self, overflow):
@@ -242,6 +266,8 @@ class Worker:
         gone. Returns normally in both cases; raises ProtocolError on a
         message it does not understand."""
         _run_after_fork_hooks()
+        # Read again: the program may have changed its limit since.
+        self._fd_ceiling, self._fd_limit = _descriptor_ceiling()
         # A worker a template forked in kernel dispatch is given its own
         # sockets and the board on its channel (S), after it says K.
         seated = self.board is None and self.dispatch == "kernel" and self.version == 2
@@ -272,6 +298,41 @@ class Worker:
         """Asks to exit after the current connection: `serve` returns
         without reporting Idle, and the supervisor starts a replacement."""
         self.leaving = True
+
+    def _check_headroom(self):
+        """After a connection: leave (`self.leaving`) when the descriptor at
+        the start of the reserve below RLIMIT_NOFILE is open. Descriptors
+        are taken lowest first, so the table has filled up to there: an
+        app that leaks them would soon fail its own opens, or this worker
+        an accept. One fcntl."""
+        if self._fd_ceiling is None or self.leaving:
+            return
+        try:
+            fcntl.fcntl(self._fd_ceiling, fcntl.F_GETFD)
+        except OSError:
+            return  # not open: room left
+        print(
+            f"forkpool worker: descriptor {self._fd_ceiling} is open, with RLIMIT_NOFILE at "
+            f"{self._fd_limit}: this worker is running out of descriptors (does the app "
+            "leak them? else raise ulimit -n / LimitNOFILE); it leaves after this "
+            "connection and the supervisor starts a fresh one",
+            file=sys.stderr,
+        )
+        self.leaving = True
+
+    def _accept_failed(self, e):
+        """Says why an accept failed (not for want of a connection); one
+        that ran out of descriptors or memory makes the worker leave."""
+        if e.errno in _EXHAUSTED:
+            print(
+                f"forkpool worker: accept failed: {e}: this worker is out of descriptors "
+                "or memory (does the app leak them? else raise ulimit -n / LimitNOFILE); "
+                "it leaves, the connection waits for a fresh one",
+                file=sys.stderr,
+            )
+            self.leaving = True
+        else:
+            print(f"forkpool worker: accept failed: {e}", file=sys.stderr)
 
     def channel_waiting(self, timeout=0.0):
         """True when a message (or end of file) from the supervisor waits,
@@ -364,8 +425,10 @@ class Worker:
             self._send(b"M")  # another worker was faster
             return
         except OSError as e:
-            print(f"forkpool worker: accept failed: {e}", file=sys.stderr)
+            self._accept_failed(e)
             self._send(b"M")
+            if self.leaving:
+                self._say_leaving()
             return
         self._send(b"B")
         self._serve(conn, listener, handle)
@@ -384,6 +447,7 @@ class Worker:
         while conn is not None:
             with conn:
                 handle(conn, listener)
+                self._check_headroom()
                 # A leaving worker does not report Idle: the supervisor could
                 # hand it a connection before it sees the exit, and that
                 # connection would die with the process. It says Leaving,
@@ -392,6 +456,9 @@ class Worker:
                     self._say_leaving()
                     return
                 following = self._take_next(listener)
+                if following is None and self.leaving:  # out of descriptors
+                    self._say_leaving()
+                    return
                 # The report goes before the close, so the client sees the
                 # connection end only once the supervisor knows this worker
                 # is free: a client that reconnects at once then finds the
@@ -422,7 +489,9 @@ class Worker:
             return None
         try:
             conn, peer = _accept_from(self.listeners[listener])
-        except OSError:  # nothing waiting (EAGAIN), or a failed accept
+        except OSError as e:  # nothing waiting (EAGAIN), or a failed accept
+            if e.errno in _EXHAUSTED:
+                self._accept_failed(e)
             return None
         self.peer = peer
         return conn  # accept() makes it close-on-exec
@@ -528,7 +597,10 @@ class Worker:
         except (BlockingIOError, ConnectionAbortedError):
             return
         except OSError as e:
-            print(f"forkpool worker: accept failed: {e}", file=sys.stderr)
+            self._accept_failed(e)
+            if self.leaving:  # busy, so the kernel queues nothing more here
+                self.board.go_busy()
+                self._say_leaving()
             return
         record = self.board
         record.state.value = forkpool_board.BUSY
@@ -547,7 +619,10 @@ class Worker:
         this connection (told to, or its share served); nothing outside
         kernel dispatch."""
         record = self.board
-        if record is None or self._idle_early or self.leaving:
+        if record is None or self._idle_early:
+            return
+        self._check_headroom()
+        if self.leaving:
             return
         if self.max_requests and record.served.value + 1 >= self.max_requests:
             return
@@ -568,6 +643,8 @@ class Worker:
             try:
                 handle(conn, listener)
                 record.served.value += 1
+                if not self._idle_early:  # else checked just before it went idle
+                    self._check_headroom()
                 idle_early, self._idle_early = self._idle_early, False
                 if self.max_requests and record.served.value >= self.max_requests:
                     self.leaving = True  # its share served
@@ -578,6 +655,10 @@ class Worker:
                 if idle_early:  # idle already (ending_connection)
                     return
                 following = self._take_from_overflow(listener)
+                if following is None and self.leaving:  # out of descriptors
+                    record.go_busy()
+                    self._say_leaving()
+                    return
                 if following is not None:
                     record.taken.value += 1
                     record.next.value += 1
@@ -604,7 +685,9 @@ class Worker:
             return None
         try:
             conn, peer = _accept_from(self.overflow[listener])
-        except OSError:  # another worker or the supervisor was faster
+        except OSError as e:  # another worker or the supervisor was faster
+            if e.errno in _EXHAUSTED:
+                self._accept_failed(e)
             return None
         self.board.count_overflow_taken()
         self.peer = peer

@@ -31,13 +31,25 @@ CLIENTS = os.path.dirname(HERE)
 # The worker: answers one line per connection with its slot and listener.
 # A line `leave` makes it leave after answering; a line `end` calls
 # `ending_connection` first and answers the state it then sees on its
-# record (1: idle already).
+# record (1: idle already). A line `leak N` opens N descriptors and keeps
+# them (a leaking app), as many as it can. TEST_NOFILE sets its soft and
+# hard RLIMIT_NOFILE; TEST_FILL fills its table before it serves.
 WORKER = r"""
 import os
+import resource
 os.environ["LISTEN_PID"] = str(os.getpid())
+if "TEST_NOFILE" in os.environ:
+    nofile = int(os.environ["TEST_NOFILE"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 import forkpool_worker
 
 worker = forkpool_worker.Worker.from_env()
+leaked = []
+while "TEST_FILL" in os.environ:
+    try:
+        leaked.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
 
 def handle(conn, listener):
     data = b""
@@ -50,6 +62,12 @@ def handle(conn, listener):
         worker.leave()
     if data == b"peer\n":
         data = b"%s:%d\n" % (worker.peer[0].encode(), worker.peer[1])
+    if data.startswith(b"leak "):
+        try:
+            for _ in range(int(data.split()[1])):
+                leaked.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
     if data == b"end\n":
         worker.ending_connection()
         data = b"state=%d\n" % worker.board.state.value
@@ -418,6 +436,36 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
         self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
         self.assertEqual(fake.read(SERVED), 2)
+
+    def test_a_worker_running_out_of_descriptors_leaves_after_the_connection(self):
+        # 64 descriptors: it leaves once descriptor 48 is open.
+        fake = self.fake.ready_and_idle(TEST_NOFILE="64")
+        self.assertEqual(ask(fake.own.getsockname(), b"leak 20\n"), b"slot=1 listener=0 leak 20\n")
+        wait_for("the finish", lambda: fake.read(SERVED) == 1)
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        # This one's leak reaches 48: served, then X.
+        self.assertEqual(ask(fake.own.getsockname(), b"leak 30\n"), b"slot=1 listener=0 leak 30\n")
+        self.assertEqual(fake.message(), b"\x01X")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+        self.assertEqual(fake.read(SERVED), 2)
+        self.assertIn(b"running out of descriptors", fake.process.stderr.read())
+
+    def test_an_accept_out_of_descriptors_leaves_the_connection_queued(self):
+        # Its table full before the first connection: the accept fails.
+        fake = self.fake.ready_and_idle(TEST_NOFILE="64", TEST_FILL="1")
+        with socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT) as waiting:
+            self.assertEqual(fake.message(), b"\x01X")
+            self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+            self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+            # Not taken: it waits for the next worker on this socket.
+            fake.own.setblocking(True)
+            fake.own.settimeout(TIMEOUT)
+            queued, _ = fake.own.accept()
+            with queued:
+                waiting.sendall(b"still there\n")
+                self.assertEqual(queued.recv(100), b"still there\n")
+        self.assertIn(b"out of descriptors", fake.process.stderr.read())
 
     def test_ending_a_connection_goes_idle_before_the_answer(self):
         fake = self.fake.ready_and_idle()
