@@ -10,11 +10,19 @@
 # handler). Every response names the worker in `X-Forkpool-Slot` and
 # `X-Forkpool-Pid` and closes the connection. The head must arrive whole
 # within 5 s (else 408); a body is not read.
+#
+# With --chaos (fault-injection tests only), `?leak_fds=N` (at most 1000)
+# makes it open N descriptors of /dev/null and keep them for the life of
+# the process, as a leaking app does (500 if one cannot be opened).
 
 require "forkpool/worker"
 require "forkpool/http"
 
 MAX_WORK_MS = 60_000
+MAX_LEAK = 1000
+CHAOS = ARGV.include?("--chaos")
+# What `?leak_fds=N` opened (with --chaos), never closed.
+LEAKED = []
 LIMITS = Forkpool::HTTP::Limits.defaults.tap do |limits|
   limits.head_timeout = 5.0
   limits.io_timeout = 5.0
@@ -31,9 +39,18 @@ worker.serve do |sock, _listener|
     request = Forkpool::HTTP.parse_head(head, LIMITS)
     work_ms = request.query[/(?:\A|&)work_ms=(\d+)/, 1].to_i
     sleep([work_ms, MAX_WORK_MS].min / 1000.0) if work_ms.positive?
-    conn.write("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n" \
+    status = "200 OK"
+    body = "hello\n"
+    begin
+      leak = CHAOS ? [request.query[/(?:\A|&)leak_fds=(\d+)/, 1].to_i, MAX_LEAK].min : 0
+      leak.times { LEAKED << IO.sysopen("/dev/null") }
+    rescue SystemCallError => e
+      status = "500 Internal Server Error"
+      body = "#{e.message}\n"
+    end
+    conn.write("HTTP/1.1 #{status}\r\nContent-Type: text/plain\r\nContent-Length: #{body.bytesize}\r\n" \
                "X-Forkpool-Slot: #{worker.slot}\r\nX-Forkpool-Pid: #{worker.pid}\r\n" \
-               "Connection: close\r\n\r\nhello\n", LIMITS.io_timeout)
+               "Connection: close\r\n\r\n#{body}", LIMITS.io_timeout)
   rescue Forkpool::HTTP::Error => e
     conn.write(Forkpool::HTTP.error_response(e.status, e.message), LIMITS.io_timeout)
   end

@@ -36,7 +36,10 @@ module Forkpool
     # finish takes it), nor when the worker leaves after this connection
     # (told to, or its share served); a no-op outside kernel dispatch.
     def ending_connection
-      return if @board.nil? || @idle_early || @leaving
+      return if @board.nil? || @idle_early
+
+      check_headroom
+      return if @leaving
       return if @max_requests.positive? && @served_here + 1 >= @max_requests
       return if @board.overflow_may_wait?
 
@@ -118,7 +121,13 @@ module Forkpool
     # nothing.
     def take_own(listener, handle)
       conn = accept(listener)
-      return if conn.nil?
+      if conn.nil?
+        if @leaving # out of descriptors: busy, so nothing more is queued here
+          @board.busy!
+          say_leaving
+        end
+        return
+      end
 
       @board.busy!
       @board.took!
@@ -145,6 +154,11 @@ module Forkpool
       return nil if idle_early
 
       following = take_overflow(listener)
+      if following.nil? && @leaving # out of descriptors
+        @board.busy!
+        say_leaving
+        return nil
+      end
       if following
         @board.took_next!
       elsif @board.idle!

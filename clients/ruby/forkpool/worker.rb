@@ -20,7 +20,8 @@
 # on, once per connection; the worker closes the socket after the block
 # returns. An exception in the block ends the worker (its backtrace goes to
 # stderr, which the supervisor logs with the slot); the supervisor starts
-# another. `worker.leave` asks to exit after the current connection.
+# another. `worker.leave` asks to exit after the current connection; the
+# worker also leaves by itself when its descriptor table fills (a leak).
 #
 # Every dispatch mode: `handoff` (connections arrive over the back-channel
 # with SCM_RIGHTS), `order` (accept when told), `shared`/`herd` (wait on
@@ -67,6 +68,14 @@ module Forkpool
 
   # The supervisor sent something this worker does not understand.
   class ProtocolError < StandardError; end
+
+  # Descriptors kept free below the soft RLIMIT_NOFILE (at most a quarter
+  # of it): once the one at the reserve's start is open, the worker leaves
+  # after its connection (docs/protocol.md, "Running out of descriptors").
+  DESCRIPTOR_RESERVE = 32
+  # An accept failing with one of these: this process is out of
+  # descriptors or memory, and a retry would fail again at once.
+  EXHAUSTED = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM].freeze
 
   # The supervisor sent T: this worker is the pool's template now.
   class BecomeTemplate < StandardError
@@ -272,6 +281,9 @@ module Forkpool
     def serve_as_worker(handle)
       Random.srand # a forked worker must not repeat the template's sequence
       self.class.hooks[:after_fork].each(&:call)
+      # After the hooks: the program may have changed its limit.
+      @fd_limit, = Process.getrlimit(:NOFILE)
+      @fd_ceiling = (@fd_limit - [DESCRIPTOR_RESERVE, @fd_limit / 4].min if @fd_limit != Process::RLIM_INFINITY)
       send_message(@dispatch == "kernel" ? "K" : "R", [@pid].pack("N"))
       case @dispatch
       when "kernel"
@@ -370,6 +382,7 @@ module Forkpool
       conn = accept(listener)
       if conn.nil?
         send_message("M") # another worker was faster, or accept failed
+        say_leaving if @leaving # out of descriptors
         return
       end
       send_message("B")
@@ -388,9 +401,30 @@ module Forkpool
       return nil if conn == :wait_readable
 
       conn.is_a?(Array) ? conn.first : conn
+    rescue Errno::ECONNABORTED, Errno::EPROTO
+      nil # gone before it was taken
+    rescue *EXHAUSTED => e
+      warn "forkpool worker: accept failed: #{e.message}: this worker is out of descriptors or " \
+           "memory (does the app leak them? else raise ulimit -n / LimitNOFILE); it leaves, " \
+           "the connection waits for a fresh one"
+      @leaving = true
+      nil
     rescue SystemCallError => e
       warn "forkpool worker: accept failed: #{e.message}"
       nil
+    end
+
+    # After a connection: leave when the descriptor at the start of the
+    # reserve below RLIMIT_NOFILE is open. Descriptors are taken lowest
+    # first, so the table has filled up to there: an app that leaks them
+    # would soon fail its own opens, or this worker an accept. One fcntl.
+    def check_headroom
+      return if @fd_ceiling.nil? || @leaving || !Libc.open?(@fd_ceiling)
+
+      warn "forkpool worker: descriptor #{@fd_ceiling} is open, with RLIMIT_NOFILE at #{@fd_limit}: " \
+           "this worker is running out of descriptors (does the app leak them? else raise " \
+           "ulimit -n / LimitNOFILE); it leaves after this connection and the supervisor starts a fresh one"
+      @leaving = true
     end
 
     def serve_connections(conn, listener, handle)
@@ -412,6 +446,7 @@ module Forkpool
     # After a connection on `listener`, before its close: the next
     # connection to serve, or nil.
     def finish(listener)
+      check_headroom unless @idle_early # (checked just before it went idle)
       return finish_on_board(listener) if @board
 
       # A leaving worker does not report Idle: the supervisor could hand
@@ -422,6 +457,10 @@ module Forkpool
         return nil
       end
       following = take_next(listener)
+      if following.nil? && @leaving # out of descriptors
+        say_leaving
+        return nil
+      end
       # The report goes before the close: a client that reconnects at
       # once then finds this (hot) worker idle.
       send_message(following ? "N" : "I")
