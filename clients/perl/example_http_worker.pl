@@ -14,8 +14,10 @@
 # `handoff` needs syscall.ph (see Forkpool/Worker.pm).
 #
 # With --chaos (fault-injection tests only), ?chaos=garbage makes the worker
-# write a malformed message on its back-channel and ?chaos=exit makes it
-# exit in the middle of the request.
+# write a malformed message on its back-channel, ?chaos=exit makes it
+# exit in the middle of the request, and ?leak_fds=N (at most 1000) makes
+# it open N descriptors of /dev/null and keep them for the life of the
+# process, as a leaking app does (500 if one cannot be opened).
 
 use strict;
 use warnings;
@@ -33,8 +35,11 @@ use constant MAX_HEAD     => 8192;       # bytes of request head
 use constant HEAD_SECONDS => 5;          # for the whole head, not per read
 use constant MAX_BODY     => 1 << 20;    # bytes of request body, read and dropped
 use constant MAX_WORK_MS  => 60_000;
+use constant MAX_LEAK     => 1000;
 
 my $chaos = grep { $_ eq '--chaos' } @ARGV;
+# What ?leak_fds=N opened (with --chaos), never closed.
+my @leaked;
 
 my $worker = eval { Forkpool::Worker->from_env };
 unless ($worker) {
@@ -53,6 +58,12 @@ $worker->serve(sub {
     my $work_ms = ($query{work_ms} // '') =~ /^(\d+)$/ ? $1 : 0;
     $work_ms = MAX_WORK_MS if $work_ms > MAX_WORK_MS;
     Time::HiRes::sleep($work_ms / 1000) if $work_ms;
+    my $leak = $chaos && ($query{leak_fds} // '') =~ /^(\d+)$/ ? $1 : 0;
+    $leak = MAX_LEAK if $leak > MAX_LEAK;
+    for (1 .. $leak) {
+        open(my $null, '<', '/dev/null') or return answer($conn, 500, "/dev/null: $!\n");
+        push @leaked, $null;
+    }
     answer($conn, 200, "hello\n");
     # After the response, so the client gets it before the supervisor
     # kills this worker for what follows.

@@ -65,6 +65,14 @@ use constant IOVEC  => 'Q Q';
 use constant CMSGHDR      => 'Q i i';
 use constant CMSGHDR_SIZE => 16;
 
+# Descriptors kept free below the soft RLIMIT_NOFILE (at most a quarter of
+# it): once the one at the reserve's start is open, the worker leaves after
+# its connection (docs/protocol.md, "Running out of descriptors").
+use constant DESCRIPTOR_RESERVE => 32;
+# An accept failing with one of these: this process is out of descriptors
+# or memory, and a retry would fail again at once.
+my @EXHAUSTED = qw(EMFILE ENFILE ENOBUFS ENOMEM);
+
 # Parent-to-child messages: kind => payload length.
 my %PAYLOAD = (A => 2, C => 2, p => 4, Q => 0);
 # A version 2 worker also understands T (become the template).
@@ -301,7 +309,8 @@ sub waiting_listeners {
 # handler left in a state it should not serve from again (psgix.harakiri).
 # Protocol 1 has no message for "leaving": the supervisor sees a busy
 # worker exit, logs it as a death and starts a replacement as its scaling
-# rules ask.
+# rules ask. The worker also leaves by itself when its descriptor table
+# fills (a leak).
 sub leave      { $_[0]{leave} = 1; return }
 
 # Says Ready, then serves until told to quit, the supervisor is gone or
@@ -312,6 +321,8 @@ sub serve {
     # A client that hangs up mid-response must not kill the worker.
     local $SIG{PIPE} = 'IGNORE';
     _run_after_fork_hooks();
+    # After the hooks: the program may have changed its limit.
+    @$self{qw(fd_ceiling fd_limit)} = _descriptor_ceiling();
     if ($self->{dispatch} eq 'kernel') {
         require Forkpool::Worker::Kernel;
         Forkpool::Worker::Kernel::serve($self, $handler);
@@ -338,6 +349,63 @@ sub _serve_reporting {
     }
     else {
         die "unknown dispatch mode '$self->{dispatch}'\n";
+    }
+    return;
+}
+
+# The descriptor at the start of the reserve, and the soft RLIMIT_NOFILE
+# it comes from; an empty list without a limit. Core Perl has no
+# getrlimit, so the soft limit is read from /proc/self/limits ("Max open
+# files", its first number), once per serve: no system-call numbers
+# needed, and every Linux has it. Elsewhere, or `unlimited`: no check.
+sub _descriptor_ceiling {
+    CORE::open(my $limits, '<', '/proc/self/limits') or return;
+    while (<$limits>) {
+        next unless /^Max open files\s+(\S+)/;
+        my $soft = $1;
+        return if $soft !~ /^\d+$/;    # unlimited
+        my $reserve = int($soft / 4);
+        $reserve = DESCRIPTOR_RESERVE if $reserve > DESCRIPTOR_RESERVE;
+        return ($soft - $reserve, $soft);
+    }
+    return;
+}
+
+# After a connection: leave ($self->{leave}) when the descriptor at the
+# start of the reserve below RLIMIT_NOFILE is open. Descriptors are taken
+# lowest first, so the table has filled up to there: an app that leaks
+# them would soon fail its own opens, or this worker an accept. One
+# lseek, which fails with EBADF only on a closed descriptor (ESPIPE on a
+# socket or pipe): core Perl's fcntl needs a handle, and POSIX::fstat dups
+# the descriptor.
+sub _check_headroom {
+    my ($self) = @_;
+    my $fd = $self->{fd_ceiling};
+    return if !defined $fd || $self->{leave};
+    return if POSIX::lseek($fd, 0, POSIX::SEEK_CUR()) == -1 && $!{EBADF};    # room left
+    warn "forkpool worker: descriptor $fd is open, with RLIMIT_NOFILE at "
+        . "$self->{fd_limit}: this worker is running out of descriptors (does the app "
+        . "leak them? else raise ulimit -n / LimitNOFILE); it leaves after this "
+        . "connection and the supervisor starts a fresh one\n";
+    $self->{leave} = 1;
+    return;
+}
+
+# Whether the accept that just failed ran out of descriptors or memory ($!).
+sub _exhausted { grep { $!{$_} } @EXHAUSTED }
+
+# Says why an accept failed ($!, not for want of a connection); one that
+# ran out of descriptors or memory makes the worker leave.
+sub _accept_failed {
+    my ($self) = @_;
+    if (_exhausted()) {
+        warn "forkpool worker: accept failed: $!: this worker is out of descriptors "
+            . "or memory (does the app leak them? else raise ulimit -n / LimitNOFILE); "
+            . "it leaves, the connection waits for a fresh one\n";
+        $self->{leave} = 1;
+    }
+    else {
+        warn "forkpool worker: accept failed: $!\n";
     }
     return;
 }
@@ -499,9 +567,12 @@ sub _accept {
     my ($self, $listener, $handler) = @_;
     my $conn;
     unless (accept($conn, $self->{listeners}[$listener])) {
-        warn "forkpool worker: accept failed: $!\n"
-            unless $!{EAGAIN} || $!{EWOULDBLOCK} || $!{EINTR};
+        $self->_accept_failed unless $!{EAGAIN} || $!{EWOULDBLOCK} || $!{EINTR};
         $self->_send('M');
+        if ($self->{leave}) {    # out of descriptors
+            eval { $self->_send('X') };
+            return 0;
+        }
         return 1;
     }
     $self->_send('B');
@@ -514,6 +585,10 @@ sub _serve {
     while ($conn) {
         $conn->autoflush(1);
         $handler->($conn, $listener);
+        $self->_check_headroom;
+        # An accept of the next one that runs out of descriptors makes the
+        # worker leave too.
+        my $next = $self->{leave} ? undef : $self->_take_next($listener);
         if ($self->{leave}) {
             # Still busy to the supervisor, so no connection can be on its
             # way to this worker: leaving now loses nothing. Leaving (X)
@@ -522,7 +597,6 @@ sub _serve {
             close($conn);
             return 0;
         }
-        my $next = $self->_take_next($listener);
         # The report first, so the client sees the connection close only
         # once the supervisor knows this worker is free.
         $self->_send($next ? 'N' : 'I');
@@ -543,7 +617,10 @@ sub _take_next {
         if $self->{dispatch} ne 'handoff' || $listener >= @{ $self->{listeners} };
     return undef if IO::Select->new($self->{channel})->can_read(0);
     my $conn;
-    accept($conn, $self->{listeners}[$listener]) or return undef;
+    unless (accept($conn, $self->{listeners}[$listener])) {
+        $self->_accept_failed if _exhausted();    # else none waits, or it is gone
+        return undef;
+    }
     return $conn;
 }
 

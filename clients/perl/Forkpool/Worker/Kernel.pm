@@ -52,8 +52,16 @@ sub serve {
         for my $i (0 .. $#own) {
             next unless vec($ready, fileno($own[$i]), 1);
             # Another worker cannot take it, but the connection may have
-            # been reset since: nothing to do then.
-            accept(my $conn, $own[$i]) or next;
+            # been reset since: nothing to do then. Out of descriptors: busy,
+            # so the kernel queues nothing more here, and leave.
+            my $conn;
+            unless (accept($conn, $own[$i])) {
+                next unless Forkpool::Worker::_exhausted();
+                $self->_accept_failed;
+                $board->busy;
+                eval { $self->_send('X') };
+                return;
+            }
             $board->took;
             return unless _serve($self, $conn, $i, $handler);
         }
@@ -138,25 +146,17 @@ sub _serve {
     while (1) {
         $conn->autoflush(1);
         $handler->($conn, $i);
-        if ($self->{leave}
-            || ($self->{max_requests} && $board->served_so_far + 1 >= $self->{max_requests}))
-        {
-            # Asked to leave, or its share served. Busy, so the kernel
+        $self->_check_headroom;
+        my $next = _leaving($self) ? undef : _next_from_overflow($self, $i);
+        if (_leaving($self)) {
+            # Asked to leave, out of descriptors (here or at the accept of
+            # the next one), or its share served. Busy, so the kernel
             # queues nothing more here: leaving loses nothing. X makes the
             # exit a retirement, not a death.
             $board->served;
             eval { $self->_send('X') };
             close($conn);
             return 0;
-        }
-        # A connection waiting on overflow i, unless a message waits or
-        # the board puts this slot outside the dispatch width.
-        my ($next, $ready);
-        if ($board->within_width
-            && select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
-            && !vec($ready, fileno($self->{channel}), 1))
-        {
-            accept($next, $self->{overflow}[$i]) or undef $next;
         }
         last unless $next;
         $board->took_next;
@@ -168,6 +168,32 @@ sub _serve {
     $self->_send('I') if $board->idle_after_serving;
     close($conn);
     return 1;
+}
+
+# Whether the worker leaves after the connection it served: asked to (or
+# out of descriptors), or its share served.
+sub _leaving {
+    my ($self) = @_;
+    return $self->{leave}
+        || ($self->{max_requests} && $self->{board}->served_so_far + 1 >= $self->{max_requests});
+}
+
+# A connection waiting on overflow $i, unless a message waits or the board
+# puts this slot outside the dispatch width; else undef. An accept that
+# runs out of descriptors makes the worker leave.
+sub _next_from_overflow {
+    my ($self, $i) = @_;
+    my $ready;
+    return undef
+        unless $self->{board}->within_width
+        && select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
+        && !vec($ready, fileno($self->{channel}), 1);
+    my $next;
+    unless (accept($next, $self->{overflow}[$i])) {
+        $self->_accept_failed if Forkpool::Worker::_exhausted();
+        return undef;
+    }
+    return $next;
 }
 
 # Quit: busy, then serves what the kernel queued on the own sockets just
