@@ -4,7 +4,12 @@
  * version 1 in the handoff, order, shared (and herd) and kernel dispatch modes
  * and serves the same tiny HTTP answer as the other example workers:
  * "hello", with ?work_ms=N to sleep N ms first, and the X-Forkpool-Slot and
- * X-Forkpool-Pid headers.
+ * X-Forkpool-Pid headers.  It leaves (X) when its descriptor table fills up
+ * (docs/protocol.md, "Running out of descriptors").
+ *
+ * With --chaos (fault-injection tests only), ?leak_fds=N (at most 1000)
+ * makes it open N descriptors of /dev/null and keep them for the life of
+ * the process, as a leaking app does (500 if one cannot be opened).
  *
  * Build: cc -O2 -Wall -Wextra -o forkpool-c-worker clients/c/forkpool_worker.c \
  *            clients/c/kernel_dispatch.c
@@ -12,6 +17,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -19,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <time.h>
@@ -30,10 +38,18 @@
 #define HEAD_MAX 8192        /* cap on the request head, in bytes */
 #define HEAD_DEADLINE_MS 10000 /* the whole head must arrive within this */
 #define WORK_MS_MAX 60000    /* cap on ?work_ms= */
+#define LEAK_FDS_MAX 1000    /* cap on ?leak_fds= (with --chaos) */
+/* Descriptors kept free below the soft RLIMIT_NOFILE (at most a quarter of
+ * it): once the one at the reserve's start is open, the worker leaves after
+ * its connection (docs/protocol.md, "Running out of descriptors"). */
+#define DESCRIPTOR_RESERVE 32
 
 int chan = -1;
 const char *slot = "?";
 long listen_fds;
+static int chaos;           /* --chaos: ?leak_fds=N works */
+static int fd_ceiling = -1; /* the descriptor at the reserve's start; -1: no limit */
+static rlim_t fd_limit;     /* the soft RLIMIT_NOFILE it comes from */
 
 void die(const char *fmt, ...)
 {
@@ -103,19 +119,21 @@ static void respond(int fd, int code, const char *reason, const char *body)
         write_all(fd, out, (size_t)n);
 }
 
-/* ?work_ms=N in the request target, or 0. */
-static long work_ms(const char *target, size_t len)
+/* ?NAME=N (name given with its `=`) in the request target, at most max;
+ * or 0. */
+static long query_number(const char *target, size_t len, const char *name, long max)
 {
     const char *q = memchr(target, '?', len);
     const char *end = target + len;
+    size_t name_len = strlen(name);
     while (q && q < end) {
         q++;
-        if ((size_t)(end - q) > 8 && memcmp(q, "work_ms=", 8) == 0) {
+        if ((size_t)(end - q) > name_len && memcmp(q, name, name_len) == 0) {
             long v = 0;
-            for (q += 8; q < end && *q >= '0' && *q <= '9'; q++) {
+            for (q += name_len; q < end && *q >= '0' && *q <= '9'; q++) {
                 v = v * 10 + (*q - '0');
-                if (v > WORK_MS_MAX)
-                    v = WORK_MS_MAX;
+                if (v > max)
+                    v = max;
             }
             return v;
         }
@@ -173,11 +191,21 @@ void answer_request(int fd)
         respond(fd, 400, "Bad Request", "bad request line\n");
         return;
     }
-    long ms = work_ms(sp1 + 1, (size_t)(sp2 - sp1 - 1));
+    size_t target_len = (size_t)(sp2 - sp1 - 1);
+    long ms = query_number(sp1 + 1, target_len, "work_ms=", WORK_MS_MAX);
     if (ms > 0) {
         struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
             ;
+    }
+    long leak = chaos ? query_number(sp1 + 1, target_len, "leak_fds=", LEAK_FDS_MAX) : 0;
+    for (long k = 0; k < leak; k++) {
+        if (open("/dev/null", O_RDONLY | O_CLOEXEC) < 0) { /* never closed: a leak */
+            char why[128];
+            snprintf(why, sizeof why, "/dev/null: %s\n", strerror(errno));
+            respond(fd, 500, "Internal Server Error", why);
+            return;
+        }
     }
     respond(fd, 200, "OK", "hello\n");
 }
@@ -188,6 +216,46 @@ static void serve(int fd)
 {
     answer_request(fd);
     shutdown(fd, SHUT_WR);
+}
+
+/* The soft RLIMIT_NOFILE and the descriptor at the start of the reserve
+ * below it, once at start; no limit (RLIM_INFINITY): no check. */
+static void read_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT_MAX)
+        return;
+    rlim_t reserve = rl.rlim_cur / 4 < DESCRIPTOR_RESERVE ? rl.rlim_cur / 4 : DESCRIPTOR_RESERVE;
+    fd_limit = rl.rlim_cur;
+    fd_ceiling = (int)(rl.rlim_cur - reserve);
+}
+
+int check_headroom(void)
+{
+    /* Descriptors are taken lowest first, so once the one at the reserve's
+     * start is open the table has filled up to there: an app that leaks
+     * them would soon fail its own opens, or this worker an accept. */
+    if (fd_ceiling < 0 || fcntl(fd_ceiling, F_GETFD) < 0)
+        return 0; /* no limit, or not open: room left */
+    fprintf(stderr,
+            "forkpool worker: descriptor %d is open, with RLIMIT_NOFILE at %llu: this worker is "
+            "running out of descriptors (does the app leak them? else raise ulimit -n / "
+            "LimitNOFILE); it leaves after this connection and the supervisor starts a fresh "
+            "one\n",
+            fd_ceiling, (unsigned long long)fd_limit);
+    return 1;
+}
+
+int accept_exhausted(void)
+{
+    if (errno != EMFILE && errno != ENFILE && errno != ENOBUFS && errno != ENOMEM)
+        return 0; /* EAGAIN: none waits; ECONNABORTED, EPROTO: it is gone */
+    fprintf(stderr,
+            "forkpool worker: accept failed: %s: this worker is out of descriptors or memory "
+            "(does the app leak them? else raise ulimit -n / LimitNOFILE); it leaves, the "
+            "connection waits for a fresh one\n",
+            strerror(errno));
+    return 1;
 }
 
 /* Read one message.  Returns its length (0 = end of file); *fd_out gets a
@@ -244,18 +312,35 @@ static int do_accept(int idx)
     return fd;
 }
 
-/* Accept on listener idx and report B/serve/I, or M. */
+/* After serving fd: idle (I), or, when the descriptor table is filling
+ * up, leave: X instead of I, so the exit counts as a retirement, not a
+ * death.  The report goes before the close. */
+static void finish(int fd)
+{
+    int leave = check_headroom();
+    send_msg(leave ? 'X' : 'I', NULL, 0);
+    close(fd);
+    if (leave)
+        exit(0);
+}
+
+/* Accept on listener idx and report B/serve/I, or M (then X and exit when
+ * the accept ran out of descriptors: a retry would fail again at once). */
 static void accept_and_serve(int idx)
 {
     int fd = do_accept(idx);
     if (fd < 0) {
+        int leave = accept_exhausted();
         send_msg('M', NULL, 0);
+        if (leave) {
+            send_msg('X', NULL, 0);
+            exit(0);
+        }
         return;
     }
     send_msg('B', NULL, 0);
     serve(fd);
-    send_msg('I', NULL, 0);
-    close(fd);
+    finish(fd);
 }
 
 int answer_ping(const unsigned char *m, size_t n)
@@ -280,8 +365,7 @@ static int handle(const char *mode)
         return 0;
     if (n == 4 && m[1] == 'C' && fd >= 0 && strcmp(mode, "handoff") == 0) {
         serve(fd);
-        send_msg('I', NULL, 0);
-        close(fd);
+        finish(fd);
         return 1;
     }
     if (n == 4 && m[1] == 'A' && strcmp(mode, "order") == 0) {
@@ -297,8 +381,11 @@ static int handle(const char *mode)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--chaos") == 0)
+            chaos = 1;
     const char *proto = getenv("FORKPOOL_PROTOCOL");
     const char *mode = getenv("FORKPOOL_DISPATCH");
     /* Kernel dispatch is announced as handoff plus FORKPOOL_KERNEL_DISPATCH=1,
@@ -321,6 +408,7 @@ int main(void)
     const char *lp = getenv("LISTEN_PID");
     if (lf && lp && atol(lp) == (long)getpid())
         listen_fds = atol(lf);
+    read_fd_limit();
     if (strcmp(mode, "kernel") == 0)
         return kernel_main();
     int shared = strcmp(mode, "shared") == 0 || strcmp(mode, "herd") == 0;

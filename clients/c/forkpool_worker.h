@@ -22,6 +22,14 @@ void answer_request(int fd);
 void put_u32(unsigned char *p, uint32_t v);
 /* If message m (n bytes) is a ping, answers it and returns 1; else 0. */
 int answer_ping(const unsigned char *m, size_t n);
+/* After a connection: 1 when the descriptor table is filling up (the
+ * descriptor at the reserve below RLIMIT_NOFILE is open), said on stderr:
+ * the worker is to leave.  0 while there is room. */
+int check_headroom(void);
+/* After an accept failed (errno): 1 when it ran out of descriptors or
+ * memory, said on stderr: the worker is to leave, not retry.  0 for the
+ * others (none waits, or that one is gone). */
+int accept_exhausted(void);
 
 /* `kernel` dispatch: runs the worker until told to quit; returns the exit
  * status. */

@@ -95,6 +95,15 @@ static void go_idle(void)
         send_msg('I', NULL, 0);
 }
 
+/* Leaves: busy, so the kernel queues nothing more here; X makes the exit
+ * a retirement, not a death.  The exit closes whatever is still open. */
+static __attribute__((noreturn)) void leave(void)
+{
+    set_state(BUSY);
+    send_msg('X', NULL, 0);
+    exit(0);
+}
+
 /* One writer (this worker): a plain load and store is enough. */
 static void count(int word)
 {
@@ -127,7 +136,8 @@ static int outside_width(void)
 /* A connection waiting on overflow listener i, unless a message waits on
  * the channel (it goes first): one poll sees both. -1 for none, and
  * without a look when this slot is outside the dispatch width (it goes
- * idle instead). */
+ * idle instead).  An accept that runs out of descriptors: the worker
+ * leaves, and the connection waits for another. */
 static int take_next(long i)
 {
     if (outside_width())
@@ -136,7 +146,10 @@ static int take_next(long i)
                            { .fd = overflow_fd + (int)i, .events = POLLIN } };
     if (poll(p, 2, 0) <= 0 || p[0].revents || !p[1].revents)
         return -1;
-    return take(overflow_fd + (int)i);
+    int fd = take(overflow_fd + (int)i);
+    if (fd < 0 && accept_exhausted())
+        leave();
+    return fd;
 }
 
 /* Serves fd (which arrived on listener i), then takes the next connection
@@ -146,12 +159,12 @@ static void serve_and_finish(int fd, long i)
     for (;;) {
         answer_request(fd);
         count(SERVED);
-        if (max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) {
-            /* Its share served: leave, still busy, so nothing is queued
-             * for it meanwhile; X makes the exit a retirement. */
+        if ((max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) ||
+            check_headroom()) {
+            /* Its share served, or out of descriptors: leave, still busy,
+             * so nothing is queued for it meanwhile. */
             close(fd);
-            send_msg('X', NULL, 0);
-            exit(0);
+            leave();
         }
         int next = take_next(i);
         if (next < 0)
@@ -242,6 +255,8 @@ int kernel_main(void)
             if (!fds[i].revents)
                 continue;
             int fd = take(3 + (int)i);
+            if (fd < 0 && accept_exhausted())
+                leave(); /* busy first: nothing more is queued here */
             if (fd < 0)
                 continue; /* EAGAIN (another took it) or ECONNABORTED: wait again */
             set_state(BUSY);

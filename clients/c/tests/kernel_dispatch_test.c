@@ -1,10 +1,13 @@
 /*
  * kernel_dispatch_test.c - unit test of the finish in kernel_dispatch.c
- * (docs/protocol.md, "`kernel` dispatch", step 6), without a supervisor:
- * a memfd mapped shared stands for the scoreboard (it behaves the same
- * for the worker), a loopback listener with a connection queued for the
- * overflow, a socketpair for the channel.  The protocol side
- * (forkpool_worker.c) is stubbed: a request is answered by counting it.
+ * (docs/protocol.md, "`kernel` dispatch", step 6, and "Running out of
+ * descriptors"), without a supervisor: a memfd mapped shared stands for
+ * the scoreboard (it behaves the same for the worker), a loopback listener
+ * with a connection queued for the overflow, a socketpair for the channel.
+ * The protocol side (forkpool_worker.c) is stubbed: a request is answered
+ * by counting it, a message is its kind alone, and the check after a
+ * connection says what the case asks.  A worker that leaves exits: those
+ * cases run in a child.
  *
  *     cc -Wall -Wextra -o kernel_dispatch_test clients/c/tests/kernel_dispatch_test.c
  *     ./kernel_dispatch_test
@@ -16,12 +19,15 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdarg.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 
 /* What forkpool_worker.c gives kernel_dispatch.c. */
 int chan = -1;
 const char *slot = "2";
 long listen_fds = 1;
 static int answered;
+static int table_filling; /* what check_headroom says */
 
 void die(const char *fmt, ...)
 {
@@ -35,7 +41,9 @@ void die(const char *fmt, ...)
 
 void send_msg(char kind, const unsigned char *payload, size_t len)
 {
-    (void)kind, (void)payload, (void)len;
+    (void)payload, (void)len;
+    if (send(chan, &kind, 1, 0) != 1)
+        die("send: %s", strerror(errno));
 }
 
 size_t recv_msg(unsigned char *buf, int *fd_out)
@@ -60,6 +68,16 @@ int answer_ping(const unsigned char *m, size_t n)
 {
     (void)m, (void)n;
     return 0;
+}
+
+int check_headroom(void)
+{
+    return table_filling;
+}
+
+int accept_exhausted(void)
+{
+    return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
 }
 
 #define SLOT 2
@@ -107,20 +125,28 @@ static void listener_with_one_waiting(int *client)
     close(l);
 }
 
+/* A board cleared from word 2 on, one connection waiting on the overflow
+ * (*client, its client end), the channel (ends[0] is the worker's) and a
+ * connection (pair[0]) for slot SLOT to finish. */
+static void prepare_finish(int *client, int ends[2], int pair[2])
+{
+    for (int w = 2; w < 8 + 4 * SLOTS; w++)
+        board[w] = 0;
+    listener_with_one_waiting(client);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair))
+        die("socketpair: %s", strerror(errno));
+    chan = ends[0];
+}
+
 /* Slot SLOT finishes a connection with word 5 at `bound` and one
  * connection waiting on the overflow: whether it took that one (served
  * two, one of them next) or went idle and left it (served one). */
 static int finish_with_bound(uint64_t bound, int takes)
 {
-    for (int w = 2; w < 8 + 4 * SLOTS; w++)
-        board[w] = 0;
-    board[5] = bound;
     int client, ends[2], pair[2];
-    listener_with_one_waiting(&client);
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) ||
-        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair))
-        die("socketpair: %s", strerror(errno));
-    chan = ends[0];
+    prepare_finish(&client, ends, pair);
+    board[5] = bound;
     answered = 0;
 
     record[STATE] = BUSY;
@@ -143,6 +169,56 @@ static int finish_with_bound(uint64_t bound, int takes)
     return ok;
 }
 
+/* Slot SLOT finishes a connection with one waiting on the overflow, in a
+ * child that runs out of descriptors: `filling`, the check after the
+ * connection says so; else its table is full, and the accept of the next
+ * one fails with EMFILE.  Either way it leaves: busy, X, exit 0, and the
+ * connection stays on the overflow. */
+static int leaves_out_of_descriptors(int filling)
+{
+    int client, ends[2], pair[2];
+    prepare_finish(&client, ends, pair);
+    record[STATE] = BUSY;
+    fflush(stdout); /* the child's exit flushes it too */
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        table_filling = filling;
+        if (!filling) {
+            struct rlimit rl;
+            getrlimit(RLIMIT_NOFILE, &rl);
+            rl.rlim_cur = 128;
+            if (setrlimit(RLIMIT_NOFILE, &rl))
+                die("setrlimit: %s", strerror(errno));
+            while (dup(0) >= 0)
+                ;
+        }
+        serve_and_finish(pair[0], 0);
+        _exit(3); /* it did not leave */
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    char said[4] = "";
+    ssize_t n = recv(ends[1], said, sizeof said - 1, MSG_DONTWAIT);
+    struct pollfd p = { .fd = overflow_fd, .events = POLLIN };
+    int left = poll(&p, 1, 0);
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && n == 1 && said[0] == 'X' &&
+             record[STATE] == BUSY && record[SERVED] == 1 && record[TAKEN] == 0 && left == 1;
+    printf("%s: %s: exit %d, said %s, state %llu, served %llu, left on the overflow %d "
+           "(want exit 0, X, busy, 1, 1)\n",
+           ok ? "ok" : "FAILED", filling ? "the table fills up" : "the accept fails with EMFILE",
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, n == 1 ? said : "nothing",
+           (unsigned long long)record[STATE], (unsigned long long)record[SERVED], left);
+    close(overflow_fd);
+    close(client);
+    close(ends[0]);
+    close(ends[1]);
+    close(pair[0]);
+    close(pair[1]);
+    return ok;
+}
+
 int main(void)
 {
     map_a_board();
@@ -151,5 +227,7 @@ int main(void)
     ok &= finish_with_bound(3, 1);   /* the bound is above the slot */
     ok &= finish_with_bound(2, 0);   /* the slot is the bound */
     ok &= finish_with_bound(1, 0);   /* the slot is beyond it */
+    ok &= leaves_out_of_descriptors(1);
+    ok &= leaves_out_of_descriptors(0);
     return ok ? 0 : 1;
 }
