@@ -93,6 +93,16 @@ macro_rules! every_helper_case {
         fn idle_workers_answer_pings() {
             ($run)(kernel_helper_cases::idle_workers_answer_pings);
         }
+
+        #[test]
+        fn a_leaking_worker_leaves_before_its_table_fills() {
+            ($run)(kernel_helper_cases::a_leaking_worker_leaves_before_its_table_fills);
+        }
+
+        #[test]
+        fn a_leaking_worker_leaves_before_its_table_fills_in_handoff() {
+            ($run)(kernel_helper_cases::a_leaking_worker_leaves_before_its_table_fills_in_handoff);
+        }
     };
     // A helper with templates (`--preload`) passes one case more.
     ($run:expr, with_preload) => {
