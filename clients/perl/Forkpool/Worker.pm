@@ -359,16 +359,19 @@ sub _serve_reporting {
 # files", its first number), once per serve: no system-call numbers
 # needed, and every Linux has it. Elsewhere, or `unlimited`: no check.
 sub _descriptor_ceiling {
-    CORE::open(my $limits, '<', '/proc/self/limits') or return;
-    while (<$limits>) {
-        next unless /^Max open files\s+(\S+)/;
-        my $soft = $1;
-        return if $soft !~ /^\d+$/;    # unlimited
-        my $reserve = int($soft / 4);
-        $reserve = DESCRIPTOR_RESERVE if $reserve > DESCRIPTOR_RESERVE;
-        return ($soft - $reserve, $soft);
-    }
-    return;
+    # Raw descriptors, not a Perl handle: in a worker forked by a template
+    # the number it gets may be one a handle of the program still claims
+    # (closed under it), and Perl's close would then leave it open.
+    my $fd = POSIX::open('/proc/self/limits', POSIX::O_RDONLY()) // return;
+    my $limits = '';
+    # (POSIX::read says "0 but true" at the end: a number, not a truth.)
+    while ((POSIX::read($fd, my $chunk, 4096) // 0) > 0) { $limits .= $chunk }
+    POSIX::close($fd);
+    my ($soft) = $limits =~ /^Max open files\s+(\S+)/m;
+    return if !defined $soft || $soft !~ /^\d+$/;    # unlimited
+    my $reserve = int($soft / 4);
+    $reserve = DESCRIPTOR_RESERVE if $reserve > DESCRIPTOR_RESERVE;
+    return ($soft - $reserve, $soft);
 }
 
 # After a connection: leave ($self->{leave}) when the descriptor at the
