@@ -223,6 +223,61 @@ fn metrics_clients_leave_descriptors_for_the_pool() {
     assert_eq!(pool.status()["pid"].as_u64(), Some(pool.pid as u64));
 }
 
+/// A pool asked for more children than its descriptors allow (40
+/// children under `RLIMIT_NOFILE` 80, three descriptors each in the
+/// supervisor) starts as many as leave the last 40 free: the 32 kept for
+/// connections and the 8 below them for status clients. It keeps
+/// answering requests, and `forkpool status` still answers, which a pool
+/// whose children took its last descriptors could not do.
+#[test]
+fn children_never_take_the_descriptors_kept_for_connections_and_status() {
+    const NOFILE: usize = 80;
+    let mut command = Command::new("prlimit");
+    command.args([
+        format!("--nofile={NOFILE}:{NOFILE}").as_str(),
+        forkpool_bin(),
+        "demo",
+    ]);
+    let pool = DemoPool::launch(
+        command,
+        &[
+            "--dispatch",
+            "handoff",
+            "--min-children",
+            "40",
+            "--max-children",
+            "40",
+        ],
+        &[],
+        false, // never ready: 40 children cannot start
+    );
+    // Until the children stop coming (the same count half a second
+    // apart), or 20 s: status must answer all along.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = None;
+    loop {
+        let status = pool.try_status().expect("forkpool status answers");
+        let children = status["slots"].as_array().map_or(0, Vec::len);
+        if (children > 0 && last == Some(children)) || Instant::now() > deadline {
+            break;
+        }
+        last = Some(children);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for _ in 0..5 {
+        assert_eq!(pool.get("/").expect("the pool still serves").status, 200);
+    }
+    let status = pool.status();
+    assert_eq!(status["pid"].as_u64(), Some(pool.pid as u64));
+    let children = status["slots"].as_array().map_or(0, Vec::len);
+    assert!((1..40).contains(&children), "{children} children: {status}");
+    let held = fd_count(pool.pid);
+    assert!(
+        held <= NOFILE - 32,
+        "the supervisor holds {held} of {NOFILE} descriptors"
+    );
+}
+
 /// One child in `handoff` mode (so a stalled request would stall the whole
 /// pool, and a replaced child is easy to count).
 static ONE_DEMO_CHILD: std::sync::LazyLock<Vec<&str>> =

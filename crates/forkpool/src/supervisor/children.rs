@@ -7,6 +7,7 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{debug, info, warn};
 
+use super::endpoints::FD_RESERVE;
 use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
 use crate::core::RESOURCE_BACKOFF;
@@ -38,6 +39,10 @@ impl Supervisor {
             // replacement waits for them, so however many a fault leaves
             // there, the table stays bounded.
             debug!("every slot is taken, counting children on their way out: not spawning");
+            return Ok(None);
+        }
+        if let Some(why) = short_of_descriptors() {
+            self.resource_backoff(now, why);
             return Ok(None);
         }
         if self.core.config.preload {
@@ -328,6 +333,33 @@ pub(super) fn is_peer_gone(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ECONNREFUSED)
     )
+}
+
+/// Descriptors kept below the endpoints' reserve ([`FD_RESERVE`]) for
+/// status and metrics clients, which are never served from the reserve.
+const STATUS_ROOM: u64 = 8;
+
+/// Why no child may start for want of descriptors: the supervisor's table
+/// has filled up to the last [`FD_RESERVE`] + [`STATUS_ROOM`] below its
+/// soft `RLIMIT_NOFILE` (descriptors are taken lowest first, so the first
+/// of them is open). Those are kept for connections and `forkpool status`:
+/// a pool whose children took them could accept nothing, nor say why.
+/// `None` while there is room.
+fn short_of_descriptors() -> Option<String> {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft == RLIM_INFINITY {
+        return None;
+    }
+    let kept = FD_RESERVE + STATUS_ROOM;
+    let first = std::os::fd::RawFd::try_from(soft.checked_sub(kept)?).ok()?;
+    fds::is_open(first).then(|| {
+        format!(
+            "not starting a child: the supervisor's descriptors have reached the last {kept} \
+             below RLIMIT_NOFILE ({soft}), kept for connections and status; raise `ulimit -n` \
+             (LimitNOFILE) or lower max_children"
+        )
+    })
 }
 
 /// What to add to a failed `fork`'s message so the operator knows the fix,
