@@ -197,21 +197,25 @@ fn idle_metrics_clients_are_capped() {
     assert_eq!(pool.status()["pid"].as_u64(), Some(pool.pid as u64));
 }
 
+/// `forkpool demo ARGS` under `prlimit --nofile=NOFILE:NOFILE`.
+fn demo_under_nofile(nofile: usize, args: &[&str], wait_ready: bool) -> DemoPool {
+    let mut command = Command::new("prlimit");
+    command.args([
+        format!("--nofile={nofile}:{nofile}").as_str(),
+        forkpool_bin(),
+        "demo",
+    ]);
+    DemoPool::launch(command, args, &[], wait_ready)
+}
+
 /// Item 11: with a small RLIMIT_NOFILE, metrics clients never take the
 /// descriptors the pool needs for its own connections.
 #[test]
 fn metrics_clients_leave_descriptors_for_the_pool() {
     const NOFILE: usize = 80;
-    let mut command = Command::new("prlimit");
-    command.args([
-        format!("--nofile={NOFILE}:{NOFILE}").as_str(),
-        forkpool_bin(),
-        "demo",
-    ]);
-    let pool = DemoPool::launch(
-        command,
+    let pool = demo_under_nofile(
+        NOFILE,
         &["--metrics", "127.0.0.1:0", "--min-children", "2"],
-        &[],
         true,
     );
     let max = flood_metrics(&pool, 150);
@@ -232,14 +236,8 @@ fn metrics_clients_leave_descriptors_for_the_pool() {
 #[test]
 fn children_never_take_the_descriptors_kept_for_connections_and_status() {
     const NOFILE: usize = 80;
-    let mut command = Command::new("prlimit");
-    command.args([
-        format!("--nofile={NOFILE}:{NOFILE}").as_str(),
-        forkpool_bin(),
-        "demo",
-    ]);
-    let pool = DemoPool::launch(
-        command,
+    let pool = demo_under_nofile(
+        NOFILE,
         &[
             "--dispatch",
             "handoff",
@@ -248,7 +246,6 @@ fn children_never_take_the_descriptors_kept_for_connections_and_status() {
             "--max-children",
             "40",
         ],
-        &[],
         false, // never ready: 40 children cannot start
     );
     // Until the children stop coming (the same count half a second
