@@ -32,6 +32,7 @@ class HotLoopWorker
   def leaving? = false
   def channel_waiting?(_timeout = 0) = false
   def ending_connection = nil
+  def check_headroom = nil
 end
 
 # A socket with the next request always there.

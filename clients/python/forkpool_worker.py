@@ -299,12 +299,13 @@ class Worker:
         without reporting Idle, and the supervisor starts a replacement."""
         self.leaving = True
 
-    def _check_headroom(self):
-        """After a connection: leave (`self.leaving`) when the descriptor at
-        the start of the reserve below RLIMIT_NOFILE is open. Descriptors
-        are taken lowest first, so the table has filled up to there: an
-        app that leaks them would soon fail its own opens, or this worker
-        an accept. One fcntl."""
+    def check_headroom(self):
+        """After a connection (and, in a server that keeps connections
+        alive, every few requests): leave (`self.leaving`) when the
+        descriptor at the start of the reserve below RLIMIT_NOFILE is
+        open. Descriptors are taken lowest first, so the table has filled
+        up to there: an app that leaks them would soon fail its own opens,
+        or this worker an accept. One fcntl."""
         if self._fd_ceiling is None or self.leaving:
             return
         try:
@@ -447,7 +448,7 @@ class Worker:
         while conn is not None:
             with conn:
                 handle(conn, listener)
-                self._check_headroom()
+                self.check_headroom()
                 # A leaving worker does not report Idle: the supervisor could
                 # hand it a connection before it sees the exit, and that
                 # connection would die with the process. It says Leaving,
@@ -621,7 +622,7 @@ class Worker:
         record = self.board
         if record is None or self._idle_early:
             return
-        self._check_headroom()
+        self.check_headroom()
         if self.leaving:
             return
         if self.max_requests and record.served.value + 1 >= self.max_requests:
@@ -644,7 +645,7 @@ class Worker:
                 handle(conn, listener)
                 record.served.value += 1
                 if not self._idle_early:  # else checked just before it went idle
-                    self._check_headroom()
+                    self.check_headroom()
                 idle_early, self._idle_early = self._idle_early, False
                 if self.max_requests and record.served.value >= self.max_requests:
                     self.leaving = True  # its share served

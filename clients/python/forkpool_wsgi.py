@@ -342,6 +342,12 @@ class Server:
                 return
             if opened is None:
                 opened = started
+            # Every 8th request of a kept-alive connection, a look at the
+            # descriptor table: a leak must not fill it before the
+            # connection ends (the worker then leaves, and this answer
+            # says Connection: close).
+            if number % 8 == 7:
+                self.worker.check_headroom()
             # A request that ends its connection anyway needs no look at
             # the listeners (a poll) to end it.
             last = number + 1 == self.limits.max_requests or (

@@ -157,6 +157,10 @@ sub serve_connection {
         $c->{opened} //= $req->{start};
         $c->{last_start} = $req->{start};
         $c->{served}++;
+        # Every 8th request of a kept-alive connection, a look at the
+        # descriptor table: a leak must not fill it before the connection
+        # ends (the worker then leaves, and this answer closes).
+        $self->{worker}->check_headroom unless $c->{served} % 8;
         my $keep = $self->_serve_request($c, $req);
         last unless $keep && !$c->{leave};
     }
@@ -371,6 +375,7 @@ sub _serve_request {
     my $r = {
         keep => (exists $headers->{HTTP_CONNECTION} ? keeps_alive($req) : $req->{minor})
             && $c->{served} < $self->{max_keepalive_requests}
+            && !$self->{worker}->leaving
             && ($req->{start} - $c->{opened} < $self->{keepalive_turn}
                 || !$self->_others_waiting),
         head => $req->{method} eq 'HEAD',

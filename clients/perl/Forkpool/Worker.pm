@@ -313,6 +313,10 @@ sub waiting_listeners {
 # fills (a leak).
 sub leave      { $_[0]{leave} = 1; return }
 
+# Whether the worker leaves after the connection it serves (asked to, or
+# out of descriptors): a server ends a kept-alive connection then.
+sub leaving    { $_[0]{leave} }
+
 # Says Ready, then serves until told to quit, the supervisor is gone or
 # the handler asked to leave; returns normally in these cases and dies on a message it does not
 # understand.
@@ -374,14 +378,15 @@ sub _descriptor_ceiling {
     return ($soft - $reserve, $soft);
 }
 
-# After a connection: leave ($self->{leave}) when the descriptor at the
+# After a connection (and, in a server that keeps connections alive,
+# every few requests): leave ($self->{leave}) when the descriptor at the
 # start of the reserve below RLIMIT_NOFILE is open. Descriptors are taken
 # lowest first, so the table has filled up to there: an app that leaks
 # them would soon fail its own opens, or this worker an accept. One
 # lseek, which fails with EBADF only on a closed descriptor (ESPIPE on a
 # socket or pipe): core Perl's fcntl needs a handle, and POSIX::fstat dups
 # the descriptor.
-sub _check_headroom {
+sub check_headroom {
     my ($self) = @_;
     my $fd = $self->{fd_ceiling};
     return if !defined $fd || $self->{leave};
@@ -588,7 +593,7 @@ sub _serve {
     while ($conn) {
         $conn->autoflush(1);
         $handler->($conn, $listener);
-        $self->_check_headroom;
+        $self->check_headroom;
         # An accept of the next one that runs out of descriptors makes the
         # worker leave too.
         my $next = $self->{leave} ? undef : $self->_take_next($listener);

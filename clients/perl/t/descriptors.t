@@ -173,7 +173,7 @@ subtest 'handoff: the ceiling open, the worker leaves after the connection' => s
     ok(still_waiting($self), 'the next connection is left for another worker');
     like($warned, qr/descriptor \d+ is open, with RLIMIT_NOFILE at 64: this worker is running out/,
         'says why');
-    $self->_check_headroom;
+    $self->check_headroom;
     is($warned =~ tr/\n//, 1, 'once');
 };
 

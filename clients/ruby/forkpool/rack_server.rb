@@ -64,6 +64,10 @@ module Forkpool
         return if request.nil?
 
         opened ||= started
+        # Every 8th request of a kept-alive connection, a look at the
+        # descriptor table: a leak must not fill it before the connection
+        # ends (the worker then leaves, and this answer closes).
+        @worker.check_headroom if (number & 7) == 7
         last = number + 1 == @limits.max_requests || (request.keepalive? && give_way?(opened, started))
         return unless serve_request(conn, request, peer, last, started)
         return if @worker.leaving?

@@ -414,7 +414,8 @@ module Forkpool
       nil
     end
 
-    # After a connection: leave when the descriptor at the start of the
+    # After a connection (and, in a server that keeps connections alive,
+    # every few requests): leave when the descriptor at the start of the
     # reserve below RLIMIT_NOFILE is open. Descriptors are taken lowest
     # first, so the table has filled up to there: an app that leaks them
     # would soon fail its own opens, or this worker an accept. One fcntl.
@@ -426,6 +427,7 @@ module Forkpool
            "ulimit -n / LimitNOFILE); it leaves after this connection and the supervisor starts a fresh one"
       @leaving = true
     end
+    public :check_headroom
 
     def serve_connections(conn, listener, handle)
       while conn

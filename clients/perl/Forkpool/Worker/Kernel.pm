@@ -146,7 +146,7 @@ sub _serve {
     while (1) {
         $conn->autoflush(1);
         $handler->($conn, $i);
-        $self->_check_headroom;
+        $self->check_headroom;
         my $next = _leaving($self) ? undef : _next_from_overflow($self, $i);
         if (_leaving($self)) {
             # Asked to leave, out of descriptors (here or at the accept of
