@@ -346,11 +346,7 @@ const STATUS_ROOM: u64 = 8;
 /// a pool whose children took them could accept nothing, nor say why.
 /// `None` while there is room.
 fn short_of_descriptors() -> Option<String> {
-    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
-    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft == RLIM_INFINITY {
-        return None;
-    }
+    let soft = fds::soft_nofile()?;
     let kept = FD_RESERVE + STATUS_ROOM;
     let first = std::os::fd::RawFd::try_from(soft.checked_sub(kept)?).ok()?;
     fds::is_open(first).then(|| {

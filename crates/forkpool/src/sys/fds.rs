@@ -19,12 +19,16 @@ pub fn is_open(fd: RawFd) -> bool {
 /// soft `RLIMIT_NOFILE` (min(32, soft / 4) descriptors), with the limit;
 /// `None` without a limit (docs/protocol.md, "Running out of descriptors").
 pub fn descriptor_ceiling() -> Option<(RawFd, u64)> {
+    let soft = soft_nofile()?;
+    Some((reserve_start(soft)?, soft))
+}
+
+/// This process's soft `RLIMIT_NOFILE`; `None` when it is unlimited (or
+/// cannot be read).
+pub fn soft_nofile() -> Option<u64> {
     use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
     let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft == RLIM_INFINITY {
-        return None;
-    }
-    Some((reserve_start(soft)?, soft))
+    (soft != RLIM_INFINITY).then_some(soft)
 }
 
 /// The first descriptor of the reserve below a soft limit of `soft`.

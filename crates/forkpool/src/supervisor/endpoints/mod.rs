@@ -663,9 +663,8 @@ fn in_fd_reserve(stream: &ClientStream) -> bool {
         ClientStream::Unix(s) => s.as_raw_fd(),
         ClientStream::Tcp(s) => s.as_raw_fd(),
     };
-    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-    else {
-        return false;
+    let Some(soft) = crate::sys::fds::soft_nofile() else {
+        return false; // unlimited
     };
     u64::try_from(fd).unwrap_or(0) + FD_RESERVE >= soft
 }
