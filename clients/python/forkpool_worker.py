@@ -155,6 +155,9 @@ class Worker:
         self.pool_listeners = self.overflow if self.board is not None else self.listeners
         # Idle on the board before the connection ended (ending_connection).
         self._idle_early = False
+        # The descriptor table was looked at for this connection already
+        # (ending_connection, when it did not go idle early after all).
+        self._headroom_checked = False
         # Per listener: a poll of (channel, overflow listener) and the
         # overflow's descriptor, for the one look a finishing worker takes.
         self._finish_polls = []
@@ -620,9 +623,10 @@ class Worker:
         this connection (told to, or its share served); nothing outside
         kernel dispatch."""
         record = self.board
-        if record is None or self._idle_early:
+        if record is None or self._idle_early or self._headroom_checked:
             return
         self.check_headroom()
+        self._headroom_checked = True
         if self.leaving:
             return
         if self.max_requests and record.served.value + 1 >= self.max_requests:
@@ -644,8 +648,9 @@ class Worker:
             try:
                 handle(conn, listener)
                 record.served.value += 1
-                if not self._idle_early:  # else checked just before it went idle
+                if not self._headroom_checked:  # else checked in ending_connection
                     self.check_headroom()
+                self._headroom_checked = False
                 idle_early, self._idle_early = self._idle_early, False
                 if self.max_requests and record.served.value >= self.max_requests:
                     self.leaving = True  # its share served

@@ -32,7 +32,8 @@ CLIENTS = os.path.dirname(HERE)
 # A line `leave` makes it leave after answering; a line `end` calls
 # `ending_connection` first and answers the state it then sees on its
 # record (1: idle already). A line `leak N` opens N descriptors and keeps
-# them (a leaking app), as many as it can. TEST_NOFILE sets its soft and
+# them (a leaking app), as many as it can. A line `checks` answers how
+# many times the worker has looked at its descriptor table. TEST_NOFILE sets its soft and
 # hard RLIMIT_NOFILE; TEST_FILL fills its table before it serves.
 WORKER = r"""
 import os
@@ -45,6 +46,12 @@ import forkpool_worker
 
 worker = forkpool_worker.Worker.from_env()
 leaked = []
+checks = [0]
+look_at_table = worker.check_headroom
+def counted_check():
+    checks[0] += 1
+    look_at_table()
+worker.check_headroom = counted_check
 while "TEST_FILL" in os.environ:
     try:
         leaked.append(os.open("/dev/null", os.O_RDONLY))
@@ -68,6 +75,8 @@ def handle(conn, listener):
                 leaked.append(os.open("/dev/null", os.O_RDONLY))
         except OSError:
             pass
+    if data == b"checks\n":
+        data = b"checks=%d\n" % checks[0]
     if data == b"end\n":
         worker.ending_connection()
         data = b"state=%d\n" % worker.board.state.value
@@ -485,6 +494,14 @@ class KernelWorkerTest(unittest.TestCase):
         fake = self.fake.ready_and_idle()
         fake.write(OVERFLOW_SENT, 1)  # the kernel sent one there, none taken
         self.assertEqual(ask(fake.own.getsockname(), b"end\n"), b"slot=1 listener=0 state=0\n")
+
+    def test_a_connection_looks_at_the_descriptor_table_once(self):
+        fake = self.fake.ready_and_idle()
+        fake.write(OVERFLOW_SENT, 1)  # no early idle: the finish follows the look
+        self.assertEqual(ask(fake.own.getsockname(), b"end\n"), b"slot=1 listener=0 state=0\n")
+        wait_for("the finish", lambda: fake.read(SERVED) == 1)
+        fake.write(OVERFLOW_SENT, 0)
+        self.assertEqual(ask(fake.own.getsockname(), b"checks\n"), b"slot=1 listener=0 checks=1\n")
 
     def test_a_worker_that_leaves_after_the_connection_ends_it_busy(self):
         fake = self.fake.ready_and_idle(FORKPOOL_MAX_REQUESTS="1")

@@ -36,9 +36,10 @@ module Forkpool
     # finish takes it), nor when the worker leaves after this connection
     # (told to, or its share served); a no-op outside kernel dispatch.
     def ending_connection
-      return if @board.nil? || @idle_early
+      return if @board.nil? || @idle_early || @headroom_checked
 
       check_headroom
+      @headroom_checked = true
       return if @leaving
       return if @max_requests.positive? && @served_here + 1 >= @max_requests
       return if @board.overflow_may_wait?

@@ -125,6 +125,7 @@ module Forkpool
     def initialize(env)
       @pid = Process.pid
       @leaving = false
+      @headroom_checked = false # for the connection being served (#ending_connection)
       dispatch = required(env, "FORKPOOL_DISPATCH")
       # Kernel dispatch is announced as handoff plus FORKPOOL_KERNEL_DISPATCH=1,
       # so that a worker written before it serves as in handoff.
@@ -448,7 +449,8 @@ module Forkpool
     # After a connection on `listener`, before its close: the next
     # connection to serve, or nil.
     def finish(listener)
-      check_headroom unless @idle_early # (checked just before it went idle)
+      check_headroom unless @headroom_checked # (in #ending_connection)
+      @headroom_checked = false
       return finish_on_board(listener) if @board
 
       # A leaving worker does not report Idle: the supervisor could hand
