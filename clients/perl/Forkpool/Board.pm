@@ -39,8 +39,9 @@ package Forkpool::Board;
 # The header words it reads: 0 the magic, 1 the slot count, 2 the wake-up
 # the supervisor asks for, and 5 the dispatch bound (0, or the first slot
 # outside the pool's dispatch width; the supervisor writes it). Words 3
-# and 4 (the overflow's counts) it leaves alone: it looks on the overflow
-# at every finish, as a worker may.
+# and 4 (the overflow's counts) it leaves alone: it cannot add to word 4
+# atomically, so it looks on the overflow (one select) at every finish,
+# and before it goes idle early, as a worker may.
 
 use strict;
 use warnings;

@@ -72,6 +72,10 @@ use constant MAX_DRAIN => 256 * 1024;
 # connection and could destroy the response before the client reads it).
 use constant LINGER => 1;
 use constant READ_SIZE => 65536;
+# The largest last write of a connection its worker goes idle before
+# (_ending): it fits the socket's send buffer, so it does not wait for the
+# client to read.
+use constant ENDING_WRITE_MAX => 16384;
 # Chunked bodies up to this size are spooled in memory, larger ones to a
 # temporary file.
 use constant SPOOL_MEMORY => 1024 * 1024;
@@ -385,6 +389,7 @@ sub _serve_request {
     $c->{r} = $r;    # for psgix.informational's check of the app's headers
     my $ok = eval {
         my $res = $self->{app}->($env);
+        $r->{harakiri} = 1 if $env->{'psgix.harakiri.commit'};
         $self->_respond($c, $r, $res);
         1;
     };
@@ -612,20 +617,35 @@ sub _send_response {
     }
     my $head = $self->_send_head($c, $r, $status, $headers, $length, 1);
     if (!$r->{with_body}) {
+        $self->_ending($r, $head);
         _write($c, $head);
         $body->close if ref $body ne 'ARRAY';
         return;
     }
     if (ref $body eq 'ARRAY') {
         my $data = join '', @$body;
-        _write($c, $r->{chunked} && length $data
+        my $out = $r->{chunked} && length $data
             ? $head . sprintf('%x', length $data) . "\r\n$data\r\n0\r\n\r\n"
-            : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data);
+            : $r->{chunked} ? "${head}0\r\n\r\n" : $head . $data;
+        $self->_ending($r, $out);
+        _write($c, $out);
         $r->{bytes} += length $data;
         return;
     }
     _write($c, $head);
     $self->_send_handle($c, $r, $body);
+    return;
+}
+
+# Just before $out, the one write of a response that ends the connection,
+# goes out: the worker may go idle now (Forkpool::Worker's
+# ending_connection). Not when the connection stays open, when the write
+# may wait for the client (a large one), or when the app asked the worker
+# to leave (psgix.harakiri).
+sub _ending {
+    my ($self, $r, $out) = @_;
+    return if $r->{keep} || $r->{harakiri} || length $out > ENDING_WRITE_MAX;
+    $self->{worker}->ending_connection;
     return;
 }
 

@@ -317,6 +317,22 @@ sub leave      { $_[0]{leave} = 1; return }
 # out of descriptors): a server ends a kept-alive connection then.
 sub leaving    { $_[0]{leave} }
 
+# The connection being served ends with the response about to go out: a
+# server calls this just before the write that completes it, when that
+# write will not wait for the client (its first and only write, small
+# enough for the socket's send buffer), and nothing is left to do for the
+# connection after it. In kernel dispatch the worker goes idle now, not
+# after the close, so that a client that reconnects the moment it has the
+# answer (as one told `Connection: close` does) lands on this worker
+# again, hot, rather than on a cold one (docs/protocol.md, "Finish
+# early"). A no-op in every other mode.
+sub ending_connection {
+    my ($self) = @_;
+    return unless $self->{board};
+    Forkpool::Worker::Kernel::ending_connection($self);
+    return;
+}
+
 # Says Ready, then serves until told to quit, the supervisor is gone or
 # the handler asked to leave; returns normally in these cases and dies on a message it does not
 # understand.

@@ -8,12 +8,14 @@ use Plack::Builder;
 use Plack::Request;
 use Plack::Response;
 
-my @whoami = ('X-Forkpool-Slot' => $ENV{FORKPOOL_SLOT} // '-', 'X-Forkpool-Pid' => $$);
+# Looked up at each request: preloaded, the app is loaded in the template,
+# and each worker forked from it has its own slot and pid.
+sub whoami { ('X-Forkpool-Slot' => $ENV{FORKPOOL_SLOT} // '-', 'X-Forkpool-Pid' => $$) }
 
 sub text {
     my ($body, $status) = @_;
     my $res = Plack::Response->new($status // 200);
-    $res->headers([@whoami, 'Content-Type' => 'text/plain']);
+    $res->headers([whoami(), 'Content-Type' => 'text/plain']);
     $res->body($body);
     return $res->finalize;
 }
@@ -39,14 +41,14 @@ builder {
     # A header value with a line break, as an app that copies its input
     # into a header would give: the server must answer 500 instead.
     mount '/inject' => sub {
-        return [200, ['Content-Type', 'text/plain', @whoami,
+        return [200, ['Content-Type', 'text/plain', whoami(),
             'X-Injected', "a\r\nSet-Cookie: stolen=1"], ["injected\n"]];
     };
     mount '/stream' => sub {
         my $req = Plack::Request->new(shift);
         my $parts = $req->parameters->{parts} // 3;
         return sub {
-            my $writer = shift->([200, ['Content-Type', 'text/plain', @whoami]]);
+            my $writer = shift->([200, ['Content-Type', 'text/plain', whoami()]]);
             $writer->write("part $_\n") for 1 .. $parts;
             $writer->close;
         };
@@ -58,7 +60,7 @@ builder {
     };
     mount '/file' => sub {
         open(my $fh, '<', __FILE__) or die "cannot open myself: $!";
-        return [200, ['Content-Type', 'text/plain', 'Content-Length', -s $fh, @whoami], $fh];
+        return [200, ['Content-Type', 'text/plain', 'Content-Length', -s $fh, whoami()], $fh];
     };
     mount '/' => sub {
         my $req = Plack::Request->new(shift);

@@ -9,7 +9,7 @@ use strict;
 use warnings;
 
 use FindBin;
-use lib "$FindBin::Bin/..";
+use lib "$FindBin::Bin/..", "$FindBin::Bin/lib";
 
 use File::Temp ();
 use IO::Socket::INET;
@@ -19,6 +19,7 @@ use Test::More;
 use Forkpool::Board;
 use Forkpool::Worker;
 use Forkpool::Worker::Kernel;
+use SupervisorEnd qw(messages);
 
 my $SETRLIMIT = Forkpool::Worker::syscall_number('setrlimit');
 my $GETRLIMIT = Forkpool::Worker::syscall_number('getrlimit');
@@ -114,20 +115,6 @@ sub a_worker {
         $self->{listeners} = [$listener];
     }
     return ($self, $supervisor, $conn, $client, $peer);
-}
-
-# The kinds of the messages the worker sent, in order.
-sub messages {
-    my ($supervisor) = @_;
-    my $kinds = '';
-    my $bits = '';
-    vec($bits, fileno($supervisor), 1) = 1;
-    while (select(my $ready = $bits, undef, undef, 0) > 0) {
-        defined recv($supervisor, my $message, 16, 0) or die "recv: $!";
-        last if $message eq '';
-        $kinds .= substr($message, 1, 1);
-    }
-    return $kinds;
 }
 
 # Whether the connection still waits on the worker's (overflow) listener.

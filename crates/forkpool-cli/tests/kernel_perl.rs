@@ -19,8 +19,12 @@ use std::io::{Read, Write};
 
 use common::{send, total};
 use example_workers::PERL_WORKER;
-use kernel_helper_cases::{answer, assert_clean, kernel_pool, SupervisorStopped, PATIENCE};
-use psgi_support::{connect, kept_alive, read_response, require_plack, PSGI_SERVER, TEST_APP};
+use kernel_helper_cases::{
+    answer, assert_clean, assert_reconnects_stayed, kernel_pool, SupervisorStopped, PATIENCE,
+};
+use psgi_support::{
+    connect, kept_alive, read_response, reconnecting_at_once, require_plack, PSGI_SERVER, TEST_APP,
+};
 
 const WORKER: [&str; 2] = ["perl", PERL_WORKER];
 
@@ -76,6 +80,32 @@ fn forkpool_psgi_serves_slot_zero_keep_alive_included() {
         .unwrap_or_else(|| panic!("the board's counts never reached status: {}", pool.status()));
     assert_eq!(total(&status, "accepted"), 11, "{status}");
     assert_clean(&status);
+}
+
+/// A client told `Connection: close` that reconnects the moment it has
+/// the answer, without waiting for the close, lands on the same worker
+/// every time: forkpool-psgi goes idle just before a connection's last
+/// answer goes out (`Forkpool::Worker`'s `ending_connection`), not after
+/// the close. Going idle after the close, the reconnect races the
+/// worker's finish and lands on slot 1 (or the overflow). Exec'd and
+/// under `--preload`, the supervisor stopped.
+#[test]
+fn forkpool_psgi_client_reconnecting_at_once_finds_its_worker_idle() {
+    const ROUNDS: usize = 100;
+    if !require_plack() {
+        return;
+    }
+    let cmd = psgi(&["--no-access-log", "--max-keepalive-requests", "1"]);
+    for extra in [&[][..], &["--preload"][..]] {
+        let Some(pool) = kernel_pool(2, extra, &cmd) else {
+            return;
+        };
+        let answers = {
+            let _stopped = SupervisorStopped::new(&pool);
+            reconnecting_at_once(&pool, ROUNDS, b"GET /?name=x HTTP/1.1\r\nHost: t\r\n\r\n")
+        };
+        assert_reconnects_stayed(&pool, &format!("{extra:?}"), &answers);
+    }
 }
 
 /// One worker holds a kept-alive connection (`--keepalive-turn 0`, a

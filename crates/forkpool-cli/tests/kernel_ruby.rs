@@ -26,7 +26,7 @@ use common::{total, DemoPool, Response};
 use kernel_helper_cases::{
     assert_clean, assert_reconnects_stayed, get, kernel_pool, pid_in_slot, SupervisorStopped,
 };
-use psgi_support::{connect, kept_alive, read_response};
+use psgi_support::{connect, kept_alive, read_response, reconnecting_at_once};
 use rack_support::{fd_targets, rack_command, require_sinatra, template_pid, PATIENCE, RUBY_DIR};
 
 /// `clients/ruby/example_http_worker.rb`.
@@ -238,20 +238,9 @@ fn a_client_reconnecting_at_once_finds_its_worker_idle() {
         ) else {
             return;
         };
-        let answers: Vec<(Option<String>, Option<String>)> = {
+        let answers = {
             let _stopped = SupervisorStopped::new(&pool);
-            (0..ROUNDS)
-                .map(|_| {
-                    let mut conn = connect(&pool);
-                    conn.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-                        .unwrap();
-                    let answer = read_response(&mut conn, false);
-                    (
-                        answer.header("x-forkpool-slot"),
-                        answer.header("connection"),
-                    )
-                })
-                .collect()
+            reconnecting_at_once(&pool, ROUNDS, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         };
         assert_reconnects_stayed(&pool, &format!("preload {preload}"), &answers);
     }

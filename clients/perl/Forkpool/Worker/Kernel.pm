@@ -137,6 +137,30 @@ sub _take_message {
     die "'$kind' is not expected in kernel mode\n";
 }
 
+# Step 7 of the worker's life, "finish early" (Forkpool::Worker's
+# ending_connection): idle now, served counted, unless the worker leaves
+# after this connection or a connection waits on its overflow listener
+# (the finish takes it). The look at the overflow is the select the
+# finish would make; this helper cannot add to word 4, so words 3 and 4
+# would not say. Once per connection.
+sub ending_connection {
+    my ($self) = @_;
+    my $i = $self->{serving};
+    return if !defined $i || $self->{idle_early} || $self->{headroom_checked};
+    $self->check_headroom;
+    $self->{headroom_checked} = 1;
+    return if _leaving($self);
+    my $board = $self->{board};
+    if ($board->within_width) {
+        my $overflow = '';
+        vec($overflow, fileno($self->{overflow}[$i]), 1) = 1;
+        return if select($overflow, undef, undef, 0) > 0;
+    }
+    $self->{idle_early} = 1;
+    $self->_send('I') if $board->idle_after_serving;
+    return;
+}
+
 # Serves $conn, from listener $i, then the next connection waiting on
 # overflow listener $i, if any and the channel is quiet, and so on; then
 # goes idle. False if the handler asked to leave.
@@ -145,8 +169,24 @@ sub _serve {
     my $board = $self->{board};
     while (1) {
         $conn->autoflush(1);
+        $self->{serving} = $i;
         $handler->($conn, $i);
-        $self->check_headroom;
+        delete $self->{serving};
+        if (delete $self->{idle_early}) {
+            # Idle and counted already (ending_connection); only a worker
+            # that leaves after all (asked to after the answer) has more
+            # to do: busy again, and X.
+            delete $self->{headroom_checked};
+            if ($self->{leave}) {
+                $board->busy;
+                eval { $self->_send('X') };
+                close($conn);
+                return 0;
+            }
+            close($conn);
+            return 1;
+        }
+        $self->check_headroom unless delete $self->{headroom_checked};
         my $next = _leaving($self) ? undef : _next_from_overflow($self, $i);
         if (_leaving($self)) {
             # Asked to leave, out of descriptors (here or at the accept of

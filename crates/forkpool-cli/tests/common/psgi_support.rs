@@ -153,6 +153,29 @@ pub fn connect(pool: &DemoPool) -> TcpStream {
     conn
 }
 
+/// `rounds` times: a new connection, `request` on it, its answer read to
+/// the end of its body, and the next connection made at once, without
+/// waiting for the close (as wrk does with `Connection: close`). Each
+/// answer's `X-Forkpool-Slot` and `Connection`.
+pub fn reconnecting_at_once(
+    pool: &DemoPool,
+    rounds: usize,
+    request: &[u8],
+) -> Vec<(Option<String>, Option<String>)> {
+    use std::io::Write;
+    (0..rounds)
+        .map(|_| {
+            let mut conn = connect(pool);
+            conn.write_all(request).unwrap();
+            let answer = read_response(&mut conn, false);
+            (
+                answer.header("x-forkpool-slot"),
+                answer.header("connection"),
+            )
+        })
+        .collect()
+}
+
 /// A connection that has had one answer (`GET /?name=a`) and is kept
 /// alive, as the give-way tests need.
 pub fn kept_alive(pool: &DemoPool) -> TcpStream {
