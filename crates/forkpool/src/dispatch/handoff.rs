@@ -14,17 +14,15 @@
 use std::os::fd::AsFd;
 
 use socket2::SockAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::errno::Errno;
 use tracing::{debug, error, warn};
 
 use super::{Accepted, Children, Dispatcher, TurnEnd, WatchedListener};
+use crate::policy::backoff::ACCEPT_PAUSE;
 use crate::protocol::ParentMessage;
 use crate::sys;
-
-/// How long to stop accepting after running out of descriptors or memory.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 impl Dispatcher {
     /// The listener numbered `index` is readable: accept what waits and
@@ -68,16 +66,16 @@ impl Dispatcher {
                     warn!(
                         listener = index,
                         "accept failed: {e}; the supervisor is out of descriptors or memory \
-                         (raise `ulimit -n` / LimitNOFILE); pausing accepts for {ACCEPT_BACKOFF:?}"
+                         (raise `ulimit -n` / LimitNOFILE); pausing accepts for {ACCEPT_PAUSE:?}"
                     );
-                    return TurnEnd::Pause(now + ACCEPT_BACKOFF);
+                    return TurnEnd::Pause(now + ACCEPT_PAUSE);
                 }
                 Err(e) => {
                     error!(
                         listener = index,
-                        "accept failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}"
+                        "accept failed: {e}; pausing accepts for {ACCEPT_PAUSE:?}"
                     );
-                    return TurnEnd::Pause(now + ACCEPT_BACKOFF);
+                    return TurnEnd::Pause(now + ACCEPT_PAUSE);
                 }
             }
         }

@@ -43,8 +43,19 @@
 //! they say `Ready` like any other. The template's own restarts follow the
 //! same rule (`core/templates.rs`): backed off until one says `R`,
 //! rate-limited once one has.
+//!
+//! Accepts back off too: an accept that fails for want of descriptors or
+//! memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) would fail again at
+//! once on a listener that stays readable, so the pool's listeners and
+//! the status endpoints stop accepting for [`ACCEPT_PAUSE`].
 
 use std::time::{Duration, Instant};
+
+/// How long the supervisor stops accepting (on the pool's listeners, or
+/// on its status endpoints) after an accept failed for want of
+/// descriptors or memory: long enough not to spin, short enough that a
+/// freed descriptor serves the queued clients soon.
+pub(crate) const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// How long a worker that never says `Ready` (`none` dispatch) must live
 /// before it counts as started; templates use it the same way. A worker

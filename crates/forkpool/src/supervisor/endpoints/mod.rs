@@ -33,6 +33,8 @@ use mio::{Interest, Token};
 use nix::sys::stat::{umask, Mode};
 use tracing::warn;
 
+use crate::policy::backoff::ACCEPT_PAUSE;
+
 pub(crate) use answers::Sources;
 
 use super::event::Event;
@@ -46,10 +48,6 @@ const AGENT_TOKEN: Token = Token(usize::MAX - 3);
 const EVENTS_PER_ROUND: usize = 64;
 /// Rounds of events a turn of the loop serves; the rest wait a turn.
 const ROUNDS_PER_TURN: usize = 4;
-
-/// How long the endpoints stop accepting after an accept failed for
-/// want of descriptors or memory.
-const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// How long a status or metrics client may take.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
