@@ -115,8 +115,10 @@ static void respond(int fd, int code, const char *reason, const char *body)
                      "Content-Length: %zu\r\nX-Forkpool-Slot: %s\r\n"
                      "X-Forkpool-Pid: %ld\r\nConnection: close\r\n\r\n%s",
                      code, reason, strlen(body), slot, (long)getpid(), body);
-    if (n > 0 && (size_t)n < sizeof out)
+    if (n > 0 && (size_t)n < sizeof out) {
+        ending_connection(); /* every answer ends its connection */
         write_all(fd, out, (size_t)n);
+    }
 }
 
 /* ?NAME=N (name given with its `=`) in the request target, at most max;

@@ -34,5 +34,9 @@ int accept_exhausted(void);
 /* `kernel` dispatch: runs the worker until told to quit; returns the exit
  * status. */
 int kernel_main(void);
+/* Just before a connection's answer is written: in `kernel` dispatch the
+ * worker goes idle now (docs/protocol.md, step 7 of the `K` worker); a
+ * no-op in every other mode. */
+void ending_connection(void);
 
 #endif

@@ -152,15 +152,69 @@ static int take_next(long i)
     return fd;
 }
 
+/* The listener of the connection being served (-1: none, or one served
+ * on a quit, busy), whether the worker went idle before its answer, and
+ * what the one look at the descriptor table said, once taken. */
+static long serving = -1;
+static int idle_early;
+static int headroom_looked, table_filling_up;
+
+/* The look at the descriptor table after a connection, once a connection
+ * (ending_connection may take it first). */
+static int table_is_filling(void)
+{
+    if (!headroom_looked) {
+        table_filling_up = check_headroom();
+        headroom_looked = 1;
+    }
+    return table_filling_up;
+}
+
+/* Whether this connection is the worker's share (FORKPOOL_MAX_REQUESTS). */
+static int share_served_by_this_one(void)
+{
+    return max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) + 1 >= max_requests;
+}
+
+/* The spec's step 7, "finish early": just before the answer is written
+ * (every answer of this worker ends its connection, in one write of at
+ * most 512 bytes), idle now, so a client that reconnects the moment it
+ * has the answer finds this worker idle, hot.  Not when it leaves after
+ * this connection, nor when a connection waits on overflow listener i
+ * within the dispatch width (the finish takes it).  A no-op outside
+ * kernel dispatch and while draining on a quit. */
+void ending_connection(void)
+{
+    if (serving < 0 || idle_early || table_is_filling() || share_served_by_this_one())
+        return;
+    if (!outside_width()) {
+        struct pollfd p = { .fd = overflow_fd + (int)serving, .events = POLLIN };
+        if (poll(&p, 1, 0) != 0)
+            return; /* one waits (or the look failed: the finish looks again) */
+    }
+    idle_early = 1;
+    go_idle();
+}
+
 /* Serves fd (which arrived on listener i), then takes the next connection
- * waiting on overflow listener i, or goes idle: the spec's "finish". */
+ * waiting on overflow listener i, or goes idle: the spec's "finish".
+ * Idle already (ending_connection), it only counts the connection. */
 static void serve_and_finish(int fd, long i)
 {
     for (;;) {
+        serving = i;
         answer_request(fd);
+        serving = -1;
         count(SERVED);
+        int filling = table_is_filling();
+        headroom_looked = 0;
+        if (idle_early) {
+            idle_early = 0;
+            close(fd);
+            return;
+        }
         if ((max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) ||
-            check_headroom()) {
+            filling) {
             /* Its share served, or out of descriptors: leave, still busy,
              * so nothing is queued for it meanwhile. */
             close(fd);

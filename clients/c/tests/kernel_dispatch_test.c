@@ -1,7 +1,7 @@
 /*
  * kernel_dispatch_test.c - unit test of the finish in kernel_dispatch.c
- * (docs/protocol.md, "`kernel` dispatch", step 6, and "Running out of
- * descriptors"), without a supervisor: a memfd mapped shared stands for
+ * (docs/protocol.md, "`kernel` dispatch", steps 6 and 7, and "Running out
+ * of descriptors"), without a supervisor: a memfd mapped shared stands for
  * the scoreboard (it behaves the same for the worker), a loopback listener
  * with a connection queued for the overflow, a socketpair for the channel.
  * The protocol side (forkpool_worker.c) is stubbed: a request is answered
@@ -28,6 +28,11 @@ const char *slot = "2";
 long listen_fds = 1;
 static int answered;
 static int table_filling; /* what check_headroom says */
+static int looks;         /* how often check_headroom was asked */
+static int end_early;     /* the first answer calls ending_connection first */
+/* Header word 7, which the worker never uses: the state the first answer
+ * saw after ending_connection (in the board, so a child's is seen too). */
+#define STATE_AT_ANSWER 7
 
 void die(const char *fmt, ...)
 {
@@ -56,6 +61,10 @@ size_t recv_msg(unsigned char *buf, int *fd_out)
 void answer_request(int fd)
 {
     (void)fd;
+    if (end_early && answered == 0) {
+        ending_connection();
+        board[STATE_AT_ANSWER] = record[STATE];
+    }
     answered++;
 }
 
@@ -72,6 +81,7 @@ int answer_ping(const unsigned char *m, size_t n)
 
 int check_headroom(void)
 {
+    looks++;
     return table_filling;
 }
 
@@ -139,6 +149,19 @@ static void prepare_finish(int *client, int ends[2], int pair[2])
     chan = ends[0];
 }
 
+/* Closes what prepare_finish opened; `worker_end`: the connection's
+ * worker end too (a worker that ran in a child closed only its copy). */
+static void unprepare_finish(int client, int ends[2], int pair[2], int worker_end)
+{
+    close(overflow_fd);
+    close(client);
+    close(ends[0]);
+    close(ends[1]);
+    if (worker_end)
+        close(pair[0]);
+    close(pair[1]);
+}
+
 /* Slot SLOT finishes a connection with word 5 at `bound` and one
  * connection waiting on the overflow: whether it took that one (served
  * two, one of them next) or went idle and left it (served one). */
@@ -161,11 +184,7 @@ static int finish_with_bound(uint64_t bound, int takes)
     printf("%s: bound %llu, slot %d: answered %d, next %llu, left on the overflow %d (want %s)\n",
            ok ? "ok" : "FAILED", (unsigned long long)bound, SLOT, answered,
            (unsigned long long)record[NEXT], left, takes ? "taken" : "left");
-    close(overflow_fd);
-    close(client);
-    close(ends[0]);
-    close(ends[1]);
-    close(pair[1]);
+    unprepare_finish(client, ends, pair, 0);
     return ok;
 }
 
@@ -210,12 +229,87 @@ static int leaves_out_of_descriptors(int filling)
            ok ? "ok" : "FAILED", filling ? "the table fills up" : "the accept fails with EMFILE",
            WIFEXITED(status) ? WEXITSTATUS(status) : -1, n == 1 ? said : "nothing",
            (unsigned long long)record[STATE], (unsigned long long)record[SERVED], left);
-    close(overflow_fd);
-    close(client);
-    close(ends[0]);
-    close(ends[1]);
-    close(pair[0]);
-    close(pair[1]);
+    unprepare_finish(client, ends, pair, 1);
+    return ok;
+}
+
+/* The messages the worker sent on the channel so far (ends[1] is the
+ * test's end), as their kinds. */
+static const char *said_on(int end)
+{
+    static char kinds[16];
+    size_t n = 0;
+    char kind;
+    while (n < sizeof kinds - 1 && recv(end, &kind, 1, MSG_DONTWAIT) == 1)
+        kinds[n++] = kind;
+    kinds[n] = '\0';
+    return kinds;
+}
+
+/* Step 7, "finish early": slot SLOT answers with ending_connection first,
+ * the supervisor waiting for an `I` (word 2), `waiting` connections on
+ * the overflow, word 5 at `bound`.  `early`: idle at the answer, served
+ * one, one `I`, the overflow's left; else busy at the answer, and the
+ * finish takes the waiting one and goes idle after it.  One look at the
+ * descriptor table a connection either way. */
+static int finishes_early(int waiting, uint64_t bound, int early)
+{
+    int client, ends[2], pair[2];
+    prepare_finish(&client, ends, pair);
+    if (!waiting)
+        close(take(overflow_fd));
+    board[2] = 1;
+    board[5] = bound;
+    answered = looks = 0;
+    end_early = 1;
+    record[STATE] = BUSY;
+    serve_and_finish(pair[0], 0);
+    end_early = 0;
+
+    int served = early ? 1 : 1 + waiting;
+    const char *said = said_on(ends[1]);
+    int ok = board[STATE_AT_ANSWER] == (early ? IDLE : BUSY) && answered == served &&
+             record[STATE] == IDLE && record[SERVED] == (uint64_t)served &&
+             record[NEXT] == (uint64_t)(served - 1) && looks == served && strcmp(said, "I") == 0;
+    printf("%s: finish early, %d waiting, bound %llu: state at the answer %llu, answered %d, "
+           "looks %d, said \"%s\" (want %s)\n",
+           ok ? "ok" : "FAILED", waiting, (unsigned long long)bound,
+           (unsigned long long)board[STATE_AT_ANSWER], answered, looks, said,
+           early ? "idle, 1, 1, I" : "busy, 2, 2, I");
+    unprepare_finish(client, ends, pair, 0);
+    return ok;
+}
+
+/* A worker whose share (FORKPOOL_MAX_REQUESTS 1) this connection is stays
+ * busy at its answer and leaves after it (busy, X), in a child. */
+static int the_last_of_its_share_ends_busy(void)
+{
+    int client, ends[2], pair[2];
+    prepare_finish(&client, ends, pair);
+    close(take(overflow_fd));
+    record[STATE] = BUSY;
+    board[STATE_AT_ANSWER] = IDLE;
+    answered = 0;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        max_requests = 1;
+        end_early = 1;
+        serve_and_finish(pair[0], 0);
+        _exit(3); /* it did not leave */
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    const char *said = said_on(ends[1]);
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && board[STATE_AT_ANSWER] == BUSY &&
+             record[STATE] == BUSY && strcmp(said, "X") == 0;
+    printf("%s: the last of its share: state at the answer %llu, exit %d, said \"%s\" "
+           "(want busy, 0, X)\n",
+           ok ? "ok" : "FAILED", (unsigned long long)board[STATE_AT_ANSWER],
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, said);
+    unprepare_finish(client, ends, pair, 1);
     return ok;
 }
 
@@ -229,5 +323,9 @@ int main(void)
     ok &= finish_with_bound(1, 0);   /* the slot is beyond it */
     ok &= leaves_out_of_descriptors(1);
     ok &= leaves_out_of_descriptors(0);
+    ok &= finishes_early(0, 0, 1);  /* nothing waits: idle before the answer */
+    ok &= finishes_early(1, 0, 0);  /* one waits: the finish takes it */
+    ok &= finishes_early(1, 2, 1);  /* one waits, outside the width: not its business */
+    ok &= the_last_of_its_share_ends_busy();
     return ok ? 0 : 1;
 }

@@ -7,8 +7,12 @@ mod c_worker_build;
 mod common;
 #[path = "common/kernel_helper_cases.rs"]
 mod kernel_helper_cases;
+#[path = "common/psgi_support.rs"]
+mod psgi_support;
 
 use c_worker_build::BuiltWorker;
+use kernel_helper_cases::{assert_reconnects_stayed, kernel_pool, SupervisorStopped};
+use psgi_support::reconnecting_at_once;
 
 /// Runs `case` on the C worker, compiled for it.
 fn with_worker(case: fn(&[&str])) {
@@ -19,9 +23,32 @@ fn with_worker(case: fn(&[&str])) {
 
 kernel_helper_cases::every_helper_case!(with_worker);
 
+/// A client that reconnects the moment it has the answer, without waiting
+/// for the close, lands on the same worker every time: the C worker goes
+/// idle just before its answer goes out (`ending_connection`,
+/// docs/protocol.md step 7), not after the close. Going idle after the
+/// close, the reconnect races the worker's finish and lands on slot 1 (or
+/// the overflow). The supervisor stopped.
+#[test]
+fn a_client_reconnecting_at_once_finds_its_worker_idle() {
+    let Some(worker) = BuiltWorker::new() else {
+        return;
+    };
+    let Some(pool) = kernel_pool(2, &[], &[worker.command()]) else {
+        return;
+    };
+    let answers = {
+        let _stopped = SupervisorStopped::new(&pool);
+        reconnecting_at_once(&pool, 100, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    };
+    assert_reconnects_stayed(&pool, "the C worker", &answers);
+}
+
 /// The finish in `kernel_dispatch.c` against a mapped board, without a
 /// supervisor (`clients/c/tests/kernel_dispatch_test.c`): a worker at or
-/// beyond the dispatch bound (word 5) leaves the overflow alone.
+/// beyond the dispatch bound (word 5) leaves the overflow alone, one out
+/// of descriptors leaves, and one that finishes early goes idle before
+/// its answer only when nothing waits for it on the overflow.
 #[test]
 fn the_finish_keeps_to_the_dispatch_width() {
     let Some(cc) = common::require_program("cc", "run bash .ci/deps/system-tools.sh (gcc)") else {
