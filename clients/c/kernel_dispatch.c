@@ -133,18 +133,28 @@ static int outside_width(void)
     return bound != 0 && slot_index >= bound;
 }
 
-/* A connection waiting on overflow listener i, unless a message waits on
- * the channel (it goes first): one poll sees both. -1 for none, and
- * without a look when this slot is outside the dispatch width (it goes
- * idle instead).  An accept that runs out of descriptors: the worker
- * leaves, and the connection waits for another. */
-static int take_next(long i)
+/* One poll of the channel and overflow listener i: 1 when a connection
+ * waits on the listener, 0 when none does, -1 when the poll failed;
+ * *message says whether a message waits on the channel. */
+static int overflow_waits(long i, int *message)
 {
-    if (outside_width())
-        return -1;
     struct pollfd p[2] = { { .fd = chan, .events = POLLIN },
                            { .fd = overflow_fd + (int)i, .events = POLLIN } };
-    if (poll(p, 2, 0) <= 0 || p[0].revents || !p[1].revents)
+    int r = poll(p, 2, 0);
+    *message = r > 0 && p[0].revents;
+    return r < 0 ? -1 : r > 0 && p[1].revents;
+}
+
+/* A connection waiting on overflow listener i, unless a message waits on
+ * the channel (it goes first): one poll sees both, or none when
+ * ending_connection's poll saw one waiting and no message (`seen`). -1
+ * for none, and without a look when this slot is outside the dispatch
+ * width (it goes idle instead).  An accept that runs out of descriptors:
+ * the worker leaves, and the connection waits for another. */
+static int take_next(long i, int seen)
+{
+    int message = 0;
+    if (!seen && (outside_width() || overflow_waits(i, &message) <= 0 || message))
         return -1;
     int fd = take(overflow_fd + (int)i);
     if (fd < 0 && accept_exhausted())
@@ -153,10 +163,12 @@ static int take_next(long i)
 }
 
 /* The listener of the connection being served (-1: none, or one served
- * on a quit, busy), whether the worker went idle before its answer, and
- * what the one look at the descriptor table said, once taken. */
+ * on a quit, busy), whether the worker went idle before its answer or saw
+ * a connection waiting on the overflow then (for the finish to take
+ * without a second look), and what the one look at the descriptor table
+ * said, once taken. */
 static long serving = -1;
-static int idle_early;
+static int idle_early, next_seen;
 static int headroom_looked, table_filling_up;
 
 /* The look at the descriptor table after a connection, once a connection
@@ -170,10 +182,11 @@ static int table_is_filling(void)
     return table_filling_up;
 }
 
-/* Whether this connection is the worker's share (FORKPOOL_MAX_REQUESTS). */
-static int share_served_by_this_one(void)
+/* Whether the worker's share (FORKPOOL_MAX_REQUESTS) is served once
+ * `more` connections beyond those counted are. */
+static int share_served(uint64_t more)
 {
-    return max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) + 1 >= max_requests;
+    return max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) + more >= max_requests;
 }
 
 /* The spec's step 7, "finish early": just before the answer is written
@@ -185,12 +198,17 @@ static int share_served_by_this_one(void)
  * kernel dispatch and while draining on a quit. */
 void ending_connection(void)
 {
-    if (serving < 0 || idle_early || table_is_filling() || share_served_by_this_one())
+    if (serving < 0 || idle_early || table_is_filling() || share_served(1))
         return;
     if (!outside_width()) {
-        struct pollfd p = { .fd = overflow_fd + (int)serving, .events = POLLIN };
-        if (poll(&p, 1, 0) != 0)
-            return; /* one waits (or the look failed: the finish looks again) */
+        int message;
+        int waits = overflow_waits(serving, &message);
+        if (waits != 0) {
+            /* One waits: the finish takes it, without looking again unless
+             * a message came first (or the look failed). */
+            next_seen = waits > 0 && !message;
+            return;
+        }
     }
     idle_early = 1;
     go_idle();
@@ -206,21 +224,20 @@ static void serve_and_finish(int fd, long i)
         answer_request(fd);
         serving = -1;
         count(SERVED);
-        int filling = table_is_filling();
-        headroom_looked = 0;
+        int filling = table_is_filling(), seen = next_seen;
+        headroom_looked = next_seen = 0;
         if (idle_early) {
             idle_early = 0;
             close(fd);
             return;
         }
-        if ((max_requests && __atomic_load_n(&record[SERVED], __ATOMIC_RELAXED) >= max_requests) ||
-            filling) {
+        if (share_served(0) || filling) {
             /* Its share served, or out of descriptors: leave, still busy,
              * so nothing is queued for it meanwhile. */
             close(fd);
             leave();
         }
-        int next = take_next(i);
+        int next = take_next(i, seen);
         if (next < 0)
             break;
         count(TAKEN);

@@ -140,9 +140,11 @@ sub _take_message {
 # Step 7 of the worker's life, "finish early" (Forkpool::Worker's
 # ending_connection): idle now, served counted, unless the worker leaves
 # after this connection or a connection waits on its overflow listener
-# (the finish takes it). The look at the overflow is the select the
-# finish would make; this helper cannot add to word 4, so words 3 and 4
-# would not say. Once per connection.
+# (the finish takes it). The look at the overflow is the finish's select
+# (this helper cannot add to word 4, so words 3 and 4 would not say),
+# taken here: when it sees a connection waiting and no message, the
+# finish takes that connection without looking again. Once per
+# connection.
 sub ending_connection {
     my ($self) = @_;
     my $i = $self->{serving};
@@ -152,9 +154,11 @@ sub ending_connection {
     return if _leaving($self);
     my $board = $self->{board};
     if ($board->within_width) {
-        my $overflow = '';
-        vec($overflow, fileno($self->{overflow}[$i]), 1) = 1;
-        return if select($overflow, undef, undef, 0) > 0;
+        my ($waits, $message) = _look($self, $i);
+        if ($waits) {
+            $self->{next_seen} = !$message;
+            return;
+        }
     }
     $self->{idle_early} = 1;
     $self->_send('I') if $board->idle_after_serving;
@@ -172,6 +176,7 @@ sub _serve {
         $self->{serving} = $i;
         $handler->($conn, $i);
         delete $self->{serving};
+        my $seen = delete $self->{next_seen};
         if (delete $self->{idle_early}) {
             # Idle and counted already (ending_connection); only a worker
             # that leaves after all (asked to after the answer) has more
@@ -187,7 +192,7 @@ sub _serve {
             return 1;
         }
         $self->check_headroom unless delete $self->{headroom_checked};
-        my $next = _leaving($self) ? undef : _next_from_overflow($self, $i);
+        my $next = _leaving($self) ? undef : _next_from_overflow($self, $i, $seen);
         if (_leaving($self)) {
             # Asked to leave, out of descriptors (here or at the accept of
             # the next one), or its share served. Busy, so the kernel
@@ -218,16 +223,26 @@ sub _leaving {
         || ($self->{max_requests} && $self->{board}->served_so_far + 1 >= $self->{max_requests});
 }
 
-# A connection waiting on overflow $i, unless a message waits or the board
-# puts this slot outside the dispatch width; else undef. An accept that
-# runs out of descriptors makes the worker leave.
-sub _next_from_overflow {
+# One select of the channel and overflow $i: (whether a connection waits
+# there, whether a message waits on the channel).
+sub _look {
     my ($self, $i) = @_;
     my $ready;
-    return undef
-        unless $self->{board}->within_width
-        && select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0
-        && !vec($ready, fileno($self->{channel}), 1);
+    return (0, 0) unless select($ready = $self->{finish_bits}[$i], undef, undef, 0) > 0;
+    return (vec($ready, fileno($self->{overflow}[$i]), 1), vec($ready, fileno($self->{channel}), 1));
+}
+
+# A connection waiting on overflow $i, unless a message waits or the board
+# puts this slot outside the dispatch width; else undef. $seen: the early
+# idle's look saw one waiting and no message, so none is taken again. An
+# accept that runs out of descriptors makes the worker leave.
+sub _next_from_overflow {
+    my ($self, $i, $seen) = @_;
+    unless ($seen) {
+        return undef unless $self->{board}->within_width;
+        my ($waits, $message) = _look($self, $i);
+        return undef if !$waits || $message;
+    }
     my $next;
     unless (accept($next, $self->{overflow}[$i])) {
         $self->_accept_failed if Forkpool::Worker::_exhausted();
