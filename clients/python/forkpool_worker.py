@@ -705,6 +705,9 @@ class Worker:
         sockets (until accept finds nothing)."""
         record = self.board
         record.go_busy()
+        # Leaving: no early idle (ending_connection) while it drains, and
+        # a server closes what it serves now.
+        self.leaving = True
         for listener, sock in enumerate(self.listeners):
             while True:
                 try:

@@ -188,6 +188,40 @@ static int finish_with_bound(uint64_t bound, int takes)
     return ok;
 }
 
+/* Runs work(fd, arg) in a child, which is to exit (returning counts as
+ * exit 3: it did not leave); its exit status, or -1 if it did not exit. */
+static int exit_status_in_child(void (*work)(int fd, int arg), int fd, int arg)
+{
+    fflush(stdout); /* the child's exit flushes it too */
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        work(fd, arg);
+        _exit(3);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The worker finishes connection fd out of descriptors: `filling`, the
+ * check after it says so; else its table is full. */
+static void finish_out_of_descriptors(int fd, int filling)
+{
+    table_filling = filling;
+    if (!filling) {
+        struct rlimit rl;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 128;
+        if (setrlimit(RLIMIT_NOFILE, &rl))
+            die("setrlimit: %s", strerror(errno));
+        while (dup(0) >= 0)
+            ;
+    }
+    serve_and_finish(fd, 0);
+}
+
 /* Slot SLOT finishes a connection with one waiting on the overflow, in a
  * child that runs out of descriptors: `filling`, the check after the
  * connection says so; else its table is full, and the accept of the next
@@ -198,36 +232,17 @@ static int leaves_out_of_descriptors(int filling)
     int client, ends[2], pair[2];
     prepare_finish(&client, ends, pair);
     record[STATE] = BUSY;
-    fflush(stdout); /* the child's exit flushes it too */
-    pid_t pid = fork();
-    if (pid < 0)
-        die("fork: %s", strerror(errno));
-    if (pid == 0) {
-        table_filling = filling;
-        if (!filling) {
-            struct rlimit rl;
-            getrlimit(RLIMIT_NOFILE, &rl);
-            rl.rlim_cur = 128;
-            if (setrlimit(RLIMIT_NOFILE, &rl))
-                die("setrlimit: %s", strerror(errno));
-            while (dup(0) >= 0)
-                ;
-        }
-        serve_and_finish(pair[0], 0);
-        _exit(3); /* it did not leave */
-    }
-    int status;
-    waitpid(pid, &status, 0);
+    int status = exit_status_in_child(finish_out_of_descriptors, pair[0], filling);
     char said[4] = "";
     ssize_t n = recv(ends[1], said, sizeof said - 1, MSG_DONTWAIT);
     struct pollfd p = { .fd = overflow_fd, .events = POLLIN };
     int left = poll(&p, 1, 0);
-    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && n == 1 && said[0] == 'X' &&
+    int ok = status == 0 && n == 1 && said[0] == 'X' &&
              record[STATE] == BUSY && record[SERVED] == 1 && record[TAKEN] == 0 && left == 1;
     printf("%s: %s: exit %d, said %s, state %llu, served %llu, left on the overflow %d "
            "(want exit 0, X, busy, 1, 1)\n",
            ok ? "ok" : "FAILED", filling ? "the table fills up" : "the accept fails with EMFILE",
-           WIFEXITED(status) ? WEXITSTATUS(status) : -1, n == 1 ? said : "nothing",
+           status, n == 1 ? said : "nothing",
            (unsigned long long)record[STATE], (unsigned long long)record[SERVED], left);
     unprepare_finish(client, ends, pair, 1);
     return ok;
@@ -280,6 +295,15 @@ static int finishes_early(int waiting, uint64_t bound, int early)
     return ok;
 }
 
+/* The worker finishes connection fd, ending it early, with a share of
+ * `share` connections (FORKPOOL_MAX_REQUESTS). */
+static void finish_its_share(int fd, int share)
+{
+    max_requests = (uint64_t)share;
+    end_early = 1;
+    serve_and_finish(fd, 0);
+}
+
 /* A worker whose share (FORKPOOL_MAX_REQUESTS 1) this connection is stays
  * busy at its answer and leaves after it (busy, X), in a child. */
 static int the_last_of_its_share_ends_busy(void)
@@ -290,25 +314,46 @@ static int the_last_of_its_share_ends_busy(void)
     record[STATE] = BUSY;
     board[STATE_AT_ANSWER] = IDLE;
     answered = 0;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0)
-        die("fork: %s", strerror(errno));
-    if (pid == 0) {
-        max_requests = 1;
-        end_early = 1;
-        serve_and_finish(pair[0], 0);
-        _exit(3); /* it did not leave */
-    }
-    int status;
-    waitpid(pid, &status, 0);
+    int status = exit_status_in_child(finish_its_share, pair[0], 1);
     const char *said = said_on(ends[1]);
-    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && board[STATE_AT_ANSWER] == BUSY &&
+    int ok = status == 0 && board[STATE_AT_ANSWER] == BUSY &&
              record[STATE] == BUSY && strcmp(said, "X") == 0;
     printf("%s: the last of its share: state at the answer %llu, exit %d, said \"%s\" "
            "(want busy, 0, X)\n",
-           ok ? "ok" : "FAILED", (unsigned long long)board[STATE_AT_ANSWER],
-           WIFEXITED(status) ? WEXITSTATUS(status) : -1, said);
+           ok ? "ok" : "FAILED", (unsigned long long)board[STATE_AT_ANSWER], status, said);
+    unprepare_finish(client, ends, pair, 1);
+    return ok;
+}
+
+/* Quits with listener fd (and what waits on it) as its own socket,
+ * ending each answer early. */
+static void drain_from(int fd, int unused)
+{
+    (void)unused;
+    if (dup2(fd, 3) < 0)
+        die("dup2: %s", strerror(errno));
+    end_early = 1;
+    drain_and_quit();
+}
+
+/* Told to quit, the worker serves what the kernel queued on its own
+ * socket busy: an answer's ending_connection there stores nothing.  In a
+ * child (the drain exits), with a connection queued on its own socket
+ * (descriptor 3). */
+static int drains_busy(void)
+{
+    int client, ends[2], pair[2];
+    prepare_finish(&client, ends, pair);
+    record[STATE] = BUSY;
+    board[STATE_AT_ANSWER] = IDLE;
+    answered = 0;
+    int status = exit_status_in_child(drain_from, overflow_fd, 0);
+    int ok = status == 0 && board[STATE_AT_ANSWER] == BUSY &&
+             record[STATE] == BUSY && record[SERVED] == 1;
+    printf("%s: a quit's drain: exit %d, state at the answer %llu, after %llu, served %llu "
+           "(want 0, busy, busy, 1)\n",
+           ok ? "ok" : "FAILED", status, (unsigned long long)board[STATE_AT_ANSWER], (unsigned long long)record[STATE],
+           (unsigned long long)record[SERVED]);
     unprepare_finish(client, ends, pair, 1);
     return ok;
 }
@@ -327,5 +372,6 @@ int main(void)
     ok &= finishes_early(1, 0, 0);  /* one waits: the finish takes it */
     ok &= finishes_early(1, 2, 1);  /* one waits, outside the width: not its business */
     ok &= the_last_of_its_share_ends_busy();
+    ok &= drains_busy();
     return ok ? 0 : 1;
 }

@@ -150,6 +150,23 @@ subtest 'one look at the descriptor table a connection' => sub {
     }
 };
 
+subtest 'told to quit, it serves what was queued busy: no early idle' => sub {
+    my ($self, $fh, $supervisor, $conn, $keep) = a_worker(0);
+    my $own = IO::Socket::INET->new(
+        Listen => 4, LocalAddr => '127.0.0.1', LocalPort => 0) or die "listen: $!";
+    $own->blocking(0);
+    my $client = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $own->sockport)
+        or die "connect: $!";
+    $self->{listeners} = [$own];
+    my @seen;
+    Forkpool::Worker::Kernel::_drain($self, sub {
+        $self->ending_connection;
+        push @seen, record($fh)->[0];
+    });
+    is_deeply(\@seen, [0], 'busy at the answer');
+    is(record($fh)->[0], 0, 'busy after');
+};
+
 subtest 'outside kernel dispatch: nothing to do' => sub {
     my $self = bless { dispatch => 'handoff' }, 'Forkpool::Worker';
     ok(eval { $self->ending_connection; 1 }, 'no board, no error') or diag $@;

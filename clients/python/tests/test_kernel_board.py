@@ -415,19 +415,35 @@ class KernelWorkerTest(unittest.TestCase):
         self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
         self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (0, 1))
 
-    def test_quit_serves_what_was_queued_on_the_own_socket_then_exits(self):
+    def quit_with_one_queued(self, line):
+        """The worker stopped, a connection sending `line` queued on its own
+        socket and `Q` sent, then let go: what that connection was
+        answered, once the worker has exited 0."""
         fake = self.fake.ready_and_idle()
         os.kill(fake.process.pid, signal.SIGSTOP)
         wait_for("the worker to stop", fake.stopped)
         queued = socket.create_connection(fake.own.getsockname(), timeout=TIMEOUT)
-        queued.sendall(b"queued\n")
+        queued.sendall(line)
         fake.channel.send(b"\x01Q")
         os.kill(fake.process.pid, signal.SIGCONT)
-        self.assertEqual(read_all(queued), b"slot=1 listener=0 queued\n")
+        answer = read_all(queued)
         queued.close()
         self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        return fake, answer
+
+    def test_quit_serves_what_was_queued_on_the_own_socket_then_exits(self):
+        fake, answer = self.quit_with_one_queued(b"queued\n")
+        self.assertEqual(answer, b"slot=1 listener=0 queued\n")
         self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
         self.assertEqual((fake.read(TAKEN), fake.read(SERVED)), (1, 1))
+
+    def test_a_connection_served_on_quit_never_goes_idle_early(self):
+        # Quitting, the worker stays busy while it serves what was queued:
+        # an early idle would let the kernel queue more on a worker about
+        # to exit.
+        fake, answer = self.quit_with_one_queued(b"end\n")
+        self.assertEqual(answer, b"slot=1 listener=0 state=0\n")
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
 
     def test_a_leaving_worker_is_busy_then_says_X(self):
         fake = self.fake.ready_and_idle()

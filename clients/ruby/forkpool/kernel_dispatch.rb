@@ -190,6 +190,9 @@ module Forkpool
     # before it saw the state change, until every accept finds nothing.
     def drain_own_sockets(handle)
       @board.busy!
+      # Leaving: no early idle (#ending_connection) while it drains, and a
+      # server closes what it serves now.
+      @leaving = true
       @listeners.each_with_index do |sock, listener|
         while (conn = accept_from(sock))
           @board.took!

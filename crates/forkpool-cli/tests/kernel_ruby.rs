@@ -432,6 +432,47 @@ fn a_finishing_worker_looks_at_the_overflow_only_when_something_may_wait() {
     }
 }
 
+/// Told to quit, a worker serves what the kernel queued on its own socket
+/// busy: a connection's ending there must not store idle (the kernel would
+/// queue more on a worker about to exit). On a file mapped like the board,
+/// the handler calls `Worker#ending_connection` and reads the state.
+#[test]
+fn a_connection_served_on_quit_never_goes_idle_early() {
+    if !require_ruby() {
+        return;
+    }
+    let script = r##"require "forkpool/worker"
+        file = File.open(ARGV[0], "r+")
+        board = Forkpool::Board.new(file.fileno, 1)
+        ours, _theirs = UNIXSocket.pair(:SEQPACKET)
+        own = TCPServer.new("127.0.0.1", 0)
+        client = TCPSocket.new("127.0.0.1", own.addr[1])
+        worker = Forkpool::Worker.allocate
+        { board: board, channel: ours, version: 1, max_requests: 0, served_here: 0,
+          leaving: false, listeners: [own] }.each { |name, value| worker.instance_variable_set("@#{name}", value) }
+        seen = []
+        worker.send(:drain_own_sockets, ->(_conn, _listener) { worker.ending_connection; seen << board.state })
+        client.close
+        puts "#{seen.join(" ")} #{board.state}""##;
+    assert_eq!(ruby_on_a_board("ending-on-quit", script), "0 0");
+}
+
+/// Runs the Ruby `script` with the helper on its load path and, as
+/// `ARGV[0]`, a fresh file mapped like a two-slot board; what it printed,
+/// trimmed, once it has exited 0.
+fn ruby_on_a_board(name: &str, script: &str) -> String {
+    let path = common::temp_path(name);
+    write_two_slot_board(&path);
+    let out = Command::new("ruby")
+        .args(["-I", RUBY_DIR, "-e", script])
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// `Worker#ending_connection` on a file mapped like the board: a worker
 /// whose connection is ending goes idle at once (and says `I` when word 2
 /// asks), except when this connection is its share, when it is leaving,
@@ -441,8 +482,6 @@ fn a_connection_ending_goes_idle_early_only_when_nothing_else_is_due() {
     if !require_ruby() {
         return;
     }
-    let path = common::temp_path("ending");
-    write_two_slot_board(&path);
     let script = r#"require "forkpool/worker"
         file = File.open(ARGV[0], "r+")
         board = Forkpool::Board.new(file.fileno, 1)
@@ -465,15 +504,8 @@ fn a_connection_ending_goes_idle_early_only_when_nothing_else_is_due() {
         seen << theirs.recv_nonblock(16, exception: false).inspect
         seen << theirs.recv_nonblock(16, exception: false).inspect
         puts seen.join(" ")"#;
-    let out = Command::new("ruby")
-        .args(["-I", RUBY_DIR, "-e", script])
-        .arg(&path)
-        .output()
-        .unwrap();
-    std::fs::remove_file(&path).unwrap();
-    assert!(out.status.success(), "{out:?}");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        ruby_on_a_board("ending", script),
         r#"1 0 1 0 0 1 "\x01I" :wait_readable"#
     );
 }
