@@ -59,11 +59,18 @@ module Forkpool
         @fields = fields
         @headers = {}
         @keepalive = nil
+        # The names of fields after their first line (nil: none repeats).
+        @repeated = nil
         fields.each { |name, value| add(name, value) }
       end
 
       def add(name, value)
-        @headers[name] = @headers.key?(name) ? "#{@headers[name]}, #{value}" : value
+        if (first = @headers[name])
+          (@repeated ||= []) << name
+          @headers[name] = "#{first}, #{value}"
+        else
+          @headers[name] = value
+        end
       end
 
       def version
@@ -96,8 +103,11 @@ module Forkpool
         @keepalive = @minor >= 1 ? !connection.include?("close") : connection.include?("keep-alive")
       end
 
+      # How many field lines named `name` (lower-case) the head has.
       def count(name)
-        @fields.count { |n, _| n == name }
+        return 0 unless @headers.key?(name)
+
+        @repeated ? 1 + @repeated.count(name) : 1
       end
     end
 
@@ -115,11 +125,14 @@ module Forkpool
           skipped += 1
           raise Error.new(400, "more than #{MAX_LEADING_EMPTY_LINES} empty lines before the request") if skipped > MAX_LEADING_EMPTY_LINES
         end
-        finish = conn.buf.index("\r\n\r\n")
-        # A refused head ends the connection: taking it first costs nothing.
-        return check_bytes(conn.take(finish + 4), limits) if finish
+        unless conn.buf.empty?
+          finish = conn.buf.index("\r\n\r\n")
+          # A refused head ends the connection: taking it first costs
+          # nothing. Its bytes are checked by parse_head.
+          return check_sizes(conn.take(finish + 4), limits) if finish
 
-        check_bytes(conn.buf, limits)
+          check_bytes(conn.buf, limits)
+        end
 
         begin
           more = conn.fill(deadline)
@@ -137,9 +150,7 @@ module Forkpool
 
     # `head` (or the part of it there so far) when it breaks no byte rule.
     def check_bytes(head, limits)
-      line_end = head.index(CRLF) || head.bytesize
-      raise Error.new(414, "the request line is longer than #{limits.max_request_line} bytes") if line_end > limits.max_request_line
-      raise Error.new(431, "the request head is larger than #{limits.max_head} bytes") if head.bytesize > limits.max_head
+      check_sizes(head, limits)
       return head unless head.match?(BAD_HEAD_BYTE)
 
       raise Error.new(400, "a bare LF in the request head (lines end with CRLF)") if head.match?(BARE_LF)
@@ -148,20 +159,39 @@ module Forkpool
       raise Error.new(400, "a NUL byte in the request head")
     end
 
-    # A Request from a complete head (ending with the blank line).
+    # `head` (or the part of it there so far) when its request line and
+    # its size are within the limits.
+    def check_sizes(head, limits)
+      line_end = head.index(CRLF) || head.bytesize
+      raise Error.new(414, "the request line is longer than #{limits.max_request_line} bytes") if line_end > limits.max_request_line
+      raise Error.new(431, "the request head is larger than #{limits.max_head} bytes") if head.bytesize > limits.max_head
+
+      head
+    end
+
+    # A Request from a complete head (ending with the blank line) that
+    # read_head returned. A request line that REQUEST_LINE matches and
+    # field lines that FIELD_LINES matches, every one, hold no bare CR or
+    # LF and no NUL (neither pattern admits them): only a head that fails
+    # them is searched for those bytes, whose rule goes first.
     def parse_head(head, limits)
       line_end = head.index(CRLF)
-      method, target, minor = parse_request_line(head.byteslice(0, line_end))
+      line = head.byteslice(0, line_end)
       # The field lines, each with its CRLF, without the blank line.
       section = head.byteslice(line_end + 2, head.bytesize - line_end - 4)
-      request = Request.new(method, target, minor, parse_section(section, limits))
+      match = REQUEST_LINE.match(line)
+      fields = match && parse_section(section, limits, strict: false)
+      check_bytes(head, limits) unless fields
+      method, target, minor = parse_request_line(line, match)
+      request = Request.new(method, target, minor, fields || parse_section(section, limits))
       resolve_target(request)
       check_host(request)
       request
     end
 
-    def parse_request_line(line)
-      match = REQUEST_LINE.match(line)
+    # [method, target, minor] of a request line (`match`: REQUEST_LINE's
+    # match of it, when taken already).
+    def parse_request_line(line, match = REQUEST_LINE.match(line))
       return request_line_error(line) unless match
       raise Error.new(505, "HTTP/#{match[3]}.#{match[4]} is not supported (HTTP/1.x is)") if match[3] != "1"
 
@@ -187,15 +217,20 @@ module Forkpool
     end
 
     # [lower-case name, value] pairs from a header section (field lines,
-    # each ending with CRLF): in one scan when every line keeps the rules,
-    # else line by line, which says which rule a line broke.
-    def parse_section(section, limits)
+    # each ending with CRLF) in one scan, when every line keeps the rules;
+    # else nil, and, with `strict`, line by line, which raises the rule a
+    # line broke.
+    def parse_section(section, limits, strict: true)
       count = section.count("\n")
       raise Error.new(431, "more than #{limits.max_fields} header fields") if count > limits.max_fields
 
       # A section no longer than a field line may be has no line too long.
       fields = section.bytesize <= limits.max_field_line ? section.scan(FIELD_LINES) : []
-      return parse_fields(section.split(CRLF), limits) if fields.size != count
+      if fields.size != count
+        return nil unless strict
+
+        return parse_fields(section.split(CRLF), limits)
+      end
 
       fields.each { |field| field[0] = KNOWN_FIELDS[field[0]] || field[0].downcase }
     end
@@ -265,13 +300,25 @@ module Forkpool
       request.split_target(path, query ? target.byteslice(query + 1, target.bytesize) : "")
     end
 
+    # Host values found valid, remembered: most requests repeat one.
+    VALID_HOSTS = {} # rubocop:disable Style/MutableConstant (filled as hosts come)
+    VALID_HOSTS_MAX = 64
+
+    def valid_host?(value)
+      return true if VALID_HOSTS.key?(value)
+      return false unless value.match?(HOST)
+
+      VALID_HOSTS[value.frozen? ? value : value.dup.freeze] = true if VALID_HOSTS.size < VALID_HOSTS_MAX
+      true
+    end
+
     def check_host(request)
       hosts = request.count("host")
       raise Error.new(400, "more than one Host header") if hosts > 1
       raise Error.new(400, "an HTTP/1.1 request without Host") if hosts.zero? && request.minor >= 1
 
       value = request.headers["host"]
-      raise Error.new(400, "the Host header is not a host[:port]") if value && !value.match?(HOST)
+      raise Error.new(400, "the Host header is not a host[:port]") if value && !valid_host?(value)
 
       request.host ||= value
     end

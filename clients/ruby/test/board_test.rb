@@ -33,9 +33,38 @@ class BoardTest < Minitest::Test
   # Words 3 and 4 say one connection waits on the overflow: only word 5,
   # the dispatch bound, can keep slot 2 from looking there.
   def test_a_slot_at_or_beyond_the_dispatch_bound_does_not_look_at_the_overflow
+    [true, false].each { |buffer| check_the_bound(buffer) }
+  end
+
+  # The counts and the state, as the supervisor reads them, through an
+  # IO::Buffer mapping and through the Fiddle pointer alike; each starts
+  # from what the record held.
+  def test_the_record_reads_as_stored
+    [true, false].each do |buffer|
+      write_word(8 + 4 * SLOT + 1, 7)
+      board = Forkpool::Board.new(@file.fileno, SLOT, buffer: buffer)
+      board.took!
+      board.took_next!
+      board.served!
+      record = @file.pread(32, 8 * (8 + 4 * SLOT)).unpack("Q<4")
+      assert_equal [0, 9, 1, 1], record, "busy, taken 7+2, served 1, taken next 1 (buffer: #{buffer})"
+      refute board.idle!, "nobody waits (buffer: #{buffer})"
+      assert_equal 1, @file.pread(8, 8 * (8 + 4 * SLOT)).unpack1("Q<"), "idle (buffer: #{buffer})"
+      write_word(2, 1)
+      assert board.idle!, "the supervisor waits (buffer: #{buffer})"
+      board.busy!
+      assert_equal 0, board.state
+      write_word(2, 0)
+      (8 + 4 * SLOT).upto(8 + 4 * SLOT + 3) { |word| write_word(word, 0) }
+      board.release
+    end
+  end
+
+  def check_the_bound(buffer)
     write_word(3, 3)
     write_word(4, 2)
-    @board = Forkpool::Board.new(@file.fileno, SLOT)
+    @board&.release
+    @board = Forkpool::Board.new(@file.fileno, SLOT, buffer: buffer)
     seen = [0, 4, 3, 2, 1, 0].map do |bound|
       write_word(5, bound)
       [bound, @board.overflow_may_wait?]
