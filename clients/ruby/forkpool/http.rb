@@ -79,7 +79,7 @@ module Forkpool
       def fill(deadline)
         return false if @eof
 
-        loop do
+        while true # rubocop:disable Style/InfiniteLoop (Kernel#loop's block costs a request)
           data = @sock.read_nonblock(READ_SIZE, Connection.read_buffer, exception: false)
           case data
           when :wait_readable

@@ -95,11 +95,13 @@ module Forkpool
         return @keepalive unless @keepalive.nil?
 
         value = @headers["connection"]
-        # One token, as most requests send it, needs no split.
-        connection = if value.nil? then NO_TOKENS
-                     elsif value.include?(",") then tokens("connection")
-                     else [value.strip.downcase]
-                     end
+        # One token, as most requests send it, needs no split (a value
+        # comes without the whitespace around it).
+        unless value&.include?(",")
+          return @keepalive = @minor >= 1 ? !value&.casecmp?("close") : value&.casecmp?("keep-alive") || false
+        end
+
+        connection = tokens("connection")
         @keepalive = @minor >= 1 ? !connection.include?("close") : connection.include?("keep-alive")
       end
 
@@ -118,7 +120,7 @@ module Forkpool
     # Refuses (Error) as soon as the bytes already there break a rule.
     def read_head(conn, limits, deadline)
       skipped = 0
-      loop do
+      while true # rubocop:disable Style/InfiniteLoop (Kernel#loop's block costs a request)
         # RFC 9112 2.2: empty lines before a request line are ignored.
         while conn.buf.start_with?(CRLF)
           conn.take(2) # (a new buffer when these were the last bytes)

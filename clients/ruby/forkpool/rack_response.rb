@@ -72,7 +72,7 @@ module Forkpool
       length = add_headers(out, headers)
       if length.nil? && body.respond_to?(:to_ary)
         parts = body.to_ary
-        length = parts.sum(&:bytesize)
+        length = parts.size == 1 ? parts[0].bytesize : parts.sum(&:bytesize)
         out << "Content-Length: " << length.to_s << "\r\n" unless bodyless
       end
       chunked = false

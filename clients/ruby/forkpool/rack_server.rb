@@ -230,7 +230,8 @@ module Forkpool
     end
 
     def run_after_reply(env)
-      env["rack.after_reply"].each(&:call)
+      callbacks = env["rack.after_reply"]
+      callbacks.each(&:call) unless callbacks.empty?
     rescue StandardError => e
       warn "forkpool-rack: an after_reply callback failed: #{e.class}: #{e.message}"
     end
@@ -266,24 +267,25 @@ module Forkpool
       env["rack.input"] = input
       env["rack.after_reply"] = []
       request.headers.each do |field, value|
-        key = @env_keys.fetch(field) { env_key(field) }
+        key = @env_keys[field]
+        key = env_key(field) if key.nil?
         env[key] = value if key
       end
       env["HTTP_HOST"] = request.host if request.host # an absolute-form target's wins
       env
     end
 
-    # The environment key of a header field (lower-case), remembered; nil
+    # The environment key of a header field (lower-case), remembered; false
     # for a name with "_", which would be taken for the dash form (nginx
     # drops them too).
     def env_key(field)
       key = if field.include?("_")
-              nil
+              false
             else
               upper = field.upcase.tr("-", "_")
               %w[CONTENT_TYPE CONTENT_LENGTH].include?(upper) ? upper : "HTTP_#{upper}"
             end
-      @env_keys[field.dup.freeze] = key&.freeze if @env_keys.size < ENV_KEY_CACHE_SIZE
+      @env_keys[field.dup.freeze] = key.freeze if @env_keys.size < ENV_KEY_CACHE_SIZE
       key
     end
 
