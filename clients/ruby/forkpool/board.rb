@@ -8,14 +8,14 @@ module Forkpool
   # (docs/protocol.md, "`kernel` dispatch"): the board mapped with libc's
   # mmap through Fiddle, the slot's state and its three counts. Of the
   # header it reads words 0 and 1 (the magic, the slot count) once, and,
-  # as it goes, word 2 (the supervisor waits for an `I`), words 3 and 4
-  # (the overflow's counts, word 4 also added to) and word 5 (the dispatch
-  # bound).
+  # as it goes, word 2 (the supervisor waits for an `I`) and word 5 (the
+  # dispatch bound). Words 3 and 4, the overflow's counts, it leaves
+  # alone (Worker#take_overflow says why).
   #
   # Plain loads and stores go through an IO::Buffer mapping of the same
   # pages (Ruby 3.1 on), which reads and writes an Integer in place: a
   # quarter of what a Fiddle::Pointer's string copy and its pack cost,
-  # and a worker makes seven of them a connection. Without IO::Buffer
+  # and a worker makes several of them a connection. Without IO::Buffer
   # (Ruby 3.0) they go through the Fiddle::Pointer. The counts have one
   # writer (this worker), so they are kept in Ruby and stored whole.
   #
@@ -39,10 +39,6 @@ module Forkpool
     # Word 2: nonzero while the supervisor holds connections for the next
     # worker to go idle.
     WAITING = 2 * WORD
-    # Words 3 and 4: connections the kernel sent to the overflow, and
-    # those taken from it (by the supervisor or a finishing worker).
-    OVERFLOW_SENT = 3 * WORD
-    OVERFLOW_TAKEN = 4 * WORD
     # Word 5, the supervisor's: the dispatch bound. 0, or the first slot
     # outside the pool's dispatch width: the kernel gives the slots from
     # it on no new connection, and their workers take none from the
@@ -53,15 +49,6 @@ module Forkpool
     # libatomic's exchange, or nil where the library is not installed.
     EXCHANGE = begin
       Fiddle::Function.new(Fiddle::Handle.new("libatomic.so.1")["__atomic_exchange_8"],
-                           [Fiddle::TYPE_VOIDP, Fiddle::TYPE_LONG_LONG, Fiddle::TYPE_INT],
-                           Fiddle::TYPE_LONG_LONG)
-    rescue Fiddle::DLError
-      nil
-    end
-
-    # libatomic's fetch-and-add, or nil where the library is not installed.
-    FETCH_ADD = begin
-      Fiddle::Function.new(Fiddle::Handle.new("libatomic.so.1")["__atomic_fetch_add_8"],
                            [Fiddle::TYPE_VOIDP, Fiddle::TYPE_LONG_LONG, Fiddle::TYPE_INT],
                            Fiddle::TYPE_LONG_LONG)
     rescue Fiddle::DLError
@@ -86,8 +73,6 @@ module Forkpool
       # a new pointer object on every call.
       @state_ptr = @ptr + @state
       @exchange = atomics ? EXCHANGE : nil
-      @fetch_add = atomics ? FETCH_ADD : nil
-      @overflow_taken_ptr = @ptr + OVERFLOW_TAKEN
       @fence_lock = Libc.held_spin_lock unless @exchange
       @taken = load(@state + WORD)
       @served = load(@state + 2 * WORD)
@@ -142,29 +127,15 @@ module Forkpool
       store(@state + 3 * WORD, @taken_next)
     end
 
-    # False when a finishing worker is not to look on an overflow socket
-    # (a system call): its slot is outside the dispatch width (word 5 is
-    # set and not above the slot), or nothing can wait there (the kernel
-    # sent no more there than were taken; word 4 read first). True when
-    # something may. Under load that computes, the supervisor narrows the
-    # set of workers that serve, so that each stays hot in its CPU's
-    # cache; a worker outside it that took from the overflow would keep
-    # serving and never leave the set, so it goes idle instead.
-    def overflow_may_wait?
+    # False when the slot is outside the dispatch width (word 5 is set and
+    # not above the slot): a finishing worker then takes nothing from the
+    # overflow. Under load that computes, the supervisor narrows the set
+    # of workers that serve, so that each stays hot in its CPU's cache; a
+    # worker outside it that took from the overflow would keep serving
+    # and never leave the set, so it goes idle instead.
+    def within_width?
       bound = load(BOUND)
-      return false if bound != 0 && @slot >= bound
-
-      taken = load(OVERFLOW_TAKEN)
-      load(OVERFLOW_SENT) > taken
-    end
-
-    # It took a connection from an overflow socket: word 4 goes up by one,
-    # atomically (the supervisor adds too). Without libatomic it is left
-    # alone: a racy add could lose the supervisor's, or tear, and word 4
-    # must never count more than were taken. The others then look every
-    # time, as they would without the words.
-    def overflow_taken!
-      @fetch_add&.call(@overflow_taken_ptr, 1, SEQ_CST)
+      bound.zero? || @slot < bound
     end
 
     # It finished a connection (handed ones included).

@@ -35,6 +35,8 @@ module Forkpool
     # on a cold one. Not when something may wait on the overflow (the
     # finish takes it), nor when the worker leaves after this connection
     # (told to, or its share served); a no-op outside kernel dispatch.
+    # The look at the overflow is the finish's: when it sees a connection
+    # there and no message, the finish takes it without looking again.
     def ending_connection
       return if @board.nil? || @idle_early || @headroom_checked
 
@@ -42,8 +44,14 @@ module Forkpool
       @headroom_checked = true
       return if @leaving
       return if @max_requests.positive? && @served_here + 1 >= @max_requests
-      return if @board.overflow_may_wait?
 
+      if @board.within_width?
+        ready, = IO.select([@channel, @overflow[@serving]], nil, nil, 0)
+        if ready&.include?(@overflow[@serving])
+          @next_seen = !ready.include?(@channel)
+          return
+        end
+      end
       @idle_early = true
       send_message("I") if @board.idle!
     end
@@ -146,6 +154,8 @@ module Forkpool
       @served_here += 1
       idle_early = @idle_early
       @idle_early = false
+      seen = @next_seen
+      @next_seen = false
       leave if @served_here == @max_requests
       if @leaving
         @board.busy!
@@ -154,7 +164,7 @@ module Forkpool
       end
       return nil if idle_early
 
-      following = take_overflow(listener)
+      following = take_overflow(listener, seen)
       if following.nil? && @leaving # out of descriptors
         @board.busy!
         say_leaving
@@ -169,21 +179,26 @@ module Forkpool
     end
 
     # The next connection waiting on overflow listener `listener`, unless
-    # the supervisor has a message first. Nothing is asked when the board
-    # says no connection can wait on any overflow (at light load, nearly
-    # always), or that this slot is outside the dispatch width (word 5:
-    # the worker goes idle, and the kernel gives it nothing new either);
-    # else one select asks about both, and the accept is tried only when
-    # the listener has something.
-    def take_overflow(listener)
-      return nil unless @board.overflow_may_wait?
+    # the supervisor has a message first. Nothing is asked when this slot
+    # is outside the dispatch width (word 5: the worker goes idle, and the
+    # kernel gives it nothing new either); else one select asks about
+    # both, and the accept is tried only when the listener has something.
+    # `seen`: #ending_connection's select saw a connection there and no
+    # message, so it is not asked again.
+    #
+    # Word 4 is left alone: Ruby has no atomic add of its own, and one
+    # through Fiddle costs twice the instructions of this select, on
+    # nearly every connection under load (when most are taken here). The
+    # words then never say that nothing waits, so neither does this helper
+    # read them: it looks (protocol.md, step 6).
+    def take_overflow(listener, seen)
+      return nil unless @board.within_width?
 
-      ready, = IO.select([@channel, @overflow[listener]], nil, nil, 0)
-      return nil if ready.nil? || ready.include?(@channel)
-
-      conn = accept_from(@overflow[listener])
-      @board.overflow_taken! if conn
-      conn
+      unless seen
+        ready, = IO.select([@channel, @overflow[listener]], nil, nil, 0)
+        return nil if ready.nil? || ready.include?(@channel)
+      end
+      accept_from(@overflow[listener])
     end
 
     # On `Q`: busy, then serve what the kernel queued on the own sockets

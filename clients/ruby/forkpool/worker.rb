@@ -434,6 +434,7 @@ module Forkpool
       while conn
         following = nil
         begin
+          @serving = listener
           handle.call(conn, listener)
           following = finish(listener)
         rescue Exception # rubocop:disable Lint/RescueException
