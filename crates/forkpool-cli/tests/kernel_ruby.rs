@@ -399,7 +399,7 @@ fn the_endings_look_at_the_overflow_is_the_finishs() {
     if !require_ruby() {
         return;
     }
-    let script = r#"require "forkpool/worker"
+    let script = r##"require "forkpool/worker"
         $selects = 0
         IO.singleton_class.prepend(Module.new { def select(*) = ($selects += 1; super) })
         file = File.open(ARGV[0], "r+")
@@ -427,7 +427,7 @@ fn the_endings_look_at_the_overflow_is_the_finishs() {
         client = TCPSocket.new("127.0.0.1", overflow.addr[1])
         file.pwrite([1].pack("Q<"), 40) # word 5: slot 1 is outside the width
         ending.call # neither looks; idle early
-        puts "#{seen.join(" ")} #{file.pread(16, 24).unpack("Q<2").join(",")}""#;
+        puts "#{seen.join(" ")} #{file.pread(16, 24).unpack("Q<2").join(",")}""##;
     assert_eq!(
         ruby_on_a_board("overflow-look", script),
         "1/none/1 0/took/1 1/none/0 0,0"
