@@ -34,6 +34,23 @@ module Forkpool
     # where the last one ended (\G), so the matches are every line only when
     # there are as many as lines.
     FIELD_LINES = /\G([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\r\n/n.freeze
+    # How many field lines COMMON_HEAD takes in its one match.
+    COMMON_FIELDS = 8
+    # Most request heads whole, in one match: an HTTP/1.x request line
+    # that breaks no rule, then up to COMMON_FIELDS field lines as
+    # FIELD_LINES takes them, then the rest: the blank line alone when
+    # every line was taken. Each line is atomic (a failed match never
+    # tries another split of an earlier line), and each is tried only
+    # after the one before it matched (a line that fails is tried once,
+    # not once a group). Captures: method, target, minor, then name and
+    # value for each field line taken, then the rest.
+    COMMON_HEAD = begin
+      token = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]+"
+      field = "(?>(#{token}):[ \\t]*((?:[\\t\\x20-\\x7e\\x80-\\xff]*[\\x21-\\x7e\\x80-\\xff])?)[ \\t]*\\r\\n)"
+      fields = Array.new(COMMON_FIELDS, field).reverse.inject("") { |inner, line| "(?:#{line}#{inner})?" }
+      Regexp.new("\\A(#{token}) ([\\x21-\\x7e]+) HTTP/1\\.(\\d)\\r\\n#{fields}(.*)\\z",
+                 Regexp::NOENCODING | Regexp::MULTILINE)
+    end
     # The lower-case form of the field names most requests carry, so that
     # most names are not lower-cased again on every request.
     KNOWN_FIELDS = %w[
@@ -177,6 +194,47 @@ module Forkpool
     # LF and no NUL (neither pattern admits them): only a head that fails
     # them is searched for those bytes, whose rule goes first.
     def parse_head(head, limits)
+      request = parse_common_head(head, limits) || parse_any_head(head, limits)
+      resolve_target(request)
+      check_host(request)
+      request
+    end
+
+    # The Request of a head COMMON_HEAD takes whole (its field lines past
+    # COMMON_FIELDS scanned by parse_section), or nil: a head longer than
+    # a field line may be (a line in it could be too long), a CONNECT
+    # (refused in order by parse_any_head), or one a rule may refuse.
+    def parse_common_head(head, limits)
+      return nil if head.bytesize > limits.max_field_line
+
+      match = COMMON_HEAD.match(head)
+      return nil if match.nil?
+
+      captures = match.captures
+      return nil if captures[0] == "CONNECT"
+
+      fields = []
+      at = 3
+      while (name = captures[at])
+        fields << [KNOWN_FIELDS[name] || name.downcase, captures[at + 1]]
+        at += 2
+        break if at == 3 + 2 * COMMON_FIELDS
+      end
+      rest = captures.last
+      if rest != CRLF
+        more = parse_section(rest.byteslice(0, rest.bytesize - 2), limits, strict: false)
+        return nil if more.nil?
+
+        fields.concat(more)
+      end
+      return nil if fields.size > limits.max_fields
+
+      Request.new(captures[0], captures[1], captures[2] == "0" ? 0 : 1, fields)
+    end
+
+    # The Request of any head, or the Error of the first rule it breaks:
+    # its bytes, its request line, then its field lines.
+    def parse_any_head(head, limits)
       line_end = head.index(CRLF)
       line = head.byteslice(0, line_end)
       # The field lines, each with its CRLF, without the blank line.
@@ -185,10 +243,7 @@ module Forkpool
       fields = match && parse_section(section, limits, strict: false)
       check_bytes(head, limits) unless fields
       method, target, minor = parse_request_line(line, match)
-      request = Request.new(method, target, minor, fields || parse_section(section, limits))
-      resolve_target(request)
-      check_host(request)
-      request
+      Request.new(method, target, minor, fields || parse_section(section, limits))
     end
 
     # [method, target, minor] of a request line (`match`: REQUEST_LINE's

@@ -114,3 +114,30 @@ fn idle_kept_alive_clients_give_way_to_a_new_one() {
     };
     http_server_checks::idle_kept_alive_clients_give_way_to_a_new_one(&pool);
 }
+
+/// The one-match reading of a head and the long way read every head alike
+/// (`clients/ruby/test/http_head_test.rb`: chosen heads, and 2,000 put
+/// together at random from good and bad pieces, seeded).
+#[test]
+fn a_head_reads_alike_in_one_match_and_the_long_way() {
+    if !require_rack() {
+        return;
+    }
+    let ruby = clients_dir().join("ruby");
+    let out = Command::new("ruby")
+        .arg("-I")
+        .arg(&ruby)
+        .arg(ruby.join("test/http_head_test.rb"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("2 runs, 2009 assertions, 0 failures, 0 errors"),
+        "{stdout}"
+    );
+}
