@@ -42,13 +42,15 @@ module Forkpool
     # every line was taken. Each line is atomic (a failed match never
     # tries another split of an earlier line), and each is tried only
     # after the one before it matched (a line that fails is tried once,
-    # not once a group). Captures: method, target, minor, then name and
-    # value for each field line taken, then the rest.
+    # not once a group). Captures: method, target, "0" for HTTP/1.0 (else
+    # nil), then name and value for each field line taken, then the rest
+    # (nil when it is the blank line alone): no string is made for what
+    # most requests do not need.
     COMMON_HEAD = begin
       token = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]+"
       field = "(?>(#{token}):[ \\t]*((?:[\\t\\x20-\\x7e\\x80-\\xff]*[\\x21-\\x7e\\x80-\\xff])?)[ \\t]*\\r\\n)"
       fields = Array.new(COMMON_FIELDS, field).reverse.inject("") { |inner, line| "(?:#{line}#{inner})?" }
-      Regexp.new("\\A(#{token}) ([\\x21-\\x7e]+) HTTP/1\\.(\\d)\\r\\n#{fields}(.*)\\z",
+      Regexp.new("\\A(#{token}) ([\\x21-\\x7e]+) HTTP/1\\.(?:(0)|\\d)\\r\\n#{fields}(?:\\r\\n|(.+))\\z",
                  Regexp::NOENCODING | Regexp::MULTILINE)
     end
     # The lower-case form of the field names most requests carry, so that
@@ -66,21 +68,24 @@ module Forkpool
     class Request
       NO_TOKENS = [].freeze
 
-      attr_reader :method, :target, :path, :query, :minor, :fields, :headers
+      attr_reader :method, :target, :path, :query, :minor, :headers
       attr_accessor :host
 
-      def initialize(method, target, minor, fields)
+      # `fields`: [lower-case name, value] pairs, in order (or none: #add
+      # each).
+      def initialize(method, target, minor, fields = nil)
         @method = method
         @target = target
         @minor = minor
-        @fields = fields
         @headers = {}
         @keepalive = nil
         # The names of fields after their first line (nil: none repeats).
         @repeated = nil
-        fields.each { |name, value| add(name, value) }
+        fields&.each { |name, value| add(name, value) }
       end
 
+      # A field line, `name` in lower case: its value joins those of the
+      # lines of that name before it, after ", ".
       def add(name, value)
         if (first = @headers[name])
           (@repeated ||= []) << name
@@ -213,23 +218,23 @@ module Forkpool
       captures = match.captures
       return nil if captures[0] == "CONNECT"
 
-      fields = []
+      request = Request.new(captures[0], captures[1], captures[2] ? 0 : 1)
       at = 3
-      while (name = captures[at])
-        fields << [KNOWN_FIELDS[name] || name.downcase, captures[at + 1]]
+      while at < 3 + 2 * COMMON_FIELDS && (name = captures[at])
+        request.add(KNOWN_FIELDS[name] || name.downcase, captures[at + 1])
         at += 2
-        break if at == 3 + 2 * COMMON_FIELDS
       end
-      rest = captures.last
-      if rest != CRLF
+      taken = (at - 3) / 2
+      if (rest = captures.last)
         more = parse_section(rest.byteslice(0, rest.bytesize - 2), limits, strict: false)
         return nil if more.nil?
 
-        fields.concat(more)
+        more.each { |field_name, value| request.add(field_name, value) }
+        taken += more.size
       end
-      return nil if fields.size > limits.max_fields
+      return nil if taken > limits.max_fields
 
-      Request.new(captures[0], captures[1], captures[2] == "0" ? 0 : 1, fields)
+      request
     end
 
     # The Request of any head, or the Error of the first rule it breaks:
