@@ -108,7 +108,11 @@ module Forkpool
           @keepalive = false if name.to_s.casecmp?("connection") && values.to_s.downcase.include?("close")
           next
         end
-        if values.is_a?(String) && !values.include?("\n")
+        if values.is_a?(String) && values.ascii_only? && !values.match?(BAD_VALUE)
+          # One line with nothing to check further, as most are.
+          length = Integer(values, 10) if lower == "content-length"
+          out << (name.is_a?(String) ? name : name.to_s) << ": " << values << "\r\n"
+        elsif values.is_a?(String) && !values.include?("\n")
           length = add_header(out, name, values, lower, length)
         else
           # Rack 2 puts several values of one header on lines of one string.

@@ -271,7 +271,9 @@ module Forkpool
         key = env_key(field) if key.nil?
         env[key] = value if key
       end
-      env["HTTP_HOST"] = request.host if request.host # an absolute-form target's wins
+      host = request.host
+      # An absolute-form target's host wins over the header's.
+      env["HTTP_HOST"] = host if host && !host.equal?(request.headers["host"])
       env
     end
 
