@@ -10,9 +10,12 @@
 #   PROFILE=1 ruby bench/lib/rack_hot_loop.rb      (stackprof, if installed:
 #                                                   Debian's ruby-stackprof)
 #
-# On a 2-core VM this read 19-27 µs and 30 objects a request (2026-11-27);
-# under load the same work costs two to three times that, the workers
-# taking turns on the CPUs' caches.
+# On a 2-core VM this read 19-27 µs and 30 objects a request on the
+# morning of 2026-11-27, 14-17 µs and 18 objects that afternoon; under
+# load the same work costs two to three times that, the workers taking
+# turns on the CPUs' caches. Its instructions (`valgrind --tool=callgrind`,
+# the difference between two counts) do not move with the machine: 127.5k
+# a request that morning, 99.0k that afternoon.
 
 $LOAD_PATH.unshift(File.expand_path("../../clients/ruby", __dir__))
 require "socket"
