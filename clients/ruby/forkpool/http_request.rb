@@ -139,7 +139,9 @@ module Forkpool
 
     # The next request head, from the first byte to the blank line, or nil
     # when the client closed (or was silent) before sending a byte.
-    # Refuses (Error) as soon as the bytes already there break a rule.
+    # Refuses (Error) a head still arriving as soon as the bytes already
+    # there break a rule, and a complete one too long; the byte rules of a
+    # complete head are parse_head's to check.
     def read_head(conn, limits, deadline)
       skipped = 0
       while true # rubocop:disable Style/InfiniteLoop (Kernel#loop's block costs a request)
