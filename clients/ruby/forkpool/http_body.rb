@@ -7,7 +7,7 @@ module Forkpool
   module HTTP
     # chunk-size [ chunk-ext ]: hex digits only; extensions per RFC 9112
     # 7.1.1 (BWS ";" BWS name [BWS "=" BWS (token / quoted-string)]).
-    CHUNK_TOKEN = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]+"
+    CHUNK_TOKEN = TOKEN_PATTERN
     CHUNK_QUOTED = '"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\\\[\t \x21-\x7e\x80-\xff])*"'
     CHUNK_LINE = Regexp.new(
       "\\A([0-9A-Fa-f]+)((?:[ \\t]*;[ \\t]*#{CHUNK_TOKEN}(?:[ \\t]*=[ \\t]*(?:#{CHUNK_TOKEN}|#{CHUNK_QUOTED}))?)*)\\z",

@@ -2,8 +2,15 @@
 
 module Forkpool
   module HTTP
-    # RFC 9110 token characters: methods and field names.
-    TOKEN = /\A[!#$%&'*+\-.^_`|~0-9A-Za-z]+\z/n.freeze
+    # RFC 9110 token characters (methods, field names), as a pattern to
+    # build the expressions below from.
+    TOKEN_PATTERN = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]+"
+    # A field line without its CRLF: a token, a colon, optional
+    # whitespace, a value of visible characters, spaces, tabs and obs-text
+    # (captured without its leading and trailing whitespace).
+    FIELD_PATTERN = "(#{TOKEN_PATTERN}):[ \\t]*((?:[\\t\\x20-\\x7e\\x80-\\xff]*[\\x21-\\x7e\\x80-\\xff])?)[ \\t]*"
+    # A token, whole.
+    TOKEN = Regexp.new("\\A#{TOKEN_PATTERN}\\z", Regexp::NOENCODING)
     # What may never be in a head: a LF not after a CR, a CR not before a
     # LF (checked once the next byte is there), NUL.
     BARE_LF = /(?<!\r)\n/n.freeze
@@ -25,15 +32,13 @@ module Forkpool
     BAD_HEAD_BYTE = /(?<!\r)\n|\r(?=[^\n])|\0/n.freeze
     # A request line that breaks no rule: METHOD SP TARGET SP HTTP/D.D. One
     # that does not match is taken apart again to say which rule it broke.
-    REQUEST_LINE = %r{\A([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) HTTP/(\d)\.(\d)\z}n.freeze
-    # A field line that breaks no rule: a token, a colon, optional
-    # whitespace, a value of visible characters, spaces, tabs and obs-text
-    # (captured without its leading and trailing whitespace).
-    FIELD_LINE = /\A([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\z/n.freeze
+    REQUEST_LINE = Regexp.new("\\A(#{TOKEN_PATTERN}) ([\\x21-\\x7e]+) HTTP/(\\d)\\.(\\d)\\z", Regexp::NOENCODING)
+    # A field line that breaks no rule (FIELD_PATTERN).
+    FIELD_LINE = Regexp.new("\\A#{FIELD_PATTERN}\\z", Regexp::NOENCODING)
     # FIELD_LINE for a whole header section at once: each match starts
     # where the last one ended (\G), so the matches are every line only when
     # there are as many as lines.
-    FIELD_LINES = /\G([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*\r\n/n.freeze
+    FIELD_LINES = Regexp.new("\\G#{FIELD_PATTERN}\\r\\n", Regexp::NOENCODING)
     # How many field lines COMMON_HEAD takes in its one match.
     COMMON_FIELDS = 8
     # Most request heads whole, in one match: an HTTP/1.x request line
@@ -47,10 +52,8 @@ module Forkpool
     # (nil when it is the blank line alone): no string is made for what
     # most requests do not need.
     COMMON_HEAD = begin
-      token = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]+"
-      field = "(?>(#{token}):[ \\t]*((?:[\\t\\x20-\\x7e\\x80-\\xff]*[\\x21-\\x7e\\x80-\\xff])?)[ \\t]*\\r\\n)"
-      fields = Array.new(COMMON_FIELDS, field).reverse.inject("") { |inner, line| "(?:#{line}#{inner})?" }
-      Regexp.new("\\A(#{token}) ([\\x21-\\x7e]+) HTTP/1\\.(?:(0)|\\d)\\r\\n#{fields}(?:\\r\\n|(.+))\\z",
+      fields = Array.new(COMMON_FIELDS).inject("") { |inner| "(?:(?>#{FIELD_PATTERN}\\r\\n)#{inner})?" }
+      Regexp.new("\\A(#{TOKEN_PATTERN}) ([\\x21-\\x7e]+) HTTP/1\\.(?:(0)|\\d)\\r\\n#{fields}(?:\\r\\n|(.+))\\z",
                  Regexp::NOENCODING | Regexp::MULTILINE)
     end
     # The lower-case form of the field names most requests carry, so that
@@ -196,10 +199,10 @@ module Forkpool
     end
 
     # A Request from a complete head (ending with the blank line) that
-    # read_head returned. A request line that REQUEST_LINE matches and
-    # field lines that FIELD_LINES matches, every one, hold no bare CR or
-    # LF and no NUL (neither pattern admits them): only a head that fails
-    # them is searched for those bytes, whose rule goes first.
+    # read_head returned. A head COMMON_HEAD takes whole holds no bare CR
+    # or LF and no NUL (its patterns admit none): only a head it does not
+    # take is searched for those bytes (parse_any_head), whose rule goes
+    # first.
     def parse_head(head, limits)
       request = parse_common_head(head, limits) || parse_any_head(head, limits)
       resolve_target(request)
@@ -242,20 +245,17 @@ module Forkpool
     # The Request of any head, or the Error of the first rule it breaks:
     # its bytes, its request line, then its field lines.
     def parse_any_head(head, limits)
+      check_bytes(head, limits)
       line_end = head.index(CRLF)
-      line = head.byteslice(0, line_end)
+      method, target, minor = parse_request_line(head.byteslice(0, line_end))
       # The field lines, each with its CRLF, without the blank line.
       section = head.byteslice(line_end + 2, head.bytesize - line_end - 4)
-      match = REQUEST_LINE.match(line)
-      fields = match && parse_section(section, limits, strict: false)
-      check_bytes(head, limits) unless fields
-      method, target, minor = parse_request_line(line, match)
-      Request.new(method, target, minor, fields || parse_section(section, limits))
+      Request.new(method, target, minor, parse_section(section, limits))
     end
 
-    # [method, target, minor] of a request line (`match`: REQUEST_LINE's
-    # match of it, when taken already).
-    def parse_request_line(line, match = REQUEST_LINE.match(line))
+    # [method, target, minor] of a request line.
+    def parse_request_line(line)
+      match = REQUEST_LINE.match(line)
       return request_line_error(line) unless match
       raise Error.new(505, "HTTP/#{match[3]}.#{match[4]} is not supported (HTTP/1.x is)") if match[3] != "1"
 

@@ -112,10 +112,9 @@ module Forkpool
           # One line with nothing to check further, as most are.
           length = Integer(values, 10) if lower == "content-length"
           out << (name.is_a?(String) ? name : name.to_s) << ": " << values << "\r\n"
-        elsif values.is_a?(String) && !values.include?("\n")
-          length = add_header(out, name, values, lower, length)
         else
-          # Rack 2 puts several values of one header on lines of one string.
+          # Checked value by value (8-bit text, a value to refuse), and
+          # Rack 2's several values of one header on lines of one string.
           Array(values).each { |v| v.to_s.split("\n").each { |value| length = add_header(out, name, value, lower, length) } }
         end
       end

@@ -123,21 +123,8 @@ fn a_head_reads_alike_in_one_match_and_the_long_way() {
     if !require_rack() {
         return;
     }
-    let ruby = clients_dir().join("ruby");
-    let out = Command::new("ruby")
-        .arg("-I")
-        .arg(&ruby)
-        .arg(ruby.join("test/http_head_test.rb"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("2 runs, 2009 assertions, 0 failures, 0 errors"),
-        "{stdout}"
+    rack_support::minitest(
+        "test/http_head_test.rb",
+        "2 runs, 2009 assertions, 0 failures, 0 errors",
     );
 }

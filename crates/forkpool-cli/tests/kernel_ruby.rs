@@ -371,22 +371,10 @@ fn a_finishing_worker_keeps_to_the_dispatch_width() {
     if !require_ruby() {
         return;
     }
-    let test = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../clients/ruby/test/board_test.rb"
+    rack_support::minitest(
+        "test/board_test.rb",
+        "2 runs, 12 assertions, 0 failures, 0 errors",
     );
-    let out = Command::new("ruby")
-        .args(["-I", RUBY_DIR, test])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout)
-        .contains("2 runs, 12 assertions, 0 failures, 0 errors"));
 }
 
 /// A connection waiting on the overflow, on a file mapped like the board:

@@ -20,6 +20,22 @@ pub const SINATRA_APP: &str = concat!(
     "/../../clients/ruby/test/sinatra_app.ru"
 );
 
+/// Runs the minitest file `test` (a path under clients/ruby) with the
+/// helper on the load path; panics, with its output, unless it exits 0
+/// having printed `summary` (runs, assertions, no failure or error).
+pub fn minitest(test: &str, summary: &str) {
+    let out = Command::new("ruby")
+        .args(["-I", RUBY_DIR, &format!("{RUBY_DIR}/{test}")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(summary),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Pool options for exactly `n` workers, held.
 pub fn held(n: &str) -> [&str; 8] {
     [
