@@ -121,9 +121,10 @@ module Forkpool
 
         value = @headers["connection"]
         # One token, as most requests send it, needs no split (a value
-        # comes without the whitespace around it).
+        # comes without the whitespace around it), and an ASCII comparison
+        # (casecmp? would fold both strings to new ones).
         unless value&.include?(",")
-          return @keepalive = @minor >= 1 ? !value&.casecmp?("close") : value&.casecmp?("keep-alive") || false
+          return @keepalive = @minor >= 1 ? value&.casecmp("close") != 0 : value&.casecmp("keep-alive") == 0
         end
 
         connection = tokens("connection")

@@ -45,12 +45,9 @@ module Forkpool
       return if @leaving
       return if @max_requests.positive? && @served_here + 1 >= @max_requests
 
-      if @board.within_width?
-        ready, = IO.select([@channel, @overflow[@serving]], nil, nil, 0)
-        if ready&.include?(@overflow[@serving])
-          @next_seen = !ready.include?(@channel)
-          return
-        end
+      if @board.within_width? && waiting_on(@overflow[@serving]) == :connection
+        @next_seen = true
+        return
       end
       @idle_early = true
       send_message("I") if @board.idle!
@@ -181,23 +178,21 @@ module Forkpool
     # The next connection waiting on overflow listener `listener`, unless
     # the supervisor has a message first. Nothing is asked when this slot
     # is outside the dispatch width (word 5: the worker goes idle, and the
-    # kernel gives it nothing new either); else one select asks about
-    # both, and the accept is tried only when the listener has something.
-    # `seen`: #ending_connection's select saw a connection there and no
-    # message, so it is not asked again.
+    # kernel gives it nothing new either); else one look asks about both
+    # (Worker#waiting_on), and the accept is tried only when the
+    # listener has something. `seen`: #ending_connection's look saw a
+    # connection there and no message, so it is not asked again.
     #
     # Word 4 is left alone: Ruby has no atomic add of its own, and one
-    # through Fiddle costs twice the instructions of this select, on
+    # through Fiddle costs three times the instructions of this look, on
     # nearly every connection under load (when most are taken here). The
     # words then never say that nothing waits, so neither does this helper
     # read them: it looks (protocol.md, step 6).
     def take_overflow(listener, seen)
       return nil unless @board.within_width?
 
-      unless seen
-        ready, = IO.select([@channel, @overflow[listener]], nil, nil, 0)
-        return nil if ready.nil? || ready.include?(@channel)
-      end
+      return nil unless seen || waiting_on(@overflow[listener]) == :connection
+
       accept_from(@overflow[listener])
     end
 

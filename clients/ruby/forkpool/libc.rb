@@ -5,7 +5,7 @@ require "fiddle"
 module Forkpool
   # The libc calls Ruby has no method for: prctl (the parent-death
   # signal), dup2 onto a descriptor no IO object owns yet, a close that
-  # leaves IO objects alone, whether a descriptor is open, and, for the scoreboard of `kernel` dispatch,
+  # leaves IO objects alone, and, for the scoreboard of `kernel` dispatch,
   # mmap and a spin lock's trylock (as a fence). Looked up once, when the
   # helper loads, so a template does it before it forks and every worker
   # shares the result.
@@ -20,10 +20,6 @@ module Forkpool
     )
     DUP2 = Fiddle::Function.new(LIBC["dup2"], [Fiddle::TYPE_INT, Fiddle::TYPE_INT], Fiddle::TYPE_INT)
     CLOSE = Fiddle::Function.new(LIBC["close"], [Fiddle::TYPE_INT], Fiddle::TYPE_INT)
-    # fcntl(fd, cmd, arg), with an int argument.
-    FCNTL = Fiddle::Function.new(LIBC["fcntl"], [Fiddle::TYPE_INT, Fiddle::TYPE_INT, Fiddle::TYPE_INT],
-                                 Fiddle::TYPE_INT)
-    F_GETFD = 1
     MMAP = Fiddle::Function.new(
       LIBC["mmap"],
       [Fiddle::TYPE_VOIDP, Fiddle::TYPE_SIZE_T, Fiddle::TYPE_INT, Fiddle::TYPE_INT, Fiddle::TYPE_INT,
@@ -58,12 +54,6 @@ module Forkpool
     # close(fd), ignoring errors (the descriptor may be gone already).
     def close(fd)
       CLOSE.call(fd)
-    end
-
-    # Whether descriptor `fd` is open: fcntl(F_GETFD) without an IO object
-    # (whose EBADF would cost an exception).
-    def open?(fd)
-      FCNTL.call(fd, F_GETFD, 0) != -1
     end
 
     # mmap(NULL, length, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0), as a

@@ -12,8 +12,8 @@ module Forkpool
     BAD_VALUE = /[\x00-\x08\x0a-\x1f\x7f]/n.freeze
     # How many header names an app may have checked once and remembered.
     NAME_CACHE_SIZE = 256
-    # name => its lower-case form (or :hop for a hop-by-hop header): the
-    # names an app sends, each checked once per process.
+    # name => its HeaderName: the names an app sends, each checked once
+    # per process, with the last value each was sent with.
     NAMES = {} # rubocop:disable Style/MutableConstant (filled as names come)
     # "HTTP/1.x STATUS REASON\r\n" for the statuses sent so far, by
     # x * 1000 + STATUS (an Integer key: no array made per response).
@@ -60,16 +60,21 @@ module Forkpool
       @started
     end
 
-    # Sends the whole response; `must_close` says, when the head goes out,
-    # whether the connection ends after it (the worker is leaving, or the
-    # request's body was left unread).
+    # Sends the whole response; `must_close` says whether the connection
+    # ends after it (the worker is leaving, or the request's body was left
+    # unread).
     def send(status, headers, body, must_close)
       status = Integer(status, exception: false) unless status.is_a?(Integer)
       raise Invalid, "the app's status #{status.inspect} is not 100-999" unless status&.between?(100, 999)
 
-      bodyless = @request.method == "HEAD" || status < 200 || status == 204 || status == 304
+      bodyless = status < 200 || status == 204 || status == 304 || @request.method == "HEAD"
       out = (STATUS_LINES[@request.minor * 1000 + status] ||= status_line(status)).dup
       length = add_headers(out, headers)
+      @keepalive = false if must_close
+      # An Array (most bodies) goes out with the head in one write, without
+      # a block a part.
+      return send_parts(out, body, bodyless, length) if body.instance_of?(Array)
+
       if length.nil? && body.respond_to?(:to_ary)
         parts = body.to_ary
         length = parts.size == 1 ? parts[0].bytesize : parts.sum(&:bytesize)
@@ -84,12 +89,10 @@ module Forkpool
           @keepalive = false # the close ends the body
         end
       end
-      @keepalive = false if must_close.call
-      out << (@keepalive ? (@request.minor.zero? ? "Connection: keep-alive\r\n\r\n" : "\r\n") : "Connection: close\r\n\r\n")
-      @started = true
+      end_head(out)
       send_body(out, body, bodyless, chunked, length)
     ensure
-      body.close if body.respond_to?(:close)
+      body.close if !body.instance_of?(Array) && body.respond_to?(:close)
     end
 
     private
@@ -98,49 +101,85 @@ module Forkpool
       "#{@request.version} #{status} #{HTTP.reason(status)}\r\n".b.freeze
     end
 
+    # A header name an app sends, checked: its text and lower-case form,
+    # and the last value it went out with (most repeat from response to
+    # response) with the line that value made, so that a repeated value
+    # is neither checked nor put together again.
+    class HeaderName
+      # The value of a name not sent yet: equal to no value an app gives.
+      NOT_SENT = Object.new.freeze
+
+      attr_reader :text, :lower, :value, :line, :number
+
+      def initialize(text, lower)
+        @text = text
+        @lower = lower
+        @hop = HOP_BY_HOP.include?(lower)
+        @length = lower == "content-length"
+        @value = NOT_SENT
+        @line = @number = nil
+      end
+
+      # A hop-by-hop header: the server frames the response with its own.
+      def hop?
+        @hop
+      end
+
+      # The line of a value that passed the checks; a Content-Length value
+      # is also read as a number (ArgumentError when it is not one).
+      def line_of(value)
+        line = "#{@text}: #{value}\r\n"
+        number = @length ? Integer(value, 10) : nil
+        @value = value.frozen? ? value : value.dup.freeze
+        @line = line.freeze
+        @number = number
+        line
+      end
+    end
+
     # Appends the app's header lines to `out`; returns its Content-Length
     # (nil without one).
     def add_headers(out, headers)
       length = nil
       headers.each do |name, values|
-        lower = NAMES[name] || check_name(name)
-        if lower == :hop
-          @keepalive = false if name.to_s.casecmp?("connection") && values.to_s.downcase.include?("close")
-          next
-        end
-        if values.is_a?(String) && values.ascii_only? && !values.match?(BAD_VALUE)
+        known = NAMES[name] || check_name(name)
+        if known.value == values # the line it made last time, checked then
+          out << known.line
+          length = known.number || length
+        elsif known.hop?
+          @keepalive = false if known.lower == "connection" && values.to_s.downcase.include?("close")
+        elsif values.is_a?(String) && values.ascii_only? && !values.match?(BAD_VALUE)
           # One line with nothing to check further, as most are.
-          length = Integer(values, 10) if lower == "content-length"
-          out << (name.is_a?(String) ? name : name.to_s) << ": " << values << "\r\n"
+          out << known.line_of(values)
+          length = known.number || length
         else
           # Checked value by value (8-bit text, a value to refuse), and
           # Rack 2's several values of one header on lines of one string.
-          Array(values).each { |v| v.to_s.split("\n").each { |value| length = add_header(out, name, value, lower, length) } }
+          Array(values).each { |v| v.to_s.split("\n").each { |value| length = add_header(out, known, value, length) } }
         end
       end
       length
     end
 
-    def add_header(out, name, value, lower, length)
+    def add_header(out, known, value, length)
       value = value.b unless value.ascii_only?
-      raise Invalid, "the app's header '#{name}' has a CR, LF or NUL" if value.match?(BAD_VALUE)
+      raise Invalid, "the app's header '#{known.text}' has a CR, LF or NUL" if value.match?(BAD_VALUE)
 
-      length = Integer(value, 10) if lower == "content-length"
-      out << (name.is_a?(String) ? name : name.to_s) << ": " << value << "\r\n"
+      length = Integer(value, 10) if known.lower == "content-length"
+      out << known.text << ": " << value << "\r\n"
       length
     end
 
-    # The lower-case form of a header name the app gives (:hop for a
-    # hop-by-hop one), remembered for the next response; Invalid when it
-    # is not a token.
+    # The HeaderName of a name the app gives, remembered for the next
+    # response; Invalid when it is not a token.
     def check_name(name)
       text = name.to_s
       raise Invalid, "the app's header name #{text.inspect} is not a token" unless text.b.match?(HTTP::TOKEN)
 
-      lower = text.downcase
-      lower = :hop if HOP_BY_HOP.include?(lower)
-      NAMES[name.frozen? ? name : text.dup.freeze] = lower if name.is_a?(String) && NAMES.size < NAME_CACHE_SIZE
-      lower
+      text = text.dup.freeze unless text.frozen?
+      known = HeaderName.new(text, text.downcase.freeze)
+      NAMES[text] = known if name.is_a?(String) && NAMES.size < NAME_CACHE_SIZE
+      known
     end
 
     # Once, just before `out`, the last write of a response that ends the
@@ -153,6 +192,40 @@ module Forkpool
 
       @ending.call
       @ending = nil
+    end
+
+    # The blank line that ends the head, after the Connection header when
+    # there is one to say.
+    def end_head(out)
+      out << (@keepalive ? (@request.minor.zero? ? "Connection: keep-alive\r\n\r\n" : "\r\n") : "Connection: close\r\n\r\n")
+      @started = true
+    end
+
+    # An Array body: its length (when the app gave none), the head, the
+    # parts up to the length, in one write.
+    def send_parts(out, parts, bodyless, length)
+      given = length
+      if length.nil?
+        length = parts.size == 1 ? parts[0].bytesize : parts.sum(&:bytesize)
+        out << "Content-Length: " << length.to_s << "\r\n" unless bodyless
+      end
+      end_head(out)
+      unless bodyless
+        parts.each do |piece|
+          piece = piece.byteslice(0, length - @sent) if given && piece.bytesize > length - @sent
+          piece = piece.b unless piece.ascii_only?
+          @sent += piece.bytesize
+          out << piece
+          break if @sent == length
+        end
+        @keepalive = false if @sent < length # less than it announced
+      end
+      ending(out)
+      @conn.write(out, @timeout)
+      return if @ending.nil? || out.bytesize <= ENDING_WRITE_MAX
+
+      @written = true
+      ending(+"")
     end
 
     # The head goes out with the first piece of the body; each piece after

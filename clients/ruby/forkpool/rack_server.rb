@@ -33,10 +33,9 @@ module Forkpool
       @recycle = -> { worker.leave }
       # Just before a connection's last response goes out (RackResponse).
       @ending = -> { worker.ending_connection }
-      # must_close for a request without a body: only a leaving worker.
-      @leaving = -> { worker.leaving? }
-      # [rack.input, must_close] of every request without a body.
-      @no_body = [NULL_INPUT, @leaving].freeze
+      # [rack.input, must_close] of every request without a body (only a
+      # leaving worker closes: asked when the response begins).
+      @no_body = [NULL_INPUT, nil].freeze
       @env_base = environment_base.freeze
       # field name => its environment key (nil: dropped), per process.
       @env_keys = {}
@@ -207,7 +206,7 @@ module Forkpool
 
     def run_app(env, response, request, peer, started, must_close)
       status, headers, body = @app.call(env)
-      response.send(status, headers, body, must_close)
+      response.send(status, headers, body, must_close ? must_close.call : @worker.leaving?)
       log(peer, request, status, response.sent, started, env)
       response.keepalive?
     rescue HTTP::ClientGone

@@ -128,3 +128,18 @@ fn a_head_reads_alike_in_one_match_and_the_long_way() {
         "2 runs, 2009 assertions, 0 failures, 0 errors",
     );
 }
+
+/// A response's header lines (`clients/ruby/test/rack_response_test.rb`):
+/// a name remembers the line its last value made, and what goes out is
+/// still what the app gave this time (a changed value, one changed in
+/// place, a Content-Length, a bad value after a good one).
+#[test]
+fn a_remembered_header_line_never_stands_for_another_value() {
+    if !require_rack() {
+        return;
+    }
+    rack_support::minitest(
+        "test/rack_response_test.rb",
+        "5 runs, 36 assertions, 0 failures, 0 errors",
+    );
+}

@@ -377,6 +377,22 @@ fn a_finishing_worker_keeps_to_the_dispatch_width() {
     );
 }
 
+/// The worker's two looks after a connection, on real descriptors
+/// (`clients/ruby/test/worker_test.rb`): whether the descriptor at the
+/// reserve's start is free (a copy asked for there lands on it only then,
+/// and is closed again), and what waits, a message from the supervisor
+/// before a connection.
+#[test]
+fn the_looks_after_a_connection_see_the_table_and_the_channel_first() {
+    if !require_ruby() {
+        return;
+    }
+    rack_support::minitest(
+        "test/worker_test.rb",
+        "4 runs, 15 assertions, 0 failures, 0 errors",
+    );
+}
+
 /// A connection waiting on the overflow, on a file mapped like the board:
 /// the ending's look sees it (the worker stays busy), and the finish takes
 /// it without looking again; outside the dispatch width (word 5) neither
@@ -388,8 +404,8 @@ fn the_endings_look_at_the_overflow_is_the_finishs() {
         return;
     }
     let script = r##"require "forkpool/worker"
-        $selects = 0
-        IO.singleton_class.prepend(Module.new { def select(*) = ($selects += 1; super) })
+        $looks = 0
+        Forkpool::Worker.prepend(Module.new { def waiting_on(*) = ($looks += 1; super) })
         file = File.open(ARGV[0], "r+")
         board = Forkpool::Board.new(file.fileno, 1)
         ours, _theirs = UNIXSocket.pair(:SEQPACKET)
@@ -400,12 +416,12 @@ fn the_endings_look_at_the_overflow_is_the_finishs() {
         seen = []
         ending = lambda do
           board.busy!
-          $selects = 0
+          $looks = 0
           worker.ending_connection
           state = board.state
           following = worker.send(:finish_on_board, 0)
           worker.instance_variable_set(:@headroom_checked, false)
-          seen << "#{state}/#{following ? "took" : "none"}/#{$selects}"
+          seen << "#{state}/#{following ? "took" : "none"}/#{$looks}"
           following&.close
         end
         ending.call # nothing waits: idle early, no look at the finish
@@ -521,7 +537,7 @@ fn a_last_answer_goes_idle_before_its_write_only_when_the_write_will_not_wait() 
           response = Forkpool::RackResponse.new(Conn.new(events), request, 5.0, keepalive,
                                                 -> { events << "ending" }, after_reply)
           headers = length ? { "content-length" => body.sum(&:bytesize).to_s } : {}
-          response.send(200, headers, body, -> { false })
+          response.send(200, headers, body, false)
           events.join(",")
         end
         big = "x" * (Forkpool::RackResponse::ENDING_WRITE_MAX + 1)
