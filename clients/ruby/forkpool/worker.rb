@@ -435,13 +435,14 @@ module Forkpool
 
     # Whether descriptor @fd_ceiling is free. A copy of the channel asked
     # for at or above it is given the lowest free number there: the
-    # ceiling itself exactly when it is free. The copy is closed at once.
-    # Three system calls (the IO made to close it reads its flags), yet a
-    # third of the instructions of one fcntl(F_GETFD) through Fiddle,
-    # whose failure (EBADF) is what a healthy worker would get.
+    # ceiling itself exactly when it is free. The copy is closed at once,
+    # through a socket object (an IO would read its flags and ask whether
+    # it is a terminal as well: a BasicSocket makes one fstat). Three
+    # system calls, yet a third of the instructions of one fcntl(F_GETFD)
+    # through Fiddle, whose failure (EBADF) is what a healthy worker gets.
     def ceiling_free?
       copy = @channel.fcntl(F_DUPFD_CLOEXEC, @fd_ceiling)
-      IO.for_fd(copy).close # (a keyword argument would cost a Hash)
+      BasicSocket.for_fd(copy).close
       copy == @fd_ceiling
     rescue SystemCallError # EMFILE: nothing free at or above it
       false

@@ -9,8 +9,30 @@
 //! between their users) adds up to the pool's real footprint.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Read};
 use std::time::{Duration, Instant};
+
+/// The text of a `/proc` file, read 4 KiB at a time. `read_to_string`
+/// first asks for the file's size, which procfs gives as 0, then reads
+/// in pieces that start at 32 bytes and double: nine system calls for a
+/// `stat`, where this makes four (open, read, the read that finds the
+/// end, close). The supervisor reads two such files of every serving
+/// child fifty times a second under load (`supervisor::cpu`).
+pub fn read_proc(path: &str) -> io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut text = Vec::new();
+    let mut piece = [0u8; 4096];
+    loop {
+        match file.read(&mut piece) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&piece[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    String::from_utf8(text)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
+}
 
 /// Figures from `/proc/PID/stat` that the supervisor uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +99,7 @@ pub fn boot_ticks_now() -> io::Result<u64> {
 
 /// `pid`'s record in `/proc/PID/stat`; `None` if it is gone.
 pub fn stat_of(pid: i32) -> Option<Stat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let text = read_proc(&format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&text).ok()
 }
 
@@ -98,7 +120,7 @@ pub struct SchedStat {
 /// `pid`'s scheduler statistics (`/proc/PID/schedstat`: on a CPU,
 /// waiting, timeslices); `None` if it is gone or the kernel keeps none.
 pub fn sched_stat(pid: i32) -> Option<SchedStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    let text = read_proc(&format!("/proc/{pid}/schedstat")).ok()?;
     parse_schedstat(&text)
 }
 
@@ -177,9 +199,9 @@ pub struct ProcessSample {
 /// Reads CPU time and memory of `pid`. Fails if the process is gone or its
 /// `/proc` entries are not readable (another user's process, hidepid).
 pub fn sample_process(pid: i32) -> io::Result<ProcessSample> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
     let stat = parse_stat(&stat).map_err(|e| bad_proc(pid, "stat", e))?;
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    let rollup = read_proc(&format!("/proc/{pid}/smaps_rollup"))?;
     let memory = parse_smaps_rollup(&rollup).map_err(|e| bad_proc(pid, "smaps_rollup", e))?;
     let ticks = clock_ticks_per_second()?;
     Ok(ProcessSample {
@@ -198,7 +220,7 @@ fn bad_proc(pid: i32, file: &str, e: String) -> io::Error {
 /// The kernel function the process sleeps in (`/proc/PID/wchan`), `None`
 /// if it is running, unreadable, or the kernel hides it (it then says `0`).
 pub fn read_wchan(pid: i32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/wchan")).ok()?;
+    let text = read_proc(&format!("/proc/{pid}/wchan")).ok()?;
     let text = text.trim();
     (!text.is_empty() && text != "0").then(|| text.to_string())
 }
@@ -217,7 +239,7 @@ pub fn read_kernel_stack(pid: i32) -> Option<String> {
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read_proc(path).ok()?;
     let text = text.trim_end();
     (!text.is_empty()).then(|| text.to_string())
 }
@@ -267,6 +289,25 @@ impl CpuSampler {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Whatever its size: a file of more than two pieces reads whole, a
+    /// `/proc` file as `read_to_string` reads it, a missing one fails.
+    #[test]
+    fn read_proc_reads_a_file_whole_in_pieces() {
+        let path = std::env::temp_dir().join(format!("forkpool-read-proc-{}", std::process::id()));
+        let text: String = (0..2000).map(|i| format!("{i:05}\n")).collect();
+        assert!(text.len() > 2 * 4096);
+        std::fs::write(&path, &text).unwrap();
+        let read = read_proc(path.to_str().unwrap());
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(read.unwrap(), text);
+        let ours = read_proc("/proc/self/cmdline").unwrap();
+        assert_eq!(ours, std::fs::read_to_string("/proc/self/cmdline").unwrap());
+        assert_eq!(
+            read_proc("/proc/self/no-such-file").unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+    }
 
     #[test]
     fn schedstat_gives_the_time_spent_waiting_to_run() {
