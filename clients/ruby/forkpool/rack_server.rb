@@ -235,9 +235,15 @@ module Forkpool
       warn "forkpool-rack: an after_reply callback failed: #{e.class}: #{e.message}"
     end
 
-    # The part of every request's environment that never changes.
+    # The part of every request's environment that never changes, and the
+    # keys every request sets (nil here): a copy of it has room for them
+    # all, and setting them grows nothing (a Hash grown past its size is
+    # built again).
     def environment_base
       {
+        "REQUEST_METHOD" => nil, "PATH_INFO" => nil, "QUERY_STRING" => nil, "REQUEST_URI" => nil,
+        "SERVER_NAME" => nil, "SERVER_PORT" => nil, "SERVER_PROTOCOL" => nil, "REMOTE_ADDR" => nil,
+        "REMOTE_PORT" => nil, "rack.input" => nil, "rack.after_reply" => nil,
         "SCRIPT_NAME" => "",
         "rack.version" => ::Rack::VERSION,
         "rack.url_scheme" => "http",
