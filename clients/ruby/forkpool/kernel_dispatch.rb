@@ -45,7 +45,7 @@ module Forkpool
       return if @leaving
       return if @max_requests.positive? && @served_here + 1 >= @max_requests
 
-      if @board.within_width? && waiting_on(@overflow[@serving]) == :connection
+      if @board.within_width? && connection_waiting?(@overflow[@serving])
         @next_seen = true
         return
       end
@@ -179,7 +179,7 @@ module Forkpool
     # the supervisor has a message first. Nothing is asked when this slot
     # is outside the dispatch width (word 5: the worker goes idle, and the
     # kernel gives it nothing new either); else one look asks about both
-    # (Worker#waiting_on), and the accept is tried only when the
+    # (Worker#connection_waiting?), and the accept is tried only when the
     # listener has something. `seen`: #ending_connection's look saw a
     # connection there and no message, so it is not asked again.
     #
@@ -191,7 +191,7 @@ module Forkpool
     def take_overflow(listener, seen)
       return nil unless @board.within_width?
 
-      return nil unless seen || waiting_on(@overflow[listener]) == :connection
+      return nil unless seen || connection_waiting?(@overflow[listener])
 
       accept_from(@overflow[listener])
     end

@@ -204,7 +204,6 @@ module Forkpool
     # An Array body: its length (when the app gave none), the head, the
     # parts up to the length, in one write.
     def send_parts(out, parts, bodyless, length)
-      given = length
       if length.nil?
         length = parts.size == 1 ? parts[0].bytesize : parts.sum(&:bytesize)
         out << "Content-Length: " << length.to_s << "\r\n" unless bodyless
@@ -212,7 +211,7 @@ module Forkpool
       end_head(out)
       unless bodyless
         parts.each do |piece|
-          piece = piece.byteslice(0, length - @sent) if given && piece.bytesize > length - @sent
+          piece = piece.byteslice(0, length - @sent) if piece.bytesize > length - @sent
           piece = piece.b unless piece.ascii_only?
           @sent += piece.bytesize
           out << piece
@@ -222,10 +221,8 @@ module Forkpool
       end
       ending(out)
       @conn.write(out, @timeout)
-      return if @ending.nil? || out.bytesize <= ENDING_WRITE_MAX
-
       @written = true
-      ending(+"")
+      ending(out.clear) if @ending # written whole: too large to go idle before
     end
 
     # The head goes out with the first piece of the body; each piece after

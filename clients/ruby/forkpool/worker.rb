@@ -432,6 +432,7 @@ module Forkpool
            "ulimit -n / LimitNOFILE); it leaves after this connection and the supervisor starts a fresh one"
       @leaving = true
     end
+    public :check_headroom
 
     # Whether descriptor @fd_ceiling is free. A copy of the channel asked
     # for at or above it is given the lowest free number there: the
@@ -447,7 +448,6 @@ module Forkpool
     rescue SystemCallError # EMFILE: nothing free at or above it
       false
     end
-    public :check_headroom
 
     def serve_connections(conn, listener, handle)
       while conn
@@ -504,20 +504,17 @@ module Forkpool
     # already, and an accept that fails costs two system calls in Ruby).
     def take_next(listener)
       return nil if @dispatch != "handoff" || listener >= @listeners.size
-      return nil unless waiting_on(@listeners[listener]) == :connection
+      return nil unless connection_waiting?(@listeners[listener])
 
       accept(listener)
     end
 
-    # What waits, looked at without waiting: :message when the supervisor
-    # has one (it goes first), else :connection when listening socket
-    # `sock` has one, else nil. A poll of each descriptor: in Ruby, two
-    # cost less than one IO.select of both (whose arrays alone cost more
-    # than a poll).
-    def waiting_on(sock)
-      return :message if @channel.wait_readable(0)
-
-      :connection if sock.wait_readable(0)
+    # Whether a connection waits on listening socket `sock` and no
+    # message from the supervisor (which goes first), looked at without
+    # waiting. A poll of each descriptor: in Ruby, two cost less than one
+    # IO.select of both (whose arrays alone cost more than a poll).
+    def connection_waiting?(sock)
+      !@channel.wait_readable(0) && !sock.wait_readable(0).nil?
     end
 
     # `shared`, `herd` and `kernel`: wait on the channel and the listeners

@@ -2,7 +2,8 @@
 
 # Unit tests of two looks Forkpool::Worker takes after each connection,
 # on real descriptors: whether the descriptor table has room
-# (Worker#ceiling_free?) and what waits for it (Worker#waiting_on).
+# (Worker#ceiling_free?) and whether a connection waits for it with no
+# message first (Worker#connection_waiting?).
 # Run: ruby -I clients/ruby clients/ruby/test/worker_test.rb
 # (crates/forkpool-cli/tests/kernel_ruby.rs runs it).
 
@@ -70,22 +71,22 @@ class WorkerTest < Minitest::Test
   end
 
   # Nothing, then a connection, then a message as well: the message goes
-  # first.
+  # first, and the connection is not said to wait.
   def test_a_message_goes_before_a_connection
-    assert_nil @worker.send(:waiting_on, @listener)
+    refute @worker.send(:connection_waiting?, @listener)
     @clients << TCPSocket.new("127.0.0.1", @listener.addr[1])
-    assert_equal :connection, wait_for(:connection)
+    assert wait_for_connection
     @supervisor.send("p", 0)
-    assert_equal :message, @worker.send(:waiting_on, @listener)
+    refute @worker.send(:connection_waiting?, @listener)
   end
 
   # The look does not wait: a connection is in the accept queue a moment
   # after connect returns, so it is asked again (at most 2 s).
-  def wait_for(what)
+  def wait_for_connection
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2
     loop do
-      seen = @worker.send(:waiting_on, @listener)
-      return seen if seen == what || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      return true if @worker.send(:connection_waiting?, @listener)
+      return false if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 
       IO.select([@listener], nil, nil, 0.1)
     end

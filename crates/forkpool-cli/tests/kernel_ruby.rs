@@ -405,7 +405,7 @@ fn the_endings_look_at_the_overflow_is_the_finishs() {
     }
     let script = r##"require "forkpool/worker"
         $looks = 0
-        Forkpool::Worker.prepend(Module.new { def waiting_on(*) = ($looks += 1; super) })
+        Forkpool::Worker.prepend(Module.new { def connection_waiting?(*) = ($looks += 1; super) })
         file = File.open(ARGV[0], "r+")
         board = Forkpool::Board.new(file.fileno, 1)
         ours, _theirs = UNIXSocket.pair(:SEQPACKET)
