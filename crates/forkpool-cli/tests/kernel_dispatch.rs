@@ -162,7 +162,7 @@ fn a_reservation_whose_handshake_never_completes_is_released() {
         "the reservation took slot 0 out: {seen:?}"
     );
     assert!(
-        pool.wait_total("reservations_released", 1, Duration::from_secs(10)),
+        pool.wait_total("abandoned", 1, Duration::from_secs(10)),
         "{}",
         pool.status()
     );

@@ -92,9 +92,9 @@ pub fn render(
     );
     counter(
         &mut registry,
-        "reservations_released",
-        "Kernel dispatch: reservations given back because their connection never came",
-        t.reservations_released,
+        "abandoned",
+        "Kernel dispatch: connections that never reached the child picked for them (reset before accept, handshake never finished, silent under TCP_DEFER_ACCEPT)",
+        t.abandoned,
     );
 
     let kills = Family::<Labels, Counter>::default();

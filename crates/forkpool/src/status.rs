@@ -179,11 +179,13 @@ pub struct Totals {
     /// was made the template.
     #[serde(default)]
     pub reforks: u64,
-    /// Kernel dispatch: reservations given back because their connection
-    /// never came (a handshake never completed) within
+    /// Kernel dispatch: connections that never reached the child the
+    /// kernel picked for them (reset before accept, a handshake never
+    /// finished, silent under `TCP_DEFER_ACCEPT`): reservations taken over
+    /// by a later connection after their hold, or given back idle after
     /// `defer_accept` + 1 s.
     #[serde(default)]
-    pub reservations_released: u64,
+    pub abandoned: u64,
     /// Workers a template said it forked that vanished without the
     /// supervisor ever reaping them (reaped behind its back, or never
     /// its child): their slots were freed after a deadline.

@@ -98,6 +98,9 @@ pub(crate) struct Core<L> {
     orphans: VecDeque<(i32, ExitStatus)>,
     /// Since when the pool has been at `max_children` with no idle child.
     saturated_since: Option<Instant>,
+    /// Kernel dispatch: what the last look at the reservations found
+    /// (`sampled.rs`).
+    reservations: sampled::ReservationsSeen,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -125,6 +128,7 @@ impl<L: HasChild> Core<L> {
             reforks: 0,
             orphans: VecDeque::new(),
             saturated_since: None,
+            reservations: sampled::ReservationsSeen::default(),
             effects: Vec::new(),
             spare: Vec::new(),
         }

@@ -54,8 +54,16 @@ impl<L: HasChild> Core<L> {
     /// holds back are not a reason to grow: they wait for the children
     /// within it by design, and the idle ones beyond are the spare.
     pub fn pool_counts(&self, queued: impl FnOnce() -> u32, cpus: u32) -> PoolCounts {
-        let counts = self.board.counts();
+        let mut counts = self.board.counts();
+        // Kernel dispatch: a child held by a young reservation is taken
+        // (its connection is on its way, or holds it until the hold ends),
+        // though the core counts it idle: the pool grows past it, and the
+        // balancer's weight falls.
+        let young = self.reservations.young.min(counts.idle);
+        counts.idle -= young;
+        counts.busy += young;
         let room = match self.board.session_capacity() {
+            None if counts.idle == 0 => false,
             None if self.board.dispatch_bound().is_some() => self.board.has_room_anywhere(),
             None => self.board.has_room(),
             Some(_) => self.board.free_places() > 0,

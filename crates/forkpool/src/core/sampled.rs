@@ -27,6 +27,19 @@ pub(crate) struct Sample {
     pub next: u64,
 }
 
+/// Kernel dispatch: the reservations on the board at the last look.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ReservationsSeen {
+    /// Children the core counts idle that hold a reservation younger than
+    /// the program's hold: each a connection on its way to its child, or
+    /// one that will never come but holds the child from others until the
+    /// hold ends. Either way that child is not spare.
+    pub young: u32,
+    /// The program's count of dead reservations it took over, as last
+    /// read (word 6).
+    pub taken_over: u64,
+}
+
 /// How far a count moved, as believed: never back, never by more than
 /// [`MOST_PER_SAMPLE`].
 fn moved(before: u64, now: u64) -> u64 {
@@ -34,6 +47,17 @@ fn moved(before: u64, now: u64) -> u64 {
 }
 
 impl<L: HasChild> Core<L> {
+    /// The reservations on the board: `young` ones hold children the core
+    /// counts idle; `released` were given back at this look, and the
+    /// program has taken `taken_over` dead ones over since the board was
+    /// made. Both of those were connections that never reached their
+    /// child (`totals.abandoned`).
+    pub fn reservations_seen(&mut self, young: u32, released: u64, taken_over: u64) {
+        let before = std::mem::replace(&mut self.reservations.taken_over, taken_over);
+        self.reservations.young = young.min(self.board.counts().idle);
+        self.totals.abandoned += released + moved(before, taken_over);
+    }
+
     /// The record of the child in `slot` reads `sample`: its state follows
     /// (idle to busy, busy to idle, counting what it finished), and the
     /// connections it took count as accepted. A child not yet ready, on

@@ -14,17 +14,12 @@ use super::Supervisor;
 use crate::config::DispatchMode;
 use crate::core::slot_limit;
 use crate::core::Input;
-use crate::dispatch::kernel::board::{SlotWord, SAMPLE_INTERVAL};
-use crate::dispatch::kernel::program::MAX_SLOTS;
+use crate::dispatch::kernel::board::{self, SlotWord, DEAD_AFTER, SAMPLE_INTERVAL};
+use crate::dispatch::kernel::program::{MAX_SLOTS, RESERVATION_HOLD};
 use crate::dispatch::kernel::Kernel;
 use crate::policy::cpu_wait::LOOK_INTERVAL;
 use crate::policy::width::WidthMove;
 use crate::protocol::WorkerOrder;
-
-/// How long a reservation may wait for its connection before it is given
-/// back, beyond `defer_accept` (a client that connected may take that long
-/// to send its first byte, when set, before the kernel queues it).
-pub(crate) const RESERVATION_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Supervisor {
     /// Sets kernel dispatch up when it is asked for (`--dispatch kernel`);
@@ -250,38 +245,6 @@ impl Supervisor {
 }
 
 impl Supervisor {
-    /// When kernel dispatch next looks for reservations whose connection
-    /// never came.
-    pub(crate) fn reservation_sweep_due(&self) -> Option<Instant> {
-        self.kernel
-            .as_ref()
-            .map(|k| k.sweep_due(self.reservation_timeout()))
-    }
-
-    fn reservation_timeout(&self) -> Duration {
-        RESERVATION_TIMEOUT + self.core.config.defer_accept
-    }
-
-    /// Gives back each reservation that has not moved for a whole sweep
-    /// interval: its handshake never completed (a client gone after its
-    /// SYN, a SYN flood), so the child would otherwise never be picked
-    /// again. Counted in `reservations_released`.
-    pub(crate) fn release_stale_reservations(&mut self, now: Instant) {
-        let timeout = self.reservation_timeout();
-        if let Some(kernel) = self.kernel.as_mut() {
-            let released = kernel.sweep(now, timeout);
-            if released > 0 {
-                self.core.totals.reservations_released += released;
-                info!(
-                    released,
-                    "kernel dispatch: reservations whose connection never came, given back"
-                );
-            }
-        }
-    }
-}
-
-impl Supervisor {
     /// Kernel dispatch: reads every child's record on the scoreboard into
     /// the core (children report nothing per connection), then carries out
     /// what that asks (a parked connection for a child now idle, a recycle).
@@ -292,11 +255,53 @@ impl Supervisor {
         let board = kernel.board();
         // Each turn of the loop: no allocation, one record read per slot
         // in use (`sampled` leaves an empty slot alone).
-        for slot in 0..self.core.board.span().min(board.slots()) {
+        let span = self.core.board.span().min(board.slots());
+        for slot in 0..span {
             self.core.sampled(slot, board.sample(slot), now);
         }
+        // Reservations: the young ones hold children the core counts
+        // idle, and the old ones are given back so their slots come first
+        // again. What never reached a child is counted, not logged.
+        let now_ns = board::kernel_clock_ns();
+        let give_back_after = DEAD_AFTER + self.core.config.defer_accept;
+        let seen = kernel.look_at_reservations(span, now_ns, give_back_after);
+        let taken_over = board.taken_over();
+        self.core
+            .reservations_seen(seen.young, seen.released, taken_over);
         self.board_read_at = Some(now);
         self.carry_out(now);
+    }
+
+    /// While connections wait for a child and none is idle, the moment
+    /// the oldest young reservation dies (the program's hold ends): the
+    /// supervisor may then claim its child for them.
+    pub(crate) fn reservation_dies_at(&self, now: Instant) -> Option<Instant> {
+        let kernel = self.kernel.as_ref()?;
+        let waiting = self.dispatcher.parked() > 0
+            || self
+                .listeners
+                .iter()
+                .any(|l| !l.watched && l.listener.queued() > 0);
+        if !waiting || self.has_room_for_overflow() {
+            return None;
+        }
+        let board = kernel.board();
+        let now_ns = board::kernel_clock_ns();
+        let hold = RESERVATION_HOLD.as_nanos() as u64;
+        // Only children the core counts idle: a reservation elsewhere is
+        // no child the overflow's connections could be given.
+        self.core
+            .board
+            .idle_slots()
+            .filter(|&slot| slot < board.slots())
+            .filter_map(|slot| match board.state(slot) {
+                SlotWord::Reserved { at_ns } if at_ns.saturating_add(hold) > now_ns => {
+                    Some(at_ns.saturating_add(hold) - now_ns)
+                }
+                _ => None,
+            })
+            .min()
+            .map(|left| now + Duration::from_nanos(left))
     }
 
     /// Whether a connection taken from a listener now would find a child.
@@ -311,9 +316,13 @@ impl Supervisor {
             return self.core.board.has_room();
         };
         let board = kernel.board();
+        let now_ns = board::kernel_clock_ns();
         self.core.board.idle_slots().any(|slot| {
             !self.core.keeps_board(slot)
-                || (slot < board.slots() && board.state(slot) == SlotWord::Idle)
+                || (slot < board.slots() && {
+                    let word = board.state(slot);
+                    word == SlotWord::Idle || word.reserved_before(RESERVATION_HOLD, now_ns)
+                })
         })
     }
 

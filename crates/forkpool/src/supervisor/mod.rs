@@ -314,7 +314,6 @@ impl Supervisor {
             self.rewatch_listeners(now);
         }
         self.check_liveness(now);
-        self.release_stale_reservations(now);
         self.notify_ready_once();
         self.endpoints.expire_clients(now);
         self.endpoints.check_accept_pause(now);
@@ -504,7 +503,7 @@ impl Supervisor {
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.cpu_look_due(now));
         consider(self.width_look_due(now));
-        consider(self.reservation_sweep_due());
+        consider(self.reservation_dies_at(now));
         consider(self.board_read_due());
         consider(dispatch::backlog_recheck_due(
             self.core.board.has_room(),

@@ -12,7 +12,8 @@
 //! | 3 | connections the program sent to an overflow socket | the program (an atomic add) |
 //! | 4 | connections taken from an overflow socket | whoever accepts one there (an atomic add) |
 //! | 5 | the dispatch bound: 0, or the first slot beyond the dispatch width; the program picks no slot from it on, and children there take nothing from the overflow | the supervisor |
-//! | 6–7 | reserved, zero | |
+//! | 6 | dead reservations the program took over (see below) | the program (an atomic add) |
+//! | 7 | reserved, zero | |
 //! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
 //! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
 //! | 10 + 4 *slot* | connections the child finished (its own and handed ones) | the child |
@@ -25,11 +26,18 @@
 //! - child: `BUSY → IDLE` when it has finished and waits (a store: no one
 //!   else moves a busy slot), and `→ BUSY` when it accepts (a store);
 //! - program: `IDLE → reserved` (compare-and-swap, so two connections
-//!   arriving on two CPUs never pick the same idle child);
-//! - supervisor: `IDLE → BUSY` to hand an overflow connection to that
-//!   child (compare-and-swap), and a reservation that has lasted past its
-//!   deadline `→ IDLE` (compare-and-swap with the value it saw), for a
-//!   connection whose handshake never completed.
+//!   arriving on two CPUs never pick the same idle child), and, when no
+//!   slot is idle, a reservation older than
+//!   [`program::RESERVATION_HOLD`](super::program::RESERVATION_HOLD)
+//!   `→ reserved` anew (compare-and-swap with the stamp it read): its
+//!   connection never came (a reset, a handshake never finished, a
+//!   client silent under `TCP_DEFER_ACCEPT`), and a dead reservation must
+//!   not keep a child from the connections after it;
+//! - supervisor: `IDLE →  BUSY`, or failing that a reservation `→ BUSY`,
+//!   to hand an overflow connection to that child (compare-and-swap); and
+//!   a reservation older than [`DEAD_AFTER`] `→ IDLE` (compare-and-swap
+//!   with the value it saw) when it reads the board, so the slot is the
+//!   first again for the next connection.
 //!
 //! The child reports nothing per connection: the supervisor reads the
 //! records (each turn of its loop, and every [`SAMPLE_INTERVAL`]). Only
@@ -77,6 +85,8 @@ pub const OVERFLOW_SENT_WORD: usize = 3;
 const OVERFLOW_TAKEN_WORD: usize = 4;
 /// The word holding the dispatch bound (0: none).
 pub const BOUND_WORD: usize = 5;
+/// The word counting dead reservations the program took over.
+pub const TAKEN_OVER_WORD: usize = 6;
 /// Within a record: the state.
 const STATE: usize = 0;
 /// Within a record: connections accepted from the child's own socket.
@@ -94,6 +104,15 @@ pub const RESERVED_BIT: u64 = 2;
 /// How often the supervisor reads the scoreboard when nothing else wakes
 /// it (status, scaling and liveness see the children this fresh).
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+/// A reservation this old when the supervisor reads the board is given
+/// back (idle again), beyond `defer_accept` (a client may take that long
+/// to send its first byte, when set, before the kernel queues it). The
+/// program takes a dead reservation over long before, when it needs the
+/// child; this only makes the slot the lowest idle one again for the next
+/// connection, so that a single reset does not leave the hottest child
+/// cold while others are idle. Long, because a slot given back while its
+/// connection is still coming gets a second one queued behind it.
+pub const DEAD_AFTER: Duration = Duration::from_secs(1);
 
 /// What a slot's word says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +130,22 @@ pub enum SlotWord {
 }
 
 impl SlotWord {
+    /// Whether this is a reservation younger than `hold` at `now_ns`:
+    /// one the program does not take over yet, whose connection may well
+    /// be on its way. A stamp after `now_ns` (read on another CPU a moment
+    /// later) is young.
+    pub fn reserved_within(self, hold: Duration, now_ns: u64) -> bool {
+        match self {
+            SlotWord::Reserved { at_ns } => now_ns.saturating_sub(at_ns) < hold.as_nanos() as u64,
+            _ => false,
+        }
+    }
+
+    /// Whether this is a reservation at least `age` old at `now_ns`.
+    pub fn reserved_before(self, age: Duration, now_ns: u64) -> bool {
+        matches!(self, SlotWord::Reserved { .. }) && !self.reserved_within(age, now_ns)
+    }
+
     /// Reads a raw word.
     pub fn from_raw(word: u64) -> SlotWord {
         match word {
@@ -119,6 +154,16 @@ impl SlotWord {
             at_ns => SlotWord::Reserved { at_ns },
         }
     }
+}
+
+/// The kernel's `CLOCK_MONOTONIC` now, in ns: the clock the program
+/// stamps reservations with (`bpf_ktime_get_ns`).
+pub fn kernel_clock_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64)
+    })
 }
 
 /// The scoreboard, mapped.
@@ -343,15 +388,38 @@ impl Board {
             .is_ok()
     }
 
+    /// Takes `slot` reserved as `seen` for a connection the supervisor
+    /// hands over (a reservation to busy); false when the word moved. Its
+    /// own connection, if it ever comes, waits on the child's socket
+    /// until the handed one is served.
+    pub fn claim_reserved(&self, slot: usize, seen: u64) -> bool {
+        matches!(SlotWord::from_raw(seen), SlotWord::Reserved { .. })
+            && self
+                .slot(slot)
+                .compare_exchange(seen, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
     /// Gives a reservation back (idle again) if it is still the one seen
     /// as `seen`: its connection never reached the child.
     pub fn release_stale(&self, slot: usize, seen: u64) -> bool {
-        seen & RESERVED_BIT != 0
-            && seen != IDLE
+        matches!(SlotWord::from_raw(seen), SlotWord::Reserved { .. })
             && self
                 .slot(slot)
                 .compare_exchange(seen, IDLE, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
+    }
+
+    /// Sets `slot`'s word to `raw` (tests: a reservation of any age).
+    #[cfg(test)]
+    pub(crate) fn store_raw(&self, slot: usize, raw: u64) {
+        self.slot(slot).store(raw, Ordering::SeqCst);
+    }
+
+    /// Dead reservations the program has taken over since the board was
+    /// made.
+    pub fn taken_over(&self) -> u64 {
+        self.words.words()[TAKEN_OVER_WORD].load(Ordering::Relaxed)
     }
 }
 

@@ -33,9 +33,16 @@ pub struct Kernel {
     board_map: OwnedFd,
     board: Board,
     groups: Vec<Group>,
-    /// When reservations were last looked at, and each slot's word then.
-    swept: Option<Instant>,
-    seen: Vec<u64>,
+}
+
+/// What the reservations on the board said at one look.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reservations {
+    /// Younger than the hold: a connection on its way to its child, or
+    /// one that will never come but still holds the child from others.
+    pub young: u32,
+    /// Given back at this look: older than the give-back age.
+    pub released: u64,
 }
 
 impl Kernel {
@@ -66,34 +73,31 @@ impl Kernel {
             board_map,
             board,
             groups,
-            swept: None,
-            seen: vec![board::BUSY; slots],
         })
     }
 
-    /// When the next sweep for stale reservations is due.
-    pub fn sweep_due(&self, interval: Duration) -> Instant {
-        self.swept.map_or_else(Instant::now, |at| at + interval)
-    }
-
-    /// Once per `interval`: gives back every reservation unchanged since
-    /// the last sweep (so it is at least `interval` old); returns how many.
-    pub fn sweep(&mut self, now: Instant, interval: Duration) -> u64 {
-        if self.swept.is_some_and(|at| now < at + interval) {
-            return 0;
-        }
-        self.swept = Some(now);
-        let mut released = 0;
-        for slot in 0..self.board.slots() {
-            let word = self.board.raw(slot);
-            if word == self.seen[slot] && self.board.release_stale(slot, word) {
-                released += 1;
-                self.seen[slot] = board::IDLE;
-            } else {
-                self.seen[slot] = word;
+    /// Looks at the reservations of the first `span` slots at `now_ns`
+    /// (the kernel's clock): counts the young ones, and gives back (idle
+    /// again) those older than `give_back_after`.
+    pub fn look_at_reservations(
+        &self,
+        span: usize,
+        now_ns: u64,
+        give_back_after: Duration,
+    ) -> Reservations {
+        let mut seen = Reservations::default();
+        for slot in 0..span.min(self.board.slots()) {
+            let raw = self.board.raw(slot);
+            let word = SlotWord::from_raw(raw);
+            if word.reserved_within(program::RESERVATION_HOLD, now_ns) {
+                seen.young += 1;
+            } else if word.reserved_before(give_back_after, now_ns)
+                && self.board.release_stale(slot, raw)
+            {
+                seen.released += 1;
             }
         }
-        released
+        seen
     }
 
     /// The scoreboard map's descriptor (for a worker forked by a template,
@@ -183,14 +187,18 @@ pub struct Seat {
 /// The supervisor's children as dispatch sees them in kernel mode: a child
 /// the core counts idle takes an overflow connection only if the kernel
 /// has not just given it one, so each pick claims the child's slot on the
-/// scoreboard first (idle to busy). A claim not used by the end of the
-/// pass is given back.
+/// scoreboard first: idle to busy, or, where no slot is idle, a dead
+/// reservation (one the program would take over itself) to busy. A claim
+/// not used by the end of the pass is given back.
 pub struct Claiming<'a, C> {
     /// The children (the core).
     pub children: &'a mut C,
     /// The scoreboard.
     pub board: &'a Board,
     claimed: Cell<Option<usize>>,
+    /// The kernel's clock at the start of the pass, to tell a dead
+    /// reservation.
+    now_ns: u64,
 }
 
 impl<'a, C: Children> Claiming<'a, C> {
@@ -200,6 +208,7 @@ impl<'a, C: Children> Claiming<'a, C> {
             children,
             board,
             claimed: Cell::new(None),
+            now_ns: board::kernel_clock_ns(),
         }
     }
 
@@ -208,20 +217,38 @@ impl<'a, C: Children> Claiming<'a, C> {
             return Some(slot);
         }
         // The core's idle children in slot order, from its lowest, within
-        // the dispatch width.
+        // the dispatch width: an idle one first, then one held by a dead
+        // reservation.
         let first = lowest?;
         let end = self
             .board
             .bound()
             .unwrap_or(usize::MAX)
             .min(self.board.slots());
-        let slot = (first..end).find(|&s| {
-            self.children.is_idle(s) && (!self.children.keeps_board(s) || self.board.claim(s))
-        })?;
+        let slot = (first..end)
+            .find(|&s| {
+                self.children.is_idle(s) && (!self.children.keeps_board(s) || self.board.claim(s))
+            })
+            .or_else(|| {
+                (first..end).find(|&s| {
+                    self.children.is_idle(s) && self.children.keeps_board(s) && self.claim_dead(s)
+                })
+            })?;
         if self.children.keeps_board(slot) {
             self.claimed.set(Some(slot));
         }
         Some(slot)
+    }
+
+    /// Whether `slot`'s word is a reservation the program itself would
+    /// take over now.
+    fn is_dead(&self, word: SlotWord) -> bool {
+        word.reserved_before(program::RESERVATION_HOLD, self.now_ns)
+    }
+
+    fn claim_dead(&self, slot: usize) -> bool {
+        let raw = self.board.raw(slot);
+        self.is_dead(SlotWord::from_raw(raw)) && self.board.claim_reserved(slot, raw)
     }
 }
 
@@ -236,7 +263,10 @@ impl<C: Children> Children for Claiming<'_, C> {
 
     fn is_idle(&self, slot: usize) -> bool {
         self.children.is_idle(slot)
-            && (!self.children.keeps_board(slot) || self.board.state(slot) == SlotWord::Idle)
+            && (!self.children.keeps_board(slot) || {
+                let word = self.board.state(slot);
+                word == SlotWord::Idle || self.is_dead(word)
+            })
     }
 
     fn keeps_board(&self, slot: usize) -> bool {
@@ -532,6 +562,78 @@ mod tests {
         let third = TcpStream::connect(addr).unwrap();
         assert_eq!(queued_on(&group, overflow.as_fd(), 2), Some(0));
         drop((first, second, third));
+    }
+
+    /// A reservation stamped `age` ago (the kernel's clock).
+    fn reservation_aged(age: Duration) -> u64 {
+        (super::board::kernel_clock_ns() - age.as_nanos() as u64) | super::board::RESERVED_BIT
+    }
+
+    /// A connection that never came (its reservation older than the
+    /// hold) holds its child from no one: an idle slot still comes
+    /// first, and with none idle the next connection takes the dead
+    /// reservation's slot over, and it is counted.
+    #[test]
+    fn a_dead_reservation_is_taken_over_when_no_slot_is_idle() {
+        let (overflow, addr) = overflow_listener();
+        let Some(mut group) = group(overflow.as_fd(), 3) else {
+            return;
+        };
+        seat_all(&mut group, 3, &[1]);
+        let dead = reservation_aged(super::program::RESERVATION_HOLD * 2);
+        group.board().store_raw(0, dead);
+        // Slot 2 busy, slot 1 idle: the idle one first.
+        let first = TcpStream::connect(addr).unwrap();
+        assert_eq!(queued_on(&group, overflow.as_fd(), 3), Some(1));
+        drop(accept_one(socket(&group, 1)));
+        group.board().set_busy(1);
+        assert_eq!(group.board().taken_over(), 0);
+        // None idle: the dead reservation's slot, reserved anew.
+        let second = TcpStream::connect(addr).unwrap();
+        assert_eq!(queued_on(&group, overflow.as_fd(), 3), Some(0));
+        drop(accept_one(socket(&group, 0)));
+        assert_eq!(group.board().taken_over(), 1);
+        let SlotWord::Reserved { at_ns } = group.board().state(0) else {
+            panic!("slot 0 is reserved anew: {:?}", group.board().state(0))
+        };
+        assert!(at_ns > dead, "a fresh stamp");
+        // Now young: the next connection goes to the overflow.
+        let third = TcpStream::connect(addr).unwrap();
+        assert_eq!(queued_on(&group, overflow.as_fd(), 3), None);
+        assert_eq!(group.board().taken_over(), 1);
+        drop((first, second, third));
+    }
+
+    /// The supervisor's look: young reservations are counted, ones older
+    /// than the give-back age are made idle again, the rest are left.
+    #[test]
+    fn the_look_at_reservations_counts_young_ones_and_gives_back_old_ones() {
+        let (overflow, _addr) = overflow_listener();
+        let Some(mut group) = group(overflow.as_fd(), 4) else {
+            return;
+        };
+        seat_all(&mut group, 4, &[3]);
+        let board = group.board();
+        board.store_raw(0, reservation_aged(Duration::ZERO));
+        board.store_raw(1, reservation_aged(Duration::from_millis(500)));
+        board.store_raw(2, reservation_aged(Duration::from_secs(5)));
+        let now_ns = super::board::kernel_clock_ns();
+        let seen = group.look_at_reservations(4, now_ns, Duration::from_secs(1));
+        assert_eq!((seen.young, seen.released), (1, 1));
+        assert!(matches!(board.state(0), SlotWord::Reserved { .. }));
+        assert!(matches!(board.state(1), SlotWord::Reserved { .. }));
+        assert_eq!(board.state(2), SlotWord::Idle);
+        assert_eq!(board.state(3), SlotWord::Idle);
+        // A reservation claimed by the supervisor is busy; a claim of a
+        // word that moved fails.
+        let raw = board.raw(1);
+        assert!(board.claim_reserved(1, raw));
+        assert_eq!(board.state(1), SlotWord::Busy);
+        assert!(!board.claim_reserved(1, raw));
+        assert!(
+            !board.claim_reserved(3, super::board::IDLE),
+            "idle is no reservation"
+        );
     }
 
     #[test]
