@@ -133,6 +133,23 @@ mod tests {
         assert_eq!(reply(serving(2, 6, 10)), "up ready 40%\n");
     }
 
+    /// Kernel dispatch: every child held by a young reservation or busy,
+    /// and connections in the overflow: the balancer hears the pool is
+    /// full, not that its reserved children are free.
+    #[test]
+    fn connections_waiting_for_a_child_take_spare_places() {
+        let full = Capacity {
+            waiting: 4,
+            ..serving(0, 4, 4)
+        };
+        assert_eq!(reply(full), "up ready 1%\n");
+        let growing = Capacity {
+            waiting: 2,
+            ..serving(0, 2, 8)
+        };
+        assert_eq!(reply(growing), "up ready 50%\n");
+    }
+
     #[test]
     fn weight_rounds_up() {
         // 1 spare of 3 is 33.3%: 34.
@@ -152,6 +169,7 @@ mod tests {
     fn starting_children_are_not_spare() {
         let c = Capacity {
             starting: 2,
+            waiting: 0,
             ..serving(0, 2, 4)
         };
         assert_eq!(reply(c), "up ready 1%\n");
@@ -173,6 +191,7 @@ mod tests {
         let c = Capacity {
             phase: Phase::Starting,
             starting: 2,
+            waiting: 0,
             ..serving(0, 0, 4)
         };
         assert_eq!(reply(c), "down #starting\n");
@@ -212,15 +231,23 @@ mod tests {
             idle in 0u32..300,
             busy in 0u32..300,
             starting in 0u32..50,
+            waiting in prop_oneof![Just(0u32), 0u32..400],
             max_children in 0u32..300,
             spawn_held_back in any::<bool>(),
             phase in phase(),
         ) -> Capacity {
-            Capacity { idle, busy, starting, max_children, spawn_held_back, phase }
+            Capacity { idle, busy, starting, waiting, max_children, spawn_held_back, phase }
         }
     }
 
     proptest! {
+        /// Connections that wait for a child never raise the weight.
+        #[test]
+        fn waiting_connections_never_raise_the_weight(c in capacity(), more in 1u32..50) {
+            let busier = Capacity { waiting: c.waiting + more, ..c };
+            prop_assert!(weight_percent(&busier) <= weight_percent(&c));
+        }
+
         #[test]
         fn weight_is_always_between_1_and_100(c in capacity()) {
             let w = weight_percent(&c);

@@ -43,6 +43,10 @@ pub struct Capacity {
     pub busy: u32,
     /// Children forked but not ready yet.
     pub starting: u32,
+    /// Connections waiting for a child: in the listeners' backlogs (the
+    /// kernel dispatch overflow) while no child is idle. Each takes a
+    /// place a new connection would otherwise have.
+    pub waiting: u32,
     /// The pool's ceiling (`max_children`); children leaving do not count.
     pub max_children: u32,
     /// True while the supervisor holds new children back (workers failing
@@ -77,10 +81,14 @@ impl Capacity {
         }
     }
 
-    /// Spare capacity: idle children plus room to grow, never above
+    /// Spare capacity: idle children plus room to grow, less the
+    /// connections already waiting for a child, never above
     /// `max_children`.
     pub fn spare(&self) -> u32 {
-        self.idle.saturating_add(self.room()).min(self.max_children)
+        self.idle
+            .saturating_add(self.room())
+            .saturating_sub(self.waiting)
+            .min(self.max_children)
     }
 
     /// True when every child the pool may have is busy or starting: a new
@@ -108,6 +116,7 @@ pub(crate) mod tests {
             idle,
             busy,
             starting: 0,
+            waiting: 0,
             max_children,
             spawn_held_back: false,
             phase: Phase::Serving,

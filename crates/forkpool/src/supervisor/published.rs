@@ -45,6 +45,7 @@ impl Published {
                 idle: 0,
                 busy: 0,
                 starting: 0,
+                waiting: 0,
                 max_children: 0,
                 spawn_held_back: false,
                 phase: crate::fleet::Phase::Starting,
@@ -60,13 +61,23 @@ impl Supervisor {
     pub(super) fn publish(&mut self, now: Instant) {
         self.core.publish(&mut self.published.core, now);
         let view = &self.published.core;
-        // Queued connections change no child count (`pool_counts`), so
-        // none are read here.
+        // Queued connections change no child count (`pool_counts`): they
+        // are read below, for the places they take.
         let counts = self.core.pool_counts(|| 0, self.cpu_count());
+        // Connections that wait for a child (none is idle): what the
+        // supervisor holds and what the backlogs hold.
+        let waiting = if counts.idle == 0 {
+            u32::try_from(self.dispatcher.parked())
+                .unwrap_or(u32::MAX)
+                .saturating_add(self.queued())
+        } else {
+            0
+        };
         let capacity = Capacity {
             idle: counts.idle,
             busy: counts.busy,
             starting: counts.starting,
+            waiting,
             max_children: view.bounds[1],
             spawn_held_back: view.spawns_held,
             phase: self.phase(),
