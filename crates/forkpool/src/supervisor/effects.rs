@@ -35,10 +35,11 @@ impl Supervisor {
     }
 
     fn carry_out_one(&mut self, effect: Effect<super::ChildLink>, now: Instant) {
-        if let Some(kernel) = &self.kernel {
+        if let Some(kernel) = &mut self.kernel {
             // A child on its way out gets no more connections from the
-            // kernel (what it was given already is handed on once it is
-            // gone: `kernel.rs`).
+            // kernel, even if it goes idle on the board before it reads
+            // its order (what it was given already is handed on once it
+            // is gone: `kernel.rs`).
             if let Effect::Send {
                 slot,
                 msg: ParentMessage::Quit,
@@ -46,7 +47,12 @@ impl Supervisor {
             | Effect::Terminate { slot }
             | Effect::Kill { slot } = effect
             {
-                kernel.board().set_busy(slot);
+                if let Err(e) = kernel.take_off(slot) {
+                    warn!(
+                        slot,
+                        "kernel dispatch: cannot take the slot off the socket array: {e}"
+                    );
+                }
             }
         }
         match effect {

@@ -87,6 +87,8 @@ pub struct Group {
     domain: Domain,
     backlog: i32,
     sockets: Vec<Option<OwnedFd>>,
+    /// Slots whose socket is out of the socket array ([`Group::take_off`]).
+    off: Vec<bool>,
     /// What the listener's accepted connections inherit from it, which a
     /// slot's socket must give its connections too: the read and write
     /// timeouts (the demo's keep-alive limit) and `TCP_DEFER_ACCEPT`.
@@ -182,6 +184,7 @@ impl Group {
             domain,
             backlog: i32::try_from(backlog).unwrap_or(i32::MAX),
             sockets: (0..slots).map(|_| None).collect(),
+            off: vec![false; slots],
             inherited: Inherited::of(overflow),
         })
     }
@@ -207,6 +210,32 @@ impl Group {
             self.sockets[slot] = Some(fd);
         }
         Ok(self.sockets[slot].as_ref().expect("made above").as_fd())
+    }
+
+    /// `slot`'s socket, made if need be, and in the socket array (again,
+    /// after [`Group::take_off`]): before a child is forked into it.
+    pub fn seat(&mut self, slot: usize) -> io::Result<()> {
+        self.socket(slot)?;
+        if std::mem::take(&mut self.off[slot]) {
+            let fd = self.sockets[slot].as_ref().expect("made above").as_fd();
+            bpf::sockarray_set(self.sockets_map.as_fd(), slot as u32, fd)
+                .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+        }
+        Ok(())
+    }
+
+    /// Takes `slot`'s socket out of the socket array: the program's pick
+    /// of the slot then fails and it looks further, so no new connection
+    /// is queued there, whatever the child's state on the board says. For
+    /// a child that must take no more connections (it is told to quit);
+    /// what is already queued stays, for it or the supervisor to take.
+    pub fn take_off(&mut self, slot: usize) -> io::Result<()> {
+        if self.sockets.get(slot).is_some_and(Option::is_some) && !self.off[slot] {
+            bpf::sockarray_clear(self.sockets_map.as_fd(), slot as u32)
+                .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+            self.off[slot] = true;
+        }
+        Ok(())
     }
 
     /// `TCP_DEFER_ACCEPT` changed on the listener (a reload): every slot's

@@ -115,9 +115,20 @@ impl Kernel {
     /// into it).
     pub fn seat(&mut self, slot: usize) -> std::io::Result<()> {
         for group in &mut self.groups {
-            group.socket(slot)?;
+            group.seat(slot)?;
         }
         Ok(())
+    }
+
+    /// The child in `slot` must take no new connection (it is told to
+    /// quit, or killed): its word is busy and its sockets leave the
+    /// socket arrays, so the program passes the slot by even if the child
+    /// stores idle before it reads its order. What was queued before
+    /// stays for it, or for the supervisor once it is gone. [`Kernel::seat`]
+    /// puts them back for the next child.
+    pub fn take_off(&mut self, slot: usize) -> std::io::Result<()> {
+        self.board.set_busy(slot);
+        self.groups.iter_mut().try_for_each(|g| g.take_off(slot))
     }
 
     /// `TCP_DEFER_ACCEPT` changed on the `listeners` (a reload): each
@@ -634,6 +645,37 @@ mod tests {
             !board.claim_reserved(3, super::board::IDLE),
             "idle is no reservation"
         );
+    }
+
+    /// A child told to quit may store idle before it reads the order: a
+    /// slot taken off gets no new connection whatever its word says, and
+    /// is picked again once seated for the next child.
+    #[test]
+    fn a_slot_taken_off_is_passed_by_until_seated_again() {
+        let (overflow, addr) = overflow_listener();
+        let Some(mut group) = group(overflow.as_fd(), 2) else {
+            return;
+        };
+        seat_all(&mut group, 2, &[0, 1]);
+        group.take_off(0).unwrap();
+        assert_eq!(group.board().state(0), SlotWord::Busy);
+        // The child finishes and goes idle before it reads its `Q`.
+        group.board().set_idle(0);
+        let first = TcpStream::connect(addr).unwrap();
+        assert_eq!(queued_on(&group, overflow.as_fd(), 2), Some(1));
+        drop(accept_one(socket(&group, 1)));
+        group.board().set_busy(1);
+        // With slot 1 busy too: the overflow, never slot 0.
+        group.board().set_idle(0);
+        let second = TcpStream::connect(addr).unwrap();
+        assert_eq!(queued_on(&group, overflow.as_fd(), 2), None);
+        drop(accept_one(overflow.as_fd()));
+        // A new child in slot 0.
+        group.seat(0).unwrap();
+        group.board().set_idle(0);
+        let third = TcpStream::connect(addr).unwrap();
+        assert_eq!(queued_on(&group, overflow.as_fd(), 2), Some(0));
+        drop((first, second, third));
     }
 
     #[test]
