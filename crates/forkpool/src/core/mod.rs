@@ -98,9 +98,9 @@ pub(crate) struct Core<L> {
     orphans: VecDeque<(i32, ExitStatus)>,
     /// Since when the pool has been at `max_children` with no idle child.
     saturated_since: Option<Instant>,
-    /// Kernel dispatch: what the last look at the reservations found
-    /// (`sampled.rs`).
-    reservations: sampled::ReservationsSeen,
+    /// Kernel dispatch: what the last reading of the board's
+    /// reservations found, and the deadlines they set (`sampled.rs`).
+    reading: sampled::BoardReading,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -128,7 +128,7 @@ impl<L: HasChild> Core<L> {
             reforks: 0,
             orphans: VecDeque::new(),
             saturated_since: None,
-            reservations: sampled::ReservationsSeen::default(),
+            reading: sampled::BoardReading::default(),
             effects: Vec::new(),
             spare: Vec::new(),
         }
@@ -216,6 +216,7 @@ impl<L: HasChild> Core<L> {
             self.stop_deadline(now),
             self.templates_deadline(),
             self.rollout_deadline(now),
+            self.board_deadline(now),
             // The pool is not sized by the scaling rule while it stops or
             // a reload rolls: a retire that fell due would be due until
             // then, and the loop would spin.

@@ -59,7 +59,7 @@ impl<L: HasChild> Core<L> {
         // (its connection is on its way, or holds it until the hold ends),
         // though the core counts it idle: the pool grows past it, and the
         // balancer's weight falls.
-        let young = self.reservations.young.min(counts.idle);
+        let young = self.young_reservations().min(counts.idle);
         counts.idle -= young;
         counts.busy += young;
         let room = match self.board.session_capacity() {

@@ -3,11 +3,12 @@
 //! child writes its own record, so what it says is bounded here like any
 //! message: counts that go back or jump are not believed.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::child::HasChild;
 use super::effect::Effect;
 use super::Core;
+use crate::policy::reservations;
 use crate::scoreboard::{own_move, SlotState};
 
 /// The most connections one reading believes a child finished or took
@@ -27,17 +28,44 @@ pub(crate) struct Sample {
     pub next: u64,
 }
 
-/// Kernel dispatch: the reservations on the board at the last look.
+/// Kernel dispatch: what one look at the reservations on the board found
+/// (the shell reads them off it; `policy::reservations` says which are
+/// young and which are given back).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ReservationsSeen {
-    /// Children the core counts idle that hold a reservation younger than
-    /// the program's hold: each a connection on its way to its child, or
-    /// one that will never come but holds the child from others until the
-    /// hold ends. Either way that child is not spare.
+pub struct ReservationLook {
+    /// Reservations that still hold their child: each a connection on
+    /// its way to it, or one that will never come but holds the child
+    /// from others until the hold ends. Either way that child is not
+    /// spare.
     pub young: u32,
-    /// The program's count of dead reservations it took over, as last
-    /// read (word 6).
+    /// How long the oldest young one still holds its child.
+    pub hold_left: Option<Duration>,
+    /// Given back at this look (idle again): connections that never came.
+    pub released: u64,
+    /// The program's count of dead reservations it took over since the
+    /// board was made (word 6).
     pub taken_over: u64,
+}
+
+/// Kernel dispatch: the core's memory of the board's reservations, and
+/// the deadlines they set.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BoardReading {
+    /// When the board was last read.
+    read_at: Option<Instant>,
+    /// Young reservations at that reading, at most the idle children.
+    young: u32,
+    /// The takeovers counted so far.
+    taken_over: u64,
+    /// Until when a connection may wait on a busy child's socket behind
+    /// another (the program took a reservation over, and its own
+    /// connection may still come).
+    behind_until: Option<Instant>,
+    /// When the oldest young reservation stops holding its child.
+    young_dies_at: Option<Instant>,
+    /// Connections wait for a child (held by the supervisor, or on the
+    /// overflow while no child has room), as the shell last said.
+    waiting: bool,
 }
 
 /// How far a count moved, as believed: never back, never by more than
@@ -52,10 +80,60 @@ impl<L: HasChild> Core<L> {
     /// program has taken `taken_over` dead ones over since the board was
     /// made. Both of those were connections that never reached their
     /// child (`totals.abandoned`).
-    pub fn reservations_seen(&mut self, young: u32, released: u64, taken_over: u64) {
-        let before = std::mem::replace(&mut self.reservations.taken_over, taken_over);
-        self.reservations.young = young.min(self.board.counts().idle);
-        self.totals.abandoned += released + moved(before, taken_over);
+    pub fn board_read(&mut self, look: ReservationLook, now: Instant) {
+        let r = &mut self.reading;
+        let before = std::mem::replace(&mut r.taken_over, look.taken_over);
+        let taken_over = moved(before, look.taken_over);
+        if taken_over > 0 {
+            r.behind_until = Some(now + reservations::behind_window(self.config.defer_accept));
+        }
+        r.read_at = Some(now);
+        r.young = look.young.min(self.board.counts().idle);
+        r.young_dies_at = look.hold_left.map(|left| now + left);
+        self.totals.abandoned += look.released + taken_over;
+    }
+
+    /// `n` connections were accepted by the supervisor (from a slot's
+    /// socket: its child left, or they waited behind another).
+    pub fn count_accepted(&mut self, n: u64) {
+        self.totals.accepted += n;
+    }
+
+    /// Whether connections wait for a child (the shell says so at the end
+    /// of each turn): while they do and every child is taken, the core
+    /// wakes the loop when a young reservation dies, so its child can be
+    /// claimed for them.
+    pub fn connections_waiting(&mut self, waiting: bool) {
+        self.reading.waiting = waiting;
+    }
+
+    /// Whether a connection may wait behind another on a busy child's
+    /// socket now: the supervisor then looks at the busy children's
+    /// sockets when it reads the board.
+    pub fn may_wait_behind(&self, now: Instant) -> bool {
+        self.reading.behind_until.is_some_and(|until| now < until)
+    }
+
+    /// Children the core counts idle that a young reservation holds.
+    pub(crate) fn young_reservations(&self) -> u32 {
+        self.reading.young
+    }
+
+    /// Kernel dispatch: when the loop must wake for the board: its next
+    /// reading, and the death of a young reservation whose child the
+    /// waiting connections need.
+    pub fn board_deadline(&self, now: Instant) -> Option<Instant> {
+        if self.config.dispatch != crate::config::DispatchMode::Kernel {
+            return None;
+        }
+        let r = &self.reading;
+        let read = r
+            .read_at
+            .map(|at| reservations::next_read(at, r.behind_until));
+        let dies = r
+            .young_dies_at
+            .filter(|t| r.waiting && *t > now && self.board.counts().idle <= r.young);
+        [read, dies].into_iter().flatten().min()
     }
 
     /// The record of the child in `slot` reads `sample`: its state follows

@@ -18,6 +18,8 @@
 //!   (messages, stderr lines and bytes);
 //! - `verification.rs`: whether a template's word about a worker's pid
 //!   holds, by what the kernel says;
+//! - `reservations.rs`: how long a `kernel` dispatch reservation holds its
+//!   child, when it is given back, how often the board is read;
 //! - `width.rs`: how many of the children new connections go to, in
 //!   `kernel` dispatch, while the busy ones wait for the CPUs.
 
@@ -28,6 +30,7 @@ pub(crate) mod dispatch;
 pub(crate) mod liveness;
 pub(crate) mod messages;
 pub(crate) mod recycle;
+pub(crate) mod reservations;
 pub(crate) mod rollout;
 pub mod scaling;
 pub(crate) mod shutdown;

@@ -3,7 +3,7 @@
 //! fork, and what is left on a slot whose child is gone.
 
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::Interest;
@@ -14,12 +14,13 @@ use super::Supervisor;
 use crate::config::DispatchMode;
 use crate::core::slot_limit;
 use crate::core::Input;
-use crate::dispatch::kernel::board::{self, SlotWord, DEAD_AFTER, SAMPLE_INTERVAL};
-use crate::dispatch::kernel::program::{MAX_SLOTS, RESERVATION_HOLD};
+use crate::dispatch::kernel::board::{self, SlotWord};
+use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
 use crate::policy::cpu_wait::LOOK_INTERVAL;
 use crate::policy::width::WidthMove;
 use crate::protocol::WorkerOrder;
+use crate::scoreboard::SlotState;
 
 impl Supervisor {
     /// Sets kernel dispatch up when it is asked for (`--dispatch kernel`);
@@ -233,7 +234,7 @@ impl Supervisor {
             return;
         };
         let taken = self.dispatcher.park_all(listener, fd);
-        self.core.totals.accepted += taken;
+        self.core.count_accepted(taken);
         if taken > 0 {
             info!(
                 slot,
@@ -263,45 +264,46 @@ impl Supervisor {
         // idle, and the old ones are given back so their slots come first
         // again. What never reached a child is counted, not logged.
         let now_ns = board::kernel_clock_ns();
-        let give_back_after = DEAD_AFTER + self.core.config.defer_accept;
-        let seen = kernel.look_at_reservations(span, now_ns, give_back_after);
-        let taken_over = board.taken_over();
-        self.core
-            .reservations_seen(seen.young, seen.released, taken_over);
-        self.board_read_at = Some(now);
+        let look = kernel.look_at_reservations(span, now_ns, self.core.config.defer_accept);
+        self.core.board_read(look, now);
         self.carry_out(now);
+        if self.core.may_wait_behind(now) {
+            self.take_what_waits_behind(now);
+        }
     }
 
-    /// While connections wait for a child and none is idle, the moment
-    /// the oldest young reservation dies (the program's hold ends): the
-    /// supervisor may then claim its child for them.
-    pub(crate) fn reservation_dies_at(&self, now: Instant) -> Option<Instant> {
-        let kernel = self.kernel.as_ref()?;
-        let waiting = self.dispatcher.parked() > 0
-            || self
-                .listeners
-                .iter()
-                .any(|l| !l.watched && l.listener.queued() > 0);
-        if !waiting || self.has_room_for_overflow() {
-            return None;
-        }
-        let board = kernel.board();
-        let now_ns = board::kernel_clock_ns();
-        let hold = RESERVATION_HOLD.as_nanos() as u64;
-        // Only children the core counts idle: a reservation elsewhere is
-        // no child the overflow's connections could be given.
-        self.core
+    /// After the program took a reservation over, its own connection may
+    /// have come after all, and wait on that (now busy) child's socket
+    /// behind the other: such connections go to an idle child instead,
+    /// as the overflow's do.
+    fn take_what_waits_behind(&mut self, now: Instant) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        let busy: Vec<usize> = self
+            .core
             .board
-            .idle_slots()
-            .filter(|&slot| slot < board.slots())
-            .filter_map(|slot| match board.state(slot) {
-                SlotWord::Reserved { at_ns } if at_ns.saturating_add(hold) > now_ns => {
-                    Some(at_ns.saturating_add(hold) - now_ns)
-                }
-                _ => None,
-            })
-            .min()
-            .map(|left| now + Duration::from_nanos(left))
+            .iter()
+            .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.keeps_board(slot))
+            .map(|(slot, _)| slot)
+            .filter(|&slot| kernel.queued_on(slot) > 0)
+            .collect();
+        for slot in busy {
+            if !self.has_room_for_overflow() {
+                return;
+            }
+            let Some(kernel) = self.kernel.as_ref() else {
+                return;
+            };
+            let mut taken = 0;
+            for (listener, fd) in kernel.sockets(slot) {
+                taken += self.dispatcher.park_all(listener, fd);
+            }
+            if taken > 0 {
+                self.core.count_accepted(taken);
+                self.child_available(now);
+            }
+        }
     }
 
     /// Whether a connection taken from a listener now would find a child.
@@ -321,7 +323,7 @@ impl Supervisor {
             !self.core.keeps_board(slot)
                 || (slot < board.slots() && {
                     let word = board.state(slot);
-                    word == SlotWord::Idle || word.reserved_before(RESERVATION_HOLD, now_ns)
+                    word == SlotWord::Idle || word.dead_at(now_ns)
                 })
         })
     }
@@ -385,15 +387,6 @@ impl Supervisor {
         )
     }
 
-    /// When the scoreboard is next read if nothing else wakes the loop.
-    pub(crate) fn board_read_due(&self) -> Option<Instant> {
-        self.kernel.as_ref()?;
-        Some(
-            self.board_read_at
-                .map_or_else(Instant::now, |at| at + SAMPLE_INTERVAL),
-        )
-    }
-
     /// At the end of a turn: while connections wait for a child (parked,
     /// or in the listener's backlog because no child had room), children
     /// going idle are asked to say so (`I`); set first, then the
@@ -414,6 +407,7 @@ impl Supervisor {
                     .iter()
                     .any(|l| !l.watched && l.listener.queued() > 0));
         kernel.board().set_waiting(waiting);
+        self.core.connections_waiting(waiting);
         if waiting {
             self.read_board(now);
             if self.has_room_for_overflow() {

@@ -171,8 +171,6 @@ pub(crate) struct Supervisor {
     /// Kernel dispatch: empty slots' sockets the supervisor watches, as
     /// (slot, listener).
     orphaned_sockets: Vec<(usize, usize)>,
-    /// Kernel dispatch: when the scoreboard was last read.
-    board_read_at: Option<Instant>,
     started: Instant,
     /// The pool as of the end of the last turn, for the endpoints.
     published: published::Published,
@@ -236,7 +234,6 @@ impl Supervisor {
             kernel: None,
             dispatch_fallback: None,
             orphaned_sockets: Vec::new(),
-            board_read_at: None,
             started: Instant::now(),
             published: published::Published::new(Instant::now()),
         })
@@ -503,8 +500,6 @@ impl Supervisor {
         consider(self.finishing.map(|f| f.deadline()));
         consider(self.cpu_look_due(now));
         consider(self.width_look_due(now));
-        consider(self.reservation_dies_at(now));
-        consider(self.board_read_due());
         consider(dispatch::backlog_recheck_due(
             self.core.board.has_room(),
             self.core.board.counts().live(),

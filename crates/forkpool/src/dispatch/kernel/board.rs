@@ -28,19 +28,22 @@
 //! - program: `IDLE → reserved` (compare-and-swap, so two connections
 //!   arriving on two CPUs never pick the same idle child), and, when no
 //!   slot is idle, a reservation older than
-//!   [`program::RESERVATION_HOLD`](super::program::RESERVATION_HOLD)
+//!   [`RESERVATION_HOLD`](crate::policy::reservations::RESERVATION_HOLD)
 //!   `→ reserved` anew (compare-and-swap with the stamp it read): its
 //!   connection never came (a reset, a handshake never finished, a
 //!   client silent under `TCP_DEFER_ACCEPT`), and a dead reservation must
 //!   not keep a child from the connections after it;
 //! - supervisor: `IDLE →  BUSY`, or failing that a reservation `→ BUSY`,
 //!   to hand an overflow connection to that child (compare-and-swap); and
-//!   a reservation older than [`DEAD_AFTER`] `→ IDLE` (compare-and-swap
+//!   a reservation older than
+//!   [`GIVE_BACK_AFTER`](crate::policy::reservations::GIVE_BACK_AFTER)
+//!   `→ IDLE` (compare-and-swap
 //!   with the value it saw) when it reads the board, so the slot is the
 //!   first again for the next connection.
 //!
 //! The child reports nothing per connection: the supervisor reads the
-//! records (each turn of its loop, and every [`SAMPLE_INTERVAL`]). Only
+//! records (each turn of its loop, and every
+//! [`READ_INTERVAL`](crate::policy::reservations::READ_INTERVAL)). Only
 //! while word 2 is set does a child that goes idle say `I` on its
 //! channel, so the supervisor wakes to hand it a waiting connection. The
 //! child stores its state before it reads word 2, and the supervisor sets
@@ -64,9 +67,9 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use crate::core::sampled::Sample;
+use crate::policy::reservations;
 use crate::sys::bpf::{self, SharedWords};
 
 /// Word 0: "fkpbrd01", the layout's name and version, little-endian.
@@ -101,18 +104,6 @@ pub const BUSY: u64 = 0;
 pub const IDLE: u64 = 1;
 /// Set in every reservation, so one never reads as busy or idle.
 pub const RESERVED_BIT: u64 = 2;
-/// How often the supervisor reads the scoreboard when nothing else wakes
-/// it (status, scaling and liveness see the children this fresh).
-pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
-/// A reservation this old when the supervisor reads the board is given
-/// back (idle again), beyond `defer_accept` (a client may take that long
-/// to send its first byte, when set, before the kernel queues it). The
-/// program takes a dead reservation over long before, when it needs the
-/// child; this only makes the slot the lowest idle one again for the next
-/// connection, so that a single reset does not leave the hottest child
-/// cold while others are idle. Long, because a slot given back while its
-/// connection is still coming gets a second one queued behind it.
-pub const DEAD_AFTER: Duration = Duration::from_secs(1);
 
 /// What a slot's word says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,20 +121,10 @@ pub enum SlotWord {
 }
 
 impl SlotWord {
-    /// Whether this is a reservation younger than `hold` at `now_ns`:
-    /// one the program does not take over yet, whose connection may well
-    /// be on its way. A stamp after `now_ns` (read on another CPU a moment
-    /// later) is young.
-    pub fn reserved_within(self, hold: Duration, now_ns: u64) -> bool {
-        match self {
-            SlotWord::Reserved { at_ns } => now_ns.saturating_sub(at_ns) < hold.as_nanos() as u64,
-            _ => false,
-        }
-    }
-
-    /// Whether this is a reservation at least `age` old at `now_ns`.
-    pub fn reserved_before(self, age: Duration, now_ns: u64) -> bool {
-        matches!(self, SlotWord::Reserved { .. }) && !self.reserved_within(age, now_ns)
+    /// Whether this is a reservation that no longer holds its child at
+    /// `now_ns` (`policy::reservations`): one the program would take over.
+    pub fn dead_at(self, now_ns: u64) -> bool {
+        matches!(self, SlotWord::Reserved { at_ns } if !reservations::young(at_ns, now_ns))
     }
 
     /// Reads a raw word.

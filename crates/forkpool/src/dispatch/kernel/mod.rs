@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 
 use super::Children;
+use crate::core::sampled::ReservationLook;
 use crate::listener::Listener;
+use crate::policy::reservations;
 use crate::protocol::ParentMessage;
 use board::{Board, SlotWord};
 use group::{refused, Group, Unavailable};
@@ -35,15 +37,7 @@ pub struct Kernel {
     groups: Vec<Group>,
 }
 
-/// What the reservations on the board said at one look.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reservations {
-    /// Younger than the hold: a connection on its way to its child, or
-    /// one that will never come but still holds the child from others.
-    pub young: u32,
-    /// Given back at this look: older than the give-back age.
-    pub released: u64,
-}
+
 
 impl Kernel {
     /// Sets kernel dispatch up over `listeners` (each bound with
@@ -77,27 +71,43 @@ impl Kernel {
     }
 
     /// Looks at the reservations of the first `span` slots at `now_ns`
-    /// (the kernel's clock): counts the young ones, and gives back (idle
-    /// again) those older than `give_back_after`.
+    /// (the kernel's clock): counts the young ones and when the oldest of
+    /// them stops holding its child, gives back (idle again) those the
+    /// rule says to (`policy::reservations`, with `defer_accept` set on
+    /// the listeners), and reads the program's count of takeovers.
     pub fn look_at_reservations(
         &self,
         span: usize,
         now_ns: u64,
-        give_back_after: Duration,
-    ) -> Reservations {
-        let mut seen = Reservations::default();
+        defer_accept: Duration,
+    ) -> ReservationLook {
+        let mut look = ReservationLook {
+            taken_over: self.board.taken_over(),
+            ..ReservationLook::default()
+        };
         for slot in 0..span.min(self.board.slots()) {
             let raw = self.board.raw(slot);
-            let word = SlotWord::from_raw(raw);
-            if word.reserved_within(program::RESERVATION_HOLD, now_ns) {
-                seen.young += 1;
-            } else if word.reserved_before(give_back_after, now_ns)
+            let SlotWord::Reserved { at_ns } = SlotWord::from_raw(raw) else {
+                continue;
+            };
+            if reservations::young(at_ns, now_ns) {
+                look.young += 1;
+                let left = reservations::hold_left(at_ns, now_ns);
+                look.hold_left = Some(look.hold_left.map_or(left, |l: Duration| l.min(left)));
+            } else if reservations::given_back(at_ns, now_ns, defer_accept)
                 && self.board.release_stale(slot, raw)
             {
-                seen.released += 1;
+                look.released += 1;
             }
         }
-        seen
+        look
+    }
+
+    /// Connections queued on `slot`'s sockets, as the kernel counts them.
+    pub fn queued_on(&self, slot: usize) -> u32 {
+        self.sockets(slot)
+            .map(|(_, fd)| crate::sys::socket::tcp_accept_queue_len(fd).unwrap_or(0))
+            .sum()
     }
 
     /// The scoreboard map's descriptor (for a worker forked by a template,
@@ -254,7 +264,7 @@ impl<'a, C: Children> Claiming<'a, C> {
     /// Whether `slot`'s word is a reservation the program itself would
     /// take over now.
     fn is_dead(&self, word: SlotWord) -> bool {
-        word.reserved_before(program::RESERVATION_HOLD, self.now_ns)
+        word.dead_at(self.now_ns)
     }
 
     fn claim_dead(&self, slot: usize) -> bool {
@@ -591,7 +601,7 @@ mod tests {
             return;
         };
         seat_all(&mut group, 3, &[1]);
-        let dead = reservation_aged(super::program::RESERVATION_HOLD * 2);
+        let dead = reservation_aged(crate::policy::reservations::RESERVATION_HOLD * 2);
         group.board().store_raw(0, dead);
         // Slot 2 busy, slot 1 idle: the idle one first.
         let first = TcpStream::connect(addr).unwrap();
@@ -629,8 +639,9 @@ mod tests {
         board.store_raw(1, reservation_aged(Duration::from_millis(500)));
         board.store_raw(2, reservation_aged(Duration::from_secs(5)));
         let now_ns = super::board::kernel_clock_ns();
-        let seen = group.look_at_reservations(4, now_ns, Duration::from_secs(1));
+        let seen = group.look_at_reservations(4, now_ns, Duration::ZERO);
         assert_eq!((seen.young, seen.released), (1, 1));
+        assert!(seen.hold_left.is_some_and(|left| left > Duration::from_millis(20)));
         assert!(matches!(board.state(0), SlotWord::Reserved { .. }));
         assert!(matches!(board.state(1), SlotWord::Reserved { .. }));
         assert_eq!(board.state(2), SlotWord::Idle);

@@ -128,22 +128,14 @@
 //! 87     exit
 //! ```
 
-use std::time::Duration;
-
 use super::asm::{Asm, Cond, Insn, Label, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8, R9};
+use crate::policy::reservations::RESERVATION_HOLD;
 use super::board::{
     BOUND_WORD, HEADER_WORDS, IDLE, OVERFLOW_SENT_WORD, RECORD_WORDS, RESERVED_BIT, TAKEN_OVER_WORD,
 };
 
 // The scan steps from record to record with a shift.
 const _: () = assert!(RECORD_WORDS * 8 == 1 << 5);
-
-/// How long a reservation holds its slot against other connections. Far
-/// longer than a handshake and an accept take on one machine or a
-/// network nearby, so a live reservation is almost never taken over; and
-/// short enough that a connection that never comes costs the others
-/// next to nothing (issue 44 asks for 50 ms at most, at any rate of them).
-pub const RESERVATION_HOLD: Duration = Duration::from_millis(30);
 
 // The hold is a 32-bit immediate in the program.
 const _: () = assert!(RESERVATION_HOLD.as_nanos() < i32::MAX as u128);
