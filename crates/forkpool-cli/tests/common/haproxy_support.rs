@@ -77,12 +77,53 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// How HAProxy checks each server's health.
+#[derive(Debug, Clone, Copy)]
+pub enum Check<'a> {
+    /// `option httpchk GET PATH`, expecting a 200: every 200 ms, 100 ms
+    /// while a server's state changes.
+    Http(&'a str),
+    /// A plain TCP connect every `inter_ms` (`check inter 100ms`): HAProxy
+    /// connects and closes without sending a byte.
+    Tcp { inter_ms: u32 },
+}
+
 /// The test configuration: the example in `dist/haproxy/haproxy.cfg` (an
 /// HTTP health check, and an agent check on the server's `agent_port` when
 /// it has one), with short intervals so a test sees changes within a
 /// second, a stats socket to read server states from, and a header naming
 /// the server that answered.
 pub fn config(frontend: SocketAddr, stats: &Path, servers: &[Server], check_path: &str) -> String {
+    config_with(
+        frontend,
+        stats,
+        servers,
+        Check::Http(check_path),
+        "leastconn",
+    )
+}
+
+/// Like [`config`], with the health check `check` and `balance ALGORITHM`
+/// (`leastconn`, `roundrobin`, ...).
+pub fn config_with(
+    frontend: SocketAddr,
+    stats: &Path,
+    servers: &[Server],
+    check: Check,
+    balance: &str,
+) -> String {
+    let (check_lines, intervals, server_check) = match check {
+        Check::Http(path) => (
+            format!("    option httpchk GET {path}\n    http-check expect status 200\n"),
+            "inter 200ms fastinter 100ms downinter 200ms".to_string(),
+            "check".to_string(),
+        ),
+        Check::Tcp { inter_ms: n } => (
+            String::new(),
+            format!("inter {n}ms fastinter {n}ms downinter {n}ms"),
+            format!("check inter {n}ms"),
+        ),
+    };
     let mut cfg = format!(
         "global
     stats socket {stats} mode 600 level admin
@@ -104,16 +145,14 @@ frontend web
     default_backend pools
 
 backend pools
-    balance leastconn
-    option httpchk GET {check_path}
-    http-check expect status 200
-    http-response set-header {SERVED_BY} %s
-    default-server inter 200ms fastinter 100ms downinter 200ms fall 2 rise 2 weight 100
+    balance {balance}
+{check_lines}    http-response set-header {SERVED_BY} %s
+    default-server {intervals} fall 2 rise 2 weight 100
 ",
         stats = stats.display(),
     );
     for s in servers {
-        cfg.push_str(&format!("    server {} {} check", s.name, s.addr));
+        cfg.push_str(&format!("    server {} {} {server_check}", s.name, s.addr));
         if let Some(port) = s.agent_port {
             cfg.push_str(&format!(" agent-check agent-port {port} agent-inter 100ms"));
         }
@@ -127,6 +166,12 @@ impl Haproxy {
     /// until its stats socket answers and every server has been checked
     /// up.
     pub fn start(program: &Path, servers: &[Server], check_path: &str) -> Haproxy {
+        Self::start_with(program, servers, Check::Http(check_path), "leastconn")
+    }
+
+    /// Like [`Haproxy::start`], with the health check `check` and `balance
+    /// ALGORITHM` (see [`config_with`]).
+    pub fn start_with(program: &Path, servers: &[Server], check: Check, balance: &str) -> Haproxy {
         let dir = temp_path("haproxy");
         std::fs::create_dir_all(&dir).unwrap();
         let stats = dir.join("stats.sock");
@@ -135,7 +180,8 @@ impl Haproxy {
         loop {
             attempts += 1;
             let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            std::fs::write(&cfg_path, config(addr, &stats, servers, check_path)).unwrap();
+            let cfg = config_with(addr, &stats, servers, check, balance);
+            std::fs::write(&cfg_path, cfg).unwrap();
             let log = std::fs::File::create(dir.join("haproxy.log")).unwrap();
             let child = Command::new(program)
                 .arg("-f")
@@ -237,6 +283,24 @@ impl Haproxy {
                 total: f[stot].parse().unwrap_or(0),
             })
             .collect()
+    }
+
+    /// Column `column` of server `name`'s line of `show stat` (e.g.
+    /// `check_status`: `L4OK` for a TCP check that connected, `L7OK` for
+    /// an HTTP one; `agent_status`).
+    pub fn server_column(&self, name: &str, column: &str) -> Option<String> {
+        let text = self.show_stat().ok()?;
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next()?.strip_prefix("# ")?.split(',').collect();
+        let (px, sv) = (
+            header.iter().position(|h| *h == "pxname")?,
+            header.iter().position(|h| *h == "svname")?,
+        );
+        let col = header.iter().position(|h| *h == column)?;
+        lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|f| f.len() > col.max(sv).max(px) && f[px] == "pools" && f[sv] == name)
+            .map(|f| f[col].to_string())
     }
 
     /// One server's state.
