@@ -37,8 +37,6 @@ pub struct Kernel {
     groups: Vec<Group>,
 }
 
-
-
 impl Kernel {
     /// Sets kernel dispatch up over `listeners` (each bound with
     /// `SO_REUSEPORT`) for `slots` slots, or says why it cannot run.
@@ -641,7 +639,9 @@ mod tests {
         let now_ns = super::board::kernel_clock_ns();
         let seen = group.look_at_reservations(4, now_ns, Duration::ZERO);
         assert_eq!((seen.young, seen.released), (1, 1));
-        assert!(seen.hold_left.is_some_and(|left| left > Duration::from_millis(20)));
+        assert!(seen
+            .hold_left
+            .is_some_and(|left| left > Duration::from_millis(20)));
         assert!(matches!(board.state(0), SlotWord::Reserved { .. }));
         assert!(matches!(board.state(1), SlotWord::Reserved { .. }));
         assert_eq!(board.state(2), SlotWord::Idle);

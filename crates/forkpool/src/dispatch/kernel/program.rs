@@ -129,10 +129,10 @@
 //! ```
 
 use super::asm::{Asm, Cond, Insn, Label, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8, R9};
-use crate::policy::reservations::RESERVATION_HOLD;
 use super::board::{
     BOUND_WORD, HEADER_WORDS, IDLE, OVERFLOW_SENT_WORD, RECORD_WORDS, RESERVED_BIT, TAKEN_OVER_WORD,
 };
+use crate::policy::reservations::RESERVATION_HOLD;
 
 // The scan steps from record to record with a shift.
 const _: () = assert!(RECORD_WORDS * 8 == 1 << 5);
