@@ -272,6 +272,24 @@ impl Supervisor {
         }
     }
 
+    /// Connections on busy children's sockets, while one may wait there
+    /// behind another (after a takeover); 0 otherwise, with no system
+    /// call.
+    pub(crate) fn queued_behind_busy(&self, now: Instant) -> u32 {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return 0;
+        };
+        if !self.core.may_wait_behind(now) {
+            return 0;
+        }
+        self.core
+            .board
+            .iter()
+            .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.keeps_board(slot))
+            .map(|(slot, _)| kernel.queued_on(slot))
+            .sum()
+    }
+
     /// After the program took a reservation over, its own connection may
     /// have come after all, and wait on that (now busy) child's socket
     /// behind the other: such connections go to an idle child instead,

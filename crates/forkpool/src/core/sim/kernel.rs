@@ -1,28 +1,90 @@
-//! `kernel` dispatch in the simulator: the world plays the eBPF program
-//! and the scoreboard. A worker that says `K` keeps a record (once seated:
-//! at once when exec'd, on `S` when a template forked it); the program
-//! gives each arriving connection to the lowest idle record, and the rest
-//! wait on the overflow, which finishing workers take from themselves and
-//! the core hands on (claiming the record first). The core learns only by
-//! reading the records each turn (`Core::sampled`), as the supervisor does;
-//! some workers scramble their counts, which must not break anything.
-//! The program and the finishing workers keep to the dispatch width's
-//! bound, as the real ones read it in word 5.
+//! `kernel` dispatch in the simulator: the world plays the eBPF program,
+//! the scoreboard and the slots' sockets. A worker that says `K` keeps a
+//! record (once seated: at once when exec'd, on `S` when a template
+//! forked it). At each SYN the program reserves the lowest idle record,
+//! failing that takes over the lowest dead reservation, failing that
+//! sends the connection to the overflow, as the real one does
+//! (`dispatch/kernel/program.rs`); what the connection turns out to be
+//! (`network.rs`) decides whether and when it is queued on the chosen
+//! slot's socket. Finishing workers take from the overflow themselves and
+//! the core hands the rest on (claiming a record first). The core learns
+//! only by reading the records each turn (`Core::sampled`,
+//! `Core::board_read`), as the supervisor does; some workers scramble
+//! their counts, which must not break anything. The program and the
+//! finishing workers keep to the dispatch width's bound, as the real ones
+//! read it in word 5.
+//!
+//! Invariants (`check_network`): no connection waits more than
+//! [`STALL_AT_MOST`] while a child that could take it is idle or held by
+//! a dead reservation, and a pool whose children are all taken grows
+//! while connections wait.
 
-use super::world::{Conn, Happening};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::network::Kind;
+use super::world::{Conn, Happening, MS};
 use super::Sim;
-use crate::core::sampled::Sample;
+use crate::core::sampled::{ReservationLook, Sample};
+use crate::policy::reservations;
 use crate::protocol::ChildMessage;
+use crate::scaling::Decision;
+
+/// The longest a connection may wait while a child that could take it is
+/// idle or held by a dead reservation.
+pub(super) const STALL_AT_MOST: u64 = 50 * MS;
+
+/// A record's state word.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Word {
+    /// Busy, or not yet idle.
+    #[default]
+    Busy,
+    /// Waiting on its socket.
+    Idle,
+    /// Reserved by the program at this moment (ns).
+    Reserved(u64),
+}
 
 /// A worker's record on the simulated scoreboard.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Record {
-    pub idle: bool,
+    pub word: Word,
     pub taken: u64,
     pub served: u64,
     pub next: u64,
     /// It writes nonsense into its counts.
     pub liar: bool,
+}
+
+impl Record {
+    /// Waiting for a connection on its socket (idle, or reserved).
+    fn waiting(&self) -> bool {
+        self.word != Word::Busy
+    }
+}
+
+/// The slots' sockets and the program's counts.
+#[derive(Debug, Default)]
+pub(super) struct Sockets {
+    /// Connections queued on each slot's socket, by slot.
+    queues: Vec<VecDeque<u64>>,
+    /// Slots out of the socket array (their child told to quit).
+    off: Vec<bool>,
+    /// Dead reservations the program took over (board word 6).
+    taken_over: u64,
+    /// Since when a connection has waited with a child that could take
+    /// it idle or held by a dead reservation.
+    stalled_since: Option<u64>,
+}
+
+impl Sockets {
+    fn grow(&mut self, slot: usize) {
+        if self.queues.len() <= slot {
+            self.queues.resize_with(slot + 1, VecDeque::new);
+            self.off.resize(slot + 1, false);
+        }
+    }
 }
 
 impl Sim {
@@ -40,10 +102,12 @@ impl Sim {
         // template, it waits for `S`.
         if p.in_group_of.is_none() {
             p.board = Some(Record {
-                idle: true,
+                word: Word::Idle,
                 liar,
                 ..Record::default()
             });
+            let slot = p.slot;
+            self.seated_anew(slot);
         } else {
             p.liar = liar;
         }
@@ -64,69 +128,164 @@ impl Sim {
             ));
         }
         p.board = Some(Record {
-            idle: !p.told_quit,
+            word: if p.told_quit { Word::Busy } else { Word::Idle },
             liar: p.liar,
             ..Record::default()
         });
         self.outcome.seats += 1;
+        self.seated_anew(slot);
         Ok(())
     }
 
-    /// The program: each waiting connection to the lowest idle record.
-    pub(super) fn kernel_picks(&mut self) {
-        let bound = self.core.board.dispatch_bound().unwrap_or(usize::MAX);
-        while let Some(&conn) = self.world.backlog.front() {
-            let pick = self
-                .seated()
-                .find(|&(slot, _, r)| r.idle && slot < bound)
-                .map(|(_, pid, _)| pid);
-            let Some(pid) = pick else {
+    /// A new child has `slot`'s sockets: they are in the socket array
+    /// again, and it takes what waits on them.
+    fn seated_anew(&mut self, slot: usize) {
+        self.sockets.grow(slot);
+        self.sockets.off[slot] = false;
+        self.accept_queued(slot);
+    }
+
+    /// A SYN: the program picks a slot (or the overflow), and the
+    /// connection follows as its kind says.
+    pub(super) fn syn(&mut self) {
+        let kind = self.draw_kind();
+        let pick = self.program_picks();
+        let (after, serve) = match kind {
+            Kind::Never => {
+                self.outcome.never_came += 1;
                 return;
-            };
-            self.world.backlog.pop_front();
-            self.take(pid, conn, false);
-            self.outcome.kernel_taken += 1;
+            }
+            Kind::Queued { after, serve } => (after, serve),
+        };
+        let conn = self.new_conn(serve);
+        self.world.at(after, Happening::Queued(pick, conn));
+    }
+
+    /// The program, at a SYN: the lowest idle record within the bound,
+    /// reserved; else the lowest dead reservation, taken over; else the
+    /// overflow (`None`).
+    fn program_picks(&mut self) -> Option<usize> {
+        let now = self.world.now;
+        let bound = self.core.board.dispatch_bound().unwrap_or(usize::MAX);
+        let candidates: Vec<(usize, i32, Word)> = self
+            .seated()
+            .filter(|&(slot, _, _)| slot < bound && !self.is_off(slot))
+            .map(|(slot, pid, r)| (slot, pid, r.word))
+            .collect();
+        let idle = candidates.iter().find(|c| c.2 == Word::Idle);
+        let dead = || {
+            candidates
+                .iter()
+                .find(|c| matches!(c.2, Word::Reserved(at) if !reservations::young(at, now)))
+        };
+        let (slot, pid, word) = *idle.or_else(dead)?;
+        if word != Word::Idle {
+            self.sockets.taken_over += 1;
+        }
+        self.record_mut(pid).word = Word::Reserved(now);
+        Some(slot)
+    }
+
+    /// A connection's handshake is done (and its data, with deferred
+    /// accept, has come): it is queued on the socket the program picked.
+    pub(super) fn queued(&mut self, pick: Option<usize>, conn: u64) {
+        match pick {
+            None => self.queue_on_overflow(conn),
+            Some(slot) => {
+                self.sockets.grow(slot);
+                self.sockets.queues[slot].push_back(conn);
+                self.accept_queued(slot);
+            }
+        }
+    }
+
+    /// The worker in `slot`, if it waits on its socket, accepts what is
+    /// queued there; with no live worker in the slot, the supervisor
+    /// takes it to hand on (a departed child's socket).
+    fn accept_queued(&mut self, slot: usize) {
+        let Some(&conn) = self.sockets.queues.get(slot).and_then(|q| q.front()) else {
+            return;
+        };
+        let worker = self
+            .seated()
+            .find(|&(s, _, _)| s == slot)
+            .map(|(_, pid, r)| (pid, r));
+        match worker {
+            Some((pid, r)) if r.waiting() && self.world.procs[&pid].serving.is_none() => {
+                self.sockets.queues[slot].pop_front();
+                self.take(pid, conn, false);
+                self.outcome.kernel_taken += 1;
+            }
+            Some(_) => {}
+            None if self.core.board.get(slot).is_none() => self.orphans(slot),
+            None => {}
+        }
+    }
+
+    /// What is queued on `slot`'s socket, its child gone: the supervisor
+    /// accepts it and hands it on (closed if the pool is stopping).
+    pub(super) fn orphans(&mut self, slot: usize) {
+        self.sockets.grow(slot);
+        while let Some(conn) = self.sockets.queues[slot].pop_front() {
+            self.queue_on_overflow(conn);
         }
     }
 
     /// The worker `pid` takes `conn` itself (from its socket, or the
     /// overflow as it finished one).
     fn take(&mut self, pid: i32, conn: u64, next: bool) {
+        let serve = self.service(conn);
         let p = self.world.procs.get_mut(&pid).expect("alive");
         let record = p.board.as_mut().expect("on the board");
-        record.idle = false;
+        record.word = Word::Busy;
         record.taken += 1;
         if next {
             record.next += 1;
         }
         p.serving = Some(conn);
         self.world.conns[conn as usize] = Conn::Held(pid);
-        let t = self.world.ms(1, 40);
-        self.world.at(t, Happening::Finish(pid, conn));
+        self.world.at(serve, Happening::Finish(pid, conn));
     }
 
-    /// The core hands a connection to `pid`: a worker on the board must be
-    /// idle there, and is claimed (busy) first; false if it was not.
-    pub(super) fn claim(&mut self, pid: i32) -> bool {
-        match self
-            .world
-            .procs
-            .get_mut(&pid)
-            .and_then(|p| p.board.as_mut())
-        {
-            None => true,
-            Some(r) if r.idle => {
-                r.idle = false;
-                true
+    /// The core hands a connection to the child in `slot`: the lowest
+    /// child the core counts idle whose record is idle, else one held by
+    /// a dead reservation, claimed busy (`Claiming`); a child not on the
+    /// board needs no claim. None: no child can take it.
+    pub(super) fn claim_lowest(&mut self) -> Option<usize> {
+        let now = self.world.now;
+        let idle: Vec<usize> = self.core.board.idle_slots().collect();
+        let word_of = |sim: &Sim, slot: usize| -> Option<(i32, Option<Word>)> {
+            let pid = sim.core.board.get(slot)?.pid;
+            let p = sim.world.procs.get(&pid)?;
+            Some((pid, p.board.map(|r| r.word)))
+        };
+        for dead_too in [false, true] {
+            for &slot in &idle {
+                let Some((pid, word)) = word_of(self, slot) else {
+                    continue;
+                };
+                let claimable = match word {
+                    None => !dead_too,
+                    Some(Word::Idle) => !dead_too,
+                    Some(Word::Reserved(at)) => dead_too && !reservations::young(at, now),
+                    Some(Word::Busy) => false,
+                };
+                if claimable {
+                    if word.is_some() {
+                        self.record_mut(pid).word = Word::Busy;
+                    }
+                    return Some(slot);
+                }
             }
-            Some(_) => false,
         }
+        None
     }
 
     /// A worker on the board finished a connection: it counts it, takes
     /// the next from the overflow if one waits, or goes idle (and wakes
-    /// the core with `I` while connections wait). True if it is on the
-    /// board (the handoff report is then not sent).
+    /// the core with `I` while connections wait) and takes what is queued
+    /// on its own socket. True if it is on the board (the handoff report
+    /// is then not sent).
     pub(super) fn kernel_finished(&mut self, pid: i32, slot: usize) -> bool {
         let Some(p) = self.world.procs.get_mut(&pid) else {
             return false;
@@ -148,23 +307,80 @@ impl Sim {
             self.take(pid, conn, true);
             return true;
         }
-        record.idle = true;
+        record.word = Word::Idle;
         if !self.world.backlog.is_empty() {
             self.report(slot, ChildMessage::Idle);
         }
+        self.accept_queued(slot);
         true
     }
 
-    /// Told to quit: the shell stores busy before the `Q` goes.
-    pub(super) fn kernel_quit(&mut self, pid: i32) {
-        if let Some(r) = self
+    /// A worker told to quit, with no connection: it takes the next one
+    /// the kernel queued on its socket before it was taken off, if any
+    /// (true), instead of exiting.
+    pub(super) fn serve_what_was_queued(&mut self, pid: i32) -> bool {
+        let p = &self.world.procs[&pid];
+        if p.board.is_none() || matches!(p.behaviour, super::world::Behaviour::HangOnQuit) {
+            return false;
+        }
+        let slot = p.slot;
+        let Some(conn) = self
+            .sockets
+            .queues
+            .get_mut(slot)
+            .and_then(VecDeque::pop_front)
+        else {
+            return false;
+        };
+        self.take(pid, conn, false);
+        true
+    }
+
+    /// The supervisor exits: every slot's socket closes, and the
+    /// connections on them, or still in their handshake, are reset.
+    pub(super) fn close_sockets(&mut self) {
+        for queue in &mut self.sockets.queues {
+            for conn in queue.drain(..) {
+                self.world.conns[conn as usize] = Conn::Closed;
+            }
+        }
+        let in_handshake: Vec<u64> = self
             .world
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|&(i, c)| *c == Conn::Queued && !self.world.backlog.contains(&(i as u64)))
+            .map(|(i, _)| i as u64)
+            .collect();
+        for conn in in_handshake {
+            self.world.conns[conn as usize] = Conn::Closed;
+        }
+    }
+
+    /// Told to quit (or killed): the shell stores busy and takes the
+    /// slot's sockets out of the array before the `Q` goes.
+    pub(super) fn kernel_quit(&mut self, pid: i32) {
+        let Some(p) = self.world.procs.get_mut(&pid) else {
+            return;
+        };
+        let slot = p.slot;
+        if let Some(r) = p.board.as_mut() {
+            r.word = Word::Busy;
+            self.sockets.grow(slot);
+            self.sockets.off[slot] = true;
+        }
+    }
+
+    fn is_off(&self, slot: usize) -> bool {
+        self.sockets.off.get(slot).copied().unwrap_or(false)
+    }
+
+    fn record_mut(&mut self, pid: i32) -> &mut Record {
+        self.world
             .procs
             .get_mut(&pid)
             .and_then(|p| p.board.as_mut())
-        {
-            r.idle = false;
-        }
+            .expect("a record")
     }
 
     /// The live workers with a record, lowest slot first: the program's
@@ -176,32 +392,193 @@ impl Sim {
         })
     }
 
-    /// The supervisor's reading of the board, each turn.
+    /// The supervisor's reading of the board, each turn: the records, the
+    /// reservations, and (after a takeover) what waits on a busy child's
+    /// socket, handed on.
     pub(super) fn read_board(&mut self) {
         let now = self.now();
+        let now_ns = self.world.now;
         let seated: Vec<(usize, i32, Record)> = self.seated().collect();
-        for (slot, _, r) in seated {
+        let mut look = ReservationLook {
+            taken_over: self.sockets.taken_over,
+            ..ReservationLook::default()
+        };
+        for &(slot, pid, r) in &seated {
             let scramble = |n: u64, rng: &mut super::rng::Rng| match rng.below(3) {
                 0 => n,
                 1 => rng.below(u64::MAX),
                 _ => 0,
             };
+            let busy = r.word == Word::Busy;
             let sample = if r.liar {
                 Sample {
-                    busy: !r.idle,
+                    busy,
                     taken: scramble(r.taken, &mut self.world.rng),
                     served: scramble(r.served, &mut self.world.rng),
                     next: scramble(r.next, &mut self.world.rng),
                 }
             } else {
                 Sample {
-                    busy: !r.idle,
+                    busy,
                     taken: r.taken,
                     served: r.served,
                     next: r.next,
                 }
             };
             self.core.sampled(slot, sample, now);
+            if let Word::Reserved(at) = r.word {
+                if reservations::young(at, now_ns) {
+                    look.young += 1;
+                    let left = reservations::hold_left(at, now_ns);
+                    look.hold_left = Some(look.hold_left.map_or(left, |l: Duration| l.min(left)));
+                } else if reservations::given_back(at, now_ns, self.core.config.defer_accept) {
+                    self.record_mut(pid).word = Word::Idle;
+                    look.released += 1;
+                }
+            }
         }
+        self.core.board_read(look, now);
+        if self.core.may_wait_behind(now) {
+            self.take_what_waits_behind();
+        }
+    }
+
+    /// Connections on the socket of a child that is not waiting there
+    /// (busy, or leaving) go to the overflow for an idle child, while one
+    /// can be claimed.
+    fn take_what_waits_behind(&mut self) {
+        let behind: Vec<usize> = (0..self.sockets.queues.len())
+            .filter(|&slot| !self.sockets.queues[slot].is_empty())
+            .filter(|&slot| {
+                self.seated()
+                    .find(|&(s, _, _)| s == slot)
+                    .is_none_or(|(_, _, r)| !r.waiting())
+            })
+            .collect();
+        for slot in behind {
+            if self.core.board.idle_slots().next().is_none() {
+                return;
+            }
+            self.outcome.rescued += self.sockets.queues[slot].len() as u64;
+            self.orphans(slot);
+        }
+    }
+
+    /// Connections on the sockets of children not waiting there: they
+    /// wait for a child like the overflow's, for the scaling rule too.
+    pub(super) fn waiting_behind(&self) -> u32 {
+        (0..self.sockets.queues.len())
+            .filter(|&slot| {
+                self.seated()
+                    .find(|&(s, _, _)| s == slot)
+                    .is_none_or(|(_, pid, r)| {
+                        !r.waiting() || self.world.procs[&pid].serving.is_some()
+                    })
+            })
+            .map(|slot| self.sockets.queues[slot].len() as u32)
+            .sum()
+    }
+
+    /// Whether, as the world is, every child is taken: none waits on its
+    /// socket idle or under a dead reservation, and the core counts none
+    /// idle that is not on the board.
+    fn every_child_taken(&self) -> bool {
+        let now = self.world.now;
+        let on_board_free = self.seated().any(|(_, _, r)| match r.word {
+            Word::Idle => true,
+            Word::Reserved(at) => !reservations::young(at, now),
+            Word::Busy => false,
+        });
+        // A child the core counts idle that is not on the board: one it
+        // hands connections to, or one it does not know is gone yet.
+        let off_board_idle = self
+            .core
+            .board
+            .idle_slots()
+            .any(|slot| !self.seated().any(|(s, _, _)| s == slot));
+        !on_board_free && !off_board_idle
+    }
+
+    /// The scaling rule, asked this turn with connections waiting and
+    /// every child taken (young reservations included), grows the pool
+    /// while it may.
+    fn check_growth(&self, decision: Decision) -> Result<(), String> {
+        let waiting = self.world.backlog.len() as u32 + self.waiting_behind();
+        let counts = self.core.board.counts();
+        if waiting > 0
+            && self.every_child_taken()
+            && counts.starting == 0
+            && counts.live() < self.core.config.max_children
+            && self.core.board.width().is_none()
+            && !self.core.rolling()
+            && !matches!(decision, Decision::Spawn(_))
+        {
+            let line = self.core.board.line();
+            let words: Vec<(usize, Word, bool)> =
+                self.seated().map(|(s, _, r)| (s, r.word, r.liar)).collect();
+            return Err(format!(
+                "{waiting} connections wait, every child is taken ({} busy, {} reserved), \
+                 {} of at most {}, and the pool does not grow: {decision:?} ({counts:?}, \
+                 board {line}, records {words:?})",
+                counts.busy,
+                self.core.young_reservations(),
+                counts.live(),
+                self.core.config.max_children
+            ));
+        }
+        Ok(())
+    }
+
+    /// At the end of a turn: the core hears whether connections wait.
+    pub(super) fn tell_waiting(&mut self) {
+        self.core
+            .connections_waiting(!self.world.backlog.is_empty());
+    }
+
+    /// A connection waits (on the overflow, or on the socket of a child
+    /// not waiting there) while a child that could take it is idle or
+    /// held by a dead reservation: never for long. And the pool grows
+    /// while connections wait and every child is taken.
+    pub(super) fn check_network(&mut self, decision: Option<Decision>) -> Result<(), String> {
+        if !self.scenario.kernel || self.core.shutdown.is_some() {
+            self.sockets.stalled_since = None;
+            return Ok(());
+        }
+        let now = self.world.now;
+        let bound = self.core.board.dispatch_bound().unwrap_or(usize::MAX);
+        let waiting_behind = self.waiting_behind() > 0;
+        let waiting = !self.world.backlog.is_empty() || waiting_behind;
+        let free = self.seated().any(|(slot, pid, r)| {
+            let p = &self.world.procs[&pid];
+            let free_word = match r.word {
+                Word::Idle => true,
+                Word::Reserved(at) => !reservations::young(at, now),
+                Word::Busy => false,
+            };
+            free_word
+                && slot < bound
+                && !self.is_off(slot)
+                && !p.told_quit
+                && p.serving.is_none()
+                && self.core.board.idle_slots().any(|s| s == slot)
+        });
+        match (waiting && free, self.sockets.stalled_since) {
+            (false, _) => self.sockets.stalled_since = None,
+            (true, None) => self.sockets.stalled_since = Some(now),
+            (true, Some(since)) if now - since > STALL_AT_MOST => {
+                return Err(format!(
+                    "a connection waited {} ms while a child that could take it was idle or \
+                     held by a dead reservation (overflow {}, behind a busy child: {})",
+                    (now - since) / MS,
+                    self.world.backlog.len(),
+                    waiting_behind
+                ));
+            }
+            (true, Some(_)) => {}
+        }
+        if let Some(decision) = decision {
+            self.check_growth(decision)?;
+        }
+        Ok(())
     }
 }

@@ -7,7 +7,9 @@
 //! kill storm, stop signals alone or in pairs, reloads and reforks to
 //! working or broken code: `reloads.rs`; in `kernel` dispatch the program
 //! and the scoreboard, with workers that scramble their counts:
-//! `kernel.rs`), and carries out the core's
+//! `kernel.rs`; the network: SYNs whose handshake never completes,
+//! resets, late data under deferred accept, empty and slow connections,
+//! a full backlog: `network.rs`), and carries out the core's
 //! effects on that world. After every step it checks the invariants
 //! below. A failing seed prints the command that replays it:
 //! `FORKPOOL_SIM_SEED=<seed> cargo test -p forkpool --lib core::sim::replay
@@ -25,9 +27,16 @@
 //!   has been ticked (the loop would spin);
 //! - every connection is served, failed with its child, or closed, once;
 //! - forks in any one second stay within `max_children` plus the
-//!   replacement burst and rate, whatever the children do.
+//!   replacement burst and rate, whatever the children do;
+//! - in `kernel` dispatch, no connection waits more than 50 ms while a
+//!   child that could take it is idle or held by a dead reservation, and
+//!   the pool grows while connections wait and every child is taken
+//!   (`kernel.rs`); the core's deadlines are the only thing that wakes
+//!   the loop between the world's happenings, so a deadline it leaves
+//!   out shows as a connection that waits.
 
 mod kernel;
+mod network;
 mod reloads;
 mod rng;
 mod templates;
@@ -80,6 +89,9 @@ struct Scenario {
     /// `kernel` dispatch: the world plays the program and the scoreboard
     /// (`kernel.rs`).
     kernel: bool,
+    /// The network's faults: connections that never come, come late,
+    /// empty or slow (`network.rs`); with `kernel`.
+    network: bool,
 }
 
 /// How a run ended.
@@ -104,6 +116,12 @@ struct Outcome {
     /// and seats sent to workers forked by a template.
     kernel_taken: u64,
     seats: u64,
+    /// Connections that never reached a child (their SYN reserved one,
+    /// or went to the overflow), refused by a full backlog, and taken
+    /// from a busy child's socket for an idle one.
+    never_came: u64,
+    backlog_full: u64,
+    rescued: u64,
     /// The core's totals at the end.
     totals: crate::status::Totals,
 }
@@ -128,6 +146,10 @@ struct Sim {
     /// Since when connections have waited with an idle child beyond the
     /// dispatch width while the CPUs had room (`width.rs`).
     held_back_since: Option<u64>,
+    /// Kernel dispatch: the slots' sockets (`kernel.rs`).
+    sockets: kernel::Sockets,
+    /// How long each connection takes to serve, by id.
+    serve_for: Vec<u64>,
 }
 
 impl Sim {
@@ -185,6 +207,8 @@ impl Sim {
             roll_starts: Default::default(),
             last_finish: None,
             held_back_since: None,
+            sockets: kernel::Sockets::default(),
+            serve_for: Vec::new(),
         }
     }
 
@@ -217,7 +241,11 @@ impl Sim {
             self.carry_out()?;
             self.maintain()?;
             self.dispatch()?;
+            if self.scenario.kernel {
+                self.tell_waiting();
+            }
             self.check()?;
+            self.check_network(None)?;
             if self.core.finished(now) {
                 return self.finish();
             }
@@ -262,6 +290,9 @@ impl Sim {
                 now - shutdown.exit_by
             ));
         }
+        // The supervisor exits: the slots' sockets close, and what is
+        // queued on them or still in its handshake is reset.
+        self.close_sockets();
         for (i, c) in self.world.conns.iter().enumerate() {
             if matches!(c, Conn::Queued | Conn::Held(_)) && self.core.board.occupied() == 0 {
                 return Err(format!("connection {i} is still {c:?} after the stop"));
@@ -364,9 +395,13 @@ impl Sim {
             }
             Happening::Arrival => {
                 if self.core.shutdown.is_none() {
-                    let id = self.world.conns.len() as u64;
-                    self.world.conns.push(Conn::Queued);
-                    self.world.backlog.push_back(id);
+                    if self.scenario.kernel {
+                        self.syn();
+                    } else {
+                        let serve = self.world.ms(1, 40);
+                        let id = self.new_conn(serve);
+                        self.world.backlog.push_back(id);
+                    }
                     let every = self.scenario.arrive_every;
                     self.world.at(every, Happening::Arrival);
                 }
@@ -400,6 +435,7 @@ impl Sim {
                 self.core.on(Input::Stop(kind.stop()), now);
             }
             Happening::Reload => self.reload_happens(),
+            Happening::Queued(pick, conn) => self.queued(pick, conn),
             other => self.template_happens(other)?,
         }
         self.carry_out()
@@ -436,6 +472,12 @@ impl Sim {
         if p.serving.is_some() || p.exited {
             return;
         }
+        // Kernel dispatch: it serves what the kernel queued on its socket
+        // before it was taken off, then goes.
+        if self.serve_what_was_queued(pid) {
+            return;
+        }
+        let p = self.world.procs.get_mut(&pid).expect("forked");
         match p.behaviour {
             Behaviour::HangOnQuit | Behaviour::Silent | Behaviour::Deaf => {}
             Behaviour::SlowExit => {
@@ -523,6 +565,7 @@ impl Sim {
                     ));
                 }
                 self.disturb();
+                self.kernel_quit(pid);
                 match self.world.procs.get(&pid) {
                     Some(p) if p.slot == slot => self.world.exit(pid),
                     _ => {
@@ -561,6 +604,9 @@ impl Sim {
                         "slot {} freed while pid {} lives",
                         gone.slot, gone.pid
                     ));
+                }
+                if self.scenario.kernel && self.core.board.get(gone.slot).is_none() {
+                    self.orphans(gone.slot);
                 }
             }
             Effect::StopListening => {
@@ -629,16 +675,24 @@ impl Sim {
         }
         self.consider_refork()?;
         let spawn = match self.core.rollout_spawns(now) {
-            Some(n) => n,
-            None if self.core.refork_wants_spare() => 1,
+            Some(n) => {
+                self.steer_width(now);
+                n
+            }
+            None if self.core.refork_wants_spare() => {
+                self.steer_width(now);
+                1
+            }
             None => {
-                let backlog = self.world.backlog.len() as u32;
+                let backlog = self.world.backlog.len() as u32 + self.waiting_behind();
                 // The width sees the simulated CPUs; the scaling rule does
                 // not: in this world a connection takes as long however
                 // many workers share the CPUs, so a hold would only cost.
                 self.steer_width(now);
                 let pool = self.core.pool_counts(|| backlog, width::CPUS);
-                match self.core.decide(pool, now) {
+                let decision = self.core.decide(pool, now);
+                self.check_network(Some(decision))?;
+                match decision {
                     Decision::Spawn(n) => n,
                     _ => 0,
                 }
@@ -674,13 +728,15 @@ impl Sim {
     /// waits for the next.
     fn dispatch(&mut self) -> Result<(), String> {
         let now = self.now();
-        if self.scenario.kernel && self.core.shutdown.is_none() {
-            // The program first: only what no idle record took is left on
-            // the overflow for the core.
-            self.kernel_picks();
-        }
         while !self.world.backlog.is_empty() && self.core.shutdown.is_none() {
-            let Some(slot) = self.core.board.lowest_with_room() else {
+            // Kernel dispatch: a worker on the board is claimed there first
+            // (the core's reading may be up to a turn old).
+            let slot = if self.scenario.kernel {
+                self.claim_lowest()
+            } else {
+                self.core.board.lowest_with_room()
+            };
+            let Some(slot) = slot else {
                 return Ok(());
             };
             let pid = self.core.board.get(slot).expect("has room").pid;
@@ -692,18 +748,13 @@ impl Sim {
                 self.carry_out()?;
                 continue;
             }
-            // Kernel dispatch: a worker on the board is claimed there first
-            // (the core's reading may be up to a turn old).
-            if !self.claim(pid) {
-                return Ok(());
-            }
+            let serve = self.service(conn);
             let p = self.world.procs.get_mut(&pid).expect("a slot's process");
             self.world.backlog.pop_front();
             p.serving = Some(conn);
             self.world.conns[conn as usize] = Conn::Held(pid);
             self.core.handed(slot, now);
-            let t = self.world.ms(1, 40);
-            self.world.at(t, Happening::Finish(pid, conn));
+            self.world.at(serve, Happening::Finish(pid, conn));
         }
         Ok(())
     }
@@ -890,6 +941,7 @@ fn scenario_of(seed: u64) -> Scenario {
         refused_reload_per_mille: rng.below(300),
         refork: rng.per_mille(500),
         kernel: rng.per_mille(400),
+        network: rng.per_mille(600),
     }
 }
 
@@ -901,11 +953,16 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut seen = crate::status::Totals::default();
     let mut rolls = [0u64; 5];
     let mut kernel = [0u64; 2];
+    let mut network = [0u64; 3];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
         kernel[0] += outcome.kernel_taken;
         kernel[1] += outcome.seats;
+        network[0] += outcome.never_came;
+        network[1] += outcome.rescued;
+        network[2] += outcome.backlog_full;
+        seen.abandoned += outcome.totals.abandoned;
         rolls[0] += outcome.rollouts;
         rolls[1] += outcome.rolled;
         rolls[2] += outcome.reload_failed;
@@ -925,7 +982,9 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         "simulator: {steps} steps over {seed} seeds in {:?}: {} workers started, {} killed, \
          {} died, {} lost, {} templates killed; {} rollouts ({} reforks): {} rolled, {} failed; \
          {} reloads refused; {} stops during a rollout; kernel dispatch: {} connections \
-         picked by the program, {} seats; the width narrowed {} times, widened {}",
+         picked by the program, {} seats; the network: {} connections never came ({} counted \
+         abandoned), {} taken from behind a busy child, {} refused by a full backlog; the \
+         width narrowed {} times, widened {}",
         started.elapsed(),
         seen.spawned,
         seen.killed,
@@ -940,11 +999,18 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         rolls[4],
         kernel[0],
         kernel[1],
+        network[0],
+        seen.abandoned,
+        network[1],
+        network[2],
         seen.width_narrowed,
         seen.width_widened,
     );
     // Kernel dispatch runs: the program serves, templates' workers seated.
     assert!(kernel[0] > 0 && kernel[1] > 0);
+    // The network's faults happen, the core counts the connections that
+    // never came, and connections are taken from behind busy children.
+    assert!(network[0] > 0 && seen.abandoned > 0 && network[1] > 0);
     // The width moves both ways.
     assert!(seen.width_narrowed > 0 && seen.width_widened > 0);
     // The schedules reach what they are for: misbehaving workers and
@@ -996,6 +1062,7 @@ fn a_kill_storm_never_empties_the_pool() {
             refused_reload_per_mille: 0,
             refork: false,
             kernel: seed % 4 >= 2,
+            network: false,
         };
         let storm = Scenario {
             kill_every: 200 * MS,

@@ -101,9 +101,15 @@ impl Sim {
             (true, Some(since)) if self.world.now - since > HELD_BACK_AT_MOST => {
                 return Err(format!(
                     "connections waited {} ms with idle children beyond the width {:?} \
-                     while the CPUs had room",
+                     while the CPUs had room (board {}, bound {:?}, {} waiting, {} running, rolling {}, refork {})",
                     (self.world.now - since) / MS,
-                    board.width()
+                    board.width(),
+                    board.line(),
+                    board.dispatch_bound(),
+                    self.world.backlog.len(),
+                    self.running(),
+                    self.core.rolling(),
+                    self.core.refork_wants_spare()
                 ));
             }
             (true, Some(_)) => {}

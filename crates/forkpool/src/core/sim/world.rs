@@ -164,6 +164,9 @@ pub(super) enum Happening {
     FirstMessage(i32),
     /// The operator sends SIGHUP.
     Reload,
+    /// Kernel dispatch: a connection is queued on the socket its SYN was
+    /// given (a slot's, or the overflow: `None`).
+    Queued(Option<usize>, u64),
 }
 
 /// How a reload's new code is broken: what its workers and its template
