@@ -419,9 +419,13 @@ impl Supervisor {
         self.consider_refork(now);
         if self.core.refork_wants_spare() {
             // A worker to serve while slot 0 becomes the template.
+            self.steer_width(now);
             return self.spawn_gated(1, now);
         }
         if let Some(spawn) = self.core.rollout_spawns(now) {
+            // The width follows the load while a reload rolls too: frozen,
+            // connections waited with idle children left out of it.
+            self.steer_width(now);
             self.carry_out(now);
             return self.spawn_gated(spawn, now);
         }
@@ -470,9 +474,12 @@ impl Supervisor {
         Ok(None)
     }
 
-    /// Connections waiting in the listen backlogs, where the kernel says.
+    /// Connections waiting in the listen backlogs, where the kernel says;
+    /// in kernel dispatch, after a takeover, those on busy children's
+    /// sockets too (`kernel.rs`).
     fn queued(&self) -> u32 {
-        self.listeners.iter().map(|l| l.listener.queued()).sum()
+        let backlogs: u32 = self.listeners.iter().map(|l| l.listener.queued()).sum();
+        backlogs + self.queued_behind_busy(Instant::now())
     }
 
     /// The earliest moment the loop must wake without an event.
