@@ -4,7 +4,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -145,7 +145,7 @@ fn a_reservation_whose_handshake_never_completes_is_released() {
     let SocketAddr::V4(addr) = pool.addr else {
         panic!("the demo listens on IPv4 in tests")
     };
-    send_bare_syn(addr.port());
+    common::send_bare_syn(addr.port(), 40_000 + (std::process::id() % 20_000) as u16);
     // Slot 0 is reserved for a connection that will never come.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut seen = Vec::new();
@@ -200,64 +200,6 @@ fn without_the_capability_the_pool_falls_back_to_handoff() {
     for _ in 0..10 {
         assert_eq!(pool.get("/").expect("request").slot, Some(0));
     }
-}
-
-/// Sends one TCP SYN to 127.0.0.1:`port` from a port nothing listens on,
-/// through a raw socket (root): the SYN-ACK is answered with a reset by
-/// this machine's kernel, so the handshake never completes.
-fn send_bare_syn(port: u16) {
-    // SAFETY: a plain socket call; the descriptor is owned at once.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
-    assert!(
-        raw >= 0,
-        "a raw socket needs root: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: `raw` is a new descriptor nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    let source_port: u16 = 40_000 + (std::process::id() % 20_000) as u16;
-    let mut tcp = [0u8; 20];
-    tcp[0..2].copy_from_slice(&source_port.to_be_bytes());
-    tcp[2..4].copy_from_slice(&port.to_be_bytes());
-    tcp[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes()); // sequence
-    tcp[12] = 5 << 4; // header length: 5 words
-    tcp[13] = 0x02; // SYN
-    tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes()); // window
-    let localhost = [127u8, 0, 0, 1];
-    let mut sum: u32 = 0;
-    let mut add = |bytes: &[u8]| {
-        for pair in bytes.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
-        }
-    };
-    add(&localhost);
-    add(&localhost);
-    add(&[0, libc::IPPROTO_TCP as u8, 0, 20]);
-    add(&tcp);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    tcp[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    let to = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(localhost),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `tcp` and `to` are live buffers of the sizes given.
-    let sent = unsafe {
-        libc::sendto(
-            sock.as_raw_fd(),
-            tcp.as_ptr().cast(),
-            tcp.len(),
-            0,
-            (&to as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(sent, 20, "{}", std::io::Error::last_os_error());
 }
 
 /// Children report nothing per connection; the supervisor reads the
