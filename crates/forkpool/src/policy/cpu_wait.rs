@@ -55,8 +55,9 @@
 //! ([`LOOK_INTERVAL`] later) checks it. Otherwise each spawn would start a
 //! fresh measurement, the pool would hold for its 5 ms and grow again
 //! from one child, and a burst of sleeping requests would get its
-//! children one every 8-10 ms, where a pool without the hold forks them
-//! all in 70 ms (docs/benchmarks.md, 2026-11-29). A look that found the
+//! children one every 8-12 ms, 300 ms for 32 of them, where a pool
+//! without the hold answered all 32 within 70 ms of each other
+//! (docs/benchmarks.md, 2026-11-29). A look that found the
 //! children computing, or the CPUs filling, still makes each spawn wait
 //! for a fresh measurement.
 //!
