@@ -133,7 +133,9 @@ pub struct Totals {
     /// Milliseconds spent at `max_children` with no idle child.
     pub saturated_ms: u64,
     /// Times the pool was short of spare children but held, because its
-    /// busy children already waited for the CPUs (`hold_when_cpu_bound`).
+    /// busy children already waited for the CPUs, or were being measured
+    /// (`hold_when_cpu_bound`). Waiting for the workers already starting
+    /// (no more at once than CPUs) is not counted.
     pub cpu_bound: u64,
     /// `kernel` dispatch: times the dispatch width narrowed (the busy
     /// children waited for the CPUs) and widened (connections waited and

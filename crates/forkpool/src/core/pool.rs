@@ -34,7 +34,12 @@ impl<L: HasChild> Core<L> {
                     }
                 }
             }
-            Decision::CpuBound => self.totals.cpu_bound += 1,
+            // Only a hold for the CPUs (taken, or being measured) counts:
+            // waiting for the children already starting (the start limit)
+            // is no sign of a CPU-bound load, and a burst of sleeping
+            // requests meets it at every step of its growth.
+            Decision::CpuBound if pool.cpu_holds() => self.totals.cpu_bound += 1,
+            Decision::CpuBound => {}
             Decision::Saturated => self.totals.saturated += 1,
             Decision::Hold | Decision::Spawn(_) => {}
         }
@@ -209,5 +214,42 @@ pub(crate) fn slot_limit(max_children: u32, rolling: bool) -> usize {
         2 * max
     } else {
         max
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use crate::config::PoolConfig;
+    use crate::core::child::Child;
+    use crate::core::Core;
+    use crate::scaling::{CpuUse, Decision, PoolCounts};
+
+    #[test]
+    fn only_a_hold_for_the_cpus_counts_as_cpu_bound() {
+        let now = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            hold_when_cpu_bound: true,
+            ..PoolConfig::default()
+        });
+        let short = |starting, cpu| PoolCounts {
+            starting,
+            idle: 0,
+            busy: 4,
+            queued: 20,
+            cpu,
+            start_limit: 2,
+        };
+        // The CPUs measured free, two children already starting: the pool
+        // waits for them, and that is not a hold for the CPUs.
+        let decision = core.decide(short(2, CpuUse::Waiting(0)), now);
+        assert_eq!(decision, Decision::CpuBound);
+        assert_eq!(core.totals.cpu_bound, 0);
+        // The busy children wait for the CPUs, or are being measured.
+        for cpu in [CpuUse::Waiting(2000), CpuUse::Measuring] {
+            assert_eq!(core.decide(short(0, cpu), now), Decision::CpuBound);
+        }
+        assert_eq!(core.totals.cpu_bound, 2);
     }
 }

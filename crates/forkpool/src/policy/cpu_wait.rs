@@ -26,6 +26,41 @@
 //! 100 Hz; the first look of a measurement comes 5 ms after the fresh
 //! one).
 //!
+//! Waiting alone does not say the busy children compute. Children that
+//! sleep through their requests (a database, a remote call, a timer) run
+//! for a fraction of a millisecond as each request starts and ends, and
+//! each of those moments may wait behind whatever holds the CPUs: the
+//! workers the pool itself is starting (a fork, a preloaded template's
+//! forks, an interpreter getting ready), or any other process. Such a
+//! wait says the CPUs are busy with something else, not that a child more
+//! would slow the busy ones: it would sleep beside them. So a look also
+//! sums what the busy children used of the CPUs, or wanted, between the
+//! two looks: a child asleep at both counts its CPU time alone (its waits
+//! were wake-ups, and it went back to sleep); one runnable at either look
+//! counts its waits too (it wanted a CPU there); one runnable at both
+//! with no new turn counts the whole time (it ran or waited all along).
+//! Only when that comes to [`COMPUTING`] (a quarter of the CPUs) or more
+//! does their waiting count; below it the look reads no waiting at all.
+//! Children that compute are runnable nearly all the time and fill the
+//! CPUs they share (a CPU hog beside them takes a share, not all of it,
+//! and what they wait for it still counts); children that sleep are
+//! asleep at nearly every look and use next to no CPU, however long they
+//! waited at their wake-ups. The same reading serves the dispatch width
+//! (`policy/width.rs`), which the supervisor takes over every serving
+//! child.
+//!
+//! Such a look, one that found the busy children asleep, also stands
+//! when the pool starts a child ([`CpuWatch::changed`]): the new child
+//! takes a connection of the same load and sleeps too, and the next look
+//! ([`LOOK_INTERVAL`] later) checks it. Otherwise each spawn would start a
+//! fresh measurement, the pool would hold for its 5 ms and grow again
+//! from one child, and a burst of sleeping requests would get its
+//! children one every 8-12 ms, 300 ms for 32 of them, where a pool
+//! without the hold answered all 32 within 70 ms of each other
+//! (docs/benchmarks.md, 2026-11-29). A look that found the
+//! children computing, or the CPUs filling, still makes each spawn wait
+//! for a fresh measurement.
+//!
 //! A look reads two small files per busy child (a few microseconds each),
 //! at most once per [`LOOK_INTERVAL`] (the second of a fresh measurement
 //! after [`FIRST_LOOK_AFTER`]), and only while at least as many children
@@ -69,6 +104,17 @@ const FULL_MEMORY: Duration = Duration::from_secs(1);
 /// found them taken grows again.
 const FREE_LOOKS: u32 = 5;
 
+/// The share of the CPUs (thousandths) the busy children must use or
+/// want between two looks for their waiting to count. Children that
+/// compute fill the CPUs among them, and want them all the more beside a
+/// process that takes its share. Children that sleep through their
+/// requests use a few per cent however long they waited (a burst of 1 s
+/// sleeps on 2 CPUs: their CPU time did not move between looks 5 ms
+/// apart), where a CPU-bound Python pool under 16 clients on 2 CPUs
+/// shared with builds read below a quarter at 1 look in about 500, and
+/// then with next to no waiting.
+pub(crate) const COMPUTING: u32 = 250;
+
 /// One busy child's turns on the CPUs at a look, as the kernel reports
 /// them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -86,14 +132,40 @@ impl Turns {
     /// time it did not run (it was on a CPU at the first look, or waiting
     /// since before it, and has waited since).
     fn waited_since(&self, before: &Turns, elapsed_ns: u128) -> u128 {
-        let (now, then) = (&self.sched, &before.sched);
-        let ended = u128::from(now.waited_ns.saturating_sub(then.waited_ns));
-        if before.runnable && self.runnable && now.timeslices == then.timeslices {
-            let ran = u128::from(now.ran_ns.saturating_sub(then.ran_ns));
-            ended.max(elapsed_ns.saturating_sub(ran))
+        let ended = u128::from(self.sched.waited_ns.saturating_sub(before.sched.waited_ns));
+        if self.runnable_through(before) {
+            ended.max(elapsed_ns.saturating_sub(self.ran_since(before)))
         } else {
             ended
         }
+    }
+
+    /// How much of a CPU this child used or wanted between `before` and
+    /// now, `elapsed_ns` apart: all of that time when it was runnable at
+    /// both looks and got no new turn (it ran, or waited for a CPU, all
+    /// along); its CPU time and its waits when it was runnable at either
+    /// look (it wanted a CPU there); its CPU time alone when it was asleep
+    /// at both (its waits were wake-ups, and it went back to sleep).
+    fn wanted_since(&self, before: &Turns, elapsed_ns: u128) -> u128 {
+        let wanted = if self.runnable_through(before) {
+            elapsed_ns
+        } else if self.runnable || before.runnable {
+            self.ran_since(before) + self.waited_since(before, elapsed_ns)
+        } else {
+            self.ran_since(before)
+        };
+        wanted.min(elapsed_ns)
+    }
+
+    /// Its CPU time since `before`.
+    fn ran_since(&self, before: &Turns) -> u128 {
+        u128::from(self.sched.ran_ns.saturating_sub(before.sched.ran_ns))
+    }
+
+    /// Whether it was runnable at `before` and now, with no new turn on a
+    /// CPU in between.
+    fn runnable_through(&self, before: &Turns) -> bool {
+        before.runnable && self.runnable && self.sched.timeslices == before.sched.timeslices
     }
 }
 
@@ -120,6 +192,10 @@ pub(crate) struct CpuWatch {
     burst_at: Option<Instant>,
     /// Looks in a row since then that found them free.
     free_looks: u32,
+    /// Whether the last look that measured found the busy children using
+    /// less than [`COMPUTING`] of the CPUs: they sleep, and a spawn does
+    /// not call for a fresh measurement.
+    asleep: bool,
 }
 
 impl Default for CpuWatch {
@@ -136,6 +212,7 @@ impl Default for CpuWatch {
             ended_at: None,
             burst_at: None,
             free_looks: 0,
+            asleep: false,
         }
     }
 }
@@ -216,8 +293,9 @@ impl CpuWatch {
 
     /// A look at `now` found the busy children's turns on the CPUs, by
     /// pid: how many of them waited for a CPU on average since the look
-    /// before, per CPU, in thousandths. A look long after the one before
-    /// starts measuring afresh.
+    /// before, per CPU, in thousandths, counted only when they used or
+    /// wanted [`COMPUTING`] of the CPUs (see the module docs). A look long
+    /// after the one before starts measuring afresh.
     pub fn look(&mut self, turns: HashMap<i32, Turns>, now: Instant) {
         let fresh = self
             .last
@@ -226,22 +304,41 @@ impl CpuWatch {
         self.use_now = match &self.last {
             Some((at, before)) if !fresh => {
                 let elapsed = now.saturating_duration_since(*at).as_nanos().max(1);
-                let waited: u128 = turns
+                let (measured, waited, wanted) = turns
                     .iter()
-                    .filter_map(|(pid, t)| before.get(pid).map(|b| t.waited_since(b, elapsed)))
-                    .sum();
-                let per_cpu = waited * 1000 / (elapsed * self.cpus as u128);
-                let per_cpu = u32::try_from(per_cpu).unwrap_or(u32::MAX);
+                    .filter_map(|(pid, t)| before.get(pid).map(|b| (t, b)))
+                    .fold((0, 0u128, 0u128), |(n, waited, wanted), (t, b)| {
+                        (
+                            n + 1,
+                            waited + t.waited_since(b, elapsed),
+                            wanted + t.wanted_since(b, elapsed),
+                        )
+                    });
+                let of_cpus = |ns: u128| {
+                    u32::try_from(ns * 1000 / (elapsed * self.cpus as u128)).unwrap_or(u32::MAX)
+                };
+                // No child busy at both looks: nothing says they sleep.
+                self.asleep = measured > 0 && of_cpus(wanted) < COMPUTING;
+                let per_cpu = if self.asleep { 0 } else { of_cpus(waited) };
                 self.measured = Some((now, per_cpu));
                 CpuUse::Waiting(self.remembered(per_cpu, now))
             }
-            _ => CpuUse::Measuring,
+            _ => {
+                self.asleep = false;
+                CpuUse::Measuring
+            }
         };
         if fresh {
             self.burst_at = Some(now);
         }
         self.fresh = fresh;
         self.last = Some((now, turns));
+    }
+
+    /// Whether the last look found the busy children asleep and lets the
+    /// pool grow at its usual pace (not while it remembers the CPUs taken).
+    fn found_asleep(&self) -> bool {
+        self.asleep && matches!(self.use_now, CpuUse::Waiting(w) if w < CPU_WAIT_CAREFUL)
     }
 
     /// The last look that measured: when, and how many busy children
@@ -257,10 +354,14 @@ impl CpuWatch {
     }
 
     /// A child was started, or the dispatch width widened: a look from
-    /// before it no longer says how the pool uses the CPUs. A fresh measurement decides (the pool holds for
-    /// its 5 ms), so one low look cannot let several spawns through.
+    /// before it no longer says how the pool uses the CPUs. A fresh
+    /// measurement decides (the pool holds for its 5 ms), so one low look
+    /// cannot let several spawns through. Unless that look found the busy
+    /// children asleep, with the CPUs free: the new child sleeps beside
+    /// them, and the next look, due as before, checks it.
     pub fn changed(&mut self) {
-        if matches!(self.use_now, CpuUse::Waiting(_) | CpuUse::Stalled) {
+        let stands = self.found_asleep();
+        if matches!(self.use_now, CpuUse::Waiting(_) | CpuUse::Stalled) && !stands {
             self.use_now = CpuUse::Measuring;
             self.last = None;
         }
@@ -321,6 +422,101 @@ mod tests {
         // A total that says more than the time between wins.
         let long = turns(100 + 2 * FIRST_LOOK_AFTER.as_nanos() as u64, 3, true);
         assert_eq!(looked([waiting; 2], [long, waiting]), CpuUse::Waiting(1500));
+    }
+
+    /// A busy child's turns: CPU time and waits (ns), turns on a CPU, and
+    /// whether it was runnable at the look.
+    fn child(ran_ns: u64, waited_ns: u64, timeslices: u64, runnable: bool) -> Turns {
+        Turns {
+            sched: SchedStat {
+                ran_ns,
+                waited_ns,
+                timeslices,
+            },
+            runnable,
+        }
+    }
+
+    /// Two looks 5 ms apart at the same two busy children, on 2 CPUs.
+    fn two_looks(w: &mut CpuWatch, before: Turns, after: Turns, t0: Instant) -> Instant {
+        let t1 = t0 + FIRST_LOOK_AFTER;
+        w.look(HashMap::from([(1, before), (2, before)]), t0);
+        w.look(HashMap::from([(1, after), (2, after)]), t1);
+        t1
+    }
+
+    #[test]
+    fn children_asleep_at_both_looks_do_not_hold_the_pool_however_long_they_waited() {
+        let t0 = Instant::now();
+        let looked = |after: Turns| {
+            let mut w = watch();
+            two_looks(&mut w, child(1_000_000, 0, 10, false), after, t0);
+            w.use_now
+        };
+        // Each woken once between the looks, kept waiting 6 ms for a CPU
+        // behind the workers the pool is starting, 0.1 ms on it, and
+        // asleep again: 1.2 waiting per CPU by their totals, but they
+        // used 2% of the CPUs. A child more would sleep beside them.
+        assert_eq!(
+            looked(child(1_100_000, 6_000_000, 11, false)),
+            CpuUse::Waiting(0)
+        );
+        // The same waits, but runnable at the look: they want the CPUs
+        // (a CPU hog beside them takes its share), and the pool holds.
+        assert_eq!(
+            looked(child(1_100_000, 6_000_000, 11, true)),
+            CpuUse::Waiting(1200)
+        );
+        // Asleep at both looks, but they ran a quarter of the CPUs in
+        // between (2.5 ms of the 10 ms two CPUs have in 5 ms): they
+        // compute, and their waits count. Just under it, they do not.
+        assert_eq!(
+            looked(child(2_250_000, 6_000_000, 14, false)),
+            CpuUse::Waiting(1200)
+        );
+        assert_eq!(
+            looked(child(2_249_000, 6_000_000, 14, false)),
+            CpuUse::Waiting(0)
+        );
+    }
+
+    #[test]
+    fn a_look_that_found_the_children_asleep_stands_when_a_child_starts() {
+        let t0 = Instant::now();
+        let asleep = (
+            child(1_000_000, 0, 10, false),
+            child(1_050_000, 0, 11, false),
+        );
+        // The pool grows as the look let it, with no fresh measurement,
+        // and looks again when it would have anyway.
+        let mut w = watch();
+        let t1 = two_looks(&mut w, asleep.0, asleep.1, t0);
+        assert_eq!(w.use_now, CpuUse::Waiting(0));
+        w.changed();
+        assert_eq!(w.use_now, CpuUse::Waiting(0));
+        assert_eq!(w.next_look(), Some(t1 + LOOK_INTERVAL));
+        // Children that compute on CPUs of their own, waiting for none:
+        // the next spawn waits for a fresh measurement, as before.
+        let mut w = watch();
+        let ran = FIRST_LOOK_AFTER.as_nanos() as u64;
+        two_looks(
+            &mut w,
+            child(1_000_000, 0, 10, true),
+            child(1_000_000 + ran, 0, 10, true),
+            t0,
+        );
+        assert_eq!(w.use_now, CpuUse::Waiting(0));
+        w.changed();
+        assert_eq!(w.use_now, CpuUse::Measuring);
+        // Asleep, but the pool found the CPUs taken a moment ago: it
+        // holds until five free looks, and whatever then starts a child
+        // is measured afresh.
+        let mut w = watch();
+        w.full_at = Some(t0);
+        two_looks(&mut w, asleep.0, asleep.1, t0);
+        assert_eq!(w.use_now, CpuUse::Waiting(CPU_WAIT_HOLD));
+        w.changed();
+        assert_eq!(w.use_now, CpuUse::Measuring);
     }
 
     #[test]
@@ -430,5 +626,55 @@ mod tests {
         // Long after the last taken look, a look is taken at its word.
         let later = at(7) + FULL_MEMORY;
         assert_eq!(w.remembered(0, later), 0);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Busy children asleep at both looks, however long they
+            /// waited in between: their waiting holds the pool only when
+            /// their CPU time came to a quarter of the CPUs; below that a
+            /// look reads no waiting, and a child started after it does
+            /// not wait for a fresh measurement.
+            #[test]
+            fn sleeping_children_hold_only_when_they_used_a_quarter_of_the_cpus(
+                cpus in 1usize..5,
+                children in proptest::collection::vec(
+                    (0u64..3_000_000, 0u64..20_000_000, 1u64..4),
+                    1..40,
+                ),
+                elapsed_ms in 5u64..30,
+            ) {
+                let t0 = Instant::now();
+                let elapsed = Duration::from_millis(elapsed_ms);
+                let mut w = CpuWatch { cpus, ..CpuWatch::default() };
+                let before: HashMap<i32, Turns> = (0..children.len() as i32)
+                    .map(|pid| (pid, child(1_000_000, 1_000_000, 10, false)))
+                    .collect();
+                let after: HashMap<i32, Turns> = children
+                    .iter()
+                    .zip(0..)
+                    .map(|(&(ran, waited, turns), pid)| {
+                        (pid, child(1_000_000 + ran, 1_000_000 + waited, 10 + turns, false))
+                    })
+                    .collect();
+                w.look(before, t0);
+                w.look(after, t0 + elapsed);
+                let capacity = u128::from(elapsed_ms) * 1_000_000 * cpus as u128;
+                let share = |ns: u64| (u128::from(ns) * 1000 / capacity) as u32;
+                let ran: u64 = children.iter().map(|c| c.0).sum();
+                let waited: u64 = children.iter().map(|c| c.1).sum();
+                if share(ran) >= COMPUTING {
+                    prop_assert_eq!(w.use_now, CpuUse::Waiting(share(waited)));
+                } else {
+                    prop_assert_eq!(w.use_now, CpuUse::Waiting(0));
+                    w.changed();
+                    prop_assert_eq!(w.use_now, CpuUse::Waiting(0));
+                    prop_assert!(!w.use_now.holds() && !w.use_now.careful());
+                }
+            }
+        }
     }
 }

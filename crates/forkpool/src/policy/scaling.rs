@@ -22,14 +22,19 @@
 //!   the connection can as well wait in the backlog for the next of them
 //!   to finish (a finishing child takes it itself). Children blocked on a
 //!   database, a slow client or a lock do not wait for a CPU: while they
-//!   are what is busy, the pool grows as before. Until the supervisor has
-//!   measured it (two looks 5 ms apart once enough children are busy to
-//!   fill the CPUs, [`CpuUse::Measuring`]) the pool holds too, and while
-//!   the CPUs fill up ([`CPU_WAIT_CAREFUL`]) it grows one child at a
-//!   time (and at any pace, the next spawn waits for a measurement made
-//!   after the last: `policy::cpu_wait`): a burst's first moments would
-//!   otherwise fork up to `max_children`, and nothing shrinks a pool
-//!   whose children are all kept busy. A hold is only worth it while
+//!   are what is busy, the pool grows as before. What they wait as they
+//!   wake, behind the workers the pool is starting or another process,
+//!   does not count either: a look counts the waiting only while the busy
+//!   children use a quarter of the CPUs or more, and a look that found
+//!   them asleep stands when the pool starts a child (`policy::cpu_wait`).
+//!   Until the supervisor has measured it (two looks 5 ms apart once
+//!   enough children are busy to fill the CPUs, [`CpuUse::Measuring`])
+//!   the pool holds too, and while the CPUs fill up ([`CPU_WAIT_CAREFUL`])
+//!   it grows one child at a time (and at any pace, unless the last look
+//!   found the busy children asleep, the next spawn waits for a
+//!   measurement made after the last: `policy::cpu_wait`): a burst's
+//!   first moments would otherwise fork up to `max_children`, and nothing
+//!   shrinks a pool whose children are all kept busy. A hold is only worth it while
 //!   children finish connections: when none has for [`HOLD_TURNOVER`],
 //!   the busy ones serve long requests ([`CpuUse::Stalled`]) and the pool
 //!   grows one child at a time, so a short request never waits in the

@@ -452,7 +452,7 @@ impl Supervisor {
             }
             Decision::Retire(_) => self.carry_out(now),
             Decision::CpuBound => {
-                if log_due(&mut self.last_cpu_bound_log, now) {
+                if pool.cpu_holds() && log_due(&mut self.last_cpu_bound_log, now) {
                     info!(
                         children = pool.live(),
                         "the busy children wait for the CPUs, so the pool holds and \
