@@ -168,7 +168,7 @@ pub fn render(s: &Snapshot) -> String {
         .collect();
     out += &format!(
         "\ntotals: accepted {} ({} taken next by a finishing child), spawned {}, retired {}, killed {}{}, died unexpectedly {}, \
-         futile wake-ups {}, at max-children {} ({} times), held with the CPUs taken {} times, reloads {}{}\n",
+         futile wake-ups {}, at max-children {} ({} times), held with the CPUs taken {} times, reloads {}{}{}\n",
         t.accepted,
         t.taken_next,
         t.spawned,
@@ -189,6 +189,14 @@ pub fn render(s: &Snapshot) -> String {
             format!(
                 " ({} failed; generation {} serving)",
                 t.reload_failures, s.serving_generation
+            )
+        } else {
+            String::new()
+        },
+        if t.abandoned > 0 {
+            format!(
+                ", abandoned {} (connections that never reached their child)",
+                t.abandoned
             )
         } else {
             String::new()

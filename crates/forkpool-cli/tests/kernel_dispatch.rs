@@ -3,8 +3,8 @@
 
 mod common;
 
+use std::io::Read;
 use std::net::SocketAddr;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,53 @@ fn a_reservation_whose_handshake_never_completes_is_released() {
     );
     let r = pool.get("/").expect("request");
     assert_eq!(r.slot, Some(0), "slot 0 is first again");
+}
+
+/// A one-child pool whose child is reserved for a connection that will
+/// never come (a SYN whose handshake never completes): a real request
+/// right after it is answered once the reservation's 30 ms hold is over
+/// (the supervisor claims the child for it from the overflow), not after
+/// the second it took to give a reservation back; it is counted in
+/// status and metrics as abandoned, and nothing is logged for it.
+#[test]
+fn a_dead_reservation_holds_the_only_child_for_a_moment_only() {
+    let Some(pool) = kernel_pool(
+        "1",
+        &[
+            "--max-children",
+            "1",
+            "--defer-accept",
+            "0s",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+    ) else {
+        return;
+    };
+    let SocketAddr::V4(addr) = pool.addr else {
+        panic!("the demo listens on IPv4 in tests")
+    };
+    common::send_bare_syn(addr.port(), 40_000 + (std::process::id() % 20_000) as u16);
+    let mut client = send(pool.addr, "/");
+    client
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut raw = String::new();
+    client
+        .read_to_string(&mut raw)
+        .expect("answered within 500 ms, while the dead reservation held the only child");
+    let r = common::parse_response(&raw).expect("a response");
+    assert_eq!((r.status, r.slot), (200, Some(0)));
+    assert!(
+        pool.wait_total("abandoned", 1, Duration::from_secs(5)),
+        "{}",
+        pool.status()
+    );
+    let metrics = common::scrape_metrics(&pool);
+    assert!(
+        metrics.lines().any(|l| l == "forkpool_abandoned_total 1"),
+        "{metrics}"
+    );
 }
 
 /// Where the kernel refuses the program (here: root without CAP_BPF and

@@ -12,7 +12,7 @@
 //! | 3 | connections the program sent to an overflow socket | the program (an atomic add) |
 //! | 4 | connections taken from an overflow socket | whoever accepts one there (an atomic add) |
 //! | 5 | the dispatch bound: 0, or the first slot beyond the dispatch width; the program picks no slot from it on, and children there take nothing from the overflow | the supervisor |
-//! | 6 | dead reservations the program took over (see below) | the program (an atomic add) |
+//! | 6 | dead reservations taken over, by the program for a new connection or by the supervisor for an overflow one | the program, the supervisor (atomic adds) |
 //! | 7 | reserved, zero | |
 //! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
 //! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
@@ -370,15 +370,22 @@ impl Board {
     }
 
     /// Takes `slot` reserved as `seen` for a connection the supervisor
-    /// hands over (a reservation to busy); false when the word moved. Its
-    /// own connection, if it ever comes, waits on the child's socket
-    /// until the handed one is served.
+    /// hands over (a reservation to busy), counted with the takeovers
+    /// (word 6); false when the word moved. Its own connection, if it
+    /// ever comes, waits on the child's socket until the handed one is
+    /// served.
     pub fn claim_reserved(&self, slot: usize, seen: u64) -> bool {
-        matches!(SlotWord::from_raw(seen), SlotWord::Reserved { .. })
+        let claimed = matches!(SlotWord::from_raw(seen), SlotWord::Reserved { .. })
             && self
                 .slot(slot)
                 .compare_exchange(seen, BUSY, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+                .is_ok();
+        if claimed {
+            // Counted with the program's takeovers: a connection that
+            // never came, either way.
+            self.words.words()[TAKEN_OVER_WORD].fetch_add(1, Ordering::Relaxed);
+        }
+        claimed
     }
 
     /// Gives a reservation back (idle again) if it is still the one seen
