@@ -402,6 +402,7 @@ fn capacity(idle: u32, busy: u32, phase: Phase) -> Capacity {
         idle,
         busy,
         starting: 0,
+        waiting: 0,
         max_children: 4,
         spawn_held_back: false,
         phase,
