@@ -9,7 +9,10 @@
  *
  * With --chaos (fault-injection tests only), ?leak_fds=N (at most 1000)
  * makes it open N descriptors of /dev/null and keep them for the life of
- * the process, as a leaking app does (500 if one cannot be opened).
+ * the process, as a leaking app does (500 if one cannot be opened), and
+ * ?grow_mib=N (at most 1024) makes it keep N MiB more of memory it has
+ * written to (its own, unshared) for the life of the process, as an app
+ * that leaks memory does.
  *
  * Build: cc -O2 -Wall -Wextra -o forkpool-c-worker clients/c/forkpool_worker.c \
  *            clients/c/kernel_dispatch.c
@@ -39,6 +42,7 @@
 #define HEAD_DEADLINE_MS 10000 /* the whole head must arrive within this */
 #define WORK_MS_MAX 60000    /* cap on ?work_ms= */
 #define LEAK_FDS_MAX 1000    /* cap on ?leak_fds= (with --chaos) */
+#define GROW_MIB_MAX 1024    /* cap on ?grow_mib= (with --chaos) */
 /* Descriptors kept free below the soft RLIMIT_NOFILE (at most a quarter of
  * it): once the one at the reserve's start is open, the worker leaves after
  * its connection (docs/protocol.md, "Running out of descriptors"). */
@@ -47,7 +51,8 @@
 int chan = -1;
 const char *slot = "?";
 long listen_fds;
-static int chaos;           /* --chaos: ?leak_fds=N works */
+static int chaos;           /* --chaos: ?leak_fds=N and ?grow_mib=N work */
+static char *grown;         /* what ?grow_mib=N kept: each block starts with the previous one */
 static int fd_ceiling = -1; /* the descriptor at the reserve's start; -1: no limit */
 static rlim_t fd_limit;     /* the soft RLIMIT_NOFILE it comes from */
 
@@ -208,6 +213,18 @@ void answer_request(int fd)
             respond(fd, 500, "Internal Server Error", why);
             return;
         }
+    }
+    long grow = chaos ? query_number(sp1 + 1, target_len, "grow_mib=", GROW_MIB_MAX) : 0;
+    if (grow > 0) {
+        char *kept = malloc((size_t)grow << 20);
+        if (!kept) {
+            respond(fd, 500, "Internal Server Error", "out of memory\n");
+            return;
+        }
+        memset(kept, 1, (size_t)grow << 20); /* written to: resident, its own */
+        /* Kept on a list, never freed (a leak the compiler cannot drop). */
+        memcpy(kept, &grown, sizeof grown);
+        grown = kept;
     }
     respond(fd, 200, "OK", "hello\n");
 }

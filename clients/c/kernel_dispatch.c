@@ -7,9 +7,16 @@
  * Descriptors: 3 .. 3+n-1 own sockets, 3+n the back-channel (as in every
  * mode), 3+n+1 .. 3+2n the pool's listeners (the overflow), 3+2n+1 the
  * scoreboard.
+ *
+ * Given FORKPOOL_MAX_CHILD_MEMORY or FORKPOOL_MAX_CHILD_LIFETIME_MS, the
+ * worker checks after each connection, before it would go idle, whether
+ * it is past one; then it leaves instead (busy, X) and waits for the
+ * supervisor to let it go (docs/protocol.md, "Recycling: the parent
+ * counts").
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "forkpool_worker.h"
@@ -36,6 +44,20 @@ static uint64_t slot_index; /* FORKPOOL_SLOT, to compare with the bound */
 enum { BUSY = 0, IDLE = 1 };
 static int overflow_fd; /* the first overflow listener */
 static uint64_t max_requests; /* FORKPOOL_MAX_REQUESTS: leave after this many (0: never) */
+
+/* The limits it checks itself: FORKPOOL_MAX_CHILD_MEMORY, bytes of its own
+ * (unshared) memory, 0 for none, with /proc/self/statm kept open (-1: no
+ * memory check) and the page size; FORKPOOL_MAX_CHILD_LIFETIME_MS, as the
+ * moment it ends (has_lifetime 0: none).  Without a limit a connection
+ * costs nothing more; a lifetime costs a clock read (vDSO, no system
+ * call); memory one pread of statm (the resident size), and a read of
+ * /proc/self/smaps_rollup only when that is above the limit (the unshared
+ * size, what the limit is on, is never above it). */
+static uint64_t max_memory;
+static int statm_fd = -1;
+static uint64_t page_size;
+static int has_lifetime;
+static struct timespec leave_at;
 
 /* The board is unusable: say why and exit 1 (the spec's start-up refusal). */
 static void refuse(const char *why)
@@ -104,6 +126,99 @@ static __attribute__((noreturn)) void leave(void)
     exit(0);
 }
 
+/* Leaves past a limit: as leave(), then reads the channel until Q or end
+ * of file (ignoring what the supervisor sent before it read the X), so
+ * that the supervisor, which reads the worker's memory itself, finds it
+ * still there; it shuts its end down once it has. */
+static __attribute__((noreturn)) void leave_past_a_limit(void)
+{
+    set_state(BUSY);
+    send_msg('X', NULL, 0);
+    for (;;) {
+        struct pollfd p = { .fd = chan, .events = POLLIN };
+        if (poll(&p, 1, -1) < 0 && errno != EINTR)
+            exit(0);
+        unsigned char m[16];
+        int fd;
+        size_t n = recv_msg(m, &fd);
+        if (fd >= 0)
+            close(fd);
+        if (n == 0 || (n == 2 && m[1] == 'Q'))
+            exit(0);
+    }
+}
+
+/* FORKPOOL_MAX_CHILD_MEMORY and FORKPOOL_MAX_CHILD_LIFETIME_MS, if set: the
+ * checks start here, in the worker (its lifetime counts from its K). */
+static void start_limits(void)
+{
+    const char *memory = getenv("FORKPOOL_MAX_CHILD_MEMORY");
+    const char *lifetime = getenv("FORKPOOL_MAX_CHILD_LIFETIME_MS");
+    max_memory = memory && *memory ? (uint64_t)strtoull(memory, NULL, 10) : 0;
+    uint64_t ms = lifetime && *lifetime ? (uint64_t)strtoull(lifetime, NULL, 10) : 0;
+    if (max_memory) {
+        long page = sysconf(_SC_PAGESIZE);
+        statm_fd = page > 0 ? open("/proc/self/statm", O_RDONLY | O_CLOEXEC) : -1;
+        page_size = page > 0 ? (uint64_t)page : 0;
+        if (statm_fd < 0) /* the supervisor's own look (every second) still holds */
+            fprintf(stderr, "forkpool C worker (slot %s): cannot read /proc/self/statm: %s; "
+                    "it does not check its memory\n", slot, strerror(errno));
+    }
+    has_lifetime = ms > 0;
+    if (has_lifetime) {
+        clock_gettime(CLOCK_MONOTONIC, &leave_at);
+        leave_at.tv_sec += (time_t)(ms / 1000);
+        leave_at.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (leave_at.tv_nsec >= 1000000000L) {
+            leave_at.tv_sec++;
+            leave_at.tv_nsec -= 1000000000L;
+        }
+    }
+}
+
+/* This process's unshared memory in bytes, as the supervisor counts it:
+ * Private_Clean plus Private_Dirty in /proc/self/smaps_rollup (0 if it
+ * cannot be read). */
+static uint64_t unshared_memory(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    uint64_t uss = 0;
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Private_Clean: %llu kB", &kib) == 1 ||
+            sscanf(line, "Private_Dirty: %llu kB", &kib) == 1)
+            uss += (uint64_t)kib * 1024;
+    fclose(f);
+    return uss;
+}
+
+/* Whether the worker is past its memory or lifetime limit now. */
+static int past_a_limit(void)
+{
+    if (statm_fd >= 0) {
+        char buf[128];
+        ssize_t n = pread(statm_fd, buf, sizeof buf - 1, 0);
+        unsigned long long size, resident;
+        if (n > 0) {
+            buf[n] = '\0';
+            if (sscanf(buf, "%llu %llu", &size, &resident) == 2 &&
+                (uint64_t)resident * page_size > max_memory && unshared_memory() > max_memory)
+                return 1;
+        }
+    }
+    if (has_lifetime) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > leave_at.tv_sec ||
+            (now.tv_sec == leave_at.tv_sec && now.tv_nsec >= leave_at.tv_nsec))
+            return 1;
+    }
+    return 0;
+}
+
 /* One writer (this worker): a plain load and store is enough. */
 static void count(int word)
 {
@@ -166,10 +281,10 @@ static int take_next(long i, int seen)
  * on a quit, busy), whether the worker went idle before its answer or saw
  * a connection waiting on the overflow then (for the finish to take
  * without a second look), and what the one look at the descriptor table
- * said, once taken. */
+ * and the limits said, once taken. */
 static long serving = -1;
 static int idle_early, next_seen;
-static int headroom_looked, table_filling_up;
+static int headroom_looked, table_filling_up, past_limit;
 
 /* The look at the descriptor table after a connection, once a connection
  * (ending_connection may take it first). */
@@ -177,9 +292,18 @@ static int table_is_filling(void)
 {
     if (!headroom_looked) {
         table_filling_up = check_headroom();
+        past_limit = past_a_limit();
         headroom_looked = 1;
     }
     return table_filling_up;
+}
+
+/* Whether the look after this connection found the worker past a limit
+ * (taken with the look at the table). */
+static int is_past_a_limit(void)
+{
+    table_is_filling();
+    return past_limit;
 }
 
 /* Whether the worker's share (FORKPOOL_MAX_REQUESTS) is served once
@@ -198,7 +322,7 @@ static int share_served(uint64_t more)
  * kernel dispatch and while draining on a quit. */
 void ending_connection(void)
 {
-    if (serving < 0 || idle_early || table_is_filling() || share_served(1))
+    if (serving < 0 || idle_early || table_is_filling() || is_past_a_limit() || share_served(1))
         return;
     if (!outside_width()) {
         int message;
@@ -224,17 +348,20 @@ static void serve_and_finish(int fd, long i)
         answer_request(fd);
         serving = -1;
         count(SERVED);
-        int filling = table_is_filling(), seen = next_seen;
+        int filling = table_is_filling(), past = past_limit, seen = next_seen;
         headroom_looked = next_seen = 0;
         if (idle_early) {
             idle_early = 0;
             close(fd);
             return;
         }
-        if (share_served(0) || filling) {
-            /* Its share served, or out of descriptors: leave, still busy,
-             * so nothing is queued for it meanwhile. */
+        if (share_served(0) || filling || past) {
+            /* Its share served, out of descriptors, or past its memory or
+             * lifetime limit: leave, still busy, so nothing is queued for
+             * it meanwhile. */
             close(fd);
+            if (past)
+                leave_past_a_limit();
             leave();
         }
         int next = take_next(i, seen);
@@ -304,6 +431,7 @@ int kernel_main(void)
     if (getenv("FORKPOOL_MAX_REQUESTS"))
         max_requests = (uint64_t)env_number("FORKPOOL_MAX_REQUESTS");
 
+    start_limits();
     unsigned char pid[4];
     put_u32(pid, (uint32_t)getpid());
     send_msg('K', pid, 4);

@@ -15,9 +15,12 @@
 #
 # With --chaos (fault-injection tests only), ?chaos=garbage makes the worker
 # write a malformed message on its back-channel, ?chaos=exit makes it
-# exit in the middle of the request, and ?leak_fds=N (at most 1000) makes
+# exit in the middle of the request, ?leak_fds=N (at most 1000) makes
 # it open N descriptors of /dev/null and keep them for the life of the
-# process, as a leaking app does (500 if one cannot be opened).
+# process, as a leaking app does (500 if one cannot be opened), and
+# ?grow_mib=N (at most 1024) makes it keep N MiB more of memory it has
+# written to (its own, unshared) for the life of the process, as an app
+# that leaks memory does.
 
 use strict;
 use warnings;
@@ -36,10 +39,13 @@ use constant HEAD_SECONDS => 5;          # for the whole head, not per read
 use constant MAX_BODY     => 1 << 20;    # bytes of request body, read and dropped
 use constant MAX_WORK_MS  => 60_000;
 use constant MAX_LEAK     => 1000;
+use constant MAX_GROW_MIB => 1024;
 
 my $chaos = grep { $_ eq '--chaos' } @ARGV;
 # What ?leak_fds=N opened (with --chaos), never closed.
 my @leaked;
+# What ?grow_mib=N kept (with --chaos), never freed.
+my @grown;
 
 my $worker = eval { Forkpool::Worker->from_env };
 unless ($worker) {
@@ -64,6 +70,10 @@ $worker->serve(sub {
         open(my $null, '<', '/dev/null') or return answer($conn, 500, "/dev/null: $!\n");
         push @leaked, $null;
     }
+    my $grow = $chaos && ($query{grow_mib} // '') =~ /^(\d+)$/ ? $1 : 0;
+    $grow = MAX_GROW_MIB if $grow > MAX_GROW_MIB;
+    # Written to, so the pages are resident and this process's own.
+    push @grown, "\x01" x ($grow << 20) if $grow;
     answer($conn, 200, "hello\n");
     # After the response, so the client gets it before the supervisor
     # kills this worker for what follows.

@@ -12,9 +12,12 @@ and closes the connection. The request head must arrive whole within 5 s
 
 With `--chaos` (fault-injection tests only), `?chaos=garbage` makes the
 worker write a malformed message on its back-channel, `?chaos=exit`
-makes it exit in the middle of the request, and `?leak_fds=N` (at most
+makes it exit in the middle of the request, `?leak_fds=N` (at most
 1000) makes it open N descriptors of /dev/null and keep them for the life
-of the process, as a leaking app does (500 if one cannot be opened).
+of the process, as a leaking app does (500 if one cannot be opened), and
+`?grow_mib=N` (at most 1024) makes it keep N MiB more of memory it has
+written to (its own, unshared) for the life of the process, as an app
+that leaks memory does.
 """
 
 import os
@@ -27,8 +30,11 @@ import forkpool_worker
 
 MAX_WORK_MS = 60_000
 MAX_LEAK = 1000
+MAX_GROW_MIB = 1024
 # What `?leak_fds=N` opened (with --chaos), never closed.
 leaked = []
+# What `?grow_mib=N` kept (with --chaos), never freed.
+grown = []
 # A whole head must arrive within head_timeout seconds (a client dripping
 # a byte at a time gets 408); a body is read and dropped a block at a time,
 # never held in memory, and one over max_body bytes is refused with 413.
@@ -78,6 +84,13 @@ def main():
             work_ms = 0
         time.sleep(work_ms / 1000)
         status, body = b"200 OK", b"hello\n"
+        try:
+            grow_mib = min(int(query.get("grow_mib", ["0"])[0]), MAX_GROW_MIB) if chaos else 0
+        except ValueError:
+            grow_mib = 0
+        if grow_mib:
+            # Written to, so the pages are resident and this process's own.
+            grown.append(b"\x01" * (grow_mib << 20))
         try:
             for _ in range(min(int(query.get("leak_fds", ["0"])[0]), MAX_LEAK) if chaos else 0):
                 leaked.append(os.open("/dev/null", os.O_RDONLY))

@@ -82,6 +82,76 @@ DESCRIPTOR_RESERVE = 32
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
+class Limits:
+    """`kernel` dispatch: the memory and lifetime limits this worker checks
+    itself after each connection, before it goes idle on the scoreboard
+    (docs/protocol.md, "Recycling: the parent counts"): there the kernel
+    gives the worker its next connection without the supervisor, which
+    would learn of a limit passed only some connections later.
+
+    `max_memory` is FORKPOOL_MAX_CHILD_MEMORY, bytes of unshared memory
+    (USS); `lifetime_ms` is FORKPOOL_MAX_CHILD_LIFETIME_MS, counted from
+    `start()`; 0: no limit. A pool without limits costs the worker
+    nothing; a lifetime, one clock read (no system call); memory, one
+    `pread` of /proc/self/statm (RSS), and /proc/self/smaps_rollup only
+    when RSS is above the limit (USS is never above RSS)."""
+
+    def __init__(self, max_memory=0, lifetime_ms=0):
+        self.max_memory = max_memory
+        self.lifetime_ms = lifetime_ms
+        self._statm = None
+        self._page = 0
+        self._leave_at = None
+
+    @classmethod
+    def from_env(cls, env):
+        """The limits the supervisor set in `env` (none when it set none)."""
+        return cls(
+            int(env.get("FORKPOOL_MAX_CHILD_MEMORY") or 0),
+            int(env.get("FORKPOOL_MAX_CHILD_LIFETIME_MS") or 0),
+        )
+
+    def start(self):
+        """Starts the checks in this process (a worker forked by a template
+        starts them after its fork: /proc/self is then its own, and its
+        lifetime counts from here). False when there is nothing to check."""
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
+        if self.max_memory:
+            try:
+                self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+                self._page = os.sysconf("SC_PAGE_SIZE")
+            except OSError as e:
+                # The supervisor's own look (every second) still holds.
+                print(f"forkpool worker: cannot read /proc/self/statm ({e}): "
+                      "the worker does not check its memory", file=sys.stderr)
+        self._leave_at = time.monotonic() + self.lifetime_ms / 1000 if self.lifetime_ms else None
+        return self._statm is not None or self._leave_at is not None
+
+    def past(self):
+        """Which limit the worker is past now: "memory", "lifetime" or None."""
+        if self._statm is not None:
+            resident = int(os.pread(self._statm, 128, 0).split()[1]) * self._page
+            if resident > self.max_memory and _unshared_memory() > self.max_memory:
+                return "memory"
+        if self._leave_at is not None and time.monotonic() >= self._leave_at:
+            return "lifetime"
+        return None
+
+
+def _unshared_memory():
+    """This process's USS in bytes, as the supervisor counts it: Private_Clean
+    plus Private_Dirty in /proc/self/smaps_rollup."""
+    with open("/proc/self/smaps_rollup", "rb") as rollup:
+        text = rollup.read()
+    uss = 0
+    for line in text.splitlines():
+        if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+            uss += int(line.split()[1]) * 1024
+    return uss
+
+
 def _descriptor_ceiling():
     """The descriptor at the start of the reserve, and the soft limit it
     comes from; (None, None) without a limit."""
@@ -144,6 +214,12 @@ class Worker:
         # (FORKPOOL_MAX_REQUESTS, or the seat's), after which it leaves;
         # 0: no limit.
         self.max_requests = 0
+        # `kernel` dispatch: the memory and lifetime limits it checks after
+        # each connection (from_env reads them), whether it checks them
+        # (started with `serve`), and whether it left for one.
+        self.limits = Limits()
+        self._checks_limits = False
+        self._past_limit = None
         self._fd_ceiling, self._fd_limit = _descriptor_ceiling()
         self._watch_overflow(overflow)
 
@@ -262,6 +338,8 @@ class Worker:
         )
         if board is not None:
             worker.max_requests = int(env.get("FORKPOOL_MAX_REQUESTS") or 0)
+        if dispatch == "kernel":
+            worker.limits = Limits.from_env(env)
         return worker
 
     def serve(self, handle):
@@ -276,6 +354,8 @@ class Worker:
         seated = self.board is None and self.dispatch == "kernel" and self.version == 2
         # K: this worker keeps its record on the scoreboard (kernel dispatch).
         keeps_board = self.board is not None or seated
+        # Its lifetime counts from here, its K.
+        self._checks_limits = keeps_board and self.limits.start()
         self._send(b"K" if keeps_board else b"R", struct.pack(">I", self.pid))
         try:
             if seated and not self._take_seat():
@@ -591,7 +671,35 @@ class Worker:
         if self.board.go_idle():
             self._send(b"I")
         self._take_events(waiter, index_of, self._accept_own, handle)
+        if self._past_limit:
+            self._await_release()
 
+    def _check_limits(self):
+        """After a connection, before the worker goes idle: past its memory
+        or lifetime limit, it leaves (busy, X) instead."""
+        if not self._checks_limits or self.leaving:
+            return
+        self._past_limit = self.limits.past()
+        if self._past_limit:
+            self.leaving = True
+
+    def _await_release(self):
+        """After its X for a limit: reads the channel until Q or end of file
+        (ignoring what the supervisor sent before it read the X), so that
+        the supervisor, which reads the worker's memory itself, finds it
+        still there; it shuts its end down once it has."""
+        while True:
+            try:
+                select.select([self.channel], [], [])
+                message = self._receive()
+            except BlockingIOError:
+                continue
+            except (OSError, ProtocolError):
+                return
+            if message is None or message[0] == b"Q":
+                return
+            if message[2] is not None:
+                os.close(message[2])
     def _accept_own(self, listener, handle):
         """Accepts what the kernel queued on own socket `listener`, and
         serves it. Nothing there (a reservation given back, its client
@@ -620,12 +728,13 @@ class Worker:
         worker idle and lands on it again, on the CPU it shares with it,
         rather than on a cold one. Not when something may wait on the
         overflow (the finish takes it), nor when the worker leaves after
-        this connection (told to, or its share served); nothing outside
-        kernel dispatch."""
+        this connection (told to, its share served, or past its memory or
+        lifetime limit); nothing outside kernel dispatch."""
         record = self.board
         if record is None or self._idle_early or self._headroom_checked:
             return
         self.check_headroom()
+        self._check_limits()
         self._headroom_checked = True
         if self.leaving:
             return
@@ -650,6 +759,7 @@ class Worker:
                 record.served.value += 1
                 if not self._headroom_checked:  # else checked in ending_connection
                     self.check_headroom()
+                    self._check_limits()
                 self._headroom_checked = False
                 idle_early, self._idle_early = self._idle_early, False
                 if self.max_requests and record.served.value >= self.max_requests:

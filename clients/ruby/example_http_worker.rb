@@ -13,16 +13,22 @@
 #
 # With --chaos (fault-injection tests only), `?leak_fds=N` (at most 1000)
 # makes it open N descriptors of /dev/null and keep them for the life of
-# the process, as a leaking app does (500 if one cannot be opened).
+# the process, as a leaking app does (500 if one cannot be opened), and
+# `?grow_mib=N` (at most 1024) makes it keep N MiB more of memory it has
+# written to (its own, unshared) for the life of the process, as an app
+# that leaks memory does.
 
 require "forkpool/worker"
 require "forkpool/http"
 
 MAX_WORK_MS = 60_000
 MAX_LEAK = 1000
+MAX_GROW_MIB = 1024
 CHAOS = ARGV.include?("--chaos")
 # What `?leak_fds=N` opened (with --chaos), never closed.
 LEAKED = []
+# What `?grow_mib=N` kept (with --chaos), never freed.
+GROWN = []
 LIMITS = Forkpool::HTTP::Limits.defaults.tap do |limits|
   limits.head_timeout = 5.0
   limits.io_timeout = 5.0
@@ -44,6 +50,9 @@ worker.serve do |sock, _listener|
     begin
       leak = CHAOS ? [request.query[/(?:\A|&)leak_fds=(\d+)/, 1].to_i, MAX_LEAK].min : 0
       leak.times { LEAKED << IO.sysopen("/dev/null") }
+      grow = CHAOS ? [request.query[/(?:\A|&)grow_mib=(\d+)/, 1].to_i, MAX_GROW_MIB].min : 0
+      # Written to, so the pages are resident and this process's own.
+      GROWN << ("\x01" * (grow << 20)) if grow.positive?
     rescue SystemCallError => e
       status = "500 Internal Server Error"
       body = "#{e.message}\n"

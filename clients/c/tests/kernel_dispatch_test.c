@@ -5,8 +5,9 @@
  * the scoreboard (it behaves the same for the worker), a loopback listener
  * with a connection queued for the overflow, a socketpair for the channel.
  * The protocol side (forkpool_worker.c) is stubbed: a request is answered
- * by counting it, a message is its kind alone, and the check after a
- * connection says what the case asks.  A worker that leaves exits: those
+ * by counting it (and keeping `grow_mib` MiB more), a message sent is its
+ * kind alone, one received is read off the channel as it came, and the
+ * check after a connection says what the case asks.  A worker that leaves exits: those
  * cases run in a child.
  *
  *     cc -Wall -Wextra -o kernel_dispatch_test clients/c/tests/kernel_dispatch_test.c
@@ -30,6 +31,8 @@ static int answered;
 static int table_filling; /* what check_headroom says */
 static int looks;         /* how often check_headroom was asked */
 static int end_early;     /* the first answer calls ending_connection first */
+static long grow_mib;     /* each answer keeps this many MiB more, written to */
+static char *grown;       /* what they kept: each block starts with the previous one */
 /* Header word 7, which the worker never uses: the state the first answer
  * saw after ending_connection (in the board, so a child's is seen too). */
 #define STATE_AT_ANSWER 7
@@ -53,14 +56,23 @@ void send_msg(char kind, const unsigned char *payload, size_t len)
 
 size_t recv_msg(unsigned char *buf, int *fd_out)
 {
-    (void)buf;
     *fd_out = -1;
-    return 0;
+    ssize_t n = recv(chan, buf, 16, 0);
+    return n > 0 ? (size_t)n : 0;
 }
 
 void answer_request(int fd)
 {
     (void)fd;
+    if (grow_mib > 0) {
+        char *kept = malloc((size_t)grow_mib << 20);
+        if (!kept)
+            die("malloc: out of memory");
+        memset(kept, 1, (size_t)grow_mib << 20);
+        /* Kept on a list, never freed (a leak the compiler cannot drop). */
+        memcpy(kept, &grown, sizeof grown);
+        grown = kept;
+    }
     if (end_early && answered == 0) {
         ending_connection();
         board[STATE_AT_ANSWER] = record[STATE];
@@ -358,6 +370,70 @@ static int drains_busy(void)
     return ok;
 }
 
+/* The worker finishes connection fd, ending it early, past a limit:
+ * `memory`, 16 MiB above what it holds as it starts, and the answer keeps
+ * 32 MiB more; else a lifetime of 1 ms, over before the answer. */
+static void finish_past_a_limit(int fd, int memory)
+{
+    char number[32];
+    if (memory) {
+        snprintf(number, sizeof number, "%llu",
+                 (unsigned long long)(unshared_memory() + (16 << 20)));
+        setenv("FORKPOOL_MAX_CHILD_MEMORY", number, 1);
+        grow_mib = 32;
+    } else {
+        setenv("FORKPOOL_MAX_CHILD_LIFETIME_MS", "1", 1);
+    }
+    start_limits();
+    struct timespec ms = { 0, 2000000L };
+    nanosleep(&ms, NULL);
+    end_early = 1;
+    serve_and_finish(fd, 0);
+}
+
+/* A worker past its memory (`memory`) or lifetime limit as a connection
+ * ends stays busy at its answer, says X after it and then waits, still
+ * there, until the supervisor lets it go (here with Q): exit 0.  In a
+ * child, nothing waiting on the overflow. */
+static int leaves_past_a_limit(int memory)
+{
+    int client, ends[2], pair[2];
+    prepare_finish(&client, ends, pair);
+    close(take(overflow_fd));
+    record[STATE] = BUSY;
+    board[STATE_AT_ANSWER] = IDLE;
+    record[SERVED] = 0;
+    answered = 0;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        finish_past_a_limit(pair[0], memory);
+        _exit(3);
+    }
+    struct pollfd p = { .fd = ends[1], .events = POLLIN };
+    char kind = 0;
+    int said_x = poll(&p, 1, 5000) == 1 && recv(ends[1], &kind, 1, 0) == 1 && kind == 'X';
+    struct timespec while_ = { 0, 100000000L };
+    nanosleep(&while_, NULL);
+    int status = 0;
+    int waited = waitpid(pid, &status, WNOHANG) == 0;
+    if (send(ends[1], "\x01Q", 2, 0) != 2)
+        die("send: %s", strerror(errno));
+    if (waited && waitpid(pid, &status, 0) != pid)
+        die("waitpid: %s", strerror(errno));
+    int ok = said_x && waited && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+             board[STATE_AT_ANSWER] == BUSY && record[STATE] == BUSY && record[SERVED] == 1;
+    printf("%s: past its %s limit: said X %d, waited %d, exit %d, state at the answer %llu, "
+           "after %llu (want 1, 1, 0, busy, busy)\n",
+           ok ? "ok" : "FAILED", memory ? "memory" : "lifetime", said_x, waited,
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+           (unsigned long long)board[STATE_AT_ANSWER], (unsigned long long)record[STATE]);
+    unprepare_finish(client, ends, pair, 1);
+    return ok;
+}
+
 int main(void)
 {
     map_a_board();
@@ -373,5 +449,7 @@ int main(void)
     ok &= finishes_early(1, 2, 1);  /* one waits, outside the width: not its business */
     ok &= the_last_of_its_share_ends_busy();
     ok &= drains_busy();
+    ok &= leaves_past_a_limit(1);
+    ok &= leaves_past_a_limit(0);
     return ok ? 0 : 1;
 }

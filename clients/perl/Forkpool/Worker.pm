@@ -165,6 +165,13 @@ sub from_env {
         pid        => $$,
         version    => $version,
     }, $class;
+    if ($kernel) {
+        # The memory and lifetime limits it checks itself after each
+        # connection (Forkpool::Worker::Kernel), 0 for none; a worker a
+        # template forked inherits them with the template's environment.
+        $self->{max_memory}  = $env{FORKPOOL_MAX_CHILD_MEMORY}      || 0;
+        $self->{lifetime_ms} = $env{FORKPOOL_MAX_CHILD_LIFETIME_MS} || 0;
+    }
     if ($seated_later) {
         $self->_await_seat;
     }

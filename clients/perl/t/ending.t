@@ -1,7 +1,8 @@
 # Unit tests of "finish early" in kernel dispatch (docs/protocol.md, step 7
 # of a `K` worker's life): Forkpool::Worker's ending_connection, called by
 # a server just before a connection's last answer goes out, and the finish
-# in Forkpool::Worker::Kernel that follows it. No supervisor: the channel
+# in Forkpool::Worker::Kernel that follows it; and the memory and lifetime
+# limits the worker checks at that point. No supervisor: the channel
 # is a socketpair whose other end the test reads, the overflow a loopback
 # listener, the scoreboard a file mapped like the board (as in board.t).
 # `prove -I clients/perl clients/perl/t`.
@@ -13,6 +14,8 @@ use lib "$FindBin::Bin/..", "$FindBin::Bin/lib";
 
 use File::Temp ();
 use IO::Socket::INET;
+use POSIX ();
+use Time::HiRes ();
 use Socket qw(AF_UNIX SOCK_SEQPACKET SOCK_STREAM);
 use Test::More;
 use Forkpool::Board;
@@ -165,6 +168,84 @@ subtest 'told to quit, it serves what was queued busy: no early idle' => sub {
     });
     is_deeply(\@seen, [0], 'busy at the answer');
     is(record($fh)->[0], 0, 'busy after');
+};
+
+# The memory and lifetime limits a worker checks itself after each
+# connection (FORKPOOL_MAX_CHILD_MEMORY, FORKPOOL_MAX_CHILD_LIFETIME_MS).
+my @grown;    # what the handlers below keep
+
+# Serves one connection whose handler keeps $grow MiB more and, if
+# $ending, calls ending_connection; (what _serve returned, the state the
+# handler saw after it).
+sub serve_growing {
+    my ($self, $fh, $conn, $grow, $ending) = @_;
+    my $seen;
+    my $served = Forkpool::Worker::Kernel::_serve($self, $conn, 0, sub {
+        push @grown, "\x01" x ($grow << 20) if $grow;
+        $self->ending_connection if $ending;
+        $seen = record($fh)->[0];
+    });
+    return ($served, $seen);
+}
+
+subtest 'past its memory limit: busy, served, X; no early idle' => sub {
+    for my $ending (0, 1) {
+        my ($self, $fh, $supervisor, $conn, $keep) = a_worker(0);
+        $self->{max_memory} = Forkpool::Worker::Kernel::unshared_memory() + (32 << 20);
+        Forkpool::Worker::Kernel::_start_limits($self);
+        my ($served, $seen) = serve_growing($self, $fh, $conn, 64, $ending);
+        ok(!$served, "ending $ending: leaves");
+        is($seen, 0, "ending $ending: busy at the answer");
+        is_deeply(record($fh), [0, 1, 1, 0], "ending $ending: busy, served 1");
+        is(messages($supervisor), 'X', "ending $ending: X");
+        is($self->{past_limit}, 'memory', "ending $ending: for its memory");
+    }
+};
+
+subtest 'under its memory limit: idle as ever' => sub {
+    my ($self, $fh, $supervisor, $conn, $keep) = a_worker(0);
+    $self->{max_memory} = Forkpool::Worker::Kernel::unshared_memory() + (64 << 20);
+    Forkpool::Worker::Kernel::_start_limits($self);
+    my ($served, $seen) = serve_growing($self, $fh, $conn, 16, 1);
+    ok($served, 'serves on');
+    is($seen, 1, 'idle early');
+    ok(!$self->{past_limit}, 'past no limit');
+};
+
+subtest 'past its lifetime: the connection served, then X' => sub {
+    my ($self, $fh, $supervisor, $conn, $keep) = a_worker(0);
+    $self->{lifetime_ms} = 20;
+    Forkpool::Worker::Kernel::_start_limits($self);
+    Time::HiRes::sleep(0.03);
+    my ($served, $seen) = serve_growing($self, $fh, $conn, 0, 1);
+    ok(!$served, 'leaves');
+    is($seen, 0, 'busy at the answer');
+    is(messages($supervisor), 'X', 'X');
+    is($self->{past_limit}, 'lifetime', 'for its age');
+};
+
+subtest 'without limits, nothing to look at' => sub {
+    my ($self) = a_worker(0);
+    Forkpool::Worker::Kernel::_start_limits($self);
+    ok(!exists $self->{limits}, 'no check started');
+    ok(!Forkpool::Worker::Kernel::_past_limit($self), 'past none');
+};
+
+subtest 'after its X for a limit, it waits until the supervisor lets it go' => sub {
+    my ($self, $fh, $supervisor, $conn, $keep) = a_worker(0);
+    send($supervisor, "\x01p\x00\x00\x00\x01", 0);    # before it read the X: ignored
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        Forkpool::Worker::Kernel::_await_release($self);
+        POSIX::_exit(0);
+    }
+    Time::HiRes::sleep(0.1);
+    is(waitpid($pid, POSIX::WNOHANG()), 0, 'still waiting');
+    shutdown($supervisor, 1) or die "shutdown: $!";
+    my $deadline = time + 10;
+    Time::HiRes::sleep(0.01) while waitpid($pid, POSIX::WNOHANG()) == 0 && time < $deadline;
+    kill 'KILL', $pid if kill 0, $pid;
+    is($?, 0, 'let go at end of file');
 };
 
 subtest 'outside kernel dispatch: nothing to do' => sub {

@@ -34,10 +34,19 @@ CLIENTS = os.path.dirname(HERE)
 # record (1: idle already). A line `leak N` opens N descriptors and keeps
 # them (a leaking app), as many as it can. A line `checks` answers how
 # many times the worker has looked at its descriptor table. TEST_NOFILE sets its soft and
-# hard RLIMIT_NOFILE; TEST_FILL fills its table before it serves.
+# hard RLIMIT_NOFILE; TEST_FILL fills its table before it serves. A line
+# `grow N` keeps N MiB more of its own memory; `grow-end N` does, then
+# calls `ending_connection` and answers the state it sees, as `end` does.
+# TEST_SHARED_MIB: that many MiB are written, then the process forks and
+# the child is the worker (it shares them with its parent, which waits).
 WORKER = r"""
 import os
 import resource
+if "TEST_SHARED_MIB" in os.environ:
+    shared = b"\x01" * (int(os.environ["TEST_SHARED_MIB"]) << 20)
+    child = os.fork()
+    if child:
+        os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 os.environ["LISTEN_PID"] = str(os.getpid())
 if "TEST_NOFILE" in os.environ:
     nofile = int(os.environ["TEST_NOFILE"])
@@ -46,6 +55,7 @@ import forkpool_worker
 
 worker = forkpool_worker.Worker.from_env()
 leaked = []
+grown = []
 checks = [0]
 look_at_table = worker.check_headroom
 def counted_check():
@@ -75,6 +85,11 @@ def handle(conn, listener):
                 leaked.append(os.open("/dev/null", os.O_RDONLY))
         except OSError:
             pass
+    if data.startswith((b"grow ", b"grow-end ")):
+        grown.append(b"\x01" * (int(data.split()[1]) << 20))
+    if data.startswith(b"grow-end "):
+        worker.ending_connection()
+        data = b"state=%d\n" % worker.board.state.value
     if data == b"checks\n":
         data = b"checks=%d\n" % checks[0]
     if data == b"end\n":
@@ -560,6 +575,84 @@ class KernelWorkerTest(unittest.TestCase):
         fake.process.wait(timeout=TIMEOUT)
         self.assertNotEqual(fake.process.returncode, 0)
         self.assertIn(b"seat for 1 listener(s) with 1 descriptor(s)", fake.process.stderr.read())
+
+    def left_for_a_limit_and_waits(self, fake):
+        """The worker said X, busy; it is still there, waiting to be let
+        go; with the channel shut down for sending (as the supervisor
+        does after an X), it exits 0."""
+        self.assertEqual(fake.message(), b"\x01X")
+        self.assertEqual(fake.read(STATE), forkpool_board.BUSY)
+        time.sleep(0.2)
+        self.assertIsNone(fake.process.poll(), "it waits for the supervisor to let it go")
+        fake.channel.shutdown(socket.SHUT_WR)
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+
+    def test_a_worker_past_its_memory_limit_leaves_busy_after_the_connection(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_CHILD_MEMORY=str(64 << 20))
+        self.assertEqual(ask(fake.own.getsockname(), b"grow 20\n"), b"slot=1 listener=0 grow 20\n")
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        self.assertEqual(ask(fake.own.getsockname(), b"grow 50\n"), b"slot=1 listener=0 grow 50\n")
+        self.left_for_a_limit_and_waits(fake)
+        self.assertEqual(fake.read(SERVED), 2)
+
+    def test_a_worker_past_its_memory_limit_does_not_go_idle_early(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_CHILD_MEMORY=str(64 << 20))
+        self.assertEqual(ask(fake.own.getsockname(), b"grow-end 80\n"), b"slot=1 listener=0 state=0\n")
+        self.left_for_a_limit_and_waits(fake)
+
+    def test_memory_shared_with_its_parent_does_not_count(self):
+        # 100 MiB shared copy-on-write: its RSS is above the 64 MiB limit,
+        # its USS (what the limit is on) far below.
+        fake = self.fake.start(TEST_SHARED_MIB="100", FORKPOOL_MAX_CHILD_MEMORY=str(64 << 20))
+        said = fake.message()
+        self.assertEqual(said[:2], b"\x01K")
+        worker = struct.unpack(">I", said[2:])[0]
+        self.addCleanup(lambda: subprocess.run(["kill", "-9", str(worker)], stderr=subprocess.DEVNULL))
+        wait_for("the worker to go idle", lambda: fake.read(STATE) == forkpool_board.IDLE)
+        with open(f"/proc/{worker}/statm") as statm:
+            self.assertGreater(int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"), 64 << 20)
+        for n in range(1, 4):
+            self.assertEqual(ask(fake.own.getsockname()), b"slot=1 listener=0 hi\n")
+            self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+            self.assertEqual(fake.read(SERVED), n)
+        # Its own: over.
+        ask(fake.own.getsockname(), b"grow 70\n")
+        self.left_for_a_limit_and_waits(fake)
+
+    def test_a_worker_past_its_lifetime_leaves_after_its_next_connection(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_CHILD_LIFETIME_MS="400")
+        ask(fake.own.getsockname())
+        self.assertEqual(fake.read(STATE), forkpool_board.IDLE)
+        time.sleep(0.5)
+        # Idle as its lifetime ended, it serves the connection that finds
+        # it so, then leaves (the supervisor retires an idle one itself).
+        self.assertEqual(ask(fake.own.getsockname()), b"slot=1 listener=0 hi\n")
+        self.left_for_a_limit_and_waits(fake)
+        self.assertEqual(fake.read(SERVED), 2)
+
+    def test_a_quit_lets_a_worker_that_left_for_a_limit_go(self):
+        fake = self.fake.ready_and_idle(FORKPOOL_MAX_CHILD_MEMORY=str(64 << 20))
+        ask(fake.own.getsockname(), b"grow 80\n")
+        self.assertEqual(fake.message(), b"\x01X")
+        fake.channel.send(b"\x01p\x00\x00\x00\x01")  # sent before the X was read: ignored
+        time.sleep(0.1)
+        self.assertIsNone(fake.process.poll())
+        fake.channel.send(b"\x01Q")
+        self.assertEqual(fake.process.wait(timeout=TIMEOUT), 0)
+        self.assertTrue(fake.nothing_said(), "no answer to the ping")
+
+    def test_without_limits_nothing_is_looked_at(self):
+        opened = lambda fake: [
+            os.readlink(f"/proc/{fake.process.pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{fake.process.pid}/fd")
+        ]
+        fake = self.fake.ready_and_idle()
+        ask(fake.own.getsockname())
+        self.assertNotIn("/proc/%d/statm" % fake.process.pid, opened(fake))
+        limited = FakeSupervisor()
+        self.addCleanup(limited.stop)
+        limited.ready_and_idle(FORKPOOL_MAX_CHILD_MEMORY=str(64 << 20))
+        self.assertIn("/proc/%d/statm" % limited.process.pid, opened(limited))
 
     def test_a_ping_is_answered(self):
         fake = self.fake.ready_and_idle()

@@ -8,11 +8,15 @@
 # overflow (the pool's listeners) as it finishes one, and sends `I` only
 # when the supervisor, holding connections, asks for it on the board.
 # Given FORKPOOL_MAX_REQUESTS, it leaves (`X`) after that many connections,
-# still busy on the board, so nothing more is queued for it. A worker forked
+# still busy on the board, so nothing more is queued for it; given
+# FORKPOOL_MAX_CHILD_MEMORY or FORKPOOL_MAX_CHILD_LIFETIME_MS (WorkerLimits), it
+# leaves the same way after the connection that took it past one, and
+# then waits for the supervisor to let it go. A worker forked
 # by a template (`--preload`) gets its own sockets, the board and its share
 # in `S` after its `K`, and gives them up when it becomes the template.
 
 require_relative "board"
+require_relative "limits"
 
 module Forkpool
   class Worker
@@ -34,13 +38,15 @@ module Forkpool
     # idle and lands on it again, on the CPU it shares with it, rather than
     # on a cold one. Not when something may wait on the overflow (the
     # finish takes it), nor when the worker leaves after this connection
-    # (told to, or its share served); a no-op outside kernel dispatch.
+    # (told to, its share served, or past its memory or lifetime limit); a
+    # no-op outside kernel dispatch.
     # The look at the overflow is the finish's: when it sees a connection
     # there and no message, the finish takes it without looking again.
     def ending_connection
       return if @board.nil? || @idle_early || @headroom_checked
 
       check_headroom
+      check_limits
       @headroom_checked = true
       return if @leaving
       return if @max_requests.positive? && @served_here + 1 >= @max_requests
@@ -120,6 +126,32 @@ module Forkpool
     def serve_on_board(handle)
       @board.idle!
       wait_on_listeners(handle)
+      await_release if @past_limit
+    end
+
+    # After a connection, before the worker would go idle: past its memory
+    # or lifetime limit, it leaves (busy, `X`) instead.
+    def check_limits
+      return if @limit_check.nil? || @leaving
+
+      @past_limit = @limit_check.past
+      @leaving = true if @past_limit
+    end
+
+    # After its `X` for a limit: reads the channel until `Q` or end of file
+    # (ignoring what the supervisor sent before it read the `X`), so that
+    # the supervisor, which reads the worker's memory itself, finds it
+    # still there; it shuts its end down once it has.
+    def await_release
+      loop do
+        IO.select([@channel])
+        message = receive(@version == 1 ? WORKER_PAYLOAD : WORKER_PAYLOAD_V2)
+        return if message.nil? || message[0] == "Q"
+
+        message[2].each(&:close)
+      end
+    rescue SystemCallError, IOError, ProtocolError
+      nil
     end
 
     # Own socket `listener` is readable: the kernel queued a connection

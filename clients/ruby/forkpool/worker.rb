@@ -139,6 +139,9 @@ module Forkpool
                              "accept on the LISTEN_FDS listeners directly instead"
       end
       @dispatch = dispatch
+      # Kernel dispatch: the memory and lifetime limits the worker checks
+      # after each connection (a template's workers inherit them).
+      @limits = WorkerLimits.from_env(env) if dispatch == "kernel"
       @listeners = listeners_from(env)
       @generation = Integer(required(env, "FORKPOOL_GENERATION"))
       if env.key?("FORKPOOL_TEMPLATE_FD")
@@ -289,6 +292,8 @@ module Forkpool
       # After the hooks: the program may have changed its limit.
       @fd_limit, = Process.getrlimit(:NOFILE)
       @fd_ceiling = (@fd_limit - [DESCRIPTOR_RESERVE, @fd_limit / 4].min if @fd_limit != Process::RLIM_INFINITY)
+      # Its lifetime counts from here, its K.
+      @limit_check = @limits&.start
       send_message(@dispatch == "kernel" ? "K" : "R", [@pid].pack("N"))
       case @dispatch
       when "kernel"
@@ -469,7 +474,10 @@ module Forkpool
     # After a connection on `listener`, before its close: the next
     # connection to serve, or nil.
     def finish(listener)
-      check_headroom unless @headroom_checked # (in #ending_connection)
+      unless @headroom_checked # (else in #ending_connection)
+        check_headroom
+        check_limits if @board
+      end
       @headroom_checked = false
       return finish_on_board(listener) if @board
 

@@ -5,6 +5,11 @@
 //! - `?chaos=exit`: the child exits abruptly with status 3;
 //! - `?chaos=panic`: the handler panics.
 //!
+//! Before the response, and the child lives on:
+//! - `?chaos=growN` (N at most 1024): the child keeps N MiB more of memory
+//!   it has written to (its own, unshared) for the rest of its life, as a
+//!   handler that leaks memory does.
+//!
 //! After the response is written (the client has its answer first):
 //! - `?chaos=garbage`: the child writes a malformed message on its
 //!   back-channel;
@@ -28,12 +33,25 @@ pub fn hooks() -> forkpool_cli::demo::http::ChaosHooks {
     }
 }
 
+/// What `?chaos=growN` kept, never freed.
+static GROWN: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
 /// Faults that hit before the response.
 pub fn before_response(what: &str) {
     match what {
         "exit" => std::process::exit(3),
         "panic" => panic!("chaos=panic requested"),
-        _ => {}
+        _ => {
+            let grow = what
+                .strip_prefix("grow")
+                .and_then(|n| n.parse::<usize>().ok());
+            if let Some(mib) = grow {
+                let mut grown = GROWN.lock().unwrap_or_else(|e| e.into_inner());
+                // Written to (not zeroed by the kernel on first touch): the
+                // pages are resident and the child's own.
+                grown.push(vec![1u8; mib.min(1024) << 20]);
+            }
+        }
     }
 }
 

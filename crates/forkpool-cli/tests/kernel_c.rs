@@ -47,8 +47,9 @@ fn a_client_reconnecting_at_once_finds_its_worker_idle() {
 /// The finish in `kernel_dispatch.c` against a mapped board, without a
 /// supervisor (`clients/c/tests/kernel_dispatch_test.c`): a worker at or
 /// beyond the dispatch bound (word 5) leaves the overflow alone, one out
-/// of descriptors leaves, and one that finishes early goes idle before
-/// its answer only when nothing waits for it on the overflow.
+/// of descriptors leaves, one that finishes early goes idle before its
+/// answer only when nothing waits for it on the overflow, and one past its
+/// memory or lifetime limit stays busy, says `X` and waits to be let go.
 #[test]
 fn the_finish_keeps_to_the_dispatch_width() {
     let Some(cc) = common::require_program("cc", "run bash .ci/deps/system-tools.sh (gcc)") else {

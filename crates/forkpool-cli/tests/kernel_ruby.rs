@@ -393,6 +393,22 @@ fn the_looks_after_a_connection_see_the_table_and_the_channel_first() {
     );
 }
 
+/// The memory and lifetime limits a worker checks itself after each
+/// connection (`clients/ruby/test/limits_test.rb`): its own memory past
+/// the limit is seen, memory it shares with its parent is not, a lifetime
+/// ends; a worker past one stays busy, says `X` and waits until the
+/// supervisor lets it go.
+#[test]
+fn a_worker_checks_its_own_limits_after_each_connection() {
+    if !require_ruby() {
+        return;
+    }
+    rack_support::minitest(
+        "test/limits_test.rb",
+        "6 runs, 17 assertions, 0 failures, 0 errors",
+    );
+}
+
 /// A connection waiting on the overflow, on a file mapped like the board:
 /// the ending's look sees it (the worker stays busy), and the finish takes
 /// it without looking again; outside the dispatch width (word 5) neither

@@ -31,6 +31,8 @@
 //! | `FORKPOOL_OVERFLOW_FD` | `kernel` only: 3+n+1, the first of the pool's n listeners |
 //! | `FORKPOOL_BOARD_FD`   | `kernel` only: the scoreboard map, 3+2n+1               |
 //! | `FORKPOOL_MAX_REQUESTS` | `kernel` only: connections before it leaves, when limited |
+//! | `FORKPOOL_MAX_CHILD_MEMORY` | `kernel` only: bytes of unshared memory (USS) past which it leaves, when limited |
+//! | `FORKPOOL_MAX_CHILD_LIFETIME_MS` | `kernel` only: milliseconds of life after which it leaves, when limited |
 //!
 //! Variables of these names that the supervisor itself inherited are removed,
 //! so a worker never mistakes its parent's socket activation for its own.
@@ -63,6 +65,16 @@ pub const BOARD_FD_VAR: &str = "FORKPOOL_BOARD_FD";
 /// `kernel` dispatch: the connections this worker serves before it leaves
 /// on its own (`X`); absent or 0: no limit.
 pub const MAX_REQUESTS_VAR: &str = "FORKPOOL_MAX_REQUESTS";
+/// `kernel` dispatch: the unshared memory (USS, in bytes) past which the
+/// worker leaves on its own (`X`) after the connection that took it
+/// there, before it goes idle; absent or 0: no limit. Set on a template
+/// too, so the workers it forks inherit it.
+pub const MAX_CHILD_MEMORY_VAR: &str = "FORKPOOL_MAX_CHILD_MEMORY";
+/// `kernel` dispatch: the milliseconds, counted from the worker's start,
+/// after which it leaves on its own (`X`) after its connection, before it
+/// goes idle; absent or 0: no limit. Set on a template too (without the
+/// per-child jitter), so the workers it forks inherit it.
+pub const MAX_CHILD_LIFETIME_MS_VAR: &str = "FORKPOOL_MAX_CHILD_LIFETIME_MS";
 /// systemd socket activation: how many listeners follow fd 2.
 pub const LISTEN_FDS_VAR: &str = "LISTEN_FDS";
 /// systemd socket activation: the pid the listeners are meant for.

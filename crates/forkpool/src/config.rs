@@ -198,13 +198,16 @@ pub struct PoolConfig {
     pub max_requests_jitter: u64,
     /// A child whose unshared memory (USS, from `/proc/PID/smaps_rollup`)
     /// is above this many bytes is replaced after its current connection;
-    /// 0 means no limit. In a config file: a number of bytes or a size such
-    /// as `"512MiB"`. Default 0.
+    /// 0 means no limit. In `kernel` dispatch the child checks it itself
+    /// after each connection, before it goes idle. In a config file: a
+    /// number of bytes or a size such as `"512MiB"`. Default 0.
     #[serde(with = "size_serde")]
     pub max_child_memory: u64,
     /// A child older than this is replaced after its current connection
     /// (each child gets up to a tenth more, at random, so a pool started at
-    /// once does not restart at once); zero means no limit. Default 0.
+    /// once does not restart at once); zero means no limit. In `kernel`
+    /// dispatch the child checks it itself after each connection, before it
+    /// goes idle. Default 0.
     #[serde(with = "humantime_serde_compat")]
     pub max_child_lifetime: Duration,
     /// A child busy on one connection longer than this is captured (its

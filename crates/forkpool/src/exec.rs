@@ -27,18 +27,21 @@ use std::os::unix::process::CommandExt;
 use crate::channel::Channel;
 use crate::protocol;
 use crate::sys;
-use crate::worker::ChildStart;
+use crate::worker::{ChildStart, SelfLimits};
 
 pub use forkpool_protocol::layout::{
     BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, KERNEL_DISPATCH_VAR,
-    LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR,
-    PROTOCOL_VAR, SLOT_VAR, SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
+    LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_CHILD_LIFETIME_MS_VAR,
+    MAX_CHILD_MEMORY_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
+    SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
 };
 
-const MANAGED_VARS: [&str; 14] = [
+const MANAGED_VARS: [&str; 16] = [
     BOARD_FD_VAR,
     KERNEL_DISPATCH_VAR,
     MAX_REQUESTS_VAR,
+    MAX_CHILD_MEMORY_VAR,
+    MAX_CHILD_LIFETIME_MS_VAR,
     OVERFLOW_FD_VAR,
     CHANNEL_FD_VAR,
     TEMPLATE_FD_VAR,
@@ -147,6 +150,7 @@ pub(crate) fn exec_worker(start: ChildStart, command: &WorkerCommand) -> ! {
             board_map,
             max_requests: start.max_requests,
         }),
+        limits: start.limits,
     };
     drop(start.board);
     exec_or_exit(parts, role, command, &who)
@@ -168,6 +172,9 @@ pub(crate) struct TemplateStart {
     pub stderr: Option<OwnedFd>,
     /// The supervisor's pid, for `FORKPOOL_SUPERVISOR_PID`.
     pub supervisor_pid: u32,
+    /// `kernel` dispatch: the limits its workers check themselves, which
+    /// they inherit with its environment (none in other modes).
+    pub limits: SelfLimits,
 }
 
 /// In a freshly forked child: `exec`s `command` as a template, laid out as
@@ -186,6 +193,7 @@ pub(crate) fn exec_template(start: TemplateStart, command: &WorkerCommand) -> ! 
         channel: start.channel,
         stderr: start.stderr,
         kernel: None,
+        limits: start.limits,
     };
     exec_or_exit(parts, role, command, &who)
 }
@@ -199,6 +207,10 @@ struct Parts {
     stderr: Option<OwnedFd>,
     /// `kernel` dispatch, for a worker that keeps its record.
     kernel: Option<KernelParts>,
+    /// `kernel` dispatch: the limits the worker (or a template's workers)
+    /// checks itself: `FORKPOOL_MAX_CHILD_MEMORY` and
+    /// `FORKPOOL_MAX_CHILD_LIFETIME_MS`.
+    limits: SelfLimits,
 }
 
 /// What a worker in `kernel` dispatch gets beyond its own sockets.
@@ -311,6 +323,15 @@ fn prepare(parts: Parts, role: Role, command: &WorkerCommand) -> io::Result<std:
         if max_requests > 0 {
             cmd.env(MAX_REQUESTS_VAR, max_requests.to_string());
         }
+    }
+    if parts.limits.max_memory > 0 {
+        cmd.env(MAX_CHILD_MEMORY_VAR, parts.limits.max_memory.to_string());
+    }
+    if !parts.limits.lifetime.is_zero() {
+        cmd.env(
+            MAX_CHILD_LIFETIME_MS_VAR,
+            parts.limits.lifetime_ms().to_string(),
+        );
     }
     cmd.env(GENERATION_VAR, generation.to_string());
     // Kernel dispatch is handoff to a worker that does not know it (one

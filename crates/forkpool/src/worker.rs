@@ -23,9 +23,11 @@
 //! connections at once run the loop in `worker/sessions.rs` instead.
 
 mod exec_worker;
+mod limits;
 mod sessions;
 
 pub use exec_worker::{ExecWorker, ExecWorkerError};
+pub(crate) use limits::SelfLimits;
 pub(crate) use sessions::run_session_child;
 
 use std::os::fd::{AsFd, OwnedFd, RawFd};
@@ -40,6 +42,7 @@ use crate::dispatch::kernel::board::Board;
 use crate::listener::{Listener, Stream};
 use crate::protocol::{self, ChildMessage, ParentMessage, WorkerOrder};
 use crate::sys;
+use limits::{LimitCheck, Past};
 
 /// Who this child is, for handlers that want to say so (logs, headers).
 #[derive(Debug)]
@@ -116,6 +119,9 @@ pub(crate) struct ChildStart {
     /// Connections the child serves before it stops taking the next one
     /// itself and leaves the supervisor to recycle it (0: no limit).
     pub max_requests: u64,
+    /// `kernel` dispatch: the memory and lifetime limits it checks itself
+    /// after each connection (none in other modes).
+    pub limits: SelfLimits,
     /// For an exec'd worker: the write end of the pipe the supervisor
     /// reads the worker's standard error from.
     pub stderr: Option<OwnedFd>,
@@ -165,6 +171,9 @@ pub(crate) fn run_child_speaking(
         mode: start.mode,
         max_requests: start.max_requests,
         served: 0,
+        limits: start.limits,
+        limit_check: None,
+        past_limit: None,
         fd_ceiling: sys::fds::descriptor_ceiling(),
         out_of_descriptors: false,
         listener_is_tcp: start.listener_is_tcp,
@@ -179,6 +188,10 @@ pub(crate) fn run_child_speaking(
     let seat_awaited = start.mode == DispatchMode::Kernel
         && worker.board.is_none()
         && version == protocol::TEMPLATE_VERSION;
+    // Its lifetime counts from here, in this process (after its fork).
+    if start.mode == DispatchMode::Kernel {
+        worker.limit_check = LimitCheck::start(worker.limits);
+    }
     let result = worker.report(match worker.board.is_some() || seat_awaited {
         true => ChildMessage::ReadyOnBoard { pid },
         false => ChildMessage::Ready { pid },
@@ -224,6 +237,13 @@ struct Worker<'h> {
     max_requests: u64,
     /// Connections served so far, counted as the supervisor counts them.
     served: u64,
+    /// `kernel` dispatch: the limits it checks itself, and the check,
+    /// started before its `K` (`None`: no limit, nothing to look at).
+    limits: SelfLimits,
+    limit_check: Option<LimitCheck>,
+    /// The limit it found itself past after a connection: it leaves with
+    /// `X` instead of going idle, and waits to be let go.
+    past_limit: Option<Past>,
     /// The descriptor whose being open says the table is filling, and the
     /// soft `RLIMIT_NOFILE` (`sys::fds::descriptor_ceiling`).
     fd_ceiling: Option<(RawFd, u64)>,
@@ -517,13 +537,16 @@ impl Worker<'_> {
                         }
                     }
                 }
-                if self.out_of_descriptors {
-                    return Ok(None); // it said `X`
-                }
-                if self.exhausted() {
-                    // Its share served: it leaves on its own (the
-                    // scoreboard still says busy, so nothing more comes).
-                    self.report(ChildMessage::Leaving)?;
+                if self.out_of_descriptors || self.exhausted() {
+                    // Its share served, or past a limit: it leaves on its
+                    // own (the scoreboard still says busy, so nothing
+                    // more comes). Out of descriptors, it said `X` already.
+                    if !self.out_of_descriptors {
+                        self.report(ChildMessage::Leaving)?;
+                    }
+                    if self.past_limit.is_some() {
+                        self.await_release();
+                    }
                     return Ok(None);
                 }
             }
@@ -575,9 +598,52 @@ impl Worker<'_> {
         }
     }
 
-    /// Whether this child has served its `max_requests_per_child`.
+    /// Whether this child is done: it has served its
+    /// `max_requests_per_child`, or (`kernel` dispatch) found itself past
+    /// its memory or lifetime limit after its last connection.
     fn exhausted(&self) -> bool {
         crate::policy::recycle::requests_exhausted(self.served, self.max_requests)
+            || self.past_limit.is_some()
+    }
+
+    /// `kernel` dispatch, after a connection and before the child goes
+    /// idle: whether it is past its memory or lifetime limit. Nothing to
+    /// do without a limit (or without a board: the supervisor sees every
+    /// connection end and looks itself).
+    fn check_limits(&mut self) {
+        if self.board.is_none() || self.past_limit.is_some() {
+            return;
+        }
+        let Some(check) = &self.limit_check else {
+            return;
+        };
+        self.past_limit = check.past();
+        if let Some(past) = self.past_limit {
+            debug!(
+                slot = self.info.slot,
+                ?past,
+                "past a limit: leaving after this connection"
+            );
+        }
+    }
+
+    /// After its `X` for a limit: reads the channel until `Q` or end of
+    /// file (ignoring what the supervisor sent before it read the `X`), so
+    /// the supervisor finds the child still there when it looks at its
+    /// memory; it closes its end once it has (docs/protocol.md).
+    fn await_release(&self) {
+        loop {
+            if let Err(e) = sys::socket::wait_readable(self.info.channel.as_fd()) {
+                debug!(slot = self.info.slot, "waiting to be let go: {e}");
+                return;
+            }
+            match self.receive() {
+                Ok(Incoming::Message(WorkerOrder::Parent(ParentMessage::Quit), _))
+                | Ok(Incoming::Closed | Incoming::Malformed(_))
+                | Err(_) => return,
+                Ok(Incoming::Message(..) | Incoming::WouldBlock) => {}
+            }
+        }
     }
 
     /// Told to quit, and busy on the scoreboard so the kernel gives it
@@ -662,6 +728,7 @@ impl Worker<'_> {
             let held_open = self.serve(fd, listener)?;
             self.served += 1;
             self.check_headroom();
+            self.check_limits();
             let next = self.take_waiting(listener);
             if self.out_of_descriptors {
                 // `X` instead of `I`; in kernel dispatch it stays busy.

@@ -9,16 +9,34 @@ package Forkpool::Worker::Kernel;
 # next one waiting on the pool's listener (the overflow) itself or goes
 # idle; it says I only when the board's word 2 asks for it. A worker whose
 # slot the board's word 5 puts outside the pool's dispatch width takes
-# nothing from the overflow: it goes idle.
+# nothing from the overflow: it goes idle. Given a memory or lifetime
+# limit (FORKPOOL_MAX_CHILD_MEMORY, FORKPOOL_MAX_CHILD_LIFETIME_MS), it
+# looks after each connection, before it would go idle, and past one it
+# leaves instead (busy, X), then waits for the supervisor to let it go.
 
 use strict;
 use warnings;
 
 use POSIX ();
+use Time::HiRes ();
 
-# Serves until told to quit or the supervisor is gone.
+# open(2)'s O_CLOEXEC on Linux (x86-64 and aarch64, the only systems a
+# board is used on); neither Fcntl nor POSIX exports it.
+use constant O_CLOEXEC => 0x80000;
+
+# Serves until told to quit, the supervisor is gone, or it leaves; a
+# worker that left for a limit returns once the supervisor let it go.
 sub serve {
     my ($self, $handler) = @_;
+    _serve_on_board($self, $handler);
+    _await_release($self) if $self->{past_limit};
+    return;
+}
+
+sub _serve_on_board {
+    my ($self, $handler) = @_;
+    # Its lifetime counts from here, its K.
+    _start_limits($self);
     $self->_send('K', pack('N', $$));
     if (delete $self->{seat_pending}) {
         return unless _take_seat($self);
@@ -150,6 +168,7 @@ sub ending_connection {
     my $i = $self->{serving};
     return if !defined $i || $self->{idle_early} || $self->{headroom_checked};
     $self->check_headroom;
+    _check_limits($self);
     $self->{headroom_checked} = 1;
     return if _leaving($self);
     my $board = $self->{board};
@@ -191,11 +210,15 @@ sub _serve {
             close($conn);
             return 1;
         }
-        $self->check_headroom unless delete $self->{headroom_checked};
+        unless (delete $self->{headroom_checked}) {    # else in ending_connection
+            $self->check_headroom;
+            _check_limits($self);
+        }
         my $next = _leaving($self) ? undef : _next_from_overflow($self, $i, $seen);
         if (_leaving($self)) {
             # Asked to leave, out of descriptors (here or at the accept of
-            # the next one), or its share served. Busy, so the kernel
+            # the next one), past its memory or lifetime limit, or its
+            # share served. Busy, so the kernel
             # queues nothing more here: leaving loses nothing. X makes the
             # exit a retirement, not a death.
             $board->served;
@@ -215,8 +238,103 @@ sub _serve {
     return 1;
 }
 
+# The limits it checks after each connection, started in this process (a
+# worker forked by a template starts them after its fork, so that
+# /proc/self is its own): nothing without one; a lifetime is a clock read
+# (no system call); memory is one pread(2) of /proc/self/statm, kept
+# open, for the resident size, and /proc/self/smaps_rollup only when that
+# is above the limit (USS, what the limit is on, is never above it).
+sub _start_limits {
+    my ($self) = @_;
+    my $limits = delete $self->{limits};
+    POSIX::close($limits->{statm}) if $limits && defined $limits->{statm};
+    my ($max, $ms) = ($self->{max_memory} || 0, $self->{lifetime_ms} || 0);
+    return unless $max || $ms;
+    $limits = { max => $max };
+    $limits->{leave_at} = _now() + $ms / 1000 if $ms;
+    if ($max) {
+        my $pread = Forkpool::Worker::syscall_number('pread64');
+        my $statm = POSIX::open('/proc/self/statm', POSIX::O_RDONLY() | O_CLOEXEC);
+        my $page  = POSIX::sysconf(POSIX::_SC_PAGESIZE());
+        if (defined $pread && defined $statm && $page) {
+            @$limits{qw(pread statm page)} = ($pread, $statm, $page);
+        }
+        else {
+            # The supervisor's own look (every second) still holds.
+            POSIX::close($statm) if defined $statm;
+            warn "forkpool worker (slot $self->{slot}): cannot read /proc/self/statm: "
+                . "the worker does not check its memory\n";
+        }
+    }
+    $self->{limits} = $limits;
+    return;
+}
+
+sub _now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
+
+# After a connection, before the worker would go idle: past its memory
+# or lifetime limit, it leaves (busy, X) instead.
+sub _check_limits {
+    my ($self) = @_;
+    return if $self->{leave};
+    my $past = _past_limit($self) or return;
+    $self->{past_limit} = $past;
+    $self->{leave}      = 1;
+    return;
+}
+
+# 'memory' or 'lifetime' when the worker is past that limit now; else
+# false.
+sub _past_limit {
+    my ($self) = @_;
+    my $limits = $self->{limits} or return;
+    if (defined $limits->{statm}) {
+        my $buf = "\0" x 128;
+        my $n = syscall($limits->{pread}, $limits->{statm}, $buf, 128, 0);
+        if ($n > 0) {
+            my (undef, $resident) = split ' ', substr($buf, 0, $n);
+            return 'memory'
+                if $resident * $limits->{page} > $limits->{max}
+                && unshared_memory() > $limits->{max};
+        }
+    }
+    return 'lifetime' if $limits->{leave_at} && _now() >= $limits->{leave_at};
+    return;
+}
+
+# This process's unshared memory (USS) in bytes, as the supervisor counts
+# it: Private_Clean plus Private_Dirty in /proc/self/smaps_rollup (0 if
+# it cannot be read).
+sub unshared_memory {
+    open(my $rollup, '<', '/proc/self/smaps_rollup') or return 0;
+    my $uss = 0;
+    while (<$rollup>) {
+        $uss += $1 * 1024 if /^Private_(?:Clean|Dirty):\s+(\d+)/;
+    }
+    close($rollup);
+    return $uss;
+}
+
+# After its X for a limit: reads the channel until Q or end of file
+# (ignoring what the supervisor sent before it read the X), so that the
+# supervisor, which reads the worker's memory itself, finds it still
+# there; it shuts its end down once it has.
+sub _await_release {
+    my ($self) = @_;
+    my $bits = '';
+    vec($bits, fileno($self->{channel}), 1) = 1;
+    while (1) {
+        my $n = select(my $ready = $bits, undef, undef, undef);
+        next if $n < 0 && $!{EINTR};
+        return if $n < 0;
+        my ($kind, $payload, $fd) = eval { $self->_receive };
+        return if !defined $kind || $kind eq 'Q';
+        POSIX::close($fd) if defined $fd;
+    }
+}
+
 # Whether the worker leaves after the connection it served: asked to (or
-# out of descriptors), or its share served.
+# out of descriptors, or past a limit), or its share served.
 sub _leaving {
     my ($self) = @_;
     return $self->{leave}

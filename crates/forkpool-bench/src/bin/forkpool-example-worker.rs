@@ -24,7 +24,9 @@
 //! With `--chaos` (fault-injection tests only), `?leak_fds=N` (at most
 //! 1000) makes it open N descriptors of /dev/null and keep them for the
 //! life of the process, as a leaking handler does (500 if one cannot be
-//! opened).
+//! opened), and `?grow_mib=N` (at most 1024) makes it keep N MiB more of
+//! memory it has written to (its own, unshared) for the life of the
+//! process, as a handler that leaks memory does.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -60,6 +62,9 @@ fn main() {
 
 /// What `?leak_fds=N` opened (with `--chaos`), never closed.
 static LEAKED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+/// What `?grow_mib=N` kept (with `--chaos`), never freed.
+static GROWN: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
 
 /// The pid of the process the `after_fork` hook last ran in.
 static HOOKED: AtomicU32 = AtomicU32::new(0);
@@ -111,6 +116,13 @@ fn leak(n: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Keeps `mib` MiB more, written to, so the pages are this process's own
+/// (`--chaos`'s `?grow_mib=N`).
+fn grow(mib: u64) {
+    let mut grown = GROWN.lock().unwrap_or_else(|e| e.into_inner());
+    grown.push(vec![1u8; (mib as usize) << 20]);
+}
+
 /// Serves one request and closes.
 fn answer(conn: Connection<'_>, chaos: bool) {
     let Connection {
@@ -130,7 +142,10 @@ fn answer(conn: Connection<'_>, chaos: bool) {
     let work_ms = query_number(target, "work_ms").min(60_000);
     std::thread::sleep(Duration::from_millis(work_ms));
     let leaked = match chaos {
-        true => leak(query_number(target, "leak_fds").min(1000)),
+        true => {
+            grow(query_number(target, "grow_mib").min(1024));
+            leak(query_number(target, "leak_fds").min(1000))
+        }
         false => Ok(()),
     };
     let (status, body) = match leaked {

@@ -103,6 +103,16 @@ macro_rules! every_helper_case {
         fn a_leaking_worker_leaves_before_its_table_fills_in_handoff() {
             ($run)(kernel_helper_cases::a_leaking_worker_leaves_before_its_table_fills_in_handoff);
         }
+
+        #[test]
+        fn a_growing_worker_leaves_before_another_connection() {
+            ($run)(kernel_helper_cases::a_growing_worker_leaves_before_another_connection);
+        }
+
+        #[test]
+        fn an_old_worker_leaves_before_another_connection() {
+            ($run)(kernel_helper_cases::an_old_worker_leaves_before_another_connection);
+        }
     };
     // A helper with templates (`--preload`) passes one case more.
     ($run:expr, with_preload) => {
@@ -111,6 +121,13 @@ macro_rules! every_helper_case {
         #[test]
         fn preloaded_workers_keep_the_board_too() {
             ($run)(kernel_helper_cases::preloaded_workers_keep_the_board_too);
+        }
+
+        #[test]
+        fn a_growing_preloaded_worker_leaves_before_another_connection() {
+            ($run)(
+                kernel_helper_cases::a_growing_preloaded_worker_leaves_before_another_connection,
+            );
         }
     };
 }
@@ -426,4 +443,234 @@ fn leaking_worker_leaves_in(dispatch: &[&str], cmd: &[&str]) {
         .wait_status(PATIENCE, |s| total(s, "retired") >= 2)
         .unwrap_or_else(|| panic!("the workers did not retire: {}", pool.status()));
     assert_clean(&status);
+}
+
+/// What one `?grow_mib` request (or the demo's `?chaos=growN`) adds to a
+/// worker's unshared memory, in MiB, and the limit the memory cases set.
+pub const GROWTH_MIB: u64 = 30;
+pub const MEMORY_LIMIT_MIB: u64 = 64;
+
+/// The most requests one worker may serve in the memory cases. A worker
+/// checks its memory after each connection and leaves, still busy on the
+/// board, once its USS is above the limit; so it serves the request that
+/// takes it over, and none after. It starts with some USS B ≥ 0 and holds
+/// B + 30·k MiB after k requests: over 64 MiB at k = 3 whatever B is
+/// (90 > 64), and already at k = 2 when B > 4 MiB. So no worker serves a
+/// 4th: it would have been taken at more than limit + one request's
+/// growth.
+pub const MOST_PER_WORKER: usize = (MEMORY_LIMIT_MIB / GROWTH_MIB) as usize + 1;
+
+/// A worker (the example worker run with `--chaos`, `?grow_mib=30`) that
+/// grows 30 MiB a request under `--max-child-memory 64MiB`, sent 6
+/// requests back to back (each as soon as the previous one answered),
+/// with the supervisor stopped all the while: nothing but the worker's own
+/// check after each connection can keep it from the next one. No worker
+/// serves more than [`MOST_PER_WORKER`]; the three workers between them
+/// serve all six. Woken, the supervisor counts the first worker's exit as
+/// a memory recycle (`totals.recycled_memory`, its USS read by the
+/// supervisor itself) and replaces it.
+pub fn a_growing_worker_leaves_before_another_connection(cmd: &[&str]) {
+    let chaotic = [cmd, &["--chaos"]].concat();
+    memory_limit_holds(
+        |children, extra| kernel_pool(children, extra, &chaotic),
+        &format!("/?grow_mib={GROWTH_MIB}"),
+    );
+}
+
+/// [`a_growing_worker_leaves_before_another_connection`], the workers
+/// forked by a template (`--preload`): they find the limit in the
+/// environment they inherit from it.
+pub fn a_growing_preloaded_worker_leaves_before_another_connection(cmd: &[&str]) {
+    let chaotic = [cmd, &["--chaos"]].concat();
+    memory_limit_holds(
+        |children, extra| kernel_pool(children, &[extra, &["--preload"]].concat(), &chaotic),
+        &format!("/?grow_mib={GROWTH_MIB}"),
+    );
+}
+
+/// The memory case on the pools `pool_of(children, extra options)` makes,
+/// `grow` the path of a request that grows the worker by [`GROWTH_MIB`].
+pub fn memory_limit_holds(pool_of: impl Fn(u64, &[&str]) -> Option<DemoPool>, grow: &str) {
+    let limit = format!("{MEMORY_LIMIT_MIB}MiB");
+    let Some(pool) = pool_of(3, &["--max-child-memory", &limit]) else {
+        return;
+    };
+    let first = pid_in_slot(&pool.status(), 0);
+    let pids: Vec<i32> = {
+        let _stopped = SupervisorStopped::new(&pool);
+        (0..6)
+            .map(|i| {
+                let r = get(&pool, grow)
+                    .unwrap_or_else(|e| panic!("request {i}: {e}\n{}", pool.stderr.dump()));
+                assert_eq!(r.status, 200, "request {i}: {}", r.body);
+                r.pid.expect("X-Forkpool-Pid")
+            })
+            .collect()
+    };
+    let mut served: std::collections::BTreeMap<i32, usize> = Default::default();
+    for pid in &pids {
+        *served.entry(*pid).or_default() += 1;
+    }
+    assert!(
+        served.values().all(|&n| n <= MOST_PER_WORKER),
+        "a worker served more than {MOST_PER_WORKER} requests of {GROWTH_MIB} MiB each under a \
+         {MEMORY_LIMIT_MIB} MiB limit (pid: requests): {served:?}\n{}",
+        pool.stderr.dump()
+    );
+    let status = pool
+        .wait_status(PATIENCE, |s| {
+            total(s, "recycled_memory") >= 1
+                && s["idle"] == 3
+                && s["slots"]
+                    .as_array()
+                    .is_some_and(|all| all.iter().all(|w| w["pid"] != first))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the first worker ({first}) was not recycled for its memory: {}\n{}",
+                pool.status(),
+                pool.stderr.dump()
+            )
+        });
+    assert_clean(&status);
+}
+
+/// The lifetime the lifetime case sets, and what the supervisor may add to
+/// it per worker (a tenth, drawn at random).
+const LIFETIME: Duration = Duration::from_secs(2);
+const MOST_LIFETIME: Duration = Duration::from_millis(2200);
+
+/// `--max-child-lifetime 2s`, one worker, short requests sent back to
+/// back from before its lifetime ends until well after, the supervisor
+/// stopped until 0.3 s after the latest the lifetime can end: nothing but
+/// the worker's own check after each connection can keep it from the
+/// next one. Of the requests sent after its lifetime surely ended (its
+/// start is read off `/proc` and status, its end is at most 2.2 s after
+/// its `K`), it serves at most one: one that found it idle as its lifetime
+/// ended. Woken, the supervisor counts its exit as a lifetime recycle and
+/// replaces it; every request is answered.
+pub fn an_old_worker_leaves_before_another_connection(cmd: &[&str]) {
+    lifetime_limit_holds(|children, extra| kernel_pool(children, extra, cmd));
+}
+
+/// The lifetime case on the pools `pool_of(children, extra options)` makes.
+pub fn lifetime_limit_holds(pool_of: impl Fn(u64, &[&str]) -> Option<DemoPool>) {
+    let lifetime = format!("{}ms", LIFETIME.as_millis());
+    let Some(pool) = pool_of(1, &["--max-child-lifetime", &lifetime]) else {
+        return;
+    };
+    let status = pool.status();
+    let first = pid_in_slot(&status, 0);
+    // Its `K` came at most this long after its fork (its fork is no
+    // earlier than the supervisor's clock of its start, its `K` no later
+    // than the supervisor's reading of it), and the fork within the clock
+    // tick /proc gives it.
+    let ready_after = status["slots"][0]["ready_after_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no ready_after_ms: {status}"));
+    let expires = started_at(first) + TICK + Duration::from_millis(ready_after) + MOST_LIFETIME;
+    let wake = expires + Duration::from_millis(300);
+    let stop_sending = expires + Duration::from_millis(600);
+    let mut sent: Vec<(Duration, i32)> = Vec::new();
+    {
+        let _stopped = SupervisorStoppedUntil::new(&pool, wake);
+        while since_boot() < stop_sending && sent.len() < 1000 {
+            let at = since_boot();
+            let r = get(&pool, "/?work_ms=5")
+                .unwrap_or_else(|e| panic!("a request: {e}\n{}", pool.stderr.dump()));
+            assert_eq!(r.status, 200, "{}", r.body);
+            sent.push((at, r.pid.expect("X-Forkpool-Pid")));
+        }
+    }
+    // Sent a clock tick after its end, at least (/proc/uptime reads low).
+    let late: Vec<Duration> = sent
+        .iter()
+        .filter(|&&(at, pid)| pid == first && at > expires + TICK)
+        .map(|&(at, _)| at.saturating_sub(expires))
+        .collect();
+    assert!(
+        late.len() <= 1,
+        "the worker {first} served {} requests sent after its lifetime ({lifetime}, at most \
+         {MOST_LIFETIME:?} drawn) had ended, this long after: {late:?}\n{}",
+        late.len(),
+        pool.stderr.dump()
+    );
+    assert!(
+        sent.iter().any(|&(_, pid)| pid == first),
+        "the worker never served: {sent:?}"
+    );
+    let status = pool
+        .wait_status(PATIENCE, |s| {
+            total(s, "recycled_lifetime") >= 1 && s["slots"][0]["pid"] != first
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the worker ({first}) was not recycled for its age: {}\n{}",
+                pool.status(),
+                pool.stderr.dump()
+            )
+        });
+    assert_clean(&status);
+}
+
+/// The resolution of `/proc`'s process start times and of `/proc/uptime`.
+const TICK: Duration = Duration::from_millis(10);
+
+/// The time since boot, as `/proc/uptime` says (to 10 ms, rounded down).
+fn since_boot() -> Duration {
+    let text = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let seconds: f64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("a number in /proc/uptime");
+    Duration::from_secs_f64(seconds)
+}
+
+/// When process `pid` started, since boot (its `/proc/PID/stat` field 22,
+/// in clock ticks of 10 ms, rounded down).
+fn started_at(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the worker's stat");
+    let after_name = stat.rsplit_once(')').expect("stat has a name").1;
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .nth(19)
+        .and_then(|t| t.parse().ok())
+        .expect("a start time in stat");
+    TICK * ticks as u32
+}
+
+/// The supervisor stopped (SIGSTOP) until `until` (time since boot) or
+/// until this is dropped, whichever comes first: a thread wakes it.
+pub struct SupervisorStoppedUntil {
+    waker: Option<std::thread::JoinHandle<()>>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SupervisorStoppedUntil {
+    pub fn new(pool: &DemoPool, until: Duration) -> SupervisorStoppedUntil {
+        let pid = pool.pid;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        signal_pid(pid, "STOP");
+        let dropped = done.clone();
+        let waker = std::thread::spawn(move || {
+            while since_boot() < until && !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            signal_pid(pid, "CONT");
+        });
+        SupervisorStoppedUntil {
+            waker: Some(waker),
+            done,
+        }
+    }
+}
+
+impl Drop for SupervisorStoppedUntil {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(waker) = self.waker.take() {
+            let _ = waker.join();
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::core::{Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
-use crate::worker::ChildStart;
+use crate::worker::{ChildStart, SelfLimits};
 
 /// The ends a new child is given, both sides: the back-channel pair and,
 /// when the pool captures output, a stderr pipe.
@@ -64,6 +64,7 @@ impl Supervisor {
                 drop(ends.output_read);
                 let mut start = self.child_start(slot, ends.theirs, ends.output_write);
                 start.max_requests = limits.max_requests;
+                start.limits = self.self_limits(limits.lifetime);
                 Ok(Some(start))
             }
             Ok(Forked::Parent(pid)) => {
@@ -124,7 +125,23 @@ impl Supervisor {
             board_map: None,
             overflow: Vec::new(),
             max_requests: self.core.config.max_requests_per_child,
+            limits: SelfLimits::default(),
             stderr,
+        }
+    }
+
+    /// The limits a child checks itself, with `lifetime` its own (drawn):
+    /// in `kernel` dispatch, where the supervisor does not see each
+    /// connection end, `max_child_memory` and the lifetime; in other modes
+    /// none (the supervisor looks after each connection).
+    pub(super) fn self_limits(&self, lifetime: std::time::Duration) -> SelfLimits {
+        let config = &self.core.config;
+        if config.dispatch != crate::config::DispatchMode::Kernel {
+            return SelfLimits::default();
+        }
+        SelfLimits {
+            max_memory: config.max_child_memory,
+            lifetime,
         }
     }
 

@@ -10,12 +10,15 @@
 //! so it grows with the shared part and says nothing about what one child
 //! costs. USS is what the machine gets back when the child exits.
 
+use std::os::fd::AsFd;
 use std::time::Instant;
 
-use tracing::info;
+use tracing::{debug, info};
 
 use super::Supervisor;
-use crate::policy::recycle::{self, due, ChildLimits, ChildState, LimitSettings, Recycle};
+use crate::policy::recycle::{
+    self, due, requests_exhausted, ChildLimits, ChildState, LimitSettings, Recycle,
+};
 use crate::scoreboard::SlotState;
 
 /// The environment variable that fixes the jitter's random seed, so a test
@@ -124,6 +127,14 @@ impl Supervisor {
     }
 
     fn recycle(&mut self, slot: usize, why: Recycle, now: Instant) {
+        let reason = self.count_recycle(slot, why, "");
+        self.retire(slot, &reason, now);
+    }
+
+    /// Counts a recycle for `why` in the totals and logs it, one line
+    /// (none for a share of connections, which is no news), `how` added;
+    /// returns the reason in words.
+    fn count_recycle(&mut self, slot: usize, why: Recycle, how: &str) -> String {
         let reason = match why {
             Recycle::Requests(n) => format!("served {n} connections (max_requests_per_child)"),
             Recycle::Memory(uss) => {
@@ -145,9 +156,81 @@ impl Supervisor {
         };
         if !matches!(why, Recycle::Requests(_)) {
             let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
-            info!(slot, pid, "recycling child: {reason}");
+            info!(slot, pid, "recycling child: {reason}{how}");
         }
-        self.retire(slot, &reason, now);
+        reason
+    }
+
+    /// A `kernel` dispatch child said `X` (leaving). Such a child checks its
+    /// share of connections, its memory and its age itself after each
+    /// connection, and leaves without being told, so why it left is judged
+    /// here, before the `X` reaches the core. Not on its word (`X` says no
+    /// why): a memory recycle counts only when the supervisor reads the
+    /// child's USS above `max_child_memory` itself, now, while the child
+    /// waits to be let go ([`Self::let_go`]); a lifetime recycle only when
+    /// the child is older, by the supervisor's clock, than the lifetime it
+    /// was told. A child told to leave already was counted then.
+    pub(super) fn judge_leaving(&mut self, slot: usize, now: Instant) {
+        if !self.core.keeps_board(slot) {
+            return;
+        }
+        let Some(entry) = self.core.board.get(slot) else {
+            return;
+        };
+        let child = &entry.link.child;
+        if child.told_to_leave() {
+            return;
+        }
+        let pid = entry.pid;
+        // Counted from before its fork: never younger than the child's own
+        // count, which starts at its `K`.
+        let age = now.saturating_duration_since(child.born);
+        let forked_by_template = child.role.version == crate::protocol::TEMPLATE_VERSION;
+        // The board says what it served up to its `X` (the core's count may
+        // be a reading behind).
+        let served = self
+            .kernel
+            .as_ref()
+            .map_or(entry.served, |k| k.board().sample(slot).served);
+        let config = &self.core.config;
+        let (max_memory, base_lifetime) = (config.max_child_memory, config.max_child_lifetime);
+        let drawn = self.recycler.limits(slot, pid, &LimitSettings::of(config));
+        // What it was told: its own drawn lifetime, or, forked by a
+        // template, the template's (the jitter-free one it inherited).
+        let told = ChildLimits {
+            lifetime: match forked_by_template {
+                true => base_lifetime,
+                false => drawn.lifetime,
+            },
+            ..drawn
+        };
+        let uss = match max_memory > 0 && !requests_exhausted(served, told.max_requests) {
+            true => self.resources.sample_uss(slot, pid, now),
+            false => None,
+        };
+        match due(&told, max_memory, ChildState { served, age, uss }) {
+            None | Some(Recycle::Requests(_)) => {}
+            Some(why) => {
+                self.count_recycle(
+                    slot,
+                    why,
+                    "; it saw so itself after its connection and left",
+                );
+            }
+        }
+    }
+
+    /// After a child's `X`: its channel is shut down for sending (the
+    /// supervisor sends nothing after an `X` anyway), and the child, which
+    /// reads end of file then, exits. A child that left for a limit waits
+    /// for that, so that [`Self::judge_leaving`] finds it still there.
+    pub(super) fn let_go(&self, slot: usize) {
+        let Some(link) = self.core.board.link(slot) else {
+            return;
+        };
+        if let Err(e) = crate::sys::socket::shut_down_sending(link.channel.as_fd()) {
+            debug!(slot, "cannot shut the channel of a leaving child down: {e}");
+        }
     }
 
     /// A child finished a connection: recycle it if it is past a limit.

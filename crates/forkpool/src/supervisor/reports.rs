@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::Supervisor;
 use crate::channel::{Channel, Incoming};
 use crate::core::Input;
+use crate::protocol::ChildMessage;
 use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 
@@ -52,7 +53,14 @@ impl Supervisor {
                             }
                         }
                     }
+                    let leaving = msg == ChildMessage::Leaving;
+                    if leaving {
+                        self.judge_leaving(slot, now);
+                    }
                     self.core.on(Input::Report { slot, msg }, now);
+                    if leaving {
+                        self.let_go(slot);
+                    }
                     self.carry_out(now);
                 }
                 Incoming::WouldBlock => return,

@@ -109,6 +109,13 @@ impl Resources {
 
     /// Reads `pid` now and records it for `slot`.
     pub fn sample_child(&mut self, slot: usize, pid: i32, now: Instant) {
+        self.sample_uss(slot, pid, now);
+    }
+
+    /// Reads `pid` now, records it for `slot` and returns its USS as read
+    /// now: `None` when it could not be read (the process is gone, or
+    /// `/proc` is hidden), never an older figure.
+    pub fn sample_uss(&mut self, slot: usize, pid: i32, now: Instant) -> Option<u64> {
         match self.cpu.sample(pid, now) {
             Ok((sample, percent)) => {
                 let f = self.entry(slot, pid);
@@ -116,10 +123,14 @@ impl Resources {
                 if percent.is_some() {
                     f.cpu_percent = percent;
                 }
+                Some(sample.memory.uss_bytes)
             }
             // Gone between the reap and the tick, or /proc hidden: the
             // figures stay as they were and read as missing if never read.
-            Err(e) => debug!(slot, pid, "cannot sample child: {e}"),
+            Err(e) => {
+                debug!(slot, pid, "cannot sample child: {e}");
+                None
+            }
         }
     }
 

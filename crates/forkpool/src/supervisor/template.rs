@@ -254,6 +254,9 @@ impl Supervisor {
             listeners: Vec::new(),
             stderr: Some(stderr),
             supervisor_pid: process::parent_pid() as u32,
+            // Its workers inherit them: one lifetime for all, without the
+            // per-child jitter the supervisor draws for each.
+            limits: self.self_limits(self.core.config.max_child_lifetime),
         }
     }
 

@@ -139,6 +139,27 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> bool {
     readable
 }
 
+/// Waits, however long it takes, until `fd` is readable (or at its end,
+/// or in error: a read then says which).
+pub fn wait_readable(fd: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        let mut polled = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut polled, PollTimeout::NONE) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Shuts down sending on socket `fd`: its peer reads end of file once it
+/// has read what was sent before. Reading on `fd` goes on as before.
+pub fn shut_down_sending(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Write)
+        .map_err(io::Error::from)
+}
+
 /// Which of `fds` are readable right now, in one zero-timeout `poll`
 /// (none, if the call fails).
 pub fn readable_now_each<const N: usize>(fds: [BorrowedFd<'_>; N]) -> [bool; N] {

@@ -34,13 +34,14 @@ use std::time::{Duration, Instant};
 use forkpool_protocol::layout::{SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR};
 use tracing::error;
 
-use super::{run_child_speaking, ChildEnd, ChildStart, Handler};
+use super::{run_child_speaking, ChildEnd, ChildStart, Handler, SelfLimits};
 use crate::channel::{Channel, Incoming};
 use crate::config::DispatchMode;
 use crate::dispatch::kernel::board::Board;
 use crate::exec::{
     BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, KERNEL_DISPATCH_VAR,
-    LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
+    LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_CHILD_LIFETIME_MS_VAR, MAX_CHILD_MEMORY_VAR,
+    MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
 };
 use crate::listener::Listener;
 use crate::protocol::{self, TemplateReply, TemplateRequest};
@@ -91,6 +92,9 @@ struct Layout {
     listener_fds: Vec<RawFd>,
     /// `kernel` dispatch: the overflow listeners and the scoreboard map.
     kernel: Option<KernelLayout>,
+    /// `kernel` dispatch: the memory and lifetime limits the worker
+    /// checks itself (a template passes them on to its workers).
+    limits: SelfLimits,
     role: LayoutRole,
 }
 
@@ -224,13 +228,35 @@ fn read_layout(var: impl Fn(&str) -> Option<String>, pid: u32) -> Result<Layout,
         }
         _ => None,
     };
+    let limits = match mode {
+        DispatchMode::Kernel => read_self_limits(&var)?,
+        _ => SelfLimits::default(),
+    };
     Ok(Layout {
         mode,
         generation,
         channel_fd: channel_fd as RawFd,
         listener_fds: (0..listeners as RawFd).map(|i| FIRST_FD + i).collect(),
         kernel,
+        limits,
         role,
+    })
+}
+
+/// `FORKPOOL_MAX_CHILD_MEMORY` and `FORKPOOL_MAX_CHILD_LIFETIME_MS` from
+/// `var`: absent or 0, no limit.
+fn read_self_limits(var: impl Fn(&str) -> Option<String>) -> Result<SelfLimits, ExecWorkerError> {
+    let number = |name: &str| -> Result<u64, ExecWorkerError> {
+        let Some(text) = var(name) else {
+            return Ok(0);
+        };
+        text.trim().parse::<u64>().map_err(|_| ExecWorkerError {
+            message: format!("{name}={text:?} is not a number"),
+        })
+    };
+    Ok(SelfLimits {
+        max_memory: number(MAX_CHILD_MEMORY_VAR)?,
+        lifetime: Duration::from_millis(number(MAX_CHILD_LIFETIME_MS_VAR)?),
     })
 }
 
@@ -278,6 +304,7 @@ impl ExecWorker {
                 if let Some(kernel) = &layout.kernel {
                     take_board(&mut start, kernel)?;
                 }
+                start.limits = layout.limits;
                 Role::Worker {
                     start,
                     version: protocol::VERSION,
@@ -289,6 +316,7 @@ impl ExecWorker {
                 mode: layout.mode,
                 generation: layout.generation,
                 supervisor: supervisor_pid as i32,
+                limits: layout.limits,
             }),
         };
         Ok(ExecWorker {
@@ -461,6 +489,7 @@ fn worker_start(
         board_map: None,
         overflow: Vec::new(),
         max_requests: 0,
+        limits: SelfLimits::default(),
         stderr: None,
     }
 }
@@ -482,6 +511,9 @@ struct Template {
     mode: DispatchMode,
     generation: u32,
     supervisor: i32,
+    /// The limits its workers check themselves (`kernel` dispatch): the
+    /// ones in its environment, which its workers inherit.
+    limits: SelfLimits,
 }
 
 /// Which process this is after a fork order.
@@ -640,13 +672,15 @@ impl Template {
                 self.supervisor
             ));
         }
-        Ok(worker_start(
+        let mut start = worker_start(
             slot as usize,
             generation,
             Channel::from_fd(channel),
             self.mode,
             self.listeners,
-        ))
+        );
+        start.limits = self.limits;
+        Ok(start)
     }
 }
 
@@ -672,12 +706,20 @@ fn become_template(
     std::env::set_var(TEMPLATE_FD_VAR, target.to_string());
     std::env::remove_var(CHANNEL_FD_VAR);
     std::env::remove_var(SLOT_VAR);
+    // The workers it forks inherit its environment, limits included.
+    let limits = match mode {
+        DispatchMode::Kernel => {
+            read_self_limits(|name| std::env::var(name).ok()).map_err(|e| e.message)?
+        }
+        _ => SelfLimits::default(),
+    };
     Ok(Template {
         channel: Channel::from_fd(channel),
         listeners,
         mode,
         generation,
         supervisor,
+        limits,
     })
 }
 
@@ -777,6 +819,7 @@ mod tests {
                 channel_fd: 5,
                 listener_fds: vec![3, 4],
                 kernel: None,
+                limits: SelfLimits::default(),
                 role: LayoutRole::Worker { slot: 4 },
             }
         );
@@ -804,6 +847,27 @@ mod tests {
                 max_requests: 1234,
             })
         );
+        // No limit said, none checked.
+        assert_eq!(got.limits, SelfLimits::default());
+        let mut limited = vars.clone();
+        limited.push(("FORKPOOL_MAX_CHILD_MEMORY", "67108864"));
+        limited.push(("FORKPOOL_MAX_CHILD_LIFETIME_MS", "1500"));
+        assert_eq!(
+            layout(&limited, 77).unwrap().limits,
+            SelfLimits {
+                max_memory: 64 << 20,
+                lifetime: Duration::from_millis(1500),
+            }
+        );
+        let wrong: Vec<_> = limited
+            .iter()
+            .map(|&(k, v)| match k {
+                "FORKPOOL_MAX_CHILD_MEMORY" => (k, "lots"),
+                _ => (k, v),
+            })
+            .collect();
+        let why = layout(&wrong, 77).unwrap_err().to_string();
+        assert!(why.contains("FORKPOOL_MAX_CHILD_MEMORY"), "{why}");
         // A board that is not after the overflow is a version mismatch.
         let bad: Vec<_> = vars
             .iter()
@@ -875,6 +939,28 @@ mod tests {
     ];
 
     #[test]
+    fn a_kernel_template_passes_its_limits_on() {
+        let mut vars = TEMPLATE.to_vec();
+        vars.retain(|&(k, _)| k != "FORKPOOL_DISPATCH");
+        vars.extend([
+            ("LISTEN_FDS", "1"),
+            ("LISTEN_PID", "77"),
+            ("FORKPOOL_DISPATCH", "handoff"),
+            ("FORKPOOL_KERNEL_DISPATCH", "1"),
+            ("FORKPOOL_MAX_CHILD_LIFETIME_MS", "60000"),
+        ]);
+        let got = layout(&vars, 77).unwrap();
+        assert_eq!(got.kernel, None, "a template gets no board of its own");
+        assert_eq!(
+            got.limits,
+            SelfLimits {
+                max_memory: 0,
+                lifetime: Duration::from_secs(60),
+            }
+        );
+    }
+
+    #[test]
     fn a_template_is_found_by_its_template_fd() {
         let mut vars = TEMPLATE.to_vec();
         vars.extend([("LISTEN_FDS", "1"), ("LISTEN_PID", "77")]);
@@ -886,6 +972,7 @@ mod tests {
                 channel_fd: 4,
                 listener_fds: vec![3],
                 kernel: None,
+                limits: SelfLimits::default(),
                 role: LayoutRole::Template {
                     supervisor_pid: 900
                 },
