@@ -66,6 +66,10 @@ pub(crate) struct BoardReading {
     /// Connections wait for a child (held by the supervisor, or on the
     /// overflow while no child has room), as the shell last said.
     waiting: bool,
+    /// When the busy children's sockets were last looked at for
+    /// connections waiting behind others, and how many there were.
+    behind_looked_at: Option<Instant>,
+    behind: u32,
 }
 
 /// How far a count moved, as believed: never back, never by more than
@@ -109,9 +113,36 @@ impl<L: HasChild> Core<L> {
 
     /// Whether a connection may wait behind another on a busy child's
     /// socket now: the supervisor then looks at the busy children's
-    /// sockets when it reads the board.
+    /// sockets, at most every `BEHIND_READ_INTERVAL`.
     pub fn may_wait_behind(&self, now: Instant) -> bool {
         self.reading.behind_until.is_some_and(|until| now < until)
+    }
+
+    /// Whether the busy children's sockets are to be looked at now (a
+    /// system call each): while a connection may wait behind another,
+    /// once per `BEHIND_READ_INTERVAL`, not on every turn of the loop.
+    pub fn behind_look_due(&self, now: Instant) -> bool {
+        self.may_wait_behind(now)
+            && self
+                .reading
+                .behind_looked_at
+                .is_none_or(|at| now >= at + reservations::BEHIND_READ_INTERVAL)
+    }
+
+    /// The busy children's sockets held `behind` connections at `now`.
+    pub fn looked_behind(&mut self, behind: u32, now: Instant) {
+        self.reading.behind_looked_at = Some(now);
+        self.reading.behind = behind;
+    }
+
+    /// Connections waiting behind others on busy children's sockets, as
+    /// last looked at; none once that can no longer happen.
+    pub fn queued_behind(&self, now: Instant) -> u32 {
+        if self.may_wait_behind(now) {
+            self.reading.behind
+        } else {
+            0
+        }
     }
 
     /// Children the core counts idle that a young reservation holds.

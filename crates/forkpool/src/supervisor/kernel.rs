@@ -267,46 +267,30 @@ impl Supervisor {
         let look = kernel.look_at_reservations(span, now_ns, self.core.config.defer_accept);
         self.core.board_read(look, now);
         self.carry_out(now);
-        if self.core.may_wait_behind(now) {
+        if self.core.behind_look_due(now) {
             self.take_what_waits_behind(now);
         }
     }
 
-    /// Connections on busy children's sockets, while one may wait there
-    /// behind another (after a takeover); 0 otherwise, with no system
-    /// call.
-    pub(crate) fn queued_behind_busy(&self, now: Instant) -> u32 {
-        let Some(kernel) = self.kernel.as_ref() else {
-            return 0;
-        };
-        if !self.core.may_wait_behind(now) {
-            return 0;
-        }
-        self.core
-            .board
-            .iter()
-            .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.keeps_board(slot))
-            .map(|(slot, _)| kernel.queued_on(slot))
-            .sum()
-    }
-
     /// After the program took a reservation over, its own connection may
     /// have come after all, and wait on that (now busy) child's socket
-    /// behind the other: such connections go to an idle child instead,
-    /// as the overflow's do.
+    /// behind the other: the core hears how many wait so (scaling counts
+    /// them), and they go to an idle child, as the overflow's do.
     fn take_what_waits_behind(&mut self, now: Instant) {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
-        let busy: Vec<usize> = self
+        let behind: Vec<(usize, u32)> = self
             .core
             .board
             .iter()
             .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.keeps_board(slot))
-            .map(|(slot, _)| slot)
-            .filter(|&slot| kernel.queued_on(slot) > 0)
+            .map(|(slot, _)| (slot, kernel.queued_on(slot)))
+            .filter(|&(_, queued)| queued > 0)
             .collect();
-        for slot in busy {
+        self.core
+            .looked_behind(behind.iter().map(|&(_, n)| n).sum(), now);
+        for (slot, _) in behind {
             if !self.has_room_for_overflow() {
                 return;
             }

@@ -479,7 +479,7 @@ impl Supervisor {
     /// sockets too (`kernel.rs`).
     fn queued(&self) -> u32 {
         let backlogs: u32 = self.listeners.iter().map(|l| l.listener.queued()).sum();
-        backlogs + self.queued_behind_busy(Instant::now())
+        backlogs + self.core.queued_behind(Instant::now())
     }
 
     /// The earliest moment the loop must wake without an event.

@@ -438,7 +438,9 @@ impl Sim {
             }
         }
         self.core.board_read(look, now);
-        if self.core.may_wait_behind(now) {
+        if self.core.behind_look_due(now) {
+            let behind = self.waiting_behind();
+            self.core.looked_behind(behind, now);
             self.take_what_waits_behind();
         }
     }
@@ -503,7 +505,9 @@ impl Sim {
     /// every child taken (young reservations included), grows the pool
     /// while it may.
     fn check_growth(&self, decision: Decision) -> Result<(), String> {
-        let waiting = self.world.backlog.len() as u32 + self.waiting_behind();
+        // What waits behind busy children as the shell last looked (it
+        // looks every 12 ms, not on every turn).
+        let waiting = self.world.backlog.len() as u32 + self.core.queued_behind(self.now());
         let counts = self.core.board.counts();
         if waiting > 0
             && self.every_child_taken()

@@ -684,7 +684,7 @@ impl Sim {
                 1
             }
             None => {
-                let backlog = self.world.backlog.len() as u32 + self.waiting_behind();
+                let backlog = self.world.backlog.len() as u32 + self.core.queued_behind(now);
                 // The width sees the simulated CPUs; the scaling rule does
                 // not: in this world a connection takes as long however
                 // many workers share the CPUs, so a hold would only cost.
