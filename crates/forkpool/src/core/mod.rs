@@ -7,6 +7,7 @@
 
 pub(crate) mod child;
 mod connections;
+mod cpu;
 mod effect;
 mod input;
 mod lifecycle;
@@ -101,6 +102,8 @@ pub(crate) struct Core<L> {
     /// Kernel dispatch: what the last reading of the board's
     /// reservations found, and the deadlines they set (`sampled.rs`).
     reading: sampled::BoardReading,
+    /// How the pool uses the CPUs: the run-queue looks (`cpu.rs`).
+    watches: cpu::Watches,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -129,6 +132,7 @@ impl<L: HasChild> Core<L> {
             orphans: VecDeque::new(),
             saturated_since: None,
             reading: sampled::BoardReading::default(),
+            watches: cpu::Watches::default(),
             effects: Vec::new(),
             spare: Vec::new(),
         }
@@ -217,6 +221,7 @@ impl<L: HasChild> Core<L> {
             self.templates_deadline(),
             self.rollout_deadline(now),
             self.board_deadline(now),
+            self.cpu_deadline(now),
             // The pool is not sized by the scaling rule while it stops or
             // a reload rolls: a retire that fell due would be due until
             // then, and the loop would spin.

@@ -26,37 +26,25 @@ impl Supervisor {
             return CpuUse::NotLooked;
         }
         // The slot table keeps this count: no walk over it per turn.
-        if !self.cpu.can_fill(self.core.board.counts().busy as usize) {
+        let watch = self.core.busy_watch();
+        if !watch.can_fill(self.core.board.counts().busy as usize) {
             return CpuUse::NotLooked;
         }
-        if self.cpu.next_look().is_none_or(|due| now >= due) {
+        if watch.next_look().is_none_or(|due| now >= due) {
             self.look_at_cpu_waiting(now);
         }
-        self.cpu.use_at(now)
-    }
-
-    /// When the loop must wake for the next look without an event: while
-    /// the last look holds the pool (measuring, or the CPUs taken), so the
-    /// hold ends on a look rather than on the next connection or finished
-    /// request. A burst of slow requests gives neither for as long as
-    /// they take, and the pool would stay short that long.
-    pub(super) fn cpu_look_due(&self, now: Instant) -> Option<Instant> {
-        if !self.core.config.hold_when_cpu_bound {
-            return None;
-        }
-        self.cpu
-            .look_due(self.core.board.counts().busy as usize, now)
+        self.core.busy_watch().use_at(now)
     }
 
     /// The CPUs the pool may use.
     pub(super) fn cpu_count(&self) -> u32 {
-        u32::try_from(self.cpu.cpus()).unwrap_or(u32::MAX)
+        u32::try_from(self.core.busy_watch().cpus()).unwrap_or(u32::MAX)
     }
 
     /// A child was started: the last look no longer says how the pool
     /// uses the CPUs, and a fresh measurement decides.
     pub(super) fn cpu_changed(&mut self) {
-        self.cpu.changed();
+        self.core.busy_changed();
     }
 
     /// Kernel dispatch: how much every serving child, busy or idle, waited
@@ -68,8 +56,9 @@ impl Supervisor {
     /// Only while connections end or the width leaves children out: an
     /// idle pool is not looked at.
     pub(super) fn look_at_pool_waiting(&mut self, now: Instant) -> Option<(Instant, u32)> {
-        let due = self.pool_cpu.next_look().is_none_or(|due| now >= due);
-        let serving = self.pool_cpu.serving_at(now) || self.core.board.width().is_some();
+        let watch = self.core.pool_watch();
+        let due = watch.next_look().is_none_or(|due| now >= due);
+        let serving = watch.serving_at(now) || self.core.board.width().is_some();
         if due && serving {
             let turns: HashMap<i32, Turns> = self
                 .core
@@ -78,10 +67,10 @@ impl Supervisor {
                 .filter(|(_, s)| s.state.serves())
                 .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
                 .collect();
-            self.pool_cpu.look(turns, now);
+            self.core.pool_looked(turns, now);
             self.measure_turnover(now);
         }
-        self.pool_cpu.last_measure()
+        self.core.pool_watch().last_measure()
     }
 
     /// What the connections begun since the last look were like
@@ -115,7 +104,7 @@ impl Supervisor {
             .filter(|(_, s)| holds_work(s.state))
             .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
             .collect();
-        self.cpu.look(turns, now);
+        self.core.busy_looked(turns, now);
     }
 }
 

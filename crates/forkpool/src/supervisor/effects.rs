@@ -97,8 +97,7 @@ impl Supervisor {
                 order::order_dropped(listener, &mut self.listeners)
             }
             Effect::ConnectionEnded { slot, pid, took } => {
-                self.cpu.connection_ended(now);
-                self.pool_cpu.connection_ended(now);
+                self.core.connection_ended_at(now);
                 if let Some(took) = took {
                     self.resources.service_time.observe(took.as_secs_f64());
                     self.resources.handed(slot, pid, None);

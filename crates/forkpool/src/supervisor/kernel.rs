@@ -17,7 +17,6 @@ use crate::core::Input;
 use crate::dispatch::kernel::board::{self, SlotWord};
 use crate::dispatch::kernel::program::MAX_SLOTS;
 use crate::dispatch::kernel::Kernel;
-use crate::policy::cpu_wait::LOOK_INTERVAL;
 use crate::policy::width::WidthMove;
 use crate::protocol::WorkerOrder;
 use crate::scoreboard::SlotState;
@@ -346,13 +345,13 @@ impl Supervisor {
         if self.kernel.is_none() {
             return false;
         }
-        let cpus = u32::try_from(self.pool_cpu.cpus()).unwrap_or(u32::MAX);
+        let cpus = u32::try_from(self.core.pool_watch().cpus()).unwrap_or(u32::MAX);
         let last_look = if self.core.config.hold_when_cpu_bound {
             self.look_at_pool_waiting(now)
         } else {
             None
         };
-        let cpu = self.pool_cpu.use_at(now);
+        let cpu = self.core.pool_watch().use_at(now);
         let Some(kernel) = self.kernel.as_ref() else {
             return false;
         };
@@ -366,27 +365,12 @@ impl Supervisor {
         if moved != WidthMove::Widened {
             return false;
         }
-        self.pool_cpu.changed();
-        self.cpu_changed();
+        self.core.pool_changed();
         if self.has_room_for_overflow() {
             self.child_available(now);
             self.rewatch_listeners(now);
         }
         true
-    }
-
-    /// While the width leaves children out, the loop wakes at least every
-    /// look interval, so the width follows the load (narrower, wider, or
-    /// open after a quiet second) even when no event comes: children within
-    /// it take the overflow's connections themselves and wake no one.
-    pub(crate) fn width_look_due(&self, now: Instant) -> Option<Instant> {
-        self.core.board.width()?;
-        Some(
-            self.pool_cpu
-                .next_look()
-                .filter(|t| *t > now)
-                .unwrap_or(now + LOOK_INTERVAL),
-        )
     }
 
     /// At the end of a turn: while connections wait for a child (parked,

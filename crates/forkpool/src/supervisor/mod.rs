@@ -120,12 +120,7 @@ pub(crate) struct Supervisor {
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
     last_saturated_log: Option<Instant>,
-    /// How long the busy children wait for the CPUs (`cpu.rs`).
-    cpu: crate::policy::cpu_wait::CpuWatch,
-    /// The same measure over every serving child, busy or not, for the
-    /// dispatch width (`policy::width`).
-    pool_cpu: crate::policy::cpu_wait::CpuWatch,
-    /// At the last look of `pool_cpu`: when, and the connections begun
+    /// At the last look of the core's pool watch: when, and the connections begun
     /// so far; and whether connections lasted long on average since the
     /// look before (`policy::width::LONG_CONNECTION`).
     pool_turnover: Option<(Instant, u64)>,
@@ -207,8 +202,6 @@ impl Supervisor {
             children_take_next: false,
             reload_source: None,
             last_saturated_log: None,
-            cpu: crate::policy::cpu_wait::CpuWatch::default(),
-            pool_cpu: crate::policy::cpu_wait::CpuWatch::default(),
             pool_turnover: None,
             turnover: Default::default(),
             long_look: false,
@@ -505,8 +498,6 @@ impl Supervisor {
         consider(self.slow_deadline());
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
-        consider(self.cpu_look_due(now));
-        consider(self.width_look_due(now));
         consider(dispatch::backlog_recheck_due(
             self.core.board.has_room(),
             self.core.board.counts().live(),

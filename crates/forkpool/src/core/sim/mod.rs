@@ -40,6 +40,7 @@ mod network;
 mod reloads;
 mod rng;
 mod templates;
+mod timers;
 mod width;
 mod world;
 
@@ -148,6 +149,9 @@ struct Sim {
     held_back_since: Option<u64>,
     /// Kernel dispatch: the slots' sockets (`kernel.rs`).
     sockets: kernel::Sockets,
+    /// At the end of the last turn: when it was, and the longest the loop
+    /// may sleep by the timers the shell keeps (`timers.rs`).
+    last_turn: Option<(u64, u64, &'static str)>,
     /// How long each connection takes to serve, by id.
     serve_for: Vec<u64>,
 }
@@ -208,6 +212,7 @@ impl Sim {
             last_finish: None,
             held_back_since: None,
             sockets: kernel::Sockets::default(),
+            last_turn: None,
             serve_for: Vec::new(),
         }
     }
@@ -224,6 +229,7 @@ impl Sim {
     fn run(&mut self) -> Result<Outcome, String> {
         for step in 0..self.scenario.steps {
             self.outcome.steps = step + 1;
+            self.check_timers_kept()?;
             let now = self.now();
             // The loop's turn: what is due in the world, then the tick, the
             // pool's size, dispatch.
@@ -267,6 +273,7 @@ impl Sim {
                     self.core.rolling(),
                 ));
             }
+            self.timers_at_turn_end();
             let wake = wake.map(|t| self.nanos(t));
             let next = match (wake, self.world.next_due()) {
                 (Some(a), Some(b)) => a.min(b),
@@ -919,7 +926,7 @@ fn scenario_of(seed: u64) -> Scenario {
     } else {
         StopKind::Graceful
     };
-    Scenario {
+    let mut scenario = Scenario {
         bad_per_mille: rng.below(700),
         kill_every: if rng.per_mille(300) { 200 * MS } else { 0 },
         arrive_every: (1 + rng.below(20)) * MS,
@@ -942,7 +949,13 @@ fn scenario_of(seed: u64) -> Scenario {
         refork: rng.per_mille(500),
         kernel: rng.per_mille(400),
         network: rng.per_mille(600),
+    };
+    // Some pools see a connection only now and then: the loop then sleeps
+    // between them, and only the core's deadlines wake it (`timers.rs`).
+    if rng.per_mille(150) {
+        scenario.arrive_every = (20 + rng.below(180)) * MS;
     }
+    scenario
 }
 
 #[test]

@@ -1,0 +1,59 @@
+//! Every timer is the core's: the simulator knows, independently of the
+//! core, how long the loop may sleep after a turn (the board is read every
+//! 100 ms in kernel dispatch, every 12 ms while a connection may wait
+//! behind another; while the dispatch width leaves children out, its look
+//! comes every 20 ms), and fails a seed whose loop slept longer. The loop
+//! sleeps until the core's `next_deadline` or the world's next happening,
+//! so a timer the core leaves out of `next_deadline` shows here.
+
+use super::world::MS;
+use super::Sim;
+use crate::policy::cpu_wait::LOOK_INTERVAL;
+use crate::policy::reservations::{BEHIND_READ_INTERVAL, READ_INTERVAL};
+
+/// What the clock may overshoot a timer by (the world's own steps).
+const SLACK: u64 = MS;
+
+fn nanos(d: std::time::Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+impl Sim {
+    /// At the end of a turn: the longest the loop may sleep now, and why.
+    pub(super) fn timers_at_turn_end(&mut self) {
+        let now = self.now();
+        let mut longest = (u64::MAX, "nothing");
+        let mut consider = |limit: u64, what: &'static str| {
+            if limit < longest.0 {
+                longest = (limit, what);
+            }
+        };
+        if self.scenario.kernel && self.core.shutdown.is_none() {
+            consider(nanos(READ_INTERVAL), "the board's reading");
+            if self.core.may_wait_behind(now) {
+                consider(nanos(BEHIND_READ_INTERVAL), "the look behind busy children");
+            }
+        }
+        if self.core.board.width().is_some() && self.core.shutdown.is_none() {
+            consider(nanos(LOOK_INTERVAL), "the dispatch width's look");
+        }
+        self.last_turn = Some((self.world.now, longest.0, longest.1));
+    }
+
+    /// At the start of a turn: the loop did not sleep past a timer.
+    pub(super) fn check_timers_kept(&self) -> Result<(), String> {
+        let Some((at, longest, what)) = self.last_turn else {
+            return Ok(());
+        };
+        let slept = self.world.now.saturating_sub(at);
+        if longest != u64::MAX && slept > longest + SLACK {
+            return Err(format!(
+                "the loop slept {} ms, past {what} due {} ms after the last turn: \
+                 a timer the core does not report",
+                slept / MS,
+                longest / MS
+            ));
+        }
+        Ok(())
+    }
+}
