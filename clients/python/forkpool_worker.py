@@ -93,8 +93,10 @@ class Limits:
     (USS); `lifetime_ms` is FORKPOOL_MAX_CHILD_LIFETIME_MS, counted from
     `start()`; 0: no limit. A pool without limits costs the worker
     nothing; a lifetime, one clock read (no system call); memory, one
-    `pread` of /proc/self/statm (RSS), and /proc/self/smaps_rollup only
-    when RSS is above the limit (USS is never above RSS)."""
+    `pread` of /proc/self/statm (RSS), and /proc/self/smaps_rollup (about
+    16 µs per resident MiB) only when RSS is above the limit (USS is never
+    above RSS), and then only when `rollup_due` says so: a `--preload`
+    worker's RSS counts what it shares with its template."""
 
     def __init__(self, max_memory=0, lifetime_ms=0):
         self.max_memory = max_memory
@@ -102,6 +104,8 @@ class Limits:
         self._statm = None
         self._page = 0
         self._leave_at = None
+        # What the last read of smaps_rollup found: (uss, rss, when), or None.
+        self.last_rollup = None
 
     @classmethod
     def from_env(cls, env):
@@ -133,11 +137,47 @@ class Limits:
         """Which limit the worker is past now: "memory", "lifetime" or None."""
         if self._statm is not None:
             resident = int(os.pread(self._statm, 128, 0).split()[1]) * self._page
-            if resident > self.max_memory and _unshared_memory() > self.max_memory:
+            # Under the limit (the usual case): no clock read either.
+            if resident > self.max_memory and self.memory_past(
+                    resident, time.monotonic(), _unshared_memory) is not None:
                 return "memory"
         if self._leave_at is not None and time.monotonic() >= self._leave_at:
             return "lifetime"
         return None
+
+    def memory_past(self, rss, now, read_uss):
+        """The memory look, given RSS `rss` (bytes) at `now` (monotonic
+        seconds): its USS when that is above the limit, read with
+        `read_uss()` (and kept in `last_rollup`) only when RSS is above the
+        limit and `rollup_due` says so; else None."""
+        if rss <= self.max_memory or not rollup_due(self.max_memory, rss, self.last_rollup, now):
+            return None
+        uss = read_uss()
+        self.last_rollup = (uss, rss, now)
+        return uss if uss > self.max_memory else None
+
+
+# The longest a worker whose RSS is above its memory limit goes between two
+# reads of smaps_rollup while its RSS does not grow enough to matter, in
+# seconds: memory that becomes its own without RSS growing (a copy-on-write
+# break) is seen within this.
+SMAPS_REREAD = 0.1
+
+
+def rollup_due(limit, rss, last, now):
+    """Whether a worker whose RSS, `rss`, is above its memory `limit` reads
+    smaps_rollup now, given its `last` read, (uss, rss, when) or None: when
+    there was none; when RSS grew since then by at least what USS had left
+    below the limit (USS grows by at most what RSS grows, plus copy-on-write
+    breaks, so a smaller growth cannot by itself have taken it past); or
+    when SMAPS_REREAD has passed since (copy-on-write breaks raise USS
+    without RSS: they are seen within that). Otherwise it counts as under
+    the limit: a worker sitting above the limit on memory it shares with
+    its template reads it every 100 ms at most, not after every connection."""
+    if last is None:
+        return True
+    uss_then, rss_then, then = last
+    return max(rss - rss_then, 0) >= limit - uss_then or now - then >= SMAPS_REREAD
 
 
 def _unshared_memory():

@@ -8,7 +8,8 @@
  * by counting it (and keeping `grow_mib` MiB more), a message sent is its
  * kind alone, one received is read off the channel as it came, and the
  * check after a connection says what the case asks.  A worker that leaves exits: those
- * cases run in a child.
+ * cases run in a child.  When the memory look reads smaps_rollup
+ * (rollup_due, memory_past) is tested on a modelled worker's memory.
  *
  *     cc -Wall -Wextra -o kernel_dispatch_test clients/c/tests/kernel_dispatch_test.c
  *     ./kernel_dispatch_test
@@ -434,6 +435,215 @@ static int leaves_past_a_limit(int memory)
     return ok;
 }
 
+/* When smaps_rollup is read (rollup_due, memory_past), in small units, to
+ * go through every case.  The rule in other words: a read is due unless
+ * there was one, less than SMAPS_REREAD_NS ago, and what the unshared size
+ * was then plus what the resident size has grown since stays below the
+ * limit. */
+enum { LIMIT = 8 };
+#define MS 1000000LL
+
+static int could_pass(uint64_t limit, uint64_t rss, const struct rollup_read *last, int64_t now)
+{
+    if (!last->read)
+        return 1;
+    uint64_t grown = rss > last->rss ? rss - last->rss : 0;
+    return last->uss + grown >= limit || !(now - last->at_ns < SMAPS_REREAD_NS) ? 1 : 0;
+}
+
+static int the_rule_over_every_small_case(void)
+{
+    static const int64_t times[] = { 0, 50 * MS, SMAPS_REREAD_NS - 1, SMAPS_REREAD_NS, 300 * MS };
+    int cases = 0, wrong = 0;
+    for (uint64_t uss = 0; uss <= LIMIT + 2; uss++)
+        for (uint64_t rss_then = LIMIT; rss_then <= 2 * LIMIT + 1; rss_then++)
+            for (uint64_t rss = LIMIT + 1; rss < 3 * LIMIT; rss++)
+                for (size_t t = 0; t < sizeof times / sizeof *times; t++) {
+                    struct rollup_read last = { 1, uss, rss_then, 0 };
+                    int due = rollup_due(LIMIT, rss, &last, times[t]) != 0;
+                    cases++;
+                    if (due != could_pass(LIMIT, rss, &last, times[t]) && wrong++ < 5)
+                        printf("  uss %llu, rss %llu -> %llu, %lld ns: wrong\n",
+                               (unsigned long long)uss, (unsigned long long)rss_then,
+                               (unsigned long long)rss, (long long)times[t]);
+                }
+    struct rollup_read none = { 0 };
+    for (uint64_t rss = LIMIT + 1; rss <= 3 * LIMIT; rss++)
+        wrong += !rollup_due(LIMIT, rss, &none, 0);
+    /* The edges, in MiB: 40 of USS at 100 of RSS, a 64 limit. */
+    uint64_t mib = 1 << 20;
+    struct rollup_read last = { 1, 40 * mib, 100 * mib, 0 };
+    struct rollup_read full = { 1, 64 * mib, 100 * mib, 0 };
+    int edges = !rollup_due(64 * mib, 123 * mib, &last, 99 * MS) && /* 23 more cannot pass 24 */
+                rollup_due(64 * mib, 124 * mib, &last, 0) &&        /* 24 more could */
+                !rollup_due(64 * mib, 90 * mib, &last, 50 * MS) &&  /* RSS fell */
+                rollup_due(64 * mib, 100 * mib, &last, SMAPS_REREAD_NS) && /* 100 ms on */
+                rollup_due(64 * mib, 90 * mib, &full, 0);           /* no room left */
+    int ok = wrong == 0 && edges;
+    printf("%s: the rule over %d small cases: %d wrong; the edges %s\n", ok ? "ok" : "FAILED",
+           cases, wrong, edges ? "right" : "WRONG");
+    return ok;
+}
+
+/* A worker's memory: private pages (the unshared size) and shared ones
+ * (the resident size is both), and its reads. */
+static uint64_t model_private, model_reads;
+
+static uint64_t model_read(void)
+{
+    model_reads++;
+    return model_private;
+}
+
+/* Runs connections, {alloc, free, cow, took ms} each, on a worker and
+ * checks each look: never past while USS is not; once USS is past, found
+ * at the first look with no copy-on-write break since the last read, or
+ * SMAPS_REREAD_NS after it; no read with RSS at or under the limit.
+ * Whether all held. */
+static int run_connections(uint64_t private, uint64_t shared, int (*steps)[4], int n)
+{
+    struct rollup_read last = { 0 };
+    int64_t now = 100000 * MS;
+    int cow_since_read = 0;
+    model_private = private;
+    for (int i = 0; i < n; i++) {
+        struct rollup_read before = last;
+        uint64_t reads = model_reads;
+        uint64_t freed = (uint64_t)steps[i][1];
+        if (freed > model_private)
+            freed = model_private;
+        model_private += (uint64_t)steps[i][0] - freed;
+        uint64_t cow = (uint64_t)steps[i][2] < shared ? (uint64_t)steps[i][2] : shared;
+        shared -= cow;
+        model_private += cow;
+        cow_since_read |= cow > 0;
+        now += steps[i][3] * MS;
+        uint64_t rss = model_private + shared;
+        uint64_t found = memory_past(LIMIT, rss, &last, now, model_read);
+        int read = model_reads > reads;
+        if (read && rss <= LIMIT)
+            return 0;
+        if (read)
+            cow_since_read = 0;
+        int stale = !before.read || now - before.at_ns >= SMAPS_REREAD_NS;
+        if (model_private > LIMIT) {
+            if ((!cow_since_read || stale) && found != model_private)
+                return 0;
+        } else if (found) {
+            return 0;
+        }
+        if (found)
+            break;
+    }
+    return 1;
+}
+
+static int every_short_run_and_long_ones(void)
+{
+    /* Each connection: allocates 0, 1 or 4, frees 0 or 2, breaks 0 or 3
+     * copy-on-write, takes 0, 40 or 100 ms. */
+    int kinds[36][4], k = 0;
+    for (int a = 0; a < 3; a++)
+        for (int f = 0; f < 2; f++)
+            for (int c = 0; c < 2; c++)
+                for (int t = 0; t < 3; t++) {
+                    kinds[k][0] = (int[]){ 0, 1, 4 }[a];
+                    kinds[k][1] = f * 2;
+                    kinds[k][2] = c * 3;
+                    kinds[k][3] = (int[]){ 0, 40, 100 }[t];
+                    k++;
+                }
+    static const uint64_t starts[][2] = { { 0, 0 }, { 2, 10 }, { 7, 4 }, { 5, 20 } };
+    int runs = 0, bad = 0;
+    for (size_t s = 0; s < 4; s++)
+        for (int a = 0; a < 36; a++)
+            for (int b = 0; b < 36; b++)
+                for (int c = 0; c < 36; c++) {
+                    int run[3][4];
+                    memcpy(run[0], kinds[a], sizeof run[0]);
+                    memcpy(run[1], kinds[b], sizeof run[1]);
+                    memcpy(run[2], kinds[c], sizeof run[2]);
+                    runs++;
+                    bad += !run_connections(starts[s][0], starts[s][1], run, 3);
+                }
+    /* Longer runs, seeded. */
+    unsigned seed = 44;
+    int long_bad = 0;
+    for (int r = 0; r < 2000; r++) {
+        int run[60][4], n = 1 + (int)(rand_r(&seed) % 60);
+        for (int i = 0; i < n; i++) {
+            run[i][0] = (int[]){ 0, 0, 1, 3 }[rand_r(&seed) % 4];
+            run[i][1] = (int[]){ 0, 0, 2 }[rand_r(&seed) % 3];
+            run[i][2] = (int[]){ 0, 0, 0, 0, 2 }[rand_r(&seed) % 5];
+            run[i][3] = (int[]){ 1, 10, 30 }[rand_r(&seed) % 3];
+        }
+        uint64_t private = rand_r(&seed) % 8, shared = rand_r(&seed) % 30;
+        long_bad += !run_connections(private, shared, run, n);
+    }
+    int ok = bad == 0 && long_bad == 0;
+    printf("%s: looks over every run of 3 connections (%d) and 2000 longer ones: %d and %d "
+           "went wrong\n", ok ? "ok" : "FAILED", runs, bad, long_bad);
+    return ok;
+}
+
+/* A preloaded worker, RSS 30 over a limit of 8, USS 2, a connection every
+ * millisecond for a second: at most 10 reads; and one growing fast, read
+ * after each connection that could take it past. */
+static int reads_every_100_ms_at_most_unless_it_grows(void)
+{
+    struct rollup_read last = { 0 };
+    uint64_t found = 0;
+    model_private = 2;
+    model_reads = 0;
+    for (int ms = 1; ms <= 1000; ms++)
+        found |= memory_past(LIMIT, 30, &last, ms * MS, model_read);
+    uint64_t preloaded = model_reads;
+    /* RSS at the limit: nothing read; above it: USS 3; 6 more could pass
+     * the 5 left, and do. */
+    struct rollup_read grower = { 0 };
+    model_reads = 0;
+    model_private = 2;
+    uint64_t at_limit = memory_past(LIMIT, 8, &grower, 1 * MS, model_read);
+    uint64_t reads_at_limit = model_reads;
+    model_private = 3;
+    uint64_t above = memory_past(LIMIT, 9, &grower, 2 * MS, model_read);
+    model_private = 9;
+    uint64_t grown = memory_past(LIMIT, 15, &grower, 3 * MS, model_read);
+    int ok = found == 0 && preloaded >= 1 && preloaded <= 10 && at_limit == 0 &&
+             reads_at_limit == 0 && above == 0 && grown == 9 && model_reads == 2;
+    printf("%s: a preloaded worker read %llu times in a second (want 1 to 10); one growing: "
+           "%llu, %llu, %llu after %llu reads (want 0, 0, 9 after 2)\n",
+           ok ? "ok" : "FAILED", (unsigned long long)preloaded, (unsigned long long)at_limit,
+           (unsigned long long)above, (unsigned long long)grown, (unsigned long long)model_reads);
+    return ok;
+}
+
+/* The real look (in a child: it sets the worker's limits): this process
+ * holds more than 1 KiB of its own, so it is past that, and keeps the read;
+ * under a petabyte, it reads nothing. */
+static int the_real_look_keeps_its_read(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        setenv("FORKPOOL_MAX_CHILD_MEMORY", "1024", 1);
+        start_limits();
+        int past = past_a_limit() && last_rollup.read && last_rollup.uss > 1024;
+        setenv("FORKPOOL_MAX_CHILD_MEMORY", "1125899906842624", 1);
+        start_limits();
+        int under = !past_a_limit() && !last_rollup.read;
+        _exit(past && under ? 0 : 1);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) != pid)
+        die("waitpid: %s", strerror(errno));
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    printf("%s: the real look keeps its read\n", ok ? "ok" : "FAILED");
+    return ok;
+}
+
 int main(void)
 {
     map_a_board();
@@ -451,5 +661,9 @@ int main(void)
     ok &= drains_busy();
     ok &= leaves_past_a_limit(1);
     ok &= leaves_past_a_limit(0);
+    ok &= the_rule_over_every_small_case();
+    ok &= every_short_run_and_long_ones();
+    ok &= reads_every_100_ms_at_most_unless_it_grows();
+    ok &= the_real_look_keeps_its_read();
     return ok ? 0 : 1;
 }

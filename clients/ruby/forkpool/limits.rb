@@ -14,10 +14,37 @@ module Forkpool
   # #start; 0: no limit. Without limits a worker never starts a check and
   # a connection costs nothing more; a lifetime costs a clock read (no
   # system call); memory one pread(2) of /proc/self/statm (the resident
-  # size), and /proc/self/smaps_rollup only when that is above the limit
-  # (USS is never above it).
+  # size), and /proc/self/smaps_rollup (about 16 us per resident MiB) only
+  # when that is above the limit (USS is never above it), and then only
+  # when .rollup_due? says so: a --preload worker's resident size counts
+  # what it shares with its template.
   class WorkerLimits
+    # The longest, in seconds, a worker whose resident size is above its
+    # memory limit goes between two reads of smaps_rollup while that size
+    # does not grow enough to matter: memory that becomes its own without
+    # the resident size growing (a copy-on-write break) is seen within this.
+    SMAPS_REREAD = 0.1
+
     attr_reader :max_memory, :lifetime_ms
+    # What the last read of smaps_rollup found: [uss, rss, when], or nil.
+    attr_reader :last_rollup
+
+    # Whether a worker whose resident size `rss` is above its memory
+    # `limit` reads smaps_rollup now, given its `last` read ([uss, rss,
+    # when] or nil): when there was none; when RSS grew since then by at
+    # least what USS had left below the limit (USS grows by at most what
+    # RSS grows, plus copy-on-write breaks, so a smaller growth cannot by
+    # itself have taken it past); or when SMAPS_REREAD has passed
+    # (copy-on-write breaks raise USS without RSS: they are seen within
+    # that). Otherwise it counts as under the limit: a worker sitting above
+    # the limit on what it shares with its template reads it every 100 ms
+    # at most, not after every connection.
+    def self.rollup_due?(limit, rss, last, now)
+      return true if last.nil?
+
+      uss_then, rss_then, at = last
+      [rss - rss_then, 0].max >= limit - uss_then || now - at >= SMAPS_REREAD
+    end
 
     # The limits the supervisor set in `env` (none when it set none).
     def self.from_env(env)
@@ -44,6 +71,7 @@ module Forkpool
     # A statm a template opened is left alone: the fork closed its number.
     def start
       @statm = nil
+      @last_rollup = nil
       return nil if @max_memory.zero? && @lifetime_ms.zero?
 
       if @max_memory.positive?
@@ -65,11 +93,26 @@ module Forkpool
     def past
       if @statm
         resident = @statm.pread(128, 0).split[1].to_i * @page
-        return :memory if resident > @max_memory && WorkerLimits.unshared_memory > @max_memory
+        # Under the limit (the usual case): no clock read either.
+        if resident > @max_memory && memory_past(resident, now) { WorkerLimits.unshared_memory }
+          return :memory
+        end
       end
       return :lifetime if @leave_at && now >= @leave_at
 
       nil
+    end
+
+    # The memory look given the resident size `rss` at `now` (monotonic
+    # seconds): the USS when it is above the limit, read by the block (and
+    # kept in #last_rollup) only when `rss` is above the limit and
+    # .rollup_due? says so; else nil.
+    def memory_past(rss, now)
+      return nil if rss <= @max_memory || !WorkerLimits.rollup_due?(@max_memory, rss, @last_rollup, now)
+
+      uss = yield
+      @last_rollup = [uss, rss, now]
+      uss if uss > @max_memory
     end
 
     private

@@ -49,7 +49,9 @@ fn a_client_reconnecting_at_once_finds_its_worker_idle() {
 /// beyond the dispatch bound (word 5) leaves the overflow alone, one out
 /// of descriptors leaves, one that finishes early goes idle before its
 /// answer only when nothing waits for it on the overflow, and one past its
-/// memory or lifetime limit stays busy, says `X` and waits to be let go.
+/// memory or lifetime limit stays busy, says `X` and waits to be let go;
+/// and when it reads `smaps_rollup` (every small case of the rule,
+/// modelled runs of connections, a preloaded worker every 100 ms at most).
 #[test]
 fn the_finish_keeps_to_the_dispatch_width() {
     let Some(cc) = common::require_program("cc", "run bash .ci/deps/system-tools.sh (gcc)") else {

@@ -396,8 +396,10 @@ fn the_looks_after_a_connection_see_the_table_and_the_channel_first() {
 /// The memory and lifetime limits a worker checks itself after each
 /// connection (`clients/ruby/test/limits_test.rb`): its own memory past
 /// the limit is seen, memory it shares with its parent is not, a lifetime
-/// ends; a worker past one stays busy, says `X` and waits until the
-/// supervisor lets it go.
+/// ends; `smaps_rollup` is read only when the rule says (every small case,
+/// modelled runs of connections, a preloaded worker at most every 100 ms);
+/// a worker past one stays busy, says `X` and waits until the supervisor
+/// lets it go.
 #[test]
 fn a_worker_checks_its_own_limits_after_each_connection() {
     if !require_ruby() {
@@ -405,7 +407,7 @@ fn a_worker_checks_its_own_limits_after_each_connection() {
     }
     rack_support::minitest(
         "test/limits_test.rb",
-        "6 runs, 17 assertions, 0 failures, 0 errors",
+        "13 runs, 30 assertions, 0 failures, 0 errors",
     );
 }
 

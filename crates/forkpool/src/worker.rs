@@ -614,7 +614,7 @@ impl Worker<'_> {
         if self.board.is_none() || self.past_limit.is_some() {
             return;
         }
-        let Some(check) = &self.limit_check else {
+        let Some(check) = &mut self.limit_check else {
             return;
         };
         self.past_limit = check.past();
