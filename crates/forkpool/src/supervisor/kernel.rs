@@ -356,7 +356,10 @@ impl Supervisor {
             return false;
         };
         let listeners = &self.listeners;
-        let queued = || listeners.iter().map(|l| l.listener.queued()).sum();
+        // What waits on the overflow, and behind busy children after a
+        // takeover (as last looked at).
+        let behind = self.core.queued_behind(now);
+        let queued = || listeners.iter().map(|l| l.listener.queued()).sum::<u32>() + behind;
         let turnover = self.turnover;
         let moved = self
             .core
