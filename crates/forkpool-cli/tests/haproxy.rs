@@ -20,7 +20,7 @@ use forkpool::fleet::agent::AgentReply;
 use forkpool::fleet::{Capacity, Phase};
 
 use common::{kill9, temp_path, DemoPool};
-use haproxy_support::{require_haproxy, Haproxy, Load, Outcomes, Server};
+use haproxy_support::{report, require_haproxy, Haproxy, Load, Server};
 
 const POOL_ARGS: &[&str] = &["--min-children", "2", "--max-children", "4"];
 
@@ -57,22 +57,6 @@ fn balance_servers(program: &Path, servers: &[Server]) -> (Haproxy, Load) {
     });
     assert!(shared.is_some(), "{:?}", haproxy.servers());
     (haproxy, load)
-}
-
-fn report(what: &str, outcomes: &Outcomes) {
-    println!(
-        "{what}: sent {}, failed {}, pool_a {}, pool_b {}\n{}",
-        outcomes.sent(),
-        outcomes.failures().len(),
-        outcomes.served_by("pool_a"),
-        outcomes.served_by("pool_b"),
-        outcomes.timeline(&["pool_a", "pool_b"], Duration::from_millis(500))
-    );
-    assert!(
-        outcomes.failures().is_empty(),
-        "{what}: failed requests: {:?}",
-        outcomes.failures()
-    );
 }
 
 #[test]

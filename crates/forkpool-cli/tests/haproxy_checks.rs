@@ -29,7 +29,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use common::{parse_response, require_kernel_dispatch, DemoPool};
-use haproxy_support::{require_haproxy, Check, Haproxy, Load, Outcomes, Server, SERVED_BY};
+use haproxy_support::{report, require_haproxy, Check, Haproxy, Load, Server};
 
 /// Every server's health check: a TCP connect every 100 ms.
 const TCP_CHECK: Check = Check::Tcp { inter_ms: 100 };
@@ -139,17 +139,6 @@ fn pools_line(a: &DemoPool, b: &DemoPool) -> String {
     format!("{}; {}", line("pool_a", a), line("pool_b", b))
 }
 
-fn report(what: &str, outcomes: &Outcomes) {
-    println!(
-        "{what}: sent {}, failed {}, pool_a {}, pool_b {}\n{}",
-        outcomes.sent(),
-        outcomes.failures().len(),
-        outcomes.served_by("pool_a"),
-        outcomes.served_by("pool_b"),
-        outcomes.timeline(&["pool_a", "pool_b"], Duration::from_millis(500))
-    );
-}
-
 #[test]
 fn under_load_with_tcp_checks_nothing_fails_and_both_pools_serve() {
     let _turn = one_at_a_time();
@@ -209,22 +198,7 @@ fn send(addr: SocketAddr, path: &str) -> Result<TcpStream, String> {
 /// The answer to a request [`send`] sent: the HAProxy server that answered
 /// a 200.
 fn answered_by(stream: Result<TcpStream, String>) -> Result<String, String> {
-    let mut raw = String::new();
-    stream?
-        .read_to_string(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
-    let response = parse_response(&raw)?;
-    if response.status != 200 {
-        return Err(format!("status {}", response.status));
-    }
-    raw.split("\r\n\r\n")
-        .next()
-        .unwrap_or("")
-        .lines()
-        .filter_map(|line| line.split_once(':'))
-        .find(|(name, _)| name.trim().eq_ignore_ascii_case(SERVED_BY))
-        .map(|(_, value)| value.trim().to_string())
-        .ok_or_else(|| format!("no {SERVED_BY} header in {raw:?}"))
+    haproxy_support::server_of_answer(&mut stream?)
 }
 
 /// Per server, how many of `answers` it served; the failures.

@@ -457,6 +457,12 @@ fn request(addr: SocketAddr, path: &str) -> Result<String, String> {
     stream
         .write_all(head.as_bytes())
         .map_err(|e| format!("write: {e}"))?;
+    server_of_answer(&mut stream)
+}
+
+/// Reads the answer on `stream` to its close: the name of the HAProxy
+/// server that answered a 200.
+pub fn server_of_answer(stream: &mut TcpStream) -> Result<String, String> {
     let mut raw = String::new();
     stream
         .read_to_string(&mut raw)
@@ -473,6 +479,24 @@ fn request(addr: SocketAddr, path: &str) -> Result<String, String> {
         .find(|(name, _)| name.trim().eq_ignore_ascii_case(SERVED_BY))
         .map(|(_, value)| value.trim().to_string())
         .ok_or_else(|| format!("no {SERVED_BY} header in {raw:?}"))
+}
+
+/// Prints what a load through two pools (`pool_a`, `pool_b`) did, with
+/// its timeline, and fails the test if any request failed.
+pub fn report(what: &str, outcomes: &Outcomes) {
+    println!(
+        "{what}: sent {}, failed {}, pool_a {}, pool_b {}\n{}",
+        outcomes.sent(),
+        outcomes.failures().len(),
+        outcomes.served_by("pool_a"),
+        outcomes.served_by("pool_b"),
+        outcomes.timeline(&["pool_a", "pool_b"], Duration::from_millis(500))
+    );
+    assert!(
+        outcomes.failures().is_empty(),
+        "{what}: failed requests: {:?}",
+        outcomes.failures()
+    );
 }
 
 /// Everything a load produced.
