@@ -222,6 +222,14 @@ impl<L: HasChild> Core<L> {
             self.rollout_deadline(now),
             self.board_deadline(now),
             self.cpu_deadline(now),
+            // With no child to take it, a connection in the backlog is
+            // looked at again now and then (`policy::dispatch`).
+            crate::policy::dispatch::backlog_recheck_due(
+                self.board.has_room(),
+                self.board.counts().live(),
+                self.config.dispatch.speaks_protocol(),
+                now,
+            ),
             // The pool is not sized by the scaling rule while it stops or
             // a reload rolls: a retire that fell due would be due until
             // then, and the loop would spin.

@@ -498,12 +498,6 @@ impl Supervisor {
         consider(self.slow_deadline());
         consider(self.drain_deadline());
         consider(self.finishing.map(|f| f.deadline()));
-        consider(dispatch::backlog_recheck_due(
-            self.core.board.has_room(),
-            self.core.board.counts().live(),
-            self.core.config.dispatch.speaks_protocol(),
-            now,
-        ));
         next
     }
 
