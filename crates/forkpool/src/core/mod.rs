@@ -22,12 +22,14 @@ mod sim;
 mod stop;
 pub(crate) mod template;
 mod templates;
+mod timers;
 mod view;
 mod vouch;
 
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;
+pub(crate) use timers::Timer;
 pub(crate) use view::CoreView;
 
 use std::collections::VecDeque;
@@ -104,6 +106,8 @@ pub(crate) struct Core<L> {
     reading: sampled::BoardReading,
     /// How the pool uses the CPUs: the run-queue looks (`cpu.rs`).
     watches: cpu::Watches,
+    /// The shell's own timers (`timers.rs`).
+    timers: timers::Timers,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -133,6 +137,7 @@ impl<L: HasChild> Core<L> {
             saturated_since: None,
             reading: sampled::BoardReading::default(),
             watches: cpu::Watches::default(),
+            timers: timers::Timers::default(),
             effects: Vec::new(),
             spare: Vec::new(),
         }
@@ -222,6 +227,7 @@ impl<L: HasChild> Core<L> {
             self.rollout_deadline(now),
             self.board_deadline(now),
             self.cpu_deadline(now),
+            self.timers_deadline(),
             // With no child to take it, a connection in the backlog is
             // looked at again now and then (`policy::dispatch`).
             crate::policy::dispatch::backlog_recheck_due(

@@ -77,7 +77,7 @@ use crate::scaling::Decision;
 use crate::status::Totals;
 use crate::worker::ChildStart;
 
-use crate::core::{Core, Input as CoreInput};
+use crate::core::{Core, Input as CoreInput, Timer};
 use event::Event;
 pub(crate) use link::ChildLink;
 use output::ChildOutput;
@@ -475,30 +475,36 @@ impl Supervisor {
         backlogs + self.core.queued_behind(Instant::now())
     }
 
-    /// The earliest moment the loop must wake without an event.
-    fn next_deadline(&self, now: Instant) -> Option<Instant> {
-        let mut next = self.core.next_deadline(now);
-        let mut consider = |t: Option<Instant>| {
-            if let Some(t) = t {
-                next = Some(next.map_or(t, |n: Instant| n.min(t)));
-            }
-        };
-        consider(
-            self.listeners
-                .iter()
-                .filter_map(|l| l.resume_at)
-                .filter(|t| *t > now)
-                .min(),
-        );
-        consider(self.scoreboard_log_due());
-        consider(self.endpoints.deadline());
-        consider(self.upgrade_deadline());
-        consider(self.watchdog.map(|w| w.due()));
-        consider(self.resources.due());
-        consider(self.slow_deadline());
-        consider(self.drain_deadline());
-        consider(self.finishing.map(|f| f.deadline()));
-        next
+    /// The earliest moment the loop must wake without an event: the
+    /// core's answer, once the shell's own timers are armed in it.
+    fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
+        self.arm_timers(now);
+        self.core.next_deadline(now)
+    }
+
+    /// Arms in the core each timer a mechanism of the shell keeps
+    /// (`core/timers.rs`).
+    fn arm_timers(&mut self, now: Instant) {
+        let pause = self
+            .listeners
+            .iter()
+            .filter_map(|l| l.resume_at)
+            .filter(|t| *t > now)
+            .min();
+        let armed = [
+            (Timer::AcceptPause, pause),
+            (Timer::StatusLine, self.scoreboard_log_due()),
+            (Timer::Endpoints, self.endpoints.deadline()),
+            (Timer::Upgrade, self.upgrade_deadline()),
+            (Timer::Watchdog, self.watchdog.map(|w| w.due())),
+            (Timer::Samples, self.resources.due()),
+            (Timer::SlowCapture, self.slow_deadline()),
+            (Timer::Drain, self.drain_deadline()),
+            (Timer::Finishing, self.finishing.map(|f| f.deadline())),
+        ];
+        for (timer, at) in armed {
+            self.core.arm(timer, at);
+        }
     }
 
     /// Logs the "child states" line when it changed, at most once per
