@@ -217,6 +217,67 @@ fn a_dead_reservation_holds_the_only_child_for_a_moment_only() {
     );
 }
 
+/// A flood of 1,000 SYNs a second whose handshakes never complete (each
+/// reserves a child for 30 ms) while a client sends a request every 50 ms:
+/// every request is answered, the slowest within 250 ms, and the flood is
+/// counted as abandoned. The pool grows past the children the flood keeps
+/// reserved.
+#[test]
+fn a_syn_flood_of_a_thousand_a_second_costs_real_clients_nothing() {
+    let Some(pool) = kernel_pool("2", &["--max-children", "64"]) else {
+        return;
+    };
+    let SocketAddr::V4(addr) = pool.addr else {
+        panic!("the demo listens on IPv4 in tests")
+    };
+    let port = addr.port();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = std::sync::Arc::clone(&stop);
+    let flood = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut sent = 0u32;
+        // At most 5 s, whatever the stream does.
+        while !flooding.load(std::sync::atomic::Ordering::SeqCst)
+            && start.elapsed() < Duration::from_secs(5)
+        {
+            common::send_bare_syn(port, 20_000 + (sent % 30_000) as u16);
+            sent += 1;
+            let next = start + Duration::from_millis(u64::from(sent));
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        sent
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut slowest = Duration::ZERO;
+    let mut failed = Vec::new();
+    for _ in 0..40 {
+        let began = Instant::now();
+        let mut client = send(pool.addr, "/");
+        client
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let mut raw = String::new();
+        match client.read_to_string(&mut raw) {
+            Ok(_) if raw.starts_with("HTTP/1.1 200") => {}
+            other => failed.push(format!("{other:?} {raw:?}")),
+        }
+        slowest = slowest.max(began.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = flood.join().unwrap();
+    let status = pool.status();
+    assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+    assert!(
+        slowest < Duration::from_millis(250),
+        "the slowest answer took {slowest:?} under a flood of {sent} SYNs"
+    );
+    assert!(
+        total(&status, "abandoned") >= u64::from(sent) / 2,
+        "{sent} SYNs sent: {status}"
+    );
+}
+
 /// Where the kernel refuses the program (here: root without CAP_BPF and
 /// CAP_SYS_ADMIN, under `setpriv`), the pool falls back to handoff, says
 /// why in status, and still keeps the lowest child hot.
