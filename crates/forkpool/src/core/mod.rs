@@ -7,6 +7,7 @@
 
 pub(crate) mod child;
 mod connections;
+mod counted;
 mod cpu;
 mod effect;
 mod input;
@@ -26,6 +27,7 @@ mod timers;
 mod view;
 mod vouch;
 
+pub(crate) use counted::Counted;
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;

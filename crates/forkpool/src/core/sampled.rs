@@ -97,12 +97,6 @@ impl<L: HasChild> Core<L> {
         self.totals.abandoned += look.released + taken_over;
     }
 
-    /// `n` connections were accepted by the supervisor (from a slot's
-    /// socket: its child left, or they waited behind another).
-    pub fn count_accepted(&mut self, n: u64) {
-        self.totals.accepted += n;
-    }
-
     /// Whether connections wait for a child (the shell says so at the end
     /// of each turn): while they do and every child is taken, the core
     /// wakes the loop when a young reservation dies, so its child can be

@@ -16,6 +16,7 @@ use nix::sys::signal::Signal;
 use tracing::{debug, warn};
 
 use super::Supervisor;
+use crate::core::Counted;
 use crate::sys::process;
 
 impl Supervisor {
@@ -50,7 +51,7 @@ impl Supervisor {
     fn sweep(&mut self, pgid: i32, who: &str) -> bool {
         match process::signal_group(pgid, Signal::SIGKILL) {
             Ok(true) => {
-                self.core.totals.strays_killed += 1;
+                self.core.count(Counted::StraysKilled);
                 true
             }
             Ok(false) => false,

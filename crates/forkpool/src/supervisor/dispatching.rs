@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use crate::config::DispatchMode;
+use crate::core::Counted;
 use crate::dispatch::kernel::Claiming;
 use crate::dispatch::TurnEnd;
 use crate::status::KillReason;
@@ -58,7 +59,7 @@ impl Supervisor {
                             handed,
                         ),
                     };
-                    self.core.totals.accepted += accepted;
+                    self.core.count(Counted::Accepted(accepted));
                     if let Some(kernel) = &self.kernel {
                         kernel.board().count_overflow_handed(accepted);
                     }

@@ -13,6 +13,7 @@ use super::event::Event;
 use super::Supervisor;
 use crate::config::DispatchMode;
 use crate::core::slot_limit;
+use crate::core::Counted;
 use crate::core::Input;
 use crate::dispatch::kernel::board::{self, SlotWord};
 use crate::dispatch::kernel::program::MAX_SLOTS;
@@ -59,7 +60,7 @@ impl Supervisor {
                 } else {
                     warn!("kernel dispatch cannot run ({why}); falling back to handoff");
                 }
-                self.core.config.dispatch = DispatchMode::Handoff;
+                self.core.fall_back_to_handoff();
                 self.dispatch_fallback = Some(why);
             }
         }
@@ -233,7 +234,7 @@ impl Supervisor {
             return;
         };
         let taken = self.dispatcher.park_all(listener, fd);
-        self.core.count_accepted(taken);
+        self.core.count(Counted::Accepted(taken));
         if taken > 0 {
             info!(
                 slot,
@@ -301,7 +302,7 @@ impl Supervisor {
                 taken += self.dispatcher.park_all(listener, fd);
             }
             if taken > 0 {
-                self.core.count_accepted(taken);
+                self.core.count(Counted::Accepted(taken));
                 self.child_available(now);
             }
         }

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use super::event::Event;
 use super::Supervisor;
+use crate::core::Counted;
 use crate::policy::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::status::KillReason;
 use crate::sys;
@@ -223,7 +224,9 @@ impl Supervisor {
             let now = Instant::now();
             let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(slot, pid, line));
             output.flush_partial(now, &mut |line| log_line(slot, pid, line));
-            self.core.totals.stderr_lines_dropped += std::mem::take(&mut output.gate.dropped);
+            self.core.count(Counted::StderrLinesDropped(std::mem::take(
+                &mut output.gate.dropped,
+            )));
             output.save_tail(tail);
             self.forget_output(&output);
         }

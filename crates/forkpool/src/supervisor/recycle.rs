@@ -16,6 +16,7 @@ use std::time::Instant;
 use tracing::{debug, info};
 
 use super::Supervisor;
+use crate::core::Counted;
 use crate::policy::recycle::{
     self, due, requests_exhausted, ChildLimits, ChildState, LimitSettings, Recycle,
 };
@@ -138,7 +139,7 @@ impl Supervisor {
         let reason = match why {
             Recycle::Requests(n) => format!("served {n} connections (max_requests_per_child)"),
             Recycle::Memory(uss) => {
-                self.core.totals.recycled_memory += 1;
+                self.core.count(Counted::RecycledMemory);
                 format!(
                     "unshared memory (USS) {} MiB is above max_child_memory {} MiB",
                     uss >> 20,
@@ -146,7 +147,7 @@ impl Supervisor {
                 )
             }
             Recycle::Lifetime(age) => {
-                self.core.totals.recycled_lifetime += 1;
+                self.core.count(Counted::RecycledLifetime);
                 format!(
                     "{}s old (max_child_lifetime {:?})",
                     age.as_secs(),

@@ -70,14 +70,10 @@ impl Supervisor {
 
     /// SIGTTIN (+1) and SIGTTOU (-1): move the spare target at run time.
     pub(super) fn adjust_spare(&mut self, delta: i64) {
-        let min_spare = (i64::from(self.core.config.min_spare) + delta)
-            .clamp(0, i64::from(self.core.config.max_children)) as u32;
-        self.core.config.min_spare = min_spare;
-        self.core.config.max_spare = self.core.config.max_spare.max(min_spare);
+        let (min_spare, max_spare) = self.core.move_spare(delta);
         info!(
-            min_spare = self.core.config.min_spare,
-            max_spare = self.core.config.max_spare,
-            "spare-children target changed (until the next reload)"
+            min_spare,
+            max_spare, "spare-children target changed (until the next reload)"
         );
     }
 }

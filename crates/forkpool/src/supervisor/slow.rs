@@ -17,6 +17,7 @@ use nix::sys::signal::Signal;
 use tracing::{debug, warn};
 
 use super::Supervisor;
+use crate::core::Counted;
 use crate::observe::{CaptureLimiter, SlowCapture};
 use crate::scoreboard::SlotState;
 use crate::status::KillReason;
@@ -212,7 +213,7 @@ impl Supervisor {
         now: Instant,
     ) -> bool {
         if !self.slow.limiter.allow(now) {
-            self.core.totals.slow_captures_suppressed += 1;
+            self.core.count(Counted::SlowCaptureSuppressed);
             return false;
         }
         let peer = self.resources.peer(slot, pid);
@@ -286,7 +287,7 @@ impl Supervisor {
             suppressed,
             "{record}"
         );
-        self.core.totals.slow_captures += 1;
+        self.core.count(Counted::SlowCapture);
         self.resources
             .captured(p.capture.slot, p.capture.pid, record);
     }

@@ -30,6 +30,7 @@ use tracing::{error, info, warn};
 
 use super::event::Event;
 use super::Supervisor;
+use crate::core::Counted;
 use crate::sys::process::{self, ExitStatus, Forked};
 
 /// The variable naming the pipe a new supervisor reports readiness on.
@@ -281,7 +282,7 @@ impl Supervisor {
     /// An upgrade failed: counted, and kernel dispatch takes its
     /// listeners back.
     fn upgrade_failed(&mut self) {
-        self.core.totals.upgrade_failures += 1;
+        self.core.count(Counted::UpgradeFailure);
         self.reclaim_listeners_from_successor();
     }
 
