@@ -5,20 +5,37 @@
 //! or the next deadline), handles it, then lets the scaling policy look at
 //! the pool and carries out what it says. Every step is a named verb in one
 //! of the files beside this one:
-//! - `link.rs`: the supervisor's side of one child, kept in the child's
-//!   scoreboard slot (one table: slot -> pid, state, link);
+//! - `event.rs`: everything the loop waits on, as one enum;
+//! - `effects.rs`: each effect of the core, carried out;
+//! - `link.rs`: the supervisor's side of one child (channel, stderr,
+//!   pidfd), kept in the child's scoreboard slot;
 //! - `children.rs`: spawn, reap, retire, kill;
+//! - `reports.rs`: what a child's message means for its slot;
 //! - `dispatching.rs`: lends [`crate::dispatch`] the slot table and acts on
 //!   how each pass ended (stop watching, pause, kill an unreachable child);
-//! - `reports.rs`: what a child's message means for its slot;
+//! - `kernel.rs`: kernel dispatch: set up or fall back, a socket per slot,
+//!   the scoreboard and its reservations read into the core;
 //! - `liveness.rs`: pings, start and stop deadlines, as `policy::liveness`
 //!   decides them;
 //! - `backoff.rs`: holding spawns back while workers fail at start-up;
-//! - `cpu.rs`: how long the busy children wait for the CPUs (the scaling
-//!   policy holds the pool while they do);
-//! - `output.rs`: exec'd workers' stderr, logged with the slot;
+//! - `cpu.rs`: the run-queue looks at the children, handed to the core's
+//!   watches (the scaling hold, the dispatch width);
+//! - `load.rs`: how children that serve many connections count;
+//! - `recycle.rs`, `resources.rs`: recycling by count, memory and age, on
+//!   the `/proc` samples the status shows too;
+//! - `slow.rs`: slow requests captured where they wait;
+//! - `template.rs`, `verify.rs`, `refork.rs`: `--preload` templates, a
+//!   forked worker's pid checked against the kernel, reforks;
+//! - `reload.rs`, `rollout.rs`: HUP and TTIN/TTOU; a reload's failure logged;
+//! - `upgrade.rs`: USR2, a new binary taking the listeners over;
+//! - `stop_backlog.rs`: a graceful stop serves what was queued first;
 //! - `signals.rs`: signal flags and the self-pipe that wakes the loop;
-//! - `event.rs`: everything the loop waits on, as one enum.
+//! - `output.rs`: exec'd workers' stderr, logged with the slot;
+//! - `containment.rs`: what a worker starts goes when it goes;
+//! - `published.rs`, `balancer.rs`, `endpoints/`: the pool as of a turn's
+//!   end, its capacity for a load balancer, and the status, metrics and
+//!   agent endpoints that answer from it;
+//! - `notify.rs`, `watchdog.rs`: systemd's readiness and watchdog.
 //!
 //! How a connection reaches a child is in [`crate::dispatch`]; the rules
 //! the supervisor follows (how many children, which child, which deadline)
