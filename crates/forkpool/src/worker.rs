@@ -842,10 +842,28 @@ impl Worker<'_> {
         // One poll says both whether the supervisor has something to say
         // and whether a connection waits, so a child that finds the
         // backlog empty (the common case at light load) pays one system
-        // call, not a poll and a failed accept.
-        let [message, waiting] =
-            sys::socket::readable_now_each([self.info.channel.as_fd(), l.as_fd()]);
-        if message || !waiting {
+        // call, not a poll and a failed accept. In kernel dispatch it also
+        // says whether a connection waits on the child's own socket: one
+        // the kernel gave this child (a reservation taken over, its own
+        // connection coming after all). That one goes first: the child
+        // goes idle and accepts it, else a pool kept busy would feed the
+        // child from the overflow for as long as the load lasts, and the
+        // connection given to it would wait all that time.
+        let own = match self.mode {
+            DispatchMode::Kernel => self.listeners.get(usize::from(listener)),
+            _ => None,
+        };
+        let [message, waiting, mine] = match own {
+            Some(own) => {
+                sys::socket::readable_now_each([self.info.channel.as_fd(), l.as_fd(), own.as_fd()])
+            }
+            None => {
+                let [message, waiting] =
+                    sys::socket::readable_now_each([self.info.channel.as_fd(), l.as_fd()]);
+                [message, waiting, false]
+            }
+        };
+        if message || !waiting || mine {
             return None;
         }
         match sys::socket::accept(l.as_fd()) {

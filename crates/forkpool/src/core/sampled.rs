@@ -88,7 +88,9 @@ impl<L: HasChild> Core<L> {
         let r = &mut self.reading;
         let before = std::mem::replace(&mut r.taken_over, look.taken_over);
         let taken_over = moved(before, look.taken_over);
-        if taken_over > 0 {
+        // A reservation taken over or given back may still see its
+        // connection come, and queue behind another on its child.
+        if taken_over > 0 || look.released > 0 {
             r.behind_until = Some(now + reservations::behind_window(self.config.defer_accept));
         }
         r.read_at = Some(now);

@@ -35,24 +35,32 @@ impl Supervisor {
     }
 
     fn carry_out_one(&mut self, effect: Effect<super::ChildLink>, now: Instant) {
-        if let Some(kernel) = &mut self.kernel {
-            // A child on its way out gets no more connections from the
-            // kernel, even if it goes idle on the board before it reads
-            // its order (what it was given already is handed on once it
-            // is gone: `kernel.rs`).
-            if let Effect::Send {
+        if let (
+            Some(kernel),
+            Effect::Send {
                 slot,
                 msg: ParentMessage::Quit,
             }
             | Effect::Terminate { slot }
-            | Effect::Kill { slot } = effect
-            {
-                if let Err(e) = kernel.take_off(slot) {
-                    warn!(
-                        slot,
-                        "kernel dispatch: cannot take the slot off the socket array: {e}"
-                    );
-                }
+            | Effect::Kill { slot },
+        ) = (&mut self.kernel, &effect)
+        {
+            // A child on its way out gets no more connections from the
+            // kernel, even if it goes idle on the board before it reads
+            // its order; what reaches its socket from now on is the
+            // supervisor's to hand on (`kernel.rs`).
+            let slot = *slot;
+            if let Err(e) = kernel.take_off(slot) {
+                warn!(
+                    slot,
+                    "kernel dispatch: cannot take the slot off the socket array: {e}"
+                );
+            }
+            // Not while the pool stops: then each child serves what was
+            // queued on it (`stop_backlog.rs`), and what is left when it
+            // is gone is handed on as before.
+            if self.core.shutdown.is_none() {
+                self.watch_slot_sockets(slot, now);
             }
         }
         match effect {

@@ -120,7 +120,10 @@ impl Supervisor {
         };
         kernel.seat(slot)?;
         kernel.board().reset(slot);
-        self.unwatch_slot_sockets(slot);
+        // The supervisor keeps watching the sockets until the child takes
+        // connections itself (`watch_until_ready`): one that reaches them
+        // while it starts (a late handshake for the child before it) is
+        // handed on rather than left waiting for the start-up.
         Ok(())
     }
 
@@ -186,6 +189,18 @@ impl Supervisor {
             return;
         };
         kernel.board().set_busy(slot);
+        self.watch_slot_sockets(slot, now);
+    }
+
+    /// The supervisor watches `slot`'s sockets and takes what waits there
+    /// (to hand it on): from a child that has left, or one told to quit
+    /// (it serves what was queued before, but a connection whose handshake
+    /// ends after that, or a child that hangs instead of leaving, would
+    /// otherwise wait until it is gone). Whoever accepts first serves.
+    pub(crate) fn watch_slot_sockets(&mut self, slot: usize, now: Instant) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
         let registry = self.poll.registry();
         for (listener, fd) in kernel.sockets(slot) {
             let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
@@ -204,6 +219,30 @@ impl Supervisor {
             if s == slot {
                 self.take_orphaned(slot, listener, now);
             }
+        }
+    }
+
+    /// Stops watching the sockets of each slot whose child now takes its
+    /// connections itself (ready, and keeping its record on the board).
+    fn watch_until_ready(&mut self) {
+        if self.orphaned_sockets.is_empty() {
+            return;
+        }
+        let ready: Vec<usize> = self
+            .orphaned_sockets
+            .iter()
+            .map(|&(slot, _)| slot)
+            .filter(|&slot| {
+                self.core.keeps_board(slot)
+                    && self
+                        .core
+                        .board
+                        .get(slot)
+                        .is_some_and(|s| matches!(s.state, SlotState::Idle | SlotState::Busy))
+            })
+            .collect();
+        for slot in ready {
+            self.unwatch_slot_sockets(slot);
         }
     }
 
@@ -238,7 +277,7 @@ impl Supervisor {
         if taken > 0 {
             info!(
                 slot,
-                listener, taken, "connections left on a departed child's socket, handed on"
+                listener, taken, "connections left on a leaving child's socket, handed on"
             );
             self.child_available(now);
         }
@@ -266,6 +305,7 @@ impl Supervisor {
         let now_ns = board::kernel_clock_ns();
         let look = kernel.look_at_reservations(span, now_ns, self.core.config.defer_accept);
         self.core.board_read(look, now);
+        self.watch_until_ready();
         self.carry_out(now);
         if self.core.behind_look_due(now) {
             self.take_what_waits_behind(now);

@@ -34,6 +34,11 @@ use crate::scaling::Decision;
 /// idle or held by a dead reservation.
 pub(super) const STALL_AT_MOST: u64 = 50 * MS;
 
+/// A slot's queue as a failed check describes it: the slot, how many
+/// wait there, and its worker's word, whether it was told to quit and
+/// whether it serves.
+type QueueSeen = (usize, usize, Option<(Word, bool, bool)>);
+
 /// A record's state word.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) enum Word {
@@ -211,14 +216,18 @@ impl Sim {
             .find(|&(s, _, _)| s == slot)
             .map(|(_, pid, r)| (pid, r));
         match worker {
+            // Told to quit: the supervisor watches the slot's sockets
+            // (not while the pool stops).
+            Some(_) if self.is_off(slot) && self.core.shutdown.is_none() => self.orphans(slot),
             Some((pid, r)) if r.waiting() && self.world.procs[&pid].serving.is_none() => {
                 self.sockets.queues[slot].pop_front();
                 self.take(pid, conn, false);
                 self.outcome.kernel_taken += 1;
             }
             Some(_) => {}
-            None if self.core.board.get(slot).is_none() => self.orphans(slot),
-            None => {}
+            // No child on the board there (gone, or starting): the
+            // supervisor watches the sockets until one is ready.
+            None => self.orphans(slot),
         }
     }
 
@@ -274,6 +283,10 @@ impl Sim {
                     if word.is_some() {
                         self.record_mut(pid).word = Word::Busy;
                     }
+                    if dead_too {
+                        // Counted with the takeovers (board word 6).
+                        self.sockets.taken_over += 1;
+                    }
                     return Some(slot);
                 }
             }
@@ -303,7 +316,13 @@ impl Sim {
             .board
             .dispatch_bound()
             .is_none_or(|bound| slot < bound);
-        if let Some(conn) = within.then(|| self.world.backlog.pop_front()).flatten() {
+        // Its own socket first (a connection the kernel gave it), then
+        // the overflow, as the worker does.
+        let own = self.sockets.queues.get(slot).is_some_and(|q| !q.is_empty());
+        if let Some(conn) = (within && !own)
+            .then(|| self.world.backlog.pop_front())
+            .flatten()
+        {
             self.take(pid, conn, true);
             return true;
         }
@@ -358,7 +377,8 @@ impl Sim {
     }
 
     /// Told to quit (or killed): the shell stores busy and takes the
-    /// slot's sockets out of the array before the `Q` goes.
+    /// slot's sockets out of the array before the `Q` goes, and from then
+    /// on watches them, taking what reaches them to hand on.
     pub(super) fn kernel_quit(&mut self, pid: i32) {
         let Some(p) = self.world.procs.get_mut(&pid) else {
             return;
@@ -368,6 +388,10 @@ impl Sim {
             r.word = Word::Busy;
             self.sockets.grow(slot);
             self.sockets.off[slot] = true;
+            // Not while the pool stops: each child serves what it has.
+            if self.core.shutdown.is_none() {
+                self.orphans(slot);
+            }
         }
     }
 
@@ -570,12 +594,24 @@ impl Sim {
             (false, _) => self.sockets.stalled_since = None,
             (true, None) => self.sockets.stalled_since = Some(now),
             (true, Some(since)) if now - since > STALL_AT_MOST => {
+                let behind: Vec<QueueSeen> = (0..self.sockets.queues.len())
+                    .filter(|&s| !self.sockets.queues[s].is_empty())
+                    .map(|s| {
+                        let w = self.seated().find(|&(x, _, _)| x == s).map(|(_, pid, r)| {
+                            let p = &self.world.procs[&pid];
+                            (r.word, p.told_quit, p.serving.is_some())
+                        });
+                        (s, self.sockets.queues[s].len(), w)
+                    })
+                    .collect();
                 return Err(format!(
                     "a connection waited {} ms while a child that could take it was idle or \
-                     held by a dead reservation (overflow {}, behind a busy child: {})",
+                     held by a dead reservation (overflow {}, behind a busy child: {}; \
+                     queues (slot, len, (word, told quit, serving)) {behind:?}; window {})",
                     (now - since) / MS,
                     self.world.backlog.len(),
-                    waiting_behind
+                    waiting_behind,
+                    self.core.may_wait_behind(self.now())
                 ));
             }
             (true, Some(_)) => {}
