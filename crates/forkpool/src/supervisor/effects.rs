@@ -47,20 +47,14 @@ impl Supervisor {
         {
             // A child on its way out gets no more connections from the
             // kernel, even if it goes idle on the board before it reads
-            // its order; what reaches its socket from now on is the
-            // supervisor's to hand on (`kernel.rs`).
+            // its order. What was queued on it before is its to serve;
+            // what is left when it is gone is handed on (`kernel.rs`).
             let slot = *slot;
             if let Err(e) = kernel.take_off(slot) {
                 warn!(
                     slot,
                     "kernel dispatch: cannot take the slot off the socket array: {e}"
                 );
-            }
-            // Not while the pool stops: then each child serves what was
-            // queued on it (`stop_backlog.rs`), and what is left when it
-            // is gone is handed on as before.
-            if self.core.shutdown.is_none() {
-                self.watch_slot_sockets(slot, now);
             }
         }
         match effect {

@@ -193,11 +193,9 @@ impl Supervisor {
     }
 
     /// The supervisor watches `slot`'s sockets and takes what waits there
-    /// (to hand it on): from a child that has left, or one told to quit
-    /// (it serves what was queued before, but a connection whose handshake
-    /// ends after that, or a child that hangs instead of leaving, would
-    /// otherwise wait until it is gone). Whoever accepts first serves.
-    pub(crate) fn watch_slot_sockets(&mut self, slot: usize, now: Instant) {
+    /// (to hand it on), until the slot's next child takes connections
+    /// itself (`watch_until_ready`).
+    fn watch_slot_sockets(&mut self, slot: usize, now: Instant) {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };

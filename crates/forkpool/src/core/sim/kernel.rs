@@ -216,9 +216,6 @@ impl Sim {
             .find(|&(s, _, _)| s == slot)
             .map(|(_, pid, r)| (pid, r));
         match worker {
-            // Told to quit: the supervisor watches the slot's sockets
-            // (not while the pool stops).
-            Some(_) if self.is_off(slot) && self.core.shutdown.is_none() => self.orphans(slot),
             Some((pid, r)) if r.waiting() && self.world.procs[&pid].serving.is_none() => {
                 self.sockets.queues[slot].pop_front();
                 self.take(pid, conn, false);
@@ -377,8 +374,9 @@ impl Sim {
     }
 
     /// Told to quit (or killed): the shell stores busy and takes the
-    /// slot's sockets out of the array before the `Q` goes, and from then
-    /// on watches them, taking what reaches them to hand on.
+    /// slot's sockets out of the array before the `Q` goes; what was
+    /// queued there is the child's to serve, or the supervisor's to hand
+    /// on once the child is gone.
     pub(super) fn kernel_quit(&mut self, pid: i32) {
         let Some(p) = self.world.procs.get_mut(&pid) else {
             return;
@@ -388,10 +386,6 @@ impl Sim {
             r.word = Word::Busy;
             self.sockets.grow(slot);
             self.sockets.off[slot] = true;
-            // Not while the pool stops: each child serves what it has.
-            if self.core.shutdown.is_none() {
-                self.orphans(slot);
-            }
         }
     }
 
@@ -495,11 +489,16 @@ impl Sim {
     pub(super) fn waiting_behind(&self) -> u32 {
         (0..self.sockets.queues.len())
             .filter(|&slot| {
-                self.seated()
-                    .find(|&(s, _, _)| s == slot)
-                    .is_none_or(|(_, pid, r)| {
-                        !r.waiting() || self.world.procs[&pid].serving.is_some()
-                    })
+                // A child told to quit serves what was queued on it (or,
+                // if it hangs, the supervisor hands it on once the child
+                // is killed, by `exit_timeout`): not counted here.
+                !self.is_off(slot)
+                    && self
+                        .seated()
+                        .find(|&(s, _, _)| s == slot)
+                        .is_none_or(|(_, pid, r)| {
+                            !r.waiting() || self.world.procs[&pid].serving.is_some()
+                        })
             })
             .map(|slot| self.sockets.queues[slot].len() as u32)
             .sum()
@@ -515,13 +514,15 @@ impl Sim {
             Word::Reserved(at) => !reservations::young(at, now),
             Word::Busy => false,
         });
-        // A child the core counts idle that is not on the board: one it
-        // hands connections to, or one it does not know is gone yet.
-        let off_board_idle = self
-            .core
-            .board
-            .idle_slots()
-            .any(|slot| !self.seated().any(|(s, _, _)| s == slot));
+        // A child the core counts idle that is not on the board (one it
+        // hands connections to, or one it does not know is gone yet), or
+        // whose record says busy (a worker that scrambles its counts is
+        // not believed busy): the core cannot know it is taken.
+        let off_board_idle = self.core.board.idle_slots().any(|slot| {
+            self.seated()
+                .find(|&(s, _, _)| s == slot)
+                .is_none_or(|(_, _, r)| r.word == Word::Busy)
+        });
         !on_board_free && !off_board_idle
     }
 
