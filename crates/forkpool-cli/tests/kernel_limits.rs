@@ -101,23 +101,7 @@ fn a_growing_preloaded_exec_worker_leaves_before_another_connection() {
 /// reads the leaving child's memory and age itself.
 #[test]
 fn a_worker_that_leaves_under_its_limits_is_not_counted_recycled() {
-    let program = common::temp_path("leaving_worker.py");
-    std::fs::write(
-        &program,
-        format!(
-            "import sys\nsys.path.insert(0, {python:?})\nimport forkpool_worker\n\
-             worker = forkpool_worker.Worker.from_env()\n\
-             def handle(conn, listener):\n\
-             \x20   head = b''\n\
-             \x20   while b'\\r\\n\\r\\n' not in head:\n\
-             \x20       head += conn.recv(65536) or b'\\r\\n\\r\\n'\n\
-             \x20   conn.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok')\n\
-             \x20   worker.leave()\n\
-             worker.serve(handle)\n",
-            python = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python"),
-        ),
-    )
-    .unwrap();
+    let program = common::leaving_python_worker();
     let program_path = program.display().to_string();
     let limits = ["--max-child-memory", "64MiB", "--max-child-lifetime", "60s"];
     let pool = kernel_helper_cases::kernel_pool(1, &limits, &["python3", &program_path]);

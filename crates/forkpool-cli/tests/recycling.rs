@@ -188,23 +188,7 @@ fn lifetime_replaces_children_without_failing_requests() {
 /// got it killed as `channel_failed` (9 of 12 recycles before the fix).
 #[test]
 fn a_worker_that_says_it_is_leaving_is_sent_nothing_more() {
-    let program = common::temp_path("leaving_worker.py");
-    std::fs::write(
-        &program,
-        format!(
-            "import sys\nsys.path.insert(0, {python:?})\nimport forkpool_worker\n\
-             worker = forkpool_worker.Worker.from_env()\n\
-             def handle(conn, listener):\n\
-             \x20   head = b''\n\
-             \x20   while b'\\r\\n\\r\\n' not in head:\n\
-             \x20       head += conn.recv(65536) or b'\\r\\n\\r\\n'\n\
-             \x20   conn.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok')\n\
-             \x20   worker.leave()\n\
-             worker.serve(handle)\n",
-            python = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python"),
-        ),
-    )
-    .unwrap();
+    let program = common::leaving_python_worker();
     let program_path = program.display().to_string();
     let pool = DemoPool::start_run(&common::ONE_CHILD, &["python3", &program_path]);
     const RECYCLES: u64 = 12;

@@ -867,3 +867,27 @@ pub fn send_bare_syn(port: u16, source_port: u16) {
     };
     assert_eq!(sent, 20, "{}", std::io::Error::last_os_error());
 }
+
+/// A Python worker (the helper's `forkpool_worker`) that answers each
+/// request with `200 ok` and then asks to leave (`worker.leave()`, `X`),
+/// written to a temporary file: its path.
+pub fn leaving_python_worker() -> std::path::PathBuf {
+    let program = temp_path("leaving_worker.py");
+    std::fs::write(
+        &program,
+        format!(
+            "import sys\nsys.path.insert(0, {python:?})\nimport forkpool_worker\n\
+             worker = forkpool_worker.Worker.from_env()\n\
+             def handle(conn, listener):\n\
+             \x20   head = b''\n\
+             \x20   while b'\\r\\n\\r\\n' not in head:\n\
+             \x20       head += conn.recv(65536) or b'\\r\\n\\r\\n'\n\
+             \x20   conn.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok')\n\
+             \x20   worker.leave()\n\
+             worker.serve(handle)\n",
+            python = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python"),
+        ),
+    )
+    .unwrap();
+    program
+}
