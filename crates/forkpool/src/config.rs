@@ -593,6 +593,40 @@ mod humantime_serde_compat {
     }
 }
 
+/// The user and group children run as (see [`crate::Pool::run_children_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user id.
+    pub uid: u32,
+    /// The group id (also the only supplementary group).
+    pub gid: u32,
+}
+
+/// The limits a `kernel` dispatch child is given to check itself (none
+/// in other modes, where the supervisor sees every connection end).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SelfLimits {
+    /// `max_child_memory`: bytes of USS it may hold; 0: no limit.
+    pub max_memory: u64,
+    /// Its lifetime, counted from its start (its `K`); zero: no limit.
+    pub lifetime: Duration,
+}
+
+impl SelfLimits {
+    /// Whether there is nothing to check.
+    pub fn is_none(&self) -> bool {
+        self.max_memory == 0 && self.lifetime.is_zero()
+    }
+
+    /// The lifetime in whole milliseconds, rounded up (what
+    /// `FORKPOOL_MAX_CHILD_LIFETIME_MS` says): a worker that leaves at
+    /// that age is never younger than the lifetime it was drawn.
+    pub fn lifetime_ms(&self) -> u64 {
+        let ms = self.lifetime.as_nanos().div_ceil(1_000_000);
+        u64::try_from(ms).unwrap_or(u64::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,9 +25,9 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
 use crate::channel::Channel;
+use crate::config::SelfLimits;
 use crate::protocol;
 use crate::sys;
-use crate::worker::{ChildStart, SelfLimits};
 
 pub use forkpool_protocol::layout::{
     BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, KERNEL_DISPATCH_VAR,
@@ -134,7 +134,7 @@ pub fn listener_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 /// `exec` fails, it writes why on standard error (which the supervisor logs
 /// with the slot) and exits with 127 (not found) or 126 (anything else),
 /// the shell's conventions.
-pub(crate) fn exec_worker(start: ChildStart, command: &WorkerCommand) -> ! {
+pub(crate) fn exec_worker(start: WorkerStart, command: &WorkerCommand) -> ! {
     let who = format!("slot {}", start.slot);
     let role = Role::Worker {
         slot: start.slot,
@@ -152,8 +152,34 @@ pub(crate) fn exec_worker(start: ChildStart, command: &WorkerCommand) -> ! {
         }),
         limits: start.limits,
     };
-    drop(start.board);
     exec_or_exit(parts, role, command, &who)
+}
+
+/// What a freshly forked child hands over to the worker program it
+/// `exec`s: its part of a forked child's start (`worker::ChildStart`), less
+/// what only an in-process handler uses.
+#[derive(Debug)]
+pub(crate) struct WorkerStart {
+    /// The child's slot.
+    pub slot: usize,
+    /// The generation it belongs to.
+    pub generation: u32,
+    /// The dispatch mode.
+    pub mode: crate::config::DispatchMode,
+    /// The listeners (in `kernel` dispatch, the slot's own sockets).
+    pub listeners: Vec<crate::listener::Listener>,
+    /// The child's end of its channel.
+    pub channel: Channel,
+    /// The write end of the worker's stderr pipe.
+    pub stderr: Option<OwnedFd>,
+    /// `kernel` dispatch: the scoreboard map's descriptor.
+    pub board_map: Option<OwnedFd>,
+    /// `kernel` dispatch: the overflow sockets.
+    pub overflow: Vec<crate::listener::Listener>,
+    /// Its share of connections (0: no limit).
+    pub max_requests: u64,
+    /// `kernel` dispatch: the limits it checks itself.
+    pub limits: SelfLimits,
 }
 
 /// What a freshly forked template process (`--preload`) needs to `exec`

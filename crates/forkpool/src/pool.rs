@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::Path;
 
+pub use crate::config::Credentials;
 use crate::config::{ConfigError, DispatchMode, PoolConfig};
 use crate::exec::{self, WorkerCommand};
 use crate::listener::{ListenAddr, Listener};
@@ -49,15 +50,6 @@ pub struct Pool {
     reload: Option<ReloadSource>,
     credentials: Option<Credentials>,
     upgrade: Option<UpgradeCommand>,
-}
-
-/// The user and group children run as (see [`Pool::run_children_as`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Credentials {
-    /// The user id.
-    pub uid: u32,
-    /// The group id (also the only supplementary group).
-    pub gid: u32,
 }
 
 impl fmt::Debug for Pool {
@@ -292,7 +284,7 @@ impl Pool {
         supervisor.settle_dispatch(None);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
-            Exit::Child(start) => exec::exec_worker(start, command),
+            Exit::Child(start) => exec::exec_worker(start.into_exec(), command),
             Exit::Template(start) => exec::exec_template(start, command),
         }
     }

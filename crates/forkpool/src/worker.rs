@@ -26,8 +26,8 @@ mod exec_worker;
 mod limits;
 mod sessions;
 
+pub(crate) use crate::config::SelfLimits;
 pub use exec_worker::{ExecWorker, ExecWorkerError};
-pub(crate) use limits::SelfLimits;
 pub(crate) use sessions::run_session_child;
 
 use std::os::fd::{AsFd, OwnedFd, RawFd};
@@ -125,6 +125,25 @@ pub(crate) struct ChildStart {
     /// For an exec'd worker: the write end of the pipe the supervisor
     /// reads the worker's standard error from.
     pub stderr: Option<OwnedFd>,
+}
+
+impl ChildStart {
+    /// What the child hands to a worker program it `exec`s: everything but
+    /// the mapped board, which the program maps again from `board_map`.
+    pub(crate) fn into_exec(self) -> crate::exec::WorkerStart {
+        crate::exec::WorkerStart {
+            slot: self.slot,
+            generation: self.generation,
+            mode: self.mode,
+            listeners: self.listeners,
+            channel: self.channel,
+            stderr: self.stderr,
+            board_map: self.board_map,
+            overflow: self.overflow,
+            max_requests: self.max_requests,
+            limits: self.limits,
+        }
+    }
 }
 
 /// Runs a forked child to completion and returns its exit status.

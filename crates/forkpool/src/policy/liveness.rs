@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use crate::config::PoolConfig;
-use crate::scoreboard::SlotState;
+use crate::slot::SlotState;
 use crate::status::KillReason;
 
 /// How long a child that sent an empty datagram (its channel reads as

@@ -10,12 +10,13 @@ use tracing::{debug, info, warn};
 use super::endpoints::FD_RESERVE;
 use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
+use crate::config::SelfLimits;
 use crate::core::RESOURCE_BACKOFF;
 use crate::core::{Gone, Input};
 use crate::status::KillReason;
 use crate::sys::fds;
 use crate::sys::process::{self, Forked};
-use crate::worker::{ChildStart, SelfLimits};
+use crate::worker::ChildStart;
 
 /// The ends a new child is given, both sides: the back-channel pair and,
 /// when the pool captures output, a stderr pipe.

@@ -156,7 +156,7 @@ pub(crate) struct Supervisor {
     /// process: a stop leaves their backlog to the next start.
     pub(crate) listeners_outlive_pool: bool,
     /// Who children run as, if not the supervisor's own user.
-    pub(crate) credentials: Option<crate::pool::Credentials>,
+    pub(crate) credentials: Option<crate::config::Credentials>,
     /// A binary upgrade's two ends: the command, the successor starting,
     /// the predecessor waiting (`upgrade.rs`).
     pub(crate) handover: upgrade::Handover,

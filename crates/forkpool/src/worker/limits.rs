@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use tracing::warn;
 
+use crate::config::SelfLimits;
 use crate::observe::procfs::parse_smaps_rollup;
 
 /// The longest a worker whose RSS is above its memory limit goes between
@@ -31,31 +32,6 @@ use crate::observe::procfs::parse_smaps_rollup;
 /// enough to matter ([`rollup_due`]): the delay within which memory that
 /// becomes its own without RSS growing (a copy-on-write break) is seen.
 pub(crate) const SMAPS_REREAD: Duration = Duration::from_millis(100);
-
-/// The limits a `kernel` dispatch child is given to check itself (none
-/// in other modes, where the supervisor sees every connection end).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct SelfLimits {
-    /// `max_child_memory`: bytes of USS it may hold; 0: no limit.
-    pub max_memory: u64,
-    /// Its lifetime, counted from its start (its `K`); zero: no limit.
-    pub lifetime: Duration,
-}
-
-impl SelfLimits {
-    /// Whether there is nothing to check.
-    pub fn is_none(&self) -> bool {
-        self.max_memory == 0 && self.lifetime.is_zero()
-    }
-
-    /// The lifetime in whole milliseconds, rounded up (what
-    /// `FORKPOOL_MAX_CHILD_LIFETIME_MS` says): a worker that leaves at
-    /// that age is never younger than the lifetime it was drawn.
-    pub fn lifetime_ms(&self) -> u64 {
-        let ms = self.lifetime.as_nanos().div_ceil(1_000_000);
-        u64::try_from(ms).unwrap_or(u64::MAX)
-    }
-}
 
 /// Which limit a child is past.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
