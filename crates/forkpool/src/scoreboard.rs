@@ -53,17 +53,19 @@ impl std::error::Error for IllegalTransition {}
 /// A move the supervisor makes itself (retire, kill, hand a connection,
 /// order an accept), which its own record says is legal: a refusal means
 /// that record is wrong, a bug in forkpool, never something a child did.
-/// It is logged loudly rather than dropped; the move's other effects
-/// (the child is told, signalled or sent the connection) stand.
+/// A debug build (and so every test) panics on it; a release build logs it
+/// loudly and the move's other effects (the child is told, signalled or
+/// sent the connection) stand.
 pub fn own_move<T>(result: Result<T, IllegalTransition>) -> Option<T> {
     match result {
         Ok(t) => Some(t),
         Err(e) => {
-            // The simulator and the unit tests run the core: a refused
-            // move of its own is a failed run there, not a log line.
-            #[cfg(test)]
+            // The simulator, the unit tests and every debug build (the
+            // integration tests' supervisor) run the core: a refused move
+            // of its own is a failed run there, not a log line.
+            #[cfg(any(test, debug_assertions))]
             panic!("internal error: the supervisor's own move was refused: {e}");
-            #[cfg(not(test))]
+            #[cfg(not(any(test, debug_assertions)))]
             {
                 tracing::error!(
                     "internal error, please report it: the supervisor's own move was refused: {e}"

@@ -182,11 +182,12 @@ impl fmt::Display for IllegalLife {
 /// dropped (like the scoreboard's `own_move`).
 pub(crate) fn own_life<E: fmt::Display>(result: Result<(), E>) {
     if let Err(e) = result {
-        // The simulator and the unit tests run the core: a refused move of
+        // The simulator, the unit tests and every debug build (the
+        // integration tests' supervisor) run the core: a refused move of
         // its own is a failed run there, not a log line.
-        #[cfg(test)]
+        #[cfg(any(test, debug_assertions))]
         panic!("internal error: the supervisor's own move of a child's life was refused: {e}");
-        #[cfg(not(test))]
+        #[cfg(not(any(test, debug_assertions)))]
         tracing::error!(
             "internal error, please report it: the supervisor's own move of a child's life \
              was refused: {e}"

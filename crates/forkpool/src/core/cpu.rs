@@ -9,15 +9,30 @@ use std::time::Instant;
 use super::child::HasChild;
 use super::Core;
 use crate::policy::cpu_wait::{CpuWatch, Turns, LOOK_INTERVAL};
+use crate::policy::width::Turnover;
 use std::collections::HashMap;
 
-/// The core's two watches.
+/// The core's two watches, and what the pool's looks found of the
+/// connections begun between them.
 #[derive(Debug, Default)]
 pub(crate) struct Watches {
-    /// Over the busy children: the scaling policy's hold.
+    /// Over the busy children: the scaling hold.
     busy: CpuWatch,
     /// Over every serving child, busy or idle: the dispatch width.
     pool: CpuWatch,
+    /// What the connections begun lately were like, for the width.
+    turnover: TurnoverLooks,
+}
+
+/// The pool's looks, read as connections begun (`policy::width::Turnover`).
+#[derive(Debug, Default)]
+struct TurnoverLooks {
+    /// At the last look: when, and the connections begun before it.
+    last: Option<(Instant, u64)>,
+    /// Whether the last look alone read as long connections.
+    long_look: bool,
+    /// What the width is told: long only when two looks in a row said so.
+    told: Turnover,
 }
 
 impl<L: HasChild> Core<L> {
@@ -39,6 +54,37 @@ impl<L: HasChild> Core<L> {
     /// A look at every serving child's turns on the CPUs, at `now`.
     pub fn pool_looked(&mut self, turns: HashMap<i32, Turns>, now: Instant) {
         self.watches.pool.look(turns, now);
+        self.measure_turnover(now);
+    }
+
+    /// What the connections begun since the pool's last look were like
+    /// (`policy::width::Turnover`): how long they last, by Little's law
+    /// (the busy children over the connections begun a second). Long only
+    /// when two looks in a row say so: the busy children are counted at
+    /// the look, and the last look of a load's tail finds a child or two
+    /// still busy and hardly a connection begun, which read alone as long
+    /// connections and opened the width as the load ended.
+    pub(crate) fn measure_turnover(&mut self, now: Instant) {
+        let begun = self.totals.accepted;
+        let busy = self.board.counts().busy;
+        let looks = &mut self.watches.turnover;
+        if let Some((at, begun_then)) = looks.last {
+            let look = Turnover::of(
+                busy,
+                now.saturating_duration_since(at),
+                begun.saturating_sub(begun_then),
+            );
+            looks.told = Turnover {
+                long: look.long && looks.long_look,
+            };
+            looks.long_look = look.long;
+        }
+        looks.last = Some((now, begun));
+    }
+
+    /// What the width is told of the connections begun lately.
+    pub(crate) fn turnover(&self) -> Turnover {
+        self.watches.turnover.told
     }
 
     /// A child started: the busy children's last look no longer says how
@@ -80,5 +126,59 @@ impl<L: HasChild> Core<L> {
                 .unwrap_or(now + LOOK_INTERVAL)
         });
         [hold, width].into_iter().flatten().min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use crate::config::{DispatchMode, PoolConfig};
+    use crate::core::child::Child;
+    use crate::core::sampled::Sample;
+    use crate::core::Core;
+    use crate::policy::width::LONG_CONNECTION;
+    use crate::protocol::ChildMessage;
+
+    /// A kernel-dispatch core with one child, busy with its first
+    /// connection.
+    fn busy_core(now: Instant) -> Core<Child> {
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            dispatch: DispatchMode::Kernel,
+            ..PoolConfig::default()
+        });
+        core.adopt(0, 42, 1, Child::new(now, true, 1), now);
+        core.report(0, ChildMessage::ReadyOnBoard { pid: 42 }, now);
+        let record = |busy, taken, served| Sample {
+            busy,
+            taken,
+            served,
+            next: 0,
+        };
+        core.sampled(0, record(true, 0, 0), now);
+        core.sampled(0, record(false, 0, 0), now);
+        core.sampled(0, record(true, 1, 0), now);
+        core
+    }
+
+    #[test]
+    fn connections_read_long_only_after_two_long_looks_in_a_row() {
+        let start = Instant::now();
+        let mut core = busy_core(start);
+        let look = |k: u32| start + LONG_CONNECTION * 2 * k;
+        core.pool_looked(Default::default(), look(0));
+        assert!(!core.turnover().long, "one look measures nothing");
+        // One busy child, no connection begun for two LONG_CONNECTIONs.
+        core.pool_looked(Default::default(), look(1));
+        assert!(
+            !core.turnover().long,
+            "one long look alone is the tail of a load"
+        );
+        core.pool_looked(Default::default(), look(2));
+        assert!(core.turnover().long, "two long looks in a row");
+        // Many connections begun since: short again at once.
+        core.totals.accepted += 10_000;
+        core.pool_looked(Default::default(), look(3));
+        assert!(!core.turnover().long);
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::child::{HasChild, Readiness};
 use super::Core;
 use crate::config::DispatchMode;
-use crate::policy::width::{Turnover, WidthCounts, WidthMove};
+use crate::policy::width::{WidthCounts, WidthMove};
 use crate::scaling::{self, CpuUse, Decision, PlaceCounts, PoolCounts};
 use crate::scoreboard::own_move;
 
@@ -110,8 +110,8 @@ impl<L: HasChild> Core<L> {
     /// Moves the dispatch width (`policy::width`) by what the pool shows:
     /// `cpu` and `last_look` as the shell measured them, `queued` the
     /// connections waiting (asked only when no child within the width is
-    /// idle), `cpus` the CPUs the pool may use, `turnover` what the
-    /// connections begun lately were like. Only `kernel` dispatch
+    /// idle), `cpus` the CPUs the pool may use; what the connections begun
+    /// lately were like is the core's own measure. Only `kernel` dispatch
     /// with the CPU hold on has a width; children that serve many
     /// connections never run in it.
     pub fn steer_width(
@@ -120,7 +120,6 @@ impl<L: HasChild> Core<L> {
         last_look: Option<(Instant, u32)>,
         queued: impl FnOnce() -> u32,
         cpus: u32,
-        turnover: Turnover,
         now: Instant,
     ) -> WidthMove {
         let narrows = self.config.dispatch == DispatchMode::Kernel
@@ -138,7 +137,7 @@ impl<L: HasChild> Core<L> {
                     cpu,
                     last_look,
                     cpus,
-                    long_connections: turnover.long,
+                    long_connections: self.turnover().long,
                 },
                 now,
             )

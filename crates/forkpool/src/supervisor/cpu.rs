@@ -9,7 +9,6 @@ use std::time::Instant;
 use super::Supervisor;
 use crate::observe::procfs;
 use crate::policy::cpu_wait::Turns;
-use crate::policy::width::Turnover;
 use crate::scaling::CpuUse;
 use crate::scoreboard::SlotState;
 
@@ -68,32 +67,8 @@ impl Supervisor {
                 .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
                 .collect();
             self.core.pool_looked(turns, now);
-            self.measure_turnover(now);
         }
         self.core.pool_watch().last_measure()
-    }
-
-    /// What the connections begun since the last look were like
-    /// (`policy::width::Turnover`): how long they last, by Little's law
-    /// (the busy children over the connections begun a second). Long only
-    /// when two looks in a row say so: the busy children are counted at
-    /// the look, and the last look of a load's tail finds a child or two
-    /// still busy and hardly a connection begun, which read alone as long
-    /// connections and opened the width as the load ended.
-    fn measure_turnover(&mut self, now: Instant) {
-        let begun = self.core.totals.accepted;
-        if let Some((at, begun_then)) = self.pool_turnover {
-            let look = Turnover::of(
-                self.core.board.counts().busy,
-                now.saturating_duration_since(at),
-                begun.saturating_sub(begun_then),
-            );
-            self.turnover = Turnover {
-                long: look.long && self.long_look,
-            };
-            self.long_look = look.long;
-        }
-        self.pool_turnover = Some((now, begun));
     }
 
     fn look_at_cpu_waiting(&mut self, now: Instant) {

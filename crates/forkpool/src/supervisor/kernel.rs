@@ -399,10 +399,7 @@ impl Supervisor {
         // takeover (as last looked at).
         let behind = self.core.queued_behind(now);
         let queued = || listeners.iter().map(|l| l.listener.queued()).sum::<u32>() + behind;
-        let turnover = self.turnover;
-        let moved = self
-            .core
-            .steer_width(cpu, last_look, queued, cpus, turnover, now);
+        let moved = self.core.steer_width(cpu, last_look, queued, cpus, now);
         kernel.board().set_bound(self.core.board.dispatch_bound());
         if moved != WidthMove::Widened {
             return false;

@@ -137,13 +137,6 @@ pub(crate) struct Supervisor {
     /// Reads the configuration again on SIGHUP.
     pub reload_source: Option<ReloadSource>,
     last_saturated_log: Option<Instant>,
-    /// At the last look of the core's pool watch: when, and the connections begun
-    /// so far; and whether connections lasted long on average since the
-    /// look before (`policy::width::LONG_CONNECTION`).
-    pool_turnover: Option<(Instant, u64)>,
-    turnover: crate::policy::width::Turnover,
-    /// Whether the last look alone read the connections as long.
-    long_look: bool,
     last_cpu_bound_log: Option<Instant>,
     /// When the scoreboard line was last logged, and at which change count.
     scoreboard_logged: (Option<Instant>, u64),
@@ -219,9 +212,6 @@ impl Supervisor {
             children_take_next: false,
             reload_source: None,
             last_saturated_log: None,
-            pool_turnover: None,
-            turnover: Default::default(),
-            long_look: false,
             last_cpu_bound_log: None,
             scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),

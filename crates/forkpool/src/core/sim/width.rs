@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use super::world::MS;
 use super::Sim;
-use crate::policy::width::Turnover;
 use crate::scaling::{CpuUse, HOLD_TURNOVER};
 
 /// The simulated machine's CPUs.
@@ -46,14 +45,17 @@ impl Sim {
             (cpu, Some((now, per_cpu)))
         };
         if self.scenario.kernel {
+            // The shell's look at every serving child, on the core's
+            // pace: it finds no turns here (the world plays the CPUs
+            // above), but the core measures at it what the connections
+            // begun since were like, which opens the width to long ones.
+            let watch = self.core.pool_watch();
+            let due = watch.next_look().is_none_or(|due| now >= due);
+            if due && (watch.serving_at(now) || self.core.board.width().is_some()) {
+                self.core.pool_looked(Default::default(), now);
+            }
             let backlog = self.world.backlog.len() as u32;
-            // Now and then the connections read as long (kept-alive
-            // clients), which opens the width.
-            let turnover = Turnover {
-                long: self.world.rng.per_mille(20),
-            };
-            self.core
-                .steer_width(cpu, look, || backlog, CPUS, turnover, now);
+            self.core.steer_width(cpu, look, || backlog, CPUS, now);
         }
     }
 
