@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::policy::backoff::Start;
 use crate::policy::budget;
+use crate::policy::recycle::ChildLimits;
 
 /// One child: what every child has, and `role`, what its kind adds. A
 /// worker is a `Child` ([`WorkerRole`]); a template is a
@@ -64,6 +65,9 @@ pub(crate) struct WorkerRole {
     /// Kernel dispatch: the child's counts on the scoreboard when last
     /// read (connections taken, finished, and taken from the overflow).
     pub board_counts: (u64, u64, u64),
+    /// Its own recycling limits (`policy::recycle`), drawn before its
+    /// fork or, ordered from a template, when it is adopted.
+    pub limits: Option<ChildLimits>,
 }
 
 /// Where a child is in its life; each state carries what it needs.
@@ -411,6 +415,7 @@ impl Child {
                 capturing: false,
                 keeps_board: false,
                 board_counts: (0, 0, 0),
+                limits: None,
             },
         )
     }

@@ -15,6 +15,7 @@ mod lifecycle;
 mod liveness;
 mod moves;
 mod pool;
+mod recycle;
 mod reports;
 mod rollout;
 pub(crate) mod sampled;
@@ -110,6 +111,8 @@ pub(crate) struct Core<L> {
     watches: cpu::Watches,
     /// The shell's own timers (`timers.rs`).
     timers: timers::Timers,
+    /// Draws each child's recycling limits (`recycle.rs`).
+    jitter: fastrand::Rng,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -140,6 +143,7 @@ impl<L: HasChild> Core<L> {
             reading: sampled::BoardReading::default(),
             watches: cpu::Watches::default(),
             timers: timers::Timers::default(),
+            jitter: fastrand::Rng::new(),
             effects: Vec::new(),
             spare: Vec::new(),
         }

@@ -193,7 +193,10 @@ impl<L: HasChild> Core<L> {
     /// what the shell keeps for it: the slot is taken and the spawn
     /// counted (for the replacement rate too). A child that never reports
     /// counts as busy from its start.
-    pub fn adopt(&mut self, slot: usize, pid: i32, generation: u32, link: L, now: Instant) {
+    pub fn adopt(&mut self, slot: usize, pid: i32, generation: u32, mut link: L, now: Instant) {
+        if link.child().role.limits.is_none() {
+            link.child_mut().role.limits = Some(self.draw_limits());
+        }
         let never_reports = link.child().readiness() == Readiness::Assumed;
         self.board.occupy(slot, pid, generation, now, link);
         if never_reports {

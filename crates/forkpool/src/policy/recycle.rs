@@ -27,11 +27,9 @@ pub(crate) enum Recycle {
     Lifetime(Duration),
 }
 
-/// One child's own limits, drawn once when it is first seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One child's own limits, drawn once for it and kept in its record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ChildLimits {
-    /// The child they were drawn for.
-    pub pid: i32,
     /// Connections before recycling; 0 = no limit.
     pub max_requests: u64,
     /// Age before recycling; zero = no limit.
@@ -85,7 +83,7 @@ impl LimitSettings {
 
 /// Draws one child's limits from `rng`: `max_requests` plus 0..=`jitter`,
 /// and `lifetime` plus up to a tenth of it (zero stays zero: no limit).
-pub(crate) fn draw(rng: &mut fastrand::Rng, pid: i32, settings: &LimitSettings) -> ChildLimits {
+pub(crate) fn draw(rng: &mut fastrand::Rng, settings: &LimitSettings) -> ChildLimits {
     let LimitSettings {
         max_requests,
         jitter,
@@ -103,7 +101,6 @@ pub(crate) fn draw(rng: &mut fastrand::Rng, pid: i32, settings: &LimitSettings) 
         lifetime + Duration::from_nanos(rng.u64(0..=spread))
     };
     ChildLimits {
-        pid,
         max_requests,
         lifetime,
     }
@@ -123,7 +120,6 @@ mod tests {
     }
 
     const NONE: ChildLimits = ChildLimits {
-        pid: 1,
         max_requests: 0,
         lifetime: Duration::ZERO,
     };
@@ -180,10 +176,10 @@ mod tests {
         ) {
             let mut rng = fastrand::Rng::with_seed(seed);
             let life = Duration::from_secs(life_s);
-            let l = draw(&mut rng, 1, &LimitSettings { max_requests: max, jitter, lifetime: life });
+            let l = draw(&mut rng, &LimitSettings { max_requests: max, jitter, lifetime: life });
             prop_assert!(l.max_requests >= max && l.max_requests <= max + jitter);
             prop_assert!(l.lifetime >= life && l.lifetime <= life + life / 10);
-            let none = draw(&mut rng, 2, &LimitSettings { max_requests: 0, jitter, lifetime: Duration::ZERO });
+            let none = draw(&mut rng, &LimitSettings { max_requests: 0, jitter, lifetime: Duration::ZERO });
             prop_assert_eq!(none.max_requests, 0);
             prop_assert_eq!(none.lifetime, Duration::ZERO);
         }

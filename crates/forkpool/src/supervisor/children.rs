@@ -31,6 +31,14 @@ struct ChildEnds {
     output_write: Option<OwnedFd>,
 }
 
+/// A child just forked, in the parent: where, who, and the limits it was
+/// drawn before its fork.
+struct JustForked {
+    slot: usize,
+    pid: i32,
+    limits: crate::policy::recycle::ChildLimits,
+}
+
 impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
@@ -58,7 +66,7 @@ impl Supervisor {
             self.resource_backoff(now, format!("cannot make slot {slot}'s socket: {e}"));
             return Ok(None);
         }
-        let limits = self.draw_limits_ahead(slot);
+        let limits = self.core.draw_limits();
         match self.fork_child()? {
             Ok(Forked::Child) => {
                 drop(ends.ours);
@@ -69,10 +77,10 @@ impl Supervisor {
                 Ok(Some(start))
             }
             Ok(Forked::Parent(pid)) => {
-                self.recycler.bind(slot, pid);
                 drop(ends.theirs);
                 drop(ends.output_write);
-                self.adopt_forked(slot, pid, ends.ours, ends.output_read, now)?;
+                let forked = JustForked { slot, pid, limits };
+                self.adopt_forked(forked, ends.ours, ends.output_read, now)?;
                 Ok(None)
             }
             Err(e) => {
@@ -150,8 +158,7 @@ impl Supervisor {
     /// watching its back-channel (`ours`) and its stderr (`output_read`).
     fn adopt_forked(
         &mut self,
-        slot: usize,
-        pid: i32,
+        JustForked { slot, pid, limits }: JustForked,
         ours: Channel,
         output_read: Option<OwnedFd>,
         now: Instant,
@@ -180,6 +187,8 @@ impl Supervisor {
         let mut link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
         // Just forked and not reaped: the pid is certainly this child.
         link.pidfd = hold(pid);
+        // The limits it was told its share from before its fork.
+        link.child.role.limits = Some(limits);
         let generation = self.core.generation;
         self.core.adopt(slot, pid, generation, link, now);
         info!(

@@ -132,12 +132,7 @@ impl Supervisor {
     /// of connections. A failed send is a failed send to the child.
     pub(crate) fn send_seat(&mut self, slot: usize, now: Instant) {
         let sent = self.seat_child(slot).and_then(|()| {
-            let Some(entry) = self.core.board.get(slot) else {
-                return Ok(());
-            };
-            let pid = entry.pid;
-            let settings = crate::policy::recycle::LimitSettings::of(&self.core.config);
-            let share = self.recycler.limits(slot, pid, &settings).max_requests;
+            let share = self.core.limits(slot).max_requests;
             let (Some(kernel), Some(link)) = (self.kernel.as_ref(), self.core.board.link(slot))
             else {
                 return Ok(());

@@ -161,7 +161,6 @@ pub(crate) struct Supervisor {
     /// Children's CPU, memory and peers, listeners' queues.
     pub(crate) resources: resources::Resources,
     /// Per-child recycling limits.
-    recycler: recycle::Recycler,
     /// Slow-request captures.
     slow: slow::SlowWatch,
     /// Templates the workers are forked from (`--preload`).
@@ -200,8 +199,12 @@ impl Supervisor {
             Interest::READABLE,
         )?;
         let listeners = listeners.into_iter().map(WatchedListener::new).collect();
+        let mut core = Core::new(config);
+        if let Some(seed) = recycle::jitter_seed() {
+            core.seed_jitter(seed);
+        }
         Ok(Supervisor {
-            core: Core::new(config),
+            core,
             poll,
             listeners,
             unread: Vec::new(),
@@ -227,7 +230,6 @@ impl Supervisor {
             told_ready: false,
             watchdog: watchdog::Watchdog::from_env(Instant::now()),
             resources: resources::Resources::default(),
-            recycler: recycle::Recycler::default(),
             slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
             dispatcher: Dispatcher::default(),

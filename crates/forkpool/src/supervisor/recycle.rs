@@ -17,114 +17,30 @@ use tracing::{debug, info};
 
 use super::Supervisor;
 use crate::core::Counted;
-use crate::policy::recycle::{
-    self, due, requests_exhausted, ChildLimits, ChildState, LimitSettings, Recycle,
-};
+use crate::policy::recycle::Recycle;
 use crate::scoreboard::SlotState;
 
 /// The environment variable that fixes the jitter's random seed, so a test
 /// (or an operator reproducing a pattern) gets the same limits every run.
 pub const JITTER_SEED_ENV: &str = "FORKPOOL_JITTER_SEED";
 
-/// Draws per-child limits with a seedable generator.
-#[derive(Debug)]
-pub(crate) struct Recycler {
-    rng: fastrand::Rng,
-    limits: Vec<Option<ChildLimits>>,
-}
-
-impl Default for Recycler {
-    fn default() -> Self {
-        let seed = std::env::var(JITTER_SEED_ENV)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        Recycler::with_seed(seed)
-    }
-}
-
-impl Recycler {
-    /// A recycler whose draws follow `seed` (random when `None`).
-    pub fn with_seed(seed: Option<u64>) -> Self {
-        Recycler {
-            rng: seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed),
-            limits: Vec::new(),
-        }
-    }
-
-    /// The limits of the child `pid` in `slot`, drawn the first time it is
-    /// asked about: `max_requests` plus 0..=`jitter`, and `lifetime` plus up
-    /// to a tenth of it.
-    pub fn limits(&mut self, slot: usize, pid: i32, settings: &LimitSettings) -> ChildLimits {
-        if let Some(l) = self
-            .limits
-            .get(slot)
-            .copied()
-            .flatten()
-            .filter(|l| l.pid == pid)
-        {
-            return l;
-        }
-        self.draw_for(slot, pid, settings)
-    }
-
-    /// Draws and keeps the limits of `slot`'s child `pid` (0: not forked yet).
-    fn draw_for(&mut self, slot: usize, pid: i32, settings: &LimitSettings) -> ChildLimits {
-        if self.limits.len() <= slot {
-            self.limits.resize(slot + 1, None);
-        }
-        let l = recycle::draw(&mut self.rng, pid, settings);
-        self.limits[slot] = Some(l);
-        l
-    }
-}
-
-impl Recycler {
-    /// Draws the limits of the child about to be forked into `slot`, so
-    /// it can be told its share (a `kernel` dispatch child counts its own
-    /// connections); [`Recycler::bind`] gives them its pid once forked.
-    pub fn draw_ahead(&mut self, slot: usize, settings: &LimitSettings) -> ChildLimits {
-        self.draw_for(slot, 0, settings)
-    }
-
-    /// The child forked into `slot` after [`Recycler::draw_ahead`] is `pid`.
-    pub fn bind(&mut self, slot: usize, pid: i32) {
-        if let Some(Some(l)) = self.limits.get_mut(slot) {
-            if l.pid == 0 {
-                l.pid = pid;
-            }
-        }
-    }
+/// The jitter's seed from [`JITTER_SEED_ENV`], if it is set and a number.
+pub(super) fn jitter_seed() -> Option<u64> {
+    std::env::var(JITTER_SEED_ENV)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
 }
 
 impl Supervisor {
-    /// The limits of the child about to be forked into `slot` (see
-    /// [`Recycler::draw_ahead`]).
-    pub(super) fn draw_limits_ahead(&mut self, slot: usize) -> ChildLimits {
-        let settings = LimitSettings::of(&self.core.config);
-        self.recycler.draw_ahead(slot, &settings)
-    }
-
     /// Whether the child in `slot` is past a limit now; `fresh_memory`
     /// re-reads its memory first (between connections).
     fn recycle_due(&mut self, slot: usize, fresh_memory: bool, now: Instant) -> Option<Recycle> {
-        let entry = self.core.board.get(slot)?;
-        let (pid, served) = (entry.pid, entry.served);
-        let link = &entry.link;
-        if link.child.told_to_leave() {
-            return None;
-        }
-        let age = now.saturating_duration_since(link.child.born);
-        let c = &self.core.config;
-        let limits = self.recycler.limits(slot, pid, &LimitSettings::of(c));
-        if fresh_memory && c.max_child_memory > 0 {
+        let pid = self.core.board.get(slot)?.pid;
+        if fresh_memory && self.core.config.max_child_memory > 0 {
             self.resources.sample_child(slot, pid, now);
         }
         let uss = self.resources.uss(slot, pid);
-        due(
-            &limits,
-            self.core.config.max_child_memory,
-            ChildState { served, age, uss },
-        )
+        self.core.recycle_due(slot, uss, now)
     }
 
     fn recycle(&mut self, slot: usize, why: Recycle, now: Instant) {
@@ -178,46 +94,23 @@ impl Supervisor {
         let Some(entry) = self.core.board.get(slot) else {
             return;
         };
-        let child = &entry.link.child;
-        if child.told_to_leave() {
-            return;
-        }
         let pid = entry.pid;
-        // Counted from before its fork: never younger than the child's own
-        // count, which starts at its `K`.
-        let age = now.saturating_duration_since(child.born);
-        let forked_by_template = child.role.version == crate::protocol::TEMPLATE_VERSION;
         // The board says what it served up to its `X` (the core's count may
         // be a reading behind).
         let served = self
             .kernel
             .as_ref()
             .map_or(entry.served, |k| k.board().sample(slot).served);
-        let config = &self.core.config;
-        let (max_memory, base_lifetime) = (config.max_child_memory, config.max_child_lifetime);
-        let drawn = self.recycler.limits(slot, pid, &LimitSettings::of(config));
-        // What it was told: its own drawn lifetime, or, forked by a
-        // template, the template's (the jitter-free one it inherited).
-        let told = ChildLimits {
-            lifetime: match forked_by_template {
-                true => base_lifetime,
-                false => drawn.lifetime,
-            },
-            ..drawn
-        };
-        let uss = match max_memory > 0 && !requests_exhausted(served, told.max_requests) {
+        let uss = match self.core.leaving_needs_memory(slot, served) {
             true => self.resources.sample_uss(slot, pid, now),
             false => None,
         };
-        match due(&told, max_memory, ChildState { served, age, uss }) {
-            None | Some(Recycle::Requests(_)) => {}
-            Some(why) => {
-                self.count_recycle(
-                    slot,
-                    why,
-                    "; it saw so itself after its connection and left",
-                );
-            }
+        if let Some(why) = self.core.judge_leaving(slot, served, uss, now) {
+            self.count_recycle(
+                slot,
+                why,
+                "; it saw so itself after its connection and left",
+            );
         }
     }
 
@@ -261,86 +154,5 @@ impl Supervisor {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn settings(max_requests: u64, jitter: u64, lifetime: Duration) -> LimitSettings {
-        LimitSettings {
-            max_requests,
-            jitter,
-            lifetime,
-        }
-    }
-
-    #[test]
-    fn a_fixed_seed_gives_the_same_limits() {
-        let draw = |seed| {
-            let mut r = Recycler::with_seed(Some(seed));
-            (0..8)
-                .map(|slot| {
-                    r.limits(
-                        slot,
-                        100 + slot as i32,
-                        &settings(1000, 500, Duration::ZERO),
-                    )
-                })
-                .map(|l| l.max_requests)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(draw(7), draw(7));
-        assert_ne!(draw(7), draw(8));
-    }
-
-    #[test]
-    fn limits_drawn_ahead_belong_to_the_child_forked_next() {
-        let mut r = Recycler::with_seed(Some(3));
-        let ahead = r.draw_ahead(2, &settings(1000, 500, Duration::ZERO));
-        r.bind(2, 77);
-        let asked = r.limits(2, 77, &settings(1000, 500, Duration::ZERO));
-        assert_eq!(asked.max_requests, ahead.max_requests);
-        assert_eq!(asked.pid, 77);
-        // Another child in the slot later gets limits of its own.
-        assert_eq!(
-            r.limits(2, 78, &settings(1000, 500, Duration::ZERO)).pid,
-            78
-        );
-    }
-
-    #[test]
-    fn jitter_spreads_children_started_together() {
-        // Eight children, a limit of 1000 and a jitter of 500: with the
-        // seed fixed, no two draw the same limit, so on a steady load they
-        // retire at different times.
-        let mut r = Recycler::with_seed(Some(42));
-        let mut limits: Vec<u64> = (0..8)
-            .map(|slot| {
-                r.limits(
-                    slot,
-                    100 + slot as i32,
-                    &settings(1000, 500, Duration::ZERO),
-                )
-            })
-            .map(|l| l.max_requests)
-            .collect();
-        limits.sort_unstable();
-        limits.dedup();
-        assert_eq!(limits.len(), 8, "{limits:?}");
-    }
-
-    #[test]
-    fn a_child_keeps_its_limits_and_a_new_pid_draws_again() {
-        let mut r = Recycler::with_seed(Some(1));
-        let a = r.limits(0, 10, &settings(100, 1_000_000, Duration::from_secs(100)));
-        assert_eq!(
-            r.limits(0, 10, &settings(100, 1_000_000, Duration::from_secs(100))),
-            a
-        );
-        let b = r.limits(0, 11, &settings(100, 1_000_000, Duration::from_secs(100)));
-        assert_ne!(a.max_requests, b.max_requests);
     }
 }
