@@ -131,7 +131,7 @@
 //! dedicated dispatcher costs every command two wake-ups in a row (the
 //! dispatcher's, then the worker's) and a third to hand the session back;
 //! with 2,000 mostly idle sessions that made the pool's p99 latency worse
-//! than a thread per session (`docs/benchmarks.md` has the numbers).
+//! than a thread per session (`docs/benchmarks/history.md` has the numbers).
 //!
 //! # This crate
 //!

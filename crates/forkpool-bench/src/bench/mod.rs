@@ -20,7 +20,8 @@
 //! [`http`] and [`latency`]), [`procstat`] (reading `/proc`),
 //! [`pool_process`] (running `forkpool demo`), [`app_pool`] (running
 //! `forkpool run` on a Python app), and [`table`] (the output).
-//! `docs/benchmarks.md` tells how to run them and what each column means.
+//! `docs/benchmarks.md` tells how to run them; the first sections of
+//! `docs/benchmarks/history.md` what each column means.
 
 mod app_pool;
 mod http;

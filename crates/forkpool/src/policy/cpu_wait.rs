@@ -57,7 +57,7 @@
 //! from one child, and a burst of sleeping requests would get its
 //! children one every 8-12 ms, 300 ms for 32 of them, where a pool
 //! without the hold answered all 32 within 70 ms of each other
-//! (docs/benchmarks.md, 2026-11-29). A look that found the
+//! (docs/benchmarks/history.md, 2026-11-29). A look that found the
 //! children computing, or the CPUs filling, still makes each spawn wait
 //! for a fresh measurement.
 //!

@@ -9,7 +9,8 @@
 //! last connection starts with its code and data out of them. Measured
 //! on 2 CPUs with 16 clients, a Rack app's preloaded children cost 2.5
 //! times the CPU a connection when each connection woke one of 16 than
-//! when 3 of them took turn after turn (docs/benchmarks.md).
+//! when 3 of them took turn after turn (docs/benchmarks/history.md,
+//! *The dispatch width*).
 //!
 //! So in `kernel` dispatch the pool has a **width**: the lowest children
 //! that new connections go to. The others stay idle and ready, kept for
