@@ -243,7 +243,7 @@ impl Pool {
             return Err(PoolError::PreloadNeedsCommand);
         }
         let mut supervisor = self.supervisor()?;
-        supervisor.children_take_next = true;
+        supervisor.options.children_take_next = true;
         supervisor.settle_dispatch(None);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
@@ -276,10 +276,10 @@ impl Pool {
             }
         }
         let mut supervisor = self.supervisor()?;
-        supervisor.capture_output = true;
+        supervisor.options.capture_output = true;
         // Workers get the listeners in `handoff` too, so one finishing a
         // connection may take the next waiting one itself (`N`).
-        supervisor.children_take_next = true;
+        supervisor.options.children_take_next = true;
         supervisor.templates.command = command.to_string();
         supervisor.settle_dispatch(None);
         match supervisor.run()? {
@@ -391,9 +391,9 @@ impl Pool {
         }
         let mut supervisor = Supervisor::new(self.config, self.listeners)?;
         supervisor.endpoints = self.endpoints;
-        supervisor.listeners_outlive_pool = self.listeners_outlive;
-        supervisor.reload_source = self.reload;
-        supervisor.credentials = self.credentials;
+        supervisor.options.listeners_outlive_pool = self.listeners_outlive;
+        supervisor.options.reload_source = self.reload;
+        supervisor.options.credentials = self.credentials;
         supervisor.handover.command = self.upgrade;
         Ok(supervisor)
     }

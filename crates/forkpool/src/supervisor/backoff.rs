@@ -52,7 +52,7 @@ impl Supervisor {
         let Some(until) = self.spawns_held_until(now) else {
             return;
         };
-        if !log_due(&mut self.last_replacements_held_log, now) {
+        if !log_due(&mut self.log_pace.replacements_held, now) {
             return;
         }
         warn!(

@@ -26,7 +26,7 @@ impl Supervisor {
             Phase::Stopping
         } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
             Phase::Draining
-        } else if !self.told_ready {
+        } else if !self.notify.told_ready {
             Phase::Starting
         } else {
             Phase::Serving

@@ -102,7 +102,7 @@ impl Supervisor {
                 return None;
             }
         };
-        let (output_read, output_write) = if self.capture_output {
+        let (output_read, output_write) = if self.options.capture_output {
             match fds::pipe() {
                 Ok((r, w)) => (Some(r), Some(w)),
                 Err(e) => {
@@ -217,7 +217,7 @@ impl Supervisor {
             process::own_process_group(0)?;
             process::reset_child_signals()?;
             process::die_with_parent(parent_pid)?;
-            if let Some(c) = self.credentials {
+            if let Some(c) = self.options.credentials {
                 if let Err(e) = process::become_user(c.uid, c.gid) {
                     tracing::error!("cannot switch to uid {} gid {}: {e}", c.uid, c.gid);
                     std::process::exit(1);

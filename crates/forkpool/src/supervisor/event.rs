@@ -106,6 +106,18 @@ impl Event {
     }
 }
 
+/// What wakes the loop, as the supervisor holds it.
+pub(super) struct Wake {
+    /// The poll every source is registered with.
+    pub poll: mio::Poll,
+    /// The signals the supervisor handles.
+    pub signals: super::signals::Signals,
+    /// Where the signal handlers write, watched by the poll.
+    pub signal_pipe: super::signals::SignalPipe,
+    /// Children with reports left unread last turn.
+    pub unread: Vec<usize>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -194,7 +194,7 @@ impl Supervisor {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
-        let registry = self.poll.registry();
+        let registry = self.wake.poll.registry();
         for (listener, fd) in kernel.sockets(slot) {
             let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
             if registry
@@ -243,7 +243,7 @@ impl Supervisor {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
-        let registry = self.poll.registry();
+        let registry = self.wake.poll.registry();
         self.orphaned_sockets.retain(|&(s, listener)| {
             if s != slot {
                 return true;

@@ -27,7 +27,7 @@ impl Supervisor {
         if self.hosts_sessions() {
             config.validate_for_sessions()?;
         }
-        if config.preload && !self.capture_output {
+        if config.preload && !self.options.capture_output {
             return Err(ConfigError {
                 field: "preload",
                 message: "preload is for pools that run a command (`forkpool run`); \

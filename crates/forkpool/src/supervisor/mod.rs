@@ -5,7 +5,11 @@
 //! or the next deadline), handles it, then lets the scaling policy look at
 //! the pool and carries out what it says. Every step is a named verb in one
 //! of the files beside this one:
-//! - `event.rs`: everything the loop waits on, as one enum;
+//! - `event.rs`: everything the loop waits on, as one enum, and the poll,
+//!   signals and unread channels that wake it;
+//! - `options.rs`: what the pool was built with (output capture, reload
+//!   source, credentials, listeners that outlive it);
+//! - `log_pace.rs`: when the lines logged now and then were last logged;
 //! - `effects.rs`: each effect of the core, carried out;
 //! - `link.rs`: the supervisor's side of one child (channel, stderr,
 //!   pidfd), kept in the child's scoreboard slot;
@@ -54,7 +58,9 @@ mod kernel;
 mod link;
 mod liveness;
 mod load;
+mod log_pace;
 mod notify;
+mod options;
 mod output;
 mod published;
 mod recycle;
@@ -98,7 +104,7 @@ use crate::core::{Core, Input as CoreInput, Timer};
 use event::Event;
 pub(crate) use link::ChildLink;
 use output::ChildOutput;
-use signals::{SignalPipe, Signals};
+use signals::Signals;
 
 /// How often, at most, the "child states" line and the max-children warning
 /// are logged.
@@ -117,50 +123,30 @@ pub(crate) enum Exit {
 
 /// The parent process's state.
 pub(crate) struct Supervisor {
-    poll: Poll,
+    /// What wakes the loop: the poll, the signals, and children with
+    /// reports left unread last turn.
+    wake: event::Wake,
+    /// What the pool was built with: output capture, next-connection
+    /// taking, the reload source, listeners outliving it, credentials.
+    pub(crate) options: options::ShellOptions,
+    /// When the lines logged at most now and then were last logged.
+    log_pace: log_pace::LogPace,
+    /// systemd: told ready yet, and its watchdog.
+    notify: notify::Notify,
     pub listeners: Vec<WatchedListener>,
     /// The children, slot by slot, and the rules' memory (no I/O).
     pub core: Core<ChildLink>,
-    /// Children with reports left unread last turn.
-    unread: Vec<usize>,
-    signals: Signals,
-    signal_pipe: SignalPipe,
-    /// When the supervisor last said that replacements wait for the rate.
-    last_replacements_held_log: Option<Instant>,
-    /// Give each child a pipe for its stderr and log what comes out
-    /// (exec'd workers, see `output.rs`).
-    pub capture_output: bool,
-    /// In `handoff` dispatch, give children the listeners so that one
-    /// finishing a connection may take the next waiting one itself
-    /// (`Next`, see `worker.rs`). Off only for many-connection children.
-    pub children_take_next: bool,
-    /// Reads the configuration again on SIGHUP.
-    pub reload_source: Option<ReloadSource>,
-    last_saturated_log: Option<Instant>,
-    last_cpu_bound_log: Option<Instant>,
-    /// When the scoreboard line was last logged, and at which change count.
-    scoreboard_logged: (Option<Instant>, u64),
     pub(crate) endpoints: endpoints::Endpoints,
     /// The agent check, `/live`, `/ready` and the drain delay.
     balancer: balancer::Balancer,
     /// Serving the backlog queued when a stop came (`stop_backlog.rs`).
     finishing: Option<stop_backlog::BacklogFinish>,
-    /// The listeners came from systemd socket activation and outlive this
-    /// process: a stop leaves their backlog to the next start.
-    pub(crate) listeners_outlive_pool: bool,
-    /// Who children run as, if not the supervisor's own user.
-    pub(crate) credentials: Option<crate::config::Credentials>,
     /// A binary upgrade's two ends: the command, the successor starting,
     /// the predecessor waiting (`upgrade.rs`).
     pub(crate) handover: upgrade::Handover,
     pid: u32,
-    /// Whether systemd has been told the pool is ready.
-    told_ready: bool,
-    /// systemd's watchdog, when the unit asks for one.
-    watchdog: Option<watchdog::Watchdog>,
     /// Children's CPU, memory and peers, listeners' queues.
     pub(crate) resources: resources::Resources,
-    /// Per-child recycling limits.
     /// Slow-request captures.
     slow: slow::SlowWatch,
     /// Templates the workers are forked from (`--preload`).
@@ -204,31 +190,28 @@ impl Supervisor {
             core.seed_jitter(seed);
         }
         Ok(Supervisor {
+            wake: event::Wake {
+                poll,
+                signals,
+                signal_pipe,
+                unread: Vec::new(),
+            },
+            options: options::ShellOptions::default(),
+            log_pace: log_pace::LogPace::default(),
+            notify: notify::Notify {
+                told_ready: false,
+                watchdog: watchdog::Watchdog::from_env(Instant::now()),
+            },
             core,
-            poll,
             listeners,
-            unread: Vec::new(),
-            signals,
-            signal_pipe,
-            last_replacements_held_log: None,
-            capture_output: false,
-            children_take_next: false,
-            reload_source: None,
-            last_saturated_log: None,
-            last_cpu_bound_log: None,
-            scoreboard_logged: (None, 0),
             endpoints: endpoints::Endpoints::default(),
             balancer: balancer::Balancer::default(),
             finishing: None,
-            listeners_outlive_pool: false,
-            credentials: None,
             handover: upgrade::Handover {
                 predecessor: crate::sys::process::take_fd_from_env(READY_FD_ENV)?,
                 ..Default::default()
             },
             pid: std::process::id(),
-            told_ready: false,
-            watchdog: watchdog::Watchdog::from_env(Instant::now()),
             resources: resources::Resources::default(),
             slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
@@ -245,7 +228,7 @@ impl Supervisor {
     /// freshly forked child, at once with what the child needs.
     pub fn run(mut self) -> io::Result<Exit> {
         self.watch_listeners(Instant::now())?;
-        self.endpoints.register(self.poll.registry())?;
+        self.endpoints.register(self.wake.poll.registry())?;
         let mut events = Events::with_capacity(256);
         let mut ready: Vec<Event> = Vec::with_capacity(256);
         loop {
@@ -261,19 +244,19 @@ impl Supervisor {
                 self.endpoints.remove_control_file();
                 return Ok(Exit::Done(self.core.totals));
             }
-            let timeout = if self.unread.is_empty() && !self.endpoints.has_more() {
+            let timeout = if self.wake.unread.is_empty() && !self.endpoints.has_more() {
                 self.next_deadline(now)
                     .map(|d| d.saturating_duration_since(now))
             } else {
                 Some(Duration::ZERO)
             };
-            match self.poll.poll(&mut events, timeout) {
+            match self.wake.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
             ready.clear();
-            ready.extend(self.unread.drain(..).map(Event::Child));
+            ready.extend(self.wake.unread.drain(..).map(Event::Child));
             ready.extend(events.iter().filter_map(|e| Event::from_token(e.token())));
             let now = Instant::now();
             // Kernel dispatch: the children's states, as they are now.
@@ -301,7 +284,7 @@ impl Supervisor {
                 dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
             {
                 // Waits for a signal, never past the pause.
-                self.signal_pipe.wait(pause);
+                self.wake.signal_pipe.wait(pause);
             }
         }
     }
@@ -348,27 +331,27 @@ impl Supervisor {
 
     /// Signals set flags in handlers; here is where they take effect.
     fn handle_signals(&mut self, now: Instant) -> io::Result<()> {
-        self.signal_pipe.drain();
-        if self.signals.take_child_exited() {
+        self.wake.signal_pipe.drain();
+        if self.wake.signals.take_child_exited() {
             self.reap_children(now)?;
         }
-        if self.signals.take_reload() && self.core.shutdown.is_none() {
+        if self.wake.signals.take_reload() && self.core.shutdown.is_none() {
             notify::reloading();
             self.reload(now);
             if !self.core.rolling() {
                 notify::ready();
             }
         }
-        if self.signals.take_upgrade() && self.core.shutdown.is_none() {
+        if self.wake.signals.take_upgrade() && self.core.shutdown.is_none() {
             self.begin_upgrade(now);
         }
-        let spare_change = self.signals.take_spare_change();
+        let spare_change = self.wake.signals.take_spare_change();
         if spare_change != 0 {
             self.adjust_spare(spare_change);
         }
-        let quit = self.signals.take_quit();
-        let interrupts = self.signals.take_interrupts();
-        let terminate = self.signals.take_terminate();
+        let quit = self.wake.signals.take_quit();
+        let interrupts = self.wake.signals.take_interrupts();
+        let terminate = self.wake.signals.take_terminate();
         let stopping = self.core.shutdown.is_some();
         match shutdown::on_stop_signals(interrupts, terminate, quit, stopping) {
             Some(Stop::Now) => {
@@ -454,7 +437,7 @@ impl Supervisor {
             }
             Decision::Retire(_) => self.carry_out(now),
             Decision::CpuBound => {
-                if pool.cpu_holds() && log_due(&mut self.last_cpu_bound_log, now) {
+                if pool.cpu_holds() && log_due(&mut self.log_pace.cpu_bound, now) {
                     info!(
                         children = pool.live(),
                         "the busy children wait for the CPUs, so the pool holds and \
@@ -464,7 +447,7 @@ impl Supervisor {
                 }
             }
             Decision::Saturated => {
-                if log_due(&mut self.last_saturated_log, now) {
+                if log_due(&mut self.log_pace.saturated, now) {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
                          (raise --max-children if the machine has room)",
@@ -505,7 +488,7 @@ impl Supervisor {
             (Timer::StatusLine, self.scoreboard_log_due()),
             (Timer::Endpoints, self.endpoints.deadline()),
             (Timer::Upgrade, self.upgrade_deadline()),
-            (Timer::Watchdog, self.watchdog.map(|w| w.due())),
+            (Timer::Watchdog, self.notify.watchdog.map(|w| w.due())),
             (Timer::Samples, self.resources.due()),
             (Timer::SlowCapture, self.slow_deadline()),
             (Timer::Drain, self.drain_deadline()),
@@ -520,18 +503,19 @@ impl Supervisor {
     /// interval; a change held back is logged when the interval ends.
     fn log_scoreboard(&mut self, now: Instant) {
         let changes = self.core.board.changes();
-        if changes == self.scoreboard_logged.1 || self.scoreboard_log_due().is_some_and(|t| now < t)
+        if changes == self.log_pace.scoreboard.1
+            || self.scoreboard_log_due().is_some_and(|t| now < t)
         {
             return;
         }
         let line = self.core.board.line();
         info!("child states: {line}");
         notify::status(&line);
-        self.scoreboard_logged = (Some(now), changes);
+        self.log_pace.scoreboard = (Some(now), changes);
     }
 
     fn scoreboard_log_due(&self) -> Option<Instant> {
-        match self.scoreboard_logged {
+        match self.log_pace.scoreboard {
             (Some(at), changes) if changes != self.core.board.changes() => {
                 Some(at + SCOREBOARD_LOG_INTERVAL)
             }
@@ -557,7 +541,7 @@ impl Supervisor {
                     std::process::exit(1);
                 }
             }
-        } else if start.mode.children_hold_listeners() || self.children_take_next {
+        } else if start.mode.children_hold_listeners() || self.options.children_take_next {
             start.listeners = listeners.into_iter().map(|l| l.listener).collect();
         }
         // Dropping the rest closes the poll, the signal pipe and every other
@@ -567,7 +551,7 @@ impl Supervisor {
     }
 
     fn register_channel(&self, slot: usize, channel: &Channel) -> io::Result<()> {
-        self.poll.registry().register(
+        self.wake.poll.registry().register(
             &mut SourceFd(&channel.as_raw_fd()),
             Event::Child(slot).token(),
             Interest::READABLE,
@@ -576,6 +560,7 @@ impl Supervisor {
 
     fn deregister_channel(&self, channel: &Channel) {
         let _ = self
+            .wake
             .poll
             .registry()
             .deregister(&mut SourceFd(&channel.as_raw_fd()));
@@ -599,7 +584,7 @@ impl Supervisor {
             return Ok(());
         }
         l.resume_at = None;
-        self.poll.registry().register(
+        self.wake.poll.registry().register(
             &mut SourceFd(&l.listener.as_raw_fd()),
             Event::Listener(i).token(),
             Interest::READABLE,
@@ -613,6 +598,7 @@ impl Supervisor {
         let l = &mut self.listeners[i];
         if l.watched {
             let _ = self
+                .wake
                 .poll
                 .registry()
                 .deregister(&mut SourceFd(&l.listener.as_raw_fd()));

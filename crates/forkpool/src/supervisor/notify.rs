@@ -54,16 +54,24 @@ impl Supervisor {
     /// Tells systemd the service is up once `min_children` are ready (or at
     /// least one, for a pool that may start empty).
     pub(super) fn notify_ready_once(&mut self) {
-        if self.told_ready {
+        if self.notify.told_ready {
             return;
         }
         let counts = self.core.board.counts();
         let wanted = self.core.config.min_children.max(1);
         if counts.idle + counts.busy >= wanted {
-            self.told_ready = true;
+            self.notify.told_ready = true;
             ready();
             self.tell_predecessor_ready();
             tracing::info!("pool ready");
         }
     }
+}
+
+/// What the supervisor keeps of systemd's side.
+pub(super) struct Notify {
+    /// Whether systemd has been told the pool is ready.
+    pub told_ready: bool,
+    /// systemd's watchdog, when the unit asks for one.
+    pub watchdog: Option<super::watchdog::Watchdog>,
 }

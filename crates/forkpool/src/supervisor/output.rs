@@ -168,7 +168,7 @@ impl ChildOutput {
 impl Supervisor {
     /// Starts watching a new worker's output pipe.
     pub(super) fn register_output(&self, slot: usize, output: &ChildOutput) -> io::Result<()> {
-        self.poll.registry().register(
+        self.wake.poll.registry().register(
             &mut SourceFd(&output.pipe.as_raw_fd()),
             Event::Output(slot).token(),
             Interest::READABLE,
@@ -197,7 +197,8 @@ impl Supervisor {
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
-                if let Err(e) = output.rearm(self.poll.registry(), Event::Output(slot).token()) {
+                if let Err(e) = output.rearm(self.wake.poll.registry(), Event::Output(slot).token())
+                {
                     warn!(slot, pid, "cannot watch the worker's stderr any more: {e}");
                 }
             }
@@ -234,6 +235,7 @@ impl Supervisor {
 
     pub(super) fn forget_output(&self, output: &ChildOutput) {
         let _ = self
+            .wake
             .poll
             .registry()
             .deregister(&mut SourceFd(&output.pipe.as_raw_fd()));

@@ -86,7 +86,7 @@ impl Supervisor {
         p.capacity = capacity;
         p.pid = self.pid;
         p.started = self.started;
-        p.ready = self.told_ready;
+        p.ready = self.notify.told_ready;
         p.kernel = self.kernel.is_some();
         if p.dispatch_fallback != self.dispatch_fallback {
             p.dispatch_fallback.clone_from(&self.dispatch_fallback);

@@ -31,7 +31,7 @@ impl Supervisor {
     /// can check (the command the pool runs, the listeners' options,
     /// applied here), or why it cannot be used.
     fn read_reloaded_config(&mut self) -> Result<PoolConfig, String> {
-        let config = match self.reload_source.as_mut() {
+        let config = match self.options.reload_source.as_mut() {
             Some(read) => read().map_err(|e| format!("cannot read the configuration: {e}"))?,
             None => self.core.config.clone(),
         };

@@ -24,7 +24,7 @@ impl Supervisor {
     pub(super) fn read_reports(&mut self, slot: usize, now: Instant) {
         for read in 0..=REPORTS_PER_TURN {
             if read == REPORTS_PER_TURN {
-                self.unread.push(slot);
+                self.wake.unread.push(slot);
                 return;
             }
             let Some(link) = self.core.board.link(slot) else {

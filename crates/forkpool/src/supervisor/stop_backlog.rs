@@ -59,7 +59,7 @@ impl Supervisor {
         let queued = u64::from(self.queued());
         let parked = self.dispatcher.parked() as u64;
         let applies = self.core.config.serve_backlog_on_stop
-            && !self.listeners_outlive_pool
+            && !self.options.listeners_outlive_pool
             && self.core.config.dispatch.speaks_protocol();
         if !applies || queued + parked == 0 {
             self.begin_shutdown(now);

@@ -173,7 +173,7 @@ impl Supervisor {
         output: Option<ChildOutput>,
     ) -> io::Result<()> {
         if let Some(output) = &output {
-            let registered = self.poll.registry().register(
+            let registered = self.wake.poll.registry().register(
                 &mut SourceFd(&output.pipe.as_raw_fd()),
                 Event::TemplateOutput(generation as usize).token(),
                 Interest::READABLE,
@@ -182,7 +182,7 @@ impl Supervisor {
                 warn!(pid, "cannot watch the template's stderr: {e}");
             }
         }
-        let registered = self.poll.registry().register(
+        let registered = self.wake.poll.registry().register(
             &mut SourceFd(&channel.as_raw_fd()),
             Event::Template(generation as usize).token(),
             Interest::READABLE,
@@ -205,7 +205,7 @@ impl Supervisor {
     pub(super) fn into_template(mut self, mut start: TemplateStart) -> TemplateStart {
         let listeners = std::mem::take(&mut self.listeners);
         // Its workers get what an exec'd worker of this mode gets.
-        if start.mode.children_hold_listeners() || self.children_take_next {
+        if start.mode.children_hold_listeners() || self.options.children_take_next {
             start.listeners = listeners.into_iter().map(|l| l.listener).collect();
         }
         drop(self);
@@ -363,7 +363,7 @@ impl Supervisor {
                 Incoming::WouldBlock => return,
                 Incoming::Closed => {
                     let fd = ends.channel.as_raw_fd();
-                    let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+                    let _ = self.wake.poll.registry().deregister(&mut SourceFd(&fd));
                     self.core.on(Input::TemplateClosed { generation }, now);
                     self.carry_out(now);
                     return;
@@ -382,10 +382,11 @@ impl Supervisor {
         if let Some(ends) = self.templates.ends.get(&generation) {
             let fd = ends.channel.as_raw_fd();
             let token = Event::Template(generation as usize).token();
-            let _ = self
-                .poll
-                .registry()
-                .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
+            let _ =
+                self.wake
+                    .poll
+                    .registry()
+                    .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
         }
     }
 
@@ -457,7 +458,7 @@ impl Supervisor {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
                 let token = Event::TemplateOutput(generation as usize).token();
-                if let Err(e) = output.rearm(self.poll.registry(), token) {
+                if let Err(e) = output.rearm(self.wake.poll.registry(), token) {
                     warn!(
                         generation,
                         pid, "cannot watch the template's stderr any more: {e}"
@@ -537,6 +538,7 @@ impl Supervisor {
             self.forget_output(&output);
         }
         let _ = self
+            .wake
             .poll
             .registry()
             .deregister(&mut SourceFd(&ends.channel.as_raw_fd()));

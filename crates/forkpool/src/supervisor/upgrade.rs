@@ -117,7 +117,7 @@ impl Supervisor {
         match self.spawn_successor(&command) {
             Ok((pid, ready)) => {
                 info!(pid, program = %command.program.display(), "upgrade: started a new supervisor");
-                if let Err(e) = self.poll.registry().register(
+                if let Err(e) = self.wake.poll.registry().register(
                     &mut SourceFd(&ready.as_raw_fd()),
                     Event::Upgrade.token(),
                     Interest::READABLE,
@@ -188,7 +188,7 @@ impl Supervisor {
             return e;
         }
         let mut exec = std::process::Command::new(&command.program);
-        if self.listeners_outlive_pool {
+        if self.options.listeners_outlive_pool {
             exec.env(SOCKET_ACTIVATED_ENV, "1");
         } else {
             exec.env_remove(SOCKET_ACTIVATED_ENV);
@@ -292,6 +292,7 @@ impl Supervisor {
             // place already; one that failed may have left it beside ours.
             self.endpoints.remove_successor_control(upgrade.pid);
             let _ = self
+                .wake
                 .poll
                 .registry()
                 .deregister(&mut SourceFd(&upgrade.ready.as_raw_fd()));

@@ -61,7 +61,12 @@ impl Watchdog {
 impl Supervisor {
     /// Sends `WATCHDOG=1` when due; called once per turn of the loop.
     pub(super) fn keep_watchdog(&mut self, now: Instant) {
-        if self.watchdog.as_mut().is_some_and(|w| w.take_due(now)) {
+        if self
+            .notify
+            .watchdog
+            .as_mut()
+            .is_some_and(|w| w.take_due(now))
+        {
             if let Err(e) = sd_notify::notify(&[NotifyState::Watchdog]) {
                 debug!("sd_notify WATCHDOG=1 failed: {e}");
             }
