@@ -143,17 +143,18 @@ impl ChildOutput {
 }
 
 impl ChildOutput {
-    /// After a turn of [`ChildOutput::read_lines`]: adds the lines the
-    /// gate dropped to `dropped`, and says why the writer must end when it
+    /// After a turn of [`ChildOutput::read_lines`]: the lines the gate
+    /// dropped, for the core to count, and why the writer must end when it
     /// has flooded its stderr for too long.
-    pub(super) fn flooded(&mut self, dropped: &mut u64, now: Instant) -> Option<String> {
-        *dropped += std::mem::take(&mut self.gate.dropped);
-        self.gate.flooding_too_long(now).then(|| {
+    pub(super) fn flooded(&mut self, now: Instant) -> (Counted, Option<String>) {
+        let dropped = Counted::StderrLinesDropped(std::mem::take(&mut self.gate.dropped));
+        let flood = self.gate.flooding_too_long(now).then(|| {
             format!(
                 "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
                  for {STDERR_FLOOD_LIMIT:?}"
             )
-        })
+        });
+        (dropped, flood)
     }
 
     /// Watches the pipe again under `token`: the poll is edge-triggered,
@@ -190,7 +191,9 @@ impl Supervisor {
             log_line(slot, pid, line);
             slow.line(slot, pid, line, now);
         });
-        if let Some(why) = output.flooded(&mut self.core.totals.stderr_lines_dropped, now) {
+        let (dropped, flood) = output.flooded(now);
+        if let Some(why) = flood {
+            self.core.count(dropped);
             self.kill(slot, KillReason::Misbehaved, why, now);
             return;
         }
@@ -209,6 +212,7 @@ impl Supervisor {
                 }
             }
         }
+        self.core.count(dropped);
     }
 
     /// At reap: log what the worker wrote before it died, then close.

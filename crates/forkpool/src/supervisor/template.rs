@@ -450,7 +450,9 @@ impl Supervisor {
         };
         let now = Instant::now();
         let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-        if let Some(why) = output.flooded(&mut self.core.totals.stderr_lines_dropped, now) {
+        let (dropped, flood) = output.flooded(now);
+        self.core.count(dropped);
+        if let Some(why) = flood {
             self.template_broken(generation, why, now);
             return;
         }
