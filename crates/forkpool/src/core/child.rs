@@ -58,6 +58,9 @@ pub(crate) struct WorkerRole {
     /// A slow-request capture is gathering its stack: its busy deadline
     /// waits for the capture, which carries the kill.
     pub capturing: bool,
+    /// The connection last captured as slow (its busy-since instant), so
+    /// that each connection is captured once (`core/slow.rs`).
+    pub captured: Option<Instant>,
     /// Kernel dispatch: the child said it keeps its record on the
     /// scoreboard (`K`), so the supervisor reads its state there; a child
     /// that said `R` is served as in `handoff`.
@@ -413,6 +416,7 @@ impl Child {
                 version,
                 claimed: None,
                 capturing: false,
+                captured: None,
                 keeps_board: false,
                 board_counts: (0, 0, 0),
                 limits: None,

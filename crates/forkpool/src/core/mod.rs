@@ -21,6 +21,7 @@ mod rollout;
 pub(crate) mod sampled;
 #[cfg(test)]
 mod sim;
+mod slow;
 mod stop;
 pub(crate) mod template;
 mod templates;
@@ -32,6 +33,7 @@ pub(crate) use counted::Counted;
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;
+pub(crate) use slow::CaptureOf;
 pub(crate) use timers::Timer;
 pub(crate) use view::CoreView;
 
@@ -113,6 +115,8 @@ pub(crate) struct Core<L> {
     timers: timers::Timers,
     /// Draws each child's recycling limits (`recycle.rs`).
     jitter: fastrand::Rng,
+    /// The rate of slow-request captures (`slow.rs`).
+    slow: crate::observe::CaptureLimiter,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -144,6 +148,7 @@ impl<L: HasChild> Core<L> {
             watches: cpu::Watches::default(),
             timers: timers::Timers::default(),
             jitter: fastrand::Rng::new(),
+            slow: slow::capture_limiter(),
             effects: Vec::new(),
             spare: Vec::new(),
         }

@@ -7,17 +7,15 @@ use crate::core::Input;
 
 impl Supervisor {
     /// The core's deadlines (`core/liveness.rs`): first what only the
-    /// shell can see is told to it (a slow-request capture in progress, a
-    /// channel that sent an empty datagram and has since been closed),
+    /// shell can see is told to it (a channel that sent an empty datagram
+    /// and has since been closed),
     /// then it is ticked and what it asks is carried out.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         let mut hung_up = Vec::new();
         for slot in 0..self.core.board.span() {
-            let capturing = self.slow.pending_for(slot);
-            let Some(link) = self.core.board.link_mut(slot) else {
+            let Some(link) = self.core.board.link(slot) else {
                 continue;
             };
-            link.child.role.capturing = capturing;
             if link.child.channel_closed
                 && !link.child.role.hung_up
                 && super::reports::peer_hung_up(&link.channel)

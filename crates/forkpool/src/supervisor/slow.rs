@@ -17,8 +17,8 @@ use nix::sys::signal::Signal;
 use tracing::{debug, warn};
 
 use super::Supervisor;
-use crate::core::Counted;
-use crate::observe::{CaptureLimiter, SlowCapture};
+use crate::core::{CaptureOf, Counted};
+use crate::observe::SlowCapture;
 use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 
@@ -26,9 +26,6 @@ use crate::status::KillReason;
 pub(crate) const STACK_WAIT: Duration = Duration::from_secs(2);
 /// A stack is complete once the worker wrote nothing more for this long.
 pub(crate) const QUIET: Duration = Duration::from_millis(300);
-/// Captures allowed at once, and then one per [`CAPTURE_INTERVAL`].
-const CAPTURE_BURST: u32 = 5;
-const CAPTURE_INTERVAL: Duration = Duration::from_secs(10);
 /// The most stack text kept from one dump.
 const MAX_STACK_BYTES: usize = 64 * 1024;
 
@@ -54,39 +51,14 @@ impl Pending {
     }
 }
 
-/// The slow-request watch: which connections were captured, and captures
-/// waiting for a stack.
-#[derive(Debug)]
+/// The captures waiting for a stack (which connection to capture is the
+/// core's decision, `core/slow.rs`).
+#[derive(Debug, Default)]
 pub(crate) struct SlowWatch {
-    limiter: CaptureLimiter,
-    /// Per slot: the pid and busy-since of the connection last captured.
-    captured: Vec<Option<(i32, Instant)>>,
     pending: Vec<Pending>,
 }
 
-impl Default for SlowWatch {
-    fn default() -> Self {
-        SlowWatch {
-            limiter: CaptureLimiter::new(CAPTURE_BURST, CAPTURE_INTERVAL),
-            captured: Vec::new(),
-            pending: Vec::new(),
-        }
-    }
-}
-
 impl SlowWatch {
-    fn already(&self, slot: usize, pid: i32, since: Instant) -> bool {
-        self.captured.get(slot).copied().flatten() == Some((pid, since))
-            || self.pending.iter().any(|p| p.capture.slot == slot)
-    }
-
-    fn mark(&mut self, slot: usize, pid: i32, since: Instant) {
-        if self.captured.len() <= slot {
-            self.captured.resize(slot + 1, None);
-        }
-        self.captured[slot] = Some((pid, since));
-    }
-
     /// Whether a capture of `slot` is waiting for its stack.
     pub fn pending_for(&self, slot: usize) -> bool {
         self.pending.iter().any(|p| p.capture.slot == slot)
@@ -112,58 +84,22 @@ impl SlowWatch {
 }
 
 impl Supervisor {
-    /// Starts captures of children busy past `slow_threshold` and completes
-    /// those whose stack has arrived; called once per turn of the loop.
+    /// Starts the captures the core asks for and completes those whose
+    /// stack has arrived; called once per turn of the loop.
     pub(super) fn watch_slow(&mut self, now: Instant) {
         self.complete_captures(now);
-        let threshold = self.slow_threshold();
-        if threshold.is_zero() {
-            return;
-        }
-        let due: Vec<(usize, i32, Instant)> = self
-            .core
-            .board
-            .iter()
-            .filter(|(_, s)| s.state == SlotState::Busy && s.load.is_none())
-            .filter(|(_, s)| now.saturating_duration_since(s.since) >= threshold)
-            .map(|(slot, s)| (slot, s.pid, s.since))
-            .filter(|&(slot, pid, since)| !self.slow.already(slot, pid, since))
-            .collect();
-        for (slot, pid, since) in due {
-            self.slow.mark(slot, pid, since);
-            self.start_capture(slot, pid, since, None, now);
+        for of in self.core.slow_captures_due(now) {
+            self.start_capture(of, None, now);
         }
     }
 
     /// When the loop must wake for slow requests: the next child to pass
     /// the threshold, or the next capture to complete.
     pub(super) fn slow_deadline(&self) -> Option<Instant> {
-        let threshold = self.slow_threshold();
-        let next_slow = (!threshold.is_zero())
-            .then(|| {
-                self.core
-                    .board
-                    .iter()
-                    .filter(|(_, s)| s.state == SlotState::Busy && s.load.is_none())
-                    .filter(|(slot, s)| !self.slow.already(*slot, s.pid, s.since))
-                    .map(|(_, s)| s.since + threshold)
-                    .min()
-            })
-            .flatten();
-        [next_slow, self.slow.deadline()]
+        [self.core.next_slow(), self.slow.deadline()]
             .into_iter()
             .flatten()
             .min()
-    }
-
-    /// The threshold in force: none for workers that never report (`none`
-    /// dispatch), which look busy from start to end.
-    fn slow_threshold(&self) -> Duration {
-        if self.core.config.dispatch.speaks_protocol() {
-            self.core.config.slow_threshold
-        } else {
-            Duration::ZERO
-        }
     }
 
     /// A child is about to be killed for `busy_timeout`: capture it first.
@@ -188,12 +124,10 @@ impl Supervisor {
             }
             return None;
         }
-        let Some(entry) = self.core.board.get(slot) else {
+        let Some(of) = self.core.capture_before_kill(slot, now) else {
             return Some((why, detail));
         };
-        let (pid, since) = (entry.pid, entry.since);
-        self.slow.mark(slot, pid, since);
-        if self.start_capture(slot, pid, since, Some((why, detail.clone())), now) {
+        if self.start_capture(of, Some((why, detail.clone())), now) {
             None
         } else {
             Some((why, detail))
@@ -202,20 +136,13 @@ impl Supervisor {
 
     /// Takes the `/proc` part and, for a worker whose stderr is read,
     /// asks for its stack. Returns whether the capture is pending (a kill
-    /// it carries will follow); a capture the rate limit refuses or one
-    /// that completes at once is not.
+    /// it carries will follow); one that completes at once is not.
     fn start_capture(
         &mut self,
-        slot: usize,
-        pid: i32,
-        since: Instant,
+        CaptureOf { slot, pid, since }: CaptureOf,
         then_kill: Option<(KillReason, String)>,
         now: Instant,
     ) -> bool {
-        if !self.slow.limiter.allow(now) {
-            self.core.count(Counted::SlowCaptureSuppressed);
-            return false;
-        }
         let peer = self.resources.peer(slot, pid);
         let busy = now.saturating_duration_since(since);
         let capture = SlowCapture::take(slot, pid, peer, busy);
@@ -240,6 +167,7 @@ impl Supervisor {
             match sent {
                 Ok(()) => {
                     self.slow.pending.push(pending);
+                    self.core.set_capturing(slot, pid, true);
                     return true;
                 }
                 Err(e) => debug!(slot, pid, "cannot send the stack-dump signal: {e}"),
@@ -263,6 +191,7 @@ impl Supervisor {
             let mut p = self.slow.pending.swap_remove(i);
             let kill = p.then_kill.take();
             let (slot, pid) = (p.capture.slot, p.capture.pid);
+            self.core.set_capturing(slot, pid, false);
             // The kill stands only if the child is still on that connection.
             let connection = p.connection;
             let still_stuck = self.core.board.get(slot).is_some_and(|s| {
@@ -279,7 +208,7 @@ impl Supervisor {
         if !p.stack.is_empty() {
             p.capture.worker_stack = Some(std::mem::take(&mut p.stack).trim_end().to_string());
         }
-        let suppressed = self.slow.limiter.take_suppressed();
+        let suppressed = self.core.take_captures_suppressed();
         let record = p.capture.to_string();
         warn!(
             slot = p.capture.slot,
@@ -343,17 +272,5 @@ mod tests {
         }
         assert_eq!(w.deadline(), Some(t0 + STACK_WAIT));
         assert!(w.pending[0].stack.len() <= MAX_STACK_BYTES);
-    }
-
-    #[test]
-    fn one_capture_per_connection() {
-        let t0 = Instant::now();
-        let mut w = SlowWatch::default();
-        assert!(!w.already(3, 7, t0));
-        w.mark(3, 7, t0);
-        assert!(w.already(3, 7, t0));
-        // The same child's next connection, or a new child in the slot.
-        assert!(!w.already(3, 7, t0 + Duration::from_secs(1)));
-        assert!(!w.already(3, 8, t0));
     }
 }
