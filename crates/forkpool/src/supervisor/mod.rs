@@ -144,7 +144,6 @@ pub(crate) struct Supervisor {
     /// A binary upgrade's two ends: the command, the successor starting,
     /// the predecessor waiting (`upgrade.rs`).
     pub(crate) handover: upgrade::Handover,
-    pid: u32,
     /// Children's CPU, memory and peers, listeners' queues.
     pub(crate) resources: resources::Resources,
     /// Slow-request captures.
@@ -161,8 +160,8 @@ pub(crate) struct Supervisor {
     /// Kernel dispatch: empty slots' sockets the supervisor watches, as
     /// (slot, listener).
     orphaned_sockets: Vec<(usize, usize)>,
-    started: Instant,
-    /// The pool as of the end of the last turn, for the endpoints.
+    /// The pool as of the end of the last turn, for the endpoints; also
+    /// the supervisor's pid and start.
     published: published::Published,
 }
 
@@ -211,7 +210,6 @@ impl Supervisor {
                 predecessor: crate::sys::process::take_fd_from_env(READY_FD_ENV)?,
                 ..Default::default()
             },
-            pid: std::process::id(),
             resources: resources::Resources::default(),
             slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
@@ -219,7 +217,6 @@ impl Supervisor {
             kernel: None,
             dispatch_fallback: None,
             orphaned_sockets: Vec::new(),
-            started: Instant::now(),
             published: published::Published::new(Instant::now()),
         })
     }

@@ -84,8 +84,6 @@ impl Supervisor {
         };
         let p = &mut self.published;
         p.capacity = capacity;
-        p.pid = self.pid;
-        p.started = self.started;
         p.ready = self.notify.told_ready;
         p.kernel = self.kernel.is_some();
         if p.dispatch_fallback != self.dispatch_fallback {

@@ -198,7 +198,7 @@ impl Supervisor {
             .env("LISTEN_PID", std::process::id().to_string())
             .env("LISTEN_FDNAMES", names.join(":"))
             .env(READY_FD_ENV, (3 + n).to_string())
-            .env(UPGRADE_FROM_ENV, self.pid.to_string())
+            .env(UPGRADE_FROM_ENV, self.published.pid.to_string())
             .exec()
     }
 

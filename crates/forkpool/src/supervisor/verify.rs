@@ -70,7 +70,7 @@ impl Supervisor {
         }
         // One read of the sender's record gives its parent, start and group.
         let record = sender.and_then(stat_of);
-        let sender_is_child = record.is_some_and(|r| r.ppid == self.pid as i32);
+        let sender_is_child = record.is_some_and(|r| r.ppid == self.published.pid as i32);
         // Credentials can be forged by a sender with CAP_SYS_ADMIN (a
         // template run as root): the process must also be one its template
         // forked, as far as the kernel's records tell: started after the
@@ -131,7 +131,7 @@ impl Supervisor {
     /// Whether `pid` is this process's child (a zombie not reaped yet
     /// included), as `/proc` says.
     fn is_our_child(&self, pid: i32) -> bool {
-        parent_of(pid) == Some(self.pid as i32)
+        parent_of(pid) == Some(self.published.pid as i32)
     }
 
     /// Carries out [`crate::core::Effect::Abandoned`]: the shell's ends
