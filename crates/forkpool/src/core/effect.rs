@@ -108,10 +108,17 @@ pub(crate) enum Effect<L> {
     /// A child has been reaped and its slot freed; the shell closes what
     /// it held for it.
     Gone(Gone<L>),
-    /// A process the core does not know was reaped (a binary upgrade's
-    /// successor, say): the shell looks; if it is not its own either, it
-    /// goes back as an orphan a template's `W` may yet name.
+    /// A process the core does not know was reaped: kept as an orphan a
+    /// template's `W` may yet name.
     Stranger {
+        /// Its pid.
+        pid: i32,
+        /// How it ended.
+        status: crate::sys::process::ExitStatus,
+    },
+    /// A binary upgrade's new supervisor exited before it was ready: the
+    /// upgrade failed (counted), and this supervisor keeps serving.
+    SuccessorGone {
         /// Its pid.
         pid: i32,
         /// How it ended.

@@ -155,13 +155,18 @@ impl<L: HasChild> Core<L> {
     }
 
     /// The process `pid` was reaped with `status`: a template, a worker in
-    /// a slot (or claimed for one), or a stranger the shell looks at.
+    /// a slot (or claimed for one), a binary upgrade's successor (which
+    /// fails the upgrade), or a stranger the shell looks at.
     pub fn reaped_pid(&mut self, pid: i32, status: ExitStatus, now: Instant) {
         if self.template_exited(pid, status, now) {
             return;
         }
         match self.slot_of(pid) {
             Some(slot) => self.reaped(slot, pid, status, now),
+            None if self.is_successor(pid) => {
+                self.upgrade_failed();
+                self.effects.push(Effect::SuccessorGone { pid, status });
+            }
             None => self.effects.push(Effect::Stranger { pid, status }),
         }
     }

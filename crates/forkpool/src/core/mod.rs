@@ -26,6 +26,7 @@ mod stop;
 pub(crate) mod template;
 mod templates;
 mod timers;
+pub(crate) mod upgrade;
 mod view;
 mod vouch;
 
@@ -117,6 +118,8 @@ pub(crate) struct Core<L> {
     jitter: fastrand::Rng,
     /// The rate of slow-request captures (`slow.rs`).
     slow: crate::observe::CaptureLimiter,
+    /// A binary upgrade's new supervisor, while it starts (`upgrade.rs`).
+    successor: Option<upgrade::Successor>,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -149,6 +152,7 @@ impl<L: HasChild> Core<L> {
             timers: timers::Timers::default(),
             jitter: fastrand::Rng::new(),
             slow: slow::capture_limiter(),
+            successor: None,
             effects: Vec::new(),
             spare: Vec::new(),
         }
@@ -238,6 +242,8 @@ impl<L: HasChild> Core<L> {
             self.rollout_deadline(now),
             self.board_deadline(now),
             self.cpu_deadline(now),
+            self.successor().map(|s| s.deadline),
+            self.next_slow(),
             self.timers_deadline(),
             // With no child to take it, a connection in the backlog is
             // looked at again now and then (`policy::dispatch`).

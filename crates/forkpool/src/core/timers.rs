@@ -1,9 +1,10 @@
 //! The shell's own timers, held by the core so that its `next_deadline`
 //! is the loop's only answer to "how long may I sleep": the accept pause
 //! after running out of descriptors, the status line's rate, the
-//! endpoints' rounds and client deadlines, the upgrade's and the drain's
-//! deadlines, systemd's watchdog, the `/proc` samples, slow-request
-//! captures and the backlog's last serving on stop. Each is decided by
+//! endpoints' rounds and client deadlines, the drain's deadline,
+//! systemd's watchdog, the `/proc` samples, a slow-request capture
+//! waiting for its stack and the backlog's last serving on stop. (The
+//! upgrade's deadline and the next slow request are the core's own.) Each is decided by
 //! the mechanism it belongs to; the shell arms them all at the end of
 //! each turn. A timer armed at a moment already passed is reported as it
 //! is: the mechanism has work now (a round of samples taken a few
@@ -24,8 +25,6 @@ pub(crate) enum Timer {
     StatusLine,
     /// The status, metrics and agent endpoints: their next round.
     Endpoints,
-    /// A binary upgrade (USR2) that must be ready by then.
-    Upgrade,
     /// systemd's watchdog.
     Watchdog,
     /// The next `/proc` sample of the children (status, recycling).
@@ -39,7 +38,7 @@ pub(crate) enum Timer {
 }
 
 impl Timer {
-    const COUNT: usize = 9;
+    const COUNT: usize = 8;
 
     fn index(self) -> usize {
         self as usize

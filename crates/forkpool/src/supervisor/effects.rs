@@ -95,6 +95,7 @@ impl Supervisor {
                 link,
             } => self.became_template(generation, pid, link, now),
             Effect::Stranger { pid, status } => self.stranger_reaped(pid, status),
+            Effect::SuccessorGone { pid, status } => self.successor_gone(pid, status),
         }
     }
 
@@ -189,14 +190,12 @@ impl Supervisor {
         }
     }
 
-    /// A process reaped that held no slot: a binary upgrade's successor,
-    /// or a worker whose template has not said its pid yet (it died at
-    /// once), kept for that answer.
+    /// A process reaped that held no slot, and not the upgrade's
+    /// successor: perhaps a worker whose template has not said its pid yet
+    /// (it died at once), kept for that answer.
     fn stranger_reaped(&mut self, pid: i32, status: ExitStatus) {
-        if !self.reaped_successor(pid, status) {
-            self.core.remember_orphan(pid, status);
-            tracing::debug!(pid, %status, "reaped a process that held no slot");
-        }
+        self.core.remember_orphan(pid, status);
+        tracing::debug!(pid, %status, "reaped a process that held no slot");
     }
 
     /// Sends `msg` to the child in `slot`; a failure goes back to the core.

@@ -484,10 +484,9 @@ impl Supervisor {
             (Timer::AcceptPause, pause),
             (Timer::StatusLine, self.scoreboard_log_due()),
             (Timer::Endpoints, self.endpoints.deadline()),
-            (Timer::Upgrade, self.upgrade_deadline()),
             (Timer::Watchdog, self.notify.watchdog.map(|w| w.due())),
             (Timer::Samples, self.resources.due()),
-            (Timer::SlowCapture, self.slow_deadline()),
+            (Timer::SlowCapture, self.slow.deadline()),
             (Timer::Drain, self.drain_deadline()),
             (Timer::Finishing, self.finishing.map(|f| f.deadline())),
         ];

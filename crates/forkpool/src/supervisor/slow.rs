@@ -93,15 +93,6 @@ impl Supervisor {
         }
     }
 
-    /// When the loop must wake for slow requests: the next child to pass
-    /// the threshold, or the next capture to complete.
-    pub(super) fn slow_deadline(&self) -> Option<Instant> {
-        [self.core.next_slow(), self.slow.deadline()]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
     /// A child is about to be killed for `busy_timeout`: capture it first.
     /// Returns whether to kill it now; otherwise the kill follows when the
     /// capture completes.

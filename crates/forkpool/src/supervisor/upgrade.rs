@@ -11,9 +11,10 @@
 //!    (the new one is already accepting on the same sockets), lets busy
 //!    children finish, and exits. No connection is refused at any point.
 //!
-//! If the new supervisor exits, or is not ready within [`upgrade_timeout`]
-//! (`start_timeout` plus [`SUCCESSOR_START`]), the old one says why and
-//! keeps serving as if nothing happened.
+//! If the new supervisor exits, or is not ready within `start_timeout`
+//! plus [`SUCCESSOR_START`], the old one says why and keeps serving as if
+//! nothing happened. Those decisions are the core's (`core/upgrade.rs`);
+//! this file forks, execs and reads the readiness pipe.
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -21,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::Interest;
@@ -30,7 +31,7 @@ use tracing::{error, info, warn};
 
 use super::event::Event;
 use super::Supervisor;
-use crate::core::Counted;
+use crate::core::upgrade::{Successor, UpgradeRefused, SUCCESSOR_START};
 use crate::sys::process::{self, ExitStatus, Forked};
 
 /// The variable naming the pipe a new supervisor reports readiness on.
@@ -40,21 +41,6 @@ pub const UPGRADE_FROM_ENV: &str = "FORKPOOL_UPGRADE_FROM";
 /// Set (to `1`) for a new supervisor whose listeners came from systemd
 /// socket activation in the first place, through its predecessor.
 pub const SOCKET_ACTIVATED_ENV: &str = "FORKPOOL_SOCKET_ACTIVATED";
-/// What a new supervisor may take beyond its children's start: exec,
-/// reading its configuration, adopting the listeners, binding its control
-/// socket.
-pub const SUCCESSOR_START: Duration = Duration::from_secs(5);
-
-/// How long a new supervisor may take to become ready. It is ready once
-/// its first children are, and each of them may take `start_timeout` (the
-/// same setting: the successor runs the same command under the same
-/// configuration), so it gets that plus [`SUCCESSOR_START`] for its own
-/// start; 65 s by default. A longer deadline would only keep a successor
-/// whose children never start for longer.
-pub fn upgrade_timeout(start_timeout: Duration) -> Duration {
-    start_timeout.saturating_add(SUCCESSOR_START)
-}
-
 /// How to start the new supervisor: the binary's path as it was when this
 /// one started (so a binary replaced on disk is picked up) and the original
 /// arguments.
@@ -90,29 +76,31 @@ pub(crate) struct Handover {
     pub handed_over: bool,
 }
 
-/// An upgrade in progress.
+/// An upgrade in progress: the successor's readiness pipe (its pid and
+/// deadline are the core's).
 pub(crate) struct Upgrade {
-    pid: i32,
     ready: UnixStream,
-    deadline: Instant,
-    /// How long it was given, for the log.
-    timeout: Duration,
 }
 
 impl Supervisor {
     /// SIGUSR2: start the new supervisor.
     pub(super) fn begin_upgrade(&mut self, now: Instant) {
-        let Some(command) = self.handover.command.clone() else {
-            warn!("SIGUSR2 ignored: this pool was not built with binary upgrades enabled");
-            return;
-        };
-        if let Some(upgrade) = &self.handover.successor {
-            warn!(
-                pid = upgrade.pid,
-                "SIGUSR2 ignored: an upgrade is already under way"
-            );
+        let command = self.handover.command.clone();
+        if let Err(why) = self.core.may_upgrade(command.is_some()) {
+            match why {
+                UpgradeRefused::NotEnabled => {
+                    warn!("SIGUSR2 ignored: this pool was not built with binary upgrades enabled")
+                }
+                UpgradeRefused::UnderWay(pid) => {
+                    warn!(pid, "SIGUSR2 ignored: an upgrade is already under way")
+                }
+                UpgradeRefused::Stopping => warn!("SIGUSR2 ignored: the pool is stopping"),
+            }
             return;
         }
+        let Some(command) = command else {
+            return;
+        };
         self.release_listeners_for_successor();
         match self.spawn_successor(&command) {
             Ok((pid, ready)) => {
@@ -124,13 +112,8 @@ impl Supervisor {
                 ) {
                     error!("upgrade: cannot watch the new supervisor: {e}");
                 }
-                let timeout = upgrade_timeout(self.core.config.start_timeout);
-                self.handover.successor = Some(Upgrade {
-                    pid,
-                    ready,
-                    deadline: now + timeout,
-                    timeout,
-                });
+                self.core.successor_started(pid, now);
+                self.handover.successor = Some(Upgrade { ready });
             }
             Err(e) => {
                 self.upgrade_failed();
@@ -204,14 +187,17 @@ impl Supervisor {
 
     /// The new supervisor wrote to, or closed, the readiness pipe.
     pub(super) fn upgrade_progress(&mut self, now: Instant) {
-        let Some(upgrade) = self.handover.successor.as_mut() else {
+        let (Some(upgrade), Some(successor)) =
+            (self.handover.successor.as_mut(), self.core.successor())
+        else {
             return;
         };
+        let pid = successor.pid;
         let mut buf = [0u8; 16];
         match upgrade.ready.read(&mut buf) {
             Ok(n) if n > 0 && buf[..n].starts_with(b"ready") => {
-                let pid = upgrade.pid;
-                self.end_upgrade();
+                self.core.successor_ready();
+                self.end_upgrade(pid);
                 info!(
                     pid,
                     "upgrade: the new supervisor is ready; this one drains and exits"
@@ -219,8 +205,6 @@ impl Supervisor {
                 self.successor_ready(now);
             }
             Ok(_) => {
-                let pid = upgrade.pid;
-                self.end_upgrade();
                 self.upgrade_failed();
                 error!(
                     pid,
@@ -230,7 +214,6 @@ impl Supervisor {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
-                self.end_upgrade();
                 self.upgrade_failed();
                 error!("upgrade failed: {e}; this supervisor keeps serving");
             }
@@ -239,58 +222,46 @@ impl Supervisor {
 
     /// Kills a new supervisor that did not become ready in time.
     pub(super) fn check_upgrade(&mut self, now: Instant) {
-        if let Some(upgrade) = &self.handover.successor {
-            if now >= upgrade.deadline {
-                let (pid, timeout) = (upgrade.pid, upgrade.timeout);
-                let _ = process::send_signal(pid, Signal::SIGKILL);
-                self.end_upgrade();
-                self.upgrade_failed();
-                error!(
-                    pid,
-                    "upgrade failed: the new supervisor was not ready within {timeout:?} \
-                     (start_timeout plus {SUCCESSOR_START:?}); killed it, this supervisor keeps \
-                     serving"
-                );
-            }
-        }
+        let Some(Successor { pid, timeout, .. }) = self.core.successor_late(now) else {
+            return;
+        };
+        let _ = process::send_signal(pid, Signal::SIGKILL);
+        self.upgrade_failed();
+        error!(
+            pid,
+            "upgrade failed: the new supervisor was not ready within {timeout:?} \
+             (start_timeout plus {SUCCESSOR_START:?}); killed it, this supervisor keeps \
+             serving"
+        );
     }
 
-    pub(super) fn upgrade_deadline(&self) -> Option<Instant> {
-        self.handover.successor.as_ref().map(|u| u.deadline)
+    /// Carries out [`crate::core::Effect::SuccessorGone`]: the new
+    /// supervisor exited before it was ready (the core counted it).
+    pub(super) fn successor_gone(&mut self, pid: i32, status: ExitStatus) {
+        self.end_upgrade(pid);
+        self.reclaim_listeners_from_successor();
+        error!(
+            pid,
+            %status,
+            "upgrade failed: the new supervisor exited; this supervisor keeps serving"
+        );
     }
 
-    /// A process that held no slot was reaped: it may be the new supervisor.
-    pub(super) fn reaped_successor(&mut self, pid: i32, status: ExitStatus) -> bool {
-        if self
-            .handover
-            .successor
-            .as_ref()
-            .is_some_and(|u| u.pid == pid)
-        {
-            self.end_upgrade();
-            self.upgrade_failed();
-            error!(
-                pid,
-                %status,
-                "upgrade failed: the new supervisor exited; this supervisor keeps serving"
-            );
-            return true;
-        }
-        false
-    }
-
-    /// An upgrade failed: counted, and kernel dispatch takes its
-    /// listeners back.
+    /// An upgrade failed: the core counts it, and kernel dispatch takes
+    /// its listeners back.
     fn upgrade_failed(&mut self) {
-        self.core.count(Counted::UpgradeFailure);
+        if let Some(successor) = self.core.upgrade_failed() {
+            self.end_upgrade(successor.pid);
+        }
         self.reclaim_listeners_from_successor();
     }
 
-    fn end_upgrade(&mut self) {
+    /// Stops watching the successor `pid`'s readiness pipe.
+    fn end_upgrade(&mut self, pid: i32) {
         if let Some(upgrade) = self.handover.successor.take() {
             // A successor that became ready has moved its socket into
             // place already; one that failed may have left it beside ours.
-            self.endpoints.remove_successor_control(upgrade.pid);
+            self.endpoints.remove_successor_control(pid);
             let _ = self
                 .wake
                 .poll

@@ -41,6 +41,7 @@ mod reloads;
 mod rng;
 mod templates;
 mod timers;
+mod upgrades;
 mod width;
 mod world;
 
@@ -93,6 +94,8 @@ struct Scenario {
     /// The network's faults: connections that never come, come late,
     /// empty or slow (`network.rs`); with `kernel`.
     network: bool,
+    /// A SIGUSR2 comes about this often (0: never; `upgrades.rs`).
+    upgrade_every: u64,
 }
 
 /// How a run ended.
@@ -123,6 +126,9 @@ struct Outcome {
     never_came: u64,
     backlog_full: u64,
     rescued: u64,
+    /// Binary upgrades begun, and those whose successor took over.
+    upgrades: u64,
+    handed_over: u64,
     /// The core's totals at the end.
     totals: crate::status::Totals,
 }
@@ -154,6 +160,9 @@ struct Sim {
     last_turn: Option<(u64, u64, &'static str)>,
     /// How long each connection takes to serve, by id.
     serve_for: Vec<u64>,
+    /// Binary upgrades' successors started (`upgrades.rs`): processes
+    /// the core may reap as strangers once the upgrade failed.
+    successors: Vec<i32>,
 }
 
 impl Sim {
@@ -192,6 +201,9 @@ impl Sim {
         if scenario.reload_every > 0 {
             world.at(scenario.reload_every, Happening::Reload);
         }
+        if scenario.upgrade_every > 0 {
+            world.at(scenario.upgrade_every, Happening::Upgrade);
+        }
         if let Some((at, kind)) = scenario.stop {
             world.at(at, Happening::Stop(kind));
             if let Some((after, kind)) = scenario.second_stop {
@@ -214,6 +226,7 @@ impl Sim {
             sockets: kernel::Sockets::default(),
             last_turn: None,
             serve_for: Vec::new(),
+            successors: Vec::new(),
         }
     }
 
@@ -442,6 +455,8 @@ impl Sim {
                 self.core.on(Input::Stop(kind.stop()), now);
             }
             Happening::Reload => self.reload_happens(),
+            Happening::Upgrade => self.upgrade_happens(),
+            Happening::Successor(pid, ready) => self.successor_says(pid, ready),
             Happening::Queued(pick, conn) => self.queued(pick, conn),
             other => self.template_happens(other)?,
         }
@@ -628,6 +643,12 @@ impl Sim {
             | Effect::ConnectionEnded { .. }
             | Effect::Served { .. }
             | Effect::Redispatch { .. } => {}
+            Effect::Stranger { pid, .. } if self.successors.contains(&pid) => {}
+            Effect::SuccessorGone { pid, .. } => {
+                if !self.successors.contains(&pid) {
+                    return Err(format!("pid {pid} reaped as a successor it never was"));
+                }
+            }
             Effect::Stranger { pid, status } => {
                 if !self.scenario.preload {
                     return Err(format!("the core did not know reaped pid {pid}"));
@@ -801,6 +822,7 @@ impl Sim {
 
     /// The invariants that hold after every step.
     fn check(&mut self) -> Result<(), String> {
+        self.check_upgrade()?;
         self.check_width()?;
         self.check_templates()?;
         self.check_roll()?;
@@ -949,6 +971,11 @@ fn scenario_of(seed: u64) -> Scenario {
         refork: rng.per_mille(500),
         kernel: rng.per_mille(400),
         network: rng.per_mille(600),
+        upgrade_every: if rng.per_mille(300) {
+            (2 + rng.below(8)) * SEC
+        } else {
+            0
+        },
     };
     // Some pools see a connection only now and then: the loop then sleeps
     // between them, and only the core's deadlines wake it (`timers.rs`).
@@ -967,6 +994,7 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut rolls = [0u64; 5];
     let mut kernel = [0u64; 2];
     let mut network = [0u64; 3];
+    let mut upgrades = [0u64; 2];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
@@ -976,6 +1004,9 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         network[1] += outcome.rescued;
         network[2] += outcome.backlog_full;
         seen.abandoned += outcome.totals.abandoned;
+        upgrades[0] += outcome.upgrades;
+        upgrades[1] += outcome.handed_over;
+        seen.upgrade_failures += outcome.totals.upgrade_failures;
         rolls[0] += outcome.rollouts;
         rolls[1] += outcome.rolled;
         rolls[2] += outcome.reload_failed;
@@ -1026,6 +1057,12 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     assert!(network[0] > 0 && seen.abandoned > 0 && network[1] > 0);
     // The width moves both ways.
     assert!(seen.width_narrowed > 0 && seen.width_widened > 0);
+    // Binary upgrades begin, hand over and fail.
+    assert!(
+        upgrades[0] > 0 && upgrades[1] > 0 && seen.upgrade_failures > 0,
+        "upgrades {upgrades:?}, failed {}",
+        seen.upgrade_failures
+    );
     // The schedules reach what they are for: misbehaving workers and
     // templates, lies caught, workers lost behind the supervisor's back.
     assert!(seen.killed > 0 && seen.died > 0 && seen.lost > 0 && seen.templates_killed > 0);
@@ -1076,6 +1113,7 @@ fn a_kill_storm_never_empties_the_pool() {
             refork: false,
             kernel: seed % 4 >= 2,
             network: false,
+            upgrade_every: 0,
         };
         let storm = Scenario {
             kill_every: 200 * MS,

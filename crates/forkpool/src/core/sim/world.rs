@@ -164,6 +164,11 @@ pub(super) enum Happening {
     FirstMessage(i32),
     /// The operator sends SIGHUP.
     Reload,
+    /// The operator sends SIGUSR2.
+    Upgrade,
+    /// A binary upgrade's new supervisor says it is ready (`true`), or
+    /// exits before it is.
+    Successor(i32, bool),
     /// Kernel dispatch: a connection is queued on the socket its SYN was
     /// given (a slot's, or the overflow: `None`).
     Queued(Option<usize>, u64),
