@@ -14,13 +14,12 @@
 //! - `link.rs`: the supervisor's side of one child (channel, stderr,
 //!   pidfd), kept in the child's scoreboard slot;
 //! - `children.rs`: spawn, reap, retire, kill;
-//! - `reports.rs`: what a child's message means for its slot;
+//! - `reports.rs`: what a child's message means for its slot, and the
+//!   core's deadlines (pings, start, busy, stop) ticked each turn;
 //! - `dispatching.rs`: lends [`crate::dispatch`] the slot table and acts on
 //!   how each pass ended (stop watching, pause, kill an unreachable child);
 //! - `kernel.rs`: kernel dispatch: set up or fall back, a socket per slot,
 //!   the scoreboard and its reservations read into the core;
-//! - `liveness.rs`: pings, start and stop deadlines, as `policy::liveness`
-//!   decides them;
 //! - `backoff.rs`: holding spawns back while workers fail at start-up;
 //! - `cpu.rs`: the run-queue looks at the children, handed to the core's
 //!   watches (the scaling hold, the dispatch width);
@@ -30,7 +29,7 @@
 //! - `slow.rs`: slow requests captured where they wait;
 //! - `template.rs`, `verify.rs`, `refork.rs`: `--preload` templates, a
 //!   forked worker's pid checked against the kernel, reforks;
-//! - `reload.rs`, `rollout.rs`: HUP and TTIN/TTOU; a reload's failure logged;
+//! - `reload.rs`: HUP and TTIN/TTOU; a reload's failure logged;
 //! - `upgrade.rs`: USR2, a new binary taking the listeners over;
 //! - `stop_backlog.rs`: a graceful stop serves what was queued first;
 //! - `signals.rs`: signal flags and the self-pipe that wakes the loop;
@@ -56,7 +55,6 @@ mod endpoints;
 mod event;
 mod kernel;
 mod link;
-mod liveness;
 mod load;
 mod log_pace;
 mod notify;
@@ -68,7 +66,6 @@ mod refork;
 mod reload;
 mod reports;
 mod resources;
-mod rollout;
 mod signals;
 mod slow;
 mod stop_backlog;

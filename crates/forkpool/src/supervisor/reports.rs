@@ -1,6 +1,7 @@
-//! What a child's report means for its slot. A report that does not fit
-//! the child's state, or does not decode, gets the child killed; nothing a
-//! child writes can stop the supervisor.
+//! What a child's report means for its slot, and what its silence means
+//! (the core's deadlines, `core/liveness.rs`, ticked each turn). A report
+//! that does not fit the child's state, or does not decode, gets the child
+//! killed; nothing a child writes can stop the supervisor.
 
 use std::os::fd::AsFd;
 use std::time::Instant;
@@ -126,6 +127,32 @@ pub(super) fn peer_hung_up(channel: &Channel) -> bool {
     let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
     let mut polled = [PollFd::new(channel.as_fd(), rdhup)];
     matches!(poll(&mut polled, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+impl Supervisor {
+    /// The core's deadlines (`core/liveness.rs`): first what only the
+    /// shell can see is told to it (a channel that sent an empty datagram
+    /// and has since been closed),
+    /// then it is ticked and what it asks is carried out.
+    pub(super) fn check_liveness(&mut self, now: Instant) {
+        let mut hung_up = Vec::new();
+        for slot in 0..self.core.board.span() {
+            let Some(link) = self.core.board.link(slot) else {
+                continue;
+            };
+            if link.child.channel_closed
+                && !link.child.role.hung_up
+                && super::reports::peer_hung_up(&link.channel)
+            {
+                hung_up.push(slot);
+            }
+        }
+        for slot in hung_up {
+            self.core.on(Input::HungUp { slot }, now);
+        }
+        self.core.on(Input::Tick, now);
+        self.carry_out(now);
+    }
 }
 
 #[cfg(test)]
