@@ -367,7 +367,7 @@ impl Pool {
         supervisor.settle_dispatch(Some(
             "children that serve many connections at once are counted per connection handed",
         ));
-        supervisor.core.board.host_sessions(capacity);
+        supervisor.core.host_sessions(capacity);
         match supervisor.run()? {
             Exit::Done(totals) => Ok(totals),
             Exit::Child(start) => {

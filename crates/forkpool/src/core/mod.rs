@@ -70,27 +70,27 @@ pub(crate) struct Shutdown {
 /// what the shell keeps per child beside the core's [`child::Child`].
 pub(crate) struct Core<L> {
     /// The pool's settings (replaced by a reload).
-    pub config: PoolConfig,
+    config: PoolConfig,
     /// The children, slot by slot.
-    pub board: Scoreboard<L>,
+    board: Scoreboard<L>,
     /// What happened so far, for status and metrics.
-    pub totals: Totals,
+    totals: Totals,
     /// The generation new children are started in.
-    pub generation: u32,
+    generation: u32,
     /// The sequence number of the last ping sent.
-    pub ping_seq: u32,
+    ping_seq: u32,
     /// The stop in progress, if any.
-    pub shutdown: Option<Shutdown>,
+    shutdown: Option<Shutdown>,
     /// What holds spawns back: a run of start-up failures, and the rate
     /// of replacing workers that had started (`policy/backoff.rs`).
-    pub spawn_gate: SpawnGate,
+    spawn_gate: SpawnGate,
     /// What the scaling rule remembers between turns.
-    pub memory: ScalingMemory,
+    memory: ScalingMemory,
     /// How many children new connections go to (`kernel` dispatch).
-    pub width: Width,
+    width: Width,
     /// The templates (`--preload`): one per generation, two while a
     /// reload rolls.
-    pub templates: Vec<Template>,
+    templates: Vec<Template>,
     /// Template start-up failures and unplanned ends in a row.
     template_backoff: StartBackoff,
     /// No template is started before this.
@@ -156,6 +156,53 @@ impl<L: HasChild> Core<L> {
             effects: Vec::new(),
             spare: Vec::new(),
         }
+    }
+
+    /// The pool's settings in force (a reload replaces them).
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The children, slot by slot: read only; every move is the core's.
+    pub fn board(&self) -> &Scoreboard<L> {
+        &self.board
+    }
+
+    /// The shell's link of the child in `slot` (its channel, stderr pipe,
+    /// pidfd), for the shell's own parts of it.
+    pub fn link_mut(&mut self, slot: usize) -> Option<&mut L> {
+        self.board.link_mut(slot)
+    }
+
+    /// From now on, children placed in slots serve many connections at
+    /// once, each at most `capacity` (`Pool::run_sessions`).
+    pub fn host_sessions(&mut self, capacity: u32) {
+        self.board.host_sessions(capacity);
+    }
+
+    /// What happened so far, for status and metrics.
+    pub fn totals(&self) -> &Totals {
+        &self.totals
+    }
+
+    /// The generation new children are started in.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The stop in progress, if any.
+    pub fn shutdown(&self) -> Option<&Shutdown> {
+        self.shutdown.as_ref()
+    }
+
+    /// What holds spawns back (`policy/backoff.rs`).
+    pub fn spawn_gate(&self) -> &SpawnGate {
+        &self.spawn_gate
+    }
+
+    /// The templates (`--preload`).
+    pub fn templates(&self) -> &[Template] {
+        &self.templates
     }
 
     /// Takes `input` at `now`; what the shell must do comes out of

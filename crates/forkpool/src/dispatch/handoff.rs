@@ -123,7 +123,9 @@ mod tests {
     use crate::channel::{Channel, Incoming};
     use crate::core::Core;
     use crate::listener::{ListenAddr, Listener};
+    use crate::protocol::ChildMessage;
     use crate::scoreboard::SlotState;
+    use crate::status::KillReason;
     use crate::supervisor::ChildLink;
 
     /// A loopback listener with one client connected and waiting.
@@ -138,8 +140,10 @@ mod tests {
     fn idle_child(core: &mut Core<ChildLink>, slot: usize, now: Instant) -> Channel {
         let (ours, theirs) = Channel::pair().unwrap();
         let link = ChildLink::new(ours, None, now, true, 1);
-        core.board.occupy(slot, 1000 + slot as i32, 1, now, link);
-        core.board.ready(slot, now).unwrap();
+        let pid = 1000 + slot as i32;
+        core.adopt(slot, pid, 1, link, now);
+        core.report(slot, ChildMessage::Ready { pid: pid as u32 }, now);
+        assert_eq!(core.board().get(slot).unwrap().state, SlotState::Idle);
         theirs
     }
 
@@ -174,12 +178,12 @@ mod tests {
 
         // The supervisor kills the unreachable child; the parked
         // connection then goes to the next child with room.
-        board.board.kill(0, now).unwrap();
+        board.kill(0, KillReason::ChannelFailed, String::new(), now);
         let end = dispatcher.hand_parked(&mut board, now, |slot, pid, _| handed.push((slot, pid)));
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(dispatcher.parked(), 0);
         assert_eq!(handed, vec![(1, 1001)]);
-        assert_eq!(board.board.get(1).unwrap().state, SlotState::Busy);
+        assert_eq!(board.board().get(1).unwrap().state, SlotState::Busy);
         match second.recv_from_parent().unwrap() {
             Incoming::Message(ParentMessage::Connection { listener: 0 }, Some(_fd)) => {}
             other => panic!("the second child got {other:?}"),
@@ -191,7 +195,7 @@ mod tests {
         let now = Instant::now();
         let mut board = core();
         let _child = idle_child(&mut board, 0, now);
-        board.board.hand_connection(0, now).unwrap();
+        board.handed(0, now);
         let (listener, _client) = listener_with_a_client();
         let mut dispatcher = Dispatcher::default();
         let mut accepted = 0;

@@ -86,21 +86,21 @@ impl<L: HasChild + Sends> Children for Core<L> {
     }
 
     fn lowest_with_room(&self) -> Option<usize> {
-        self.board.lowest_with_room()
+        self.board().lowest_with_room()
     }
 
     fn lowest_idle(&self) -> Option<usize> {
-        self.board.lowest_idle()
+        self.board().lowest_idle()
     }
 
     fn is_idle(&self, slot: usize) -> bool {
-        self.board
+        self.board()
             .get(slot)
             .is_some_and(|s| s.state == crate::slot::SlotState::Idle)
     }
 
     fn pid(&self, slot: usize) -> Option<i32> {
-        self.board.get(slot).map(|s| s.pid)
+        self.board().get(slot).map(|s| s.pid)
     }
 
     fn send(
@@ -109,7 +109,7 @@ impl<L: HasChild + Sends> Children for Core<L> {
         msg: ParentMessage,
         fd: Option<BorrowedFd<'_>>,
     ) -> std::io::Result<()> {
-        match self.board.link(slot) {
+        match self.board().link(slot) {
             Some(link) => link.send(msg, fd),
             None => Err(std::io::Error::other("no child in the slot")),
         }

@@ -79,6 +79,7 @@ mod tests {
     use crate::channel::{Channel, Incoming};
     use crate::core::Core;
     use crate::listener::{ListenAddr, Listener};
+    use crate::protocol::ChildMessage;
     use crate::scoreboard::SlotState;
     use crate::supervisor::ChildLink;
 
@@ -86,18 +87,12 @@ mod tests {
     fn one_order_per_waiting_connection_and_an_answer_frees_the_count() {
         let now = Instant::now();
         let mut core: Core<ChildLink> = Core::new(crate::config::PoolConfig::default());
-        let board = &mut core.board;
         let mut children = Vec::new();
         for slot in 0..2 {
             let (ours, theirs) = Channel::pair().unwrap();
-            board.occupy(
-                slot,
-                1000 + slot as i32,
-                1,
-                now,
-                ChildLink::new(ours, None, now, true, 1),
-            );
-            board.ready(slot, now).unwrap();
+            let pid = 1000 + slot as i32;
+            core.adopt(slot, pid, 1, ChildLink::new(ours, None, now, true, 1), now);
+            core.report(slot, ChildMessage::Ready { pid: pid as u32 }, now);
             children.push(theirs);
         }
         let addr: ListenAddr = "127.0.0.1:0".parse().unwrap();
@@ -108,7 +103,7 @@ mod tests {
         let end = dispatcher.order_accepts(0, &mut listeners[0], &mut core, now);
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(listeners[0].orders_out, 1);
-        assert_eq!(core.board.get(0).unwrap().state, SlotState::Ordered);
+        assert_eq!(core.board().get(0).unwrap().state, SlotState::Ordered);
         match children[0].recv_from_parent().unwrap() {
             Incoming::Message(ParentMessage::Accept { listener: 0 }, None) => {}
             other => panic!("slot 0 got {other:?}"),
@@ -117,9 +112,9 @@ mod tests {
         let end = dispatcher.order_accepts(0, &mut listeners[0], &mut core, now);
         assert_eq!(end, TurnEnd::Done);
         assert_eq!(listeners[0].orders_out, 1);
-        assert_eq!(core.board.get(1).unwrap().state, SlotState::Idle);
+        assert_eq!(core.board().get(1).unwrap().state, SlotState::Idle);
 
-        let ordered_on = core.board.link_mut(0).unwrap().child.role.ordered_on.take();
+        let ordered_on = core.link_mut(0).unwrap().child.role.ordered_on.take();
         assert_eq!(ordered_on, Some(0), "the child remembers its listener");
         order_answered(0, &mut listeners);
         assert_eq!(listeners[0].orders_out, 0);

@@ -30,12 +30,12 @@ impl Supervisor {
             if !self.core.may_spawn(now) {
                 break;
             }
-            let spawned = self.core.totals.spawned;
+            let spawned = self.core.totals().spawned;
             let start = self.spawn_child(now)?;
             if start.is_some() {
                 return Ok(start);
             }
-            if self.core.totals.spawned == spawned && self.spawns_held(now) {
+            if self.core.totals().spawned == spawned && self.spawns_held(now) {
                 break;
             }
         }
@@ -46,7 +46,7 @@ impl Supervisor {
     /// Says, at most once per log interval, that workers that had started
     /// die faster than they may be replaced.
     fn log_replacements_held(&mut self, now: Instant) {
-        if self.core.spawn_gate.failures_hold(now) {
+        if self.core.spawn_gate().failures_hold(now) {
             return;
         }
         let Some(until) = self.spawns_held_until(now) else {
@@ -56,7 +56,7 @@ impl Supervisor {
             return;
         }
         warn!(
-            rate = self.core.config.max_spawn_rate,
+            rate = self.core.config().max_spawn_rate,
             "workers that had started are dying faster than max_spawn_rate a second; \
              their replacements wait {:?} (check the workers' stderr for why they die)",
             until - now

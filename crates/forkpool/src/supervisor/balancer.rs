@@ -22,7 +22,7 @@ pub(crate) struct Balancer {
 impl Supervisor {
     /// Where the pool is in its life, as a balancer should see it.
     pub(super) fn phase(&self) -> Phase {
-        if self.core.shutdown.is_some() || self.finishing.is_some() {
+        if self.core.shutdown().is_some() || self.finishing.is_some() {
             Phase::Stopping
         } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
             Phase::Draining
@@ -34,7 +34,7 @@ impl Supervisor {
     }
 
     fn drain_machine(&mut self) -> &mut Drain {
-        let delay = self.core.config.drain_delay;
+        let delay = self.core.config().drain_delay;
         let can_announce = self.endpoints.can_announce();
         self.balancer
             .drain

@@ -43,7 +43,7 @@ impl Supervisor {
     /// Forks one child into the lowest free slot. In the child, returns what
     /// the worker needs; in the parent, `None`.
     pub(super) fn spawn_child(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.core.board.occupied() >= self.core.slot_limit() {
+        if self.core.board().occupied() >= self.core.slot_limit() {
             // Children on their way out hold slots until reaped: a
             // replacement waits for them, so however many a fault leaves
             // there, the table stays bounded.
@@ -54,14 +54,14 @@ impl Supervisor {
             self.resource_backoff(now, why);
             return Ok(None);
         }
-        if self.core.config.preload {
+        if self.core.config().preload {
             self.fork_from_template(now)?;
             return Ok(None);
         }
         let Some(ends) = self.open_child_ends(now) else {
             return Ok(None);
         };
-        let slot = self.core.board.lowest_free();
+        let slot = self.core.board().lowest_free();
         if let Err(e) = self.seat_child(slot) {
             self.resource_backoff(now, format!("cannot make slot {slot}'s socket: {e}"));
             return Ok(None);
@@ -125,15 +125,15 @@ impl Supervisor {
     fn child_start(&self, slot: usize, channel: Channel, stderr: Option<OwnedFd>) -> ChildStart {
         ChildStart {
             slot,
-            generation: self.core.generation,
+            generation: self.core.generation(),
             channel,
-            mode: self.core.config.dispatch,
+            mode: self.core.config().dispatch,
             listener_is_tcp: Vec::new(),
             listeners: Vec::new(),
             board: None,
             board_map: None,
             overflow: Vec::new(),
-            max_requests: self.core.config.max_requests_per_child,
+            max_requests: self.core.config().max_requests_per_child,
             limits: SelfLimits::default(),
             stderr,
         }
@@ -144,7 +144,7 @@ impl Supervisor {
     /// connection end, `max_child_memory` and the lifetime; in other modes
     /// none (the supervisor looks after each connection).
     pub(super) fn self_limits(&self, lifetime: std::time::Duration) -> SelfLimits {
-        let config = &self.core.config;
+        let config = &self.core.config();
         if config.dispatch != crate::config::DispatchMode::Kernel {
             return SelfLimits::default();
         }
@@ -164,7 +164,7 @@ impl Supervisor {
         now: Instant,
     ) -> io::Result<()> {
         let _ = process::own_process_group(pid);
-        let reports = self.core.config.dispatch.speaks_protocol();
+        let reports = self.core.config().dispatch.speaks_protocol();
         // A child that speaks no protocol never gets its end of the
         // channel (it is closed at exec), so ours is not watched.
         // Keeping the pair costs a descriptor per child and spares
@@ -189,12 +189,12 @@ impl Supervisor {
         link.pidfd = hold(pid);
         // The limits it was told its share from before its fork.
         link.child.role.limits = Some(limits);
-        let generation = self.core.generation;
+        let generation = self.core.generation();
         self.core.adopt(slot, pid, generation, link, now);
         info!(
             slot,
             pid,
-            generation = self.core.generation,
+            generation = self.core.generation(),
             "child spawned"
         );
         Ok(())
@@ -255,12 +255,12 @@ impl Supervisor {
         if let Some(slot) = slot.filter(|&s| !self.unverified(s)) {
             self.read_reports(slot, now);
         }
-        if let Some(link) = slot.and_then(|slot| self.core.board.link_mut(slot)) {
+        if let Some(link) = slot.and_then(|slot| self.core.link_mut(slot)) {
             let slot = slot.expect("found above");
             let mut taken = std::mem::take(&mut link.output);
             let mut tail = std::mem::take(&mut link.stderr_tail);
             self.drain_output(slot, pid, &mut taken, &mut tail);
-            if let Some(link) = self.core.board.link_mut(slot) {
+            if let Some(link) = self.core.link_mut(slot) {
                 link.output = taken;
                 link.stderr_tail = tail;
             }
@@ -311,7 +311,7 @@ impl Supervisor {
     /// whole group (what the worker started dies with it); a child whose
     /// group is missing gets the signal alone, through its pidfd.
     pub(super) fn kill_verified(&mut self, slot: usize) {
-        let Some(entry) = self.core.board.get(slot) else {
+        let Some(entry) = self.core.board().get(slot) else {
             return;
         };
         let pid = entry.pid;

@@ -21,12 +21,12 @@ impl Supervisor {
     /// How the busy children use the CPUs, for the scaling policy, looking
     /// again when the last look is [`LOOK_INTERVAL`] old.
     pub(super) fn cpu_use(&mut self, now: Instant) -> CpuUse {
-        if !self.core.config.hold_when_cpu_bound {
+        if !self.core.config().hold_when_cpu_bound {
             return CpuUse::NotLooked;
         }
         // The slot table keeps this count: no walk over it per turn.
         let watch = self.core.busy_watch();
-        if !watch.can_fill(self.core.board.counts().busy as usize) {
+        if !watch.can_fill(self.core.board().counts().busy as usize) {
             return CpuUse::NotLooked;
         }
         if watch.next_look().is_none_or(|due| now >= due) {
@@ -57,11 +57,11 @@ impl Supervisor {
     pub(super) fn look_at_pool_waiting(&mut self, now: Instant) -> Option<(Instant, u32)> {
         let watch = self.core.pool_watch();
         let due = watch.next_look().is_none_or(|due| now >= due);
-        let serving = watch.serving_at(now) || self.core.board.width().is_some();
+        let serving = watch.serving_at(now) || self.core.board().width().is_some();
         if due && serving {
             let turns: HashMap<i32, Turns> = self
                 .core
-                .board
+                .board()
                 .iter()
                 .filter(|(_, s)| s.state.serves())
                 .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))
@@ -74,7 +74,7 @@ impl Supervisor {
     fn look_at_cpu_waiting(&mut self, now: Instant) {
         let turns: HashMap<i32, Turns> = self
             .core
-            .board
+            .board()
             .iter()
             .filter(|(_, s)| holds_work(s.state))
             .filter_map(|(_, s)| turns_of(s.pid).map(|t| (s.pid, t)))

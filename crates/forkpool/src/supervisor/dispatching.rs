@@ -32,8 +32,8 @@ impl Supervisor {
         }
         // Each pass that finds a child unreachable kills it, which takes
         // it out of the children with room: at most one pass per slot.
-        for _ in 0..=self.core.board.span() {
-            let end = match self.core.config.dispatch {
+        for _ in 0..=self.core.board().span() {
+            let end = match self.core.config().dispatch {
                 DispatchMode::Handoff | DispatchMode::Kernel => {
                     let resources = &mut self.resources;
                     let mut accepted = 0;
@@ -91,7 +91,7 @@ impl Supervisor {
     /// connection first, if any. Paused listeners are watched again by the
     /// loop.
     pub(crate) fn child_available(&mut self, now: Instant) {
-        for _ in 0..=self.core.board.span() {
+        for _ in 0..=self.core.board().span() {
             let resources = &mut self.resources;
             let handed =
                 |slot, pid, peer: Option<&socket2::SockAddr>| resources.handed(slot, pid, peer);

@@ -119,7 +119,7 @@ impl Supervisor {
     fn terminate(&mut self, slot: usize, now: Instant) {
         let sent = self
             .core
-            .board
+            .board()
             .get(slot)
             .map(|e| signal_child(&e.link, e.pid, Signal::SIGTERM));
         if let Some(Err(e)) = sent {
@@ -136,7 +136,7 @@ impl Supervisor {
 
     /// Stops watching the channel of the child in `slot`.
     fn stop_reading(&mut self, slot: usize) {
-        if let Some(link) = self.core.board.link(slot) {
+        if let Some(link) = self.core.board().link(slot) {
             self.deregister_channel(&link.channel);
         }
     }
@@ -144,7 +144,7 @@ impl Supervisor {
     /// Puts the child in `slot` in a process group of its own, so that
     /// what it starts can be swept with it (`containment.rs`).
     fn own_group(&self, slot: usize) {
-        if let Some(e) = self.core.board.get(slot) {
+        if let Some(e) = self.core.board().get(slot) {
             let _ = crate::sys::process::own_process_group(e.pid);
         }
     }
@@ -200,7 +200,7 @@ impl Supervisor {
 
     /// Sends `msg` to the child in `slot`; a failure goes back to the core.
     fn send_to(&mut self, slot: usize, msg: ParentMessage, now: Instant) {
-        let Some(link) = self.core.board.link(slot) else {
+        let Some(link) = self.core.board().link(slot) else {
             return;
         };
         if let Err(e) = link.send(msg, None) {

@@ -28,10 +28,10 @@ impl Supervisor {
     /// the reason in status (`dispatch_fallback`). `refused` names children
     /// it does not serve yet, if these are such.
     pub(crate) fn settle_dispatch(&mut self, refused: Option<&str>) {
-        if self.core.config.dispatch != DispatchMode::Kernel {
+        if self.core.config().dispatch != DispatchMode::Kernel {
             return;
         }
-        let slots = slot_limit(self.core.config.max_children, true);
+        let slots = slot_limit(self.core.config().max_children, true);
         let attempt = match refused {
             Some(why) => Err(why.to_string()),
             None if slots > MAX_SLOTS => Err(format!(
@@ -41,7 +41,7 @@ impl Supervisor {
             )),
             None => {
                 let fds: Vec<_> = self.listeners.iter().map(|l| l.listener.as_fd()).collect();
-                Kernel::new(&fds, slots, self.core.config.backlog).map_err(|e| e.to_string())
+                Kernel::new(&fds, slots, self.core.config().backlog).map_err(|e| e.to_string())
             }
         };
         match attempt {
@@ -133,7 +133,7 @@ impl Supervisor {
     pub(crate) fn send_seat(&mut self, slot: usize, now: Instant) {
         let sent = self.seat_child(slot).and_then(|()| {
             let share = self.core.limits(slot).max_requests;
-            let (Some(kernel), Some(link)) = (self.kernel.as_ref(), self.core.board.link(slot))
+            let (Some(kernel), Some(link)) = (self.kernel.as_ref(), self.core.board().link(slot))
             else {
                 return Ok(());
             };
@@ -229,7 +229,7 @@ impl Supervisor {
                 self.core.keeps_board(slot)
                     && self
                         .core
-                        .board
+                        .board()
                         .get(slot)
                         .is_some_and(|s| matches!(s.state, SlotState::Idle | SlotState::Busy))
             })
@@ -288,7 +288,7 @@ impl Supervisor {
         let board = kernel.board();
         // Each turn of the loop: no allocation, one record read per slot
         // in use (`sampled` leaves an empty slot alone).
-        let span = self.core.board.span().min(board.slots());
+        let span = self.core.board().span().min(board.slots());
         for slot in 0..span {
             self.core.sampled(slot, board.sample(slot), now);
         }
@@ -296,7 +296,7 @@ impl Supervisor {
         // idle, and the old ones are given back so their slots come first
         // again. What never reached a child is counted, not logged.
         let now_ns = board::kernel_clock_ns();
-        let look = kernel.look_at_reservations(span, now_ns, self.core.config.defer_accept);
+        let look = kernel.look_at_reservations(span, now_ns, self.core.config().defer_accept);
         self.core.board_read(look, now);
         self.watch_until_ready();
         self.carry_out(now);
@@ -315,7 +315,7 @@ impl Supervisor {
         };
         let behind: Vec<(usize, u32)> = self
             .core
-            .board
+            .board()
             .iter()
             .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.keeps_board(slot))
             .map(|(slot, _)| (slot, kernel.queued_on(slot)))
@@ -350,11 +350,11 @@ impl Supervisor {
     /// thousands of times a second while the pool was saturated.
     pub(crate) fn has_room_for_overflow(&self) -> bool {
         let Some(kernel) = &self.kernel else {
-            return self.core.board.has_room();
+            return self.core.board().has_room();
         };
         let board = kernel.board();
         let now_ns = board::kernel_clock_ns();
-        self.core.board.idle_slots().any(|slot| {
+        self.core.board().idle_slots().any(|slot| {
             !self.core.keeps_board(slot)
                 || (slot < board.slots() && {
                     let word = board.state(slot);
@@ -380,7 +380,7 @@ impl Supervisor {
             return false;
         }
         let cpus = u32::try_from(self.core.pool_watch().cpus()).unwrap_or(u32::MAX);
-        let last_look = if self.core.config.hold_when_cpu_bound {
+        let last_look = if self.core.config().hold_when_cpu_bound {
             self.look_at_pool_waiting(now)
         } else {
             None
@@ -395,7 +395,7 @@ impl Supervisor {
         let behind = self.core.queued_behind(now);
         let queued = || listeners.iter().map(|l| l.listener.queued()).sum::<u32>() + behind;
         let moved = self.core.steer_width(cpu, last_look, queued, cpus, now);
-        kernel.board().set_bound(self.core.board.dispatch_bound());
+        kernel.board().set_bound(self.core.board().dispatch_bound());
         if moved != WidthMove::Widened {
             return false;
         }
@@ -420,7 +420,7 @@ impl Supervisor {
         // needs no wake-up: a child finishing a connection looks at the
         // overflow itself before it goes idle. Only connections the
         // supervisor holds, or ones queued on the overflow, do.
-        let waiting = self.core.shutdown.is_none()
+        let waiting = self.core.shutdown().is_none()
             && (self.dispatcher.parked() > 0
                 || self
                     .listeners

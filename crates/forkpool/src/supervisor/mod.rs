@@ -234,9 +234,9 @@ impl Supervisor {
                 return Ok(Exit::Child(self.into_child(start)));
             }
             if self.finished(now) {
-                info!(totals = ?self.core.totals, "all children gone, supervisor exiting");
+                info!(totals = ?self.core.totals(), "all children gone, supervisor exiting");
                 self.endpoints.remove_control_file();
-                return Ok(Exit::Done(self.core.totals));
+                return Ok(Exit::Done(*self.core.totals()));
             }
             let timeout = if self.wake.unread.is_empty() && !self.endpoints.has_more() {
                 self.next_deadline(now)
@@ -272,8 +272,8 @@ impl Supervisor {
                 self.serve_endpoints(now);
             }
             let only_reports = ready.iter().all(|e| matches!(e, Event::Child(_)));
-            let stopping = self.core.shutdown.is_some();
-            let has_room = self.core.board.has_room();
+            let stopping = self.core.shutdown().is_some();
+            let has_room = self.core.board().has_room();
             if let Some(pause) =
                 dispatch::report_batch_pause(has_room, ready.len(), only_reports, stopping)
             {
@@ -329,14 +329,14 @@ impl Supervisor {
         if self.wake.signals.take_child_exited() {
             self.reap_children(now)?;
         }
-        if self.wake.signals.take_reload() && self.core.shutdown.is_none() {
+        if self.wake.signals.take_reload() && self.core.shutdown().is_none() {
             notify::reloading();
             self.reload(now);
             if !self.core.rolling() {
                 notify::ready();
             }
         }
-        if self.wake.signals.take_upgrade() && self.core.shutdown.is_none() {
+        if self.wake.signals.take_upgrade() && self.core.shutdown().is_none() {
             self.begin_upgrade(now);
         }
         let spare_change = self.wake.signals.take_spare_change();
@@ -346,7 +346,7 @@ impl Supervisor {
         let quit = self.wake.signals.take_quit();
         let interrupts = self.wake.signals.take_interrupts();
         let terminate = self.wake.signals.take_terminate();
-        let stopping = self.core.shutdown.is_some();
+        let stopping = self.core.shutdown().is_some();
         match shutdown::on_stop_signals(interrupts, terminate, quit, stopping) {
             Some(Stop::Now) => {
                 info!(quit, interrupts, stopping, "stop signals");
@@ -371,14 +371,14 @@ impl Supervisor {
         if !self.core.finished(now) {
             return false;
         }
-        if self.core.board.occupied() > 0 || !self.core.templates.is_empty() {
+        if self.core.board().occupied() > 0 || !self.core.templates().is_empty() {
             let children: Vec<(usize, i32)> = self
                 .core
-                .board
+                .board()
                 .iter()
                 .map(|(slot, s)| (slot, s.pid))
                 .collect();
-            let templates: Vec<i32> = self.core.templates.iter().map(|t| t.role.pid).collect();
+            let templates: Vec<i32> = self.core.templates().iter().map(|t| t.role.pid).collect();
             tracing::error!(
                 ?children,
                 ?templates,
@@ -392,7 +392,7 @@ impl Supervisor {
 
     /// Asks the policy what to do and does it.
     fn maintain_pool(&mut self, now: Instant) -> io::Result<Option<ChildStart>> {
-        if self.core.shutdown.is_some() {
+        if self.core.shutdown().is_some() {
             return Ok(None);
         }
         self.consider_refork(now);
@@ -409,7 +409,7 @@ impl Supervisor {
             return self.spawn_gated(spawn, now);
         }
         let mut pool = self.scaling_counts();
-        if self.core.config.dispatch.speaks_protocol() {
+        if self.core.config().dispatch.speaks_protocol() {
             pool.cpu = self.cpu_use(now);
         }
         if self.steer_width(now) {
@@ -445,7 +445,7 @@ impl Supervisor {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
                          (raise --max-children if the machine has room)",
-                        self.core.config.max_children
+                        self.core.config().max_children
                     );
                 }
             }
@@ -495,13 +495,13 @@ impl Supervisor {
     /// Logs the "child states" line when it changed, at most once per
     /// interval; a change held back is logged when the interval ends.
     fn log_scoreboard(&mut self, now: Instant) {
-        let changes = self.core.board.changes();
+        let changes = self.core.board().changes();
         if changes == self.log_pace.scoreboard.1
             || self.scoreboard_log_due().is_some_and(|t| now < t)
         {
             return;
         }
-        let line = self.core.board.line();
+        let line = self.core.board().line();
         info!("child states: {line}");
         notify::status(&line);
         self.log_pace.scoreboard = (Some(now), changes);
@@ -509,7 +509,7 @@ impl Supervisor {
 
     fn scoreboard_log_due(&self) -> Option<Instant> {
         match self.log_pace.scoreboard {
-            (Some(at), changes) if changes != self.core.board.changes() => {
+            (Some(at), changes) if changes != self.core.board().changes() => {
                 Some(at + SCOREBOARD_LOG_INTERVAL)
             }
             _ => None,
@@ -570,8 +570,8 @@ impl Supervisor {
     pub(crate) fn watch_listener(&mut self, i: usize, now: Instant) -> io::Result<()> {
         let l = &mut self.listeners[i];
         if l.watched
-            || self.core.shutdown.is_some()
-            || !self.core.config.dispatch.parent_watches_listeners()
+            || self.core.shutdown().is_some()
+            || !self.core.config().dispatch.parent_watches_listeners()
             || l.resume_at.is_some_and(|t| now < t)
         {
             return Ok(());
@@ -607,7 +607,7 @@ impl Supervisor {
 
     /// Resumes listeners paused for lack of idle children or descriptors.
     pub(crate) fn rewatch_listeners(&mut self, now: Instant) {
-        if self.core.shutdown.is_some() {
+        if self.core.shutdown().is_some() {
             return;
         }
         for i in 0..self.listeners.len() {

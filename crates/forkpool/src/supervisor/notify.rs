@@ -57,8 +57,8 @@ impl Supervisor {
         if self.notify.told_ready {
             return;
         }
-        let counts = self.core.board.counts();
-        let wanted = self.core.config.min_children.max(1);
+        let counts = self.core.board().counts();
+        let wanted = self.core.config().min_children.max(1);
         if counts.idle + counts.busy >= wanted {
             self.notify.told_ready = true;
             ready();

@@ -178,8 +178,8 @@ impl Supervisor {
 
     /// The worker in `slot` wrote to its stderr.
     pub(super) fn read_output(&mut self, slot: usize) {
-        let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
-        let Some(link) = self.core.board.link_mut(slot) else {
+        let pid = self.core.board().get(slot).map_or(0, |s| s.pid);
+        let Some(link) = self.core.link_mut(slot) else {
             return;
         };
         let Some(output) = link.output.as_mut() else {

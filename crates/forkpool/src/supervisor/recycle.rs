@@ -35,8 +35,8 @@ impl Supervisor {
     /// Whether the child in `slot` is past a limit now; `fresh_memory`
     /// re-reads its memory first (between connections).
     fn recycle_due(&mut self, slot: usize, fresh_memory: bool, now: Instant) -> Option<Recycle> {
-        let pid = self.core.board.get(slot)?.pid;
-        if fresh_memory && self.core.config.max_child_memory > 0 {
+        let pid = self.core.board().get(slot)?.pid;
+        if fresh_memory && self.core.config().max_child_memory > 0 {
             self.resources.sample_child(slot, pid, now);
         }
         let uss = self.resources.uss(slot, pid);
@@ -59,7 +59,7 @@ impl Supervisor {
                 format!(
                     "unshared memory (USS) {} MiB is above max_child_memory {} MiB",
                     uss >> 20,
-                    self.core.config.max_child_memory >> 20
+                    self.core.config().max_child_memory >> 20
                 )
             }
             Recycle::Lifetime(age) => {
@@ -67,12 +67,12 @@ impl Supervisor {
                 format!(
                     "{}s old (max_child_lifetime {:?})",
                     age.as_secs(),
-                    self.core.config.max_child_lifetime
+                    self.core.config().max_child_lifetime
                 )
             }
         };
         if !matches!(why, Recycle::Requests(_)) {
-            let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
+            let pid = self.core.board().get(slot).map_or(0, |s| s.pid);
             info!(slot, pid, "recycling child: {reason}{how}");
         }
         reason
@@ -91,7 +91,7 @@ impl Supervisor {
         if !self.core.keeps_board(slot) {
             return;
         }
-        let Some(entry) = self.core.board.get(slot) else {
+        let Some(entry) = self.core.board().get(slot) else {
             return;
         };
         let pid = entry.pid;
@@ -119,7 +119,7 @@ impl Supervisor {
     /// reads end of file then, exits. A child that left for a limit waits
     /// for that, so that [`Self::judge_leaving`] finds it still there.
     pub(super) fn let_go(&self, slot: usize) {
-        let Some(link) = self.core.board.link(slot) else {
+        let Some(link) = self.core.board().link(slot) else {
             return;
         };
         if let Err(e) = crate::sys::socket::shut_down_sending(link.channel.as_fd()) {
@@ -137,12 +137,14 @@ impl Supervisor {
     /// On the sampling tick: children past the memory or lifetime limit
     /// are told to finish their connection and go.
     pub(super) fn check_memory_and_lifetime(&mut self, now: Instant) {
-        if self.core.config.max_child_memory == 0 && self.core.config.max_child_lifetime.is_zero() {
+        if self.core.config().max_child_memory == 0
+            && self.core.config().max_child_lifetime.is_zero()
+        {
             return;
         }
         let serving: Vec<usize> = self
             .core
-            .board
+            .board()
             .iter()
             .filter(|(_, s)| matches!(s.state, SlotState::Idle | SlotState::Busy))
             .map(|(slot, _)| slot)

@@ -53,7 +53,7 @@ impl Supervisor {
                 return;
             }
         };
-        let Some(entry) = self.core.board.get(slot) else {
+        let Some(entry) = self.core.board().get(slot) else {
             self.unclaim_for_refork(slot, claimed);
             return;
         };

@@ -42,12 +42,12 @@ impl Supervisor {
     fn read_reloaded_config(&mut self) -> Result<PoolConfig, String> {
         let config = match self.options.reload_source.as_mut() {
             Some(read) => read().map_err(|e| format!("cannot read the configuration: {e}"))?,
-            None => self.core.config.clone(),
+            None => self.core.config().clone(),
         };
         let mut config = config;
         config.dispatch = self.settled_mode(config.dispatch);
         let kernel = |c: &PoolConfig| c.dispatch == crate::config::DispatchMode::Kernel;
-        if kernel(&config) != kernel(&self.core.config) {
+        if kernel(&config) != kernel(self.core.config()) {
             // Each slot's socket and the program are set up at start.
             return Err("switching dispatch to or from 'kernel' needs a restart".into());
         }
@@ -62,12 +62,12 @@ impl Supervisor {
         self.core.reloadable(&config)?;
         self.check_reloaded_config(&config)
             .map_err(|e| e.to_string())?;
-        if config.backlog != self.core.config.backlog {
+        if config.backlog != self.core.config().backlog {
             info!(
                 "backlog changes apply to new listeners only; restart or upgrade (USR2) to apply"
             );
         }
-        if config.defer_accept != self.core.config.defer_accept {
+        if config.defer_accept != self.core.config().defer_accept {
             self.listeners
                 .iter()
                 .try_for_each(|l| l.listener.set_defer_accept(config.defer_accept))
@@ -90,7 +90,7 @@ impl Supervisor {
     /// watched if the dispatch mode now in force wants it, and no longer
     /// if the one before did and this one does not.
     pub(super) fn rewatch(&mut self, was_watching: bool, now: Instant) {
-        if was_watching && !self.core.config.dispatch.parent_watches_listeners() {
+        if was_watching && !self.core.config().dispatch.parent_watches_listeners() {
             self.unwatch_listeners();
         }
         if let Err(e) = self.watch_listeners(now) {

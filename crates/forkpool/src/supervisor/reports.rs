@@ -28,7 +28,7 @@ impl Supervisor {
                 self.wake.unread.push(slot);
                 return;
             }
-            let Some(link) = self.core.board.link(slot) else {
+            let Some(link) = self.core.board().link(slot) else {
                 return;
             };
             if link.child.channel_closed {
@@ -77,7 +77,7 @@ impl Supervisor {
             }
             if self
                 .core
-                .board
+                .board()
                 .get(slot)
                 .is_none_or(|s| s.state == SlotState::Killed)
             {
@@ -101,7 +101,7 @@ impl Supervisor {
     /// [`crate::core::Input::ChannelClosed`].
     fn channel_closed(&mut self, slot: usize, now: Instant) {
         let claimed_is_child = !self.claim_vanished(slot);
-        let Some(link) = self.core.board.link(slot) else {
+        let Some(link) = self.core.board().link(slot) else {
             return;
         };
         let hung_up = peer_hung_up(&link.channel);
@@ -136,8 +136,8 @@ impl Supervisor {
     /// then it is ticked and what it asks is carried out.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         let mut hung_up = Vec::new();
-        for slot in 0..self.core.board.span() {
-            let Some(link) = self.core.board.link(slot) else {
+        for slot in 0..self.core.board().span() {
+            let Some(link) = self.core.board().link(slot) else {
                 continue;
             };
             if link.child.channel_closed

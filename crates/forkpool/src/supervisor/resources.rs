@@ -203,7 +203,7 @@ impl Supervisor {
         }
         let children: Vec<(usize, i32)> = self
             .core
-            .board
+            .board()
             .iter()
             // A slot whose template has not said the pid yet has pid 0.
             .filter(|(_, s)| s.state != SlotState::Killed && s.pid > 0)

@@ -139,7 +139,7 @@ impl Supervisor {
         let capture = SlowCapture::take(slot, pid, peer, busy);
         let reads_stderr = self
             .core
-            .board
+            .board()
             .link(slot)
             .is_some_and(|l| l.output.is_some());
         let mut pending = Pending {
@@ -151,7 +151,7 @@ impl Supervisor {
             then_kill,
         };
         if reads_stderr {
-            let sent = match self.core.board.link(slot) {
+            let sent = match self.core.board().link(slot) {
                 Some(link) => super::children::signal_child(link, pid, Signal::SIGURG),
                 None => Ok(()),
             };
@@ -185,7 +185,7 @@ impl Supervisor {
             self.core.set_capturing(slot, pid, false);
             // The kill stands only if the child is still on that connection.
             let connection = p.connection;
-            let still_stuck = self.core.board.get(slot).is_some_and(|s| {
+            let still_stuck = self.core.board().get(slot).is_some_and(|s| {
                 s.pid == pid && s.state == SlotState::Busy && s.since == connection
             });
             self.log_capture(p);

@@ -58,9 +58,9 @@ impl Supervisor {
     pub(super) fn stop_after_backlog(&mut self, now: Instant) {
         let queued = u64::from(self.queued());
         let parked = self.dispatcher.parked() as u64;
-        let applies = self.core.config.serve_backlog_on_stop
+        let applies = self.core.config().serve_backlog_on_stop
             && !self.options.listeners_outlive_pool
-            && self.core.config.dispatch.speaks_protocol();
+            && self.core.config().dispatch.speaks_protocol();
         if !applies || queued + parked == 0 {
             self.begin_shutdown(now);
             return;
@@ -68,14 +68,14 @@ impl Supervisor {
         info!(
             queued,
             parked,
-            timeout = ?self.core.config.shutdown_timeout,
+            timeout = ?self.core.config().shutdown_timeout,
             "stopping: serving the connections already waiting first"
         );
         self.finishing = Some(BacklogFinish::new(
-            self.core.totals.accepted,
+            self.core.totals().accepted,
             queued,
             parked,
-            now + self.core.config.shutdown_timeout,
+            now + self.core.config().shutdown_timeout,
         ));
     }
 
@@ -86,7 +86,7 @@ impl Supervisor {
             return;
         };
         let waiting = u64::from(self.queued()) + self.dispatcher.parked() as u64;
-        if finish.done(self.core.totals.accepted, waiting, now) {
+        if finish.done(self.core.totals().accepted, waiting, now) {
             self.finishing = None;
             self.begin_shutdown(now);
         }

@@ -250,13 +250,13 @@ impl Supervisor {
         TemplateStart {
             generation,
             channel,
-            mode: self.core.config.dispatch,
+            mode: self.core.config().dispatch,
             listeners: Vec::new(),
             stderr: Some(stderr),
             supervisor_pid: process::parent_pid() as u32,
             // Its workers inherit them: one lifetime for all, without the
             // per-child jitter the supervisor draws for each.
-            limits: self.self_limits(self.core.config.max_child_lifetime),
+            limits: self.self_limits(self.core.config().max_child_lifetime),
         }
     }
 
@@ -264,7 +264,7 @@ impl Supervisor {
     /// the template of the current generation to fork its worker. Without
     /// a ready template, nothing happens: spawns wait for it.
     pub(super) fn fork_from_template(&mut self, now: Instant) -> io::Result<()> {
-        let generation = self.core.generation;
+        let generation = self.core.generation();
         if !self.core.may_order(generation) {
             return Ok(());
         }
@@ -295,7 +295,7 @@ impl Supervisor {
                 return Ok(());
             }
         };
-        let slot = self.core.board.lowest_free();
+        let slot = self.core.board().lowest_free();
         let order = TemplateRequest::Fork {
             slot: slot as u32,
             generation,
@@ -550,7 +550,7 @@ impl Supervisor {
     /// For a worker that says `Ready` before its template's `W` was read:
     /// reads the template's replies first (they were sent before it).
     pub(super) fn learn_pid_from_template(&mut self, slot: usize, now: Instant) {
-        let Some(generation) = self.core.board.get(slot).map(|s| s.generation) else {
+        let Some(generation) = self.core.board().get(slot).map(|s| s.generation) else {
             return;
         };
         self.read_template(generation, now);

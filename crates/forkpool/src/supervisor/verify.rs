@@ -55,17 +55,17 @@ impl Supervisor {
     ) -> Result<bool, String> {
         if self
             .core
-            .board
+            .board()
             .link(slot)
             .is_some_and(|l| l.child.role.claimed.is_none())
         {
             // The template's `W` was sent before this; read it first.
             self.learn_pid_from_template(slot, now);
         }
-        if self.core.board.link(slot).is_none() {
+        if self.core.board().link(slot).is_none() {
             return Ok(false);
         }
-        if self.core.board.get(slot).is_some_and(|s| s.pid != 0) {
+        if self.core.board().get(slot).is_some_and(|s| s.pid != 0) {
             return Ok(true);
         }
         // One read of the sender's record gives its parent, start and group.
@@ -75,10 +75,14 @@ impl Supervisor {
         // template run as root): the process must also be one its template
         // forked, as far as the kernel's records tell: started after the
         // order, and still in the template's process group.
-        let ordered_at = self.core.board.link(slot).and_then(|l| l.ordered_at_ticks);
+        let ordered_at = self
+            .core
+            .board()
+            .link(slot)
+            .and_then(|l| l.ordered_at_ticks);
         let template_group = self
             .core
-            .board
+            .board()
             .get(slot)
             .and_then(|s| self.core.template(s.generation))
             .map(|t| t.role.pid);
@@ -89,7 +93,7 @@ impl Supervisor {
         let pid = self
             .core
             .verify(slot, sender, sender_is_child, from_template)?;
-        if let Some(link) = self.core.board.link_mut(slot) {
+        if let Some(link) = self.core.link_mut(slot) {
             // The supervisor's unreaped child: the pid is certainly it.
             link.pidfd = super::children::hold(pid);
         }
@@ -108,7 +112,7 @@ impl Supervisor {
     pub(super) fn give_up_unverified(&mut self, slot: usize, detail: &str, now: Instant) {
         let claim = self
             .core
-            .board
+            .board()
             .link(slot)
             .and_then(|l| l.child.role.claimed);
         let claimed_is_child = claim.is_some_and(|p| self.is_our_child(p));
@@ -122,7 +126,7 @@ impl Supervisor {
     /// ours. A zombie the supervisor has not reaped yet is still its child.
     pub(super) fn claim_vanished(&self, slot: usize) -> bool {
         self.core
-            .board
+            .board()
             .link(slot)
             .and_then(|l| l.child.role.claimed)
             .is_some_and(|pid| !self.is_our_child(pid))
