@@ -24,6 +24,21 @@ impl<L: HasChild> Core<L> {
         recycle::draw(&mut self.jitter, &recycle::LimitSettings::of(&self.config))
     }
 
+    /// Adopts a child forked with `limits` drawn before its fork
+    /// ([`Core::draw_limits`]), which it was told its share from.
+    pub fn adopt_with_limits(
+        &mut self,
+        slot: usize,
+        pid: i32,
+        generation: u32,
+        mut link: L,
+        limits: ChildLimits,
+        now: Instant,
+    ) {
+        link.child_mut().role.limits = Some(limits);
+        self.adopt(slot, pid, generation, link, now);
+    }
+
     /// The limits of the child in `slot` (none for an empty slot).
     pub fn limits(&self, slot: usize) -> ChildLimits {
         self.board
@@ -157,9 +172,7 @@ mod tests {
         let now = Instant::now();
         let mut core = core(1000, 1_000_000, Duration::ZERO, 3);
         let ahead = core.draw_limits();
-        let mut child = Child::new(now, true, 1);
-        child.role.limits = Some(ahead);
-        core.adopt(2, 77, 1, child, now);
+        core.adopt_with_limits(2, 77, 1, Child::new(now, true, 1), ahead, now);
         assert_eq!(core.limits(2), ahead);
         // The next child in the slot draws limits of its own.
         core.board.vacate(2);

@@ -187,10 +187,10 @@ impl Supervisor {
         let mut link = ChildLink::new(ours, output, now, reports, crate::protocol::VERSION);
         // Just forked and not reaped: the pid is certainly this child.
         link.pidfd = hold(pid);
-        // The limits it was told its share from before its fork.
-        link.child.role.limits = Some(limits);
         let generation = self.core.generation();
-        self.core.adopt(slot, pid, generation, link, now);
+        // The limits it was told its share from before its fork.
+        self.core
+            .adopt_with_limits(slot, pid, generation, link, limits, now);
         info!(
             slot,
             pid,
