@@ -35,7 +35,8 @@
 # (bench/lib/treestat.py), then PSS per idle worker (the mean) and USS
 # (the median: a template or master among the children does not count).
 # Then one row driven by forkpool's own load generator. Environment:
-# DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
+# BIN (the forkpool binary to measure; default: this checkout's release
+# build), DURATION (wrk seconds per cell, default 10), ONLY (a regexp of server
 # names to run), CONCURRENCY (default "16 64") and MODES (default
 # "close keepalive"), the cells of each row; ROUNDS (default 1) repeats
 # the table and adds the medians. Every server listens on
@@ -79,6 +80,11 @@ install() {
 }
 
 forkpool_bin() {
+  # BIN=path measures another build (bench/ab.sh's A/B of two commits).
+  if [ -n "${BIN:-}" ]; then
+    echo "$BIN"
+    return
+  fi
   if [ ! -x target/release/forkpool ]; then
     cargo build --release -q -p forkpool-cli
   fi
