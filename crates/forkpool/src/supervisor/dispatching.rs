@@ -35,10 +35,10 @@ impl Supervisor {
         for _ in 0..=self.core.board().span() {
             let end = match self.core.config().dispatch {
                 DispatchMode::Handoff | DispatchMode::Kernel => {
-                    let resources = &mut self.resources;
                     let mut accepted = 0;
+                    let mut peers = std::mem::take(&mut self.resources.peers_handed);
                     let handed = |slot, pid, peer: Option<&socket2::SockAddr>| {
-                        resources.handed(slot, pid, peer)
+                        peers.push((slot, pid, peer.cloned()))
                     };
                     let end = match &self.kernel {
                         // The overflow: what no idle child could take.
@@ -59,6 +59,7 @@ impl Supervisor {
                             handed,
                         ),
                     };
+                    self.note_peers(peers);
                     self.core.count(Counted::Accepted(accepted));
                     if let Some(kernel) = &self.kernel {
                         kernel.board().count_overflow_handed(accepted);
@@ -92,9 +93,10 @@ impl Supervisor {
     /// loop.
     pub(crate) fn child_available(&mut self, now: Instant) {
         for _ in 0..=self.core.board().span() {
-            let resources = &mut self.resources;
-            let handed =
-                |slot, pid, peer: Option<&socket2::SockAddr>| resources.handed(slot, pid, peer);
+            let mut peers = std::mem::take(&mut self.resources.peers_handed);
+            let handed = |slot, pid, peer: Option<&socket2::SockAddr>| {
+                peers.push((slot, pid, peer.cloned()))
+            };
             let end = match &self.kernel {
                 Some(kernel) => self.dispatcher.hand_parked(
                     &mut Claiming::new(&mut self.core, kernel.board()),
@@ -103,6 +105,7 @@ impl Supervisor {
                 ),
                 None => self.dispatcher.hand_parked(&mut self.core, now, handed),
             };
+            self.note_peers(peers);
             match end {
                 TurnEnd::Unreachable { slot, why } => {
                     self.kill(slot, KillReason::ChannelFailed, why, now)
@@ -110,6 +113,16 @@ impl Supervisor {
                 _ => return,
             }
         }
+    }
+
+    /// Each child handed a connection keeps its client's address in its
+    /// figures (status, slow captures); `peers` is emptied for the next
+    /// pass, its memory kept.
+    fn note_peers(&mut self, mut peers: Vec<(usize, i32, Option<socket2::SockAddr>)>) {
+        for (slot, pid, peer) in peers.drain(..) {
+            self.handed_peer(slot, pid, peer);
+        }
+        self.resources.peers_handed = peers;
     }
 
     fn pause_listener(&mut self, listener: usize, until: Instant) {

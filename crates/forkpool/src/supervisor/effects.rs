@@ -155,7 +155,7 @@ impl Supervisor {
         self.core.connection_ended_at(now);
         if let Some(took) = took {
             self.resources.service_time.observe(took.as_secs_f64());
-            self.resources.handed(slot, pid, None);
+            self.handed_peer(slot, pid, None);
         }
     }
 

@@ -6,6 +6,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 use super::output::ChildOutput;
+use super::resources::ChildFigures;
 use crate::channel::{Channel, Incoming};
 use crate::core::child::{Child, HasChild};
 use crate::protocol::{ChildMessage, ParentMessage, WorkerOrder, TEMPLATE_VERSION};
@@ -31,6 +32,9 @@ pub(crate) struct ChildLink {
     /// `/proc` counts starts in, just before the order was sent. The
     /// worker cannot have started before it.
     pub ordered_at_ticks: Option<u64>,
+    /// Its `/proc` figures, the client it serves, its last slow capture
+    /// (`resources.rs`).
+    pub figures: ChildFigures,
 }
 
 impl HasChild for ChildLink {
@@ -67,6 +71,7 @@ impl ChildLink {
             stderr_tail: Vec::new(),
             pidfd: None,
             ordered_at_ticks: None,
+            figures: ChildFigures::default(),
         }
     }
 

@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use super::resources::ChildFigures;
 use super::Supervisor;
 use crate::core::CoreView;
 use crate::fleet::Capacity;
@@ -29,6 +30,8 @@ pub(crate) struct Published {
     pub kernel: bool,
     /// The pool's capacity, for the agent check and `/ready`.
     pub capacity: Capacity,
+    /// Each child's sampled figures, by slot, copied from its link.
+    pub figures: Vec<Option<ChildFigures>>,
 }
 
 impl Published {
@@ -50,6 +53,7 @@ impl Published {
                 spawn_held_back: false,
                 phase: crate::fleet::Phase::Starting,
             },
+            figures: Vec::new(),
         }
     }
 }
@@ -88,6 +92,16 @@ impl Supervisor {
         p.kernel = self.kernel.is_some();
         if p.dispatch_fallback != self.dispatch_fallback {
             p.dispatch_fallback.clone_from(&self.dispatch_fallback);
+        }
+        let board = self.core.board();
+        p.figures.resize(board.span(), None);
+        for (slot, figures) in p.figures.iter_mut().enumerate() {
+            match board.link(slot) {
+                Some(link) => figures
+                    .get_or_insert_with(Default::default)
+                    .clone_from(&link.figures),
+                None => *figures = None,
+            }
         }
     }
 }

@@ -35,11 +35,10 @@ impl Supervisor {
     /// Whether the child in `slot` is past a limit now; `fresh_memory`
     /// re-reads its memory first (between connections).
     fn recycle_due(&mut self, slot: usize, fresh_memory: bool, now: Instant) -> Option<Recycle> {
-        let pid = self.core.board().get(slot)?.pid;
         if fresh_memory && self.core.config().max_child_memory > 0 {
-            self.resources.sample_child(slot, pid, now);
+            self.sample_child(slot, now);
         }
-        let uss = self.resources.uss(slot, pid);
+        let uss = self.core.board().link(slot)?.figures.uss();
         self.core.recycle_due(slot, uss, now)
     }
 
@@ -94,7 +93,6 @@ impl Supervisor {
         let Some(entry) = self.core.board().get(slot) else {
             return;
         };
-        let pid = entry.pid;
         // The board says what it served up to its `X` (the core's count may
         // be a reading behind).
         let served = self
@@ -102,7 +100,7 @@ impl Supervisor {
             .as_ref()
             .map_or(entry.served, |k| k.board().sample(slot).served);
         let uss = match self.core.leaving_needs_memory(slot, served) {
-            true => self.resources.sample_uss(slot, pid, now),
+            true => self.sample_child(slot, now),
             false => None,
         };
         if let Some(why) = self.core.judge_leaving(slot, served, uss, now) {

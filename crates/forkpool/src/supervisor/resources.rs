@@ -15,7 +15,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tracing::debug;
 
 use super::Supervisor;
-use crate::observe::{listen_queue, CpuSampler, ProcessSample};
+use crate::observe::procfs::sample_process;
+use crate::observe::{listen_queue, ProcessSample};
 use crate::scoreboard::SlotState;
 use crate::status::{QueueStatus, SlotStatus};
 
@@ -29,25 +30,76 @@ const CHILDREN_PER_TURN: usize = 8;
 /// The pause between two groups of children in one sampling round.
 const BETWEEN_CHUNKS: Duration = Duration::from_millis(10);
 
-/// The last figures of one child.
+/// The last figures of one child, kept in its link (`link.rs`): born
+/// with the child, gone with it, so a successor in the slot never shows
+/// its predecessor's.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ChildFigures {
-    pid: i32,
     sample: Option<ProcessSample>,
     cpu_percent: Option<f64>,
+    /// The CPU time at the last sample, for the next one's percentage.
+    last_cpu: Option<(Instant, f64)>,
     /// The client of the connection the supervisor handed it last, while
     /// it serves that connection: the address `accept` returned, put into
     /// words only when status or a capture asks.
-    peer: Option<socket2::SockAddr>,
+    pub peer: Option<socket2::SockAddr>,
     /// The last slow-request capture, as logged.
     pub last_capture: Option<String>,
 }
 
-/// Sampled figures and the service-time histogram.
+impl ChildFigures {
+    /// Records a sample of the child taken at `now`.
+    fn record(&mut self, sample: ProcessSample, now: Instant) {
+        let percent = cpu_percent(self.last_cpu, now, sample.cpu_seconds);
+        self.last_cpu = Some((now, sample.cpu_seconds));
+        self.sample = Some(sample);
+        if percent.is_some() {
+            self.cpu_percent = percent;
+        }
+    }
+
+    /// Its unshared memory (USS) at its last sample.
+    pub fn uss(&self) -> Option<u64> {
+        self.sample.map(|s| s.memory.uss_bytes)
+    }
+
+    /// The client of the connection it serves, when known.
+    pub fn peer_name(&self) -> Option<String> {
+        self.peer.as_ref().and_then(peer_name)
+    }
+
+    /// Adds the figures to the child's status.
+    pub fn fill(&self, status: &mut SlotStatus) {
+        if let Some(s) = self.sample {
+            status.cpu_seconds = Some(s.cpu_seconds);
+            status.rss_bytes = Some(s.memory.rss_bytes);
+            status.pss_bytes = Some(s.memory.pss_bytes);
+            status.uss_bytes = Some(s.memory.uss_bytes);
+        }
+        status.cpu_percent = self.cpu_percent;
+        if status.busy_for_ms.is_some() {
+            status.peer = self.peer_name();
+        }
+        status.last_capture.clone_from(&self.last_capture);
+    }
+}
+
+/// The CPU% between two samples (100 = one core busy the whole interval):
+/// `None` on the first sample, when no time passed, or when the CPU time
+/// went backwards.
+fn cpu_percent(last: Option<(Instant, f64)>, now: Instant, cpu_seconds: f64) -> Option<f64> {
+    let (then, cpu_then) = last?;
+    let wall = now.checked_duration_since(then).unwrap_or(Duration::ZERO);
+    if wall.is_zero() || cpu_seconds < cpu_then {
+        return None;
+    }
+    Some((cpu_seconds - cpu_then) / wall.as_secs_f64() * 100.0)
+}
+
+/// The listeners' sampled queues, the sampling round, and the
+/// service-time histogram.
 #[derive(Debug)]
 pub(crate) struct Resources {
-    cpu: CpuSampler,
-    children: Vec<ChildFigures>,
     queues: Vec<Option<QueueStatus>>,
     next_sample: Option<Instant>,
     /// The next slot to sample in the current round (0: a new round).
@@ -56,18 +108,21 @@ pub(crate) struct Resources {
     round_started: Instant,
     /// Seconds each connection kept its child busy (busy to idle).
     pub service_time: Histogram,
+    /// A dispatch pass's connections handed off, with their clients,
+    /// written into the children's figures after the pass (its memory
+    /// kept for the next).
+    pub peers_handed: Vec<(usize, i32, Option<socket2::SockAddr>)>,
 }
 
 impl Default for Resources {
     fn default() -> Self {
         Resources {
-            cpu: CpuSampler::default(),
-            children: Vec::new(),
             queues: Vec::new(),
             next_sample: None,
             cursor: 0,
             round_started: Instant::now(),
             service_time: service_time_histogram(),
+            peers_handed: Vec::new(),
         }
     }
 }
@@ -78,94 +133,9 @@ fn service_time_histogram() -> Histogram {
 }
 
 impl Resources {
-    /// The figures of the child in `slot`, if it is (still) `pid`.
-    pub fn of(&self, slot: usize, pid: i32) -> Option<&ChildFigures> {
-        self.children.get(slot).filter(|f| f.pid == pid)
-    }
-
-    fn entry(&mut self, slot: usize, pid: i32) -> &mut ChildFigures {
-        if self.children.len() <= slot {
-            self.children.resize_with(slot + 1, ChildFigures::default);
-        }
-        let f = &mut self.children[slot];
-        if f.pid != pid {
-            *f = ChildFigures {
-                pid,
-                ..ChildFigures::default()
-            };
-        }
-        f
-    }
-
-    /// The child's unshared memory (USS) at its last sample.
-    pub fn uss(&self, slot: usize, pid: i32) -> Option<u64> {
-        self.of(slot, pid)?.sample.map(|s| s.memory.uss_bytes)
-    }
-
     /// When the next sampling tick is due.
     pub fn due(&self) -> Option<Instant> {
         self.next_sample
-    }
-
-    /// Reads `pid` now and records it for `slot`.
-    pub fn sample_child(&mut self, slot: usize, pid: i32, now: Instant) {
-        self.sample_uss(slot, pid, now);
-    }
-
-    /// Reads `pid` now, records it for `slot` and returns its USS as read
-    /// now: `None` when it could not be read (the process is gone, or
-    /// `/proc` is hidden), never an older figure.
-    pub fn sample_uss(&mut self, slot: usize, pid: i32, now: Instant) -> Option<u64> {
-        match self.cpu.sample(pid, now) {
-            Ok((sample, percent)) => {
-                let f = self.entry(slot, pid);
-                f.sample = Some(sample);
-                if percent.is_some() {
-                    f.cpu_percent = percent;
-                }
-                Some(sample.memory.uss_bytes)
-            }
-            // Gone between the reap and the tick, or /proc hidden: the
-            // figures stay as they were and read as missing if never read.
-            Err(e) => {
-                debug!(slot, pid, "cannot sample child: {e}");
-                None
-            }
-        }
-    }
-
-    /// The client of the connection `slot` serves, when known.
-    pub fn peer(&self, slot: usize, pid: i32) -> Option<String> {
-        self.of(slot, pid)?.peer.as_ref().and_then(peer_name)
-    }
-
-    /// Records the peer of a connection handed to `slot` (`None`: it
-    /// finished).
-    pub fn handed(&mut self, slot: usize, pid: i32, peer: Option<&socket2::SockAddr>) {
-        self.entry(slot, pid).peer = peer.cloned();
-    }
-
-    /// Records the last capture of `slot`.
-    pub fn captured(&mut self, slot: usize, pid: i32, record: String) {
-        self.entry(slot, pid).last_capture = Some(record);
-    }
-
-    /// Adds the sampled figures to a slot's status.
-    pub fn fill(&self, status: &mut SlotStatus) {
-        let Some(f) = self.of(status.slot, status.pid) else {
-            return;
-        };
-        if let Some(s) = f.sample {
-            status.cpu_seconds = Some(s.cpu_seconds);
-            status.rss_bytes = Some(s.memory.rss_bytes);
-            status.pss_bytes = Some(s.memory.pss_bytes);
-            status.uss_bytes = Some(s.memory.uss_bytes);
-        }
-        status.cpu_percent = f.cpu_percent;
-        if status.busy_for_ms.is_some() {
-            status.peer = f.peer.as_ref().and_then(peer_name);
-        }
-        status.last_capture = f.last_capture.clone();
     }
 
     /// Records a listener's queue at this sample, keeping the maximum.
@@ -191,6 +161,36 @@ impl Resources {
 }
 
 impl Supervisor {
+    /// Reads the child in `slot` now and records it in its figures;
+    /// returns its USS as read now: `None` when it could not be read (the
+    /// process is gone, or `/proc` is hidden), never an older figure.
+    pub(super) fn sample_child(&mut self, slot: usize, now: Instant) -> Option<u64> {
+        let pid = self.core.board().get(slot)?.pid;
+        match sample_process(pid) {
+            Ok(sample) => {
+                let link = self.core.link_mut(slot)?;
+                link.figures.record(sample, now);
+                Some(sample.memory.uss_bytes)
+            }
+            // Gone between the reap and the tick, or /proc hidden: the
+            // figures stay as they were and read as missing if never read.
+            Err(e) => {
+                debug!(slot, pid, "cannot sample child: {e}");
+                None
+            }
+        }
+    }
+
+    /// The child `pid` in `slot` was handed a connection from `peer`
+    /// (`None`: it finished).
+    pub(super) fn handed_peer(&mut self, slot: usize, pid: i32, peer: Option<socket2::SockAddr>) {
+        if self.core.board().get(slot).is_some_and(|s| s.pid == pid) {
+            if let Some(link) = self.core.link_mut(slot) {
+                link.figures.peer = peer;
+            }
+        }
+    }
+
     /// Samples every child and listener once per [`SAMPLE_INTERVAL`];
     /// called once per turn of the loop.
     pub(super) fn sample_resources(&mut self, now: Instant) {
@@ -216,8 +216,8 @@ impl Supervisor {
             .filter(|&(slot, _)| slot >= from)
             .take(CHILDREN_PER_TURN)
             .collect();
-        for &(slot, pid) in &chunk {
-            self.resources.sample_child(slot, pid, now);
+        for &(slot, _) in &chunk {
+            self.sample_child(slot, now);
         }
         let rest = children
             .iter()
@@ -231,8 +231,6 @@ impl Supervisor {
         }
         self.resources.cursor = 0;
         self.resources.next_sample = Some(self.resources.round_started + SAMPLE_INTERVAL);
-        let alive: Vec<i32> = children.iter().map(|c| c.1).collect();
-        self.resources.cpu.retain(&alive);
         for i in 0..self.listeners.len() {
             let l = &self.listeners[i].listener;
             match listen_queue(l.as_fd()) {
@@ -272,30 +270,29 @@ mod tests {
     }
 
     #[test]
-    fn figures_of_a_replaced_child_are_not_shown_for_its_successor() {
-        let mut r = Resources::default();
+    fn figures_fill_a_status_and_the_peer_only_while_busy() {
+        let mut f = ChildFigures::default();
         let me = std::process::id() as i32;
-        r.sample_child(0, me, Instant::now());
-        let addr: std::net::SocketAddr = "127.0.0.1:5".parse().unwrap();
-        r.handed(0, me, Some(&addr.into()));
-        let mut s = status(0, me, true);
-        r.fill(&mut s);
-        assert!(s.rss_bytes.unwrap() > 0);
-        assert_eq!(s.peer.as_deref(), Some("127.0.0.1:5"));
-        let mut other = status(0, me + 1, true);
-        r.fill(&mut other);
-        assert_eq!(other.rss_bytes, None);
-        assert_eq!(other.peer, None);
+        f.record(sample_process(me).unwrap(), Instant::now());
+        let addr: std::net::SocketAddr = "[::1]:80".parse().unwrap();
+        f.peer = Some(addr.into());
+        let mut busy = status(0, me, true);
+        f.fill(&mut busy);
+        assert!(busy.rss_bytes.unwrap() > 0);
+        assert_eq!(busy.peer.as_deref(), Some("[::1]:80"));
+        let mut idle = status(0, me, false);
+        f.fill(&mut idle);
+        assert_eq!(idle.peer, None);
     }
 
     #[test]
-    fn peer_is_shown_only_while_busy() {
-        let mut r = Resources::default();
-        let addr: std::net::SocketAddr = "[::1]:80".parse().unwrap();
-        r.handed(1, 7, Some(&addr.into()));
-        let mut idle = status(1, 7, false);
-        r.fill(&mut idle);
-        assert_eq!(idle.peer, None);
+    fn cpu_percent_needs_two_samples_and_time_going_forward() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(2);
+        assert_eq!(cpu_percent(None, t0, 1.0), None);
+        assert_eq!(cpu_percent(Some((t0, 1.0)), t0, 2.0), None);
+        assert_eq!(cpu_percent(Some((t0, 2.0)), later, 1.0), None);
+        assert_eq!(cpu_percent(Some((t0, 1.0)), later, 2.0), Some(50.0));
     }
 
     #[test]

@@ -134,7 +134,11 @@ impl Supervisor {
         then_kill: Option<(KillReason, String)>,
         now: Instant,
     ) -> bool {
-        let peer = self.resources.peer(slot, pid);
+        let peer = self
+            .core
+            .board()
+            .link(slot)
+            .and_then(|l| l.figures.peer_name());
         let busy = now.saturating_duration_since(since);
         let capture = SlowCapture::take(slot, pid, peer, busy);
         let reads_stderr = self
@@ -208,8 +212,12 @@ impl Supervisor {
             "{record}"
         );
         self.core.count(Counted::SlowCapture);
-        self.resources
-            .captured(p.capture.slot, p.capture.pid, record);
+        let (slot, pid) = (p.capture.slot, p.capture.pid);
+        if self.core.board().get(slot).is_some_and(|s| s.pid == pid) {
+            if let Some(link) = self.core.link_mut(slot) {
+                link.figures.last_capture = Some(record);
+            }
+        }
     }
 }
 

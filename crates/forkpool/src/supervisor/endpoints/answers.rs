@@ -51,7 +51,9 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
                 ready_after_ms: s.link.map(|d| d.as_millis() as u64),
                 ..SlotStatus::default()
             };
-            src.resources.fill(&mut status);
+            if let Some(Some(figures)) = src.view.figures.get(*slot) {
+                figures.fill(&mut status);
+            }
             if let (None, Some(_), Some(established)) =
                 (&status.peer, status.busy_for_ms, &established)
             {
