@@ -13,7 +13,7 @@ use super::Core;
 use crate::policy::budget::MESSAGES_PER_SECOND;
 use crate::policy::messages;
 use crate::protocol::ChildMessage;
-use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::scoreboard::IllegalTransition;
 use crate::status::KillReason;
 
 impl<L: HasChild> Core<L> {
@@ -204,7 +204,7 @@ impl<L: HasChild> Core<L> {
     fn on_leaving(&mut self, slot: usize, now: Instant) -> Result<(), String> {
         // Its connection, if it had one, is over: count it as an `Idle`
         // would, then the child is on its way out.
-        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
+        if self.board.get(slot).is_some_and(|s| s.holds_connection()) {
             self.connection_ended(slot, now);
             self.board.idle(slot, now).map_err(out_of_order)?;
         }
@@ -264,7 +264,7 @@ impl<L: HasChild> Core<L> {
         let Some(entry) = self.board.get(slot) else {
             return;
         };
-        let took = (entry.state == SlotState::Busy && entry.load.is_none())
+        let took = (entry.holds_connection() && entry.load.is_none())
             .then(|| now.saturating_duration_since(entry.since));
         self.effects.push(Effect::ConnectionEnded {
             slot,

@@ -141,6 +141,7 @@ impl<L: HasChild> Core<L> {
                 since: s.since,
                 last_heard: s.last_heard,
                 load: s.load,
+                serving: s.serving,
                 link: s.link.child().ready_after(),
             };
             (slot, view)
