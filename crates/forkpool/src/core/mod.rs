@@ -224,6 +224,7 @@ impl<L: HasChild> Core<L> {
             // Holds that have passed stay recorded until the next one; a
             // past instant here would make the loop spin.
             self.spawns_held_until(now),
+            self.replacement_waits_until(now),
             self.stop_deadline(now),
             self.templates_deadline(),
             self.rollout_deadline(now),

@@ -454,7 +454,7 @@ impl Supervisor {
         match decision {
             Decision::Hold => {}
             Decision::Spawn(n) => {
-                if self.spawns_held(now) {
+                if self.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
                     return Ok(None);
                 }
                 self.cpu_changed();
