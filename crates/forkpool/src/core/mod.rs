@@ -91,6 +91,13 @@ pub(crate) struct Core<L> {
     template_backoff: StartBackoff,
     /// No template is started before this.
     templates_blocked_until: Option<Instant>,
+    /// Templates that ended in a row without saying `R`.
+    templates_ended_unready: u32,
+    /// Whether any template of this pool has said `R`.
+    template_ever_ready: bool,
+    /// Why the pool stopped itself, if it did: the supervisor then exits
+    /// with this error instead of its totals.
+    pub gave_up: Option<String>,
     /// The reload rolling out, if any (`rollout.rs`).
     rollout: Option<rollout::Rollout>,
     /// The highest generation handed out, so a generation that failed is
@@ -132,6 +139,9 @@ impl<L: HasChild> Core<L> {
             templates: Vec::new(),
             template_backoff: StartBackoff::default(),
             templates_blocked_until: None,
+            templates_ended_unready: 0,
+            template_ever_ready: false,
+            gave_up: None,
             rollout: None,
             highest_generation: 1,
             reforks: 0,

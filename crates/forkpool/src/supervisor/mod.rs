@@ -267,6 +267,9 @@ impl Supervisor {
             if self.finished(now) {
                 info!(totals = ?self.core.totals, "all children gone, supervisor exiting");
                 self.endpoints.remove_control_file();
+                if let Some(why) = self.core.gave_up.take() {
+                    return Err(io::Error::other(why));
+                }
                 return Ok(Exit::Done(self.core.totals));
             }
             let timeout = if self.unread.is_empty() && !self.endpoints.has_more() {
