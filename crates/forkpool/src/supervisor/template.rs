@@ -257,6 +257,7 @@ impl Supervisor {
             // Its workers inherit them: one lifetime for all, without the
             // per-child jitter the supervisor draws for each.
             limits: self.self_limits(self.core.config.max_child_lifetime),
+            backlog: self.core.config.backlog,
         }
     }
 
