@@ -44,6 +44,12 @@ pub(crate) struct WorkerRole {
     pub messages: budget::Budget,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
+    /// In `order` dispatch: its `B` answered an order, so an `M` may still
+    /// come for it while busy. A child that accepted on its own (a
+    /// runtime that accepts greedily) sent that `B` across the order and
+    /// reads the `A` only while busy; the protocol says to ignore it, and
+    /// one that answers `M` instead is not killed for it.
+    pub late_missed: bool,
     /// Its end of the channel is closed, as the kernel says (a child that
     /// sent an empty datagram has not hung up, until it closes).
     pub hung_up: bool,
@@ -404,6 +410,7 @@ impl Child {
                 answered_up_to: 0,
                 messages: budget::message_budget(),
                 ordered_on: None,
+                late_missed: false,
                 hung_up: false,
                 version,
                 claimed: None,

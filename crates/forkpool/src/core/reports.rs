@@ -184,6 +184,7 @@ impl<L: HasChild> Core<L> {
             .expect("checked by caller")
             .child_mut();
         child.ping = None;
+        child.role.late_missed = child.role.ordered_on.is_some();
         self.totals.accepted += 1;
         self.order_answered(slot);
         Ok(())
@@ -215,6 +216,12 @@ impl<L: HasChild> Core<L> {
     /// `Missed`: the child was woken or ordered to accept but found no
     /// connection waiting (a futile wake-up).
     fn on_missed(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        if self.late_missed(slot) {
+            // The answer to an order its `B` already answered (the `B`
+            // crossed the `A`): a futile wake-up, nothing more.
+            self.totals.futile_wakeups += 1;
+            return Ok(());
+        }
         self.board.missed(slot, now).map_err(out_of_order)?;
         self.totals.futile_wakeups += 1;
         self.order_answered(slot);
@@ -247,6 +254,19 @@ impl<L: HasChild> Core<L> {
         Ok(())
     }
 
+    /// Whether an `M` from the busy child in `slot` is the late answer to
+    /// an order its `B` answered; it may come once.
+    fn late_missed(&mut self, slot: usize) -> bool {
+        let busy = self.board.get(slot).is_some_and(|s| s.holds_connection());
+        let Some(link) = self.board.link_mut(slot) else {
+            return false;
+        };
+        let role = &mut link.child_mut().role;
+        let late = busy && role.late_missed;
+        role.late_missed = false;
+        late
+    }
+
     /// The child's accept order, if any, is answered.
     fn order_answered(&mut self, slot: usize) {
         let ordered = self
@@ -277,4 +297,58 @@ impl<L: HasChild> Core<L> {
 /// Why a report that does not fit the child's state gets it killed.
 fn out_of_order(e: IllegalTransition) -> String {
     format!("sent an out-of-order message: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use crate::config::{DispatchMode, PoolConfig};
+    use crate::core::child::Child;
+    use crate::core::{Core, Input};
+    use crate::protocol::ChildMessage;
+    use crate::scoreboard::SlotState;
+
+    fn order_pool(t0: Instant) -> Core<Child> {
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            dispatch: DispatchMode::Order,
+            ..PoolConfig::default()
+        });
+        core.adopt(0, 40, 1, Child::new(t0, true, 1), t0);
+        let ready = ChildMessage::Ready { pid: 40 };
+        core.on(
+            Input::Report {
+                slot: 0,
+                msg: ready,
+            },
+            t0,
+        );
+        core
+    }
+
+    fn report(core: &mut Core<Child>, msg: ChildMessage, t0: Instant) {
+        core.on(Input::Report { slot: 0, msg }, t0);
+    }
+
+    /// A child that accepted on its own sent `B` across an order; it reads
+    /// the `A` while busy and answers `M`: a futile wake-up, not a kill.
+    /// Only once: a second `M` while busy is a lie.
+    #[test]
+    fn a_missed_for_an_order_its_busy_crossed_is_not_a_kill() {
+        let t0 = Instant::now();
+        let mut core = order_pool(t0);
+        core.ordered_accept(0, 0, t0);
+        report(&mut core, ChildMessage::Busy, t0);
+        report(&mut core, ChildMessage::Missed, t0);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Busy);
+        assert_eq!(core.totals.killed, 0);
+        assert_eq!(core.totals.futile_wakeups, 1);
+        report(&mut core, ChildMessage::Idle, t0);
+        assert_eq!(core.board.get(0).unwrap().served, 1);
+        // A `B` of its own (no order out) leaves no answer owed.
+        report(&mut core, ChildMessage::Busy, t0);
+        report(&mut core, ChildMessage::Missed, t0);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Killed);
+        assert_eq!(core.totals.killed_by.misbehaved, 1);
+    }
 }
