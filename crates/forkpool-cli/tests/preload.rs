@@ -372,7 +372,12 @@ fn a_killed_worker_is_replaced_from_the_template() {
 /// few times with back-off, then the supervisor exits non-zero with one
 /// error that names the fix; its listener is closed, so connections are
 /// refused instead of waiting unserved.
-fn never_a_template_stops_the_pool(cmd: &[&str], extra: &[&str], min_took: Duration) -> String {
+fn never_a_template_stops_the_pool(
+    cmd: &[&str],
+    extra: &[&str],
+    min_took: Duration,
+    meanwhile: impl Fn(&DemoPool),
+) -> String {
     let mut args = vec!["--preload", "--ping-timeout", "20s", "--min-children", "1"];
     args.extend_from_slice(&SCALING);
     args.extend_from_slice(extra);
@@ -380,6 +385,7 @@ fn never_a_template_stops_the_pool(cmd: &[&str], extra: &[&str], min_took: Durat
     command.arg("run");
     let started = Instant::now();
     let mut pool = DemoPool::launch(command, &args, cmd, false);
+    meanwhile(&pool);
     let status = pool
         .wait_exit(PATIENCE)
         .unwrap_or_else(|| panic!("still running: {}", pool.status()));
@@ -402,7 +408,12 @@ fn a_template_failing_at_start_backs_off_then_stops_the_pool() {
     dir.deploy("app.py", "import sys\nsys.exit('cannot load the model')\n");
     let app = dir.path("app.py");
     // 100 ms, then 200 ms between the three starts.
-    let log = never_a_template_stops_the_pool(&["python3", &app], &[], Duration::from_millis(300));
+    let log = never_a_template_stops_the_pool(
+        &["python3", &app],
+        &[],
+        Duration::from_millis(300),
+        |_| {},
+    );
     // What the program said is in the error too.
     assert!(log.contains("cannot load the model"), "{log}");
 }
@@ -410,10 +421,22 @@ fn a_template_failing_at_start_backs_off_then_stops_the_pool() {
 #[test]
 fn a_program_that_ignores_the_template_channel_stops_the_pool() {
     // Like `node worker.js`: it runs, but never says R as a template.
+    // Meanwhile status says the pool is not ready, and why.
+    let says_why = |pool: &DemoPool| {
+        let status = pool.wait_status(PATIENCE, |s| {
+            s["totals"]["template_restarts"].as_u64() >= Some(1)
+                && s["not_ready_because"]
+                    .as_str()
+                    .is_some_and(|why| why.contains("run it without --preload"))
+        });
+        let status = status.unwrap_or_else(|| panic!("{}", pool.status()));
+        assert_eq!(status["ready"], false, "{status}");
+    };
     let log = never_a_template_stops_the_pool(
         &["sleep", "60"],
-        &["--start-timeout", "300ms"],
-        Duration::from_millis(900),
+        &["--start-timeout", "1s"],
+        Duration::from_secs(3),
+        says_why,
     );
     assert!(log.contains("did not say Ready"), "{log}");
 }

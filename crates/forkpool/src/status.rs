@@ -280,6 +280,10 @@ pub struct Snapshot {
     /// (`READY=1`). Once true it stays true.
     #[serde(default)]
     pub ready: bool,
+    /// While the pool has not been ready: why, in words (absent once it
+    /// has been).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_because: Option<String>,
     /// The dispatch mode in force.
     pub dispatch: String,
     /// Why `kernel` dispatch was asked for and `handoff` runs instead

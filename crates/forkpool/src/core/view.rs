@@ -49,6 +49,9 @@ pub(crate) struct CoreView {
     pub slots: Vec<(usize, SlotView)>,
     /// Every template.
     pub templates: Vec<TemplateView>,
+    /// `--preload` before any template said `R`: how many ended first
+    /// (`None`: no template is awaited).
+    pub templates_unready: Option<u32>,
 }
 
 /// One occupied slot, as published: the board's own record, with its
@@ -94,6 +97,7 @@ impl CoreView {
             span: 0,
             slots: Vec::new(),
             templates: Vec::new(),
+            templates_unready: None,
         }
     }
 
@@ -124,6 +128,8 @@ impl<L: HasChild> Core<L> {
             self.config.max_spare,
         ];
         view.dispatch_width = self.board.width();
+        view.templates_unready = (self.config.preload && !self.template_ever_ready)
+            .then_some(self.templates_ended_unready);
         view.ready_unless_saturated = self.config.ready_unless_saturated;
         view.counts = self.board.counts();
         view.totals = self.totals;
