@@ -54,9 +54,40 @@ pub(crate) struct CoreView {
     pub templates_unready: Option<u32>,
 }
 
-/// One occupied slot, as published: the board's own record, with its
-/// child's time to `Ready` where the board keeps its link.
-pub(crate) type SlotView = Slot<Option<Duration>>;
+/// One occupied slot, as published: the board's own record, with what
+/// the core knows of its child where the board keeps its link.
+pub(crate) type SlotView = Slot<ChildView>;
+
+/// What status shows of a child beyond its slot's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ChildView {
+    /// How long it took to say `Ready`.
+    pub ready_after: Option<Duration>,
+    /// `kernel` dispatch: how connections reach it, once it said which.
+    pub path: Option<Path>,
+}
+
+/// `kernel` dispatch: how connections reach a child, as its first message
+/// chose, so that a fallback is never invisible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// It said `K`: it keeps its record on the scoreboard, and the kernel
+    /// queues connections on its own socket.
+    Board,
+    /// It said `R`: the supervisor takes every connection off the
+    /// overflow and hands it over with `C`, as in `handoff`.
+    Handoff,
+}
+
+impl Path {
+    /// The name `forkpool status` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Board => "board",
+            Path::Handoff => "handoff",
+        }
+    }
+}
 
 /// One template, as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +145,21 @@ impl CoreView {
 }
 
 impl<L: HasChild> Core<L> {
+    /// `kernel` dispatch: how connections reach the child in `slot`, once
+    /// it has said `R` or `K`; `None` in other modes and before.
+    pub fn path(&self, slot: usize) -> Option<Path> {
+        if self.config.dispatch != crate::config::DispatchMode::Kernel {
+            return None;
+        }
+        let child = self.board.link(slot)?.child();
+        child.ready_after()?;
+        Some(if child.role.keeps_board {
+            Path::Board
+        } else {
+            Path::Handoff
+        })
+    }
+
     /// Writes the state as of `now` into `view`, reusing its lists.
     pub fn publish(&self, view: &mut CoreView, now: Instant) {
         view.at = now;
@@ -148,7 +194,10 @@ impl<L: HasChild> Core<L> {
                 last_heard: s.last_heard,
                 load: s.load,
                 serving: s.serving,
-                link: s.link.child().ready_after(),
+                link: ChildView {
+                    ready_after: s.link.child().ready_after(),
+                    path: self.path(slot),
+                },
             };
             (slot, view)
         }));
@@ -195,7 +244,7 @@ mod tests {
         assert_eq!(view.turn, 1);
         assert_eq!(view.line(), "I.S");
         assert_eq!((view.counts.idle, view.counts.starting), (1, 1));
-        assert_eq!(view.slots[0].1.link, Some(ms(30)));
+        assert_eq!(view.slots[0].1.link.ready_after, Some(ms(30)));
         assert_eq!((view.slots[1].0, view.slots[1].1.pid), (2, 42));
         assert_eq!(view.totals.spawned, 2);
 

@@ -48,7 +48,8 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
                     .then(|| now.saturating_duration_since(s.since).as_millis() as u64),
                 last_heard_ms: now.saturating_duration_since(s.last_heard).as_millis() as u64,
                 sessions: s.load.map(|l| (l.load(), l.capacity)),
-                ready_after_ms: s.link.map(|d| d.as_millis() as u64),
+                ready_after_ms: s.link.ready_after.map(|d| d.as_millis() as u64),
+                path: s.link.path.map(|p| p.name().to_string()),
                 ..SlotStatus::default()
             };
             src.resources.fill(&mut status);
