@@ -63,13 +63,37 @@ pub(crate) struct WorkerRole {
     /// A slow-request capture is gathering its stack: its busy deadline
     /// waits for the capture, which carries the kill.
     pub capturing: bool,
-    /// Kernel dispatch: the child said it keeps its record on the
-    /// scoreboard (`K`), so the supervisor reads its state there; a child
-    /// that said `R` is served as in `handoff`.
-    pub keeps_board: bool,
+    /// Kernel dispatch: how connections reach the child, as its first
+    /// message chose: [`Path::Board`] (`K`: it keeps its record on the
+    /// scoreboard, where the supervisor reads its state) or
+    /// [`Path::Handoff`] (`R`: served as in `handoff`). `None` before it
+    /// said either, and in other modes.
+    pub path: Option<Path>,
     /// Kernel dispatch: the child's counts on the scoreboard when last
     /// read (connections taken, finished, and taken from the overflow).
     pub board_counts: (u64, u64, u64),
+}
+
+/// `kernel` dispatch: how connections reach a child, as its first message
+/// chose, so that a fallback is never invisible (status shows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// It said `K`: it keeps its record on the scoreboard, and the kernel
+    /// queues connections on its own socket.
+    Board,
+    /// It said `R`: the supervisor takes every connection off the
+    /// overflow and hands it over with `C`, as in `handoff`.
+    Handoff,
+}
+
+impl Path {
+    /// The name `forkpool status` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Board => "board",
+            Path::Handoff => "handoff",
+        }
+    }
 }
 
 /// Where a child is in its life; each state carries what it needs.
@@ -415,7 +439,7 @@ impl Child {
                 version,
                 claimed: None,
                 capturing: false,
-                keeps_board: false,
+                path: None,
                 board_counts: (0, 0, 0),
             },
         )

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::debug;
 
-use super::child::{HasChild, LifeEvent};
+use super::child::{HasChild, LifeEvent, Path};
 use super::effect::Effect;
 use super::moves::Refused;
 use super::Core;
@@ -43,12 +43,20 @@ impl<L: HasChild> Core<L> {
         let on_board = self.keeps_board(slot);
         messages::mode_allows(self.config.dispatch, on_board, &msg)?;
         match msg {
-            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
+            ChildMessage::Ready { pid } => {
+                self.on_ready(slot, pid, now)?;
+                if self.config.dispatch == crate::config::DispatchMode::Kernel {
+                    if let Some(link) = self.board.link_mut(slot) {
+                        link.child_mut().role.path = Some(Path::Handoff);
+                    }
+                }
+                Ok(())
+            }
             ChildMessage::ReadyOnBoard { pid } => {
                 self.on_ready(slot, pid, now)?;
                 if let Some(link) = self.board.link_mut(slot) {
                     let child = link.child_mut();
-                    child.role.keeps_board = true;
+                    child.role.path = Some(Path::Board);
                     // Forked by a template, it has no socket of its own yet.
                     if child.role.version == crate::protocol::TEMPLATE_VERSION {
                         self.effects.push(Effect::Seat { slot });
@@ -77,7 +85,7 @@ impl<L: HasChild> Core<L> {
     pub fn keeps_board(&self, slot: usize) -> bool {
         self.board
             .link(slot)
-            .is_some_and(|l| l.child().role.keeps_board)
+            .is_some_and(|l| l.child().role.path == Some(Path::Board))
     }
 
     /// Whether this pool's children serve many connections at once.

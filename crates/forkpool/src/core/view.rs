@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::child::HasChild;
+use super::child::{HasChild, Path};
 use super::Core;
 use crate::scoreboard::{Slot, StateCounts};
 use crate::status::Totals;
@@ -65,28 +65,6 @@ pub(crate) struct ChildView {
     pub ready_after: Option<Duration>,
     /// `kernel` dispatch: how connections reach it, once it said which.
     pub path: Option<Path>,
-}
-
-/// `kernel` dispatch: how connections reach a child, as its first message
-/// chose, so that a fallback is never invisible.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Path {
-    /// It said `K`: it keeps its record on the scoreboard, and the kernel
-    /// queues connections on its own socket.
-    Board,
-    /// It said `R`: the supervisor takes every connection off the
-    /// overflow and hands it over with `C`, as in `handoff`.
-    Handoff,
-}
-
-impl Path {
-    /// The name `forkpool status` shows.
-    pub fn name(self) -> &'static str {
-        match self {
-            Path::Board => "board",
-            Path::Handoff => "handoff",
-        }
-    }
 }
 
 /// One template, as published.
@@ -151,13 +129,7 @@ impl<L: HasChild> Core<L> {
         if self.config.dispatch != crate::config::DispatchMode::Kernel {
             return None;
         }
-        let child = self.board.link(slot)?.child();
-        child.ready_after()?;
-        Some(if child.role.keeps_board {
-            Path::Board
-        } else {
-            Path::Handoff
-        })
+        self.board.link(slot)?.child().role.path
     }
 
     /// Writes the state as of `now` into `view`, reusing its lists.
