@@ -510,9 +510,8 @@ impl Supervisor {
             format!("stderr: {}", tail.join(" | "))
         };
         if let Some(why) = self.core.gave_up.as_mut().filter(|_| retry_in.is_none()) {
-            // The one error that says what is wrong and the fix; the
+            // The one error that says what is wrong and the fix: the
             // supervisor exits with it once the stop is over.
-            // Said once, as the supervisor's exit error.
             *why = format!(
                 "`{}`: {why} (the last one left {said})",
                 self.templates.command
