@@ -50,6 +50,10 @@ fn an_exec_worker_keeps_the_board_and_slot_zero_stays_hot() {
         .unwrap_or_else(|| panic!("slot 0 never showed 30 served: {}", pool.status()));
     assert_eq!(total(&status, "accepted"), 30, "{status}");
     assert!(status.get("dispatch_fallback").is_none(), "{status}");
+    // Status says which path each child is on.
+    for slot in status["slots"].as_array().unwrap() {
+        assert_eq!(slot["path"], "board", "{status}");
+    }
     // Each connection came from the kernel, none through the supervisor.
     let metrics = scrape_metrics(&pool);
     assert!(
@@ -78,6 +82,10 @@ fn a_worker_that_does_not_keep_the_board_is_served_as_in_handoff() {
         .unwrap_or_else(|| panic!("slot 0 never showed 10 served: {}", pool.status()));
     assert_eq!(total(&status, "killed"), 0, "{status}");
     assert_eq!(total(&status, "died"), 0, "{status}");
+    // The fallback is visible, per child.
+    for slot in status["slots"].as_array().unwrap() {
+        assert_eq!(slot["path"], "handoff", "{status}");
+    }
     // Each one handed by the supervisor, from the overflow.
     let metrics = scrape_metrics(&pool);
     assert!(

@@ -367,38 +367,78 @@ fn a_killed_worker_is_replaced_from_the_template() {
     assert_eq!(pool.get("/").map(|r| r.status), Ok(200));
 }
 
-/// A template that fails as it starts is retried with back-off, never in
-/// a loop, and the supervisor says what failed.
+/// A program that never once becomes a template (it fails at start, or is
+/// an ordinary worker that does not speak protocol version 2) is tried a
+/// few times with back-off, then the supervisor exits non-zero with one
+/// error that names the fix; its listener is closed, so connections are
+/// refused instead of waiting unserved.
+fn never_a_template_stops_the_pool(
+    cmd: &[&str],
+    extra: &[&str],
+    min_took: Duration,
+    meanwhile: impl Fn(&DemoPool),
+) -> String {
+    let mut args = vec!["--preload", "--ping-timeout", "20s", "--min-children", "1"];
+    args.extend_from_slice(&SCALING);
+    args.extend_from_slice(extra);
+    let mut command = std::process::Command::new(common::forkpool_bin());
+    command.arg("run");
+    let started = Instant::now();
+    let mut pool = DemoPool::launch(command, &args, cmd, false);
+    meanwhile(&pool);
+    let status = pool
+        .wait_exit(PATIENCE)
+        .unwrap_or_else(|| panic!("still running: {}", pool.status()));
+    let took = started.elapsed();
+    assert!(!status.success(), "exited {status}");
+    assert!(took >= min_took, "gave up after {took:?}: no back-off");
+    match std::net::TcpStream::connect_timeout(&pool.addr, Duration::from_secs(2)) {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}"),
+        Ok(_) => panic!("a connection to {} was accepted after the exit", pool.addr),
+    }
+    let log = pool.stderr.dump();
+    // The fix is named once, in the exit error (the message is the feature).
+    assert_eq!(pool.stderr.count("without --preload"), 1, "{log}");
+    log
+}
+
 #[test]
-fn a_template_failing_at_start_backs_off() {
+fn a_template_failing_at_start_backs_off_then_stops_the_pool() {
     let dir = Scratch::new("preload-failing");
     dir.deploy("app.py", "import sys\nsys.exit('cannot load the model')\n");
     let app = dir.path("app.py");
-    let mut args = vec!["--preload", "--ping-timeout", "20s", "--min-children", "1"];
-    args.extend_from_slice(&SCALING);
-    let mut command = std::process::Command::new(common::forkpool_bin());
-    command.arg("run");
-    let pool = DemoPool::launch(command, &args, &["python3", &app], false);
-    // 100 ms, 200 ms, 400 ms, 800 ms, ...: within 2 s, about four starts.
-    let started = Instant::now();
-    let status = pool
-        .wait_status(PATIENCE, |s| {
-            s["totals"]["template_restarts"].as_u64() >= Some(3)
-        })
-        .unwrap_or_else(|| panic!("not retried: {}", pool.status()));
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(300),
-        "three restarts in {took:?}: no back-off"
+    // 100 ms, then 200 ms between the three starts.
+    let log = never_a_template_stops_the_pool(
+        &["python3", &app],
+        &[],
+        Duration::from_millis(300),
+        |_| {},
     );
-    std::thread::sleep(Duration::from_secs(2));
-    let later = pool.status();
-    let restarts = later["totals"]["template_restarts"].as_u64().unwrap();
-    assert!(restarts <= 8, "a fork loop: {restarts} restarts: {later}");
-    assert_eq!(status["slots"].as_array().map(Vec::len), Some(0));
-    assert_eq!(later["totals"]["spawned"], 0, "{later}");
-    // The operator is told what failed (the message is the feature here).
-    assert!(pool.stderr.dump().contains("cannot load the model"));
+    // What the program said is in the error too.
+    assert!(log.contains("cannot load the model"), "{log}");
+}
+
+#[test]
+fn a_program_that_ignores_the_template_channel_stops_the_pool() {
+    // Like `node worker.js`: it runs, but never says R as a template.
+    // Meanwhile status says the pool is not ready, and why.
+    let says_why = |pool: &DemoPool| {
+        let status = pool.wait_status(PATIENCE, |s| {
+            s["totals"]["template_restarts"].as_u64() >= Some(1)
+                && s["not_ready_because"]
+                    .as_str()
+                    .is_some_and(|why| why.contains("run it without --preload"))
+        });
+        let status = status.unwrap_or_else(|| panic!("{}", pool.status()));
+        assert_eq!(status["ready"], false, "{status}");
+    };
+    let log = never_a_template_stops_the_pool(
+        &["sleep", "60"],
+        &["--start-timeout", "1s"],
+        Duration::from_secs(3),
+        says_why,
+    );
+    assert!(log.contains("did not say Ready"), "{log}");
 }
 
 /// SIGKILL the supervisor: within 2 s no worker (not even one busy on a

@@ -586,7 +586,7 @@ for name in os.listdir("/proc/self/fd"):
 names = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "FORKPOOL_CHANNEL_FD",
          "FORKPOOL_PROTOCOL", "FORKPOOL_SLOT", "FORKPOOL_GENERATION", "FORKPOOL_DISPATCH",
          "FORKPOOL_OVERFLOW_FD", "FORKPOOL_BOARD_FD", "FORKPOOL_MAX_REQUESTS",
-         "FORKPOOL_KERNEL_DISPATCH"]
+         "FORKPOOL_KERNEL_DISPATCH", "FORKPOOL_BACKLOG"]
 report = {"pid": os.getpid(), "fds": fds, "env": {n: os.environ.get(n) for n in names}}
 print("FDREPORT " + json.dumps(report), file=sys.stderr, flush=True)
 print(f"stdout of worker {os.getpid()}", flush=True)
@@ -695,6 +695,9 @@ fn fd_hygiene_handoff_worker_gets_the_listener_then_the_channel() {
         env_of(&report, "FORKPOOL_DISPATCH").as_deref(),
         Some("handoff")
     );
+    // The pool's backlog, the default here, for a runtime that must pass
+    // it to `listen` (`none` below sets its own).
+    assert_eq!(env_of(&report, "FORKPOOL_BACKLOG").as_deref(), Some("1024"));
     assert_eq!(env_of(&report, "LISTEN_FDS").as_deref(), Some("1"));
     assert_eq!(
         env_of(&report, "LISTEN_PID"),
@@ -817,6 +820,8 @@ fn fd_hygiene_none_worker_gets_blocking_listeners_and_no_channel() {
             "127.0.0.1:0",
             "--listen",
             "127.0.0.1:0",
+            "--backlog",
+            "77",
         ],
     );
     let fds: Vec<i32> = report.fds.keys().copied().collect();
@@ -835,6 +840,7 @@ fn fd_hygiene_none_worker_gets_blocking_listeners_and_no_channel() {
         env_of(&report, "FORKPOOL_DISPATCH").as_deref(),
         Some("none")
     );
+    assert_eq!(env_of(&report, "FORKPOOL_BACKLOG").as_deref(), Some("77"));
 }
 
 #[test]

@@ -27,6 +27,7 @@
 //! | `FORKPOOL_SLOT`       | the worker's slot number                                |
 //! | `FORKPOOL_GENERATION` | the pool generation (it goes up on every reload)        |
 //! | `FORKPOOL_DISPATCH`   | `handoff`, `order`, `shared`, `herd` or `none` (`kernel` dispatch says `handoff`) |
+//! | `FORKPOOL_BACKLOG`    | the pool's `listen(2)` backlog (`--backlog`), in every mode: never `listen` again on an inherited socket |
 //! | `FORKPOOL_KERNEL_DISPATCH` | `1` in `kernel` dispatch                           |
 //! | `FORKPOOL_OVERFLOW_FD` | `kernel` only: 3+n+1, the first of the pool's n listeners |
 //! | `FORKPOOL_BOARD_FD`   | `kernel` only: the scoreboard map, 3+2n+1               |
@@ -53,6 +54,10 @@ pub const SLOT_VAR: &str = "FORKPOOL_SLOT";
 pub const GENERATION_VAR: &str = "FORKPOOL_GENERATION";
 /// The dispatch mode's name.
 pub const DISPATCH_VAR: &str = "FORKPOOL_DISPATCH";
+/// The pool's `listen(2)` backlog, for a runtime whose server API calls
+/// `listen` on the socket it is given (Node's `server.listen({fd})`): it
+/// must pass this number, or it silently replaces the pool's backlog.
+pub const BACKLOG_VAR: &str = "FORKPOOL_BACKLOG";
 /// `1` in `kernel` dispatch, where `FORKPOOL_DISPATCH` says `handoff`: a
 /// worker that knows kernel dispatch says `K` and keeps its record; one
 /// that does not serves as in `handoff`, which it is for it.

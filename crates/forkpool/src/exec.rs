@@ -30,13 +30,14 @@ use crate::protocol;
 use crate::sys;
 
 pub use forkpool_protocol::layout::{
-    BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR, KERNEL_DISPATCH_VAR,
-    LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR, MAX_CHILD_LIFETIME_MS_VAR,
-    MAX_CHILD_MEMORY_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR, PROTOCOL_VAR, SLOT_VAR,
-    SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
+    BACKLOG_VAR, BOARD_FD_VAR, CHANNEL_FD_VAR, DISPATCH_VAR, FIRST_FD, GENERATION_VAR,
+    KERNEL_DISPATCH_VAR, LISTEN_FDNAMES_VAR, LISTEN_FDS_VAR, LISTEN_PID_VAR,
+    MAX_CHILD_LIFETIME_MS_VAR, MAX_CHILD_MEMORY_VAR, MAX_REQUESTS_VAR, OVERFLOW_FD_VAR,
+    PROTOCOL_VAR, SLOT_VAR, SUPERVISOR_PID_VAR, TEMPLATE_FD_VAR,
 };
 
-const MANAGED_VARS: [&str; 16] = [
+const MANAGED_VARS: [&str; 17] = [
+    BACKLOG_VAR,
     BOARD_FD_VAR,
     KERNEL_DISPATCH_VAR,
     MAX_REQUESTS_VAR,
@@ -151,6 +152,7 @@ pub(crate) fn exec_worker(start: WorkerStart, command: &WorkerCommand) -> ! {
             max_requests: start.max_requests,
         }),
         limits: start.limits,
+        backlog: start.backlog,
     };
     exec_or_exit(parts, role, command, &who)
 }
@@ -180,6 +182,8 @@ pub(crate) struct WorkerStart {
     pub max_requests: u64,
     /// `kernel` dispatch: the limits it checks itself.
     pub limits: SelfLimits,
+    /// The pool's listen backlog, for `FORKPOOL_BACKLOG`.
+    pub backlog: u32,
 }
 
 /// What a freshly forked template process (`--preload`) needs to `exec`
@@ -201,6 +205,8 @@ pub(crate) struct TemplateStart {
     /// `kernel` dispatch: the limits its workers check themselves, which
     /// they inherit with its environment (none in other modes).
     pub limits: SelfLimits,
+    /// The pool's listen backlog, for `FORKPOOL_BACKLOG`.
+    pub backlog: u32,
 }
 
 /// In a freshly forked child: `exec`s `command` as a template, laid out as
@@ -220,6 +226,7 @@ pub(crate) fn exec_template(start: TemplateStart, command: &WorkerCommand) -> ! 
         stderr: start.stderr,
         kernel: None,
         limits: start.limits,
+        backlog: start.backlog,
     };
     exec_or_exit(parts, role, command, &who)
 }
@@ -237,6 +244,8 @@ struct Parts {
     /// checks itself: `FORKPOOL_MAX_CHILD_MEMORY` and
     /// `FORKPOOL_MAX_CHILD_LIFETIME_MS`.
     limits: SelfLimits,
+    /// The pool's listen backlog (`FORKPOOL_BACKLOG`).
+    backlog: u32,
 }
 
 /// What a worker in `kernel` dispatch gets beyond its own sockets.
@@ -360,6 +369,7 @@ fn prepare(parts: Parts, role: Role, command: &WorkerCommand) -> io::Result<std:
         );
     }
     cmd.env(GENERATION_VAR, generation.to_string());
+    cmd.env(BACKLOG_VAR, parts.backlog.to_string());
     // Kernel dispatch is handoff to a worker that does not know it (one
     // written before it): such a worker says `R` and is handed every
     // connection; one that knows it reads FORKPOOL_KERNEL_DISPATCH.

@@ -335,6 +335,7 @@ mod tests {
             generation: 3,
             serving_generation: 2,
             ready: true,
+            not_ready_because: None,
             dispatch: "handoff".into(),
             dispatch_fallback: None,
             dispatch_width: None,

@@ -94,8 +94,20 @@ pub struct Slot<L = ()> {
     pub last_heard: Instant,
     /// How full the child is, if it serves many connections at once.
     pub load: Option<SessionLoad>,
+    /// Whether the child holds a connection it has not said it finished:
+    /// set as it goes busy, kept when it is told to quit (a `Retiring`
+    /// child may be finishing one), cleared by its `Idle`.
+    pub serving: bool,
     /// The supervisor's side of the child (its channel and bookkeeping).
     pub link: L,
+}
+
+impl<L> Slot<L> {
+    /// Whether the child is serving a connection: busy, or told to quit
+    /// while it was.
+    pub fn holds_connection(&self) -> bool {
+        self.state == SlotState::Busy || (self.state == SlotState::Retiring && self.serving)
+    }
 }
 
 use crate::policy::dispatch;
@@ -273,6 +285,7 @@ impl<L> Scoreboard<L> {
             since: now,
             last_heard: now,
             load: self.session_capacity.map(SessionLoad::new),
+            serving: false,
             link,
         });
         self.counts.starting += 1;
@@ -618,7 +631,9 @@ impl<L> Scoreboard<L> {
     /// been serving one (and so the served count went up).
     pub fn idle(&mut self, slot: usize, now: Instant) -> Result<bool, IllegalTransition> {
         self.refuse_for_sessions(slot, "idle")?;
-        let was_busy = self.get(slot).map(|s| s.state == SlotState::Busy);
+        // A child told to quit while busy finishes that connection and
+        // says `Idle` before it exits: it served it all the same.
+        let was_busy = self.get(slot).map(Slot::holds_connection);
         self.transition(slot, SlotEvent::Idle, now)?;
         if was_busy == Some(true) {
             if let Some(Some(s)) = self.slots.get_mut(slot) {
@@ -716,6 +731,15 @@ impl<L> Scoreboard<L> {
             // A many-connection child that becomes ready serves from then
             // on, in whatever state its load puts it.
             to = load.state();
+        }
+        if let Some(serving) = match event {
+            SlotEvent::Connection | SlotEvent::Busy | SlotEvent::AssumeBusy => Some(true),
+            SlotEvent::Idle | SlotEvent::Missed => Some(false),
+            _ => None,
+        } {
+            // Only a move the table allowed changes it (checked above).
+            self.slots[slot].as_mut().expect("checked above").serving =
+                serving && matches!(to, SlotState::Busy | SlotState::Retiring);
         }
         if to != from {
             self.unindex_room(slot);
@@ -831,6 +855,22 @@ mod tests {
             board.ready(slot, now).unwrap();
         }
         (board, now)
+    }
+
+    #[test]
+    fn a_connection_finished_after_quit_is_served() {
+        let (mut board, now) = board_with(2);
+        board.hand_connection(0, now).unwrap();
+        board.retire(0, now).unwrap();
+        board.retire(1, now).unwrap();
+        // Slot 0 was busy when told to quit; its `Idle` ends that connection.
+        assert!(board.idle(0, now).unwrap());
+        assert_eq!(board.get(0).unwrap().served, 1);
+        // Slot 1 was idle: an `Idle` after `Quit` counts nothing, once.
+        assert!(!board.idle(1, now).unwrap());
+        assert!(!board.idle(0, now).unwrap());
+        assert_eq!(board.get(0).unwrap().served, 1);
+        assert_eq!(board.get(1).unwrap().served, 0);
     }
 
     #[test]

@@ -248,6 +248,13 @@ pub struct SlotStatus {
     /// fork order) to saying `Ready`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_after_ms: Option<u64>,
+    /// `kernel` dispatch: how connections reach it, as its first message
+    /// chose: `board` (it said `K`: it keeps its record on the scoreboard
+    /// and the kernel queues connections on its own socket) or `handoff`
+    /// (it said `R`: the supervisor hands it each connection). Absent in
+    /// other modes and before it said either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// One listener's accept queue, sampled by the supervisor.
@@ -280,6 +287,10 @@ pub struct Snapshot {
     /// (`READY=1`). Once true it stays true.
     #[serde(default)]
     pub ready: bool,
+    /// While the pool has not been ready: why, in words (absent once it
+    /// has been).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_because: Option<String>,
     /// The dispatch mode in force.
     pub dispatch: String,
     /// Why `kernel` dispatch was asked for and `handoff` runs instead

@@ -125,6 +125,9 @@ pub(crate) struct ChildStart {
     /// For an exec'd worker: the write end of the pipe the supervisor
     /// reads the worker's standard error from.
     pub stderr: Option<OwnedFd>,
+    /// The pool's listen backlog, which an exec'd worker is told
+    /// (`FORKPOOL_BACKLOG`).
+    pub backlog: u32,
 }
 
 impl ChildStart {
@@ -142,6 +145,7 @@ impl ChildStart {
             overflow: self.overflow,
             max_requests: self.max_requests,
             limits: self.limits,
+            backlog: self.backlog,
         }
     }
 }

@@ -45,6 +45,12 @@ pub(crate) struct WorkerRole {
     pub messages: budget::Budget,
     /// In `order` dispatch, the listener the child was told to accept from.
     pub ordered_on: Option<usize>,
+    /// In `order` dispatch: its `B` answered an order, so an `M` may still
+    /// come for it while busy. A child that accepted on its own (a
+    /// runtime that accepts greedily) sent that `B` across the order and
+    /// reads the `A` only while busy; the protocol says to ignore it, and
+    /// one that answers `M` instead is not killed for it.
+    pub late_missed: bool,
     /// Its end of the channel is closed, as the kernel says (a child that
     /// sent an empty datagram has not hung up, until it closes).
     pub hung_up: bool,
@@ -61,16 +67,40 @@ pub(crate) struct WorkerRole {
     /// The connection last captured as slow (its busy-since instant), so
     /// that each connection is captured once (`core/slow.rs`).
     pub captured: Option<Instant>,
-    /// Kernel dispatch: the child said it keeps its record on the
-    /// scoreboard (`K`), so the supervisor reads its state there; a child
-    /// that said `R` is served as in `handoff`.
-    pub keeps_board: bool,
+    /// Kernel dispatch: how connections reach the child, as its first
+    /// message chose: [`Path::Board`] (`K`: it keeps its record on the
+    /// scoreboard, where the supervisor reads its state) or
+    /// [`Path::Handoff`] (`R`: served as in `handoff`). `None` before it
+    /// said either, and in other modes.
+    pub path: Option<Path>,
     /// Kernel dispatch: the child's counts on the scoreboard when last
     /// read (connections taken, finished, and taken from the overflow).
     pub board_counts: (u64, u64, u64),
     /// Its own recycling limits (`policy::recycle`), drawn before its
     /// fork or, ordered from a template, when it is adopted.
     pub limits: Option<ChildLimits>,
+}
+
+/// `kernel` dispatch: how connections reach a child, as its first message
+/// chose, so that a fallback is never invisible (status shows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// It said `K`: it keeps its record on the scoreboard, and the kernel
+    /// queues connections on its own socket.
+    Board,
+    /// It said `R`: the supervisor takes every connection off the
+    /// overflow and hands it over with `C`, as in `handoff`.
+    Handoff,
+}
+
+impl Path {
+    /// The name `forkpool status` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Board => "board",
+            Path::Handoff => "handoff",
+        }
+    }
 }
 
 /// Where a child is in its life; each state carries what it needs.
@@ -412,12 +442,13 @@ impl Child {
                 answered_up_to: 0,
                 messages: budget::message_budget(),
                 ordered_on: None,
+                late_missed: false,
                 hung_up: false,
                 version,
                 claimed: None,
                 capturing: false,
                 captured: None,
-                keeps_board: false,
+                path: None,
                 board_counts: (0, 0, 0),
                 limits: None,
             },

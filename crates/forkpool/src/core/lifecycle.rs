@@ -3,7 +3,7 @@
 //! changes the slot through the transition table and asks the shell for
 //! what must happen outside (send a quit, SIGKILL, stop reading).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 
@@ -16,6 +16,10 @@ use crate::protocol::ParentMessage;
 use crate::scoreboard::SlotState;
 use crate::status::KillReason;
 use crate::sys::process::ExitStatus;
+
+/// How long a replacement waits for the reap of a child whose channel
+/// closed unasked ([`Core::replacement_waits_until`]).
+pub const REAP_WAIT: Duration = Duration::from_millis(100);
 
 impl<L: HasChild> Core<L> {
     /// Whether the slot holds a worker ordered from a template whose pid
@@ -285,6 +289,28 @@ impl<L: HasChild> Core<L> {
         self.spawn_gate.held_until(now, self.config.max_spawn_rate)
     }
 
+    /// Until when a replacement waits for the reap of a child whose
+    /// channel closed without its asking to leave (killed from outside, or
+    /// crashed): a dying process's descriptors close just before it can
+    /// be reaped, so the reap follows within moments and the replacement
+    /// then takes the slot it frees, not a higher one. At most
+    /// [`REAP_WAIT`] after the close: a child that closed its channel and
+    /// lingers is replaced beside it.
+    pub fn replacement_waits_until(&self, now: Instant) -> Option<Instant> {
+        self.board
+            .iter()
+            .filter(|(_, e)| {
+                e.state == SlotState::Retiring
+                    && matches!(
+                        e.link.child().leave_cause(),
+                        Some(LeaveCause::ChannelClosed)
+                    )
+            })
+            .map(|(_, e)| e.since + REAP_WAIT)
+            .filter(|at| *at > now)
+            .min()
+    }
+
     /// A start that failed before any worker existed (a fork order left
     /// unanswered, a template's lie): it feeds the back-off.
     pub fn count_failed_start(&mut self, now: Instant) {
@@ -326,5 +352,34 @@ mod tests {
         core.on(failed(0), later);
         assert_eq!(core.board.get(0).unwrap().state, SlotState::Killed);
         assert_eq!(core.totals.killed_by.channel_failed, 1);
+    }
+
+    /// A child whose channel closed unasked holds its replacement back
+    /// until its reap frees its slot, for a moment at most; one told to
+    /// quit does not.
+    #[test]
+    fn a_replacement_waits_a_moment_for_the_reap_of_a_child_whose_channel_closed() {
+        let t0 = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig::default());
+        for (slot, pid) in [(0, 40), (1, 41)] {
+            core.adopt(slot, pid, 1, Child::new(t0, true, 1), t0);
+            let ready = ChildMessage::Ready { pid: pid as u32 };
+            core.on(Input::Report { slot, msg: ready }, t0);
+        }
+        core.retire(1, "surplus", t0);
+        assert_eq!(core.replacement_waits_until(t0), None);
+        let closed = Input::ChannelClosed {
+            slot: 0,
+            hung_up: true,
+            claimed_is_child: true,
+        };
+        core.on(closed, t0);
+        let until = t0 + super::REAP_WAIT;
+        assert_eq!(core.replacement_waits_until(t0), Some(until));
+        assert_eq!(core.next_deadline(t0).map(|d| d <= until), Some(true));
+        assert_eq!(core.replacement_waits_until(until), None);
+        let status = crate::sys::process::ExitStatus::Code(1);
+        core.reaped(0, 40, status, t0);
+        assert_eq!(core.replacement_waits_until(t0), None);
     }
 }

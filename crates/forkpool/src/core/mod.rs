@@ -95,6 +95,13 @@ pub(crate) struct Core<L> {
     template_backoff: StartBackoff,
     /// No template is started before this.
     templates_blocked_until: Option<Instant>,
+    /// Templates that ended in a row without saying `R`.
+    templates_ended_unready: u32,
+    /// Whether any template of this pool has said `R`.
+    template_ever_ready: bool,
+    /// Why the pool stopped itself, if it did: the supervisor then exits
+    /// with this error instead of its totals.
+    gave_up: Option<String>,
     /// The reload rolling out, if any (`rollout.rs`).
     rollout: Option<rollout::Rollout>,
     /// The highest generation handed out, so a generation that failed is
@@ -142,6 +149,9 @@ impl<L: HasChild> Core<L> {
             templates: Vec::new(),
             template_backoff: StartBackoff::default(),
             templates_blocked_until: None,
+            templates_ended_unready: 0,
+            template_ever_ready: false,
+            gave_up: None,
             rollout: None,
             highest_generation: 1,
             reforks: 0,
@@ -155,6 +165,24 @@ impl<L: HasChild> Core<L> {
             successor: None,
             effects: Vec::new(),
             spare: Vec::new(),
+        }
+    }
+
+    /// Why the pool stopped itself, if it did (taken once: the
+    /// supervisor then exits with this error instead of its totals).
+    pub fn take_gave_up(&mut self) -> Option<String> {
+        self.gave_up.take()
+    }
+
+    /// Words why the pool stopped itself with what only the shell knows
+    /// (the command, the last stderr lines); false when it did not.
+    pub fn word_gave_up(&mut self, word: impl FnOnce(&str) -> String) -> bool {
+        match self.gave_up.as_mut() {
+            Some(why) => {
+                *why = word(why);
+                true
+            }
+            None => false,
         }
     }
 
@@ -284,6 +312,7 @@ impl<L: HasChild> Core<L> {
             // Holds that have passed stay recorded until the next one; a
             // past instant here would make the loop spin.
             self.spawns_held_until(now),
+            self.replacement_waits_until(now),
             self.stop_deadline(now),
             self.templates_deadline(),
             self.rollout_deadline(now),

@@ -6,14 +6,14 @@ use std::time::Instant;
 
 use tracing::debug;
 
-use super::child::{HasChild, LifeEvent};
+use super::child::{HasChild, LifeEvent, Path};
 use super::effect::Effect;
 use super::moves::Refused;
 use super::Core;
 use crate::policy::budget::MESSAGES_PER_SECOND;
 use crate::policy::messages;
 use crate::protocol::ChildMessage;
-use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::scoreboard::IllegalTransition;
 use crate::status::KillReason;
 
 impl<L: HasChild> Core<L> {
@@ -43,12 +43,20 @@ impl<L: HasChild> Core<L> {
         let on_board = self.keeps_board(slot);
         messages::mode_allows(self.config.dispatch, on_board, &msg)?;
         match msg {
-            ChildMessage::Ready { pid } => self.on_ready(slot, pid, now),
+            ChildMessage::Ready { pid } => {
+                self.on_ready(slot, pid, now)?;
+                if self.config.dispatch == crate::config::DispatchMode::Kernel {
+                    if let Some(link) = self.board.link_mut(slot) {
+                        link.child_mut().role.path = Some(Path::Handoff);
+                    }
+                }
+                Ok(())
+            }
             ChildMessage::ReadyOnBoard { pid } => {
                 self.on_ready(slot, pid, now)?;
                 if let Some(link) = self.board.link_mut(slot) {
                     let child = link.child_mut();
-                    child.role.keeps_board = true;
+                    child.role.path = Some(Path::Board);
                     // Forked by a template, it has no socket of its own yet.
                     if child.role.version == crate::protocol::TEMPLATE_VERSION {
                         self.effects.push(Effect::Seat { slot });
@@ -77,7 +85,7 @@ impl<L: HasChild> Core<L> {
     pub fn keeps_board(&self, slot: usize) -> bool {
         self.board
             .link(slot)
-            .is_some_and(|l| l.child().role.keeps_board)
+            .is_some_and(|l| l.child().role.path == Some(Path::Board))
     }
 
     /// Whether this pool's children serve many connections at once.
@@ -184,6 +192,7 @@ impl<L: HasChild> Core<L> {
             .expect("checked by caller")
             .child_mut();
         child.ping = None;
+        child.role.late_missed = child.role.ordered_on.is_some();
         self.totals.accepted += 1;
         self.order_answered(slot);
         Ok(())
@@ -204,7 +213,7 @@ impl<L: HasChild> Core<L> {
     fn on_leaving(&mut self, slot: usize, now: Instant) -> Result<(), String> {
         // Its connection, if it had one, is over: count it as an `Idle`
         // would, then the child is on its way out.
-        if self.board.get(slot).map(|s| s.state) == Some(SlotState::Busy) {
+        if self.board.get(slot).is_some_and(|s| s.holds_connection()) {
             self.connection_ended(slot, now);
             self.board.idle(slot, now).map_err(out_of_order)?;
         }
@@ -215,6 +224,12 @@ impl<L: HasChild> Core<L> {
     /// `Missed`: the child was woken or ordered to accept but found no
     /// connection waiting (a futile wake-up).
     fn on_missed(&mut self, slot: usize, now: Instant) -> Result<(), String> {
+        if self.late_missed(slot) {
+            // The answer to an order its `B` already answered (the `B`
+            // crossed the `A`): a futile wake-up, nothing more.
+            self.totals.futile_wakeups += 1;
+            return Ok(());
+        }
         self.board.missed(slot, now).map_err(out_of_order)?;
         self.totals.futile_wakeups += 1;
         self.order_answered(slot);
@@ -247,6 +262,19 @@ impl<L: HasChild> Core<L> {
         Ok(())
     }
 
+    /// Whether an `M` from the busy child in `slot` is the late answer to
+    /// an order its `B` answered; it may come once.
+    fn late_missed(&mut self, slot: usize) -> bool {
+        let busy = self.board.get(slot).is_some_and(|s| s.holds_connection());
+        let Some(link) = self.board.link_mut(slot) else {
+            return false;
+        };
+        let role = &mut link.child_mut().role;
+        let late = busy && role.late_missed;
+        role.late_missed = false;
+        late
+    }
+
     /// The child's accept order, if any, is answered.
     fn order_answered(&mut self, slot: usize) {
         let ordered = self
@@ -264,7 +292,7 @@ impl<L: HasChild> Core<L> {
         let Some(entry) = self.board.get(slot) else {
             return;
         };
-        let took = (entry.state == SlotState::Busy && entry.load.is_none())
+        let took = (entry.holds_connection() && entry.load.is_none())
             .then(|| now.saturating_duration_since(entry.since));
         self.effects.push(Effect::ConnectionEnded {
             slot,
@@ -277,4 +305,58 @@ impl<L: HasChild> Core<L> {
 /// Why a report that does not fit the child's state gets it killed.
 fn out_of_order(e: IllegalTransition) -> String {
     format!("sent an out-of-order message: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use crate::config::{DispatchMode, PoolConfig};
+    use crate::core::child::Child;
+    use crate::core::{Core, Input};
+    use crate::protocol::ChildMessage;
+    use crate::scoreboard::SlotState;
+
+    fn order_pool(t0: Instant) -> Core<Child> {
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            dispatch: DispatchMode::Order,
+            ..PoolConfig::default()
+        });
+        core.adopt(0, 40, 1, Child::new(t0, true, 1), t0);
+        let ready = ChildMessage::Ready { pid: 40 };
+        core.on(
+            Input::Report {
+                slot: 0,
+                msg: ready,
+            },
+            t0,
+        );
+        core
+    }
+
+    fn report(core: &mut Core<Child>, msg: ChildMessage, t0: Instant) {
+        core.on(Input::Report { slot: 0, msg }, t0);
+    }
+
+    /// A child that accepted on its own sent `B` across an order; it reads
+    /// the `A` while busy and answers `M`: a futile wake-up, not a kill.
+    /// Only once: a second `M` while busy is a lie.
+    #[test]
+    fn a_missed_for_an_order_its_busy_crossed_is_not_a_kill() {
+        let t0 = Instant::now();
+        let mut core = order_pool(t0);
+        core.ordered_accept(0, 0, t0);
+        report(&mut core, ChildMessage::Busy, t0);
+        report(&mut core, ChildMessage::Missed, t0);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Busy);
+        assert_eq!(core.totals.killed, 0);
+        assert_eq!(core.totals.futile_wakeups, 1);
+        report(&mut core, ChildMessage::Idle, t0);
+        assert_eq!(core.board.get(0).unwrap().served, 1);
+        // A `B` of its own (no order out) leaves no answer owed.
+        report(&mut core, ChildMessage::Busy, t0);
+        report(&mut core, ChildMessage::Missed, t0);
+        assert_eq!(core.board.get(0).unwrap().state, SlotState::Killed);
+        assert_eq!(core.totals.killed_by.misbehaved, 1);
+    }
 }

@@ -11,6 +11,7 @@ use super::child::{own_life, LeaveCause, Life, LifeEvent};
 use super::effect::{Effect, TemplateFailure};
 use super::template::Template;
 use super::Core;
+use crate::policy::backoff;
 use crate::policy::liveness::{self, Deadlines, TemplateCheck as Check};
 use crate::protocol::{TemplateReply, TemplateRequest};
 use crate::sys::process::ExitStatus;
@@ -150,6 +151,8 @@ impl<L: HasChild> Core<L> {
                     took = ?now.duration_since(t.born),
                     "template ready: forking workers from it"
                 );
+                self.template_ever_ready = true;
+                self.templates_ended_unready = 0;
                 Ok(())
             }
             TemplateReply::Forked { slot, pid } => {
@@ -377,6 +380,21 @@ impl<L: HasChild> Core<L> {
         next_check.into_iter().chain(start).min()
     }
 
+    /// `--preload` cannot work: the program never became a template. The
+    /// pool stops now (nothing was ever served) and the supervisor exits
+    /// with the error, so connections are refused, not left waiting.
+    fn give_up_on_templates(&mut self, how: &str, now: Instant) {
+        self.gave_up = Some(format!(
+            "the --preload program never became a template: {} templates in a row ended \
+             before saying they were ready on the template channel (the last one {how}). \
+             A program preloaded must speak protocol version 2 (FORKPOOL_PROTOCOL=2, \
+             FORKPOOL_TEMPLATE_FD; see docs/protocol.md, \"Templates\"): this one does not, \
+             or fails before it can. Run it without --preload",
+            self.templates_ended_unready
+        ));
+        self.stop_now(now);
+    }
+
     /// The template `pid` has been reaped with `status`: the slots of the
     /// workers it forked that were never verified are freed (they died in
     /// its group, or will never come), and one that ended unasked is
@@ -416,7 +434,16 @@ impl<L: HasChild> Core<L> {
         } else {
             None
         };
-        let retry_in = reload_failed.is_none().then(|| {
+        if !was_ready && reload_failed.is_none() {
+            self.templates_ended_unready += 1;
+            if backoff::gives_up_on_templates(
+                self.templates_ended_unready,
+                self.template_ever_ready,
+            ) {
+                self.give_up_on_templates(&how, now);
+            }
+        }
+        let retry_in = (reload_failed.is_none() && self.gave_up.is_none()).then(|| {
             self.totals.template_restarts += 1;
             self.hold_templates(was_ready, now)
         });

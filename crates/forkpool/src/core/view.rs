@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::child::HasChild;
+use super::child::{HasChild, Path};
 use super::Core;
 use crate::scoreboard::{Slot, StateCounts};
 use crate::status::Totals;
@@ -49,11 +49,23 @@ pub(crate) struct CoreView {
     pub slots: Vec<(usize, SlotView)>,
     /// Every template.
     pub templates: Vec<TemplateView>,
+    /// `--preload` before any template said `R`: how many ended first
+    /// (`None`: no template is awaited).
+    pub templates_unready: Option<u32>,
 }
 
-/// One occupied slot, as published: the board's own record, with its
-/// child's time to `Ready` where the board keeps its link.
-pub(crate) type SlotView = Slot<Option<Duration>>;
+/// One occupied slot, as published: the board's own record, with what
+/// the core knows of its child where the board keeps its link.
+pub(crate) type SlotView = Slot<ChildView>;
+
+/// What status shows of a child beyond its slot's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ChildView {
+    /// How long it took to say `Ready`.
+    pub ready_after: Option<Duration>,
+    /// `kernel` dispatch: how connections reach it, once it said which.
+    pub path: Option<Path>,
+}
 
 /// One template, as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +106,7 @@ impl CoreView {
             span: 0,
             slots: Vec::new(),
             templates: Vec::new(),
+            templates_unready: None,
         }
     }
 
@@ -110,6 +123,15 @@ impl CoreView {
 }
 
 impl<L: HasChild> Core<L> {
+    /// `kernel` dispatch: how connections reach the child in `slot`, once
+    /// it has said `R` or `K`; `None` in other modes and before.
+    pub fn path(&self, slot: usize) -> Option<Path> {
+        if self.config.dispatch != crate::config::DispatchMode::Kernel {
+            return None;
+        }
+        self.board.link(slot)?.child().role.path
+    }
+
     /// Writes the state as of `now` into `view`, reusing its lists.
     pub fn publish(&self, view: &mut CoreView, now: Instant) {
         view.at = now;
@@ -124,6 +146,8 @@ impl<L: HasChild> Core<L> {
             self.config.max_spare,
         ];
         view.dispatch_width = self.board.width();
+        view.templates_unready = (self.config.preload && !self.template_ever_ready)
+            .then_some(self.templates_ended_unready);
         view.ready_unless_saturated = self.config.ready_unless_saturated;
         view.counts = self.board.counts();
         view.totals = self.totals;
@@ -141,7 +165,11 @@ impl<L: HasChild> Core<L> {
                 since: s.since,
                 last_heard: s.last_heard,
                 load: s.load,
-                link: s.link.child().ready_after(),
+                serving: s.serving,
+                link: ChildView {
+                    ready_after: s.link.child().ready_after(),
+                    path: self.path(slot),
+                },
             };
             (slot, view)
         }));
@@ -188,7 +216,7 @@ mod tests {
         assert_eq!(view.turn, 1);
         assert_eq!(view.line(), "I.S");
         assert_eq!((view.counts.idle, view.counts.starting), (1, 1));
-        assert_eq!(view.slots[0].1.link, Some(ms(30)));
+        assert_eq!(view.slots[0].1.link.ready_after, Some(ms(30)));
         assert_eq!((view.slots[1].0, view.slots[1].1.pid), (2, 42));
         assert_eq!(view.totals.spawned, 2);
 

@@ -39,6 +39,13 @@
 //! Workers that never say `Ready` (`none` dispatch) have no other proof:
 //! for them, having lived through [`START_WINDOW`] is the start.
 //!
+//! A `--preload` program that never once became a template is not backed
+//! off forever: after [`TEMPLATE_TRIES`] ends without `R`, and no
+//! template ever ready, the pool stops with an error that says so
+//! ([`gives_up_on_templates`]). Such a program cannot be a template at
+//! all (it does not speak protocol version 2), and a pool left listening
+//! with no worker would accept connections it never serves.
+//!
 //! The same rule holds for workers forked from a template (`--preload`):
 //! they say `Ready` like any other. The template's own restarts follow the
 //! same rule (`core/templates.rs`): backed off until one says `R`,
@@ -295,6 +302,19 @@ pub(crate) fn fails_a_reload(verdict: Verdict, forked: Instant, now: Instant) ->
     }
 }
 
+/// How many times in a row a `--preload` template may end before it
+/// ever said `R`, while no template of the pool ever did, before the pool
+/// gives up ([`gives_up_on_templates`]).
+pub const TEMPLATE_TRIES: u32 = 3;
+
+/// Whether the pool gives up on `--preload`: `ends_unready` templates in a
+/// row ended without saying `R`, and no template was ever ready. Once one
+/// was, the program can be a template, and later failures are backed off
+/// and retried like any start-up failure.
+pub fn gives_up_on_templates(ends_unready: u32, ever_ready: bool) -> bool {
+    !ever_ready && ends_unready >= TEMPLATE_TRIES
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +324,13 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn preload_gives_up_only_on_a_program_that_was_never_a_template() {
+        assert!(!gives_up_on_templates(TEMPLATE_TRIES - 1, false));
+        assert!(gives_up_on_templates(TEMPLATE_TRIES, false));
+        assert!(!gives_up_on_templates(TEMPLATE_TRIES * 10, true));
     }
 
     #[test]

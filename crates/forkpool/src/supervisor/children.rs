@@ -136,6 +136,7 @@ impl Supervisor {
             max_requests: self.core.config().max_requests_per_child,
             limits: SelfLimits::default(),
             stderr,
+            backlog: self.core.config().backlog,
         }
     }
 

@@ -236,6 +236,9 @@ impl Supervisor {
             if self.finished(now) {
                 info!(totals = ?self.core.totals(), "all children gone, supervisor exiting");
                 self.endpoints.remove_control_file();
+                if let Some(why) = self.core.take_gave_up() {
+                    return Err(io::Error::other(why));
+                }
                 return Ok(Exit::Done(*self.core.totals()));
             }
             let timeout = if self.wake.unread.is_empty() && !self.endpoints.has_more() {
@@ -423,7 +426,7 @@ impl Supervisor {
         match decision {
             Decision::Hold => {}
             Decision::Spawn(n) => {
-                if self.spawns_held(now) {
+                if self.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
                     return Ok(None);
                 }
                 self.cpu_changed();

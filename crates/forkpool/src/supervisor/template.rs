@@ -257,6 +257,7 @@ impl Supervisor {
             // Its workers inherit them: one lifetime for all, without the
             // per-child jitter the supervisor draws for each.
             limits: self.self_limits(self.core.config().max_child_lifetime),
+            backlog: self.core.config().backlog,
         }
     }
 
@@ -511,6 +512,16 @@ impl Supervisor {
         } else {
             format!("stderr: {}", tail.join(" | "))
         };
+        let command = &self.templates.command;
+        let worded = retry_in.is_none()
+            && self
+                .core
+                .word_gave_up(|why| format!("`{command}`: {why} (the last one left {said})"));
+        if worded {
+            // The one error that says what is wrong and the fix: the
+            // supervisor exits with it once the stop is over.
+            return;
+        }
         let stage = if was_ready {
             "; the workers it forked keep serving"
         } else {

@@ -491,6 +491,8 @@ fn worker_start(
         max_requests: 0,
         limits: SelfLimits::default(),
         stderr: None,
+        // Only an exec'd process is told the backlog.
+        backlog: 0,
     }
 }
 

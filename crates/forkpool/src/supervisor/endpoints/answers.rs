@@ -48,7 +48,8 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
                     .then(|| now.saturating_duration_since(s.since).as_millis() as u64),
                 last_heard_ms: now.saturating_duration_since(s.last_heard).as_millis() as u64,
                 sessions: s.load.map(|l| (l.load(), l.capacity)),
-                ready_after_ms: s.link.map(|d| d.as_millis() as u64),
+                ready_after_ms: s.link.ready_after.map(|d| d.as_millis() as u64),
+                path: s.link.path.map(|p| p.name().to_string()),
                 ..SlotStatus::default()
             };
             if let Some(Some(figures)) = src.view.figures.get(*slot) {
@@ -73,6 +74,7 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
         generation: view.generation,
         serving_generation: view.serving_generation,
         ready: src.view.ready,
+        not_ready_because: (!src.view.ready).then(|| not_ready_because(view)),
         dispatch: view.dispatch.to_string(),
         dispatch_fallback: src.view.dispatch_fallback.clone(),
         dispatch_width: view.dispatch_width,
@@ -87,6 +89,24 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
         totals,
         queues: src.resources.queues(),
         templates: template_statuses(src, now),
+    }
+}
+
+/// Why a pool that has not been ready is not, for status.
+fn not_ready_because(view: &crate::core::CoreView) -> String {
+    let wanted = view.bounds[0].max(1);
+    match view.templates_unready {
+        Some(0) => "waiting for the --preload template to say it is ready".into(),
+        Some(ended) => format!(
+            "the --preload template has not said it is ready: {ended} ended before it did; \
+             the pool stops after {} (a program that cannot be a template: run it without \
+             --preload)",
+            crate::policy::backoff::TEMPLATE_TRIES
+        ),
+        None => format!(
+            "{} of the {wanted} workers min_children asks for have said they are ready",
+            view.counts.idle + view.counts.busy
+        ),
     }
 }
 
