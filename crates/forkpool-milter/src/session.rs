@@ -1,0 +1,174 @@
+//! A milter conversation on forkpool's session pool: the [`Session`] that
+//! reads packets, drives a [`Conversation`] and writes its replies.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use forkpool_sessions::{CloseReason, Session, SessionStream, Step};
+
+use crate::command::Command;
+use crate::consts::DEFAULT_MAX_PACKET;
+use crate::conversation::{Conversation, ConversationError, Flow};
+use crate::filter::Filter;
+use crate::reply::Reply;
+use crate::wire::Decoder;
+
+/// How much one step reads before letting other sessions run.
+const READ_PER_STEP: usize = 1024 * 1024;
+
+/// What every conversation of one session pool shares: the filter's shared
+/// value and the protocol's limits.
+#[derive(Debug)]
+pub struct MilterContext<S> {
+    /// Given to [`Filter::new`] for each conversation.
+    pub shared: Arc<S>,
+    /// The longest packet accepted from the MTA (command byte included).
+    pub max_packet: usize,
+}
+
+impl<S> MilterContext<S> {
+    /// The context for `shared`, with the default packet bound.
+    pub fn new(shared: S) -> Self {
+        MilterContext {
+            shared: Arc::new(shared),
+            max_packet: DEFAULT_MAX_PACKET,
+        }
+    }
+}
+
+/// One MTA connection served by a [`Filter`].
+pub struct MilterSession<F: Filter> {
+    conversation: Conversation<F>,
+    decoder: Decoder,
+    output: Vec<u8>,
+    closing: bool,
+    peer: String,
+}
+
+impl<F: Filter> fmt::Debug for MilterSession<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MilterSession")
+            .field("peer", &self.peer)
+            .field("conversation", &self.conversation)
+            .field("closing", &self.closing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Filter> MilterSession<F> {
+    /// The conversation inside.
+    pub fn conversation(&self) -> &Conversation<F> {
+        &self.conversation
+    }
+
+    /// Reads what has arrived into the decoder; `true` once the MTA closed.
+    fn fill(&mut self, stream: &mut SessionStream) -> io::Result<bool> {
+        let mut chunk = [0u8; 16 * 1024];
+        let mut read = 0;
+        while read < READ_PER_STEP {
+            match stream.read(&mut chunk) {
+                Ok(0) => return Ok(true),
+                Ok(n) => {
+                    read += n;
+                    self.decoder.push(&chunk[..n]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Handles every whole packet in hand.
+    fn answer(&mut self) -> Result<Flow, ConversationError> {
+        let mut replies = Vec::new();
+        while let Some(packet) = self.decoder.next_packet()? {
+            let command = Command::decode(&packet)?;
+            let flow = self.conversation.handle(command, &mut replies);
+            for reply in replies.drain(..) {
+                reply.encode(&mut self.output)?;
+            }
+            if flow? == Flow::Close {
+                return Ok(Flow::Close);
+            }
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Writes what it can; `true` once nothing is left.
+    fn flush(&mut self, stream: &mut SessionStream) -> io::Result<bool> {
+        while !self.output.is_empty() {
+            match stream.write(&self.output) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.output.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl<F: Filter> Session for MilterSession<F> {
+    type Context = MilterContext<F::Shared>;
+
+    fn open(context: &Arc<Self::Context>, stream: &SessionStream) -> Self {
+        MilterSession {
+            conversation: Conversation::new(Arc::clone(&context.shared)),
+            decoder: Decoder::new(context.max_packet),
+            output: Vec::new(),
+            closing: false,
+            peer: stream.peer(),
+        }
+    }
+
+    fn step(&mut self, stream: &mut SessionStream) -> io::Result<Step> {
+        if !self.flush(stream)? {
+            return Ok(Step::WaitWritable);
+        }
+        if self.closing {
+            return Ok(Step::Close);
+        }
+        let peer_closed = self.fill(stream)?;
+        match self.answer() {
+            Ok(Flow::Go) => {}
+            Ok(Flow::Close) => self.closing = true,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "milter conversation ended: {e}");
+                self.closing = true;
+            }
+        }
+        if !self.flush(stream)? {
+            return Ok(Step::WaitWritable);
+        }
+        Ok(if self.closing || peer_closed {
+            Step::Close
+        } else {
+            // `answer` took every whole packet in hand: wait for more.
+            Step::Wait
+        })
+    }
+
+    fn on_close(&mut self, stream: &mut SessionStream, reason: &CloseReason) {
+        if let CloseReason::Panicked = reason {
+            // The hook that panicked left the MTA waiting: tempfail that
+            // command rather than let it wait for its timeout. The
+            // filter's state may be half updated, so no hook runs again.
+            if self.conversation.owes_reply() {
+                let mut out = Vec::new();
+                if Reply::Tempfail.encode(&mut out).is_ok() {
+                    self.output.extend_from_slice(&out);
+                }
+            }
+            let _ = self.flush(stream);
+            return;
+        }
+        let _ = self.flush(stream);
+        self.conversation.end_session();
+    }
+}
