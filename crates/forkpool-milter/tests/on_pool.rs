@@ -1,0 +1,126 @@
+//! Milter conversations on a session pool in this process: a hook that
+//! panics costs only its own conversation (the MTA gets a tempfail for the
+//! command it waited on), and an idle conversation is closed.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkpool_milter::{
+    Actions, Command, Context, Decoder, Filter, MilterContext, MilterSession, OptNeg, Protocol,
+    Reply, Status,
+};
+use forkpool_sessions::{SessionConfig, SessionPool};
+
+/// Panics on a recipient starting with `<panic`.
+struct Fragile;
+
+impl Filter for Fragile {
+    type Shared = ();
+
+    fn new(_: &Arc<()>) -> Self {
+        Fragile
+    }
+
+    fn rcpt(&mut self, _: &Context<'_>, recipient: &[u8], _: &[Vec<u8>]) -> Status {
+        assert!(!recipient.starts_with(b"<panic"), "a bug in filter code");
+        Status::Continue
+    }
+}
+
+struct Mta {
+    stream: TcpStream,
+    decoder: Decoder,
+}
+
+impl Mta {
+    fn connect(pool_addr: std::net::SocketAddr) -> Mta {
+        let stream = TcpStream::connect(pool_addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut mta = Mta {
+            stream,
+            decoder: Decoder::default(),
+        };
+        mta.send(Command::OptNeg(OptNeg {
+            version: 6,
+            actions: Actions(0x1ff),
+            protocol: Protocol(0x1f_ffff),
+        }));
+        assert!(matches!(mta.reply(), Some(Reply::Negotiate(_))));
+        mta
+    }
+
+    fn send(&mut self, command: Command) {
+        let mut out = Vec::new();
+        command.encode(&mut out).unwrap();
+        self.stream.write_all(&out).unwrap();
+    }
+
+    fn reply(&mut self) -> Option<Reply> {
+        loop {
+            if let Some(p) = self.decoder.next_packet().unwrap() {
+                return Some(Reply::decode(&p).unwrap());
+            }
+            let mut buf = [0u8; 1024];
+            match self.stream.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.decoder.push(&buf[..n]),
+            }
+        }
+    }
+
+    fn rcpt(&mut self, who: &str) -> Option<Reply> {
+        self.send(Command::Rcpt {
+            recipient: who.as_bytes().to_vec(),
+            args: vec![],
+        });
+        self.reply()
+    }
+}
+
+fn pool(config: SessionConfig) -> (SessionPool<MilterSession<Fragile>>, std::net::SocketAddr) {
+    let pool =
+        SessionPool::<MilterSession<Fragile>>::start(config, MilterContext::new(())).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    pool.serve(listener).unwrap();
+    (pool, addr)
+}
+
+#[test]
+fn a_panicking_hook_tempfails_its_own_conversation_only() {
+    let (pool, addr) = pool(SessionConfig {
+        workers: 1,
+        ..SessionConfig::default()
+    });
+    let mut calm = Mta::connect(addr);
+    let mut doomed = Mta::connect(addr);
+    assert_eq!(calm.rcpt("<a@example.org>"), Some(Reply::Continue));
+    assert_eq!(doomed.rcpt("<panic@example.org>"), Some(Reply::Tempfail));
+    assert_eq!(doomed.reply(), None, "then the conversation is closed");
+    // The other conversation, on the same (only) worker thread, goes on.
+    assert_eq!(calm.rcpt("<b@example.org>"), Some(Reply::Continue));
+    assert_eq!(
+        Mta::connect(addr).rcpt("<c@example.org>"),
+        Some(Reply::Continue)
+    );
+    pool.shutdown();
+}
+
+#[test]
+fn an_idle_conversation_is_closed() {
+    let (pool, addr) = pool(SessionConfig {
+        idle_timeout: Some(Duration::from_millis(200)),
+        ..SessionConfig::default()
+    });
+    let mut idle = Mta::connect(addr);
+    // The read times out after 10 s; the pool closes it long before.
+    let started = std::time::Instant::now();
+    assert_eq!(idle.reply(), None);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    pool.shutdown();
+}
