@@ -3,11 +3,14 @@
 
 use crate::consts::cmd;
 
+/// Name and value pairs, as one `SMFIC_MACRO` packet carries them.
+pub type MacroPairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Macro values of the current connection and message.
 #[derive(Debug, Clone, Default)]
 pub struct Macros {
     /// Per command byte, its pairs; the most recent command last.
-    stages: Vec<(u8, Vec<(Vec<u8>, Vec<u8>)>)>,
+    stages: Vec<(u8, MacroPairs)>,
 }
 
 /// The commands whose macros belong to one message, forgotten at abort.
@@ -24,7 +27,7 @@ const MESSAGE_STAGES: &[u8] = &[
 impl Macros {
     /// Keeps the macros sent for the command `stage`, replacing those sent
     /// for it before.
-    pub fn set(&mut self, stage: u8, pairs: Vec<(Vec<u8>, Vec<u8>)>) {
+    pub fn set(&mut self, stage: u8, pairs: MacroPairs) {
         self.stages.retain(|(s, _)| *s != stage);
         self.stages.push((stage, pairs));
     }
