@@ -12,9 +12,19 @@ use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
 use common::{forkpool_bin, temp_path, DemoPool};
-use forkpool_milter::{Actions, Address, Command, Decoder, OptNeg, Protocol, Reply};
+use forkpool_milter::{client, Actions, Address, Command, Decoder, OptNeg, Protocol, Reply};
 
 const WAIT: Duration = Duration::from_secs(10);
+
+/// One child, and no more.
+const ONE_CHILD: &[&str] = &[
+    "--min-children",
+    "1",
+    "--max-children",
+    "1",
+    "--min-spare",
+    "1",
+];
 
 /// What Postfix 3.7 offers at negotiation.
 const POSTFIX_ACTIONS: Actions = Actions(0x1ff);
@@ -43,25 +53,12 @@ impl Mta {
     }
 
     fn send(&mut self, command: Command) {
-        let mut out = Vec::new();
-        command.encode(&mut out).unwrap();
-        self.stream.write_all(&out).unwrap();
+        client::send_command(&mut self.stream, &command).unwrap();
     }
 
     /// The next reply; `None` if the filter closed the connection.
     fn reply(&mut self) -> Option<Reply> {
-        loop {
-            if let Some(packet) = self.decoder.next_packet().expect("well-formed reply") {
-                return Some(Reply::decode(&packet).expect("a known reply"));
-            }
-            let mut buf = [0u8; 4096];
-            match self.stream.read(&mut buf) {
-                Ok(0) => return None,
-                Ok(n) => self.decoder.push(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(e) => panic!("reading a reply: {e}"),
-            }
-        }
+        client::read_reply(&mut self.stream, &mut self.decoder).expect("a reply or the end")
     }
 
     /// Replies up to and including the final one.
@@ -298,17 +295,7 @@ fn the_example_rules_filter_a_conversation() {
 
 #[test]
 fn a_malformed_packet_ends_its_own_conversation_only() {
-    let pool = start(
-        "",
-        &[
-            "--min-children",
-            "1",
-            "--max-children",
-            "1",
-            "--min-spare",
-            "1",
-        ],
-    );
+    let pool = start("", ONE_CHILD);
     let mut good = Mta::connect(pool.addr);
     good.negotiate();
     let mut bad = Mta::connect(pool.addr);
@@ -351,17 +338,10 @@ fn many_conversations_run_on_a_few_threads() {
     let pool = start(
         "",
         &[
-            "--min-children",
-            "1",
-            "--max-children",
-            "1",
-            "--min-spare",
-            "1",
-            "--session-workers",
-            "3",
-            "--sessions-per-child",
-            "1000",
-        ],
+            ONE_CHILD,
+            &["--session-workers", "3", "--sessions-per-child", "1000"],
+        ]
+        .concat(),
     );
     let mut mtas: Vec<Mta> = (0..CONVERSATIONS)
         .map(|_| Mta::connect(pool.addr))

@@ -16,6 +16,8 @@
 //!   ([`FilterOptions`]), keeps the [`Macros`], calls the [`Filter`]'s hooks
 //!   and answers, sending nothing for the steps negotiated as no-reply.
 //!
+//! [`client`] does the MTA's side over a blocking stream.
+//!
 //! Every malformed packet is a typed error ([`WireError`],
 //! [`ConversationError`]) that ends its own conversation and nothing else.
 //!
@@ -85,6 +87,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod client;
 pub mod command;
 pub mod consts;
 pub mod conversation;

@@ -2,7 +2,7 @@
 //! reads packets, drives a [`Conversation`] and writes its replies.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::Arc;
 
 use forkpool_sessions::{CloseReason, Session, SessionStream, Step};
@@ -99,18 +99,7 @@ impl<F: Filter> MilterSession<F> {
 
     /// Writes what it can; `true` once nothing is left.
     fn flush(&mut self, stream: &mut SessionStream) -> io::Result<bool> {
-        while !self.output.is_empty() {
-            match stream.write(&self.output) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.output.drain(..n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
+        stream.write_pending(&mut self.output)
     }
 }
 

@@ -2,14 +2,13 @@
 //! panics costs only its own conversation (the MTA gets a tempfail for the
 //! command it waited on), and an idle conversation is closed.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use forkpool_milter::{
-    Actions, Command, Context, Decoder, Filter, MilterContext, MilterSession, OptNeg, Protocol,
-    Reply, Status,
+    client, Actions, Command, Context, Decoder, Filter, MilterContext, MilterSession, OptNeg,
+    Protocol, Reply, Status,
 };
 use forkpool_sessions::{SessionConfig, SessionPool};
 
@@ -55,22 +54,11 @@ impl Mta {
     }
 
     fn send(&mut self, command: Command) {
-        let mut out = Vec::new();
-        command.encode(&mut out).unwrap();
-        self.stream.write_all(&out).unwrap();
+        client::send_command(&mut self.stream, &command).unwrap();
     }
 
     fn reply(&mut self) -> Option<Reply> {
-        loop {
-            if let Some(p) = self.decoder.next_packet().unwrap() {
-                return Some(Reply::decode(&p).unwrap());
-            }
-            let mut buf = [0u8; 1024];
-            match self.stream.read(&mut buf) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.decoder.push(&buf[..n]),
-            }
-        }
+        client::read_reply(&mut self.stream, &mut self.decoder).unwrap_or(None)
     }
 
     fn rcpt(&mut self, who: &str) -> Option<Reply> {
