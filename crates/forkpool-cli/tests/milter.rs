@@ -8,6 +8,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
@@ -173,17 +174,26 @@ fn fake_spamd() -> SocketAddr {
 }
 
 fn start(extra_rules: &str, args: &[&str]) -> DemoPool {
+    start_with_path(extra_rules, args).0
+}
+
+/// The example rule file with `extra_rules` after it, and a pool filtering
+/// with it; also the file's path.
+fn start_with_path(extra_rules: &str, args: &[&str]) -> (DemoPool, PathBuf) {
     let path = temp_path("rules.toml");
+    std::fs::write(&path, example_rules() + extra_rules).unwrap();
+    let mut command = Process::new(forkpool_bin());
+    command.arg("milter");
+    let pool = DemoPool::launch(command, args, &[path.to_str().unwrap()], true);
+    (pool, path)
+}
+
+fn example_rules() -> String {
     let output = Process::new(forkpool_bin())
         .args(["milter", "--example"])
         .output()
         .unwrap();
-    let mut rules = String::from_utf8(output.stdout).unwrap();
-    rules.push_str(extra_rules);
-    std::fs::write(&path, rules).unwrap();
-    let mut command = Process::new(forkpool_bin());
-    command.arg("milter");
-    DemoPool::launch(command, args, &[path.to_str().unwrap()], true)
+    String::from_utf8(output.stdout).unwrap()
 }
 
 const RULES: &str = r#"
@@ -373,4 +383,33 @@ fn many_conversations_run_on_a_few_threads() {
         let replies = mta.message(&[], "x");
         assert!(header_value(&replies, "X-Forkpool-Milter").is_some());
     }
+}
+
+#[test]
+fn a_reload_keeps_open_conversations_and_brings_in_new_rules() {
+    let (pool, path) = start_with_path("", ONE_CHILD);
+    let mut old = Mta::connect(pool.addr);
+    old.negotiate();
+    old.connect_and_mail("<a@example.org>");
+
+    let edited = example_rules().replace("value = \"{pid}\"", "value = \"{pid} v2\"");
+    assert_ne!(edited, example_rules());
+    std::fs::write(&path, edited).unwrap();
+    pool.signal(libc::SIGHUP);
+    let rolled = pool.wait_status(Duration::from_secs(30), |s| s["serving_generation"] == 2);
+    assert!(rolled.is_some(), "{}", pool.stderr.dump());
+
+    // The open conversation goes on, on its old child with the old rules.
+    assert_eq!(old.rcpt("<ok@example.org>"), Some(Reply::Continue));
+    let replies = old.message(&[], "x");
+    let value = header_value(&replies, "X-Forkpool-Milter").unwrap();
+    assert!(!value.ends_with("v2"), "{value}");
+    // A new one is filtered by a new child with the new rules.
+    let mut new = Mta::connect(pool.addr);
+    new.negotiate();
+    new.connect_and_mail("<a@example.org>");
+    assert_eq!(new.rcpt("<ok@example.org>"), Some(Reply::Continue));
+    let replies = new.message(&[], "x");
+    let value = header_value(&replies, "X-Forkpool-Milter").unwrap();
+    assert!(value.ends_with(" v2"), "{value}");
 }
