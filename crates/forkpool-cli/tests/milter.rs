@@ -134,6 +134,17 @@ impl Mta {
         )
     }
 
+    /// RCPT's reply, or `None` if the conversation has ended (a write into
+    /// a closed connection may fail too).
+    fn rcpt_reply_or_end(&mut self, recipient: &str) -> Option<Reply> {
+        let command = Command::Rcpt {
+            recipient: recipient.as_bytes().to_vec(),
+            args: vec![],
+        };
+        client::send_command(&mut self.stream, &command).ok()?;
+        client::read_reply(&mut self.stream, &mut self.decoder).ok()?
+    }
+
     /// Headers, body and end of message; the end-of-message replies.
     fn message(&mut self, headers: &[(&str, &str)], body: &str) -> Vec<Reply> {
         for (name, value) in headers {
@@ -412,4 +423,47 @@ fn a_reload_keeps_open_conversations_and_brings_in_new_rules() {
     let replies = new.message(&[], "x");
     let value = header_value(&replies, "X-Forkpool-Milter").unwrap();
     assert!(value.ends_with(" v2"), "{value}");
+}
+
+#[test]
+fn a_killed_child_costs_only_its_own_conversations() {
+    let pool = start(
+        "",
+        &[
+            "--min-children",
+            "2",
+            "--max-children",
+            "2",
+            "--min-spare",
+            "1",
+            "--sessions-per-child",
+            "2",
+        ],
+    );
+    assert!(pool.wait_children(WAIT, |n| n == 2));
+    // Four conversations, two per child; each learns its child's pid from
+    // the header added at end of message.
+    let mut conversations: Vec<(Mta, i32)> = (0..4)
+        .map(|_| {
+            let mut mta = Mta::connect(pool.addr);
+            mta.negotiate();
+            mta.connect_and_mail("<a@example.org>");
+            assert_eq!(mta.rcpt("<ok@example.org>"), Some(Reply::Continue));
+            let replies = mta.message(&[], "x");
+            let pid = header_value(&replies, "X-Forkpool-Milter").unwrap();
+            (mta, pid.parse().unwrap())
+        })
+        .collect();
+    let victim = conversations[0].1;
+    let on_victim = conversations.iter().filter(|(_, p)| *p == victim).count();
+    assert_eq!(on_victim, 2, "two conversations per child");
+    common::kill9(victim);
+    for (mta, pid) in &mut conversations {
+        let reply = mta.rcpt_reply_or_end("<ok@example.org>");
+        if *pid == victim {
+            assert_eq!(reply, None, "the killed child's conversation ends");
+        } else {
+            assert_eq!(reply, Some(Reply::Continue), "the other child's goes on");
+        }
+    }
 }
