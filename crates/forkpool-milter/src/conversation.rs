@@ -179,14 +179,8 @@ impl<F: Filter> Conversation<F> {
                 self.macros.set(stage, pairs);
                 return Ok(Flow::Go);
             }
-            Command::Connect { hostname, address } => {
-                self.session_open = true;
-                f.connect(&ctx, &hostname, &address)
-            }
-            Command::Helo(name) => {
-                self.session_open = true;
-                f.helo(&ctx, &name)
-            }
+            Command::Connect { hostname, address } => f.connect(&ctx, &hostname, &address),
+            Command::Helo(name) => f.helo(&ctx, &name),
             Command::Mail { sender, args } => {
                 self.in_message = true;
                 f.mail(&ctx, &sender, &args)
@@ -233,6 +227,7 @@ impl<F: Filter> Conversation<F> {
             Command::QuitNewConnection => {
                 self.end_session();
                 self.filter = F::new(&self.shared);
+                self.session_open = true;
                 return Ok(Flow::Go);
             }
         };
@@ -255,8 +250,8 @@ impl<F: Filter> Conversation<F> {
     }
 
     /// Ends the SMTP session: the filter's abort (if a message was open)
-    /// and close hooks, once. The driver calls this when the connection
-    /// ends without `SMFIC_QUIT`.
+    /// and close hooks, at most once per session. The driver calls this
+    /// when the connection ends, whether or not `SMFIC_QUIT` came first.
     pub fn end_session(&mut self) {
         let agreed = self.agreed.clone().unwrap_or(OptNeg {
             version: VERSION,
@@ -272,7 +267,7 @@ impl<F: Filter> Conversation<F> {
             self.filter.abort(&ctx);
             self.in_message = false;
         }
-        if self.session_open || self.agreed.is_some() {
+        if self.session_open {
             self.filter.close(&ctx);
         }
         self.session_open = false;
@@ -308,6 +303,7 @@ impl<F: Filter> Conversation<F> {
             protocol: wanted.protocol & offer.protocol,
         };
         self.agreed = Some(options.clone());
+        self.session_open = true;
         Ok(Reply::Negotiate(Negotiated { options, macros }))
     }
 }
