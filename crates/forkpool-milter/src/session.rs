@@ -17,6 +17,16 @@ use crate::wire::Decoder;
 /// How much one step reads before letting other sessions run.
 const READ_PER_STEP: usize = 1024 * 1024;
 
+/// What one step's reading ended with.
+enum Filled {
+    /// Everything the socket had was read.
+    Drained,
+    /// The step's share was read; more may be waiting.
+    MoreWaiting,
+    /// The MTA closed its side.
+    PeerClosed,
+}
+
 /// What every conversation of one session pool shares: the filter's shared
 /// value and the protocol's limits.
 #[derive(Debug)]
@@ -62,23 +72,23 @@ impl<F: Filter> MilterSession<F> {
         &self.conversation
     }
 
-    /// Reads what has arrived into the decoder; `true` once the MTA closed.
-    fn fill(&mut self, stream: &mut SessionStream) -> io::Result<bool> {
+    /// Reads what has arrived into the decoder.
+    fn fill(&mut self, stream: &mut SessionStream) -> io::Result<Filled> {
         let mut chunk = [0u8; 16 * 1024];
         let mut read = 0;
         while read < READ_PER_STEP {
             match stream.read(&mut chunk) {
-                Ok(0) => return Ok(true),
+                Ok(0) => return Ok(Filled::PeerClosed),
                 Ok(n) => {
                     read += n;
                     self.decoder.push(&chunk[..n]);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Filled::Drained),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(false)
+        Ok(Filled::MoreWaiting)
     }
 
     /// Handles every whole packet in hand.
@@ -123,7 +133,7 @@ impl<F: Filter> Session for MilterSession<F> {
         if self.closing {
             return Ok(Step::Close);
         }
-        let peer_closed = self.fill(stream)?;
+        let filled = self.fill(stream)?;
         match self.answer() {
             Ok(Flow::Go) => {}
             Ok(Flow::Close) => self.closing = true,
@@ -135,11 +145,13 @@ impl<F: Filter> Session for MilterSession<F> {
         if !self.flush(stream)? {
             return Ok(Step::WaitWritable);
         }
-        Ok(if self.closing || peer_closed {
-            Step::Close
-        } else {
+        Ok(match filled {
+            _ if self.closing => Step::Close,
+            Filled::PeerClosed => Step::Close,
+            // This step read its share; let other conversations run first.
+            Filled::MoreWaiting => Step::Continue,
             // `answer` took every whole packet in hand: wait for more.
-            Step::Wait
+            Filled::Drained => Step::Wait,
         })
     }
 

@@ -2,6 +2,7 @@
 //! panics costs only its own conversation (the MTA gets a tempfail for the
 //! command it waited on), and an idle conversation is closed.
 
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,5 +111,27 @@ fn an_idle_conversation_is_closed() {
     let started = std::time::Instant::now();
     assert_eq!(idle.reply(), None);
     assert!(started.elapsed() < Duration::from_secs(5));
+    pool.shutdown();
+}
+
+#[test]
+fn a_long_pipelined_body_is_read_in_shares_and_answered_in_order() {
+    let (pool, addr) = pool(SessionConfig {
+        workers: 1,
+        ..SessionConfig::default()
+    });
+    let mut mta = Mta::connect(addr);
+    // 3 MiB of body at once: more than one step reads.
+    let chunk = vec![b'x'; 65535];
+    let mut wire = Vec::new();
+    for _ in 0..48 {
+        Command::Body(chunk.clone()).encode(&mut wire).unwrap();
+    }
+    let mut writer = mta.stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(&wire).unwrap());
+    for n in 0..48 {
+        assert_eq!(mta.reply(), Some(Reply::Continue), "chunk {n}");
+    }
+    sender.join().unwrap();
     pool.shutdown();
 }
