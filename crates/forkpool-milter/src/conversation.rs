@@ -143,6 +143,23 @@ impl<F: Filter> Conversation<F> {
         &self.filter
     }
 
+    /// Whether the MTA will wait for an answer to `command`: not for
+    /// macros, abort and quit, nor for a step negotiated as no-reply.
+    pub fn expects_reply(&self, command: &Command) -> bool {
+        let Some(agreed) = &self.agreed else {
+            return matches!(command, Command::OptNeg(_));
+        };
+        let silent = no_reply_bit(command.code()).is_some_and(|bit| agreed.protocol.contains(bit));
+        !silent
+            && !matches!(
+                command,
+                Command::Macros { .. }
+                    | Command::Abort
+                    | Command::Quit
+                    | Command::QuitNewConnection
+            )
+    }
+
     /// Handles one command, appending the replies to send to `out`.
     pub fn handle(
         &mut self,
@@ -159,14 +176,7 @@ impl<F: Filter> Conversation<F> {
             (_, Some(agreed)) => agreed.clone(),
         };
         let silent = no_reply_bit(code).is_some_and(|bit| agreed.protocol.contains(bit));
-        self.owes_reply = !silent
-            && !matches!(
-                command,
-                Command::Macros { .. }
-                    | Command::Abort
-                    | Command::Quit
-                    | Command::QuitNewConnection
-            );
+        self.owes_reply = self.expects_reply(&command);
         let ctx = Context {
             macros: &self.macros,
             actions: agreed.actions,

@@ -64,13 +64,17 @@
 //!   was waiting on, and closes; the MTA applies `milter_default_action` to
 //!   the rest of that SMTP session. Other conversations go on.
 //! - **A hook that hangs** cannot be stopped: a thread cannot be killed
-//!   safely. It keeps one worker of its child; the MTA's own timeout
-//!   (Postfix's `milter_command_timeout`, 30 s, `milter_content_timeout`,
-//!   300 s at end of message) gives up on the conversation and applies
-//!   `milter_default_action`. The other conversations of the child run on
-//!   its other workers. A child whose workers have all hung serves nobody
-//!   until it is recycled; run enough workers and keep blocking calls
-//!   (DNS, a content scanner) under their own timeouts.
+//!   safely, so it keeps one worker of its child. With a step deadline
+//!   ([`MilterContext::with_step_deadline`], `forkpool milter
+//!   --step-timeout`), a [`Watchdog`] thread tempfails that conversation
+//!   and closes its socket when the deadline passes, so the MTA learns at
+//!   once rather than at its own timeout (Postfix's
+//!   `milter_command_timeout`, 30 s, or `milter_content_timeout`, 300 s at
+//!   end of message); when the hook returns at last, its replies are
+//!   dropped. The child's other conversations run on its other workers. A
+//!   child whose workers have all hung serves nobody until it is recycled;
+//!   run enough workers and keep blocking calls (DNS, a content scanner)
+//!   under their own timeouts.
 //! - **An idle conversation** is closed after the session pool's
 //!   `idle_timeout` (`forkpool milter --idle-timeout`).
 //!
@@ -97,6 +101,7 @@ pub mod macros;
 pub mod reply;
 pub mod session;
 pub mod status;
+pub mod watchdog;
 pub mod wire;
 
 pub use command::{Address, Command, OptNeg};
@@ -107,4 +112,5 @@ pub use macros::Macros;
 pub use reply::{Negotiated, Reply};
 pub use session::{MilterContext, MilterSession};
 pub use status::{ReplyError, ReplyText, Status};
+pub use watchdog::Watchdog;
 pub use wire::{Decoder, Packet, WireError};

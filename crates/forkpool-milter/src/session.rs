@@ -4,6 +4,7 @@
 use std::fmt;
 use std::io::{self, Read};
 use std::sync::Arc;
+use std::time::Duration;
 
 use forkpool_sessions::{CloseReason, Session, SessionStream, Step};
 
@@ -12,6 +13,7 @@ use crate::consts::DEFAULT_MAX_PACKET;
 use crate::conversation::{Conversation, ConversationError, Flow};
 use crate::filter::Filter;
 use crate::reply::Reply;
+use crate::watchdog::Watchdog;
 use crate::wire::Decoder;
 
 /// How much one step reads before letting other sessions run.
@@ -28,27 +30,42 @@ enum Filled {
 }
 
 /// What every conversation of one session pool shares: the filter's shared
-/// value and the protocol's limits.
+/// value, the protocol's limits and the step deadline.
 #[derive(Debug)]
 pub struct MilterContext<S> {
     /// Given to [`Filter::new`] for each conversation.
     pub shared: Arc<S>,
     /// The longest packet accepted from the MTA (command byte included).
     pub max_packet: usize,
+    /// Tempfails and closes a conversation whose hook runs too long.
+    pub watchdog: Option<Watchdog>,
 }
 
 impl<S> MilterContext<S> {
-    /// The context for `shared`, with the default packet bound.
+    /// The context for `shared`, with the default packet bound and no step
+    /// deadline.
     pub fn new(shared: S) -> Self {
         MilterContext {
             shared: Arc::new(shared),
             max_packet: DEFAULT_MAX_PACKET,
+            watchdog: None,
         }
+    }
+
+    /// The context for `shared`, tempfailing and closing a conversation
+    /// whose hook is still running `deadline` after its command arrived.
+    /// Starts one watching thread.
+    pub fn with_step_deadline(shared: S, deadline: Duration) -> io::Result<Self> {
+        Ok(MilterContext {
+            watchdog: Some(Watchdog::start(deadline)?),
+            ..MilterContext::new(shared)
+        })
     }
 }
 
 /// One MTA connection served by a [`Filter`].
 pub struct MilterSession<F: Filter> {
+    context: Arc<MilterContext<F::Shared>>,
     conversation: Conversation<F>,
     decoder: Decoder,
     output: Vec<u8>,
@@ -92,11 +109,20 @@ impl<F: Filter> MilterSession<F> {
     }
 
     /// Handles every whole packet in hand.
-    fn answer(&mut self) -> Result<Flow, ConversationError> {
+    fn answer(&mut self, stream: &SessionStream) -> Result<Flow, ConversationError> {
         let mut replies = Vec::new();
         while let Some(packet) = self.decoder.next_packet()? {
             let command = Command::decode(&packet)?;
+            let watchdog = self.context.watchdog.as_ref();
+            let owes = self.conversation.expects_reply(&command);
+            let watched = watchdog.and_then(|w| w.begin(stream, owes));
             let flow = self.conversation.handle(command, &mut replies);
+            if let Some(step) = watched {
+                if !step.end() {
+                    // Too late: the MTA was tempfailed and the socket shut.
+                    return Ok(Flow::Close);
+                }
+            }
             for reply in replies.drain(..) {
                 reply.encode(&mut self.output)?;
             }
@@ -118,6 +144,7 @@ impl<F: Filter> Session for MilterSession<F> {
 
     fn open(context: &Arc<Self::Context>, stream: &SessionStream) -> Self {
         MilterSession {
+            context: Arc::clone(context),
             conversation: Conversation::new(Arc::clone(&context.shared)),
             decoder: Decoder::new(context.max_packet),
             output: Vec::new(),
@@ -134,7 +161,7 @@ impl<F: Filter> Session for MilterSession<F> {
             return Ok(Step::Close);
         }
         let filled = self.fill(stream)?;
-        match self.answer() {
+        match self.answer(stream) {
             Ok(Flow::Go) => {}
             Ok(Flow::Close) => self.closing = true,
             Err(e) => {

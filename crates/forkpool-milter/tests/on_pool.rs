@@ -135,3 +135,70 @@ fn a_long_pipelined_body_is_read_in_shares_and_answered_in_order() {
     sender.join().unwrap();
     pool.shutdown();
 }
+
+/// Hangs on a recipient starting with `<hang` until the test lets go.
+struct Sticky {
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Filter for Sticky {
+    type Shared = Gate;
+
+    fn new(gate: &Arc<Gate>) -> Self {
+        Sticky {
+            gate: Arc::clone(gate),
+        }
+    }
+
+    fn rcpt(&mut self, _: &Context<'_>, recipient: &[u8], _: &[Vec<u8>]) -> Status {
+        if recipient.starts_with(b"<hang") {
+            let open = self.gate.open.lock().unwrap();
+            let _open = self.gate.opened.wait_while(open, |open| !*open).unwrap();
+        }
+        Status::Continue
+    }
+}
+
+#[test]
+fn a_hook_past_its_deadline_gets_its_conversation_tempfailed_and_closed() {
+    let context =
+        MilterContext::with_step_deadline(Gate::default(), Duration::from_millis(300)).unwrap();
+    let config = SessionConfig {
+        workers: 2,
+        ..SessionConfig::default()
+    };
+    let pool = SessionPool::<MilterSession<Sticky>>::start(config, context).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    pool.serve(listener).unwrap();
+
+    // However the test ends, the hook is let go, so the pool can stop.
+    struct Release(Arc<Gate>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            *self.0.open.lock().unwrap() = true;
+            self.0.opened.notify_all();
+        }
+    }
+    let release = Release(Arc::clone(&pool.context().shared));
+
+    let mut stuck = Mta::connect(addr);
+    let mut other = Mta::connect(addr);
+    let started = std::time::Instant::now();
+    assert_eq!(stuck.rcpt("<hang@example.org>"), Some(Reply::Tempfail));
+    assert_eq!(stuck.reply(), None, "then the conversation is closed");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The hook still holds one worker; the other serves the rest.
+    assert_eq!(other.rcpt("<a@example.org>"), Some(Reply::Continue));
+    assert_eq!(pool.context().watchdog.as_ref().unwrap().fired(), 1);
+    // Let the hook return: its late answer goes nowhere.
+    drop(release);
+    assert_eq!(other.rcpt("<b@example.org>"), Some(Reply::Continue));
+    pool.shutdown();
+}

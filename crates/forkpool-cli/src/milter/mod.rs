@@ -30,6 +30,10 @@ use rules::Rules;
 /// (Postfix waits at most `smtpd_timeout`, 300 s, for its client between
 /// commands; Sendmail up to an hour), so only a dead MTA reaches it.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(7210);
+/// How long one filter step may run before its conversation is tempfailed
+/// and closed: Postfix's `milter_command_timeout`. The hook's thread runs
+/// on (it cannot be stopped) but the MTA is answered at once.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Worker threads per child unless told otherwise.
 pub const DEFAULT_WORKERS: usize = 4;
 /// Conversations per child unless told otherwise.
@@ -54,6 +58,10 @@ pub struct MilterArgs {
     /// [default: 7210s, as libmilter].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle_timeout: Option<Duration>,
+    /// Tempfail and close a conversation whose filter step (a spamd call,
+    /// say) runs longer than this; 0 = never [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub step_timeout: Option<Duration>,
     /// The rule file, after `--`.
     #[arg(last = true, value_name = "RULES.toml")]
     pub rules: Vec<PathBuf>,
@@ -88,6 +96,7 @@ pub fn run(args: MilterArgs) -> Result<(), String> {
         .validate_for_sessions()
         .and_then(|()| sessions.validate())
         .map_err(|e| format!("invalid configuration: {e}"))?;
+    let step_timeout = args.step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT);
     let pool = crate::serve::prepare(&args.serve, &settings)?;
     tracing::info!(rules = %path.display(), "milter filtering with {} rules", rules.rules.len());
     let totals = pool
@@ -96,11 +105,25 @@ pub fn run(args: MilterArgs) -> Result<(), String> {
                 tracing::warn!("{e}; this child keeps the rules read at start");
                 rules
             });
-            MilterContext::new(Shared {
+            let shared = Shared {
                 rules,
                 slot: child.slot,
                 pid: child.pid,
-            })
+            };
+            if step_timeout.is_zero() {
+                return MilterContext::new(shared);
+            }
+            // The shared value moves in only once the thread exists.
+            match forkpool_milter::Watchdog::start(step_timeout) {
+                Ok(watchdog) => MilterContext {
+                    watchdog: Some(watchdog),
+                    ..MilterContext::new(shared)
+                },
+                Err(e) => {
+                    tracing::warn!("no step deadline in this child: {e}");
+                    MilterContext::new(shared)
+                }
+            }
         })
         .map_err(|e| e.to_string())?;
     let json = serde_json::to_string(&totals).map_err(|e| e.to_string())?;
