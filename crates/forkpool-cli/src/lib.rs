@@ -12,6 +12,7 @@
 
 pub mod check;
 pub mod demo;
+pub mod milter;
 pub mod pool_args;
 pub mod run;
 pub mod serve;

@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use forkpool_cli::{check, demo, run, status, top};
+use forkpool_cli::{check, demo, milter, run, status, top};
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +32,9 @@ enum Command {
     /// `CMD [ARGS...]` (given after `--`) with the listeners passed the
     /// systemd way and the back-channel announced in FORKPOOL_CHANNEL_FD.
     Run(run::RunArgs),
+    /// Run a mail filter (milter) for Postfix or Sendmail, driven by a
+    /// rule file given after `--` (`--example` prints one).
+    Milter(milter::MilterArgs),
 }
 
 fn main() {
@@ -43,6 +46,7 @@ fn main() {
         Command::Top(args) => top::run(args),
         Command::Check(args) => check::run(args),
         Command::Run(args) => run::run(args),
+        Command::Milter(args) => milter::run(args),
     };
     if let Err(e) = result {
         eprintln!("forkpool: {e}");

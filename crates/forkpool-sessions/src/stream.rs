@@ -37,6 +37,26 @@ impl SessionStream {
         }
     }
 
+    /// Writes as much of `pending` as the socket takes now and drops what
+    /// was written from its front: `Ok(true)` once it is empty, `Ok(false)`
+    /// when the socket is full (answer [`Step::WaitWritable`]).
+    ///
+    /// [`Step::WaitWritable`]: crate::Step::WaitWritable
+    pub fn write_pending(&mut self, pending: &mut Vec<u8>) -> io::Result<bool> {
+        while !pending.is_empty() {
+            match self.write(pending) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    pending.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
     /// Who is on the other end, for log lines: `tcp 127.0.0.1:4242`, or
     /// `unix` (Unix peers are rarely bound to a path).
     pub fn peer(&self) -> String {

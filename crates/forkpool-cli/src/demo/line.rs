@@ -233,18 +233,7 @@ impl LineSession {
 
     /// Writes pending output; `Ok(false)` if the socket took only part.
     fn flush(&mut self, stream: &mut SessionStream) -> io::Result<bool> {
-        while !self.output.is_empty() {
-            match stream.write(&self.output) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.output.drain(..n);
-                }
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => return Err(err),
-            }
-        }
-        Ok(true)
+        stream.write_pending(&mut self.output)
     }
 }
 
