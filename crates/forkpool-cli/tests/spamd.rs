@@ -1,0 +1,337 @@
+//! `clients/perl/forkpool-spamd` with the real `spamc`: its answers
+//! against Debian's `spamd` run beside it (every command, compressed
+//! messages, the package's samples and variations, bad requests), and
+//! the pool's resilience (a SIGKILLed child, a HUP onto broken rules,
+//! TERM with messages in flight).
+
+mod common;
+
+#[path = "common/spamd_support.rs"]
+mod spamd_support;
+
+use std::time::Duration;
+
+use common::{alive, kill9, total, DemoPool};
+use spamd_support::{
+    messages, normalize, ping, raw, require_spamassassin, spamc, start_forkpool_spamd,
+    terminate, DebianSpamd, PATIENCE, SAMPLES,
+};
+
+/// spamc's flags for every command: CHECK (-c), SYMBOLS (-y), REPORT
+/// (-R), REPORT_IFSPAM (-r), PROCESS (none), HEADERS (--headers), PROCESS
+/// with the report-safe output (-E: exit code), a User header (-u), and
+/// errors instead of the unchecked message (-x). Debian's spamc is built
+/// without zlib (its -z is a usage error): compressed requests are sent
+/// raw ([`compressed_requests`]).
+const EVERY_COMMAND: &[&[&str]] = &[
+    &["-c"],
+    &["-y"],
+    &["-R"],
+    &["-r"],
+    &[],
+    &["--headers"],
+    &["-E"],
+    &["-u", "nobody", "-y"],
+    &["-x", "-y"],
+];
+
+/// The commands tried on the generated variations.
+const SOME_COMMANDS: &[&[&str]] = &[&[], &["-y"], &["-R"]];
+
+/// Requests spamc would not send, each answered with one of spamd's
+/// error lines (or, for the last ones, spamd's answer to an unusual but
+/// valid request).
+const RAW_REQUESTS: &[(&str, &[u8])] = &[
+    ("garbage request line", b"HELLO THERE\r\n"),
+    ("empty connection", b""),
+    (
+        "Content-length too large",
+        b"CHECK SPAMC/1.5\r\nContent-length: 100\r\n\r\nSubject: x\r\n\r\nhi\r\n",
+    ),
+    (
+        "Content-length too small",
+        b"CHECK SPAMC/1.5\r\nContent-length: 3\r\n\r\nSubject: x\r\n\r\nhi\r\n",
+    ),
+    (
+        "Content-length not a number",
+        b"CHECK SPAMC/1.5\r\nContent-length: ten\r\n\r\nSubject: x\r\n\r\nhi\r\n",
+    ),
+    ("header without a colon", b"SYMBOLS SPAMC/1.5\r\nnonsense\r\n\r\n"),
+    ("end of input in the headers", b"CHECK SPAMC/1.5\r\nUser: nobody\r\n"),
+    (
+        "Compress without Content-length",
+        b"CHECK SPAMC/1.5\r\nCompress: zlib\r\n\r\nnot zlib",
+    ),
+    (
+        "Compress with bad data",
+        b"CHECK SPAMC/1.5\r\nCompress: zlib\r\nContent-length: 8\r\n\r\nnot zlib",
+    ),
+    (
+        "Compress with an unknown method",
+        b"CHECK SPAMC/1.5\r\nCompress: lzma\r\n\r\n",
+    ),
+    (
+        "TELL setting and removing",
+        b"TELL SPAMC/1.5\r\nSet: local\r\nRemove: local\r\n\r\n",
+    ),
+    ("PING", b"PING SPAMC/1.5\r\n\r\n"),
+    ("SKIP", b"SKIP SPAMC/1.5\r\n\r\n"),
+    (
+        "CHECK in protocol 1.0 (no headers)",
+        b"CHECK SPAMC/1.0\r\nSubject: x\r\n\r\nhi\r\n",
+    ),
+    (
+        "SYMBOLS in protocol 1.2",
+        b"SYMBOLS SPAMC/1.2\r\nContent-length: 18\r\n\r\nSubject: x\r\n\r\nhi\r\n",
+    ),
+    (
+        "PROCESS in protocol 1.2",
+        b"PROCESS SPAMC/1.2\r\nContent-length: 18\r\n\r\nSubject: x\r\n\r\nhi\r\n",
+    ),
+];
+
+/// The server's error lines this test expects among the answers, so
+/// that two servers that both answered nothing could not pass.
+const EXPECTED_LINES: &[(&str, &str)] = &[
+    ("garbage request line", "SPAMD/1.0 76 Bad header line: HELLO THERE\r\n"),
+    ("empty connection", "SPAMD/1.0 76 Bad header line: (closed before headers)\r\n"),
+    (
+        "Content-length too large",
+        "SPAMD/1.0 76 Bad header line: (Content-Length mismatch: Expected 100 bytes, got 18 bytes)\r\n",
+    ),
+    (
+        "Compress without Content-length",
+        "SPAMD/1.0 69 Service Unavailable: Compress requires Content-length header\r\n",
+    ),
+    ("PING", "SPAMD/1.5 0 PONG\r\n"),
+];
+
+#[test]
+fn answers_match_debian_spamd_byte_for_byte() {
+    if !require_spamassassin() {
+        return;
+    }
+    let (ours, theirs) = std::thread::scope(|s| {
+        let ours = s.spawn(|| start_forkpool_spamd(&["-m", "2", "--min-spare", "2", "-l"]));
+        let theirs = s.spawn(|| DebianSpamd::start(&["-m", "2", "--min-spare", "2", "-l"]));
+        (ours.join().unwrap(), theirs.join().unwrap())
+    });
+    let port = ours.addr.port();
+    let mut cases: Vec<(String, &[&str], Vec<u8>)> = Vec::new();
+    for (name, message) in messages() {
+        let commands = if name.starts_with("sample-") {
+            EVERY_COMMAND
+        } else {
+            SOME_COMMANDS
+        };
+        for flags in commands {
+            cases.push((name.clone(), flags, message.clone()));
+        }
+    }
+    // Each server answers the same case at once, on its own thread.
+    let mut differ = Vec::new();
+    for (name, flags, message) in &cases {
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| spamc(port, flags, message));
+            let b = s.spawn(|| spamc(theirs.port, flags, message));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        // 0: ham, 1: spam (-c, -E); anything else is spamc's error.
+        assert!(
+            matches!(a.code, Some(0 | 1)),
+            "{name} {flags:?}: spamc failed ({:?})",
+            a.code
+        );
+        if a.code != b.code || normalize(&a.output) != normalize(&b.output) {
+            differ.push(format!(
+                "{name} {flags:?}: forkpool-spamd {:?}:\n{}\nspamd {:?}:\n{}",
+                a.code,
+                String::from_utf8_lossy(&a.output),
+                b.code,
+                String::from_utf8_lossy(&b.output)
+            ));
+        }
+    }
+    let mut requests: Vec<(String, Vec<u8>)> = RAW_REQUESTS
+        .iter()
+        .map(|(name, request)| (name.to_string(), request.to_vec()))
+        .collect();
+    requests.extend(compressed_requests());
+    for (name, request) in &requests {
+        let a = raw(port, request);
+        let b = raw(theirs.port, request);
+        if normalize(&a) != normalize(&b) {
+            differ.push(format!(
+                "{name}: forkpool-spamd {:?}\nspamd {:?}",
+                String::from_utf8_lossy(&a),
+                String::from_utf8_lossy(&b)
+            ));
+        }
+        if let Some((_, line)) = EXPECTED_LINES.iter().find(|(n, _)| *n == name.as_str()) {
+            assert_eq!(String::from_utf8_lossy(&a), *line, "{name}");
+        }
+    }
+    let compressed = requests.iter().filter(|(n, _)| n.starts_with("compressed")).count();
+    let check = &requests.iter().find(|(n, _)| n == "compressed CHECK sample-spam").unwrap().1;
+    assert_eq!(
+        String::from_utf8_lossy(&raw(port, check)),
+        "SPAMD/1.1 0 EX_OK\r\nSpam: True ; 1000.0 / 5.0\r\n\r\n",
+        "a compressed spam message"
+    );
+    let compared = cases.len() + requests.len();
+    assert!(compressed >= 4);
+    assert!(
+        differ.is_empty(),
+        "{} of {compared} answers differ:\n{}",
+        differ.len(),
+        differ.join("\n\n")
+    );
+    // Bad requests cost no child.
+    let status = ours.status();
+    assert_eq!(total(&status, "died"), 0, "{status}");
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+    eprintln!("forkpool-spamd and spamd: {compared} answers compared, 0 differ");
+}
+
+/// zlib-compressed CHECK, SYMBOLS and PROCESS requests of the samples,
+/// as spamc built with zlib sends them (`Compress: zlib`, the compressed
+/// length), compressed by Perl's core Compress::Zlib.
+fn compressed_requests() -> Vec<(String, Vec<u8>)> {
+    let mut requests = Vec::new();
+    for sample in ["sample-spam", "sample-nonspam"] {
+        let out = std::process::Command::new("perl")
+            .args([
+                "-MCompress::Zlib",
+                "-e",
+                "local $/; open my $f, '<', $ARGV[0] or die; binmode STDOUT; print compress(<$f>)",
+            ])
+            .arg(format!("{SAMPLES}/{sample}.txt"))
+            .output()
+            .expect("perl");
+        assert!(out.status.success());
+        for method in ["CHECK", "SYMBOLS", "PROCESS"] {
+            let mut request = format!(
+                "{method} SPAMC/1.5\r\nCompress: zlib\r\nContent-length: {}\r\n\r\n",
+                out.stdout.len()
+            )
+            .into_bytes();
+            request.extend_from_slice(&out.stdout);
+            requests.push((format!("compressed {method} {sample}"), request));
+        }
+    }
+    requests
+}
+
+/// The package's spam sample, and what `spamc -c` prints for it.
+fn spam_sample() -> Vec<u8> {
+    std::fs::read(format!("{SAMPLES}/sample-spam.txt")).unwrap()
+}
+const SPAM_SCORE: &[u8] = b"1000.0/5.0\n";
+
+fn assert_answers(pool: &DemoPool, what: &str) {
+    let answer = spamc(pool.addr.port(), &["-c"], &spam_sample());
+    assert_eq!(
+        (answer.code, answer.output.as_slice()),
+        (Some(1), SPAM_SCORE),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&answer.output),
+        pool.stderr.dump()
+    );
+}
+
+/// A site configuration directory: a copy of /etc/spamassassin.
+fn site_config() -> std::path::PathBuf {
+    let dir = common::temp_path("spamassassin");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir("/etc/spamassassin").unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    dir
+}
+
+#[test]
+fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
+    if !require_spamassassin() {
+        return;
+    }
+    let config = site_config();
+    let config_arg = config.to_str().unwrap();
+    let mut pool = start_forkpool_spamd(&[
+        "-m",
+        "2",
+        "--min-spare",
+        "2",
+        "--siteconfigpath",
+        config_arg,
+    ]);
+    assert_answers(&pool, "at start");
+
+    // A SIGKILLed child: replaced, and the pool answers.
+    let status = pool.status();
+    let victim = status["slots"][0]["pid"].as_i64().unwrap() as i32;
+    let spawned = total(&status, "spawned");
+    kill9(victim);
+    assert!(
+        pool.wait_status(PATIENCE, |s| total(s, "died") >= 1
+            && total(s, "spawned") > spawned
+            && s["idle"] == 2)
+            .is_some(),
+        "no replacement for the killed child\n{}",
+        pool.stderr.dump()
+    );
+    assert!(!alive(victim));
+    assert_answers(&pool, "after a SIGKILL");
+
+    // HUP onto rules that do not compile: rolled back, the old
+    // generation answers; fixed, the next HUP rolls.
+    let broken = config.join("zz-broken.cf");
+    std::fs::write(&broken, "body BROKEN_RULE /unclosed(/\n").unwrap();
+    pool.signal(1);
+    let failed = pool
+        .wait_status(PATIENCE, |s| total(s, "reload_failures") >= 1)
+        .unwrap_or_else(|| panic!("the broken rules were not refused\n{}", pool.stderr.dump()));
+    assert_eq!(failed["serving_generation"], 1, "{failed}");
+    assert_answers(&pool, "after the broken reload");
+    std::fs::remove_file(&broken).unwrap();
+    pool.signal(1);
+    assert!(
+        pool.wait_status(PATIENCE, |s| s["serving_generation"].as_u64() > Some(2)
+            && s["slots"]
+                .as_array()
+                .is_some_and(|slots| slots.iter().all(|slot| slot["generation"].as_u64() > Some(2))))
+            .is_some(),
+        "the fixed rules did not roll\n{}",
+        pool.stderr.dump()
+    );
+    assert_answers(&pool, "after the fixed reload");
+
+    // TERM with messages in flight: every one is answered.
+    let port = pool.addr.port();
+    let message = spam_sample();
+    std::thread::scope(|s| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| s.spawn(|| spamc(port, &["-c"], &message)))
+            .collect();
+        assert!(
+            pool.wait_status(PATIENCE, |s| s["busy"].as_u64() >= Some(1))
+                .is_some(),
+            "no message in flight"
+        );
+        terminate(pool.pid);
+        for client in clients {
+            let answer = client.join().unwrap();
+            assert_eq!(
+                (answer.code, answer.output.as_slice()),
+                (Some(1), SPAM_SCORE),
+                "a message in flight at TERM was lost: {}",
+                String::from_utf8_lossy(&answer.output)
+            );
+        }
+    });
+    assert!(pool.wait_exit(Duration::from_secs(30)).is_some());
+    assert!(!ping(port), "still answering after TERM");
+    let _ = std::fs::remove_dir_all(&config);
+}
