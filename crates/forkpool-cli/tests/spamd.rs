@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::{alive, kill9, total, DemoPool};
 use spamd_support::{
-    messages, normalize, ping, raw, require_spamassassin, spamc, start_forkpool_spamd,
-    terminate, DebianSpamd, PATIENCE, SAMPLES,
+    messages, normalize, ping, raw, require_spamassassin, spamc, start_forkpool_spamd, terminate,
+    DebianSpamd, PATIENCE, SAMPLES,
 };
 
 /// spamc's flags for every command: CHECK (-c), SYMBOLS (-y), REPORT
@@ -56,8 +56,14 @@ const RAW_REQUESTS: &[(&str, &[u8])] = &[
         "Content-length not a number",
         b"CHECK SPAMC/1.5\r\nContent-length: ten\r\n\r\nSubject: x\r\n\r\nhi\r\n",
     ),
-    ("header without a colon", b"SYMBOLS SPAMC/1.5\r\nnonsense\r\n\r\n"),
-    ("end of input in the headers", b"CHECK SPAMC/1.5\r\nUser: nobody\r\n"),
+    (
+        "header without a colon",
+        b"SYMBOLS SPAMC/1.5\r\nnonsense\r\n\r\n",
+    ),
+    (
+        "end of input in the headers",
+        b"CHECK SPAMC/1.5\r\nUser: nobody\r\n",
+    ),
     (
         "Compress without Content-length",
         b"CHECK SPAMC/1.5\r\nCompress: zlib\r\n\r\nnot zlib",
@@ -171,8 +177,15 @@ fn answers_match_debian_spamd_byte_for_byte() {
             assert_eq!(String::from_utf8_lossy(&a), *line, "{name}");
         }
     }
-    let compressed = requests.iter().filter(|(n, _)| n.starts_with("compressed")).count();
-    let check = &requests.iter().find(|(n, _)| n == "compressed CHECK sample-spam").unwrap().1;
+    let compressed = requests
+        .iter()
+        .filter(|(n, _)| n.starts_with("compressed"))
+        .count();
+    let check = &requests
+        .iter()
+        .find(|(n, _)| n == "compressed CHECK sample-spam")
+        .unwrap()
+        .1;
     assert_eq!(
         String::from_utf8_lossy(&raw(port, check)),
         "SPAMD/1.1 0 EX_OK\r\nSpam: True ; 1000.0 / 5.0\r\n\r\n",
@@ -299,9 +312,9 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
     pool.signal(1);
     assert!(
         pool.wait_status(PATIENCE, |s| s["serving_generation"].as_u64() > Some(2)
-            && s["slots"]
-                .as_array()
-                .is_some_and(|slots| slots.iter().all(|slot| slot["generation"].as_u64() > Some(2))))
+            && s["slots"].as_array().is_some_and(|slots| slots
+                .iter()
+                .all(|slot| slot["generation"].as_u64() > Some(2))))
             .is_some(),
         "the fixed rules did not roll\n{}",
         pool.stderr.dump()

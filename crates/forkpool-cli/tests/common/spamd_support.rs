@@ -48,7 +48,8 @@ pub fn common_options() -> Vec<String> {
 
 /// Perl's hash order fixed, so that rules with equal scores are listed
 /// in the same order by both servers (`-y`, `-R`).
-pub const FIXED_HASH_ORDER: [(&str, &str); 2] = [("PERL_HASH_SEED", "0"), ("PERL_PERTURB_KEYS", "0")];
+pub const FIXED_HASH_ORDER: [(&str, &str); 2] =
+    [("PERL_HASH_SEED", "0"), ("PERL_PERTURB_KEYS", "0")];
 
 fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -73,7 +74,9 @@ pub fn require_spamassassin() -> bool {
     let found = sa
         && spamc
         && std::path::Path::new(DEBIAN_SPAMD).is_file()
-        && std::path::Path::new(SAMPLES).join("sample-spam.txt").is_file();
+        && std::path::Path::new(SAMPLES)
+            .join("sample-spam.txt")
+            .is_file();
     require(
         found,
         "SpamAssassin, spamd and spamc",
@@ -118,7 +121,10 @@ impl DebianSpamd {
         let spamd = DebianSpamd { child, port };
         let deadline = Instant::now() + PATIENCE;
         while !ping(port) {
-            assert!(Instant::now() < deadline, "Debian's spamd never answered PING");
+            assert!(
+                Instant::now() < deadline,
+                "Debian's spamd never answered PING"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         spamd
@@ -195,7 +201,9 @@ pub fn spamc(port: u16, flags: &[&str], message: &[u8]) -> Answer {
 pub fn raw(port: u16, request: &[u8]) -> Vec<u8> {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     stream.write_all(request).expect("send the request");
     stream.shutdown(std::net::Shutdown::Write).unwrap();
     let mut answer = Vec::new();
@@ -219,7 +227,8 @@ pub fn normalize(bytes: &[u8]) -> Vec<u8> {
             after_version = false;
             continue;
         }
-        after_version = line.contains("with SpamAssassin (version ") && line.trim_end().ends_with(';');
+        after_version =
+            line.contains("with SpamAssassin (version ") && line.trim_end().ends_with(';');
         out.push_str(&replace_boundaries(line));
     }
     out.into_bytes()
@@ -258,15 +267,13 @@ pub fn messages() -> Vec<(String, Vec<u8>)> {
     while big.len() < 200 * 1024 {
         big.extend_from_slice(b"\nfiller line to make the message larger than most mail\n");
     }
-    let mime = format!(
-        "From: someone@example.org\nTo: you@example.net\nSubject: attachment\n\
+    let mime = b"From: someone@example.org\nTo: you@example.net\nSubject: attachment\n\
          Message-Id: <mime-1@example.org>\nMIME-Version: 1.0\n\
          Content-Type: multipart/mixed; boundary=\"b1\"\n\n--b1\n\
          Content-Type: text/plain\n\nsee attached\n--b1\n\
          Content-Type: application/octet-stream; name=\"a.bin\"\n\
          Content-Transfer-Encoding: base64\n\nAAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n--b1--\n"
-    )
-    .into_bytes();
+    .to_vec();
     vec![
         ("sample-spam".into(), spam),
         ("sample-nonspam".into(), ham),
