@@ -134,6 +134,7 @@ sub run {
     my $sa = $self->{sa};
     Forkpool::Worker->after_fork(sub {
         $0 = 'spamd child';
+        Forkpool::Spamd::Log::reopen($self->{opt});
         $sa->call_plugins('spamd_child_init');
     });
     my $worker = Forkpool::Worker->from_env;
