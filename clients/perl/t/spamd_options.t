@@ -26,7 +26,7 @@ is_deeply($opt->{cf}, ['use_bayes 0', 'skip_rbl_checks 1'], '--cf is repeatable'
 
 for my $refused (['--ssl'], ['--ssl-port', 1], ['--server-key', 'k'], ['-q'], ['-Q'],
     ['--sql-config'], ['--ldap-config'], ['--setuid-with-ldap'], ['-v'], ['--vpopmail'],
-    ['--virtual-config-dir', '/x'], ['-P'], ['--create-prefs'], ['--timing'])
+    ['--virtual-config-dir', '/x'], ['-P'], ['--timing'])
 {
     my ($name) = @$refused;
     my $ok = eval { $parse->(@$refused); 1 };

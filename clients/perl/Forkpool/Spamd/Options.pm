@@ -29,7 +29,6 @@ my %REFUSED = (
     'vpopmail'           => 'vpopmail users are not implemented',
     'virtual-config-dir' => 'virtual configuration directories are not implemented',
     'paranoid'           => 'paranoid mode is not implemented',
-    'create-prefs'       => 'creating user_prefs files is not implemented',
     'timing'             => 'timing reports are not implemented',
     'syslog-socket'      => 'only the default syslog socket is implemented',
     'log-timestamp-fmt'  => 'SpamAssassin\'s default log timestamps only',
@@ -39,7 +38,7 @@ my %REFUSED = (
 my @REFUSED_VALUE = qw(ssl-port ssl-ca-file ssl-ca-path server-cert server-key
     virtual-config-dir syslog-socket log-timestamp-fmt);
 my @REFUSED_FLAG = qw(ssl ssl-verify timing paranoid vpopmail sql-config ldap-config
-    setuid-with-sql setuid-with-ldap create-prefs);
+    setuid-with-sql setuid-with-ldap);
 
 # forkpool's own options, passed to `forkpool run` as they are.
 our @POOL_OPTIONS = qw(dispatch control metrics agent refork-after max-child-memory);
@@ -66,6 +65,7 @@ sub parse {
     $p->getoptionsfromarray(\@args,
         'allow-tell|l'              => \$opt{'allow-tell'},
         'allowed-ips|A=s'           => $opt{'allowed-ips'},
+        'create-prefs|c!'           => \$opt{'create-prefs'},
         'configpath|C=s'            => \$opt{configpath},
         'daemonize|d'               => \$opt{daemonize},
         'debug|D:s'                 => \$opt{debug},
@@ -106,7 +106,6 @@ sub parse {
         'Q' => sub { $refuse->('-Q (--setuid-with-sql)') },
         'v' => sub { $refuse->('-v (--vpopmail)') },
         'P' => sub { $refuse->('-P (--paranoid)') },
-        'c' => sub { $refuse->('-c (--create-prefs)') },
         # forkpool's own.
         (map { ("$_=s" => \$opt{"pool-$_"}) } @POOL_OPTIONS),
         # The workers' side of the command line (set by forkpool-spamd itself).

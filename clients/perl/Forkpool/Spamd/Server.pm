@@ -41,7 +41,7 @@ sub new {
     Forkpool::Spamd::Log::setup($opt);
     my $home = _helper_home($opt);
     my $sa = Mail::SpamAssassin->new({
-        dont_copy_prefs      => 1,
+        dont_copy_prefs      => ($opt->{'create-prefs'} ? 0 : 1),
         rules_filename       => ($opt->{configpath} ? File::Spec->rel2abs($opt->{configpath}) : 0),
         site_rules_filename  => ($opt->{siteconfigpath} ? File::Spec->rel2abs($opt->{siteconfigpath}) : 0),
         pre_config_text      => join("\n", @{ $opt->{pre} }) . "\n",

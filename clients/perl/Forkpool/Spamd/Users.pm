@@ -101,7 +101,14 @@ sub _groups {
 sub _set_prefs {
     my ($self, $dir, $user) = @_;
     if ($dir) {
-        $self->{sa}->read_scoreonly_config("$dir/.spamassassin/user_prefs");
+        my $file = "$dir/.spamassassin/user_prefs";
+        # -c (--create-prefs): a user without a file gets the default one.
+        if (!-r $file && !$self->{sa}{dont_copy_prefs}) {
+            info("spamd: creating default_prefs: $file");
+            $self->{sa}->create_default_prefs($file, $user, $dir);
+            info("spamd: failed to create readable default_prefs: $file") unless -r $file;
+        }
+        $self->{sa}->read_scoreonly_config($file);
     }
     $self->{sa}->signal_user_changed({ username => $user, user_dir => $dir });
     return;
