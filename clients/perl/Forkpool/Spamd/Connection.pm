@@ -40,11 +40,12 @@ my %HEADERS = (
     'Compress'       => \&_header_compress,
 );
 
-# Answers one connection $sock for $server (Forkpool::Spamd::Server).
+# Answers one connection $sock for $server (Forkpool::Spamd::Server);
+# $path is the Unix socket's path when it came on one.
 sub serve {
-    my ($class, $server, $sock) = @_;
+    my ($class, $server, $sock, $path) = @_;
     my $self = bless { server => $server, sa => $server->{sa}, sock => $sock,
-        opt => $server->{opt}, start => time }, $class;
+        opt => $server->{opt}, start => time, unix_path => $path }, $class;
     $self->{sa}->timer_reset;
     $self->_peer or return;
     my $line = $self->_with_alarm($self->{opt}{'timeout-tcp'}, sub { scalar readline($sock) });
@@ -81,7 +82,7 @@ sub _peer {
     my $peer = getpeername($sock);
     my $family = $peer ? Socket::sockaddr_family($peer) : AF_UNIX;
     if ($family == AF_UNIX) {
-        @$self{qw(host addr port)} = ('localhost', '127.0.0.1', $self->{server}{unix_path} // '');
+        @$self{qw(host addr port)} = ('localhost', '127.0.0.1', $self->{unix_path} // '');
         info('spamd: got connection over %s', $self->{port});
         return 1;
     }

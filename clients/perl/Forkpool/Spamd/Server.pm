@@ -20,6 +20,7 @@ use Mail::SpamAssassin::Logger qw(info dbg);
 use Mail::SpamAssassin::NetSet ();
 
 use Forkpool::Worker;
+use Forkpool::Spamd::Command;
 use Forkpool::Spamd::Connection;
 use Forkpool::Spamd::Log;
 use Forkpool::Spamd::Users;
@@ -59,7 +60,8 @@ sub new {
     $self->_preload;
     $self->{users}   = Forkpool::Spamd::Users->new($opt, $sa);
     $self->{allowed} = _allowed_nets($opt);
-    $self->{unix_path} = $opt->{socketpath};
+    # What each listener is, in forkpool's order (the handler gets its index).
+    $self->{listeners} = [Forkpool::Spamd::Command::listeners($opt)];
     $self->{copy_config} = $opt->{'max-conn-per-child'} > 1;
     if ($self->{copy_config}) {
         for (qw(username user_dir userstate_dir learn_to_journal)) {
@@ -144,8 +146,9 @@ sub run {
 
 # One connection, then the clean-up a spamd child does after each.
 sub connection {
-    my ($self, $sock) = @_;
-    my $ok = eval { Forkpool::Spamd::Connection->serve($self, $sock); 1 };
+    my ($self, $sock, $listener) = @_;
+    my ($path) = ($self->{listeners}[$listener // 0] // '') =~ /^unix:(.*)\z/s;
+    my $ok = eval { Forkpool::Spamd::Connection->serve($self, $sock, $path); 1 };
     warn "spamd: error: $@, continuing\n" unless $ok;
     close $sock;
     my $sa = $self->{sa};
