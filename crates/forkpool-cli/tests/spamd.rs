@@ -348,3 +348,97 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
     assert!(!ping(port), "still answering after TERM");
     let _ = std::fs::remove_dir_all(&config);
 }
+
+/// A SpamAssassin plugin that notes each spamd hook it is called for,
+/// with the pid, in the file `$FORKPOOL_TEST_HOOKS` names.
+const HOOKS_PLUGIN: &str = r#"package ForkpoolTestHooks;
+use strict;
+use warnings;
+use Mail::SpamAssassin::Plugin;
+our @ISA = ('Mail::SpamAssassin::Plugin');
+sub new { my ($class, $sa) = @_; return bless $class->SUPER::new($sa), $class }
+sub spamd_child_init { note('init') }
+sub spamd_child_post_connection_close { note('close') }
+sub note {
+    open my $f, '>>', $ENV{FORKPOOL_TEST_HOOKS} or die "$ENV{FORKPOOL_TEST_HOOKS}: $!";
+    print {$f} "$_[0] $$\n";
+    close $f;
+}
+1;
+"#;
+
+#[test]
+fn plugins_hear_child_init_and_every_connection_close() {
+    if !require_spamassassin() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = common::temp_path("hooks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let plugin = dir.join("Hooks.pm");
+    std::fs::write(&plugin, HOOKS_PLUGIN).unwrap();
+    let notes = dir.join("notes");
+    std::fs::write(&notes, "").unwrap();
+    // The children may run as another user (-u): they append to it.
+    for path in [&dir, &notes, &plugin] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let pre = format!("--pre=loadplugin ForkpoolTestHooks {}", plugin.display());
+    let mut command = std::process::Command::new("perl");
+    command
+        .arg(spamd_support::FORKPOOL_SPAMD)
+        .args(spamd_support::common_options())
+        .arg(&pre)
+        .env("FORKPOOL_BIN", common::forkpool_bin())
+        .env("FORKPOOL_TEST_HOOKS", &notes);
+    let pool = DemoPool::launch(command, &["-m", "2", "--min-spare", "2"], &[], true);
+    assert!(pool.wait_idle(2, PATIENCE), "{}", pool.stderr.dump());
+    let messages = 5;
+    for _ in 0..messages {
+        assert_answers(&pool, "with the hooks plugin");
+    }
+    let read = || {
+        let text = std::fs::read_to_string(&notes).unwrap();
+        let pids = |kind: &str| -> Vec<i32> {
+            text.lines()
+                .filter_map(|l| l.strip_prefix(kind)?.trim().parse().ok())
+                .collect()
+        };
+        (pids("init "), pids("close "))
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let (init, close) = loop {
+        let (init, close) = read();
+        if close.len() >= messages || std::time::Instant::now() > deadline {
+            break (init, close);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let workers: Vec<i32> = pool.status()["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pid"].as_i64().unwrap() as i32)
+        .collect();
+    for worker in &workers {
+        assert!(
+            init.contains(worker),
+            "no spamd_child_init in {worker}: {init:?}"
+        );
+    }
+    assert_eq!(
+        init.len(),
+        workers.len(),
+        "spamd_child_init once per child: {init:?}"
+    );
+    assert_eq!(
+        close.len(),
+        messages,
+        "one spamd_child_post_connection_close a connection"
+    );
+    assert!(
+        close.iter().all(|pid| workers.contains(pid)),
+        "{close:?} {workers:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
