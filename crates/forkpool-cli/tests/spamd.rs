@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::{alive, kill9, total, DemoPool};
 use spamd_support::{
-    messages, normalize, ping, raw, require_spamassassin, spamc, start_forkpool_spamd, terminate,
-    DebianSpamd, PATIENCE, SAMPLES,
+    messages, normalize, ping, raw, require_spamassassin, spamc, start_forkpool_spamd, status_of,
+    terminate, wait_for_status, DebianSpamd, PATIENCE, SAMPLES,
 };
 
 /// spamc's flags for every command: CHECK (-c), SYMBOLS (-y), REPORT
@@ -112,14 +112,27 @@ const EXPECTED_LINES: &[(&str, &str)] = &[
     ("PING", "SPAMD/1.5 0 PONG\r\n"),
 ];
 
+/// Both servers' options in the comparison: two children, TELL allowed,
+/// and a 3 s limit for the request line (spamd's -T).
+const COMPARED_OPTIONS: &[&str] = &["-m", "2", "--min-spare", "2", "-l", "-T", "3"];
+
+/// What a client that connects and sends nothing gets once -T passes.
+fn silent_client(port: u16) -> Vec<u8> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
+    answer
+}
+
 #[test]
 fn answers_match_debian_spamd_byte_for_byte() {
     if !require_spamassassin() {
         return;
     }
     let (ours, theirs) = std::thread::scope(|s| {
-        let ours = s.spawn(|| start_forkpool_spamd(&["-m", "2", "--min-spare", "2", "-l"]));
-        let theirs = s.spawn(|| DebianSpamd::start(&["-m", "2", "--min-spare", "2", "-l"]));
+        let ours = s.spawn(|| start_forkpool_spamd(COMPARED_OPTIONS));
+        let theirs = s.spawn(|| DebianSpamd::start(COMPARED_OPTIONS));
         (ours.join().unwrap(), theirs.join().unwrap())
     });
     let port = ours.addr.port();
@@ -177,6 +190,18 @@ fn answers_match_debian_spamd_byte_for_byte() {
             assert_eq!(String::from_utf8_lossy(&a), *line, "{name}");
         }
     }
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| silent_client(port));
+        let b = s.spawn(|| silent_client(theirs.port));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&a),
+        "SPAMD/1.0 79 Timeout: (3 second socket timeout reading input from client)\r\n"
+    );
+    if a != b {
+        differ.push(format!("a silent client: {a:?} against {b:?}"));
+    }
     let compressed = requests
         .iter()
         .filter(|(n, _)| n.starts_with("compressed"))
@@ -191,7 +216,7 @@ fn answers_match_debian_spamd_byte_for_byte() {
         "SPAMD/1.1 0 EX_OK\r\nSpam: True ; 1000.0 / 5.0\r\n\r\n",
         "a compressed spam message"
     );
-    let compared = cases.len() + requests.len();
+    let compared = cases.len() + requests.len() + 1;
     assert!(compressed >= 4);
     assert!(
         differ.is_empty(),
@@ -200,7 +225,7 @@ fn answers_match_debian_spamd_byte_for_byte() {
         differ.join("\n\n")
     );
     // Bad requests cost no child.
-    let status = ours.status();
+    let status = status_of(&ours);
     assert_eq!(total(&status, "died"), 0, "{status}");
     assert_eq!(total(&status, "killed"), 0, "{status}");
     eprintln!("forkpool-spamd and spamd: {compared} answers compared, 0 differ");
@@ -283,15 +308,15 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
     assert_answers(&pool, "at start");
 
     // A SIGKILLed child: replaced, and the pool answers.
-    let status = pool.status();
+    let status = status_of(&pool);
     let victim = status["slots"][0]["pid"].as_i64().unwrap() as i32;
     let spawned = total(&status, "spawned");
     kill9(victim);
     assert!(
-        pool.wait_status(PATIENCE, |s| total(s, "died") >= 1
+        wait_for_status(&pool, PATIENCE, |s| total(s, "died") >= 1
             && total(s, "spawned") > spawned
             && s["idle"] == 2)
-            .is_some(),
+        .is_some(),
         "no replacement for the killed child\n{}",
         pool.stderr.dump()
     );
@@ -303,19 +328,19 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
     let broken = config.join("zz-broken.cf");
     std::fs::write(&broken, "body BROKEN_RULE /unclosed(/\n").unwrap();
     pool.signal(1);
-    let failed = pool
-        .wait_status(PATIENCE, |s| total(s, "reload_failures") >= 1)
+    let failed = wait_for_status(&pool, PATIENCE, |s| total(s, "reload_failures") >= 1)
         .unwrap_or_else(|| panic!("the broken rules were not refused\n{}", pool.stderr.dump()));
     assert_eq!(failed["serving_generation"], 1, "{failed}");
     assert_answers(&pool, "after the broken reload");
     std::fs::remove_file(&broken).unwrap();
     pool.signal(1);
     assert!(
-        pool.wait_status(PATIENCE, |s| s["serving_generation"].as_u64() > Some(2)
+        wait_for_status(&pool, PATIENCE, |s| s["serving_generation"].as_u64()
+            > Some(2)
             && s["slots"].as_array().is_some_and(|slots| slots
                 .iter()
                 .all(|slot| slot["generation"].as_u64() > Some(2))))
-            .is_some(),
+        .is_some(),
         "the fixed rules did not roll\n{}",
         pool.stderr.dump()
     );
@@ -329,8 +354,7 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
             .map(|_| s.spawn(|| spamc(port, &["-c"], &message)))
             .collect();
         assert!(
-            pool.wait_status(PATIENCE, |s| s["busy"].as_u64() >= Some(1))
-                .is_some(),
+            wait_for_status(&pool, PATIENCE, |s| s["busy"].as_u64() >= Some(1)).is_some(),
             "no message in flight"
         );
         terminate(pool.pid);
@@ -392,7 +416,11 @@ fn plugins_hear_child_init_and_every_connection_close() {
         .env("FORKPOOL_BIN", common::forkpool_bin())
         .env("FORKPOOL_TEST_HOOKS", &notes);
     let pool = DemoPool::launch(command, &["-m", "2", "--min-spare", "2"], &[], true);
-    assert!(pool.wait_idle(2, PATIENCE), "{}", pool.stderr.dump());
+    assert!(
+        wait_for_status(&pool, PATIENCE, |s| s["idle"] == 2).is_some(),
+        "{}",
+        pool.stderr.dump()
+    );
     let messages = 5;
     for _ in 0..messages {
         assert_answers(&pool, "with the hooks plugin");
@@ -414,7 +442,7 @@ fn plugins_hear_child_init_and_every_connection_close() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let workers: Vec<i32> = pool.status()["slots"]
+    let workers: Vec<i32> = status_of(&pool)["slots"]
         .as_array()
         .unwrap()
         .iter()
@@ -440,5 +468,122 @@ fn plugins_hear_child_init_and_every_connection_close() {
         close.iter().all(|pid| workers.contains(pid)),
         "{close:?} {workers:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Kills a process the test did not start directly (a daemon), and its
+/// children, by pid.
+struct DaemonGuard(i32);
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let path = format!("/proc/{0}/task/{0}/children", self.0);
+        let children = std::fs::read_to_string(path).unwrap_or_default();
+        kill9(self.0);
+        for child in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            kill9(child);
+        }
+    }
+}
+
+#[test]
+fn daemonizes_with_a_pid_file_and_a_unix_socket() {
+    if !require_spamassassin() {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = common::temp_path("daemon");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (pidfile, socket) = (dir.join("spamd.pid"), dir.join("spamd.sock"));
+    let as_root = spamd_support::common_options().iter().any(|o| o == "-u");
+    let mut command = std::process::Command::new("perl");
+    command
+        .arg(spamd_support::FORKPOOL_SPAMD)
+        .args(spamd_support::common_options())
+        .args(["-d", "-m", "1", "--socketmode", "0660"])
+        .arg("-r")
+        .arg(&pidfile)
+        .arg("--socketpath")
+        .arg(&socket)
+        .arg("--control")
+        .arg(dir.join("control.sock"))
+        .env("FORKPOOL_BIN", common::forkpool_bin());
+    if as_root {
+        command.args(["--socketgroup", "mail"]);
+    }
+    let started = command.status().expect("run forkpool-spamd -d");
+    assert!(started.success(), "forkpool-spamd -d: {started}");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let pid = loop {
+        let text = std::fs::read_to_string(&pidfile).unwrap_or_default();
+        if let Ok(pid) = text.trim().parse::<i32>() {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no pid file");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let guard = DaemonGuard(pid);
+    let spamc_unix = |flags: &[&str]| {
+        std::process::Command::new("spamc")
+            .arg("-U")
+            .arg(&socket)
+            .args(flags)
+            .stdin(std::fs::File::open(format!("{SAMPLES}/sample-spam.txt")).unwrap())
+            .output()
+            .unwrap()
+    };
+    while !spamc_unix(&["-K"]).status.success() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon never answered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The pid file names the pool's supervisor, in its own session.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(fields[3], pid.to_string(), "not a session leader: {stat}");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(String::from_utf8_lossy(&cmdline).contains("run\0--preload"));
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o660, "--socketmode");
+    if as_root {
+        let mail = std::process::Command::new("getent")
+            .args(["group", "mail"])
+            .output()
+            .unwrap();
+        let gid: u32 = String::from_utf8_lossy(&mail.stdout)
+            .split(':')
+            .nth(2)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::fs::metadata(&socket).unwrap().gid() != gid {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "--socketgroup not applied"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let answer = spamc_unix(&["-c"]);
+    assert_eq!(answer.stdout, SPAM_SCORE);
+    terminate(pid);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while alive(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after TERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(guard);
     let _ = std::fs::remove_dir_all(&dir);
 }

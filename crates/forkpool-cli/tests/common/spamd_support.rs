@@ -289,3 +289,32 @@ pub fn messages() -> Vec<(String, Vec<u8>)> {
 pub fn terminate(pid: i32) {
     signal_pid(pid, "TERM");
 }
+
+/// The pool's status, asked again while it does not answer: on a
+/// machine loaded by SpamAssassin's checks a `forkpool status` can time
+/// out, which says nothing about the pool.
+pub fn status_of(pool: &DemoPool) -> serde_json::Value {
+    wait_for_status(pool, PATIENCE, |_| true)
+        .unwrap_or_else(|| panic!("the pool never answered status\n{}", pool.stderr.dump()))
+}
+
+/// Polls the pool's status until `cond` holds (a status that does not
+/// answer counts as not yet); `None` after `timeout`.
+pub fn wait_for_status(
+    pool: &DemoPool,
+    timeout: Duration,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> Option<serde_json::Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(status) = pool.try_status() {
+            if cond(&status) {
+                return Some(status);
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
