@@ -374,7 +374,8 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
 }
 
 /// A SpamAssassin plugin that notes each spamd hook it is called for,
-/// with the pid, in the file `$FORKPOOL_TEST_HOOKS` names.
+/// with the pid, in the file `$FORKPOOL_TEST_HOOKS` names, and changes
+/// the configuration for one marked message.
 const HOOKS_PLUGIN: &str = r#"package ForkpoolTestHooks;
 use strict;
 use warnings;
@@ -383,6 +384,13 @@ our @ISA = ('Mail::SpamAssassin::Plugin');
 sub new { my ($class, $sa) = @_; return bless $class->SUPER::new($sa), $class }
 sub spamd_child_init { note('init') }
 sub spamd_child_post_connection_close { note('close') }
+# A message with `X-Lower-Threshold: yes` lowers the configuration's
+# required score: the restore after the connection must undo it.
+sub check_start {
+    my ($self, $opts) = @_;
+    my $pms = $opts->{permsgstatus};
+    $pms->{conf}{required_score} = 1 if ($pms->get('X-Lower-Threshold') // '') =~ /yes/;
+}
 sub note {
     open my $f, '>>', $ENV{FORKPOOL_TEST_HOOKS} or die "$ENV{FORKPOOL_TEST_HOOKS}: $!";
     print {$f} "$_[0] $$\n";
@@ -392,7 +400,7 @@ sub note {
 "#;
 
 #[test]
-fn plugins_hear_child_init_and_every_connection_close() {
+fn plugins_hear_child_init_and_connection_close_and_the_config_is_restored() {
     if !require_spamassassin() {
         return;
     }
@@ -415,9 +423,10 @@ fn plugins_hear_child_init_and_every_connection_close() {
         .arg(&pre)
         .env("FORKPOOL_BIN", common::forkpool_bin())
         .env("FORKPOOL_TEST_HOOKS", &notes);
-    let pool = DemoPool::launch(command, &["-m", "2", "--min-spare", "2"], &[], true);
+    // One child, so that every message meets what the one before left.
+    let pool = DemoPool::launch(command, &["-m", "1", "--max-spare", "1"], &[], true);
     assert!(
-        wait_for_status(&pool, PATIENCE, |s| s["idle"] == 2).is_some(),
+        wait_for_status(&pool, PATIENCE, |s| s["idle"] == 1).is_some(),
         "{}",
         pool.stderr.dump()
     );
@@ -468,6 +477,22 @@ fn plugins_hear_child_init_and_every_connection_close() {
         close.iter().all(|pid| workers.contains(pid)),
         "{close:?} {workers:?}"
     );
+
+    // The configuration is restored after each connection (copy_config),
+    // so a change one message made is gone for the next ones.
+    let ham = std::fs::read(format!("{SAMPLES}/sample-nonspam.txt")).unwrap();
+    let mut marked = b"X-Lower-Threshold: yes\n".to_vec();
+    marked.extend_from_slice(&ham);
+    let port = pool.addr.port();
+    assert_eq!(spamc(port, &["-c"], &marked).output, b"0.0/1.0\n");
+    for _ in 0..3 {
+        let answer = spamc(port, &["-c"], &ham);
+        assert_eq!(
+            String::from_utf8_lossy(&answer.output),
+            "0.0/5.0\n",
+            "the configuration was not restored"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
