@@ -324,7 +324,7 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
     assert_answers(&pool, "after a SIGKILL");
 
     // HUP onto rules that do not compile: rolled back, the old
-    // generation answers; fixed, the next HUP rolls.
+    // generation answers; fixed, the next reload rolls.
     let broken = config.join("zz-broken.cf");
     std::fs::write(&broken, "body BROKEN_RULE /unclosed(/\n").unwrap();
     pool.signal(1);
@@ -333,7 +333,16 @@ fn a_sigkilled_child_a_broken_rules_reload_and_term_lose_nothing() {
     assert_eq!(failed["serving_generation"], 1, "{failed}");
     assert_answers(&pool, "after the broken reload");
     std::fs::remove_file(&broken).unwrap();
-    pool.signal(1);
+    // `forkpool-spamd --reload` finds the pool by its control socket.
+    let reload = std::process::Command::new("perl")
+        .arg(spamd_support::FORKPOOL_SPAMD)
+        .arg("--reload")
+        .arg("--control")
+        .arg(&pool.control)
+        .env("FORKPOOL_BIN", common::forkpool_bin())
+        .status()
+        .unwrap();
+    assert!(reload.success(), "forkpool-spamd --reload: {reload}");
     assert!(
         wait_for_status(&pool, PATIENCE, |s| s["serving_generation"].as_u64()
             > Some(2)

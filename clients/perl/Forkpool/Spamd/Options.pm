@@ -110,6 +110,8 @@ sub parse {
         (map { ("$_=s" => \$opt{"pool-$_"}) } @POOL_OPTIONS),
         # The workers' side of the command line (set by forkpool-spamd itself).
         'forkpool-worker' => \$opt{'forkpool-worker'},
+        # Not a server: tells the running one to reload (HUP).
+        'reload' => \$opt{reload},
     ) or die join('', @messages) || "bad command line\n";
     if (@refused) {
         my ($first) = @refused;
