@@ -10,6 +10,7 @@ use warnings;
 
 use File::Basename ();
 use File::Spec ();
+use Forkpool::Spamd::Options ();
 use Socket qw(AF_INET AF_INET6 AF_UNSPEC SOCK_STREAM AI_PASSIVE AI_ADDRCONFIG
     NI_NUMERICHOST NIx_NOSERV getaddrinfo getnameinfo);
 

@@ -21,7 +21,6 @@ our $VERSION = '1';
 # sysexits codes spamd answers with.
 our %CODE = (
     EX_OK          => 0,
-    EX_DATAERR     => 65,
     EX_UNAVAILABLE => 69,
     EX_PROTOCOL    => 76,
     EX_TIMEOUT     => 79,
@@ -129,6 +128,8 @@ sub _timed {
     return;
 }
 
+# Writes all of $buf as spamd does: retries short writes, at most ten
+# tries; the bytes written.
 sub write_all {
     my ($self, $buf) = @_;
     my ($written, $tries) = (0, 0);

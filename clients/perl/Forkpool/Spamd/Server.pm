@@ -112,6 +112,7 @@ sub _preload {
     return;
 }
 
+# -A's networks (127.0.0.1 and ::1 by default, as spamd).
 sub _allowed_nets {
     my ($opt) = @_;
     my $nets = Mail::SpamAssassin::NetSet->new;

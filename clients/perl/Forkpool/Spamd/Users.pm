@@ -28,8 +28,8 @@ sub new {
 }
 
 # The `User` header's value $user: switches to that user's preferences
-# (and, as root, to that user). False (with the error written) never: a
-# user that cannot be found keeps the defaults, as spamd does.
+# (and, as root, to that user). A user that cannot be found keeps the
+# defaults, with a log line, as in spamd.
 sub take_user {
     my ($self, $user) = @_;
     my $suidto = $self->{opt}{username} || $user;
@@ -80,6 +80,8 @@ sub restore {
     return;
 }
 
+# Effective uid $uid and the groups of user $name (the primary one and
+# every group listing it), as spamd's seteuid does; dies if it did not take.
 sub _become {
     my ($self, $uid, $name) = @_;
     my $groups = join ' ', (getpwuid($uid))[3],
@@ -90,6 +92,7 @@ sub _become {
     return;
 }
 
+# Every group: (name, password, gid, members).
 sub _groups {
     my @all;
     setgrent();
@@ -98,6 +101,8 @@ sub _groups {
     return @all;
 }
 
+# Reads the user's user_prefs from $dir (none without one) and tells
+# SpamAssassin's plugins the user changed.
 sub _set_prefs {
     my ($self, $dir, $user) = @_;
     if ($dir) {
