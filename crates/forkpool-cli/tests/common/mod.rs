@@ -281,7 +281,7 @@ impl DemoPool {
         };
         assert!(
             pool.stdout
-                .wait_for("forkpool: listening on", Duration::from_secs(10)),
+                .wait_for("forkpool: listening on", Duration::from_secs(30)),
             "pool did not start; stderr:\n{}",
             pool.stderr.dump()
         );
