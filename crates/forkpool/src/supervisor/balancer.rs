@@ -17,12 +17,15 @@ use crate::fleet::Phase;
 #[derive(Debug, Default)]
 pub(crate) struct Balancer {
     drain: Option<Drain>,
+    /// Serving the backlog queued when a stop came (`stop_backlog.rs`):
+    /// the balancer sees the pool stopping meanwhile.
+    pub finishing: Option<super::stop_backlog::BacklogFinish>,
 }
 
 impl Supervisor {
     /// Where the pool is in its life, as a balancer should see it.
     pub(super) fn phase(&self) -> Phase {
-        if self.core.shutdown().is_some() || self.finishing.is_some() {
+        if self.core.shutdown().is_some() || self.balancer.finishing.is_some() {
             Phase::Stopping
         } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
             Phase::Draining

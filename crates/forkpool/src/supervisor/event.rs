@@ -116,6 +116,8 @@ pub(super) struct Wake {
     pub signal_pipe: super::signals::SignalPipe,
     /// Children with reports left unread last turn.
     pub unread: Vec<usize>,
+    /// Kernel dispatch: empty slots' sockets watched, as (slot, listener).
+    pub orphaned_sockets: Vec<(usize, usize)>,
 }
 
 #[cfg(test)]

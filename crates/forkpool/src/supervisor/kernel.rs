@@ -61,7 +61,7 @@ impl Supervisor {
                     warn!("kernel dispatch cannot run ({why}); falling back to handoff");
                 }
                 self.core.fall_back_to_handoff();
-                self.dispatch_fallback = Some(why);
+                self.published.dispatch_fallback = Some(why);
             }
         }
     }
@@ -69,7 +69,7 @@ impl Supervisor {
     /// The dispatch mode a reloaded configuration asks for, as this pool
     /// can run it: `kernel` stays what it became at start.
     pub(crate) fn settled_mode(&self, asked: DispatchMode) -> DispatchMode {
-        match (asked, &self.dispatch_fallback) {
+        match (asked, &self.published.dispatch_fallback) {
             (DispatchMode::Kernel, Some(_)) => DispatchMode::Handoff,
             (asked, _) => asked,
         }
@@ -205,10 +205,10 @@ impl Supervisor {
                 )
                 .is_ok()
             {
-                self.orphaned_sockets.push((slot, listener));
+                self.wake.orphaned_sockets.push((slot, listener));
             }
         }
-        for (s, listener) in self.orphaned_sockets.clone() {
+        for (s, listener) in self.wake.orphaned_sockets.clone() {
             if s == slot {
                 self.take_orphaned(slot, listener, now);
             }
@@ -218,10 +218,11 @@ impl Supervisor {
     /// Stops watching the sockets of each slot whose child now takes its
     /// connections itself (ready, and keeping its record on the board).
     fn watch_until_ready(&mut self) {
-        if self.orphaned_sockets.is_empty() {
+        if self.wake.orphaned_sockets.is_empty() {
             return;
         }
         let ready: Vec<usize> = self
+            .wake
             .orphaned_sockets
             .iter()
             .map(|&(slot, _)| slot)
@@ -244,7 +245,7 @@ impl Supervisor {
             return;
         };
         let registry = self.wake.poll.registry();
-        self.orphaned_sockets.retain(|&(s, listener)| {
+        self.wake.orphaned_sockets.retain(|&(s, listener)| {
             if s != slot {
                 return true;
             }

@@ -136,8 +136,6 @@ pub(crate) struct Supervisor {
     pub(crate) endpoints: endpoints::Endpoints,
     /// The agent check, `/live`, `/ready` and the drain delay.
     balancer: balancer::Balancer,
-    /// Serving the backlog queued when a stop came (`stop_backlog.rs`).
-    finishing: Option<stop_backlog::BacklogFinish>,
     /// A binary upgrade's two ends: the command, the successor starting,
     /// the predecessor waiting (`upgrade.rs`).
     pub(crate) handover: upgrade::Handover,
@@ -152,11 +150,6 @@ pub(crate) struct Supervisor {
     /// Kernel dispatch's scoreboard and socket groups, when it runs
     /// (`kernel.rs`).
     pub(crate) kernel: Option<crate::dispatch::kernel::Kernel>,
-    /// Why `--dispatch kernel` fell back to `handoff`, if it did.
-    pub(crate) dispatch_fallback: Option<String>,
-    /// Kernel dispatch: empty slots' sockets the supervisor watches, as
-    /// (slot, listener).
-    orphaned_sockets: Vec<(usize, usize)>,
     /// The pool as of the end of the last turn, for the endpoints; also
     /// the supervisor's pid and start.
     published: published::Published,
@@ -191,6 +184,7 @@ impl Supervisor {
                 signals,
                 signal_pipe,
                 unread: Vec::new(),
+                orphaned_sockets: Vec::new(),
             },
             options: options::ShellOptions::default(),
             log_pace: log_pace::LogPace::default(),
@@ -202,7 +196,6 @@ impl Supervisor {
             listeners,
             endpoints: endpoints::Endpoints::default(),
             balancer: balancer::Balancer::default(),
-            finishing: None,
             handover: upgrade::Handover {
                 predecessor: crate::sys::process::take_fd_from_env(READY_FD_ENV)?,
                 ..Default::default()
@@ -212,8 +205,6 @@ impl Supervisor {
             templates: template::Templates::default(),
             dispatcher: Dispatcher::default(),
             kernel: None,
-            dispatch_fallback: None,
-            orphaned_sockets: Vec::new(),
             published: published::Published::new(Instant::now()),
         })
     }
@@ -488,7 +479,10 @@ impl Supervisor {
             (Timer::Samples, self.resources.due()),
             (Timer::SlowCapture, self.slow.deadline()),
             (Timer::Drain, self.drain_deadline()),
-            (Timer::Finishing, self.finishing.map(|f| f.deadline())),
+            (
+                Timer::Finishing,
+                self.balancer.finishing.map(|f| f.deadline()),
+            ),
         ];
         for (timer, at) in armed {
             self.core.arm(timer, at);

@@ -23,7 +23,8 @@ pub(crate) struct Published {
     pub started: Instant,
     /// Whether the pool has been ready (told systemd, logged).
     pub ready: bool,
-    /// Why kernel dispatch was asked for and handoff runs instead.
+    /// Why kernel dispatch was asked for and handoff runs instead (set
+    /// once, at start: `kernel.rs`).
     pub dispatch_fallback: Option<String>,
     /// Whether kernel dispatch runs (a busy child's peer is then asked of
     /// the kernel when status is read).
@@ -90,9 +91,6 @@ impl Supervisor {
         p.capacity = capacity;
         p.ready = self.notify.told_ready;
         p.kernel = self.kernel.is_some();
-        if p.dispatch_fallback != self.dispatch_fallback {
-            p.dispatch_fallback.clone_from(&self.dispatch_fallback);
-        }
         let board = self.core.board();
         p.figures.resize(board.span(), None);
         for (slot, figures) in p.figures.iter_mut().enumerate() {

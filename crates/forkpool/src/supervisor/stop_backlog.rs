@@ -71,7 +71,7 @@ impl Supervisor {
             timeout = ?self.core.config().shutdown_timeout,
             "stopping: serving the connections already waiting first"
         );
-        self.finishing = Some(BacklogFinish::new(
+        self.balancer.finishing = Some(BacklogFinish::new(
             self.core.totals().accepted,
             queued,
             parked,
@@ -82,19 +82,19 @@ impl Supervisor {
     /// Begins the graceful stop once the backlog counted at the stop is
     /// served.
     pub(super) fn check_backlog_finish(&mut self, now: Instant) {
-        let Some(finish) = self.finishing else {
+        let Some(finish) = self.balancer.finishing else {
             return;
         };
         let waiting = u64::from(self.queued()) + self.dispatcher.parked() as u64;
         if finish.done(self.core.totals().accepted, waiting, now) {
-            self.finishing = None;
+            self.balancer.finishing = None;
             self.begin_shutdown(now);
         }
     }
 
     /// A second stop signal while serving the backlog: stop now.
     pub(super) fn cut_backlog_finish(&mut self, now: Instant) -> bool {
-        if self.finishing.take().is_some() {
+        if self.balancer.finishing.take().is_some() {
             info!("second stop signal: not waiting for the backlog");
             self.begin_shutdown(now);
             return true;
