@@ -54,6 +54,42 @@ static int is_address(const char *addr, const char *local) {
     return strncasecmp(addr, local, n) == 0 && addr[n] == '@';
 }
 
+/*
+ * The stages the rules do not look at still get a callback, so that the
+ * MTA sends every command and waits for every reply, as it does for a
+ * filter that inspects each stage (without one, libmilter asks the MTA to
+ * skip the stage: SMFIP_NO*).
+ */
+static sfsistat on_connect(SMFICTX *ctx, char *host, _SOCK_ADDR *addr) {
+    (void)ctx, (void)host, (void)addr;
+    return SMFIS_CONTINUE;
+}
+
+static sfsistat on_helo(SMFICTX *ctx, char *name) {
+    (void)ctx, (void)name;
+    return SMFIS_CONTINUE;
+}
+
+static sfsistat on_header(SMFICTX *ctx, char *name, char *value) {
+    (void)ctx, (void)name, (void)value;
+    return SMFIS_CONTINUE;
+}
+
+static sfsistat on_body(SMFICTX *ctx, unsigned char *chunk, size_t len) {
+    (void)ctx, (void)chunk, (void)len;
+    return SMFIS_CONTINUE;
+}
+
+static sfsistat on_stage(SMFICTX *ctx) {
+    (void)ctx;
+    return SMFIS_CONTINUE;
+}
+
+static sfsistat on_unknown(SMFICTX *ctx, const char *command) {
+    (void)ctx, (void)command;
+    return SMFIS_CONTINUE;
+}
+
 static sfsistat on_mail(SMFICTX *ctx, char **argv) {
     smfi_setpriv(ctx, NULL);
     if (argv[0] != NULL && is_address(argv[0], "tempfail")) {
@@ -100,11 +136,18 @@ static struct smfiDesc filter = {
     .xxfi_name = "add_header",
     .xxfi_version = SMFI_VERSION,
     .xxfi_flags = SMFIF_ADDHDRS | SMFIF_QUARANTINE,
+    .xxfi_connect = on_connect,
+    .xxfi_helo = on_helo,
     .xxfi_envfrom = on_mail,
     .xxfi_envrcpt = on_rcpt,
+    .xxfi_header = on_header,
+    .xxfi_eoh = on_stage,
+    .xxfi_body = on_body,
     .xxfi_eom = on_eom,
     .xxfi_abort = on_abort,
     .xxfi_close = on_abort,
+    .xxfi_unknown = on_unknown,
+    .xxfi_data = on_stage,
 };
 
 static void usage(void) {

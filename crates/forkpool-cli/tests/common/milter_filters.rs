@@ -11,10 +11,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use super::common::{kill9, require, require_program, temp_path};
 use super::listening::{free_port, wait_listening};
-use super::postfix_support::WAIT;
+
+/// How long a filter may take to listen.
+const START: Duration = Duration::from_secs(10);
 
 /// A milter the mail tests can run.
 #[derive(Debug, Clone)]
@@ -75,7 +78,7 @@ impl FilterUnderTest {
                 port,
                 output: output.clone(),
             };
-            if wait_listening(filter.pid, port, WAIT, || filter.exited()) {
+            if wait_listening(filter.pid, port, START, || filter.exited()) {
                 return filter;
             }
         }

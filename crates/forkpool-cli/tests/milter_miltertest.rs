@@ -1,0 +1,91 @@
+//! A milter driven by Debian's `miltertest` (a milter client nobody here
+//! wrote, scripted in Lua; `bash .ci/deps/mail.sh` installs it): the script
+//! `tests/milter/rules.lua` negotiates, sends macros and every stage of two
+//! messages on one connection, and checks each reply and the end-of-message
+//! modifications (the added header, the quarantine).
+//!
+//! It runs against every [`milter_filters::FilterUnderTest`] there is;
+//! today the libmilter filter of `bench/milter/`.
+
+mod common;
+#[path = "common/listening.rs"]
+mod listening;
+#[path = "common/milter_filters.rs"]
+mod milter_filters;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::require_program;
+use milter_filters::{BuiltLibmilterFilter, RunningFilter};
+
+/// Runs `rules.lua` against `filter`, expecting messages handled by
+/// `pid` if given; returns miltertest's exit success and its output.
+fn run_script(miltertest: &Path, filter: &RunningFilter, pid: Option<i32>) -> (bool, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/milter/rules.lua");
+    let out_path = common::temp_path("miltertest.out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut command = Command::new(miltertest);
+    command.arg("-D").arg(format!("port={}", filter.port));
+    if let Some(pid) = pid {
+        command.arg("-D").arg(format!("pid={pid}"));
+    }
+    let mut child = command
+        .arg("-s")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("start miltertest");
+    // Its own reads time out after 10 s; this bounds the rest.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            common::kill9(child.id() as i32);
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    (status.is_some_and(|s| s.success()), output)
+}
+
+#[test]
+fn miltertest_script_passes_against_the_filter() {
+    let Some(miltertest) = require_program("miltertest", "run bash .ci/deps/mail.sh") else {
+        return;
+    };
+    let Some(built) = BuiltLibmilterFilter::new() else {
+        return;
+    };
+    let filter = built.filter.start(&built.dir);
+    let (ok, output) = run_script(&miltertest, &filter, Some(filter.pid));
+    assert!(ok, "miltertest failed:\n{output}\n{}", filter.output());
+    let handled_by: i32 = output
+        .lines()
+        .find_map(|l| l.strip_prefix("handled-by "))
+        .and_then(|pid| pid.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no handled-by line:\n{output}"));
+    assert!(filter.owns(handled_by));
+}
+
+#[test]
+fn miltertest_script_fails_when_the_header_names_another_process() {
+    let Some(miltertest) = require_program("miltertest", "run bash .ci/deps/mail.sh") else {
+        return;
+    };
+    let Some(built) = BuiltLibmilterFilter::new() else {
+        return;
+    };
+    let filter = built.filter.start(&built.dir);
+    // Pid 1 handles no mail: the script's own checks must catch that.
+    let (ok, output) = run_script(&miltertest, &filter, Some(1));
+    assert!(!ok, "the script passed a wrong pid:\n{output}");
+}
