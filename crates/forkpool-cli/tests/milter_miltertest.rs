@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::require_program;
-use milter_filters::{BuiltLibmilterFilter, RunningFilter};
+use milter_filters::{filters_under_test, FilterUnderTest, RunningFilter};
 
 /// Runs `rules.lua` against `filter`, expecting messages handled by
 /// `pid` if given; returns miltertest's exit success and its output.
@@ -62,18 +62,29 @@ fn miltertest_script_passes_against_the_filter() {
     let Some(miltertest) = require_program("miltertest", "run bash .ci/deps/mail.sh") else {
         return;
     };
-    let Some(built) = BuiltLibmilterFilter::new() else {
+    let Some(filters) = filters_under_test() else {
         return;
     };
-    let filter = built.filter.start(&built.dir);
-    let (ok, output) = run_script(&miltertest, &filter, Some(filter.pid));
-    assert!(ok, "miltertest failed:\n{output}\n{}", filter.output());
-    let handled_by: i32 = output
-        .lines()
-        .find_map(|l| l.strip_prefix("handled-by "))
-        .and_then(|pid| pid.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no handled-by line:\n{output}"));
-    assert!(filter.owns(handled_by));
+    for under_test in &filters.all {
+        let filter = under_test.start(&filters.dir);
+        // The process that handles the conversation is the filter itself
+        // or, for a pool, one of its children: the script checks which
+        // only when it is the filter.
+        let pid = matches!(under_test, FilterUnderTest::Libmilter { .. }).then_some(filter.pid);
+        let (ok, output) = run_script(&miltertest, &filter, pid);
+        let name = under_test.name();
+        assert!(
+            ok,
+            "{name}: miltertest failed:\n{output}\n{}",
+            filter.output()
+        );
+        let handled_by: i32 = output
+            .lines()
+            .find_map(|l| l.strip_prefix("handled-by "))
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no handled-by line:\n{output}"));
+        assert!(filter.owns(handled_by), "{name}: {handled_by}");
+    }
 }
 
 #[test]
@@ -81,10 +92,10 @@ fn miltertest_script_fails_when_the_header_names_another_process() {
     let Some(miltertest) = require_program("miltertest", "run bash .ci/deps/mail.sh") else {
         return;
     };
-    let Some(built) = BuiltLibmilterFilter::new() else {
+    let Some(filters) = filters_under_test() else {
         return;
     };
-    let filter = built.filter.start(&built.dir);
+    let filter = filters.all[0].start(&filters.dir);
     // Pid 1 handles no mail: the script's own checks must catch that.
     let (ok, output) = run_script(&miltertest, &filter, Some(1));
     assert!(!ok, "the script passed a wrong pid:\n{output}");

@@ -18,34 +18,40 @@ mod postfix_support;
 #[path = "common/smtp_client.rs"]
 mod smtp_client;
 
-use milter_filters::{BuiltLibmilterFilter, RunningFilter};
+use milter_filters::{filters_under_test, RunningFilter};
 use postfix_support::{require_postfix, Postfix};
 
-/// A filter and a Postfix in front of it, or `None` when the test must
-/// return (see `common::require`).
+/// A filter and a Postfix in front of it.
 struct Rig {
     // Postfix stops before the filter: no tempfail storm in its log.
     postfix: Postfix,
     filter: RunningFilter,
-    _built: BuiltLibmilterFilter,
 }
 
-fn rig() -> Option<Rig> {
-    let programs = require_postfix()?;
-    let built = BuiltLibmilterFilter::new()?;
-    let filter = built.filter.start(&built.dir);
-    let postfix = Postfix::start(&programs, filter.port);
-    eprintln!(
-        "{}: Postfix {} started in {:?}",
-        built.filter.name(),
-        postfix.pid(),
-        postfix.started_in
-    );
-    Some(Rig {
-        postfix,
-        filter,
-        _built: built,
-    })
+/// Runs `test` once for every filter under test, each behind a Postfix of
+/// its own; returns at once when the test cannot run here (see
+/// `common::require`).
+fn for_each_filter(test: impl Fn(&mut Rig)) {
+    let Some(programs) = require_postfix() else {
+        return;
+    };
+    let Some(filters) = filters_under_test() else {
+        return;
+    };
+    for filter in &filters.all {
+        let running = filter.start(&filters.dir);
+        let postfix = Postfix::start(&programs, running.port);
+        eprintln!(
+            "{}: Postfix {} started in {:?}",
+            filter.name(),
+            postfix.pid(),
+            postfix.started_in
+        );
+        test(&mut Rig {
+            postfix,
+            filter: running,
+        });
+    }
 }
 
 /// The pid the filter's header names, checked to be the filter's.
@@ -59,79 +65,84 @@ fn handled_by(rig: &Rig, message: &postfix_support::Delivered) -> i32 {
 
 #[test]
 fn mail_arrives_with_the_filters_header() {
-    let Some(rig) = rig() else { return };
-    let sent = rig
-        .postfix
-        .send("sender@forkpool.test", &["ok@example.org"], "plain-1");
-    assert_eq!(sent.mail.code, 250, "{sent:?}");
-    assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
-    let message = rig.postfix.wait_delivered("plain-1");
-    handled_by(&rig, &message);
-    assert_eq!(message.recipients(), ["ok@example.org"]);
-    assert!(message.body.contains("\n.A line starting with a dot.\n"));
+    for_each_filter(|rig| {
+        let sent = rig
+            .postfix
+            .send("sender@forkpool.test", &["ok@example.org"], "plain-1");
+        assert_eq!(sent.mail.code, 250, "{sent:?}");
+        assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
+        let message = rig.postfix.wait_delivered("plain-1");
+        handled_by(rig, &message);
+        assert_eq!(message.recipients(), ["ok@example.org"]);
+        assert!(message.body.contains("\n.A line starting with a dot.\n"));
+    });
 }
 
 #[test]
 fn rejected_recipient_gets_550_at_rcpt_and_the_others_their_mail() {
-    let Some(rig) = rig() else { return };
-    let sent = rig.postfix.send(
-        "sender@forkpool.test",
-        &["reject@example.org", "ok@example.org"],
-        "reject-1",
-    );
-    assert_eq!(sent.rcpts[0].code, 550, "{sent:?}");
-    assert!(sent.rcpts[0].text().starts_with("5.7.1"), "{sent:?}");
-    assert_eq!(sent.rcpts[1].code, 250, "{sent:?}");
-    assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
-    let message = rig.postfix.wait_delivered("reject-1");
-    assert_eq!(message.recipients(), ["ok@example.org"]);
+    for_each_filter(|rig| {
+        let sent = rig.postfix.send(
+            "sender@forkpool.test",
+            &["reject@example.org", "ok@example.org"],
+            "reject-1",
+        );
+        assert_eq!(sent.rcpts[0].code, 550, "{sent:?}");
+        assert!(sent.rcpts[0].text().starts_with("5.7.1"), "{sent:?}");
+        assert_eq!(sent.rcpts[1].code, 250, "{sent:?}");
+        assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
+        let message = rig.postfix.wait_delivered("reject-1");
+        assert_eq!(message.recipients(), ["ok@example.org"]);
+    });
 }
 
 #[test]
 fn tempfailed_sender_gets_451_at_mail() {
-    let Some(rig) = rig() else { return };
-    let sent = rig
-        .postfix
-        .send("tempfail@forkpool.test", &["ok@example.org"], "tempfail-1");
-    assert_eq!(sent.mail.code, 451, "{sent:?}");
-    assert!(sent.mail.text().starts_with("4.7.1"), "{sent:?}");
-    assert!(sent.rcpts.is_empty() && sent.end.is_none(), "{sent:?}");
+    for_each_filter(|rig| {
+        let sent = rig
+            .postfix
+            .send("tempfail@forkpool.test", &["ok@example.org"], "tempfail-1");
+        assert_eq!(sent.mail.code, 451, "{sent:?}");
+        assert!(sent.mail.text().starts_with("4.7.1"), "{sent:?}");
+        assert!(sent.rcpts.is_empty() && sent.end.is_none(), "{sent:?}");
+    });
 }
 
 #[test]
 fn quarantined_message_waits_in_the_hold_queue_until_released() {
-    let Some(rig) = rig() else { return };
-    let sent = rig
-        .postfix
-        .send("sender@forkpool.test", &["hold@example.org"], "hold-1");
-    assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
-    let held = rig.postfix.held();
-    assert_eq!(held.len(), 1, "{held:?}\n{}", rig.postfix.log());
-    assert_eq!(Some(held[0].queue_id.as_str()), sent.queue_id());
-    assert_eq!(held[0].recipients, ["hold@example.org"]);
-    assert!(rig.postfix.delivered("hold-1").is_empty());
+    for_each_filter(|rig| {
+        let sent = rig
+            .postfix
+            .send("sender@forkpool.test", &["hold@example.org"], "hold-1");
+        assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
+        let held = rig.postfix.held();
+        assert_eq!(held.len(), 1, "{held:?}\n{}", rig.postfix.log());
+        assert_eq!(Some(held[0].queue_id.as_str()), sent.queue_id());
+        assert_eq!(held[0].recipients, ["hold@example.org"]);
+        assert!(rig.postfix.delivered("hold-1").is_empty());
 
-    rig.postfix.release_held();
-    let message = rig.postfix.wait_delivered("hold-1");
-    handled_by(&rig, &message);
-    assert!(rig.postfix.held().is_empty());
+        rig.postfix.release_held();
+        let message = rig.postfix.wait_delivered("hold-1");
+        handled_by(rig, &message);
+        assert!(rig.postfix.held().is_empty());
+    });
 }
 
 #[test]
 fn with_the_filter_gone_postfix_tempfails() {
-    let Some(mut rig) = rig() else { return };
-    let sent = rig
-        .postfix
-        .send("sender@forkpool.test", &["ok@example.org"], "before-1");
-    assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
+    for_each_filter(|rig| {
+        let sent = rig
+            .postfix
+            .send("sender@forkpool.test", &["ok@example.org"], "before-1");
+        assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
 
-    rig.filter.kill();
-    let mut smtp = rig.postfix.connect();
-    assert_eq!(smtp.greeting.code, 220);
-    smtp.command("EHLO client.forkpool.test").unwrap();
-    let mail = smtp.command("MAIL FROM:<sender@forkpool.test>").unwrap();
-    assert_eq!(mail.code / 100, 4, "{mail:?}\n{}", rig.postfix.log());
-    smtp.quit();
-    assert!(rig.postfix.queue().is_empty(), "{:?}", rig.postfix.queue());
-    rig.postfix.wait_delivered("before-1");
+        rig.filter.kill();
+        let mut smtp = rig.postfix.connect();
+        assert_eq!(smtp.greeting.code, 220);
+        smtp.command("EHLO client.forkpool.test").unwrap();
+        let mail = smtp.command("MAIL FROM:<sender@forkpool.test>").unwrap();
+        assert_eq!(mail.code / 100, 4, "{mail:?}\n{}", rig.postfix.log());
+        smtp.quit();
+        assert!(rig.postfix.queue().is_empty(), "{:?}", rig.postfix.queue());
+        rig.postfix.wait_delivered("before-1");
+    });
 }

@@ -7,6 +7,10 @@
 //! message>`, rejects `RCPT TO:<reject@...>` with `550 5.7.1`, tempfails
 //! `MAIL FROM:<tempfail@...>` with `451 4.7.1` and quarantines a message
 //! with a recipient `hold@...`.
+//!
+//! To check another filter (`forkpool milter` with a rule file of these
+//! rules, say), add a variant, its [`FilterUnderTest::command`], and put it
+//! in [`filters_under_test`]: every mail test then runs against it too.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -40,10 +44,10 @@ pub struct RunningFilter {
 }
 
 impl FilterUnderTest {
-    /// What it is, for messages.
+    /// What it is, for messages; also names its output file.
     pub fn name(&self) -> &'static str {
         match self {
-            FilterUnderTest::Libmilter { .. } => "libmilter add_header",
+            FilterUnderTest::Libmilter { .. } => "libmilter-add_header",
         }
     }
 
@@ -61,7 +65,7 @@ impl FilterUnderTest {
     /// Starts it on a free port, its output to a file in `dir`; returns
     /// once it listens.
     pub fn start(&self, dir: &Path) -> RunningFilter {
-        let output = dir.join("filter.out");
+        let output = dir.join(format!("{}.out", self.name()));
         for _ in 0..3 {
             let port = free_port();
             let log = std::fs::File::create(&output).unwrap();
@@ -130,30 +134,31 @@ impl Drop for RunningFilter {
     }
 }
 
-/// `bench/milter/add_header.c`, compiled with `-lmilter` into a temp
-/// directory removed on Drop.
-pub struct BuiltLibmilterFilter {
-    /// The directory it was built in, for its output too.
+/// Every filter the mail tests check, and a temp directory (removed on
+/// Drop) holding what was built for them and their output.
+pub struct Filters {
+    /// The directory.
     pub dir: PathBuf,
-    /// The filter to run.
-    pub filter: FilterUnderTest,
+    /// The filters.
+    pub all: Vec<FilterUnderTest>,
 }
 
-impl BuiltLibmilterFilter {
-    /// Compiles it; `None` when the C compiler or libmilter is missing and
-    /// the test must return (see `common::require`).
-    pub fn new() -> Option<BuiltLibmilterFilter> {
-        let dir = temp_path("libmilter-filter");
-        std::fs::create_dir_all(&dir).unwrap();
-        let binary = build_add_header(&dir)?;
-        Some(BuiltLibmilterFilter {
-            dir,
-            filter: FilterUnderTest::Libmilter { binary },
-        })
-    }
+/// Builds every filter there is to check; `None` when one cannot be built
+/// here (a C compiler or libmilter missing) and the test must return (see
+/// `common::require`).
+pub fn filters_under_test() -> Option<Filters> {
+    let dir = temp_path("milters");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut filters = Filters {
+        dir,
+        all: Vec::new(),
+    };
+    let binary = build_add_header(&filters.dir)?;
+    filters.all.push(FilterUnderTest::Libmilter { binary });
+    Some(filters)
 }
 
-impl Drop for BuiltLibmilterFilter {
+impl Drop for Filters {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
