@@ -2,8 +2,9 @@
 # Mail software from Debian for the milter tests and benchmarks: Postfix
 # (the tests run a private instance of it: crates/forkpool-cli/tests/
 # common/postfix_support.rs), libmilter's headers (the C filter forkpool's
-# milter is measured against, bench/milter/) and miltertest (a milter
-# client nobody here wrote, driven by Lua scripts). Postfix is installed
+# milter is measured against, bench/milter/), pymilter (the same filter
+# in Python) and miltertest (a milter client nobody here wrote, driven by
+# Lua scripts). Postfix is installed
 # with "No configuration": no system instance is set up or started.
 set -euo pipefail
 # Postfix's programs live in /usr/sbin, which a non-root PATH may lack.
@@ -13,6 +14,8 @@ missing=()
 command -v postconf >/dev/null 2>&1 || missing+=(postfix)
 [ -f /usr/include/libmilter/mfapi.h ] || missing+=(libmilter-dev)
 command -v miltertest >/dev/null 2>&1 || missing+=(miltertest)
+# Debian's Python: pymilter is a Debian package, not a PyPI one here.
+/usr/bin/python3 -c 'import Milter' >/dev/null 2>&1 || missing+=(python3-milter)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -5,7 +5,7 @@
 //! modifications (the added header, the quarantine).
 //!
 //! It runs against every [`milter_filters::FilterUnderTest`] there is;
-//! today the libmilter filter of `bench/milter/`.
+//! today the libmilter and pymilter filters of `bench/milter/`.
 
 mod common;
 #[path = "common/listening.rs"]
@@ -70,7 +70,11 @@ fn miltertest_script_passes_against_the_filter() {
         // The process that handles the conversation is the filter itself
         // or, for a pool, one of its children: the script checks which
         // only when it is the filter.
-        let pid = matches!(under_test, FilterUnderTest::Libmilter { .. }).then_some(filter.pid);
+        let single_process = matches!(
+            under_test,
+            FilterUnderTest::Libmilter { .. } | FilterUnderTest::Pymilter { .. }
+        );
+        let pid = single_process.then_some(filter.pid);
         let (ok, output) = run_script(&miltertest, &filter, pid);
         let name = under_test.name();
         assert!(

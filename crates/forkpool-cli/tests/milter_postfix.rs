@@ -5,8 +5,8 @@
 //! quarantined message waits in the hold queue, and with the filter gone
 //! Postfix applies `milter_default_action = tempfail`.
 //!
-//! Each test runs against every [`FilterUnderTest`] there is; today the
-//! libmilter filter of `bench/milter/`.
+//! Each test runs against every `FilterUnderTest` there is; today the
+//! libmilter and pymilter filters of `bench/milter/`.
 
 mod common;
 #[path = "common/listening.rs"]

@@ -1,4 +1,4 @@
-//! The milter a mail test puts in front of Postfix: what it is
+//! The milters a mail test puts in front of Postfix: what each is
 //! ([`FilterUnderTest`]), how to start it on a loopback port, and the
 //! running process, killed by pid on Drop.
 //!
@@ -31,6 +31,13 @@ pub enum FilterUnderTest {
         /// The executable.
         binary: PathBuf,
     },
+    /// `bench/milter/add_header.py` on pymilter (Debian's python3-milter).
+    Pymilter {
+        /// Debian's Python, which has the `Milter` module.
+        python: PathBuf,
+        /// The script.
+        script: PathBuf,
+    },
 }
 
 /// A filter process, killed by pid on Drop.
@@ -48,6 +55,7 @@ impl FilterUnderTest {
     pub fn name(&self) -> &'static str {
         match self {
             FilterUnderTest::Libmilter { .. } => "libmilter-add_header",
+            FilterUnderTest::Pymilter { .. } => "pymilter-add_header",
         }
     }
 
@@ -57,6 +65,11 @@ impl FilterUnderTest {
             FilterUnderTest::Libmilter { binary } => {
                 let mut command = Command::new(binary);
                 command.args(["-p", &port.to_string()]);
+                command
+            }
+            FilterUnderTest::Pymilter { python, script } => {
+                let mut command = Command::new(python);
+                command.arg(script).args(["-p", &port.to_string()]);
                 command
             }
         }
@@ -155,7 +168,27 @@ pub fn filters_under_test() -> Option<Filters> {
     };
     let binary = build_add_header(&filters.dir)?;
     filters.all.push(FilterUnderTest::Libmilter { binary });
+    filters.all.push(require_pymilter()?);
     Some(filters)
+}
+
+/// The pymilter filter, if Debian's Python has the `Milter` module.
+fn require_pymilter() -> Option<FilterUnderTest> {
+    let python = PathBuf::from("/usr/bin/python3");
+    let found = Command::new(&python)
+        .args(["-c", "import Milter"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !require(
+        found,
+        "pymilter (python3-milter)",
+        "run bash .ci/deps/mail.sh",
+    ) {
+        return None;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/milter/add_header.py");
+    Some(FilterUnderTest::Pymilter { python, script })
 }
 
 impl Drop for Filters {
