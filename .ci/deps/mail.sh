@@ -4,8 +4,8 @@
 # common/postfix_support.rs), libmilter's headers (the C filter forkpool's
 # milter is measured against, bench/milter/), pymilter (the same filter
 # in Python) and miltertest (a milter client nobody here wrote, driven by
-# Lua scripts). Postfix is installed
-# with "No configuration": no system instance is set up or started.
+# Lua scripts). Postfix is installed with "No configuration": no system
+# instance is set up or started.
 set -euo pipefail
 # Postfix's programs live in /usr/sbin, which a non-root PATH may lack.
 export PATH="$PATH:/usr/sbin"
@@ -28,6 +28,14 @@ else
 fi
 
 export DEBIAN_FRONTEND=noninteractive
+# No service starts during the install (Debian's policy-rc.d: 101 means
+# "action forbidden"), in case a main.cf from before makes postinst try.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+  "${sudo[@]}" chmod +x "$policy"
+  trap '"${sudo[@]}" rm -f "$policy"' EXIT
+fi
 echo 'postfix postfix/main_mailer_type select No configuration' |
   "${sudo[@]}" debconf-set-selections
 "${sudo[@]}" apt-get update -qq

@@ -127,7 +127,8 @@ impl RunningFilter {
         pid == self.pid || parent == Some(self.pid)
     }
 
-    /// Kills the filter (SIGKILL) and reaps it.
+    /// Kills the filter (SIGKILL) and reaps it. For a pool, whose children
+    /// outlive a killed supervisor, a variant must stop those too.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             kill9(self.pid);
