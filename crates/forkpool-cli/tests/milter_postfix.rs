@@ -108,6 +108,28 @@ fn tempfailed_sender_gets_451_at_mail() {
 }
 
 #[test]
+fn a_transaction_reset_on_one_connection_leaves_the_next_unquarantined() {
+    for_each_filter(|rig| {
+        let mut smtp = rig.postfix.connect();
+        assert_eq!(smtp.command("EHLO client.forkpool.test").unwrap().code, 250);
+        // Postfix tells the filter the first transaction ended (abort).
+        let mail = smtp.command("MAIL FROM:<sender@forkpool.test>").unwrap();
+        let rcpt = smtp.command("RCPT TO:<hold@example.org>").unwrap();
+        assert_eq!((mail.code, rcpt.code), (250, 250));
+        assert_eq!(smtp.command("RSET").unwrap().code, 250);
+        let text = smtp_client::message_text("sender@forkpool.test", "ok@example.org", "reset-1");
+        let sent = smtp
+            .send("sender@forkpool.test", &["ok@example.org"], &text)
+            .unwrap();
+        assert_eq!(sent.end.as_ref().map(|r| r.code), Some(250), "{sent:?}");
+        smtp.quit();
+        let message = rig.postfix.wait_delivered("reset-1");
+        handled_by(rig, &message);
+        assert!(rig.postfix.held().is_empty(), "{:?}", rig.postfix.held());
+    });
+}
+
+#[test]
 fn quarantined_message_waits_in_the_hold_queue_until_released() {
     for_each_filter(|rig| {
         let sent = rig
@@ -144,4 +166,45 @@ fn with_the_filter_gone_postfix_tempfails() {
         assert!(sent.end.is_none(), "{sent:?}");
         assert!(rig.postfix.queue().is_empty(), "{:?}", rig.postfix.queue());
     });
+}
+
+/// The processes in process group `group`, from `/proc`.
+fn group_members(group: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // pid (comm) state ppid pgrp ...: comm may hold spaces.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.rsplit_once(')')?.1.to_string();
+                    after.split_whitespace().nth(2)?.parse::<i32>().ok()
+                })
+                == Some(group)
+        })
+        .collect()
+}
+
+#[test]
+fn stopping_postfix_ends_every_daemon_it_started() {
+    let Some(programs) = require_postfix() else {
+        return;
+    };
+    let Some(filters) = filters_under_test() else {
+        return;
+    };
+    let filter = filters.all[0].start(&filters.dir);
+    let postfix = Postfix::start(&programs, filter.port);
+    postfix.send("sender@forkpool.test", &["ok@example.org"], "stop-1");
+    postfix.wait_delivered("stop-1");
+    let master = postfix.pid();
+    let members = group_members(master);
+    // master, smtpd, cleanup, qmgr, smtp at least.
+    assert!(members.len() >= 5, "{members:?}");
+    drop(postfix);
+    let left: Vec<i32> = members.into_iter().filter(|p| common::alive(*p)).collect();
+    assert!(left.is_empty(), "still running: {left:?}");
 }
