@@ -388,7 +388,7 @@ impl Load {
                 }
             }
         }
-        if step == b'E' && command == b'c' && c.header_added {
+        if step == b'E' && matches!(command, b'c' | b'a') && c.header_added {
             self.result.messages += 1;
         }
         c.step += 1;
