@@ -15,6 +15,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod bench_milter;
 mod bench_sessions;
 mod chaos;
 mod sys;
@@ -47,6 +48,10 @@ enum Command {
     /// pool and a thread-per-session baseline, on its own.
     #[command(hide = true)]
     BenchSessions(bench_sessions::SessionBenchArgs),
+    /// Many milter conversations against a mail filter: threads, memory,
+    /// latency and CPU per message (bench/milter.sh).
+    #[command(hide = true)]
+    BenchMilter(bench_milter::MilterBenchArgs),
 }
 
 /// Options of `forkpool-bench demo`.
@@ -77,6 +82,7 @@ fn main() {
             forkpool_cli::demo::run_with(demo, preload(preload_mib), chaos.then(chaos::hooks))
         }
         Some(Command::BenchSessions(args)) => bench_sessions::command(args),
+        Some(Command::BenchMilter(args)) => bench_milter::command(args),
     };
     if let Err(e) = result {
         eprintln!("forkpool-bench: {e}");

@@ -25,7 +25,7 @@
 //! the servers inherit the raised limit.
 
 pub mod client;
-mod procfs;
+pub(crate) mod procfs;
 pub mod servers;
 
 use std::fmt::Write as _;
