@@ -127,7 +127,7 @@ pub fn render(s: &Snapshot) -> String {
         "SERVED",
         "BUSY FOR",
         "LAST HEARD",
-        if sessions { "   SESSIONS" } else { "" },
+        if sessions { "   SESSIONS RUNNING" } else { "" },
         if observed {
             format!(
                 " {:>6} {:>9} {:>8} {:>8} {:>8} PEER",
@@ -149,8 +149,9 @@ pub fn render(s: &Snapshot) -> String {
                 .map_or("-".to_string(), |ms| format!("{ms}ms")),
             format!("{}ms ago", slot.last_heard_ms),
             slot.sessions.map_or(String::new(), |(load, cap)| format!(
-                " {:>10}",
-                format!("{load}/{cap}")
+                " {:>10} {:>7}",
+                format!("{load}/{cap}"),
+                slot.sessions_running.unwrap_or(0)
             )),
             if observed {
                 observed_cells(slot)

@@ -425,3 +425,34 @@ fn other_dispatch_modes_are_refused() {
         assert!(out.stdout.is_empty(), "nothing was bound");
     }
 }
+
+/// Status shows per child how many of its sessions a worker is running:
+/// two `WORK` steps in progress on one child read as 2 running of 3 open
+/// (within the child's 100 ms look), and 0 once they answered.
+#[test]
+fn status_shows_how_many_sessions_are_running() {
+    let pool = DemoPool::start(&["--sessions", "--session-workers", "3"]);
+    wait_ready(&pool, &[0]);
+    let running = |s: &Value| slot_of(s, 0).and_then(|e| e["sessions_running"].as_u64());
+    let mut idle = LineClient::connect(pool.addr);
+    let mut slow: Vec<LineClient> = (0..2).map(|_| LineClient::connect(pool.addr)).collect();
+    assert!(slow.iter().all(|c| c.slot == 0) && idle.slot == 0);
+    assert_eq!(idle.command("NOOP"), "250 ok");
+    for client in &mut slow {
+        write!(client.reader.get_mut(), "WORK 3000\r\n").unwrap();
+    }
+    assert!(
+        pool.wait_status(WAIT, |s| running(s) == Some(2) && held(s, 0) == Some(3))
+            .is_some(),
+        "status never showed 2 running of 3: {}",
+        pool.status()
+    );
+    for client in &mut slow {
+        assert_eq!(client.line(), "250 worked 3000 ms");
+    }
+    assert!(
+        pool.wait_status(WAIT, |s| running(s) == Some(0)).is_some(),
+        "status kept showing sessions running: {}",
+        pool.status()
+    );
+}

@@ -18,7 +18,7 @@ pub const VERSION: u8 = 1;
 
 /// The largest encoded message, in bytes. A datagram longer than this is
 /// malformed whatever it starts with.
-pub const MAX_MESSAGE_LEN: usize = 14;
+pub const MAX_MESSAGE_LEN: usize = 18;
 
 /// A message from a child to the supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +71,9 @@ pub enum ChildMessage {
         /// Connections the child has received from the supervisor so far,
         /// a running count that wraps at 2^32.
         received: u32,
+        /// Connections a worker thread is running a step of right now (0
+        /// from a child that sends the older, 14-byte form without it).
+        running: u32,
     },
 }
 
@@ -170,12 +173,14 @@ impl ChildMessage {
                 open,
                 capacity,
                 received,
+                running,
             } => {
                 buf[1] = b'L';
                 buf[2..6].copy_from_slice(&open.to_be_bytes());
                 buf[6..10].copy_from_slice(&capacity.to_be_bytes());
                 buf[10..14].copy_from_slice(&received.to_be_bytes());
-                14
+                buf[14..18].copy_from_slice(&running.to_be_bytes());
+                18
             }
         };
         &buf[..len]
@@ -200,11 +205,21 @@ impl ChildMessage {
                 seq: get_u32(kind, payload)?,
             },
             b'L' => {
-                let p = fixed::<12>(kind, payload)?;
+                // The older form stops after `received`.
+                let p: [u8; 16] = match payload.len() {
+                    12 => {
+                        let mut p = [0; 16];
+                        p[..12].copy_from_slice(payload);
+                        p
+                    }
+                    _ => fixed::<16>(kind, payload)?,
+                };
+                let word = |at: usize| u32::from_be_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]]);
                 ChildMessage::Load {
-                    open: u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
-                    capacity: u32::from_be_bytes([p[4], p[5], p[6], p[7]]),
-                    received: u32::from_be_bytes([p[8], p[9], p[10], p[11]]),
+                    open: word(0),
+                    capacity: word(4),
+                    received: word(8),
+                    running: word(12),
                 }
             }
             other => return Err(ProtocolError::UnknownKind(other)),

@@ -15,13 +15,14 @@ fn child_message() -> impl Strategy<Value = ChildMessage> {
         Just(ChildMessage::Next),
         Just(ChildMessage::Leaving),
         any::<u32>().prop_map(|seq| ChildMessage::Pong { seq }),
-        (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(open, capacity, received)| {
-            ChildMessage::Load {
+        (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+            |(open, capacity, received, running)| ChildMessage::Load {
                 open,
                 capacity,
                 received,
+                running,
             }
-        }),
+        ),
     ]
 }
 
@@ -79,7 +80,11 @@ proptest! {
     #[test]
     fn only_canonical_bytes_decode(bytes in any_datagram()) {
         if let Ok(msg) = ChildMessage::decode(&bytes) {
-            prop_assert_eq!(child_bytes(msg), bytes.clone());
+            let canonical = child_bytes(msg);
+            // The older `L`, without `running`, is the newer one cut short.
+            let older_load = bytes.len() == 14 && canonical[14..] == [0, 0, 0, 0];
+            let canonical = if older_load { canonical[..14].to_vec() } else { canonical };
+            prop_assert_eq!(canonical, bytes.clone());
         }
         if let Ok(msg) = ParentMessage::decode(&bytes) {
             prop_assert_eq!(parent_bytes(msg), bytes);
@@ -199,9 +204,9 @@ fn assert_parent(msg: ParentMessage, hex: &str) {
 #[test]
 fn the_header_is_version_1() {
     assert_eq!(VERSION, 1);
-    assert_eq!(MAX_MESSAGE_LEN, 14);
+    assert_eq!(MAX_MESSAGE_LEN, 18);
     assert!(PROTOCOL_DOC.contains("`0x01` for this version"));
-    assert!(PROTOCOL_DOC.contains("Messages are at most 14 bytes long"));
+    assert!(PROTOCOL_DOC.contains("Messages are at most 18 bytes long"));
 }
 
 #[test]
@@ -218,9 +223,30 @@ fn child_messages_have_the_documented_bytes() {
             open: 3,
             capacity: 256,
             received: 7,
+            running: 2,
         },
-        "01 4c 00 00 00 03 00 00 01 00 00 00 00 07",
+        "01 4c 00 00 00 03 00 00 01 00 00 00 00 07 00 00 00 02",
     );
+}
+
+/// A child that sends the older `L` without `running` is read as running
+/// nothing; any other length is malformed.
+#[test]
+fn the_older_load_report_reads_as_running_nothing() {
+    let older = [1, b'L', 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 0, 7];
+    assert_eq!(
+        ChildMessage::decode(&older),
+        Ok(ChildMessage::Load {
+            open: 3,
+            capacity: 256,
+            received: 7,
+            running: 0,
+        })
+    );
+    assert!(ChildMessage::decode(&older[..13]).is_err());
+    let mut longer = [0u8; 19];
+    longer[..2].copy_from_slice(&[1, b'L']);
+    assert!(ChildMessage::decode(&longer).is_err());
 }
 
 #[test]

@@ -27,6 +27,15 @@ struct Count {
     closed: bool,
 }
 
+/// One session's hook being run (see [`Load::run_one`]).
+pub(crate) struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub(crate) struct Load {
     max: usize,
     count: Mutex<Count>,
@@ -34,6 +43,8 @@ pub(crate) struct Load {
     /// A copy of `count.open` readable without the lock, so the hook itself
     /// may ask for the count.
     open: AtomicUsize,
+    /// Sessions a worker is running a hook of right now.
+    running: AtomicUsize,
     hook: Option<LoadHook>,
 }
 
@@ -47,8 +58,21 @@ impl Load {
             }),
             room: Condvar::new(),
             open: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
             hook,
         }
+    }
+
+    /// Sessions a worker is running a hook of right now (one atomic read).
+    pub(crate) fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// A worker begins running a session's hook; the count goes back down
+    /// when the returned guard is dropped (also on a panic).
+    pub(crate) fn run_one(&self) -> Running<'_> {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        Running(&self.running)
     }
 
     pub(crate) fn max(&self) -> usize {

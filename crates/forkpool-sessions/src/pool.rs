@@ -163,6 +163,13 @@ impl<S: Session> SessionPool<S> {
         self.load.open()
     }
 
+    /// Sessions a worker is running right now (a step, or opening or
+    /// closing one): at most [`workers`](Self::workers). Cheap: one atomic
+    /// read.
+    pub fn running_sessions(&self) -> usize {
+        self.load.running()
+    }
+
     /// The cap on open sessions ([`SessionConfig::max_sessions`]).
     pub fn max_sessions(&self) -> usize {
         self.load.max()

@@ -71,6 +71,7 @@ impl<S: Session> Crew<S> {
     }
 
     fn run(&self, job: Job<S>) -> Outcome<S> {
+        let _running = self.poller.load.run_one();
         match job {
             Job::Open { id, stream } => {
                 let opened = guarded(&self.poller.name, id, "open", || {

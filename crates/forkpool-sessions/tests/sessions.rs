@@ -753,3 +753,36 @@ fn a_bad_config_is_refused_with_the_field_named() {
     assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("workers"), "{err}");
 }
+
+/// `running_sessions` counts the sessions a worker runs right now: a
+/// `WORK` step holds a worker, and the count is back to 0 once it answered.
+#[test]
+fn running_sessions_counts_the_steps_in_progress() {
+    let h = serve(config("running", 3));
+    let mut slow = [h.client(), h.client()];
+    assert_eq!(h.pool.running_sessions(), 0);
+    for client in &mut slow {
+        client.send("WORK 1500\r\n");
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while h.pool.running_sessions() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the two WORK steps never ran together"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.pool.running_sessions(), 2);
+    // An idle session costs no worker.
+    let mut idle = h.client();
+    assert_eq!(idle.command("NOOP"), "250 ok");
+    assert_eq!(h.pool.running_sessions(), 2);
+    for client in &mut slow {
+        assert!(client.line().starts_with("250"));
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while h.pool.running_sessions() > 0 {
+        assert!(Instant::now() < deadline, "steps still counted as running");
+        thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -529,16 +529,15 @@ impl<L> Scoreboard<L> {
     }
 
     /// `Load`: a many-connection child reports how many connections it
-    /// holds (`open`), how many it takes (`capacity`) and how many it has
-    /// received so far (`received`). The report is checked against the
-    /// previous one and the connections handed (see [`SessionLoad`]); the
-    /// child's state follows its load.
+    /// holds (`open`), how many it takes (`capacity`), how many it has
+    /// received so far (`received`) and how many it is running a step of
+    /// (`running`, counted as at most `open`). The report is checked
+    /// against the previous one and the connections handed (see
+    /// [`SessionLoad`]); the child's state follows its load.
     pub fn report_load(
         &mut self,
         slot: usize,
-        open: u32,
-        capacity: u32,
-        received: u32,
+        (open, capacity, received, running): (u32, u32, u32, u32),
         now: Instant,
     ) -> Result<(), LoadError> {
         let Some(entry) = self.get(slot) else {
@@ -581,6 +580,7 @@ impl<L> Scoreboard<L> {
             load.capacity = capacity.min(limit);
             load.received = received;
             load.received_total += u64::from(arrived);
+            load.running = running.min(open);
         });
         // A connection is served once it has been received and is no
         // longer open. `open` may briefly count one not yet received, so
@@ -1050,7 +1050,7 @@ mod tests {
         let c = board.counts();
         assert_eq!((c.idle, c.busy), (0, 2));
         // Slot 0 says one of its three ended: it has room again.
-        board.report_load(0, 2, 3, 3, now).unwrap();
+        board.report_load(0, (2, 3, 3, 0), now).unwrap();
         assert_eq!(board.line(), "PP");
         assert_eq!(board.lowest_with_room(), Some(0));
         assert_eq!(board.get(0).unwrap().served, 1);
@@ -1073,18 +1073,18 @@ mod tests {
         }
         // Written after the first connection arrived, before the others:
         // those two are still counted.
-        board.report_load(0, 1, 4, 1, now).unwrap();
+        board.report_load(0, (1, 4, 1, 0), now).unwrap();
         let load = load_of(&board, 0);
         assert_eq!((load.in_flight(), load.load(), load.free()), (2, 3, 1));
         assert_eq!(board.line(), "P");
         // The child counts a new connection in `open` before `received`:
         // for a moment it looks fuller than it is, never emptier.
-        board.report_load(0, 2, 4, 1, now).unwrap();
+        board.report_load(0, (2, 4, 1, 0), now).unwrap();
         assert_eq!(load_of(&board, 0).load(), 4);
         assert_eq!(board.line(), "B");
-        board.report_load(0, 2, 4, 2, now).unwrap();
+        board.report_load(0, (2, 4, 2, 0), now).unwrap();
         assert_eq!(load_of(&board, 0).load(), 3);
-        board.report_load(0, 0, 4, 3, now).unwrap();
+        board.report_load(0, (0, 4, 3, 0), now).unwrap();
         assert_eq!(board.line(), "I");
         assert_eq!(board.highest_idle(), Some(0));
         assert_eq!(board.get(0).unwrap().served, 3);
@@ -1101,7 +1101,7 @@ mod tests {
         // Slot 0 has room but has not caught up: nothing goes to slot 1.
         assert_eq!(board.lowest_with_room(), None);
         assert!(!board.has_room());
-        board.report_load(0, 1, 1000, 1, now).unwrap();
+        board.report_load(0, (1, 1000, 1, 0), now).unwrap();
         assert_eq!(board.lowest_with_room(), Some(0));
     }
 
@@ -1110,7 +1110,7 @@ mod tests {
         let (mut board, now) = session_board(1, 4);
         board.hand_connection(0, now).unwrap();
         assert_eq!(
-            board.report_load(0, 1, 4, 2, now),
+            board.report_load(0, (1, 4, 2, 0), now),
             Err(LoadError::TooManyReceived {
                 slot: 0,
                 arrived: 2,
@@ -1118,7 +1118,7 @@ mod tests {
             })
         );
         assert_eq!(
-            board.report_load(0, 2, 4, 1, now),
+            board.report_load(0, (2, 4, 1, 0), now),
             Err(LoadError::TooManyOpen {
                 slot: 0,
                 open: 2,
@@ -1126,14 +1126,14 @@ mod tests {
             })
         );
         // `received` going backwards is a huge wrapped step forwards.
-        board.report_load(0, 1, 4, 1, now).unwrap();
+        board.report_load(0, (1, 4, 1, 0), now).unwrap();
         assert!(matches!(
-            board.report_load(0, 1, 4, 0, now),
+            board.report_load(0, (1, 4, 0, 0), now),
             Err(LoadError::TooManyReceived { .. })
         ));
         let (mut plain, now) = board_with(1);
         assert_eq!(
-            plain.report_load(0, 0, 1, 0, now),
+            plain.report_load(0, (0, 1, 0, 0), now),
             Err(LoadError::NotHosting(0))
         );
     }
@@ -1145,11 +1145,11 @@ mod tests {
         board.host_sessions(2);
         board.occupy(0, 10, 1, now, ());
         assert!(matches!(
-            board.report_load(0, 0, 2, 0, now),
+            board.report_load(0, (0, 2, 0, 0), now),
             Err(LoadError::Illegal(_))
         ));
         board.ready(0, now).unwrap();
-        board.report_load(0, 0, 2, 0, now).unwrap();
+        board.report_load(0, (0, 2, 0, 0), now).unwrap();
         assert!(board.idle(0, now).is_err());
         assert!(board.busy(0, now).is_err());
         assert!(board.missed(0, now).is_err());
@@ -1157,11 +1157,24 @@ mod tests {
     }
 
     #[test]
+    fn running_is_kept_and_never_counted_above_open() {
+        let (mut board, now) = session_board(1, 3);
+        board.hand_connection(0, now).unwrap();
+        board.hand_connection(0, now).unwrap();
+        board.report_load(0, (2, 3, 2, 1), now).unwrap();
+        assert_eq!(load_of(&board, 0).running, 1);
+        // A child's report of more running than open (its last session's
+        // close still running) counts no more than open.
+        board.report_load(0, (1, 3, 2, 2), now).unwrap();
+        assert_eq!(load_of(&board, 0).running, 1);
+    }
+
+    #[test]
     fn reported_capacity_is_capped_and_zero_takes_nothing() {
         let (mut board, now) = session_board(1, 3);
-        board.report_load(0, 0, 100, 0, now).unwrap();
+        board.report_load(0, (0, 100, 0, 0), now).unwrap();
         assert_eq!(load_of(&board, 0).capacity, 3);
-        board.report_load(0, 0, 0, 0, now).unwrap();
+        board.report_load(0, (0, 0, 0, 0), now).unwrap();
         assert_eq!(board.line(), "I");
         assert!(!board.has_room());
         assert_eq!(board.free_places(), 0);
@@ -1181,7 +1194,7 @@ mod tests {
         }
         assert_eq!(load_of(&board, 0).handed, 2);
         assert_eq!(load_of(&board, 0).in_flight(), 4);
-        board.report_load(0, 4, 8, 2, now).unwrap();
+        board.report_load(0, (4, 8, 2, 0), now).unwrap();
         assert_eq!(load_of(&board, 0).load(), 4);
     }
 
@@ -1194,7 +1207,7 @@ mod tests {
         }
         assert_eq!(board.lowest_with_room(), Some(129));
         assert_eq!(board.free_places(), 2);
-        board.report_load(70, 1, 2, 2, now).unwrap();
+        board.report_load(70, (1, 2, 2, 0), now).unwrap();
         assert_eq!(board.lowest_with_room(), Some(70));
         assert_eq!(board.free_places(), 3);
         board.retire(70, now).unwrap();
@@ -1268,7 +1281,7 @@ mod tests {
                 Op::Order => drop(board.order_accept(slot, now)),
                 Op::Busy => drop(board.busy(slot, now)),
                 Op::Load { open, received } => {
-                    drop(board.report_load(slot, *open, 6, *received, now))
+                    drop(board.report_load(slot, (*open, 6, *received, 0), now))
                 }
                 Op::Retire => drop(board.retire(slot, now)),
                 Op::Kill => drop(board.kill(slot, now)),

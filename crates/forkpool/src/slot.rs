@@ -191,6 +191,9 @@ pub struct SessionLoad {
     pub received: u32,
     /// Every connection it has received, counted without wrapping.
     pub received_total: u64,
+    /// Connections a worker thread was running a step of at its last
+    /// report (at most `open`).
+    pub running: u32,
 }
 
 impl SessionLoad {
@@ -202,6 +205,7 @@ impl SessionLoad {
             handed: 0,
             received: 0,
             received_total: 0,
+            running: 0,
         }
     }
 

@@ -221,6 +221,10 @@ pub struct SlotStatus {
     /// on their way to it) and its capacity.
     #[serde(default)]
     pub sessions: Option<(u32, u32)>,
+    /// A many-connection child: how many of its connections a worker
+    /// thread was running a step of at its last report (within 100 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions_running: Option<u32>,
     /// CPU time (user + system) the child has used, in seconds, from
     /// `/proc/PID/stat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

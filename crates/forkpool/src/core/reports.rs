@@ -76,7 +76,8 @@ impl<L: HasChild> Core<L> {
                 open,
                 capacity,
                 received,
-            } => self.on_load(slot, open, capacity, received, now),
+                running,
+            } => self.on_load(slot, (open, capacity, received, running), now),
         }
     }
 
@@ -243,13 +244,12 @@ impl<L: HasChild> Core<L> {
     fn on_load(
         &mut self,
         slot: usize,
-        open: u32,
-        capacity: u32,
-        received: u32,
+        report: (u32, u32, u32, u32),
         now: Instant,
     ) -> Result<(), String> {
+        let (open, capacity, ..) = report;
         self.board
-            .report_load(slot, open, capacity, received, now)
+            .report_load(slot, report, now)
             .map_err(|e| format!("sent an impossible load report: {e}"))?;
         let in_flight = self
             .board

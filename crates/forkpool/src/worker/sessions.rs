@@ -16,7 +16,10 @@
 //! each connection it received. One lock orders them, and a connection is
 //! counted in `received` only after the pool counts it in `open`, so the
 //! supervisor's view (`open + handed - received`) is never below the truth;
-//! see `docs/protocol.md`.
+//! see `docs/protocol.md`. How many sessions a worker is running right now
+//! (`running`) is looked at by this thread, which wakes for it at least
+//! every [`RUNNING_LOOK`], and reported when it changed: the workers pay
+//! one atomic add a step for it.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,6 +38,11 @@ use crate::sys;
 
 /// How often a draining child looks whether its supervisor is still there.
 const DRAIN_CHECK: Duration = Duration::from_millis(500);
+
+/// How often, at most, the main thread looks at how many sessions a
+/// worker is running and reports a change (`running` in `L`): the
+/// back-channel's receive times out after this long.
+const RUNNING_LOOK: Duration = Duration::from_millis(100);
 
 /// Runs a forked many-connection child to completion and returns its exit
 /// status.
@@ -109,11 +117,15 @@ impl<S: Session> SessionChild<S> {
     }
 
     fn obey_orders(self, info: &WorkerInfo) -> Result<(), String> {
+        socket2::SockRef::from(&info.channel)
+            .set_read_timeout(Some(RUNNING_LOOK))
+            .map_err(|e| format!("cannot set the back-channel's receive timeout: {e}"))?;
         loop {
             let incoming = info
                 .channel
                 .recv_from_parent()
                 .map_err(|e| format!("cannot read from the supervisor: {e}"))?;
+            self.reporter.running_now(self.pool.running_sessions());
             match incoming {
                 Incoming::Message(ParentMessage::Connection { .. }, Some(fd)) => self.take(fd),
                 Incoming::Message(ParentMessage::Ping { seq }, _) => info
@@ -191,6 +203,7 @@ fn supervisor_gone(channel: &Channel) -> bool {
 struct Counts {
     open: u32,
     received: u32,
+    running: u32,
 }
 
 struct Reporter {
@@ -214,6 +227,17 @@ impl Reporter {
         }
     }
 
+    /// The main thread's look at how many sessions a worker runs now:
+    /// reported when it changed.
+    fn running_now(&self, running: usize) {
+        let running = u32::try_from(running).unwrap_or(u32::MAX);
+        let mut counts = self.lock();
+        if counts.running != running {
+            counts.running = running;
+            self.report(&counts);
+        }
+    }
+
     /// One more connection received from the supervisor.
     fn received_one(&self) {
         let mut counts = self.lock();
@@ -228,6 +252,7 @@ impl Reporter {
             open: counts.open,
             capacity: self.capacity,
             received: counts.received,
+            running: counts.running,
         });
     }
 

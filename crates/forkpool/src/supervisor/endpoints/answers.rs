@@ -48,6 +48,7 @@ pub(crate) fn snapshot(src: &Sources<'_>, now: Instant) -> Snapshot {
                     .then(|| now.saturating_duration_since(s.since).as_millis() as u64),
                 last_heard_ms: now.saturating_duration_since(s.last_heard).as_millis() as u64,
                 sessions: s.load.map(|l| (l.load(), l.capacity)),
+                sessions_running: s.load.map(|l| l.running),
                 ready_after_ms: s.link.ready_after.map(|d| d.as_millis() as u64),
                 path: s.link.path.map(|p| p.name().to_string()),
                 ..SlotStatus::default()
