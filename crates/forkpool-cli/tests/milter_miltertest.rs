@@ -4,8 +4,9 @@
 //! messages on one connection, and checks each reply and the end-of-message
 //! modifications (the added header, the quarantine).
 //!
-//! It runs against every [`milter_filters::FilterUnderTest`] there is;
-//! today the libmilter and pymilter filters of `bench/milter/`.
+//! It runs against every [`milter_filters::FilterUnderTest`] there is:
+//! the libmilter and pymilter filters of `bench/milter/`, and
+//! `forkpool milter` with the rules of its `--example`.
 
 mod common;
 #[path = "common/listening.rs"]
@@ -18,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::require_program;
-use milter_filters::{filters_under_test, FilterUnderTest, RunningFilter};
+use milter_filters::{filters_under_test, RunningFilter};
 
 /// Runs `rules.lua` against `filter`, expecting messages handled by
 /// `pid` if given; returns miltertest's exit success and its output.
@@ -70,11 +71,7 @@ fn miltertest_script_passes_against_the_filter() {
         // The process that handles the conversation is the filter itself
         // or, for a pool, one of its children: the script checks which
         // only when it is the filter.
-        let single_process = matches!(
-            under_test,
-            FilterUnderTest::Libmilter { .. } | FilterUnderTest::Pymilter { .. }
-        );
-        let pid = single_process.then_some(filter.pid);
+        let pid = (!under_test.is_pool()).then_some(filter.pid);
         let (ok, output) = run_script(&miltertest, &filter, pid);
         let name = under_test.name();
         assert!(

@@ -5,8 +5,11 @@
 //! quarantined message waits in the hold queue, and with the filter gone
 //! Postfix applies `milter_default_action = tempfail`.
 //!
-//! Each test runs against every `FilterUnderTest` there is; today the
-//! libmilter and pymilter filters of `bench/milter/`.
+//! Each test runs against every `FilterUnderTest` there is: the libmilter
+//! and pymilter filters of `bench/milter/`, and `forkpool milter` with the
+//! rules of its `--example`. Two tests are for the pool alone: a SIGKILLed
+//! child costs Postfix only the SMTP session whose conversation it held,
+//! and a reload keeps an open SMTP session's conversation.
 
 mod common;
 #[path = "common/listening.rs"]
@@ -18,8 +21,11 @@ mod postfix_support;
 #[path = "common/smtp_client.rs"]
 mod smtp_client;
 
-use milter_filters::{filters_under_test, RunningFilter};
-use postfix_support::{require_postfix, Postfix};
+use std::time::{Duration, Instant};
+
+use milter_filters::{filters_under_test, forkpool_only, RunningFilter};
+use postfix_support::{require_postfix, Postfix, WAIT};
+use smtp_client::{message_text, Smtp};
 
 /// A filter and a Postfix in front of it.
 struct Rig {
@@ -207,4 +213,118 @@ fn stopping_postfix_ends_every_daemon_it_started() {
     drop(postfix);
     let left: Vec<i32> = members.into_iter().filter(|p| common::alive(*p)).collect();
     assert!(left.is_empty(), "still running: {left:?}");
+}
+
+/// An SMTP session to `postfix` that has sent `MAIL` and `RCPT` (both
+/// accepted) and waits before `DATA`: its milter conversation is open.
+fn session_before_data(postfix: &Postfix) -> Smtp {
+    let mut smtp = postfix.connect();
+    assert_eq!(smtp.command("EHLO client.forkpool.test").unwrap().code, 250);
+    let mail = smtp.command("MAIL FROM:<sender@forkpool.test>").unwrap();
+    let rcpt = smtp.command("RCPT TO:<ok@example.org>").unwrap();
+    assert_eq!((mail.code, rcpt.code), (250, 250), "{}", postfix.log());
+    smtp
+}
+
+/// `DATA` and the message `token`: the last reply (the one after the
+/// message, or DATA's if it was refused).
+fn finish(smtp: &mut Smtp, token: &str) -> smtp_client::Reply {
+    let data = smtp.command("DATA").unwrap();
+    if data.code != 354 {
+        return data;
+    }
+    let text = message_text("sender@forkpool.test", "ok@example.org", token);
+    smtp.message(&text).unwrap()
+}
+
+/// Waits (bounded) until the pool's status counts `open` conversations in
+/// all; returns the pid of each child holding one, once per conversation.
+fn conversations_on(filter: &RunningFilter, open: u64) -> Vec<i32> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = filter.status().expect("the pool's status");
+        let mut holders = Vec::new();
+        for slot in status["slots"].as_array().into_iter().flatten() {
+            let held = slot["sessions"][0].as_u64().unwrap_or(0);
+            let pid = slot["pid"].as_i64().unwrap_or(0) as i32;
+            holders.extend(std::iter::repeat_n(pid, held as usize));
+        }
+        if holders.len() as u64 == open {
+            return holders;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not {open} conversations: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_child_costs_only_its_own_conversation_which_postfix_tempfails() {
+    let Some(programs) = require_postfix() else {
+        return;
+    };
+    let filters = forkpool_only();
+    // One conversation per child: the second SMTP session's goes to the
+    // other child.
+    let pool = filters.all[0].with_pool_options(&["--sessions-per-child", "1"]);
+    let filter = pool.start(&filters.dir);
+    let postfix = Postfix::start(&programs, filter.port);
+    let mut doomed = session_before_data(&postfix);
+    let victim = conversations_on(&filter, 1)[0];
+    let mut spared = session_before_data(&postfix);
+    let holders = conversations_on(&filter, 2);
+    let survivor = *holders
+        .iter()
+        .find(|p| **p != victim)
+        .expect("two children");
+
+    common::kill9(victim);
+    let reply = finish(&mut doomed, "killed-1");
+    assert_eq!(reply.code / 100, 4, "{reply:?}\n{}", postfix.log());
+    let reply = finish(&mut spared, "spared-1");
+    assert_eq!(reply.code, 250, "{reply:?}\n{}", postfix.log());
+    doomed.quit();
+    spared.quit();
+
+    let message = postfix.wait_delivered("spared-1");
+    assert_eq!(
+        message.header_values("X-Forkpool-Milter"),
+        [survivor.to_string()]
+    );
+    assert!(postfix.delivered("killed-1").is_empty());
+    assert!(postfix.queue().is_empty(), "{:?}", postfix.queue());
+}
+
+#[test]
+fn a_reload_during_an_smtp_session_keeps_its_conversation() {
+    let Some(programs) = require_postfix() else {
+        return;
+    };
+    let filters = forkpool_only();
+    let filter = filters.all[0].start(&filters.dir);
+    let postfix = Postfix::start(&programs, filter.port);
+    let mut smtp = session_before_data(&postfix);
+    let holder = conversations_on(&filter, 1)[0];
+
+    common::signal_pid(filter.pid, "HUP");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while filter.status().is_none_or(|s| s["serving_generation"] != 2) {
+        assert!(
+            Instant::now() < deadline,
+            "no reload: {:?}",
+            filter.status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reply = finish(&mut smtp, "reload-1");
+    assert_eq!(reply.code, 250, "{reply:?}\n{}", postfix.log());
+    smtp.quit();
+    // Filtered by the child of the old generation that held it.
+    let message = postfix.wait_delivered("reload-1");
+    assert_eq!(
+        message.header_values("X-Forkpool-Milter"),
+        [holder.to_string()]
+    );
 }

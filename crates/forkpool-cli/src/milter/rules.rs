@@ -35,6 +35,20 @@ pattern = "(?i)^<?reject@"
 action = "reject"
 reply = "550 5.7.1 Recipient rejected by rule"
 
+[[rule]]
+on = "mail"
+pattern = "(?i)^<?tempfail@"
+action = "tempfail"
+reply = "451 4.7.1 Sender tempfailed by rule"
+
+# A quarantined message waits in the MTA's hold queue (Postfix:
+# `postqueue -p` shows it, `postsuper -H` releases it).
+[[rule]]
+on = "rcpt"
+pattern = "(?i)^<?hold@"
+action = "quarantine"
+reason = "held by rule"
+
 # Ask a spamd server (SpamAssassin) for a score and add X-Spam-Status and
 # X-Spam-Flag, as spamass-milter does. Uncomment to use.
 # [spamd]
@@ -295,6 +309,25 @@ mod tests {
         assert_eq!(rules.add_headers[0].0, "X-Forkpool-Milter");
         assert_eq!(rules.rules[0].on, On::Rcpt);
         assert!(rules.rules[0].pattern.is_match(b"<reject@example.org>"));
+        assert!(!rules.rules[0].pattern.is_match(b"<noreject@example.org>"));
+        let actions: Vec<_> = rules.rules.iter().map(|r| (r.on, &r.action)).collect();
+        let reply = |text| ReplyText::parse(text).unwrap();
+        assert_eq!(
+            actions,
+            [
+                (
+                    On::Rcpt,
+                    &Action::Reject(reply("550 5.7.1 Recipient rejected by rule"))
+                ),
+                (
+                    On::Mail,
+                    &Action::Tempfail(reply("451 4.7.1 Sender tempfailed by rule"))
+                ),
+                (On::Rcpt, &Action::Quarantine("held by rule".to_string())),
+            ]
+        );
+        assert!(rules.rules[1].pattern.is_match(b"<tempfail@example.org>"));
+        assert!(rules.rules[2].pattern.is_match(b"<Hold@example.org>"));
         assert!(rules.spamd.is_none());
     }
 
