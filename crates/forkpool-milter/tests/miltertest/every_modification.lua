@@ -55,13 +55,13 @@ end
 sent(mt.negotiate(conn, nil, nil, nil), "negotiate")
 for _, action in ipairs({ SMFIF_ADDHDRS, SMFIF_CHGHDRS, SMFIF_CHGBODY, SMFIF_ADDRCPT,
   SMFIF_ADDRCPT_PAR, SMFIF_DELRCPT, SMFIF_QUARANTINE, SMFIF_CHGFROM }) do
-  check(mt.test_action(conn, action), "negotiate: action " .. action)
+  check(mt.test_action(conn, action), "negotiate: action " .. string.format("0x%x", action))
 end
 for _, option in ipairs({ SMFIP_NOCONNECT, SMFIP_NOHELO, SMFIP_NOMAIL, SMFIP_NORCPT,
   SMFIP_NOBODY, SMFIP_NOHDRS, SMFIP_NOEOH, SMFIP_NOUNKNOWN, SMFIP_NODATA,
   SMFIP_NR_HDR, SMFIP_NR_CONN, SMFIP_NR_HELO, SMFIP_NR_MAIL, SMFIP_NR_RCPT,
   SMFIP_NR_DATA, SMFIP_NR_UNKN, SMFIP_NR_EOH, SMFIP_NR_BODY }) do
-  check(not mt.test_option(conn, option), "negotiate: every stage sent and answered " .. option)
+  check(not mt.test_option(conn, option), "negotiate: every stage sent and answered " .. string.format("0x%x", option))
 end
 check(mt.test_option(conn, SMFIP_SKIP), "negotiate: SMFIP_SKIP")
 
