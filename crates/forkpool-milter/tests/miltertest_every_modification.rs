@@ -9,6 +9,12 @@
 //! modification with `mt.eom_check`, a multi-line reply at end of message,
 //! and an abort followed by a new message on the same connection.
 //!
+//! What that miltertest cannot check, a second client nobody here wrote
+//! does: PyPI's pure-Python `miltertest` (`bash .ci/deps/miltertest-py.sh`)
+//! runs `tests/miltertest/every_modification.py` for the changed sender
+//! and the recipient added with ESMTP arguments, a body replaced in three
+//! 64 KiB chunks, and a multi-line reply's text at RCPT.
+//!
 //! Each check must be able to fail: the second test turns off one of the
 //! filter's mechanisms at a time ([`Knobs::off`]) and expects the script to
 //! fail on the check that names it.
@@ -58,6 +64,14 @@ const MACROS: [(&str, &str); 7] = [
     ("eoh", "{mt_eoh}"),
     ("eom", "{mt_eom}"),
 ];
+
+/// The new body of a message to `<big-body@...>`: 145,000 bytes, three
+/// chunks (as `every_modification.py` expects).
+fn big_body() -> Vec<u8> {
+    (0..5000)
+        .flat_map(|i| format!("line {i:06} of the new body\r\n").into_bytes())
+        .collect()
+}
 
 /// One modification made at end of message.
 type Modification = dyn Fn(&mut EomActions);
@@ -245,6 +259,9 @@ impl Filter for Every {
         if self.has_rcpt("every") {
             self.modify(actions);
         }
+        if self.has_rcpt("big-body") && self.on("replace-body") {
+            actions.replace_body(&big_body()).unwrap();
+        }
         let verdicts = [
             ("eom-accept", Status::Accept),
             ("eom-discard", Status::Discard),
@@ -348,77 +365,130 @@ impl Drop for Running {
     }
 }
 
-/// Runs the script against `socket`: whether miltertest succeeded, and
-/// what it printed.
-fn run_script(miltertest: &Path, socket: &str) -> (bool, String) {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/miltertest/every_modification.lua");
-    let child = Command::new(miltertest)
-        .arg("-D")
-        .arg(format!("socket={socket}"))
-        .arg("-s")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start miltertest");
-    let mut running = Running(child);
-    // Its own reads time out after 10 s; this bounds the whole script.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while running.0.try_wait().unwrap().is_none() {
-        if Instant::now() >= deadline {
-            drop(running);
-            return (false, "miltertest timed out after 20 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let ok = running.0.wait().is_ok_and(|s| s.success());
-    let mut text = String::new();
-    for pipe in [
-        running
-            .0
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read>),
-        running
-            .0
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let mut pipe = pipe;
-        let _ = pipe.read_to_string(&mut text);
-    }
-    (ok, text)
+/// A milter client nobody here wrote, with its script.
+enum Client {
+    /// Debian's `miltertest` running `every_modification.lua`.
+    Lua(PathBuf),
+    /// A Python with PyPI's `miltertest` running `every_modification.py`.
+    Python(PathBuf),
 }
 
-fn miltertest() -> Option<std::path::PathBuf> {
-    require::require_program("miltertest", "run bash .ci/deps/mail.sh")
+impl Client {
+    /// Debian's miltertest, through [`require::require_program`].
+    fn lua() -> Option<Client> {
+        require::require_program("miltertest", "run bash .ci/deps/mail.sh").map(Client::Lua)
+    }
+
+    /// The virtual environment `.ci/deps/miltertest-py.sh` makes.
+    fn python() -> Option<Client> {
+        let python = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .unwrap()
+            .join("miltertest-venv/bin/python");
+        require::require(
+            python.is_file(),
+            "PyPI's miltertest in target/miltertest-venv",
+            "run bash .ci/deps/miltertest-py.sh",
+        )
+        .then_some(Client::Python(python))
+    }
+
+    fn command(&self, socket: &str) -> Command {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/miltertest");
+        match self {
+            Client::Lua(miltertest) => {
+                let mut command = Command::new(miltertest);
+                command
+                    .arg("-D")
+                    .arg(format!("socket={socket}"))
+                    .arg("-s")
+                    .arg(dir.join("every_modification.lua"));
+                command
+            }
+            Client::Python(python) => {
+                let mut command = Command::new(python);
+                command.arg(dir.join("every_modification.py")).arg(socket);
+                command
+            }
+        }
+    }
+
+    /// Runs the script against `socket`: whether it succeeded, and what
+    /// it printed.
+    fn run(&self, socket: &str) -> (bool, String) {
+        let child = self
+            .command(socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the milter client");
+        let mut running = Running(child);
+        // Its own reads time out after 10 s; this bounds the whole script.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while running.0.try_wait().unwrap().is_none() {
+            if Instant::now() >= deadline {
+                drop(running);
+                return (false, "the client timed out after 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ok = running.0.wait().is_ok_and(|s| s.success());
+        let mut text = String::new();
+        for pipe in [
+            running
+                .0
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read>),
+            running
+                .0
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut pipe = pipe;
+            let _ = pipe.read_to_string(&mut text);
+        }
+        (ok, text)
+    }
+}
+
+/// Runs `client`'s script against the filter on a loopback port; it
+/// must pass every check.
+fn passes(client: Option<Client>) {
+    let Some(client) = client else {
+        return;
+    };
+    let served = Served::on_loopback_port(Knobs::default());
+    let (ok, output) = client.run(&served.socket);
+    assert!(
+        ok && output.contains("every check passed"),
+        "the script failed:\n{output}"
+    );
 }
 
 #[test]
 fn miltertest_checks_every_stage_and_every_modification() {
-    let Some(miltertest) = miltertest() else {
-        return;
-    };
-    let served = Served::on_loopback_port(Knobs::default());
-    let (ok, output) = run_script(&miltertest, &served.socket);
-    assert!(ok, "miltertest failed:\n{output}");
-    assert!(output.contains("every check passed"), "{output}");
+    passes(Client::lua());
 }
 
-/// Each mechanism the script checks, turned off, fails the check named
+#[test]
+fn python_miltertest_checks_sender_recipient_arguments_and_a_big_body() {
+    passes(Client::python());
+}
+
+/// Each mechanism a script checks, turned off, fails the check named
 /// after it.
 #[test]
 fn each_check_fails_without_its_mechanism() {
-    let Some(miltertest) = miltertest() else {
+    let (Some(lua), Some(python)) = (Client::lua(), Client::python()) else {
         return;
     };
-    let knobs = [
+    let lua_knobs = [
         "macros",
         "mail-tempfail",
         "mail-reject",
@@ -442,9 +512,12 @@ fn each_check_fails_without_its_mechanism() {
         "eom-tempfail",
         "eom-reply",
     ];
-    for off in knobs {
+    let python_knobs = ["rcpt-reply", "change-from", "add-rcpt", "replace-body"];
+    let runs =
+        (lua_knobs.iter().map(|k| (&lua, *k))).chain(python_knobs.iter().map(|k| (&python, *k)));
+    for (client, off) in runs {
         let served = Served::on_unix_socket(Knobs { off: Some(off) });
-        let (ok, output) = run_script(&miltertest, &served.socket);
+        let (ok, output) = client.run(&served.socket);
         assert!(!ok, "{off} off, yet the script passed:\n{output}");
         assert!(
             output.contains(&format!("check failed: {off}")),

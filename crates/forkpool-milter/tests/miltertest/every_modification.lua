@@ -9,10 +9,11 @@
 -- fail). A failed check prints `check failed: NAME ...` and raises an
 -- error, so miltertest exits non-zero.
 --
--- What miltertest 2.11 cannot check, and so this script does not: the
+-- What miltertest 2.11 cannot check, every_modification.py does: the
 -- changed envelope sender (SMFIR_CHGFROM) and a recipient added with ESMTP
--- arguments (SMFIR_ADDRCPT_PAR) have no MT_* check, and it reads each reply
--- into a 1 KiB buffer, so a replacement body chunk must stay small.
+-- arguments (SMFIR_ADDRCPT_PAR) have no MT_* check, miltertest reads each
+-- reply into a 1 KiB buffer (so body chunks here stay small), and it keeps
+-- a reply code's text only at end of message.
 
 local checks = 0
 
