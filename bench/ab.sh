@@ -6,7 +6,7 @@
 # after/before ratios of requests a second and server CPU per request.
 #
 #   BEFORE=/tmp/old/forkpool AFTER=target/release/forkpool bench/ab.sh kernel
-#   BEFORE=... AFTER=... ONLY='forkpool' bench/ab.sh apps
+#   BEFORE=... AFTER=... ONLY='forkpool' CONCURRENCY=16 bench/ab.sh apps
 #
 # kernel: bench/kernel.sh's forkpool rows (SERVERS defaults to the four
 # demo pools, no peers needed in the table); apps: bench/apps.sh's rows
@@ -20,6 +20,7 @@ before=${BEFORE:?"BEFORE=path of the forkpool binary built before"}
 after=${AFTER:?"AFTER=path of the forkpool binary built after"}
 rounds=${ROUNDS:-3}
 out=$(mktemp -d "${TMPDIR:-/tmp}/forkpool-ab.XXXXXX")
+trap 'rm -rf "$out"' EXIT
 for bin in "$before" "$after"; do
   [ -x "$bin" ] || { echo "ab.sh: $bin is not an executable" >&2; exit 1; }
 done
@@ -32,12 +33,14 @@ run() { # FILE BIN
     kernel)
       BIN=$bin ROUNDS=1 OUT="$out/kernel-run" \
         SERVERS="${SERVERS:-kernel-deferred kernel handoff-deferred handoff}" \
-        bash bench/kernel.sh >/dev/null 2>"$out/kernel.err"
+        bash bench/kernel.sh >/dev/null 2>"$out/kernel.err" ||
+        { tail -20 "$out/kernel.err" >&2; exit 1; }
       awk -F'\t' '{split($6, per, " "); printf "%s\t%s\t%s\t%s\t%s\n", $4, $3, $2, $5, per[1]}' \
         "$out/kernel-run/rounds.tsv" >>"$file"
       ;;
     apps)
-      BIN=$bin ONLY="${ONLY:-forkpool}" ROUNDS=1 bash bench/apps.sh 2>"$out/apps.err" |
+      { BIN=$bin ONLY="${ONLY:-forkpool}" ROUNDS=1 bash bench/apps.sh run 2>"$out/apps.err" ||
+        { tail -20 "$out/apps.err" >&2; exit 1; }; } |
         awk '$2 ~ /^c=/ && $4 ~ /^[0-9]+$/ {
                sub("c=", "", $2); printf "%s\t%s\t%s\t%s\t%s\n", $1, $2, $3, $4, $6 }' >>"$file"
       ;;
@@ -81,4 +84,3 @@ for key in order:
     print(f"{name:<26}{c:>5} {mode:<10}{b_rps:>13.0f}{a_rps:>9.0f}{a_rps / b_rps:>7.2f}"
           f"{b_cpu:>19.0f}{a_cpu:>7.0f}{a_cpu / b_cpu if b_cpu else 0:>7.2f}")
 PY
-rm -rf "$out"
