@@ -8,6 +8,8 @@ use forkpool_milter::ReplyText;
 use regex::bytes::Regex;
 use serde::Deserialize;
 
+use super::bench::{Bench, BenchSpec};
+
 /// The rule file printed by `forkpool milter --example`.
 pub const EXAMPLE: &str = r#"# forkpool milter rules (TOML). Run with:
 #   forkpool milter --listen 127.0.0.1:8891 -- rules.toml
@@ -42,6 +44,13 @@ reply = "550 5.7.1 Recipient rejected by rule"
 # timeout = "10s"
 # max_size = 512000          # bigger messages are not checked
 # reject_score = 15.0        # optional: reject at or above this score
+
+# Benchmarking aid, not for mail: spin this much CPU per message, and crash
+# on one message in N of a child ("abort" as a C library might, or "panic").
+# [bench]
+# work_us = 2000
+# crash_every = 1000
+# crash = "abort"
 "#;
 
 /// The file as written.
@@ -53,6 +62,8 @@ struct RuleFile {
     #[serde(default)]
     rule: Vec<RuleSpec>,
     spamd: Option<SpamdSpec>,
+    #[serde(default)]
+    bench: BenchSpec,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,6 +154,8 @@ pub struct Rules {
     pub rules: Vec<Rule>,
     /// The spamd server, if any.
     pub spamd: Option<Spamd>,
+    /// Work and crashes for benchmarks (`[bench]`).
+    pub bench: Bench,
 }
 
 impl Rules {
@@ -184,10 +197,12 @@ impl Rules {
             .map(|(i, spec)| compile(i + 1, spec))
             .collect::<Result<Vec<_>, _>>()?;
         let spamd = file.spamd.map(spamd).transpose()?;
+        let bench = Bench::compile(file.bench)?;
         Ok(Rules {
             add_headers,
             rules,
             spamd,
+            bench,
         })
     }
 }
@@ -296,6 +311,11 @@ mod tests {
         assert_eq!(rules.rules[0].on, On::Rcpt);
         assert!(rules.rules[0].pattern.is_match(b"<reject@example.org>"));
         assert!(rules.spamd.is_none());
+        assert_eq!(rules.bench, Bench::default());
+        let bench = EXAMPLE
+            .replace("# [bench]", "[bench]")
+            .replace("# work_us", "work_us");
+        assert_eq!(Rules::parse(&bench).unwrap().bench.work.as_micros(), 2000);
     }
 
     fn error(text: &str) -> String {
@@ -321,5 +341,7 @@ mod tests {
         assert!(error("[[add_header]]\nname = \"X Bad\"\nvalue = \"v\"").contains("without spaces"));
         assert!(error("[spamd]\naddress = \"localhost\"").contains("needs a port"));
         assert!(error("[[rules]]\n").contains("--example"));
+        assert!(error("[bench]\ncrash_every = 0").contains("crash_every"));
+        assert!(error("[bench]\nwork = 5").contains("unknown field"));
     }
 }
