@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use mio::{Events, Interest, Poll, Token};
 
-use super::wire::{self, Kind, Replies};
+use forkpool_milter::{Command, Protocol, Reply};
+
+use super::wire::{self, Replies};
 
 /// What the conversations do.
 #[derive(Debug, Clone)]
@@ -33,6 +35,9 @@ pub struct LoadSpec {
 pub struct LoadResult {
     /// Time from a command's write to its final reply, in microseconds.
     pub latency_us: Histogram<u64>,
+    /// The same for end of message alone: the one command every filter
+    /// answers, and where the work is.
+    pub eom_latency_us: Histogram<u64>,
     /// Messages whose end of message was answered with the header added.
     pub messages: u64,
     /// Conversations the filter closed before QUIT.
@@ -47,6 +52,7 @@ impl LoadResult {
     fn new() -> LoadResult {
         LoadResult {
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
+            eom_latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
             messages: 0,
             lost: 0,
             refused: 0,
@@ -79,37 +85,41 @@ const PAUSES: u32 = 7;
 /// The bytes of script step `step` of conversation `n` (macros first).
 fn packets(step: usize, n: u64) -> Vec<u8> {
     let id = format!("Q{n:X}");
-    match step {
-        0 => wire::negotiate(wire::VERSION, wire::ALL_ACTIONS, wire::ALL_STEPS),
-        1 => {
-            let mut out = wire::macros(
+    let client = || b"client.forkpool.test".to_vec();
+    wire::encode(&match step {
+        0 => vec![wire::negotiate()],
+        1 => vec![
+            wire::macros(
                 b'C',
                 &[("j", "mta.forkpool.test"), ("{daemon_name}", "bench")],
-            );
-            out.extend(wire::connect("client.forkpool.test", 40000, "127.0.0.1"));
-            out
-        }
-        2 => wire::packet(b'H', &wire::strings(&["client.forkpool.test"])),
-        3 => {
-            let mut out = wire::macros(b'M', &[("i", &id), ("{mail_addr}", "s@forkpool.test")]);
-            out.extend(wire::packet(b'M', &wire::strings(&["<s@forkpool.test>"])));
-            out
-        }
-        4 => {
-            let mut out = wire::macros(b'R', &[("{rcpt_addr}", "ok@example.org")]);
-            out.extend(wire::packet(b'R', &wire::strings(&["<ok@example.org>"])));
-            out
-        }
-        5 => wire::packet(b'T', &[]),
-        6 => wire::header("From", "<s@forkpool.test>"),
-        7 => wire::header("To", "<ok@example.org>"),
-        8 => wire::header("Subject", &format!("bench {id}")),
-        9 => wire::header("Message-Id", &format!("<{id}@forkpool.test>")),
-        10 => wire::packet(b'N', &[]),
-        11 => wire::packet(b'B', &[b'x'; 1024]),
-        12 => wire::packet(b'E', &[]),
-        _ => wire::packet(b'Q', &[]),
-    }
+            ),
+            wire::connect("client.forkpool.test", 40000, "127.0.0.1"),
+        ],
+        2 => vec![Command::Helo(client())],
+        3 => vec![
+            wire::macros(b'M', &[("i", &id), ("{mail_addr}", "s@forkpool.test")]),
+            Command::Mail {
+                sender: b"<s@forkpool.test>".to_vec(),
+                args: Vec::new(),
+            },
+        ],
+        4 => vec![
+            wire::macros(b'R', &[("{rcpt_addr}", "ok@example.org")]),
+            Command::Rcpt {
+                recipient: b"<ok@example.org>".to_vec(),
+                args: Vec::new(),
+            },
+        ],
+        5 => vec![Command::Data],
+        6 => vec![wire::header("From", "<s@forkpool.test>")],
+        7 => vec![wire::header("To", "<ok@example.org>")],
+        8 => vec![wire::header("Subject", &format!("bench {id}"))],
+        9 => vec![wire::header("Message-Id", &format!("<{id}@forkpool.test>"))],
+        10 => vec![Command::Eoh],
+        11 => vec![Command::Body(vec![b'x'; 1024])],
+        12 => vec![Command::Eom(Vec::new())],
+        _ => vec![Command::Quit],
+    })
 }
 
 struct Conversation {
@@ -117,9 +127,8 @@ struct Conversation {
     replies: Replies,
     /// The script step sent last, or about to be.
     step: usize,
-    /// Steps negotiated away and steps left unanswered (protocol bits).
-    skip: u32,
-    no_reply: u32,
+    /// The protocol steps negotiated: left out (`NO*`), unanswered (`NR_*`).
+    agreed: Protocol,
     /// Waiting for a reply to the step since then.
     sent_at: Option<Instant>,
     header_added: bool,
@@ -168,8 +177,7 @@ pub fn run(
             stream: None,
             replies: Replies::default(),
             step: 0,
-            skip: 0,
-            no_reply: 0,
+            agreed: Protocol::NONE,
             sent_at: None,
             header_added: false,
             generation: 0,
@@ -278,8 +286,7 @@ impl Load {
         c.stream = Some(stream);
         c.replies = Replies::default();
         c.step = 0;
-        c.skip = 0;
-        c.no_reply = 0;
+        c.agreed = Protocol::NONE;
         c.header_added = false;
         c.serial = self.serial;
         self.send_step(i);
@@ -299,9 +306,11 @@ impl Load {
         loop {
             let c = &mut self.all[i];
             let (command, _) = SCRIPT[c.step];
-            if c.skip & wire::step::no_bit(command) != 0 {
-                c.step += 1;
-                continue;
+            if wire::has(c.agreed, wire::no_bit(command)) {
+                if self.advance(i) {
+                    continue;
+                }
+                return;
             }
             let bytes = packets(c.step, c.serial);
             let stream = c.stream.as_mut().expect("an open conversation");
@@ -315,13 +324,28 @@ impl Load {
                 self.close(i);
                 return;
             }
-            if c.no_reply & wire::step::no_reply_bit(command) != 0 {
-                c.step += 1;
-                continue;
+            if wire::has(c.agreed, wire::no_reply_bit(command)) {
+                if self.advance(i) {
+                    continue;
+                }
+                return;
             }
             c.sent_at = Some(sent_at);
             return;
         }
+    }
+
+    /// Moves `i` past a step that awaits no reply. A step that follows a
+    /// pause still waits for it, as the SMTP client's next command would
+    /// whatever the filter negotiated; returns whether to go on at once.
+    fn advance(&mut self, i: usize) -> bool {
+        let c = &mut self.all[i];
+        c.step += 1;
+        if SCRIPT[c.step].1 {
+            self.later(i);
+            return false;
+        }
+        true
     }
 
     fn on_readable(&mut self, i: usize) {
@@ -347,8 +371,8 @@ impl Load {
             }
         }
         while self.all[i].stream.is_some() {
-            match self.all[i].replies.next_packet() {
-                Ok(Some((command, data))) => self.on_reply(i, command, &data),
+            match self.all[i].replies.next_reply() {
+                Ok(Some(reply)) => self.on_reply(i, reply),
                 Ok(None) => return,
                 Err(_) => {
                     self.result.errors += 1;
@@ -358,37 +382,35 @@ impl Load {
         }
     }
 
-    fn on_reply(&mut self, i: usize, command: u8, data: &[u8]) {
+    fn on_reply(&mut self, i: usize, reply: Reply) {
         let c = &mut self.all[i];
-        let (Some(sent_at), Ok(kind)) = (c.sent_at, wire::kind(command)) else {
+        let Some(sent_at) = c.sent_at else {
             self.result.errors += 1;
             self.close(i);
             return;
         };
-        if command == b'h' {
+        if matches!(reply, Reply::AddHeader { .. }) {
             c.header_added = true;
         }
-        if kind == Kind::Interim {
+        if !reply.is_final() {
             return;
         }
         let micros = sent_at.elapsed().as_micros() as u64;
         let _ = self.result.latency_us.record(micros.max(1));
         c.sent_at = None;
         let (step, _) = SCRIPT[c.step];
-        if step == b'O' {
-            match wire::negotiated_steps(data) {
-                Ok(steps) => {
-                    c.skip = steps;
-                    c.no_reply = steps;
-                }
-                Err(_) => {
-                    self.result.errors += 1;
-                    self.close(i);
-                    return;
-                }
-            }
+        if step == b'E' {
+            let _ = self.result.eom_latency_us.record(micros.max(1));
         }
-        if step == b'E' && matches!(command, b'c' | b'a') && c.header_added {
+        if step == b'O' {
+            let Reply::Negotiate(agreed) = reply else {
+                self.result.errors += 1;
+                self.close(i);
+                return;
+            };
+            c.agreed = agreed.options.protocol;
+        } else if step == b'E' && matches!(reply, Reply::Continue | Reply::Accept) && c.header_added
+        {
             self.result.messages += 1;
         }
         c.step += 1;

@@ -8,7 +8,9 @@
 //! once that exists), started afresh for each C and stopped after. For
 //! each C it reports, for the filter's whole process tree: the most
 //! threads seen, USS and PSS at the end (USS: pages no other process
-//! shares), p50/p99/max latency of a command (write to final reply), CPU
+//! shares), p50/p99/max latency of a command (write to final reply) and
+//! p50/p99 of end of message alone (a filter that negotiates steps away
+//! answers fewer, cheaper commands, so only this one compares), CPU
 //! per message, and what was lost (conversations the filter closed,
 //! connections refused). The numbers come from `/proc`; all traffic is on
 //! loopback.
@@ -50,6 +52,10 @@ pub struct MilterBenchArgs {
     /// How long it is measured.
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     pub duration: Duration,
+    /// Send SIGHUP to the filter's process (a forkpool supervisor reloads)
+    /// this long into the measured window.
+    #[arg(long, value_parser = parse_duration)]
+    pub reload_at: Option<Duration>,
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -74,6 +80,10 @@ pub struct MilterRow {
     pub p99_ms: f64,
     /// Slowest command, ms.
     pub max_ms: f64,
+    /// Median end-of-message latency, ms.
+    pub eom_p50_ms: f64,
+    /// 99th percentile end-of-message latency, ms.
+    pub eom_p99_ms: f64,
     /// Messages filtered (header added) while measured.
     pub messages: u64,
     /// The tree's CPU time per message, ms.
@@ -112,7 +122,15 @@ fn measure(args: &MilterBenchArgs, conversations: usize) -> Result<MilterRow, St
     };
     let mut threads = 0;
     let mut cpu_at_start = None;
+    let mut window_start = None;
+    let mut reload_at = args.reload_at;
     let result = conversations::run(filter.addr, &spec, args.warmup, args.duration, || {
+        let started = *window_start.get_or_insert_with(Instant::now);
+        if reload_at.is_some_and(|at| started.elapsed() >= at) {
+            reload_at = None;
+            eprintln!("bench-milter: SIGHUP to {}", filter.pid);
+            let _ = kill(Pid::from_raw(filter.pid), Signal::SIGHUP);
+        }
         if let Ok(cost) = procfs::tree_cost(filter.pid) {
             threads = threads.max(cost.threads);
             cpu_at_start.get_or_insert(cost.cpu_ticks);
@@ -139,6 +157,8 @@ fn measure(args: &MilterBenchArgs, conversations: usize) -> Result<MilterRow, St
         p50_ms: ms(latency.value_at_quantile(0.5)),
         p99_ms: ms(latency.value_at_quantile(0.99)),
         max_ms: ms(latency.max()),
+        eom_p50_ms: ms(result.eom_latency_us.value_at_quantile(0.5)),
+        eom_p99_ms: ms(result.eom_latency_us.value_at_quantile(0.99)),
         messages: result.messages,
         cpu_per_message_ms: ticks as f64 * tick_ms / result.messages.max(1) as f64,
         lost: result.lost,
@@ -170,11 +190,11 @@ fn memory_kib(root: i32) -> (u64, u64) {
 
 fn table(rows: &[MilterRow]) -> String {
     let mut out = String::from(
-        "    C  procs threads  USS MiB  PSS MiB  p50 ms  p99 ms  max ms  messages  CPU/msg ms  lost refused errors\n",
+        "    C  procs threads  USS MiB  PSS MiB  p50 ms  p99 ms  max ms  EOM p50  EOM p99  messages  CPU/msg ms  lost refused errors\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{:>5} {:>6} {:>7} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>7.1} {:>9} {:>11.2} {:>5} {:>7} {:>6}\n",
+            "{:>5} {:>6} {:>7} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>7.1} {:>8.2} {:>8.2} {:>9} {:>11.2} {:>5} {:>7} {:>6}\n",
             r.conversations,
             r.processes,
             r.threads,
@@ -183,6 +203,8 @@ fn table(rows: &[MilterRow]) -> String {
             r.p50_ms,
             r.p99_ms,
             r.max_ms,
+            r.eom_p50_ms,
+            r.eom_p99_ms,
             r.messages,
             r.cpu_per_message_ms,
             r.lost,

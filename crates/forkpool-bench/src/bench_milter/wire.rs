@@ -1,165 +1,131 @@
-//! The MTA side of the milter wire format, as little of it as the load
-//! generator needs: encode each command Postfix sends, decode the filter's
-//! replies incrementally. Kept in this one file so it can give way to the
-//! `forkpool-milter` crate's codec once that exists.
-//!
-//! A packet is a 4-byte big-endian length (of what follows), a command
-//! byte, then data; strings are NUL-terminated.
+//! The MTA's side of the milter wire format for the load generator, on
+//! the `forkpool-milter` crate's codec: commands built as
+//! [`Command`]s and encoded by it, replies cut by its [`Decoder`] and read
+//! by [`Reply::decode`]. What stays here is the script's own knowledge:
+//! what Postfix offers, and which negotiated bit leaves a command out or
+//! unanswered.
 
-/// The protocol version Postfix speaks (`milter_protocol = 6`).
-pub const VERSION: u32 = 6;
-/// Every action a version 6 MTA allows (`SMFI_CURR_ACTS`).
-pub const ALL_ACTIONS: u32 = 0x1FF;
-/// Every protocol step a version 6 MTA offers (`SMFI_CURR_PROT`).
-pub const ALL_STEPS: u32 = 0x1F_FFFF;
+use forkpool_milter::{Actions, Address, Command, Decoder, OptNeg, Protocol, Reply};
+
 /// A reply longer than this is refused (libmilter's default bound).
-pub const MAX_PACKET: usize = 64 * 1024;
+const MAX_PACKET: usize = 64 * 1024;
 
-/// Protocol bits a filter answers negotiation with: steps to leave out
-/// (`SMFIP_NO*`) and steps it will not answer (`SMFIP_NR_*`).
-pub mod step {
-    /// The `SMFIP_NO*` bit of each skippable command, by command byte.
-    pub const fn no_bit(command: u8) -> u32 {
-        match command {
-            b'C' => 0x1,
-            b'H' => 0x2,
-            b'M' => 0x4,
-            b'R' => 0x8,
-            b'B' => 0x10,
-            b'L' => 0x20,
-            b'N' => 0x40,
-            b'U' => 0x100,
-            b'T' => 0x200,
-            _ => 0,
-        }
-    }
-
-    /// The `SMFIP_NR_*` bit of each command a filter may leave
-    /// unanswered, by command byte.
-    pub const fn no_reply_bit(command: u8) -> u32 {
-        match command {
-            b'L' => 0x80,
-            b'C' => 0x1000,
-            b'H' => 0x2000,
-            b'M' => 0x4000,
-            b'R' => 0x8000,
-            b'T' => 0x1_0000,
-            b'U' => 0x2_0000,
-            b'N' => 0x4_0000,
-            b'B' => 0x8_0000,
-            _ => 0,
-        }
-    }
-}
-
-/// One packet: `command` and `data`.
-pub fn packet(command: u8, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + data.len());
-    out.extend_from_slice(&(data.len() as u32 + 1).to_be_bytes());
-    out.push(command);
-    out.extend_from_slice(data);
-    out
-}
-
-/// `data` made of NUL-terminated strings.
-pub fn strings(parts: &[&str]) -> Vec<u8> {
+/// The bytes of `commands`, back to back.
+pub fn encode(commands: &[Command]) -> Vec<u8> {
     let mut out = Vec::new();
-    for part in parts {
-        out.extend_from_slice(part.as_bytes());
-        out.push(0);
+    for command in commands {
+        command
+            .encode(&mut out)
+            .expect("the script's commands hold no NUL inside a string");
     }
     out
 }
 
-/// `SMFIC_OPTNEG`: version, actions and steps the MTA offers.
-pub fn negotiate(version: u32, actions: u32, steps: u32) -> Vec<u8> {
-    let mut data = Vec::with_capacity(12);
-    for word in [version, actions, steps] {
-        data.extend_from_slice(&word.to_be_bytes());
-    }
-    packet(b'O', &data)
+/// `SMFIC_OPTNEG` as Postfix sends it (`milter_protocol = 6`): every
+/// action and every step a version 6 MTA offers (`SMFI_CURR_ACTS`,
+/// `SMFI_CURR_PROT`).
+pub fn negotiate() -> Command {
+    Command::OptNeg(OptNeg {
+        version: 6,
+        actions: Actions(0x1FF),
+        protocol: Protocol(0x1F_FFFF),
+    })
 }
 
 /// `SMFIC_MACRO`: the macros of the stage of `command`, sent before it.
-pub fn macros(command: u8, pairs: &[(&str, &str)]) -> Vec<u8> {
-    let mut data = vec![command];
-    for (name, value) in pairs {
-        data.extend(strings(&[name, value]));
+pub fn macros(command: u8, pairs: &[(&str, &str)]) -> Command {
+    Command::Macros {
+        stage: command,
+        pairs: pairs
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect(),
     }
-    packet(b'D', &data)
 }
 
 /// `SMFIC_CONNECT` from an IPv4 client.
-pub fn connect(host: &str, port: u16, ip: &str) -> Vec<u8> {
-    let mut data = strings(&[host]);
-    data.push(b'4');
-    data.extend_from_slice(&port.to_be_bytes());
-    data.extend(strings(&[ip]));
-    packet(b'C', &data)
-}
-
-/// `SMFIC_HEADER`.
-pub fn header(name: &str, value: &str) -> Vec<u8> {
-    packet(b'L', &strings(&[name, value]))
-}
-
-/// A reply's meaning for the command it answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// The last packet of the answer (continue, accept, reject, tempfail,
-    /// discard, a reply code, skip, or the negotiation's answer).
-    Final,
-    /// A modification at end of message (header added, quarantine, ...)
-    /// or progress: more follows.
-    Interim,
-}
-
-/// What a reply command byte is.
-pub fn kind(command: u8) -> Result<Kind, String> {
-    match command {
-        b'c' | b'a' | b'r' | b't' | b'd' | b'y' | b's' | b'O' => Ok(Kind::Final),
-        b'h' | b'i' | b'm' | b'+' | b'-' | b'2' | b'e' | b'b' | b'q' | b'p' => Ok(Kind::Interim),
-        other => Err(format!("unknown reply {:?}", other as char)),
+pub fn connect(host: &str, port: u16, ip: &str) -> Command {
+    Command::Connect {
+        hostname: host.as_bytes().to_vec(),
+        address: Address::Inet {
+            port,
+            address: ip.as_bytes().to_vec(),
+        },
     }
 }
 
-/// Reply packets, cut from the bytes of a stream as they come.
-#[derive(Debug, Default)]
+/// `SMFIC_HEADER`.
+pub fn header(name: &str, value: &str) -> Command {
+    Command::Header {
+        name: name.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+    }
+}
+
+/// The `SMFIP_NO*` bit that leaves out the command `code`.
+pub fn no_bit(code: u8) -> Protocol {
+    match code {
+        b'C' => Protocol::NO_CONNECT,
+        b'H' => Protocol::NO_HELO,
+        b'M' => Protocol::NO_MAIL,
+        b'R' => Protocol::NO_RCPT,
+        b'B' => Protocol::NO_BODY,
+        b'L' => Protocol::NO_HEADERS,
+        b'N' => Protocol::NO_EOH,
+        b'U' => Protocol::NO_UNKNOWN,
+        b'T' => Protocol::NO_DATA,
+        _ => Protocol::NONE,
+    }
+}
+
+/// The `SMFIP_NR_*` bit that leaves the command `code` unanswered.
+pub fn no_reply_bit(code: u8) -> Protocol {
+    match code {
+        b'L' => Protocol::NR_HEADER,
+        b'C' => Protocol::NR_CONNECT,
+        b'H' => Protocol::NR_HELO,
+        b'M' => Protocol::NR_MAIL,
+        b'R' => Protocol::NR_RCPT,
+        b'T' => Protocol::NR_DATA,
+        b'U' => Protocol::NR_UNKNOWN,
+        b'N' => Protocol::NR_EOH,
+        b'B' => Protocol::NR_BODY,
+        _ => Protocol::NONE,
+    }
+}
+
+/// Whether `agreed` has `bit` (and `bit` is one).
+pub fn has(agreed: Protocol, bit: Protocol) -> bool {
+    bit != Protocol::NONE && agreed.contains(bit)
+}
+
+/// Replies, cut from the bytes of a stream as they come.
+#[derive(Debug)]
 pub struct Replies {
-    input: Vec<u8>,
+    decoder: Decoder,
+}
+
+impl Default for Replies {
+    fn default() -> Self {
+        Replies {
+            decoder: Decoder::new(MAX_PACKET),
+        }
+    }
 }
 
 impl Replies {
     /// Adds bytes read from the filter.
     pub fn push(&mut self, bytes: &[u8]) {
-        self.input.extend_from_slice(bytes);
+        self.decoder.push(bytes);
     }
 
-    /// The next whole packet (command, data), if one has arrived.
-    pub fn next_packet(&mut self) -> Result<Option<(u8, Vec<u8>)>, String> {
-        let Some(head) = self.input.get(..4) else {
-            return Ok(None);
-        };
-        let len = u32::from_be_bytes(head.try_into().unwrap()) as usize;
-        if len == 0 || len > MAX_PACKET {
-            return Err(format!("reply of length {len}"));
+    /// The next whole reply, if one has arrived.
+    pub fn next_reply(&mut self) -> Result<Option<Reply>, String> {
+        match self.decoder.next_packet().map_err(|e| e.to_string())? {
+            Some(packet) => Reply::decode(&packet).map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
         }
-        if self.input.len() < 4 + len {
-            return Ok(None);
-        }
-        let command = self.input[4];
-        let data = self.input[5..4 + len].to_vec();
-        self.input.drain(..4 + len);
-        Ok(Some((command, data)))
     }
-}
-
-/// The steps (third word) of a negotiation reply.
-pub fn negotiated_steps(data: &[u8]) -> Result<u32, String> {
-    let word = data
-        .get(8..12)
-        .ok_or_else(|| format!("negotiation reply of {} bytes", data.len()))?;
-    Ok(u32::from_be_bytes(word.try_into().unwrap()))
 }
 
 #[cfg(test)]
@@ -167,35 +133,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_length_command_and_strings() {
-        assert_eq!(packet(b'Q', &[]), [0, 0, 0, 1, b'Q']);
+    fn encodes_as_postfix_sends() {
+        assert_eq!(encode(&[Command::Quit]), [0, 0, 0, 1, b'Q']);
         assert_eq!(
-            header("A", "b"),
-            [0, 0, 0, 5, b'L', b'A', 0, b'b', 0].to_vec()
+            encode(&[header("A", "b")]),
+            [0, 0, 0, 5, b'L', b'A', 0, b'b', 0]
         );
-        let conn = connect("h", 25, "1.2.3.4");
+        let conn = encode(&[connect("h", 25, "1.2.3.4")]);
         assert_eq!(&conn[4..8], b"Ch\x004");
         assert_eq!(&conn[8..10], &25u16.to_be_bytes());
+        let offer = encode(&[negotiate()]);
+        assert_eq!(&offer[4..], b"O\0\0\0\x06\0\0\x01\xff\0\x1f\xff\xff");
     }
 
     #[test]
     fn cuts_replies_as_they_come() {
+        let mut bytes = Vec::new();
+        let add = Reply::AddHeader {
+            name: b"X".to_vec(),
+            value: b"1".to_vec(),
+        };
+        add.encode(&mut bytes).unwrap();
+        Reply::Continue.encode(&mut bytes).unwrap();
         let mut replies = Replies::default();
-        let mut bytes = packet(b'h', &strings(&["X", "1"]));
-        bytes.extend(packet(b'c', &[]));
         replies.push(&bytes[..3]);
-        assert_eq!(replies.next_packet(), Ok(None));
+        assert_eq!(replies.next_reply(), Ok(None));
         replies.push(&bytes[3..]);
-        let first = replies.next_packet().unwrap().unwrap();
-        assert_eq!((first.0, kind(first.0)), (b'h', Ok(Kind::Interim)));
-        assert_eq!(replies.next_packet().unwrap().unwrap().0, b'c');
-        assert_eq!(replies.next_packet(), Ok(None));
+        let first = replies.next_reply().unwrap().unwrap();
+        assert!(!first.is_final());
+        assert_eq!(first, add);
+        assert_eq!(replies.next_reply(), Ok(Some(Reply::Continue)));
+        assert_eq!(replies.next_reply(), Ok(None));
     }
 
     #[test]
-    fn refuses_absurd_lengths() {
+    fn refuses_absurd_lengths_and_unknown_replies() {
         let mut replies = Replies::default();
         replies.push(&[0xFF, 0, 0, 0, b'c']);
-        assert!(replies.next_packet().is_err());
+        assert!(replies.next_reply().is_err());
+        let mut replies = Replies::default();
+        replies.push(&[0, 0, 0, 1, b'Z']);
+        assert!(replies.next_reply().is_err());
+    }
+
+    #[test]
+    fn steps_map_to_their_negotiation_bits() {
+        assert_eq!(no_bit(b'L').bits(), 0x20);
+        assert_eq!(no_reply_bit(b'L').bits(), 0x80);
+        assert_eq!(no_bit(b'T').bits(), 0x200);
+        assert_eq!(no_reply_bit(b'B').bits(), 0x8_0000);
+        assert!(has(Protocol::NO_HEADERS | Protocol::NR_MAIL, no_bit(b'L')));
+        assert!(!has(Protocol(0x1F_FFFF), no_bit(b'E')));
     }
 }

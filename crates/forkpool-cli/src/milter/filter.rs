@@ -1,6 +1,7 @@
 //! The rule-driven filter: a [`Filter`] whose every stage consults the
 //! compiled [`Rules`].
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use forkpool_milter::{
@@ -19,6 +20,9 @@ pub struct Shared {
     pub slot: usize,
     /// The child's pid, for `{pid}`.
     pub pid: u32,
+    /// Messages this child has reached end of message with, for
+    /// `[bench] crash_every`.
+    pub messages: AtomicU64,
 }
 
 /// One conversation's state: what the current message has collected.
@@ -170,6 +174,7 @@ impl Filter for RuleFilter {
 
     fn eom(&mut self, ctx: &Context<'_>, actions: &mut EomActions) -> Status {
         let shared = Arc::clone(&self.shared);
+        shared.rules.bench.on_message(&shared.messages);
         let mut status = Status::Continue;
         if let Some(spamd) = &shared.rules.spamd {
             if !self.too_big {

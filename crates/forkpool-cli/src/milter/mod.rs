@@ -8,11 +8,13 @@
 //! filter with the file as it is then (one that no longer parses is
 //! logged, and the child keeps the rules the supervisor started with).
 
+pub mod bench;
 pub mod filter;
 pub mod rules;
 pub mod spamd;
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use clap::Args;
@@ -109,6 +111,7 @@ pub fn run(args: MilterArgs) -> Result<(), String> {
                 rules,
                 slot: child.slot,
                 pid: child.pid,
+                messages: AtomicU64::new(0),
             };
             if step_timeout.is_zero() {
                 return MilterContext::new(shared);

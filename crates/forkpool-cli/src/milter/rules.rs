@@ -8,6 +8,8 @@ use forkpool_milter::ReplyText;
 use regex::bytes::Regex;
 use serde::Deserialize;
 
+use super::bench::{Bench, BenchSpec};
+
 /// The rule file printed by `forkpool milter --example`.
 pub const EXAMPLE: &str = r#"# forkpool milter rules (TOML). Run with:
 #   forkpool milter --listen 127.0.0.1:8891 -- rules.toml
@@ -56,6 +58,13 @@ reason = "held by rule"
 # timeout = "10s"
 # max_size = 512000          # bigger messages are not checked
 # reject_score = 15.0        # optional: reject at or above this score
+
+# Benchmarking aid, not for mail: spin this much CPU per message, and crash
+# on one message in N of a child ("abort" as a C library might, or "panic").
+# [bench]
+# work_us = 2000
+# crash_every = 1000
+# crash = "abort"
 "#;
 
 /// The file as written.
@@ -67,6 +76,8 @@ struct RuleFile {
     #[serde(default)]
     rule: Vec<RuleSpec>,
     spamd: Option<SpamdSpec>,
+    #[serde(default)]
+    bench: BenchSpec,
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,6 +168,8 @@ pub struct Rules {
     pub rules: Vec<Rule>,
     /// The spamd server, if any.
     pub spamd: Option<Spamd>,
+    /// Work and crashes for benchmarks (`[bench]`).
+    pub bench: Bench,
 }
 
 impl Rules {
@@ -198,10 +211,12 @@ impl Rules {
             .map(|(i, spec)| compile(i + 1, spec))
             .collect::<Result<Vec<_>, _>>()?;
         let spamd = file.spamd.map(spamd).transpose()?;
+        let bench = Bench::compile(file.bench)?;
         Ok(Rules {
             add_headers,
             rules,
             spamd,
+            bench,
         })
     }
 }
@@ -329,6 +344,11 @@ mod tests {
         assert!(rules.rules[1].pattern.is_match(b"<tempfail@example.org>"));
         assert!(rules.rules[2].pattern.is_match(b"<Hold@example.org>"));
         assert!(rules.spamd.is_none());
+        assert_eq!(rules.bench, Bench::default());
+        let bench = EXAMPLE
+            .replace("# [bench]", "[bench]")
+            .replace("# work_us", "work_us");
+        assert_eq!(Rules::parse(&bench).unwrap().bench.work.as_micros(), 2000);
     }
 
     fn error(text: &str) -> String {
@@ -354,5 +374,7 @@ mod tests {
         assert!(error("[[add_header]]\nname = \"X Bad\"\nvalue = \"v\"").contains("without spaces"));
         assert!(error("[spamd]\naddress = \"localhost\"").contains("needs a port"));
         assert!(error("[[rules]]\n").contains("--example"));
+        assert!(error("[bench]\ncrash_every = 0").contains("crash_every"));
+        assert!(error("[bench]\nwork = 5").contains("unknown field"));
     }
 }
