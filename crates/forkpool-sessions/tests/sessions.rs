@@ -756,38 +756,34 @@ fn a_bad_config_is_refused_with_the_field_named() {
 
 /// `running_sessions` counts the sessions a worker runs right now: a
 /// `WORK` step holds a worker, and the count is back to 0 once it answered.
+/// (A hook writes its answer a moment before it returns, so each count is
+/// waited for, within `PATIENCE`.)
 #[test]
 fn running_sessions_counts_the_steps_in_progress() {
     let h = serve(config("running", 3));
+    let wait_running = |n: usize, what: &str| {
+        let deadline = Instant::now() + PATIENCE;
+        while h.pool.running_sessions() != n {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: running stayed at {}",
+                h.pool.running_sessions()
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    };
     let mut slow = [h.client(), h.client()];
-    assert_eq!(h.pool.running_sessions(), 0);
+    wait_running(0, "two sessions opened, none working");
     for client in &mut slow {
         client.send("WORK 1500\r\n");
     }
-    let deadline = Instant::now() + PATIENCE;
-    while h.pool.running_sessions() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the two WORK steps never ran together"
-        );
-        thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(h.pool.running_sessions(), 2);
-    // An idle session costs no worker: once its NOOP's step has returned
-    // (its answer is written a moment before), the count is back to 2.
+    wait_running(2, "the two WORK steps");
+    // An idle session costs no worker.
     let mut idle = h.client();
     assert_eq!(idle.command("NOOP"), "250 ok");
-    let deadline = Instant::now() + PATIENCE;
-    while h.pool.running_sessions() != 2 {
-        assert!(Instant::now() < deadline, "the NOOP's step stayed counted");
-        thread::sleep(Duration::from_millis(1));
-    }
+    wait_running(2, "a NOOP answered beside them");
     for client in &mut slow {
         assert!(client.line().starts_with("250"));
     }
-    let deadline = Instant::now() + PATIENCE;
-    while h.pool.running_sessions() > 0 {
-        assert!(Instant::now() < deadline, "steps still counted as running");
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_running(0, "every step answered");
 }
