@@ -145,12 +145,21 @@ fn a_worker_forked_by_a_template_is_sent_its_socket_and_the_board() {
     }
     assert!(per_pid.values().all(|&n| n <= 10), "{per_pid:?}");
     assert!(per_pid.len() >= 3, "{per_pid:?}");
+    // The workers took their connections themselves. A connection the
+    // kernel queued on a worker's own socket as that worker left is handed
+    // on by the supervisor (docs/protocol.md): at most one per departure.
     let metrics = scrape_metrics(&pool);
-    assert!(
-        metrics.contains("forkpool_dispatch_latency_seconds_count 0"),
-        "{metrics}"
-    );
+    let handed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("forkpool_dispatch_latency_seconds_count "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no dispatch latency count: {metrics}"));
     let status = pool.status();
+    let left = total(&status, "retired");
+    assert!(
+        handed <= left,
+        "{handed} handed for {left} departures: {metrics}"
+    );
     assert_eq!(total(&status, "died"), 0, "{status}");
     assert_eq!(total(&status, "killed"), 0, "{status}");
 }
