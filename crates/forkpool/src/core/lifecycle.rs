@@ -328,11 +328,8 @@ mod tests {
     use crate::protocol::ChildMessage;
     use crate::scoreboard::SlotState;
 
-    /// A failed send (not a closed peer: a full channel, say) to a child
-    /// told to go leaves it to its deadline; to any other, it is a kill.
-    #[test]
-    fn a_failed_send_kills_only_a_child_that_is_not_leaving() {
-        let t0 = Instant::now();
+    /// Two ready children, the one in slot 1 told to go.
+    fn two_ready_one_retired(t0: Instant) -> Core<Child> {
         let mut core: Core<Child> = Core::new(PoolConfig::default());
         for (slot, pid) in [(0, 40), (1, 41)] {
             core.adopt(slot, pid, 1, Child::new(t0, true, 1), t0);
@@ -340,6 +337,15 @@ mod tests {
             core.on(Input::Report { slot, msg: ready }, t0);
         }
         core.retire(1, "surplus", t0);
+        core
+    }
+
+    /// A failed send (not a closed peer: a full channel, say) to a child
+    /// told to go leaves it to its deadline; to any other, it is a kill.
+    #[test]
+    fn a_failed_send_kills_only_a_child_that_is_not_leaving() {
+        let t0 = Instant::now();
+        let mut core = two_ready_one_retired(t0);
         let failed = |slot| Input::SendFailed {
             slot,
             peer_gone: false,
@@ -360,13 +366,7 @@ mod tests {
     #[test]
     fn a_replacement_waits_a_moment_for_the_reap_of_a_child_whose_channel_closed() {
         let t0 = Instant::now();
-        let mut core: Core<Child> = Core::new(PoolConfig::default());
-        for (slot, pid) in [(0, 40), (1, 41)] {
-            core.adopt(slot, pid, 1, Child::new(t0, true, 1), t0);
-            let ready = ChildMessage::Ready { pid: pid as u32 };
-            core.on(Input::Report { slot, msg: ready }, t0);
-        }
-        core.retire(1, "surplus", t0);
+        let mut core = two_ready_one_retired(t0);
         assert_eq!(core.replacement_waits_until(t0), None);
         let closed = Input::ChannelClosed {
             slot: 0,
