@@ -128,12 +128,20 @@ impl<L: HasChild> Core<L> {
             .unwrap_or_else(|| self.board.lowest_free())
     }
 
+    /// Any slot kernel dispatch has a socket for may be one: one a reload
+    /// used beyond `max_children` too (the slot limit bounds how many
+    /// children there are, `Core::may_spawn`, not where they sit).
     fn refill_slot(&self) -> Option<usize> {
-        let limit = self.slot_limit();
         self.refill
             .iter()
             .copied()
-            .find(|&slot| slot < limit && self.board.get(slot).is_none())
+            .find(|&slot| self.board.get(slot).is_none())
+    }
+
+    /// Whether `slot` waits for a child to take what its socket holds.
+    #[cfg(test)]
+    pub(crate) fn refill_pending(&self, slot: usize) -> bool {
+        self.refill.contains(&slot)
     }
 
     /// A child took `slot`: it no longer waits for one.

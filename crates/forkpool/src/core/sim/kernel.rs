@@ -14,6 +14,15 @@
 //! finishing workers keep to the dispatch width's bound, as the real ones
 //! read it in word 5.
 //!
+//! Some pools' workers take the messages path (`G`): the shell moves
+//! their records from their `B`/`N`/`I` (`Effect::MarkBoard`), they accept
+//! from their own sockets whenever they are not serving and from the
+//! overflow while they wait, the core hands them nothing, and with no
+//! worker idle the program spreads connections over their sockets (word 7,
+//! `Core::spread_over`, as the shell last set it). A departed worker's
+//! socket keeps what was queued on it for the slot's next worker, which
+//! the core starts (`Core::left_on_socket`).
+//!
 //! Invariants (`check_network`): no connection waits more than
 //! [`STALL_AT_MOST`] while a child that could take it is idle or held by
 //! a dead reservation, and a pool whose children are all taken grows
@@ -78,6 +87,10 @@ pub(super) struct Sockets {
     off: Vec<bool>,
     /// Dead reservations the program took over (board word 6).
     taken_over: u64,
+    /// The spread as the shell last set it (word 7), and the program's
+    /// count of its picks.
+    spread: usize,
+    spread_picks: usize,
     /// Since when a connection has waited with a child that could take
     /// it idle or held by a dead reservation.
     stalled_since: Option<u64>,
@@ -96,6 +109,13 @@ impl Sim {
     /// In kernel dispatch, most workers keep the board (`K`), a few say
     /// `R` and are served as in handoff. Returns the first message.
     pub(super) fn kernel_first_message(&mut self, pid: i32) -> ChildMessage {
+        let exec_d = self.world.procs.get(&pid).is_some_and(|p| p.in_group_of.is_none());
+        if self.scenario.kernel && self.scenario.by_messages && exec_d {
+            let p = self.world.procs.get_mut(&pid).expect("alive");
+            p.said_g = true;
+            p.board = Some(Record::default());
+            return ChildMessage::ReadyByMessages { pid: pid as u32 };
+        }
         let keeps = self.scenario.kernel && self.world.rng.per_mille(850);
         if !keeps {
             return ChildMessage::Ready { pid: pid as u32 };
@@ -183,12 +203,91 @@ impl Sim {
                 .iter()
                 .find(|c| matches!(c.2, Word::Reserved(at) if !reservations::young(at, now)))
         };
-        let (slot, pid, word) = *idle.or_else(dead)?;
+        let Some(&(slot, pid, word)) = idle.or_else(dead) else {
+            return self.spread_pick();
+        };
         if word != Word::Idle {
             self.sockets.taken_over += 1;
         }
         self.record_mut(pid).word = Word::Reserved(now);
         Some(slot)
+    }
+
+    /// The program with no slot idle or dead: the next slot of the spread,
+    /// if the shell set one and a live worker holds its socket; else the
+    /// overflow.
+    fn spread_pick(&mut self) -> Option<usize> {
+        let over = self.sockets.spread;
+        if over == 0 {
+            return None;
+        }
+        let slot = self.sockets.spread_picks % over;
+        self.sockets.spread_picks += 1;
+        let held = self.core.board.get(slot).is_some_and(|s| {
+            self.world
+                .procs
+                .get(&s.pid)
+                .is_some_and(|p| !p.exited && p.board.is_some())
+        });
+        let picked = (held && !self.is_off(slot)).then_some(slot);
+        self.outcome.spread += u64::from(picked.is_some());
+        picked
+    }
+
+    /// After a worker's first message: one on the messages path now waits
+    /// on its sockets and the overflow.
+    pub(super) fn after_first_message(&mut self, pid: i32) {
+        let Some(p) = self.world.procs.get(&pid).filter(|p| p.said_g) else {
+            return;
+        };
+        let slot = p.slot;
+        self.seated_anew(slot);
+        self.take_from_overflow(pid);
+    }
+
+    /// The shell marks the record of the messages worker in `slot`.
+    pub(super) fn mark_board(&mut self, slot: usize, idle: bool) -> Result<(), String> {
+        let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
+        let Some(p) = self.world.procs.get_mut(&pid) else {
+            return Err(format!("the board marked for slot {slot}, whose pid {pid} is no process"));
+        };
+        if !p.said_g {
+            return Err(format!("the board marked for slot {slot}, whose worker never said G"));
+        }
+        if let Some(r) = p.board.as_mut() {
+            r.word = if idle { Word::Idle } else { Word::Busy };
+        }
+        Ok(())
+    }
+
+    /// A messages worker not serving takes the next connection on the
+    /// overflow, if one waits there (it waits on the pool's listeners too).
+    fn take_from_overflow(&mut self, pid: i32) {
+        let free = self
+            .world
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.said_g && !p.exited && !p.told_quit && p.serving.is_none());
+        if free {
+            if let Some(conn) = self.world.backlog.pop_front() {
+                self.take(pid, conn, false);
+            }
+        }
+    }
+
+    /// A connection reached the overflow: a messages worker that waits
+    /// there, the lowest, takes it.
+    pub(super) fn messages_worker_takes_overflow(&mut self) {
+        let waiting = self
+            .seated()
+            .map(|(_, pid, _)| pid)
+            .find(|pid| {
+                let p = &self.world.procs[pid];
+                p.said_g && !p.told_quit && p.serving.is_none()
+            });
+        if let Some(pid) = waiting {
+            self.take_from_overflow(pid);
+        }
     }
 
     /// A connection's handshake is done (and its data, with deferred
@@ -216,7 +315,7 @@ impl Sim {
             .find(|&(s, _, _)| s == slot)
             .map(|(_, pid, r)| (pid, r));
         match worker {
-            Some((pid, r)) if r.waiting() && self.world.procs[&pid].serving.is_none() => {
+            Some((pid, r)) if self.waits_on_socket(pid, r) => {
                 self.sockets.queues[slot].pop_front();
                 self.take(pid, conn, false);
                 self.outcome.kernel_taken += 1;
@@ -232,6 +331,15 @@ impl Sim {
     /// accepts it and hands it on (closed if the pool is stopping).
     pub(super) fn orphans(&mut self, slot: usize) {
         self.sockets.grow(slot);
+        // Nobody could be handed them: they wait for the slot's next
+        // worker, which the core starts.
+        if !self.core.hands_on() {
+            if !self.sockets.queues[slot].is_empty() && !self.core.refill_pending(slot) {
+                self.core.left_on_socket(slot);
+                self.outcome.refills += u64::from(self.core.refill_pending(slot));
+            }
+            return;
+        }
         while let Some(conn) = self.sockets.queues[slot].pop_front() {
             self.queue_on_overflow(conn);
         }
@@ -242,6 +350,20 @@ impl Sim {
     fn take(&mut self, pid: i32, conn: u64, next: bool) {
         let serve = self.service(conn);
         let p = self.world.procs.get_mut(&pid).expect("alive");
+        if p.said_g {
+            // It says so; the shell moves its record.
+            let slot = p.slot;
+            p.serving = Some(conn);
+            self.world.conns[conn as usize] = Conn::Held(pid);
+            self.world.at(serve, Happening::Finish(pid, conn));
+            let msg = if next {
+                ChildMessage::Next
+            } else {
+                ChildMessage::Busy
+            };
+            self.report(slot, msg);
+            return;
+        }
         let record = p.board.as_mut().expect("on the board");
         record.word = Word::Busy;
         record.taken += 1;
@@ -267,6 +389,9 @@ impl Sim {
         };
         for dead_too in [false, true] {
             for &slot in &idle {
+                if !self.core.takes_handed(slot) {
+                    continue;
+                }
                 let Some((pid, word)) = word_of(self, slot) else {
                     continue;
                 };
@@ -301,6 +426,9 @@ impl Sim {
             return false;
         };
         let told_quit = p.told_quit;
+        if p.said_g {
+            return self.messages_worker_finished(pid, slot, told_quit);
+        }
         let Some(record) = p.board.as_mut() else {
             return false;
         };
@@ -389,6 +517,30 @@ impl Sim {
         }
     }
 
+    /// A messages worker finished a connection: the next queued on its
+    /// own socket, else on the overflow, with `N`; else `I`. Told to quit,
+    /// it says `I` and serves what its socket holds as it leaves.
+    fn messages_worker_finished(&mut self, pid: i32, slot: usize, told_quit: bool) -> bool {
+        if !told_quit {
+            let own = self.sockets.queues.get_mut(slot).and_then(VecDeque::pop_front);
+            if let Some(conn) = own.or_else(|| self.world.backlog.pop_front()) {
+                self.take(pid, conn, true);
+                return true;
+            }
+        }
+        self.report(slot, ChildMessage::Idle);
+        true
+    }
+
+    /// Whether the worker `pid` takes what is queued on its socket now: a
+    /// `K` worker waiting there, a messages worker whenever it is not
+    /// serving (told to quit, it serves its socket as it leaves).
+    fn waits_on_socket(&self, pid: i32, r: Record) -> bool {
+        let p = &self.world.procs[&pid];
+        let free = if p.said_g { !p.told_quit } else { r.waiting() };
+        free && p.serving.is_none()
+    }
+
     fn is_off(&self, slot: usize) -> bool {
         self.sockets.off.get(slot).copied().unwrap_or(false)
     }
@@ -456,6 +608,7 @@ impl Sim {
             }
         }
         self.core.board_read(look, now);
+        self.sockets.spread = self.core.spread_over();
         if self.core.behind_look_due(now) {
             let behind = self.waiting_behind();
             self.core.looked_behind(behind, now);
@@ -467,6 +620,9 @@ impl Sim {
     /// (busy, or leaving) go to the overflow for an idle child, while one
     /// can be claimed.
     fn take_what_waits_behind(&mut self) {
+        if !self.core.hands_on() {
+            return;
+        }
         let behind: Vec<usize> = (0..self.sockets.queues.len())
             .filter(|&slot| !self.sockets.queues[slot].is_empty())
             .filter(|&slot| {
@@ -502,6 +658,27 @@ impl Sim {
             })
             .map(|slot| self.sockets.queues[slot].len() as u32)
             .sum()
+    }
+
+    /// What waits behind children as [`Sim::waiting_behind`] counts it,
+    /// less what waits on a messages worker's own socket.
+    fn waiting_behind_others(&self) -> u32 {
+        let on_messages_worker = |slot: usize| {
+            self.seated()
+                .find(|&(s, _, _)| s == slot)
+                .is_some_and(|(_, pid, _)| self.world.procs[&pid].said_g)
+        };
+        // And what waits on the socket of a slot with no worker on it yet
+        // (empty, or starting) in a pool that cannot hand it on: for the
+        // slot's next worker (`check_refill`).
+        let refilled = |slot: usize| {
+            !self.core.hands_on() && self.seated().all(|(s, _, _)| s != slot)
+        };
+        let theirs: u32 = (0..self.sockets.queues.len())
+            .filter(|&slot| !self.is_off(slot) && (on_messages_worker(slot) || refilled(slot)))
+            .map(|slot| self.sockets.queues[slot].len() as u32)
+            .sum();
+        self.waiting_behind() - theirs.min(self.waiting_behind())
     }
 
     /// Whether, as the world is, every child is taken: none waits on its
@@ -575,7 +752,10 @@ impl Sim {
         }
         let now = self.world.now;
         let bound = self.core.board.dispatch_bound().unwrap_or(usize::MAX);
-        let waiting_behind = self.waiting_behind() > 0;
+        // Behind a busy messages worker a connection waits for that worker
+        // (nobody could be handed it; the spread put it there): the price
+        // of the path, bounded by the worker's busy timeout, not a stall.
+        let waiting_behind = self.waiting_behind_others() > 0;
         let waiting = !self.world.backlog.is_empty() || waiting_behind;
         let free = self.seated().any(|(slot, pid, r)| {
             let p = &self.world.procs[&pid];
@@ -619,6 +799,28 @@ impl Sim {
         }
         if let Some(decision) = decision {
             self.check_growth(decision)?;
+        }
+        self.check_refill()
+    }
+
+    /// In a pool that cannot hand connections on, an empty slot whose
+    /// socket holds some waits for a worker: the core must know, and start
+    /// one there.
+    fn check_refill(&self) -> Result<(), String> {
+        if self.core.hands_on() {
+            return Ok(());
+        }
+        for (slot, queue) in self.sockets.queues.iter().enumerate() {
+            if !queue.is_empty()
+                && self.core.board.get(slot).is_none()
+                && !self.core.refill_pending(slot)
+            {
+                return Err(format!(
+                    "{} connections wait on empty slot {slot}'s socket and the core will not \
+                     start a worker there",
+                    queue.len()
+                ));
+            }
         }
         Ok(())
     }

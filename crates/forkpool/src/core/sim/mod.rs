@@ -96,6 +96,8 @@ struct Scenario {
     network: bool,
     /// A SIGUSR2 comes about this often (0: never; `upgrades.rs`).
     upgrade_every: u64,
+    /// With `kernel`: exec'd workers take the messages path (`G`).
+    by_messages: bool,
 }
 
 /// How a run ended.
@@ -120,6 +122,11 @@ struct Outcome {
     /// and seats sent to workers forked by a template.
     kernel_taken: u64,
     seats: u64,
+    /// The messages path: connections the program spread over busy
+    /// workers' sockets, and slots left with connections for their next
+    /// worker.
+    spread: u64,
+    refills: u64,
     /// Connections that never reached a child (their SYN reserved one,
     /// or went to the overflow), refused by a full backlog, and taken
     /// from a busy child's socket for an idle one.
@@ -331,6 +338,7 @@ impl Sim {
                     self.world.procs.get_mut(&pid).expect("live").ready = true;
                     let first = self.kernel_first_message(pid);
                     self.report(slot, first);
+                    self.after_first_message(pid);
                     self.world.after_ready(pid);
                 }
             }
@@ -636,12 +644,7 @@ impl Sim {
                     self.world.conns[conn as usize] = Conn::Closed;
                 }
             }
-            // Its children keep the board themselves (`K`) or say `R`.
-            Effect::MarkBoard { slot, .. } => {
-                return Err(format!(
-                    "the board marked for slot {slot}, whose child never said G"
-                ));
-            }
+            Effect::MarkBoard { slot, idle } => self.mark_board(slot, idle)?,
             Effect::StopReading { .. }
             | Effect::Room
             | Effect::OrderAnswered { .. }
@@ -750,7 +753,7 @@ impl Sim {
                 break;
             }
             let behaviour = self.pick_worker_behaviour(self.core.generation);
-            let slot = self.core.board.lowest_free();
+            let slot = self.core.spawn_slot();
             let pid = self.world.fork(slot, behaviour);
             self.adopt_checked(slot, pid, Child::new(now, true, 1))?;
         }
@@ -982,12 +985,14 @@ fn scenario_of(seed: u64) -> Scenario {
         } else {
             0
         },
+        by_messages: false,
     };
     // Some pools see a connection only now and then: the loop then sleeps
     // between them, and only the core's deadlines wake it (`timers.rs`).
     if rng.per_mille(150) {
         scenario.arrive_every = (20 + rng.below(180)) * MS;
     }
+    scenario.by_messages = scenario.kernel && rng.per_mille(350);
     scenario
 }
 
@@ -1001,11 +1006,14 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut kernel = [0u64; 2];
     let mut network = [0u64; 3];
     let mut upgrades = [0u64; 2];
+    let mut by_messages = [0u64; 2];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
         kernel[0] += outcome.kernel_taken;
         kernel[1] += outcome.seats;
+        by_messages[0] += outcome.spread;
+        by_messages[1] += outcome.refills;
         network[0] += outcome.never_came;
         network[1] += outcome.rescued;
         network[2] += outcome.backlog_full;
@@ -1034,7 +1042,8 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
          {} reloads refused; {} stops during a rollout; kernel dispatch: {} connections \
          picked by the program, {} seats; the network: {} connections never came ({} counted \
          abandoned), {} taken from behind a busy child, {} refused by a full backlog; the \
-         width narrowed {} times, widened {}",
+         width narrowed {} times, widened {}; the messages path: {} connections spread, {} \
+         slots refilled",
         started.elapsed(),
         seen.spawned,
         seen.killed,
@@ -1055,7 +1064,11 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         network[2],
         seen.width_narrowed,
         seen.width_widened,
+        by_messages[0],
+        by_messages[1],
     );
+    // Pools of messages workers ran, spread and refilled.
+    assert!(by_messages[0] > 0 && by_messages[1] > 0);
     // Kernel dispatch runs: the program serves, templates' workers seated.
     assert!(kernel[0] > 0 && kernel[1] > 0);
     // The network's faults happen, the core counts the connections that
@@ -1120,6 +1133,7 @@ fn a_kill_storm_never_empties_the_pool() {
             kernel: seed % 4 >= 2,
             network: false,
             upgrade_every: 0,
+            by_messages: seed % 8 == 3,
         };
         let storm = Scenario {
             kill_every: 200 * MS,

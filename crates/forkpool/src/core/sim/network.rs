@@ -87,5 +87,6 @@ impl Sim {
             return;
         }
         self.world.backlog.push_back(conn);
+        self.messages_worker_takes_overflow();
     }
 }

@@ -128,6 +128,9 @@ pub(super) struct Proc {
     pub ready: bool,
     /// Kernel dispatch: it said `K` (keeps a record on the board).
     pub said_k: bool,
+    /// Kernel dispatch: it said `G` (its record is moved by the
+    /// supervisor from its messages; it waits on the overflow too).
+    pub said_g: bool,
     /// Kernel dispatch: its record, once it has its sockets.
     pub board: Option<super::kernel::Record>,
     /// Kernel dispatch: it will write nonsense into its counts.
@@ -432,6 +435,7 @@ impl World {
                 told_quit: false,
                 ready: false,
                 said_k: false,
+                said_g: false,
                 board: None,
                 liar: false,
             },
