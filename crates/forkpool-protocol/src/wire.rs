@@ -36,6 +36,15 @@ pub enum ChildMessage {
         /// The child's process id, as in `Ready`.
         pid: u32,
     },
+    /// `Ready` for a `kernel` dispatch child that serves its own socket but
+    /// cannot keep its record on the scoreboard (no shared memory or
+    /// atomics): it says busy and idle in messages (`B`, `N`, `I`), and the
+    /// parent moves its record for it. Sent once, first, in place of
+    /// `Ready`.
+    ReadyByMessages {
+        /// The child's process id, as in `Ready`.
+        pid: u32,
+    },
     /// The child finished its connection (or was never busy) and waits again.
     Idle,
     /// The child accepted a connection itself (`order` and `shared` dispatch).
@@ -163,6 +172,7 @@ impl ChildMessage {
         let len = match self {
             ChildMessage::Ready { pid } => put_u32(buf, b'R', pid),
             ChildMessage::ReadyOnBoard { pid } => put_u32(buf, b'K', pid),
+            ChildMessage::ReadyByMessages { pid } => put_u32(buf, b'G', pid),
             ChildMessage::Idle => put_bare(buf, b'I'),
             ChildMessage::Busy => put_bare(buf, b'B'),
             ChildMessage::Missed => put_bare(buf, b'M'),
@@ -194,6 +204,9 @@ impl ChildMessage {
                 pid: get_u32(kind, payload)?,
             },
             b'K' => ChildMessage::ReadyOnBoard {
+                pid: get_u32(kind, payload)?,
+            },
+            b'G' => ChildMessage::ReadyByMessages {
                 pid: get_u32(kind, payload)?,
             },
             b'I' => bare(kind, payload, ChildMessage::Idle)?,
@@ -583,6 +596,18 @@ mod tests {
             Ok(ChildMessage::ReadyOnBoard { pid: 0x01020304 })
         );
         assert!(ChildMessage::decode(&[1, b'K', 1]).is_err());
+    }
+
+    #[test]
+    fn ready_by_messages_has_the_documented_bytes() {
+        let mut buf = MessageBuf::default();
+        let bytes = ChildMessage::ReadyByMessages { pid: 0x01020304 }.encode(&mut buf);
+        assert_eq!(bytes, &[1, b'G', 1, 2, 3, 4]);
+        assert_eq!(
+            ChildMessage::decode(bytes),
+            Ok(ChildMessage::ReadyByMessages { pid: 0x01020304 })
+        );
+        assert!(ChildMessage::decode(&[1, b'G', 1, 2, 3, 4, 5]).is_err());
     }
 
     #[test]

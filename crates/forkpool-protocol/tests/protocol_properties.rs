@@ -9,6 +9,8 @@ use proptest::prelude::*;
 fn child_message() -> impl Strategy<Value = ChildMessage> {
     prop_oneof![
         any::<u32>().prop_map(|pid| ChildMessage::Ready { pid }),
+        any::<u32>().prop_map(|pid| ChildMessage::ReadyOnBoard { pid }),
+        any::<u32>().prop_map(|pid| ChildMessage::ReadyByMessages { pid }),
         Just(ChildMessage::Idle),
         Just(ChildMessage::Busy),
         Just(ChildMessage::Missed),
@@ -46,7 +48,10 @@ fn parent_bytes(msg: ParentMessage) -> Vec<u8> {
 /// Byte strings that look like messages more often than uniform noise does:
 /// a right version byte and a known kind letter, with any payload.
 fn plausible_datagram() -> impl Strategy<Value = Vec<u8>> {
-    let kind = prop_oneof![prop::sample::select(b"RIBMPLCApQ".to_vec()), any::<u8>(),];
+    let kind = prop_oneof![
+        prop::sample::select(b"RKGIBMNXPLCApQ".to_vec()),
+        any::<u8>(),
+    ];
     (kind, prop::collection::vec(any::<u8>(), 0..16)).prop_map(|(kind, payload)| {
         let mut bytes = vec![VERSION, kind];
         bytes.extend(payload);
@@ -212,6 +217,14 @@ fn the_header_is_version_1() {
 #[test]
 fn child_messages_have_the_documented_bytes() {
     assert_child(ChildMessage::Ready { pid: 123_456 }, "01 52 00 01 e2 40");
+    assert_child(
+        ChildMessage::ReadyOnBoard { pid: 123_456 },
+        "01 4b 00 01 e2 40",
+    );
+    assert_child(
+        ChildMessage::ReadyByMessages { pid: 123_456 },
+        "01 47 00 01 e2 40",
+    );
     assert_child(ChildMessage::Idle, "01 49");
     assert_child(ChildMessage::Busy, "01 42");
     assert_child(ChildMessage::Missed, "01 4d");

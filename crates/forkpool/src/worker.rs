@@ -203,19 +203,30 @@ pub(crate) fn run_child_speaking(
         listeners: start.listeners,
         board: start.board,
         overflow: start.overflow,
+        by_messages: false,
         handler,
     };
     // Kernel dispatch: `K`, the child keeps its own record on the board;
     // forked by a template, it is sent its sockets and the board then.
+    // Asked to (`BY_MESSAGES_VAR`), it takes the messages path instead.
     let pid = worker.info.pid;
+    worker.by_messages = start.mode == DispatchMode::Kernel
+        && version != protocol::TEMPLATE_VERSION
+        && !worker.listeners.is_empty()
+        && std::env::var_os(BY_MESSAGES_VAR).is_some_and(|v| v == "1");
+    if worker.by_messages {
+        worker.board = None;
+    }
     let seat_awaited = start.mode == DispatchMode::Kernel
         && worker.board.is_none()
+        && !worker.by_messages
         && version == protocol::TEMPLATE_VERSION;
     // Its lifetime counts from here, in this process (after its fork).
     if start.mode == DispatchMode::Kernel {
         worker.limit_check = LimitCheck::start(worker.limits);
     }
     let result = worker.report(match worker.board.is_some() || seat_awaited {
+        _ if worker.by_messages => ChildMessage::ReadyByMessages { pid },
         true => ChildMessage::ReadyOnBoard { pid },
         false => ChildMessage::Ready { pid },
     });
@@ -279,8 +290,19 @@ struct Worker<'h> {
     board: Option<Board>,
     /// `kernel` dispatch: the supervisor's overflow sockets.
     overflow: Vec<Listener>,
+    /// `kernel` dispatch on the messages path (`G`): no board; it says
+    /// busy and idle in messages, and waits on the overflow too.
+    by_messages: bool,
     handler: &'h mut dyn Handler,
 }
+
+/// Set to `1` in a Rust worker's environment, in `kernel` dispatch: the
+/// worker takes the messages path (`G`: it says busy and idle in messages
+/// and the supervisor keeps its record) instead of keeping its record on
+/// the scoreboard itself (`K`). For measuring one against the other and
+/// testing the supervisor's side with a worker whose runtime could do
+/// either; a runtime without shared memory takes it of necessity.
+pub const BY_MESSAGES_VAR: &str = "FORKPOOL_BY_MESSAGES";
 
 /// Why a child stops on its own. `Ok(())` from a loop means a clean stop
 /// (quit or supervisor gone).
@@ -502,12 +524,17 @@ impl Worker<'_> {
     /// the scoreboard before each wait and busy on each accept; it reports
     /// `B` and `I` as in `shared`.
     fn accept_own(&mut self) -> End {
-        if self.board.is_none() {
+        if self.board.is_none() && !self.by_messages {
             return Err("kernel dispatch without a scoreboard".into());
         }
+        // On the messages path it waits on the overflow too: nothing there
+        // is handed to it, and connections land there only when no
+        // child had a socket to take them.
+        let own = self.listeners.len();
+        let overflow = self.overflow.iter().filter(|_| self.by_messages);
         let mut wait = sys::wait::ListenerWait::new(
             self.info.channel.as_fd(),
-            self.listeners.iter().map(|l| l.as_fd()),
+            self.listeners.iter().chain(overflow).map(|l| l.as_fd()),
             false,
         )?;
         let mut woken = Vec::new();
@@ -541,13 +568,20 @@ impl Worker<'_> {
                         }
                     },
                     sys::wait::Woken::Listener(i) => {
-                        match sys::socket::accept(self.listeners[i].as_fd()) {
+                        let (from, listener) = match i.checked_sub(own) {
+                            Some(o) => (&self.overflow[o], o),
+                            None => (&self.listeners[i], i),
+                        };
+                        match sys::socket::accept(from.as_fd()) {
                             Ok(fd) => {
                                 self.mark_busy();
+                                if self.by_messages {
+                                    self.report(ChildMessage::Busy)?;
+                                }
                                 if let Some(board) = &self.board {
                                     board.count_taken(self.info.slot);
                                 }
-                                self.serve_then_idle(fd, i as u16)?;
+                                self.serve_then_idle(fd, listener as u16)?;
                             }
                             // Nothing to accept (a reservation given back,
                             // its connection came after all and went): wait
@@ -679,10 +713,16 @@ impl Worker<'_> {
                 if let Some(board) = &self.board {
                     board.count_taken(self.info.slot);
                 }
+                if self.by_messages {
+                    self.report(ChildMessage::Busy)?;
+                }
                 let held_open = self.serve(fd, i as u16)?;
                 self.served += 1;
                 if let Some(board) = &self.board {
                     board.count_served(self.info.slot);
+                }
+                if self.by_messages {
+                    self.report(ChildMessage::Idle)?;
                 }
                 drop(held_open);
             }

@@ -69,9 +69,10 @@ pub(crate) struct WorkerRole {
     pub captured: Option<Instant>,
     /// Kernel dispatch: how connections reach the child, as its first
     /// message chose: [`Path::Board`] (`K`: it keeps its record on the
-    /// scoreboard, where the supervisor reads its state) or
+    /// scoreboard, where the supervisor reads its state),
+    /// [`Path::Messages`] (`G`: its own socket, its state in messages) or
     /// [`Path::Handoff`] (`R`: served as in `handoff`). `None` before it
-    /// said either, and in other modes.
+    /// said one, and in other modes.
     pub path: Option<Path>,
     /// Kernel dispatch: the child's counts on the scoreboard when last
     /// read (connections taken, finished, and taken from the overflow).
@@ -91,6 +92,10 @@ pub(crate) enum Path {
     /// It said `R`: the supervisor takes every connection off the
     /// overflow and hands it over with `C`, as in `handoff`.
     Handoff,
+    /// It said `G`: the kernel queues connections on its own socket, as
+    /// for `Board`, but it says busy and idle in messages and the
+    /// supervisor moves its record (a runtime without shared memory).
+    Messages,
 }
 
 impl Path {
@@ -99,6 +104,7 @@ impl Path {
         match self {
             Path::Board => "board",
             Path::Handoff => "handoff",
+            Path::Messages => "messages",
         }
     }
 }

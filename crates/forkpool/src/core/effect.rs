@@ -59,6 +59,15 @@ pub(crate) enum Effect<L> {
     /// A child has room again: connections parked for want of one go
     /// first.
     Room,
+    /// Kernel dispatch: the child in `slot` took the messages path (`G`)
+    /// and said it is idle (`idle`) or busy: the shell stores that in its
+    /// record on the scoreboard, as a `K` child would itself.
+    MarkBoard {
+        /// The child.
+        slot: usize,
+        /// Idle (else busy).
+        idle: bool,
+    },
     /// An accept order on `listener` was answered: one fewer is out, and
     /// the listener is looked at again this turn.
     OrderAnswered {

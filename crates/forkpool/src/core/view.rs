@@ -124,7 +124,7 @@ impl CoreView {
 
 impl<L: HasChild> Core<L> {
     /// `kernel` dispatch: how connections reach the child in `slot`, once
-    /// it has said `R` or `K`; `None` in other modes and before.
+    /// it has said `K`, `G` or `R`; `None` in other modes and before.
     pub fn path(&self, slot: usize) -> Option<Path> {
         if self.config.dispatch != crate::config::DispatchMode::Kernel {
             return None;

@@ -93,10 +93,13 @@ impl<L: HasChild + Sends> Children for Core<L> {
         self.board().lowest_idle()
     }
 
+    /// Idle, and able to take a handed connection: a kernel dispatch
+    /// child on the messages path (`G`) takes its own socket's only.
     fn is_idle(&self, slot: usize) -> bool {
         self.board()
             .get(slot)
             .is_some_and(|s| s.state == crate::slot::SlotState::Idle)
+            && self.takes_handed(slot)
     }
 
     fn pid(&self, slot: usize) -> Option<i32> {

@@ -9,24 +9,30 @@ use crate::protocol::ChildMessage;
 
 /// Whether a child in `mode` can send `msg`; if not, why not, for the log.
 /// `on_board`: a `kernel` child that keeps its record on the scoreboard
-/// (it said `K`); one that said `R` is served, and reports, as in `handoff`.
+/// (it said `K`); `by_messages`: one that serves its own socket and says
+/// busy and idle in messages (it said `G`); one that said `R` is served,
+/// and reports, as in `handoff`.
 pub(crate) fn mode_allows(
     mode: DispatchMode,
     on_board: bool,
+    by_messages: bool,
     msg: &ChildMessage,
 ) -> Result<(), String> {
     // Kernel dispatch children on the board report nothing per connection
     // (the scoreboard says it); `I` is only the wake-up the supervisor
-    // asks for.
-    let child_accepts = !matches!(mode, DispatchMode::Handoff | DispatchMode::Kernel);
-    let takes_next = mode == DispatchMode::Handoff || (mode == DispatchMode::Kernel && !on_board);
+    // asks for. A `G` child accepts from its own socket and says so.
+    let kernel = mode == DispatchMode::Kernel;
+    let child_accepts =
+        !matches!(mode, DispatchMode::Handoff | DispatchMode::Kernel) || (kernel && by_messages);
+    let takes_next = mode == DispatchMode::Handoff || (kernel && !on_board);
     let (letter, allowed) = match msg {
         ChildMessage::Busy => ("B", child_accepts),
-        ChildMessage::Missed => ("M", child_accepts),
+        ChildMessage::Missed => ("M", child_accepts && !kernel),
         // Only a handoff child that holds the listeners takes the next
         // connection itself.
         ChildMessage::Next => ("N", takes_next),
-        ChildMessage::ReadyOnBoard { .. } => ("K", mode == DispatchMode::Kernel),
+        ChildMessage::ReadyOnBoard { .. } => ("K", kernel),
+        ChildMessage::ReadyByMessages { .. } => ("G", kernel),
         _ => ("", true),
     };
     if allowed {
@@ -58,40 +64,59 @@ mod tests {
     #[test]
     fn handoff_children_never_accept_and_others_never_take_next() {
         let h = DispatchMode::Handoff;
-        assert!(mode_allows(h, false, &ChildMessage::Busy).is_err());
-        assert!(mode_allows(h, false, &ChildMessage::Missed).is_err());
-        assert!(mode_allows(h, false, &ChildMessage::Next).is_ok());
-        assert!(mode_allows(h, false, &ChildMessage::Idle).is_ok());
+        assert!(mode_allows(h, false, false, &ChildMessage::Busy).is_err());
+        assert!(mode_allows(h, false, false, &ChildMessage::Missed).is_err());
+        assert!(mode_allows(h, false, false, &ChildMessage::Next).is_ok());
+        assert!(mode_allows(h, false, false, &ChildMessage::Idle).is_ok());
         for mode in [DispatchMode::Order, DispatchMode::Shared] {
-            assert!(mode_allows(mode, false, &ChildMessage::Busy).is_ok());
-            assert!(mode_allows(mode, false, &ChildMessage::Missed).is_ok());
-            assert!(mode_allows(mode, false, &ChildMessage::Next).is_err());
+            assert!(mode_allows(mode, false, false, &ChildMessage::Busy).is_ok());
+            assert!(mode_allows(mode, false, false, &ChildMessage::Missed).is_ok());
+            assert!(mode_allows(mode, false, false, &ChildMessage::Next).is_err());
         }
         let k = DispatchMode::Kernel;
         for msg in [ChildMessage::Busy, ChildMessage::Missed, ChildMessage::Next] {
-            assert!(mode_allows(k, true, &msg).is_err(), "{msg:?}");
+            assert!(mode_allows(k, true, false, &msg).is_err(), "{msg:?}");
         }
-        assert!(mode_allows(k, true, &ChildMessage::Idle).is_ok());
-        let why = mode_allows(h, false, &ChildMessage::Missed).unwrap_err();
+        assert!(mode_allows(k, true, false, &ChildMessage::Idle).is_ok());
+        let why = mode_allows(h, false, false, &ChildMessage::Missed).unwrap_err();
         assert!(why.contains("M") && why.contains("handoff"), "{why}");
     }
 
     #[test]
     fn only_kernel_children_keep_the_board_and_the_others_report_as_in_handoff() {
         let on_board = ChildMessage::ReadyOnBoard { pid: 7 };
-        assert!(mode_allows(DispatchMode::Kernel, false, &on_board).is_ok());
+        assert!(mode_allows(DispatchMode::Kernel, false, false, &on_board).is_ok());
         for mode in [
             DispatchMode::Handoff,
             DispatchMode::Order,
             DispatchMode::Shared,
         ] {
-            let why = mode_allows(mode, false, &on_board).unwrap_err();
+            let why = mode_allows(mode, false, false, &on_board).unwrap_err();
             assert!(why.contains('K'), "{why}");
         }
         // A kernel child that said R takes the next connection as in handoff.
         let k = DispatchMode::Kernel;
-        assert!(mode_allows(k, false, &ChildMessage::Next).is_ok());
-        assert!(mode_allows(k, false, &ChildMessage::Busy).is_err());
+        assert!(mode_allows(k, false, false, &ChildMessage::Next).is_ok());
+        assert!(mode_allows(k, false, false, &ChildMessage::Busy).is_err());
+    }
+
+    #[test]
+    fn a_kernel_child_by_messages_says_busy_next_and_idle_but_never_missed() {
+        let k = DispatchMode::Kernel;
+        for msg in [ChildMessage::Busy, ChildMessage::Next, ChildMessage::Idle] {
+            assert!(mode_allows(k, false, true, &msg).is_ok(), "{msg:?}");
+        }
+        assert!(mode_allows(k, false, true, &ChildMessage::Missed).is_err());
+        let g = ChildMessage::ReadyByMessages { pid: 7 };
+        assert!(mode_allows(k, false, false, &g).is_ok());
+        for mode in [
+            DispatchMode::Handoff,
+            DispatchMode::Order,
+            DispatchMode::Shared,
+        ] {
+            let why = mode_allows(mode, false, false, &g).unwrap_err();
+            assert!(why.contains('G'), "{why}");
+        }
     }
 
     #[test]

@@ -57,6 +57,7 @@ impl Supervisor {
             Effect::OwnGroup { slot } => self.own_group(slot),
             Effect::Seat { slot } => self.send_seat(slot, now),
             Effect::Room => self.child_available(now),
+            Effect::MarkBoard { slot, idle } => self.mark_board(slot, idle),
             Effect::OrderAnswered { listener } => {
                 order::order_answered(listener, &mut self.listeners)
             }

@@ -157,6 +157,19 @@ impl Supervisor {
         }
     }
 
+    /// A child on the messages path (`G`) said it is idle or busy: its
+    /// record on the scoreboard says so, as a `K` child's own store would.
+    pub(crate) fn mark_board(&self, slot: usize, idle: bool) {
+        let Some(kernel) = &self.kernel else {
+            return;
+        };
+        if idle {
+            kernel.board().set_idle(slot);
+        } else {
+            kernel.board().set_busy(slot);
+        }
+    }
+
     /// Kernel dispatch: takes the worker in `slot` on the scoreboard
     /// (idle to busy) before it is made the template, if it is idle; true
     /// if it was claimed.
@@ -216,7 +229,7 @@ impl Supervisor {
     }
 
     /// Stops watching the sockets of each slot whose child now takes its
-    /// connections itself (ready, and keeping its record on the board).
+    /// connections itself (ready, on the board or by messages).
     fn watch_until_ready(&mut self) {
         if self.wake.orphaned_sockets.is_empty() {
             return;
@@ -227,7 +240,7 @@ impl Supervisor {
             .iter()
             .map(|&(slot, _)| slot)
             .filter(|&slot| {
-                self.core.keeps_board(slot)
+                self.core.serves_own_socket(slot)
                     && self
                         .core
                         .board()
@@ -266,6 +279,11 @@ impl Supervisor {
         let Some((_, fd)) = kernel.sockets(slot).find(|&(l, _)| l == listener) else {
             return;
         };
+        // A pool of messages children could never be handed them: they
+        // wait on the socket for the slot's next child.
+        if !self.core.hands_on() {
+            return;
+        }
         let taken = self.dispatcher.park_all(listener, fd);
         self.core.count(Counted::Accepted(taken));
         if taken > 0 {
@@ -299,6 +317,7 @@ impl Supervisor {
         let now_ns = board::kernel_clock_ns();
         let look = kernel.look_at_reservations(span, now_ns, self.core.config().defer_accept);
         self.core.board_read(look, now);
+        board.set_spread(self.core.spread_over());
         self.watch_until_ready();
         self.carry_out(now);
         if self.core.behind_look_due(now) {
@@ -318,7 +337,7 @@ impl Supervisor {
             .core
             .board()
             .iter()
-            .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.keeps_board(slot))
+            .filter(|&(slot, s)| s.state == SlotState::Busy && self.core.serves_own_socket(slot))
             .map(|(slot, _)| (slot, kernel.queued_on(slot)))
             .filter(|&(_, queued)| queued > 0)
             .collect();
@@ -356,8 +375,8 @@ impl Supervisor {
         let board = kernel.board();
         let now_ns = board::kernel_clock_ns();
         self.core.board().idle_slots().any(|slot| {
-            !self.core.keeps_board(slot)
-                || (slot < board.slots() && {
+            self.core.takes_handed(slot) && !self.core.keeps_board(slot)
+                || (self.core.keeps_board(slot) && slot < board.slots() && {
                     let word = board.state(slot);
                     word == SlotWord::Idle || word.dead_at(now_ns)
                 })

@@ -636,6 +636,12 @@ impl Sim {
                     self.world.conns[conn as usize] = Conn::Closed;
                 }
             }
+            // Its children keep the board themselves (`K`) or say `R`.
+            Effect::MarkBoard { slot, .. } => {
+                return Err(format!(
+                    "the board marked for slot {slot}, whose child never said G"
+                ));
+            }
             Effect::StopReading { .. }
             | Effect::Room
             | Effect::OrderAnswered { .. }

@@ -58,6 +58,9 @@ const X: u8 = 0x08;
 const ADD: u8 = 0x00;
 const OR: u8 = 0x40;
 const LSH: u8 = 0x60;
+const RSH: u8 = 0x70;
+const MOD: u8 = 0x90;
+const AND: u8 = 0x50;
 const MOV: u8 = 0xb0;
 // Jump operations.
 const JA: u8 = 0x00;
@@ -68,6 +71,9 @@ const EXIT: u8 = 0x90;
 const CMPXCHG: i32 = 0xf0 | 0x01;
 /// `BPF_ADD` as an atomic operation: add the source to memory (no fetch).
 const ATOMIC_ADD: i32 = 0x00;
+/// `BPF_ADD | BPF_FETCH`: add the source to memory, and load the old
+/// value into the source.
+const ATOMIC_FETCH_ADD: i32 = ATOMIC_ADD | 0x01;
 /// `BPF_PSEUDO_MAP_FD`: the immediate of a 64-bit load is a map's fd.
 const PSEUDO_MAP_FD: u8 = 1;
 /// `BPF_PSEUDO_MAP_VALUE`: ... a map's fd, and the second half's
@@ -190,6 +196,21 @@ impl Asm {
         self.push(ALU64 | LSH | K, dst, R0, 0, imm);
     }
 
+    /// `dst >>= imm` (logical).
+    pub fn rsh_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(ALU64 | RSH | K, dst, R0, 0, imm);
+    }
+
+    /// `dst &= imm` (sign-extended).
+    pub fn and_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(ALU64 | AND | K, dst, R0, 0, imm);
+    }
+
+    /// `dst %= src` (unsigned; `dst` is left as it is when `src` is 0).
+    pub fn mod_reg(&mut self, dst: Reg, src: Reg) {
+        self.push(ALU64 | MOD | X, dst, src, 0, 0);
+    }
+
     /// `dst = *(u64 *)(src + off)`.
     pub fn load_u64(&mut self, dst: Reg, src: Reg, off: i16) {
         self.push(LDX | DW | MEM, dst, src, off, 0);
@@ -219,6 +240,12 @@ impl Asm {
     /// Atomically: `*(u64 *)(dst + off) += src`.
     pub fn atomic_add_u64(&mut self, dst: Reg, off: i16, src: Reg) {
         self.push(STX | DW | ATOMIC, dst, src, off, ATOMIC_ADD);
+    }
+
+    /// Atomically: `old = *(u64 *)(dst + off); *(u64 *)(dst + off) +=
+    /// src; src = old`.
+    pub fn atomic_fetch_add_u64(&mut self, dst: Reg, off: i16, src: Reg) {
+        self.push(STX | DW | ATOMIC, dst, src, off, ATOMIC_FETCH_ADD);
     }
 
     /// `dst` = the address of map `fd` (for a helper's map argument).

@@ -13,7 +13,7 @@
 //! | 4 | connections taken from an overflow socket | whoever accepts one there (an atomic add) |
 //! | 5 | the dispatch bound: 0, or the first slot beyond the dispatch width; the program picks no slot from it on, and children there take nothing from the overflow | the supervisor |
 //! | 6 | dead reservations taken over, by the program for a new connection or by the supervisor for an overflow one | the program, the supervisor (atomic adds) |
-//! | 7 | reserved, zero | |
+//! | 7 | the **spread**: its low 16 bits 0, or *n*: with no slot idle or dead, the program queues the connection on the socket of slot *k* mod *n* (*k* its count of such picks, in the bits above) rather than on the overflow | the supervisor (*n*), the program (an atomic add to *k*) |
 //! | 8 + 4 *slot* | the slot's state | the child, the program, the supervisor |
 //! | 9 + 4 *slot* | connections the child accepted from its own socket | the child |
 //! | 10 + 4 *slot* | connections the child finished (its own and handed ones) | the child |
@@ -90,6 +90,12 @@ const OVERFLOW_TAKEN_WORD: usize = 4;
 pub const BOUND_WORD: usize = 5;
 /// The word counting dead reservations the program took over.
 pub const TAKEN_OVER_WORD: usize = 6;
+/// The word holding the spread: how many slots from 0 the program spreads
+/// connections over when none is idle (low 16 bits), and its count of
+/// such picks (the bits above).
+pub const SPREAD_WORD: usize = 7;
+/// The spread's count steps by this (its bits start above the width's).
+pub const SPREAD_STEP: u64 = 1 << 16;
 /// Within a record: the state.
 const STATE: usize = 0;
 /// Within a record: connections accepted from the child's own socket.
@@ -277,6 +283,24 @@ impl Board {
         if at.load(Ordering::Relaxed) != word {
             at.store(word, Ordering::SeqCst);
         }
+    }
+
+    /// Sets the spread (`SPREAD_WORD`): with no slot idle, the program
+    /// queues each new connection on one of the first `over` slots' own
+    /// sockets in turn (0: on the overflow, as without it). Capped at the
+    /// slots and at what the word's 16 bits hold.
+    pub fn set_spread(&self, over: usize) {
+        let over = over.min(self.slots).min(0xffff) as u64;
+        let at = &self.words.words()[SPREAD_WORD];
+        if at.load(Ordering::Relaxed) & 0xffff != over {
+            at.store(over, Ordering::SeqCst);
+        }
+    }
+
+    /// The spread as set: how many slots (0: none).
+    #[cfg(test)]
+    pub fn spread(&self) -> usize {
+        (self.words.words()[SPREAD_WORD].load(Ordering::SeqCst) & 0xffff) as usize
     }
 
     /// The dispatch bound as set (`None`: every slot).
@@ -468,6 +492,23 @@ mod tests {
         board.count_overflow_handed(1);
         assert_eq!(words[OVERFLOW_SENT_WORD].load(Ordering::SeqCst), 8);
         assert!(board.overflow_may_wait(), "one counted is still there");
+    }
+
+    #[test]
+    fn the_spread_is_capped_at_the_slots_and_keeps_the_programs_count_while_unchanged() {
+        let board = board_of(&[BUSY; 4]);
+        assert_eq!(board.spread(), 0);
+        board.set_spread(3);
+        assert_eq!(board.spread(), 3);
+        // The program's picks count above the low 16 bits.
+        let word = &board.words.words()[SPREAD_WORD];
+        word.fetch_add(5 * SPREAD_STEP, Ordering::SeqCst);
+        board.set_spread(3);
+        assert_eq!(word.load(Ordering::SeqCst), 5 * SPREAD_STEP + 3);
+        board.set_spread(9);
+        assert_eq!(board.spread(), 4, "no more than the slots");
+        board.set_spread(0);
+        assert_eq!(word.load(Ordering::SeqCst), 0);
     }
 
     #[test]

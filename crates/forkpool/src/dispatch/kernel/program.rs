@@ -1,7 +1,8 @@
 //! The program the kernel runs for each new connection: pick the lowest
 //! idle slot within the dispatch width and reserve it; failing that, the
-//! lowest slot whose reservation is dead; failing that, the supervisor's
-//! overflow socket.
+//! lowest slot whose reservation is dead; failing that, the next slot of
+//! the spread, where the supervisor sets one; failing that, the
+//! supervisor's overflow socket.
 //!
 //! Type `SK_REUSEPORT`, attached to the listener's `SO_REUSEPORT` group.
 //! The kernel runs it once per connection, when the SYN arrives and a
@@ -34,6 +35,14 @@
 //! overflow also adds one to the board's count of them (an atomic add),
 //! which lets a finishing child skip looking there when nothing was sent,
 //! and a takeover adds one to the count of them (word 6).
+//!
+//! Word 7 is the spread (`board::SPREAD_WORD`), for a pool whose
+//! children take connections only from their own sockets (the messages
+//! path, `G`): the supervisor could hand them nothing from the overflow,
+//! so with no slot idle or dead the program queues the connection on the
+//! next of the first *n* slots' sockets in turn, where it waits behind
+//! that child's connection. 0 (the supervisor's choice for any other
+//! pool) goes to the overflow as before.
 //!
 //! Word 5 is the dispatch bound (`board::BOUND_WORD`): 0, or the first
 //! slot beyond the dispatch width (`policy::width`). A slot at or above a
@@ -119,18 +128,32 @@
 //! 73     lock *(u64 *)(r7 + 48) += r1   count it: a dead reservation taken over (word 6)
 //! 74     r0 = SK_PASS
 //! 75     exit
+//! spread:
+//! 76     r2 = *(u64 *)(r7 + 56)         word 7: the spread
+//! 77     r2 &= 0xffff                   n, the slots it spreads over
+//! 78     if r2 == 0 goto overflow       (none: children the supervisor hands to)
+//! 79     r1 = 1 << 16
+//! 80     lock r1 = fetch_add *(u64 *)(r7 + 56)   k, counted above n's bits
+//! 81     r1 >>= 16
+//! 82     r1 %= r2                       slot = k mod n
+//! 83     *(u32 *)(r10 - 4) = r1
+//! 84–90  call sk_select_reuseport       that slot's socket takes it, behind its child
+//! 91     if r0 != 0 goto overflow       (no socket at the slot)
+//! 92     r0 = SK_PASS
+//! 93     exit
 //! overflow:
-//! 76     r1 = 1
-//! 77     lock *(u64 *)(r7 + 24) += r1   count it: sent to the overflow (word 3)
-//! 78     *(u32 *)(r10 - 4) = SLOTS      key = the overflow socket
-//! 79–85  call sk_select_reuseport       (if it fails, the kernel's hash picks)
-//! 86     r0 = SK_PASS
-//! 87     exit
+//! 94     r1 = 1
+//! 95     lock *(u64 *)(r7 + 24) += r1   count it: sent to the overflow (word 3)
+//! 96     *(u32 *)(r10 - 4) = SLOTS      key = the overflow socket
+//! 97–103 call sk_select_reuseport       (if it fails, the kernel's hash picks)
+//! 104    r0 = SK_PASS
+//! 105    exit
 //! ```
 
 use super::asm::{Asm, Cond, Insn, Label, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8, R9};
 use super::board::{
-    BOUND_WORD, HEADER_WORDS, IDLE, OVERFLOW_SENT_WORD, RECORD_WORDS, RESERVED_BIT, TAKEN_OVER_WORD,
+    BOUND_WORD, HEADER_WORDS, IDLE, OVERFLOW_SENT_WORD, RECORD_WORDS, RESERVED_BIT, SPREAD_STEP,
+    SPREAD_WORD, TAKEN_OVER_WORD,
 };
 use crate::policy::reservations::RESERVATION_HOLD;
 
@@ -169,6 +192,7 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
     let hold = RESERVATION_HOLD.as_nanos() as i32;
     let mut asm = Asm::new();
     let dead = asm.label();
+    let spread = asm.label();
     let overflow = asm.label();
 
     asm.mov(R6, R1);
@@ -195,7 +219,7 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
 
     // Then: the lowest slot whose reservation is dead.
     asm.bind(dead);
-    let scan = Scan::begin(&mut asm, slots, overflow);
+    let scan = Scan::begin(&mut asm, slots, spread);
     asm.mov(R2, R4);
     asm.add_imm(R2, -2);
     asm.load_u64(R5, R10, DEAD_BEFORE);
@@ -209,6 +233,22 @@ pub fn pick_lowest_idle(board: i32, sockets: i32, slots: usize) -> Vec<Insn> {
     asm.jump_if(Cond::Ne, R0, 0, scan.next);
     asm.mov_imm(R1, 1);
     asm.atomic_add_u64(R7, (8 * TAKEN_OVER_WORD) as i16, R1);
+    asm.mov_imm(R0, SK_PASS);
+    asm.exit();
+
+    // Then, where the supervisor spreads (children that cannot be handed
+    // a connection): the next of the first n slots in turn, on its own
+    // socket, to wait behind its child's connection.
+    asm.bind(spread);
+    asm.load_u64(R2, R7, (8 * SPREAD_WORD) as i16);
+    asm.and_imm(R2, 0xffff);
+    asm.jump_if(Cond::Eq, R2, 0, overflow);
+    asm.mov_imm(R1, SPREAD_STEP as i32);
+    asm.atomic_fetch_add_u64(R7, (8 * SPREAD_WORD) as i16, R1);
+    asm.rsh_imm(R1, SPREAD_STEP.trailing_zeros() as i32);
+    asm.mod_reg(R1, R2);
+    select_socket(&mut asm, sockets, Some(R1));
+    asm.jump_if(Cond::Ne, R0, 0, overflow);
     asm.mov_imm(R0, SK_PASS);
     asm.exit();
 
@@ -299,9 +339,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_program_is_the_eighty_eight_slots_its_listing_shows() {
+    fn the_program_is_the_hundred_and_six_instructions_its_listing_shows() {
         let insns = pick_lowest_idle(3, 4, 16);
-        assert_eq!(insns.len(), 88);
+        assert_eq!(insns.len(), 106);
         // The dead-before moment and the stamp on the stack.
         assert_eq!((insns[5].code, insns[5].imm), (0x07, -30_000_001));
         assert_eq!((insns[6].code, insns[6].off), (0x7b, -24));
@@ -343,14 +383,32 @@ mod tests {
             (0xdb, 48),
             "the takeover count"
         );
+        // The spread: n from word 7's low bits (none: the overflow), k
+        // fetched and stepped above them, slot k mod n.
+        assert_eq!((insns[76].code, insns[76].off), (0x79, 56));
+        assert_eq!((insns[77].code, insns[77].imm), (0x57, 0xffff));
+        assert_eq!(
+            (insns[78].code, insns[78].imm, insns[78].off),
+            (0x15, 0, 15)
+        );
+        assert_eq!((insns[79].code, insns[79].imm), (0xb7, 1 << 16));
+        assert_eq!(
+            (insns[80].code, insns[80].off, insns[80].imm),
+            (0xdb, 56, 0x01),
+            "fetch and add"
+        );
+        assert_eq!((insns[81].code, insns[81].imm), (0x77, 16));
+        assert_eq!((insns[82].code, insns[82].dst, insns[82].src), (0x9f, 1, 2));
+        assert_eq!((insns[83].code, insns[83].src), (0x63, 1));
+        assert_eq!((insns[91].code, insns[91].off), (0x55, 2));
         // The overflow.
         assert_eq!(
-            (insns[77].code, insns[77].off),
+            (insns[95].code, insns[95].off),
             (0xdb, 24),
             "the overflow count"
         );
-        assert_eq!(insns[78].imm, 16);
-        assert_eq!(insns[87].code, 0x95);
+        assert_eq!(insns[96].imm, 16);
+        assert_eq!(insns[105].code, 0x95);
     }
 
     #[test]
