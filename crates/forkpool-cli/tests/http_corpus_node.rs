@@ -173,7 +173,7 @@ fn forkpool_node_passes_the_corpus_but_its_listed_deviations() {
         helper.to_str().unwrap(),
         app.to_str().unwrap(),
     ];
-    let pool = DemoPool::start_run(&["--dispatch", "none", "--min-children", "2"], &cmd);
+    let pool = DemoPool::start_run(&["--min-children", "2"], &cmd);
     let failed = failures(&pool);
     let listed: BTreeMap<&str, &str> = DEVIATIONS.iter().copied().collect();
     let unlisted: Vec<String> = failed
