@@ -133,9 +133,20 @@ function serve(handler, options = {}) {
   const channel = path === 'messages'
     ? new Channel(Number(process.env.FORKPOOL_CHANNEL_FD), () => quitting.start())
     : null;
-  const quitting = gracefulQuit(servers, (exit) => (channel ? channel.close(exit) : exit()));
+  const requests = new messages.Requests();
+  const quitting = gracefulQuit(servers, (exit) => {
+    if (!channel) {
+      exit();
+      return;
+    }
+    // The last request's I, if it still waits, so that it is counted.
+    const idle = requests.flush();
+    if (idle) {
+      channel.send(idle);
+    }
+    channel.close(exit);
+  });
   if (channel) {
-    const requests = new messages.Requests();
     servers.forEach((server) => reportRequests(server, channel, requests));
     whenListening(servers, () => {
       channel.send(messages.ready(process.pid));
@@ -176,9 +187,16 @@ function whenListening(servers, then) {
 /**
  * Says `B`, `N` and `I` on `channel` as requests on `server` start and
  * end (messages.Requests): a request ends when its response is sent, or
- * its connection closes first.
+ * its connection closes first. The last one's `I` goes at the end of the
+ * event loop's turn, unless a request started meanwhile.
  */
 function reportRequests(server, channel, requests) {
+  const flush = () => {
+    const idle = requests.flush();
+    if (idle) {
+      channel.send(idle);
+    }
+  };
   server.on('request', (req, res) => {
     const started = requests.start();
     if (started) {
@@ -188,7 +206,12 @@ function reportRequests(server, channel, requests) {
     const end = () => {
       if (!ended) {
         ended = true;
-        channel.send(requests.end());
+        const said = requests.end();
+        if (said) {
+          channel.send(said);
+        } else {
+          setImmediate(flush);
+        }
       }
     };
     res.once('finish', end);

@@ -58,25 +58,55 @@ function parse(bytes) {
  * counts k accepted and k served. A kept-alive connection between requests
  * is not in progress: the worker is idle, and the kernel may give it a
  * new connection.
+ *
+ * The `I` of the last request waits for `flush()`, which the worker calls
+ * at the end of the event loop's turn: a request that starts before then
+ * (one the same turn read on another connection) turns the `I` and its
+ * `B` into one `N`, since the worker never waited in between. Under load
+ * that halves the messages.
  */
 class Requests {
   constructor() {
     this.inProgress = 0;
+    this.idlePending = false;
   }
 
-  /** A request starts: `B` if none was in progress, else nothing. */
+  /** A request starts: `B` if none was in progress, `N` if an `I` waits. */
   start() {
     this.inProgress += 1;
-    return this.inProgress === 1 ? BUSY : null;
+    if (this.inProgress > 1) {
+      return null;
+    }
+    if (this.idlePending) {
+      this.idlePending = false;
+      return NEXT;
+    }
+    return BUSY;
   }
 
-  /** A request ends: `N` if others are still in progress, else `I`. */
+  /**
+   * A request ends: `N` if others are still in progress; if it was the
+   * last, nothing yet: the `I` waits for `flush()`.
+   */
   end() {
     if (this.inProgress === 0) {
       throw new Error('a request ended that never started');
     }
     this.inProgress -= 1;
-    return this.inProgress > 0 ? NEXT : IDLE;
+    if (this.inProgress > 0) {
+      return NEXT;
+    }
+    this.idlePending = true;
+    return null;
+  }
+
+  /** The `I` that waits, if one does (then no longer). */
+  flush() {
+    if (!this.idlePending) {
+      return null;
+    }
+    this.idlePending = false;
+    return IDLE;
   }
 }
 

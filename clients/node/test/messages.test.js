@@ -28,21 +28,31 @@ test('Q and end of file both mean quit; anything else is unknown', () => {
   }
 });
 
+/** Says what `requests` answers to each step: `s`tart, `e`nd, `f`lush. */
+function said(requests, steps) {
+  const letters = [];
+  for (const step of steps) {
+    const action = { s: 'start', e: 'end', f: 'flush' }[step];
+    const message = requests[action]();
+    if (message) {
+      letters.push(String.fromCharCode(message[1]));
+    }
+  }
+  return letters.join('');
+}
+
 test('a busy period of k requests says B, k-1 N and I', () => {
   const requests = new messages.Requests();
-  const said = [];
-  const say = (message) => message && said.push(String.fromCharCode(message[1]));
-  // Three overlapping requests, then one alone.
-  say(requests.start());
-  say(requests.start());
-  say(requests.end());
-  say(requests.start());
-  say(requests.end());
-  say(requests.end());
-  say(requests.start());
-  say(requests.end());
-  assert.deepStrictEqual(said, ['B', 'N', 'N', 'I', 'B', 'I']);
+  // Three overlapping requests, the turn's end, then one alone.
+  assert.strictEqual(said(requests, 'ssesee' + 'f' + 'sef'), 'BNNI' + 'BI');
   assert.strictEqual(requests.inProgress, 0);
+});
+
+test('a request that starts before the turn ends turns I and B into N', () => {
+  const requests = new messages.Requests();
+  assert.strictEqual(said(requests, 'sesef'), 'BNI');
+  // Flushing again says nothing: the I was said once.
+  assert.strictEqual(said(requests, 'ff'), '');
 });
 
 test('an end without a start is a bug, not a message', () => {

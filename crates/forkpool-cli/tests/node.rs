@@ -343,7 +343,7 @@ fn the_helpers_unit_tests_pass() {
         .expect("run node --test");
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{report}");
-    assert!(report.contains("# pass 5"), "{report}");
+    assert!(report.contains("# pass 6"), "{report}");
 }
 
 /// The package builds with `npm pack`, offline, and holds the helper.
