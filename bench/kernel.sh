@@ -8,7 +8,8 @@
 #   BIN=/tmp/forkpool-old SERVERS="kernel-deferred nginx-deferred" bench/kernel.sh
 #
 # Servers: the forkpool demo (release build) in `kernel` and `handoff`
-# dispatch, each with and without --defer-accept 5s, 16 children held
+# dispatch, each with and without --defer-accept 5s, and in `kernel` with
+# its workers on the messages path (FORKPOOL_BY_MESSAGES=1), 16 children held
 # (--min-children 16 --max-children 16); nginx (2 workers) with and
 # without `deferred`, and Apache prefork, from bench/peers.sh (started and
 # stopped here). For each: req/s, the server tree's CPU microseconds per
@@ -56,6 +57,10 @@ start_pool kernel-deferred 18101 --dispatch kernel --defer-accept 5s
 start_pool kernel 18102 --dispatch kernel --defer-accept 0s
 start_pool handoff-deferred 18103 --dispatch handoff --defer-accept 5s
 start_pool handoff 18104 --dispatch handoff --defer-accept 0s
+# The same workers on the messages path (`G`): the supervisor moves their
+# records from their B/I messages instead of the workers storing them.
+FORKPOOL_BY_MESSAGES=1 start_pool kernel-messages 18105 --dispatch kernel --defer-accept 0s
+url_of[kernel-messages]=http://127.0.0.1:18105/
 url_of[kernel-deferred]=http://127.0.0.1:18101/
 url_of[kernel]=http://127.0.0.1:18102/
 url_of[handoff-deferred]=http://127.0.0.1:18103/
@@ -67,15 +72,17 @@ pid_of[apache]=$(cat "$peers/apache/apache.pid")
 url_of[nginx-deferred]=http://127.0.0.1:8083/
 url_of[nginx]=http://127.0.0.1:8082/
 url_of[apache]=http://127.0.0.1:8081/hello
-servers=${SERVERS:-"kernel-deferred nginx-deferred handoff-deferred kernel nginx handoff apache"}
+servers=${SERVERS:-"kernel-deferred nginx-deferred handoff-deferred kernel kernel-messages nginx handoff apache"}
 sleep 2
-for name in kernel-deferred kernel handoff-deferred handoff; do
+for name in kernel-deferred kernel kernel-messages handoff-deferred handoff; do
   kill -0 "${pid_of[$name]}" 2>/dev/null || { echo "kernel.sh: pool $name did not start: $(cat "$out/$name.err")" >&2; exit 1; }
 done
-for name in kernel-deferred kernel; do
+for name in kernel-deferred kernel kernel-messages; do
   "$bin" status --json --control "$out/$name.sock" | grep -q '"dispatch":"kernel"' ||
     { echo "kernel.sh: $name is not in kernel dispatch (see $out/$name.err)" >&2; exit 1; }
 done
+"$bin" status --json --control "$out/kernel-messages.sock" | grep -q '"path":"messages"' ||
+  { echo "kernel.sh: kernel-messages' workers are not on the messages path" >&2; exit 1; }
 
 for round in $(seq "$rounds"); do
   for mode in $modes; do

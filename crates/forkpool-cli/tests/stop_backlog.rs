@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use common::{send, DemoPool};
 
-/// Two children busy on slow requests, six more queued behind them in the
-/// backlog, then TERM: answers for all eight, or the failures.
-fn burst_then_term(extra: &[&str]) -> Vec<String> {
+/// Two children busy on slow requests (`work_ms` each), six more queued
+/// behind them in the backlog, then TERM: answers for all eight, or the
+/// failures.
+fn burst_then_term(extra: &[&str], work_ms: u32) -> Vec<String> {
     let mut args = vec![
         "--min-children",
         "2",
@@ -23,7 +24,8 @@ fn burst_then_term(extra: &[&str]) -> Vec<String> {
     ];
     args.extend_from_slice(extra);
     let mut pool = DemoPool::start(&args);
-    let mut conns: Vec<_> = (0..2).map(|_| send(pool.addr, "/?work_ms=1500")).collect();
+    let slow = format!("/?work_ms={work_ms}");
+    let mut conns: Vec<_> = (0..2).map(|_| send(pool.addr, &slow)).collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     while pool.status()["busy"].as_u64() != Some(2) {
         assert!(Instant::now() < deadline, "the two children never got busy");
@@ -52,13 +54,16 @@ fn burst_then_term(extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn a_burst_queued_behind_a_saturated_pool_is_answered_on_term() {
-    let failures = burst_then_term(&[]);
+    let failures = burst_then_term(&[], 1500);
     assert!(failures.is_empty(), "lost on TERM: {failures:?}");
 }
 
 #[test]
 fn turned_off_the_backlog_is_left_unanswered() {
-    let failures = burst_then_term(&["--no-serve-backlog-on-stop"]);
+    // The children must still be busy when the supervisor acts on the TERM
+    // (else, finishing, they may take the queued ones themselves): on a
+    // loaded machine that can take a while, so they are held longer.
+    let failures = burst_then_term(&["--no-serve-backlog-on-stop"], 5000);
     assert!(
         !failures.is_empty(),
         "without serve_backlog_on_stop the queued connections are reset"

@@ -5,6 +5,7 @@
 //! in `supervisor/` carries out. The simulator in `core/sim` drives the
 //! very same code with a fake clock and simulated children.
 
+mod by_messages;
 pub(crate) mod child;
 mod connections;
 mod counted;
@@ -127,6 +128,10 @@ pub(crate) struct Core<L> {
     slow: crate::observe::CaptureLimiter,
     /// A binary upgrade's new supervisor, while it starts (`upgrade.rs`).
     successor: Option<upgrade::Successor>,
+    /// Empty slots whose sockets hold connections no child can be handed
+    /// (a pool of messages children): each gets a child again
+    /// (`by_messages.rs`).
+    refill: std::collections::BTreeSet<usize>,
     /// What the shell must carry out, in order.
     effects: Vec<Effect<L>>,
     /// An emptied effects list, kept for its memory.
@@ -163,6 +168,7 @@ impl<L: HasChild> Core<L> {
             jitter: fastrand::Rng::new(),
             slow: slow::capture_limiter(),
             successor: None,
+            refill: std::collections::BTreeSet::new(),
             effects: Vec::new(),
             spare: Vec::new(),
         }

@@ -26,6 +26,12 @@ impl<L: HasChild> Core<L> {
         } else {
             scaling::fixed_size(pool, &self.config)
         };
+        // A slot whose socket holds connections only its next child can
+        // take gets one, whatever the load says (`by_messages.rs`).
+        let decision = match decision {
+            Decision::Hold | Decision::CpuBound if self.refill_wanted() => Decision::Spawn(1),
+            other => other,
+        };
         match decision {
             Decision::Retire(n) => {
                 for _ in 0..n {
@@ -199,6 +205,7 @@ impl<L: HasChild> Core<L> {
         }
         let never_reports = link.child().readiness() == Readiness::Assumed;
         self.board.occupy(slot, pid, generation, now, link);
+        self.refilled(slot);
         if never_reports {
             own_move(self.board.assume_busy(slot, now));
         }

@@ -13,7 +13,7 @@ use super::Core;
 use crate::policy::budget::MESSAGES_PER_SECOND;
 use crate::policy::messages;
 use crate::protocol::ChildMessage;
-use crate::scoreboard::{IllegalTransition, SlotState};
+use crate::scoreboard::IllegalTransition;
 use crate::status::KillReason;
 
 impl<L: HasChild> Core<L> {
@@ -97,91 +97,6 @@ impl<L: HasChild> Core<L> {
         self.path(slot) == Some(Path::Board)
     }
 
-    /// Whether the supervisor may hand the child in `slot` a connection
-    /// with `C`: in kernel dispatch, only one served as in `handoff` (`R`)
-    /// or on the board (`K`); a `G` child takes its connections from its
-    /// own socket only (it cannot receive a descriptor).
-    pub fn takes_handed(&self, slot: usize) -> bool {
-        self.path(slot) != Some(Path::Messages)
-    }
-
-    /// Kernel dispatch: whether the child in `slot` takes connections
-    /// from its own socket itself (it said `K` or `G`), so the supervisor
-    /// leaves that socket to it.
-    pub fn serves_own_socket(&self, slot: usize) -> bool {
-        matches!(self.path(slot), Some(Path::Board | Path::Messages))
-    }
-
-    /// Whether a connection the supervisor takes can be handed on: not
-    /// in a pool whose children all serve by messages (`G`), which no
-    /// child can be handed one.
-    pub fn hands_on(&self) -> bool {
-        let (mut by_messages, mut handed) = (false, false);
-        for (slot, _) in self.board.iter() {
-            match self.path(slot) {
-                Some(Path::Messages) => by_messages = true,
-                Some(Path::Board | Path::Handoff) => handed = true,
-                None => {}
-            }
-        }
-        !by_messages || handed
-    }
-
-    /// Kernel dispatch: over how many slots from 0 the program spreads a
-    /// connection that finds no idle child, rather than queue it on the
-    /// overflow: in a pool whose ready children all serve by messages
-    /// (`G`), which no connection can be handed to, up to the highest of
-    /// them, within the dispatch width; else 0 (the overflow, handed on).
-    pub fn spread_over(&self) -> usize {
-        if self.hands_on() {
-            return 0;
-        }
-        let highest = self
-            .board
-            .iter()
-            .filter(|&(slot, _)| self.path(slot) == Some(Path::Messages))
-            .map(|(slot, _)| slot + 1)
-            .max()
-            .unwrap_or(0);
-        self.board
-            .dispatch_bound()
-            .map_or(highest, |bound| highest.min(bound))
-    }
-
-    /// `G` (its mode checked): a kernel dispatch child is up that serves its own socket and
-    /// says busy and idle in messages; its record starts idle, stored by
-    /// the shell for it. A worker forked by a template has no socket of
-    /// its own until it is sent one, which takes a descriptor: it says `K`
-    /// or `R`.
-    fn on_ready_by_messages(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
-        if self
-            .board
-            .link(slot)
-            .is_some_and(|l| l.child().role.version == crate::protocol::TEMPLATE_VERSION)
-        {
-            return Err("sent G, but a worker forked by a template says K or R".into());
-        }
-        self.on_ready(slot, pid, now)?;
-        if let Some(link) = self.board.link_mut(slot) {
-            link.child_mut().role.path = Some(Path::Messages);
-        }
-        self.mark_board(slot, true, true);
-        Ok(())
-    }
-
-    /// A `G` child (`by_messages`) said it is idle or busy: its record on
-    /// the scoreboard follows. A child on its way out stays busy there:
-    /// it takes no new connection.
-    fn mark_board(&mut self, slot: usize, by_messages: bool, idle: bool) {
-        let serving = self
-            .board
-            .get(slot)
-            .is_some_and(|s| matches!(s.state, SlotState::Idle | SlotState::Busy));
-        if by_messages && serving {
-            self.effects.push(Effect::MarkBoard { slot, idle });
-        }
-    }
-
     /// Whether this pool's children serve many connections at once.
     pub fn hosts_sessions(&self) -> bool {
         self.board.session_capacity().is_some()
@@ -211,7 +126,7 @@ impl<L: HasChild> Core<L> {
     /// `Ready`: the child is up. Checks it is who it says it is, gives a
     /// worker forked by a template its own process group, and records how
     /// long its start took.
-    fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
+    pub(super) fn on_ready(&mut self, slot: usize, pid: u32, now: Instant) -> Result<(), String> {
         let expected = self.board.get(slot).map_or(0, |s| s.pid);
         if i64::from(pid) != i64::from(expected) {
             return Err(format!("said it is pid {pid}, but it is pid {expected}"));
@@ -453,87 +368,5 @@ mod tests {
         report(&mut core, ChildMessage::Missed, t0);
         assert_eq!(core.board.get(0).unwrap().state, SlotState::Killed);
         assert_eq!(core.totals.killed_by.misbehaved, 1);
-    }
-
-    fn kernel_pool(t0: Instant, children: usize) -> Core<Child> {
-        let mut core: Core<Child> = Core::new(PoolConfig {
-            dispatch: DispatchMode::Kernel,
-            ..PoolConfig::default()
-        });
-        for slot in 0..children {
-            core.adopt(slot, 40 + slot as i32, 1, Child::new(t0, true, 1), t0);
-        }
-        core
-    }
-
-    /// The board marks the shell was asked for, in order.
-    fn marks(core: &mut Core<Child>) -> Vec<(usize, bool)> {
-        core.take_effects()
-            .into_iter()
-            .filter_map(|e| match e {
-                crate::core::Effect::MarkBoard { slot, idle } => Some((slot, idle)),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// `G`: the child serves its own socket, says busy and idle in
-    /// messages, and each one moves its record; no connection is handed to
-    /// it, and a pool of such children spreads instead.
-    #[test]
-    fn a_child_by_messages_has_its_record_moved_for_it_and_is_never_handed_one() {
-        let t0 = Instant::now();
-        let mut core = kernel_pool(t0, 2);
-        assert!(core.hands_on(), "nobody has said yet");
-        report(&mut core, ChildMessage::ReadyByMessages { pid: 40 }, t0);
-        assert_eq!(marks(&mut core), [(0, true)]);
-        assert_eq!(core.path(0), Some(super::Path::Messages));
-        assert!(core.serves_own_socket(0) && !core.takes_handed(0));
-        assert!(!core.hands_on());
-        assert_eq!(core.spread_over(), 1);
-        report(&mut core, ChildMessage::Busy, t0);
-        report(&mut core, ChildMessage::Next, t0);
-        report(&mut core, ChildMessage::Idle, t0);
-        assert_eq!(marks(&mut core), [(0, false), (0, true)]);
-        assert_eq!(core.board.get(0).unwrap().served, 2);
-        assert_eq!(core.totals.accepted, 2);
-        assert_eq!(
-            core.totals.taken_next, 0,
-            "its own socket's, not the overflow's"
-        );
-        // A second child on the board: the supervisor hands on again.
-        core.on(
-            Input::Report {
-                slot: 1,
-                msg: ChildMessage::ReadyOnBoard { pid: 41 },
-            },
-            t0,
-        );
-        assert!(core.hands_on());
-        assert_eq!(core.spread_over(), 0);
-        // A `Missed` is a lie from it.
-        report(&mut core, ChildMessage::Missed, t0);
-        assert_eq!(core.totals.killed_by.misbehaved, 1);
-    }
-
-    /// A worker forked by a template has no socket of its own until it is
-    /// sent one: `G` from it is refused.
-    #[test]
-    fn a_worker_forked_by_a_template_cannot_say_g() {
-        let t0 = Instant::now();
-        let mut core: Core<Child> = Core::new(PoolConfig {
-            dispatch: DispatchMode::Kernel,
-            ..PoolConfig::default()
-        });
-        core.adopt(
-            0,
-            40,
-            1,
-            Child::new(t0, true, crate::protocol::TEMPLATE_VERSION),
-            t0,
-        );
-        report(&mut core, ChildMessage::ReadyByMessages { pid: 40 }, t0);
-        assert_eq!(core.totals.killed_by.misbehaved, 1);
-        assert!(marks(&mut core).is_empty());
     }
 }

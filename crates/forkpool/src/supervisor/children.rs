@@ -61,7 +61,7 @@ impl Supervisor {
         let Some(ends) = self.open_child_ends(now) else {
             return Ok(None);
         };
-        let slot = self.core.board().lowest_free();
+        let slot = self.core.spawn_slot();
         if let Err(e) = self.seat_child(slot) {
             self.resource_backoff(now, format!("cannot make slot {slot}'s socket: {e}"));
             return Ok(None);

@@ -280,8 +280,12 @@ impl Supervisor {
             return;
         };
         // A pool of messages children could never be handed them: they
-        // wait on the socket for the slot's next child.
+        // wait on the socket for the slot's next child, which the core
+        // starts for them.
         if !self.core.hands_on() {
+            if kernel.queued_on(slot) > 0 {
+                self.core.left_on_socket(slot);
+            }
             return;
         }
         let taken = self.dispatcher.park_all(listener, fd);
