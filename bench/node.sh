@@ -3,10 +3,13 @@
 #
 #   node-cluster     Node's cluster module (bench/apps/node_cluster.js):
 #                    the primary accepts and hands connections round-robin
-#   forkpool-node    forkpool run --dispatch none --min-children 16 --
-#                    node clients/node/forkpool-node.js (each worker accepts
-#                    on the shared listener itself; Node cannot serve the
-#                    other modes yet: clients/node/README.md)
+#   forkpool-node    forkpool run --min-children 16 --max-children 16 --
+#                    node clients/node/forkpool-node.js: the default mode,
+#                    kernel dispatch by the messages path (each worker
+#                    accepts on its own socket, and the kernel queues each
+#                    connection on the lowest idle one: clients/node/README.md)
+#   forkpool-node-none  the same in --dispatch none (every worker accepts
+#                    on the shared listener)
 #
 #   bench/node.sh run   the table (needs node and wrk: .ci/deps/node.sh,
 #                       .ci/deps/perl.sh)
@@ -39,6 +42,10 @@ run() {
   echo "# server                     conc  mode         req/s      p99 cpu_us/req ctxsw/req vol/req invol/req [errors]"
   row node-cluster bench/apps "$WORKERS" node node_cluster.js "$WORKERS" "$((port + 1))"
   row forkpool-node bench/apps "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" \
+    --min-children "$WORKERS" --max-children "$WORKERS" --min-spare 0 --max-spare "$WORKERS" \
+    --control "$scratch/control.sock" \
+    -- node "$root/clients/node/forkpool-node.js" hello_node.js
+  row forkpool-node-none bench/apps "$WORKERS" "$fp" run --listen "127.0.0.1:$((port + 1))" \
     --dispatch none --min-children "$WORKERS" --control "$scratch/control.sock" \
     -- node "$root/clients/node/forkpool-node.js" hello_node.js
 }

@@ -2,7 +2,7 @@
 'use strict';
 // Runs an existing Node request handler as a forkpool worker:
 //
-//   forkpool run --dispatch none -- node forkpool-node.js app.js
+//   forkpool run -- node forkpool-node.js app.js
 //
 // app.js exports the handler, `(req, res)` as http.createServer takes it:
 // `module.exports = (req, res) => ...`, or `exports.handler = ...`.
@@ -22,7 +22,7 @@ function loadHandler(file) {
 
 const file = process.argv[2];
 if (!file) {
-  process.stderr.write('usage: forkpool run --dispatch none -- node forkpool-node.js APP.js\n');
+  process.stderr.write('usage: forkpool run -- node forkpool-node.js APP.js\n');
   process.exit(2);
 }
 // Before loading the app: a pool in a mode Node cannot serve hears why at once.

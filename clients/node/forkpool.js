@@ -2,37 +2,68 @@
 // forkpool worker helper for Node.js, standard library only.
 //
 // What a Node worker can do with Node's public API decides where it runs
-// (docs/protocol.md, "The worker contract, by capability"): it cannot
+// (docs/protocol.md, "The worker contract, by capability"): it can read
+// and write one message at a time on the back-channel (fs.read,
+// fs.writeSync) and accept on the sockets it is given, but it cannot
 // receive descriptors (handoff, and kernel dispatch's R), accept exactly
 // one connection when told (order, shared: libuv accepts every waiting
-// one), or map the scoreboard (kernel dispatch's K). So this helper runs
-// in `--dispatch none`: the listeners come the systemd way (LISTEN_FDS
-// from fd 3), Node accepts on them itself, and the pool is fixed at
-// --min-children workers. In any other mode it refuses at start, saying
-// which mode to use, rather than serve badly.
+// one), or map the scoreboard (kernel dispatch's K). So it serves:
+//
+// - kernel dispatch (the default) by the messages path: it says `G`,
+//   accepts on its own slot sockets and the pool's listeners, and says
+//   `B`, `N` and `I` as requests start and end;
+// - --dispatch none: Node accepts on the pool's listeners, no channel.
+//
+// In any other mode it refuses at start, saying which mode to use.
 
 const http = require('http');
+const messages = require('./messages');
+const { Channel } = require('./channel');
 
 const FIRST_FD = 3;
 
-/** Why this process cannot serve as a forkpool worker, or null. */
-function refusal(env = process.env) {
+/** Bounds of a kept-alive connection (docs/protocol.md, "giving way"). */
+const KEEP_ALIVE_MS = 5000;
+const REQUESTS_PER_CONNECTION = 1000;
+
+/**
+ * How this process serves the pool: 'messages' (kernel dispatch), 'none',
+ * or `{ refused: why }`.
+ */
+function servingPath(env = process.env) {
   const dispatch = env.FORKPOOL_DISPATCH;
+  const use = 'run the pool in kernel dispatch (the default: no --dispatch) ' +
+    'or with --dispatch none';
   if (env.FORKPOOL_TEMPLATE_FD !== undefined) {
-    return 'Node cannot fork a running process, so it cannot be a --preload ' +
-      'template: run it without --preload';
+    return {
+      refused: 'Node cannot fork a running process, so it cannot be a ' +
+        '--preload template: run it without --preload',
+    };
   }
   if (dispatch === undefined) {
-    return 'not started by forkpool (FORKPOOL_DISPATCH is not set): ' +
-      'run it as forkpool run --dispatch none -- node forkpool-node.js APP';
+    return {
+      refused: 'not started by forkpool (FORKPOOL_DISPATCH is not set): ' +
+        'run it as forkpool run -- node forkpool-node.js APP',
+    };
   }
-  if (dispatch !== 'none') {
-    const mode = env.FORKPOOL_KERNEL_DISPATCH === '1' ? 'kernel' : dispatch;
-    return `Node's public API cannot serve ${mode} dispatch (it cannot receive ` +
-      'descriptors, accept exactly one connection when told, or map the ' +
-      'scoreboard): run the pool with --dispatch none';
+  if (dispatch === 'handoff' && env.FORKPOOL_KERNEL_DISPATCH === '1') {
+    return 'messages';
   }
-  return null;
+  if (dispatch === 'none') {
+    return 'none';
+  }
+  const cannot = {
+    handoff: 'it cannot receive descriptors',
+    order: 'libuv accepts every waiting connection, not exactly one when told',
+    shared: 'libuv accepts every waiting connection, not exactly one',
+  }[dispatch] || 'it does not know this mode';
+  return { refused: `Node's public API cannot serve ${dispatch} dispatch (${cannot}): ${use}` };
+}
+
+/** Why this process cannot serve as a forkpool worker, or null. */
+function refusal(env = process.env) {
+  const path = servingPath(env);
+  return typeof path === 'string' ? null : path.refused;
 }
 
 /** Exits with the reason when this process cannot serve (see refusal). */
@@ -44,13 +75,32 @@ function exitUnlessServable() {
   }
 }
 
-/** The descriptors of the listeners passed to this process, in order. */
-function listenerFds(env = process.env) {
-  const count = Number(env.LISTEN_FDS || 0);
-  if (count === 0 || Number(env.LISTEN_PID) !== process.pid) {
+/** `count` descriptors from `first`, or none when `first` is not a number. */
+function fdsFrom(first, count) {
+  const fd = Number(first);
+  if (!Number.isInteger(fd) || fd < 0) {
     return [];
   }
-  return Array.from({ length: count }, (_, i) => FIRST_FD + i);
+  return Array.from({ length: count }, (_, i) => fd + i);
+}
+
+/** How many listeners the pool passed, if they are this process's. */
+function listenerCount(env = process.env) {
+  const count = Number(env.LISTEN_FDS || 0);
+  return Number(env.LISTEN_PID) === process.pid && Number.isInteger(count) ? count : 0;
+}
+
+/**
+ * The descriptors of the listeners passed to this process, in order: in
+ * kernel dispatch the worker's own slot sockets.
+ */
+function listenerFds(env = process.env) {
+  return fdsFrom(FIRST_FD, listenerCount(env));
+}
+
+/** In kernel dispatch, the pool's own listeners (the overflow), in order. */
+function overflowFds(env = process.env) {
+  return fdsFrom(env.FORKPOOL_OVERFLOW_FD, listenerCount(env));
 }
 
 /**
@@ -65,42 +115,169 @@ function backlog(env = process.env) {
 
 /**
  * Serves `handler` ((req, res), as http.createServer takes it) on every
- * listener, until SIGTERM: then it stops accepting, lets the requests in
- * progress finish, closes idle kept-alive connections, and exits 0.
- * Returns the servers.
+ * socket the pool passes, until SIGTERM, or in kernel dispatch a `Q` or
+ * end of file on the channel: then it stops accepting, lets the requests
+ * in progress finish, closes idle kept-alive connections, and exits 0.
+ * `options.server` goes to http.createServer. Returns the servers.
  */
 function serve(handler, options = {}) {
   exitUnlessServable();
+  const path = servingPath();
   const fds = listenerFds();
   if (fds.length === 0) {
     process.stderr.write('forkpool-node: no listeners passed (LISTEN_FDS)\n');
     process.exit(2);
   }
-  const servers = fds.map((fd) => {
-    const server = http.createServer(options.server || {}, handler);
-    // Node takes the backlog of an `{ fd }` listen only as the second
-    // argument (an options field is ignored for a descriptor).
-    server.listen({ fd }, backlog());
-    return server;
+  const all = path === 'messages' ? fds.concat(overflowFds()) : fds;
+  const servers = all.map((fd) => listen(fd, options.server || {}));
+  const channel = path === 'messages'
+    ? new Channel(Number(process.env.FORKPOOL_CHANNEL_FD), () => quitting.start())
+    : null;
+  const requests = new messages.Requests();
+  const quitting = gracefulQuit(servers, (exit) => {
+    if (!channel) {
+      exit();
+      return;
+    }
+    // The last request's I, if it still waits, so that it is counted.
+    const idle = requests.flush();
+    if (idle) {
+      channel.send(idle);
+    }
+    channel.close(exit);
   });
-  process.once('SIGTERM', () => quit(servers));
+  if (channel) {
+    servers.forEach((server) => reportRequests(server, channel, requests));
+    whenListening(servers, () => {
+      channel.send(messages.ready(process.pid));
+      channel.listen();
+    });
+  }
+  // Last, so a request is counted before the handler can answer it.
+  servers.forEach((server) => server.on('request', handler));
+  process.once('SIGTERM', quitting.start);
   return servers;
 }
 
-/** Graceful quit: no new connections, the current requests finish. */
-function quit(servers) {
-  let open = servers.length;
+/** An HTTP server listening on descriptor `fd`, kept alive within bounds. */
+function listen(fd, serverOptions) {
+  const server = http.createServer(serverOptions);
+  server.keepAliveTimeout = KEEP_ALIVE_MS;
+  // Node answers the last one with `Connection: close`.
+  server.maxRequestsPerSocket = REQUESTS_PER_CONNECTION;
+  // Node takes the backlog of an `{ fd }` listen only as the second
+  // argument (an options field is ignored for a descriptor).
+  server.listen({ fd }, backlog());
+  return server;
+}
+
+/** Calls `then` once every server listens. */
+function whenListening(servers, then) {
+  let waiting = servers.length;
   for (const server of servers) {
-    server.close(() => {
-      open -= 1;
-      if (open === 0) {
-        process.exit(0);
+    server.once('listening', () => {
+      waiting -= 1;
+      if (waiting === 0) {
+        then();
       }
     });
-    // A kept-alive connection between requests holds nothing: close it
-    // now; one in a request is closed once its response is sent.
-    server.closeIdleConnections();
   }
 }
 
-module.exports = { serve, quit, refusal, exitUnlessServable, listenerFds, backlog };
+/**
+ * Says `B`, `N` and `I` on `channel` as requests on `server` start and
+ * end (messages.Requests): a request ends when its response is sent, or
+ * its connection closes first. The last one's `I` goes at the end of the
+ * event loop's turn, unless a request started meanwhile.
+ */
+function reportRequests(server, channel, requests) {
+  const flush = () => {
+    const idle = requests.flush();
+    if (idle) {
+      channel.send(idle);
+    }
+  };
+  server.on('request', (req, res) => {
+    const started = requests.start();
+    if (started) {
+      channel.send(started);
+    }
+    let ended = false;
+    const end = () => {
+      if (!ended) {
+        ended = true;
+        const said = requests.end();
+        if (said) {
+          channel.send(said);
+        } else {
+          setImmediate(flush);
+        }
+      }
+    };
+    res.once('finish', end);
+    res.once('close', end);
+  });
+}
+
+/**
+ * The graceful quit of `servers`: `start()` (idempotent) lets one more
+ * turn of the event loop accept what is already queued, closes the
+ * servers, lets the requests in progress finish (their responses say
+ * `Connection: close`), closes idle kept-alive connections, then calls
+ * `beforeExit` with the function that exits 0.
+ */
+function gracefulQuit(servers, beforeExit) {
+  let started = false;
+  const inProgress = new Set();
+  for (const server of servers) {
+    server.on('request', (req, res) => {
+      inProgress.add(res);
+      res.once('close', () => inProgress.delete(res));
+      if (started) {
+        res.setHeader('Connection', 'close');
+      }
+    });
+  }
+  const close = () => {
+    let open = servers.length;
+    const closed = () => {
+      open -= 1;
+      if (open === 0) {
+        beforeExit(() => process.exit(0));
+      }
+    };
+    for (const res of inProgress) {
+      if (!res.headersSent) {
+        res.setHeader('Connection', 'close');
+      }
+      // Once sent, its connection is idle: close it too.
+      res.once('finish', () => setImmediate(() => {
+        servers.forEach((server) => server.closeIdleConnections());
+      }));
+    }
+    for (const server of servers) {
+      server.close(closed);
+      server.closeIdleConnections();
+    }
+  };
+  return {
+    start() {
+      if (!started) {
+        started = true;
+        // The poll phase of the next turn accepts what is queued on the
+        // sockets; the check phase after it closes them.
+        setImmediate(() => setImmediate(close));
+      }
+    },
+  };
+}
+
+module.exports = {
+  serve,
+  refusal,
+  servingPath,
+  exitUnlessServable,
+  listenerFds,
+  overflowFds,
+  backlog,
+};

@@ -1,19 +1,30 @@
 //! clients/node: an existing Node request handler served by
-//! `forkpool run --dispatch none -- node clients/node/forkpool-node.js
-//! APP.js`, with the pool's own listen backlog, a graceful quit, a clear
-//! refusal of the modes Node's public API cannot serve, and a package that
-//! `npm pack` builds offline.
+//! `forkpool run -- node clients/node/forkpool-node.js APP.js`, in the
+//! default mode (kernel dispatch, by the messages path: the worker says
+//! `G`, then `B`, `N` and `I` as requests start and end) and in
+//! `--dispatch none`; a graceful quit in both, a clear refusal of the
+//! modes Node's public API cannot serve, the helper's own unit tests, and
+//! a package that `npm pack` builds offline.
 
 mod common;
 
-use std::io::Read;
+#[path = "common/http_corpus.rs"]
+mod http_corpus;
+#[path = "common/kernel_helper_cases.rs"]
+mod kernel_helper_cases;
+
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{get, send, DemoPool};
+use common::{get, killed_by, send, total, DemoPool};
 
 const INSTALL: &str = "bash .ci/deps/node.sh";
+
+/// The longest wait for a state that should come at once.
+const PATIENCE: Duration = Duration::from_secs(20);
 
 fn clients() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients")
@@ -39,6 +50,54 @@ fn start(extra: &[&str]) -> Option<DemoPool> {
     Some(DemoPool::start_run(&args, &cmd))
 }
 
+/// The command of a Node worker serving the test app.
+fn node_cmd(node: &Path) -> [String; 3] {
+    [node.display().to_string(), helper(), app()]
+}
+
+/// A pool of exactly `children` Node workers in kernel dispatch (the
+/// default mode), with `extra`, once all are idle; None (under CI: a
+/// failure) where Node is missing or the kernel refuses the eBPF program.
+fn start_kernel(children: u64, extra: &[&str]) -> Option<DemoPool> {
+    let node = common::require_program("node", INSTALL)?;
+    let cmd = node_cmd(&node);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    kernel_helper_cases::kernel_pool(children, extra, &cmd)
+}
+
+/// One `GET` on the kept-alive connection `conn`, and its answer.
+fn ask(conn: &mut BufReader<TcpStream>) -> Result<http_corpus::Response, String> {
+    conn.get_mut()
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    http_corpus::read_response(conn, false)
+}
+
+/// A kept-alive connection to `pool`, read with a 10 s bound.
+fn keep_alive(pool: &DemoPool) -> BufReader<TcpStream> {
+    let conn = TcpStream::connect(pool.addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    BufReader::new(conn)
+}
+
+/// The pid of the one busy worker in `status`, if exactly one is busy.
+fn busy_pid(status: &serde_json::Value) -> Option<i64> {
+    let slots = status["slots"].as_array()?;
+    let busy: Vec<i64> = slots
+        .iter()
+        .filter(|s| s["state"] == "busy")
+        .filter_map(|s| s["pid"].as_i64())
+        .collect();
+    (busy.len() == 1).then(|| busy[0])
+}
+
+/// What the slots of `status` served, together.
+fn served(status: &serde_json::Value) -> u64 {
+    let slots = status["slots"].as_array().into_iter().flatten();
+    slots.filter_map(|s| s["served"].as_u64()).sum()
+}
+
 /// Node calls listen(2) again on the socket it is given: it passes the
 /// pool's backlog (`FORKPOOL_BACKLOG`), which the kernel then still shows.
 #[test]
@@ -58,13 +117,9 @@ fn a_node_app_serves_and_keeps_the_pools_backlog() {
     assert_eq!(status["queues"][0]["backlog"], 77, "{status}");
 }
 
-/// SIGTERM to the supervisor: the workers stop accepting, the request in
-/// progress is answered, and the pool exits cleanly.
-#[test]
-fn a_node_worker_quits_gracefully() {
-    let Some(mut pool) = start(&["--shutdown-timeout", "10s"]) else {
-        return;
-    };
+/// SIGTERM to the supervisor with a request in progress: the request is
+/// answered, and the pool exits cleanly.
+fn assert_quits_gracefully(mut pool: DemoPool) {
     let mut slow = send(pool.addr, "/?sleep_ms=1500");
     // The app says on stderr when it has the request.
     assert!(
@@ -86,29 +141,185 @@ fn a_node_worker_quits_gracefully() {
     assert!(exit.success(), "{exit}\n{}", pool.stderr.dump());
 }
 
-/// Outside `none` mode the helper refuses at once, saying which mode to
-/// use, instead of serving badly.
+#[test]
+fn a_node_worker_quits_gracefully() {
+    let Some(pool) = start(&["--shutdown-timeout", "10s"]) else {
+        return;
+    };
+    assert_quits_gracefully(pool);
+}
+
+/// The same in the default mode, where the supervisor tells the worker to
+/// quit with `Q` on its channel; the request it finished is counted.
+#[test]
+fn a_node_worker_quits_gracefully_in_the_default_mode() {
+    let Some(pool) = start_kernel(2, &["--shutdown-timeout", "10s"]) else {
+        return;
+    };
+    let stdout = std::sync::Arc::clone(&pool.stdout);
+    let stderr = std::sync::Arc::clone(&pool.stderr);
+    assert_quits_gracefully(pool);
+    let lines = stdout.dump();
+    let json = lines
+        .lines()
+        .find_map(|l| l.strip_prefix("forkpool: totals "))
+        .unwrap_or_else(|| panic!("no totals line:\n{lines}\n{}", stderr.dump()));
+    let totals: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(totals["accepted"], 1, "{totals}");
+    assert_eq!(totals["died"], 0, "{totals}");
+    assert_eq!(totals["killed"], 0, "{totals}");
+}
+
+/// With no --dispatch flag the pool runs kernel dispatch, and each Node
+/// worker takes the messages path: status says so, every request is
+/// answered, and the supervisor counts each one accepted and served, from
+/// the worker's `B`, `N` and `I` alone.
+#[test]
+fn node_workers_serve_the_default_mode_by_messages_and_every_request_counts() {
+    let Some(node) = common::require_program("node", INSTALL) else {
+        return;
+    };
+    let cmd = node_cmd(&node);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let pool = DemoPool::start_run(&["--min-children", "2"], &cmd);
+    if !common::require_kernel_dispatch(&pool) {
+        return;
+    }
+    let status = pool
+        .wait_status(PATIENCE, |s| s["idle"] == 2 && s["starting"] == 0)
+        .unwrap_or_else(|| panic!("{}\n{}", pool.status(), pool.stderr.dump()));
+    let slots = status["slots"].as_array().expect("slots");
+    assert_eq!(slots.len(), 2, "{status}");
+    for slot in slots {
+        assert_eq!(slot["path"], "messages", "{status}");
+    }
+    // 5 one after the other, then 3 rounds of 5 at once (more than the
+    // workers: some overlap in one worker, which then says `N`).
+    for _ in 0..5 {
+        let r = get(pool.addr, "/").expect("request");
+        assert_eq!((r.status, r.body.as_str()), (200, "hello\n"));
+    }
+    for _ in 0..3 {
+        for r in common::concurrent_gets(pool.addr, "/?sleep_ms=50", 5) {
+            assert_eq!(r.expect("request").status, 200);
+        }
+    }
+    let made = 20;
+    let counted = pool.wait_status(PATIENCE, |s| {
+        total(s, "accepted") == made && served(s) == made && s["busy"] == 0
+    });
+    let status = pool.status();
+    assert!(counted.is_some(), "{made} requests: {status}");
+    assert_eq!(total(&status, "killed"), 0, "{status}");
+    assert_eq!(total(&status, "died"), 0, "{status}");
+}
+
+/// A slow request holds one worker busy (its `B`), and a fast one sent
+/// meanwhile is answered by the other worker; then both are idle again.
+#[test]
+fn a_slow_request_holds_one_node_worker_while_another_serves() {
+    let Some(pool) = start_kernel(2, &[]) else {
+        return;
+    };
+    let mut slow = send(pool.addr, "/?sleep_ms=3000");
+    let busy = pool
+        .wait_status(PATIENCE, |s| s["busy"] == 1 && busy_pid(s).is_some())
+        .unwrap_or_else(|| panic!("no worker went busy: {}", pool.status()));
+    let held_by = busy_pid(&busy).unwrap();
+    let fast = get(pool.addr, "/").expect("the fast request");
+    assert_eq!(fast.status, 200);
+    assert_ne!(fast.pid.map(i64::from), Some(held_by), "{}", pool.status());
+    let status = pool.status();
+    assert_eq!(busy_pid(&status), Some(held_by), "{status}");
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).expect("the slow answer");
+    let r = common::parse_response(&answer).expect("a whole response");
+    assert_eq!(r.pid.map(i64::from), Some(held_by));
+    let idle = pool.wait_status(PATIENCE, |s| s["idle"] == 2 && total(s, "accepted") == 2);
+    assert!(idle.is_some(), "{}", pool.status());
+}
+
+/// A kept-alive connection between requests does not hold its worker:
+/// the one worker shows idle and serves a new connection meanwhile; the
+/// kept-alive one still serves its next request.
+#[test]
+fn an_idle_kept_alive_connection_leaves_the_node_worker_idle() {
+    let Some(pool) = start_kernel(1, &[]) else {
+        return;
+    };
+    let mut kept = keep_alive(&pool);
+    assert_eq!(ask(&mut kept).expect("the first answer").status, 200);
+    let idle = pool.wait_status(PATIENCE, |s| s["idle"] == 1 && total(s, "accepted") == 1);
+    assert!(idle.is_some(), "{}", pool.status());
+    let other = get(pool.addr, "/").expect("a new connection");
+    assert_eq!(other.status, 200);
+    assert_eq!(ask(&mut kept).expect("the next answer").status, 200);
+    let counted = pool.wait_status(PATIENCE, |s| s["idle"] == 1 && total(s, "accepted") == 3);
+    assert!(counted.is_some(), "{}", pool.status());
+}
+
+/// At most 1000 requests per kept-alive connection: the 1000th answer
+/// says `Connection: close`, and the connection ends.
+#[test]
+fn a_kept_alive_connection_ends_after_1000_requests() {
+    let Some(pool) = start_kernel(1, &[]) else {
+        return;
+    };
+    let mut conn = keep_alive(&pool);
+    for i in 1..=1000 {
+        let r = ask(&mut conn).unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status, 200, "request {i}");
+        let closes = r
+            .headers
+            .iter()
+            .any(|(n, v)| n == "connection" && v.eq_ignore_ascii_case("close"));
+        assert_eq!(closes, i == 1000, "request {i}");
+    }
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).expect("the worker closes");
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+}
+
+/// Idle workers answer pings (every 200 ms, 300 ms to answer) while they
+/// wait for connections: watched for 3 s, none is killed for silence.
+#[test]
+fn idle_node_workers_answer_pings() {
+    let pings = ["--ping-interval", "200ms", "--ping-timeout", "300ms"];
+    let Some(pool) = start_kernel(2, &pings) else {
+        return;
+    };
+    let pids = pool.children();
+    let watch = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watch {
+        let status = pool.status();
+        assert_eq!(killed_by(&status, "ping_timeout"), 0, "{status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = pool.status();
+    assert_eq!(killed_by(&status, "ping_timeout"), 0, "{status}");
+    assert_eq!(pool.children(), pids, "{status}");
+    assert_eq!(get(pool.addr, "/").expect("request").status, 200);
+}
+
+/// Outside the modes Node can serve the helper refuses at once, saying
+/// which modes to use, instead of serving badly.
 #[test]
 fn the_helper_refuses_the_modes_node_cannot_serve() {
     let Some(node) = common::require_program("node", INSTALL) else {
         return;
     };
+    let modes = "kernel dispatch (the default: no --dispatch) or with --dispatch none";
     let cases: [(&[(&str, &str)], &str); 4] = [
-        (&[("FORKPOOL_DISPATCH", "handoff")], "--dispatch none"),
-        (
-            &[
-                ("FORKPOOL_DISPATCH", "handoff"),
-                ("FORKPOOL_KERNEL_DISPATCH", "1"),
-            ],
-            "kernel dispatch",
-        ),
-        (&[("FORKPOOL_DISPATCH", "order")], "--dispatch none"),
+        (&[("FORKPOOL_DISPATCH", "handoff")], modes),
+        (&[("FORKPOOL_DISPATCH", "order")], modes),
+        (&[("FORKPOOL_DISPATCH", "shared")], modes),
         (&[("FORKPOOL_TEMPLATE_FD", "4")], "without --preload"),
     ];
     for (env, says) in cases {
         let out = Command::new(&node)
             .args([helper(), app()])
             .env_remove("FORKPOOL_DISPATCH")
+            .env_remove("FORKPOOL_KERNEL_DISPATCH")
             .envs(env.iter().copied())
             .output()
             .expect("run node");
@@ -116,6 +327,23 @@ fn the_helper_refuses_the_modes_node_cannot_serve() {
         assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
         assert!(stderr.contains(says), "{env:?}: {stderr}");
     }
+}
+
+/// The helper's own unit tests (clients/node/test: the messages and the
+/// busy/idle bookkeeping), with `node --test`.
+#[test]
+fn the_helpers_unit_tests_pass() {
+    let Some(node) = common::require_program("node", INSTALL) else {
+        return;
+    };
+    let out = Command::new(node)
+        .args(["--test", "test/"])
+        .current_dir(clients().join("node"))
+        .output()
+        .expect("run node --test");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("# pass 6"), "{report}");
 }
 
 /// The package builds with `npm pack`, offline, and holds the helper.
@@ -149,6 +377,8 @@ fn the_package_packs_offline() {
         "package.json",
         "forkpool.js",
         "forkpool-node.js",
+        "channel.js",
+        "messages.js",
         "README.md",
     ] {
         assert!(files.contains(&wanted), "{wanted} not packed: {files:?}");

@@ -1,0 +1,60 @@
+'use strict';
+// Unit tests of the messages path's bookkeeping (messages.js), without a
+// supervisor: `node --test clients/node/test` (run by
+// crates/forkpool-cli/tests/node.rs).
+
+const test = require('node:test');
+const assert = require('node:assert');
+const messages = require('../messages');
+
+const hex = (buffer) => (buffer ? buffer.toString('hex') : null);
+
+test('G carries the pid, big-endian, in 6 bytes', () => {
+  assert.strictEqual(hex(messages.ready(123456)), '014700' + '01e240');
+});
+
+test('a pong echoes the ping sequence number', () => {
+  const ping = Buffer.from('0170deadbeef', 'hex');
+  const parsed = messages.parse(ping);
+  assert.deepStrictEqual(parsed, { kind: 'ping', seq: 0xdeadbeef });
+  assert.strictEqual(hex(messages.pong(parsed.seq)), '0150deadbeef');
+});
+
+test('Q and end of file both mean quit; anything else is unknown', () => {
+  assert.deepStrictEqual(messages.parse(Buffer.from('0151', 'hex')), { kind: 'quit' });
+  assert.deepStrictEqual(messages.parse(Buffer.alloc(0)), { kind: 'quit' });
+  for (const other of ['0143', '01410000', '0151ff', '0270deadbeef', '01700000']) {
+    assert.deepStrictEqual(messages.parse(Buffer.from(other, 'hex')), { kind: 'unknown' }, other);
+  }
+});
+
+/** Says what `requests` answers to each step: `s`tart, `e`nd, `f`lush. */
+function said(requests, steps) {
+  const letters = [];
+  for (const step of steps) {
+    const action = { s: 'start', e: 'end', f: 'flush' }[step];
+    const message = requests[action]();
+    if (message) {
+      letters.push(String.fromCharCode(message[1]));
+    }
+  }
+  return letters.join('');
+}
+
+test('a busy period of k requests says B, k-1 N and I', () => {
+  const requests = new messages.Requests();
+  // Three overlapping requests, the turn's end, then one alone.
+  assert.strictEqual(said(requests, 'ssesee' + 'f' + 'sef'), 'BNNI' + 'BI');
+  assert.strictEqual(requests.inProgress, 0);
+});
+
+test('a request that starts before the turn ends turns I and B into N', () => {
+  const requests = new messages.Requests();
+  assert.strictEqual(said(requests, 'sesef'), 'BNI');
+  // Flushing again says nothing: the I was said once.
+  assert.strictEqual(said(requests, 'ff'), '');
+});
+
+test('an end without a start is a bug, not a message', () => {
+  assert.throws(() => new messages.Requests().end(), /never started/);
+});
