@@ -43,6 +43,11 @@ use crate::scaling::Decision;
 /// idle or held by a dead reservation.
 pub(super) const STALL_AT_MOST: u64 = 50 * MS;
 
+/// The longest a slot with connections on its socket waits for a worker
+/// while the core could start one (the scaling rule's turns come often;
+/// this is slack for the turn, not a start-up).
+pub(super) const REFILL_AT_MOST: u64 = 2_000 * MS;
+
 /// A slot's queue as a failed check describes it: the slot, how many
 /// wait there, and its worker's word, whether it was told to quit and
 /// whether it serves.
@@ -91,6 +96,8 @@ pub(super) struct Sockets {
     /// count of its picks.
     spread: usize,
     spread_picks: usize,
+    /// Since when each slot has waited for a worker to refill it.
+    refill_since: std::collections::BTreeMap<usize, u64>,
     /// Since when a connection has waited with a child that could take
     /// it idle or held by a dead reservation.
     stalled_since: Option<u64>,
@@ -109,7 +116,11 @@ impl Sim {
     /// In kernel dispatch, most workers keep the board (`K`), a few say
     /// `R` and are served as in handoff. Returns the first message.
     pub(super) fn kernel_first_message(&mut self, pid: i32) -> ChildMessage {
-        let exec_d = self.world.procs.get(&pid).is_some_and(|p| p.in_group_of.is_none());
+        let exec_d = self
+            .world
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.in_group_of.is_none());
         if self.scenario.kernel && self.scenario.by_messages && exec_d {
             let p = self.world.procs.get_mut(&pid).expect("alive");
             p.said_g = true;
@@ -249,10 +260,14 @@ impl Sim {
     pub(super) fn mark_board(&mut self, slot: usize, idle: bool) -> Result<(), String> {
         let pid = self.core.board.get(slot).map_or(0, |s| s.pid);
         let Some(p) = self.world.procs.get_mut(&pid) else {
-            return Err(format!("the board marked for slot {slot}, whose pid {pid} is no process"));
+            return Err(format!(
+                "the board marked for slot {slot}, whose pid {pid} is no process"
+            ));
         };
         if !p.said_g {
-            return Err(format!("the board marked for slot {slot}, whose worker never said G"));
+            return Err(format!(
+                "the board marked for slot {slot}, whose worker never said G"
+            ));
         }
         if let Some(r) = p.board.as_mut() {
             r.word = if idle { Word::Idle } else { Word::Busy };
@@ -278,13 +293,10 @@ impl Sim {
     /// A connection reached the overflow: a messages worker that waits
     /// there, the lowest, takes it.
     pub(super) fn messages_worker_takes_overflow(&mut self) {
-        let waiting = self
-            .seated()
-            .map(|(_, pid, _)| pid)
-            .find(|pid| {
-                let p = &self.world.procs[pid];
-                p.said_g && !p.told_quit && p.serving.is_none()
-            });
+        let waiting = self.seated().map(|(_, pid, _)| pid).find(|pid| {
+            let p = &self.world.procs[pid];
+            p.said_g && !p.told_quit && p.serving.is_none()
+        });
         if let Some(pid) = waiting {
             self.take_from_overflow(pid);
         }
@@ -522,7 +534,11 @@ impl Sim {
     /// it says `I` and serves what its socket holds as it leaves.
     fn messages_worker_finished(&mut self, pid: i32, slot: usize, told_quit: bool) -> bool {
         if !told_quit {
-            let own = self.sockets.queues.get_mut(slot).and_then(VecDeque::pop_front);
+            let own = self
+                .sockets
+                .queues
+                .get_mut(slot)
+                .and_then(VecDeque::pop_front);
             if let Some(conn) = own.or_else(|| self.world.backlog.pop_front()) {
                 self.take(pid, conn, true);
                 return true;
@@ -671,9 +687,8 @@ impl Sim {
         // And what waits on the socket of a slot with no worker on it yet
         // (empty, or starting) in a pool that cannot hand it on: for the
         // slot's next worker (`check_refill`).
-        let refilled = |slot: usize| {
-            !self.core.hands_on() && self.seated().all(|(s, _, _)| s != slot)
-        };
+        let refilled =
+            |slot: usize| !self.core.hands_on() && self.seated().all(|(s, _, _)| s != slot);
         let theirs: u32 = (0..self.sockets.queues.len())
             .filter(|&slot| !self.is_off(slot) && (on_messages_worker(slot) || refilled(slot)))
             .map(|slot| self.sockets.queues[slot].len() as u32)
@@ -803,13 +818,42 @@ impl Sim {
         self.check_refill()
     }
 
+    /// A slot that waits for a worker gets one: never for longer than
+    /// [`REFILL_AT_MOST`] while the core could start one.
+    fn check_refill_starts(&mut self) -> Result<(), String> {
+        let now = self.world.now;
+        let waiting: Vec<usize> = (0..self.sockets.queues.len())
+            .filter(|&slot| {
+                !self.sockets.queues[slot].is_empty()
+                    && self.core.board.get(slot).is_none()
+                    && self.core.refill_pending(slot)
+            })
+            .collect();
+        self.sockets
+            .refill_since
+            .retain(|slot, _| waiting.contains(slot));
+        let may_spawn = self.core.may_spawn(self.now());
+        for slot in waiting {
+            let since = *self.sockets.refill_since.entry(slot).or_insert(now);
+            if may_spawn && now - since > REFILL_AT_MOST {
+                return Err(format!(
+                    "slot {slot} has waited {} ms for a worker to take what its socket holds, \
+                     and the core could start one",
+                    (now - since) / MS
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// In a pool that cannot hand connections on, an empty slot whose
     /// socket holds some waits for a worker: the core must know, and start
     /// one there.
-    fn check_refill(&self) -> Result<(), String> {
+    fn check_refill(&mut self) -> Result<(), String> {
         if self.core.hands_on() {
             return Ok(());
         }
+        self.check_refill_starts()?;
         for (slot, queue) in self.sockets.queues.iter().enumerate() {
             if !queue.is_empty()
                 && self.core.board.get(slot).is_none()
