@@ -85,7 +85,9 @@ impl<L: HasChild> Core<L> {
         }
         self.on_ready(slot, pid, now)?;
         if let Some(link) = self.board.link_mut(slot) {
-            link.child_mut().role.path = Some(Path::Messages);
+            let role = &mut link.child_mut().role;
+            role.path = Some(Path::Messages);
+            role.messages = crate::policy::budget::message_budget_by_messages();
         }
         self.mark_board(slot, true, true);
         Ok(())
@@ -289,5 +291,22 @@ mod tests {
         );
         core.left_on_socket(5);
         assert_eq!(core.spawn_slot(), 1);
+    }
+
+    /// A messages child says busy and idle for each connection: it may
+    /// send twice what a handoff child may before it counts as a flood.
+    #[test]
+    fn a_child_by_messages_has_twice_the_message_budget() {
+        let t0 = Instant::now();
+        let mut core = kernel_pool(t0, 1);
+        report(&mut core, ChildMessage::ReadyByMessages { pid: 40 }, t0);
+        let rate = crate::policy::budget::MESSAGES_PER_SECOND as usize;
+        for _ in 0..rate {
+            report(&mut core, ChildMessage::Busy, t0);
+            report(&mut core, ChildMessage::Idle, t0);
+        }
+        assert_eq!(core.totals.killed_by.misbehaved, 0);
+        report(&mut core, ChildMessage::Busy, t0);
+        assert_eq!(core.totals.killed_by.misbehaved, 1, "past the budget");
     }
 }

@@ -10,7 +10,6 @@ use super::child::{HasChild, LifeEvent, Path};
 use super::effect::Effect;
 use super::moves::Refused;
 use super::Core;
-use crate::policy::budget::MESSAGES_PER_SECOND;
 use crate::policy::messages;
 use crate::protocol::ChildMessage;
 use crate::scoreboard::IllegalTransition;
@@ -23,9 +22,11 @@ impl<L: HasChild> Core<L> {
         let Some(link) = self.board.link_mut(slot) else {
             return;
         };
-        if !link.child_mut().role.messages.spend(now, 1) {
+        let budget = &mut link.child_mut().role.messages;
+        if !budget.spend(now, 1) {
             let why = format!(
-                "sent more than {MESSAGES_PER_SECOND} messages a second on its back-channel"
+                "sent more than {} messages a second on its back-channel",
+                budget.rate()
             );
             self.kill(slot, KillReason::Misbehaved, why, now);
             return;

@@ -46,6 +46,11 @@ impl Budget {
         }
     }
 
+    /// Tokens a second.
+    pub fn rate(&self) -> u32 {
+        self.rate as u32
+    }
+
     /// Spends `n` tokens at `now` if there are that many; says whether it
     /// could.
     pub fn spend(&mut self, now: Instant, n: u32) -> bool {
@@ -67,6 +72,13 @@ impl Budget {
 /// The budget of one child's back-channel messages.
 pub(crate) fn message_budget() -> Budget {
     Budget::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND)
+}
+
+/// The budget of a `kernel` child on the messages path (`G`): twice the
+/// others', for it says both busy and idle for each busy period (`B`,
+/// `I`) where a handoff child says one (`I` or `N`) and a `K` child none.
+pub(crate) fn message_budget_by_messages() -> Budget {
+    Budget::new(2 * MESSAGES_PER_SECOND, 2 * MESSAGES_PER_SECOND)
 }
 
 /// What to do with one stderr line.
