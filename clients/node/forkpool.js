@@ -11,7 +11,7 @@
 //
 // - kernel dispatch (the default) by the messages path: it says `G`,
 //   accepts on its own slot sockets and the pool's listeners, and says
-//   `B`, `N` and `I` as requests start and end;
+//   `B`, `N` and `I` as connections open and close;
 // - --dispatch none: Node accepts on the pool's listeners, no channel.
 //
 // In any other mode it refuses at start, saying which mode to use.
@@ -133,21 +133,21 @@ function serve(handler, options = {}) {
   const channel = path === 'messages'
     ? new Channel(Number(process.env.FORKPOOL_CHANNEL_FD), () => quitting.start())
     : null;
-  const requests = new messages.Requests();
+  const open = new messages.Connections();
   const quitting = gracefulQuit(servers, (exit) => {
     if (!channel) {
       exit();
       return;
     }
-    // The last request's I, if it still waits, so that it is counted.
-    const idle = requests.flush();
+    // The last connection's I, if it still waits, so that it is counted.
+    const idle = open.flush();
     if (idle) {
       channel.send(idle);
     }
     channel.close(exit);
   });
   if (channel) {
-    servers.forEach((server) => reportRequests(server, channel, requests));
+    servers.forEach((server) => reportConnections(server, channel, open));
     whenListening(servers, () => {
       channel.send(messages.ready(process.pid));
       channel.listen();
@@ -185,37 +185,30 @@ function whenListening(servers, then) {
 }
 
 /**
- * Says `B`, `N` and `I` on `channel` as requests on `server` start and
- * end (messages.Requests): a request ends when its response is sent, or
- * its connection closes first. The last one's `I` goes at the end of the
- * event loop's turn, unless a request started meanwhile.
+ * Says `B`, `N` and `I` on `channel` as connections on `server` open and
+ * close (messages.Connections). The last one's `I` goes at the end of the
+ * event loop's turn, unless a connection opened meanwhile.
  */
-function reportRequests(server, channel, requests) {
+function reportConnections(server, channel, open) {
   const flush = () => {
-    const idle = requests.flush();
+    const idle = open.flush();
     if (idle) {
       channel.send(idle);
     }
   };
-  server.on('request', (req, res) => {
-    const started = requests.start();
-    if (started) {
-      channel.send(started);
+  server.on('connection', (socket) => {
+    const opened = open.start();
+    if (opened) {
+      channel.send(opened);
     }
-    let ended = false;
-    const end = () => {
-      if (!ended) {
-        ended = true;
-        const said = requests.end();
-        if (said) {
-          channel.send(said);
-        } else {
-          setImmediate(flush);
-        }
+    socket.once('close', () => {
+      const said = open.end();
+      if (said) {
+        channel.send(said);
+      } else {
+        setImmediate(flush);
       }
-    };
-    res.once('finish', end);
-    res.once('close', end);
+    });
   });
 }
 

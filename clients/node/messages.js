@@ -53,25 +53,25 @@ function parse(bytes) {
 }
 
 /**
- * Requests in progress, and the message each change calls for: over a busy
- * period of k requests the supervisor hears `B`, k-1 `N` and `I`, so it
- * counts k accepted and k served. A kept-alive connection between requests
- * is not in progress: the worker is idle, and the kernel may give it a
- * new connection.
+ * Connections open, and the message each change calls for: over a busy
+ * period of k connections the supervisor hears `B`, k-1 `N` and `I`, so
+ * it counts k accepted and k served. A kept-alive connection holds its
+ * worker as it would any forkpool worker, so new clients go to idle
+ * workers, and with none idle the kernel spreads them over the busy
+ * ones' sockets, where Node serves them beside the others.
  *
- * The `I` of the last request waits for `flush()`, which the worker calls
- * at the end of the event loop's turn: a request that starts before then
- * (one the same turn read on another connection) turns the `I` and its
- * `B` into one `N`, since the worker never waited in between. Under load
- * that halves the messages.
+ * The `I` of the last connection waits for `flush()`, which the worker
+ * calls at the end of the event loop's turn: a connection accepted before
+ * then (the same turn's) turns the `I` and its `B` into one `N`, since
+ * the worker never waited in between.
  */
-class Requests {
+class Connections {
   constructor() {
     this.inProgress = 0;
     this.idlePending = false;
   }
 
-  /** A request starts: `B` if none was in progress, `N` if an `I` waits. */
+  /** A connection opens: `B` if none was open, `N` if an `I` waits. */
   start() {
     this.inProgress += 1;
     if (this.inProgress > 1) {
@@ -85,12 +85,12 @@ class Requests {
   }
 
   /**
-   * A request ends: `N` if others are still in progress; if it was the
+   * A connection closes: `N` if others are still open; if it was the
    * last, nothing yet: the `I` waits for `flush()`.
    */
   end() {
     if (this.inProgress === 0) {
-      throw new Error('a request ended that never started');
+      throw new Error('a connection closed that never opened');
     }
     this.inProgress -= 1;
     if (this.inProgress > 0) {
@@ -110,4 +110,4 @@ class Requests {
   }
 }
 
-module.exports = { ready, pong, parse, Requests, BUSY, NEXT, IDLE, LEAVING };
+module.exports = { ready, pong, parse, Connections, BUSY, NEXT, IDLE, LEAVING };

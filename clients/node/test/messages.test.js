@@ -28,12 +28,12 @@ test('Q and end of file both mean quit; anything else is unknown', () => {
   }
 });
 
-/** Says what `requests` answers to each step: `s`tart, `e`nd, `f`lush. */
-function said(requests, steps) {
+/** Says what `open` answers to each step: `s`tart, `e`nd, `f`lush. */
+function said(open, steps) {
   const letters = [];
   for (const step of steps) {
     const action = { s: 'start', e: 'end', f: 'flush' }[step];
-    const message = requests[action]();
+    const message = open[action]();
     if (message) {
       letters.push(String.fromCharCode(message[1]));
     }
@@ -41,20 +41,20 @@ function said(requests, steps) {
   return letters.join('');
 }
 
-test('a busy period of k requests says B, k-1 N and I', () => {
-  const requests = new messages.Requests();
-  // Three overlapping requests, the turn's end, then one alone.
-  assert.strictEqual(said(requests, 'ssesee' + 'f' + 'sef'), 'BNNI' + 'BI');
-  assert.strictEqual(requests.inProgress, 0);
+test('a busy period of k connections says B, k-1 N and I', () => {
+  const open = new messages.Connections();
+  // Three overlapping connections, the turn's end, then one alone.
+  assert.strictEqual(said(open, 'ssesee' + 'f' + 'sef'), 'BNNI' + 'BI');
+  assert.strictEqual(open.inProgress, 0);
 });
 
-test('a request that starts before the turn ends turns I and B into N', () => {
-  const requests = new messages.Requests();
-  assert.strictEqual(said(requests, 'sesef'), 'BNI');
+test('a connection that opens before the turn ends turns I and B into N', () => {
+  const open = new messages.Connections();
+  assert.strictEqual(said(open, 'sesef'), 'BNI');
   // Flushing again says nothing: the I was said once.
-  assert.strictEqual(said(requests, 'ff'), '');
+  assert.strictEqual(said(open, 'ff'), '');
 });
 
 test('an end without a start is a bug, not a message', () => {
-  assert.throws(() => new messages.Requests().end(), /never started/);
+  assert.throws(() => new messages.Connections().end(), /never opened/);
 });

@@ -239,22 +239,39 @@ fn a_slow_request_holds_one_node_worker_while_another_serves() {
     assert!(idle.is_some(), "{}", pool.status());
 }
 
-/// A kept-alive connection between requests does not hold its worker:
-/// the one worker shows idle and serves a new connection meanwhile; the
-/// kept-alive one still serves its next request.
+/// A kept-alive connection holds its worker between requests, as any
+/// forkpool worker's does: a new client goes to the other, idle, worker;
+/// once the kept-alive connection closes, both are idle, and each
+/// connection was counted once.
 #[test]
-fn an_idle_kept_alive_connection_leaves_the_node_worker_idle() {
-    let Some(pool) = start_kernel(1, &[]) else {
+fn a_kept_alive_connection_holds_its_node_worker_and_the_next_client_goes_to_another() {
+    let Some(pool) = start_kernel(2, &[]) else {
         return;
     };
+    let pid_of = |r: &http_corpus::Response| {
+        r.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-forkpool-pid"))
+            .and_then(|(_, v)| v.trim().parse::<i64>().ok())
+    };
     let mut kept = keep_alive(&pool);
-    assert_eq!(ask(&mut kept).expect("the first answer").status, 200);
-    let idle = pool.wait_status(PATIENCE, |s| s["idle"] == 1 && total(s, "accepted") == 1);
-    assert!(idle.is_some(), "{}", pool.status());
+    let first = ask(&mut kept).expect("the first answer");
+    assert_eq!(first.status, 200);
+    let kept_by = pid_of(&first);
+    let held = pool.wait_status(PATIENCE, |s| s["busy"] == 1 && busy_pid(s).is_some());
+    let held = held.unwrap_or_else(|| {
+        panic!(
+            "the kept-alive connection holds no worker: {}",
+            pool.status()
+        )
+    });
+    assert_eq!(busy_pid(&held), kept_by);
     let other = get(pool.addr, "/").expect("a new connection");
     assert_eq!(other.status, 200);
-    assert_eq!(ask(&mut kept).expect("the next answer").status, 200);
-    let counted = pool.wait_status(PATIENCE, |s| s["idle"] == 1 && total(s, "accepted") == 3);
+    assert_ne!(other.pid.map(i64::from), kept_by, "{}", pool.status());
+    assert_eq!(pid_of(&ask(&mut kept).expect("the next answer")), kept_by);
+    drop(kept);
+    let counted = pool.wait_status(PATIENCE, |s| s["idle"] == 2 && total(s, "accepted") == 2);
     assert!(counted.is_some(), "{}", pool.status());
 }
 
