@@ -67,8 +67,12 @@ class Channel {
         } else if (message.kind === 'quit') {
           this.quit();
         } else {
+          // docs/protocol.md: a child that reads what it does not
+          // understand does not guess; it says so and exits, and the
+          // supervisor replaces it. (No read is pending here, so it can.)
           const hex = buffer.subarray(0, n).toString('hex');
-          process.stderr.write(`forkpool-node: ignored a message it is never sent: ${hex}\n`);
+          process.stderr.write(`forkpool-node: a message it is never sent: ${hex}; exiting\n`);
+          process.exit(1);
         }
         if (this.quitting) {
           this.afterRead();

@@ -27,13 +27,14 @@ const KEEP_ALIVE_MS = 5000;
 const REQUESTS_PER_CONNECTION = 1000;
 
 /**
- * How this process serves the pool: 'messages' (kernel dispatch), 'none',
- * or `{ refused: why }`.
+ * How this process serves the pool: 'messages' (kernel dispatch, and
+ * `order` and `shared`: it says `G`, accepts by itself and reports by
+ * messages), 'none', or `{ refused: why }`.
  */
 function servingPath(env = process.env) {
   const dispatch = env.FORKPOOL_DISPATCH;
-  const use = 'run the pool in kernel dispatch (the default: no --dispatch) ' +
-    'or with --dispatch none';
+  const use = 'run the pool in kernel dispatch (the default: no --dispatch), ' +
+    'order, shared, or none';
   if (env.FORKPOOL_TEMPLATE_FD !== undefined) {
     return {
       refused: 'Node cannot fork a running process, so it cannot be a ' +
@@ -49,13 +50,16 @@ function servingPath(env = process.env) {
   if (dispatch === 'handoff' && env.FORKPOOL_KERNEL_DISPATCH === '1') {
     return 'messages';
   }
+  // libuv accepts every waiting connection, not exactly one when told: it
+  // says so (`G`), and the supervisor orders it nothing.
+  if (dispatch === 'order' || dispatch === 'shared') {
+    return 'messages';
+  }
   if (dispatch === 'none') {
     return 'none';
   }
   const cannot = {
     handoff: 'it cannot receive descriptors',
-    order: 'libuv accepts every waiting connection, not exactly one when told',
-    shared: 'libuv accepts every waiting connection, not exactly one',
   }[dispatch] || 'it does not know this mode';
   return { refused: `Node's public API cannot serve ${dispatch} dispatch (${cannot}): ${use}` };
 }

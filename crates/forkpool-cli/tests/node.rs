@@ -318,6 +318,52 @@ fn idle_node_workers_answer_pings() {
     assert_eq!(get(pool.addr, "/").expect("request").status, 200);
 }
 
+/// In `order` and `shared`, where libuv cannot accept exactly one
+/// connection when told, the worker says so (`G`): the supervisor orders
+/// it nothing and counts what it reports. Connections are served, all
+/// counted, and no order is ever missed or answered by a kill.
+#[test]
+fn node_workers_in_order_and_shared_say_they_accept_by_themselves() {
+    let Some(node) = common::require_program("node", INSTALL) else {
+        return;
+    };
+    let cmd = node_cmd(&node);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    for mode in ["order", "shared"] {
+        let pool = DemoPool::start_run(
+            &[
+                "--dispatch",
+                mode,
+                "--min-children",
+                "2",
+                "--max-children",
+                "2",
+            ],
+            &cmd,
+        );
+        let status = pool
+            .wait_status(PATIENCE, |s| s["idle"] == 2 && s["starting"] == 0)
+            .unwrap_or_else(|| panic!("{mode}: {}\n{}", pool.status(), pool.stderr.dump()));
+        for slot in status["slots"].as_array().expect("slots") {
+            assert_eq!(slot["path"], "messages", "{mode}: {status}");
+        }
+        for _ in 0..5 {
+            assert_eq!(get(pool.addr, "/").expect("request").status, 200);
+        }
+        for r in common::concurrent_gets(pool.addr, "/?sleep_ms=50", 6) {
+            assert_eq!(r.expect("request").status, 200, "{mode}");
+        }
+        let made = 11;
+        let counted = pool.wait_status(PATIENCE, |s| {
+            total(s, "accepted") == made && served(s) == made && s["busy"] == 0
+        });
+        let status = pool.status();
+        assert!(counted.is_some(), "{mode}: {made} connections: {status}");
+        assert_eq!(total(&status, "killed"), 0, "{mode}: {status}");
+        assert_eq!(total(&status, "futile_wakeups"), 0, "{mode}: {status}");
+    }
+}
+
 /// Outside the modes Node can serve the helper refuses at once, saying
 /// which modes to use, instead of serving badly.
 #[test]
@@ -325,11 +371,9 @@ fn the_helper_refuses_the_modes_node_cannot_serve() {
     let Some(node) = common::require_program("node", INSTALL) else {
         return;
     };
-    let modes = "kernel dispatch (the default: no --dispatch) or with --dispatch none";
-    let cases: [(&[(&str, &str)], &str); 4] = [
+    let modes = "kernel dispatch (the default: no --dispatch), order, shared, or none";
+    let cases: [(&[(&str, &str)], &str); 2] = [
         (&[("FORKPOOL_DISPATCH", "handoff")], modes),
-        (&[("FORKPOOL_DISPATCH", "order")], modes),
-        (&[("FORKPOOL_DISPATCH", "shared")], modes),
         (&[("FORKPOOL_TEMPLATE_FD", "4")], "without --preload"),
     ];
     for (env, says) in cases {

@@ -93,10 +93,13 @@ impl<L: HasChild> Core<L> {
         Ok(())
     }
 
-    /// A `G` child (`by_messages`) said it is idle or busy: its record on
-    /// the scoreboard follows. A child on its way out stays busy there:
-    /// it takes no new connection.
+    /// A `G` child (`by_messages`) said it is idle or busy: in `kernel`
+    /// dispatch its record on the scoreboard follows. A child on its way
+    /// out stays busy there: it takes no new connection.
     pub(super) fn mark_board(&mut self, slot: usize, by_messages: bool, idle: bool) {
+        if self.config.dispatch != crate::config::DispatchMode::Kernel {
+            return;
+        }
         let serving = self
             .board
             .get(slot)
@@ -308,5 +311,31 @@ mod tests {
         assert_eq!(core.totals.killed_by.misbehaved, 0);
         report(&mut core, ChildMessage::Busy, t0);
         assert_eq!(core.totals.killed_by.misbehaved, 1, "past the budget");
+    }
+
+    /// In `order` and `shared` a worker that accepts every waiting
+    /// connection at once says `G`: it is shown on the messages path, never
+    /// ordered, its `B`, `N` and `I` counted, and no board is marked.
+    #[test]
+    fn a_g_child_in_order_dispatch_is_never_ordered_and_its_reports_count() {
+        let t0 = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            dispatch: DispatchMode::Order,
+            ..PoolConfig::default()
+        });
+        core.adopt(0, 40, 1, Child::new(t0, true, 1), t0);
+        report(&mut core, ChildMessage::ReadyByMessages { pid: 40 }, t0);
+        assert_eq!(core.path(0), Some(super::Path::Messages));
+        assert!(!core.takes_handed(0));
+        report(&mut core, ChildMessage::Busy, t0);
+        report(&mut core, ChildMessage::Next, t0);
+        report(&mut core, ChildMessage::Idle, t0);
+        assert!(
+            marks(&mut core).is_empty(),
+            "no board outside kernel dispatch"
+        );
+        assert_eq!(core.totals.accepted, 2);
+        assert_eq!(core.board.get(0).unwrap().served, 2);
+        assert_eq!(core.totals.killed, 0);
     }
 }

@@ -123,13 +123,16 @@ impl CoreView {
 }
 
 impl<L: HasChild> Core<L> {
-    /// `kernel` dispatch: how connections reach the child in `slot`, once
-    /// it has said `K`, `G` or `R`; `None` in other modes and before.
+    /// How connections reach the child in `slot`, once it has said: in
+    /// `kernel` dispatch `K`, `G` or `R`; in `order` and `shared`, `G`
+    /// only (it accepts by itself, several at once). `None` before, and
+    /// otherwise.
     pub fn path(&self, slot: usize) -> Option<Path> {
+        let path = self.board.link(slot)?.child().role.path;
         if self.config.dispatch != crate::config::DispatchMode::Kernel {
-            return None;
+            return path.filter(|&p| p == Path::Messages);
         }
-        self.board.link(slot)?.child().role.path
+        path
     }
 
     /// Writes the state as of `now` into `view`, reusing its lists.

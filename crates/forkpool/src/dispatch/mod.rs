@@ -85,12 +85,23 @@ impl<L: HasChild + Sends> Children for Core<L> {
         Core::keeps_board(self, slot)
     }
 
+    /// A child that accepts by itself (`G`) is never handed or ordered
+    /// a connection: the lowest idle one that is, then.
     fn lowest_with_room(&self) -> Option<usize> {
-        self.board().lowest_with_room()
+        match self.board().lowest_with_room() {
+            Some(slot) if !self.takes_handed(slot) => Children::lowest_idle(self),
+            lowest => lowest,
+        }
     }
 
     fn lowest_idle(&self) -> Option<usize> {
-        self.board().lowest_idle()
+        match self.board().lowest_idle() {
+            Some(slot) if !self.takes_handed(slot) => self
+                .board()
+                .idle_slots()
+                .find(|&slot| self.takes_handed(slot)),
+            lowest => lowest,
+        }
     }
 
     /// Idle, and able to take a handed connection: a kernel dispatch

@@ -9,9 +9,10 @@ use crate::protocol::ChildMessage;
 
 /// Whether a child in `mode` can send `msg`; if not, why not, for the log.
 /// `on_board`: a `kernel` child that keeps its record on the scoreboard
-/// (it said `K`); `by_messages`: one that serves its own socket and says
-/// busy and idle in messages (it said `G`); one that said `R` is served,
-/// and reports, as in `handoff`.
+/// (it said `K`); `by_messages`: one that accepts on the sockets it holds
+/// by itself, as many at once as its runtime does, and says busy and idle
+/// in messages (it said `G`: `kernel`, `order` or `shared`); one that said
+/// `R` is served, and reports, as in `handoff`.
 pub(crate) fn mode_allows(
     mode: DispatchMode,
     on_board: bool,
@@ -20,19 +21,19 @@ pub(crate) fn mode_allows(
 ) -> Result<(), String> {
     // Kernel dispatch children on the board report nothing per connection
     // (the scoreboard says it); `I` is only the wake-up the supervisor
-    // asks for. A `G` child accepts from its own socket and says so.
+    // asks for. A `G` child accepts by itself and says so, and is never
+    // told to accept, so it never misses.
     let kernel = mode == DispatchMode::Kernel;
-    let child_accepts =
-        !matches!(mode, DispatchMode::Handoff | DispatchMode::Kernel) || (kernel && by_messages);
-    let takes_next = mode == DispatchMode::Handoff || (kernel && !on_board);
+    let child_accepts = !matches!(mode, DispatchMode::Handoff | DispatchMode::Kernel);
+    let takes_next = mode == DispatchMode::Handoff || (kernel && !on_board) || by_messages;
     let (letter, allowed) = match msg {
-        ChildMessage::Busy => ("B", child_accepts),
-        ChildMessage::Missed => ("M", child_accepts && !kernel),
+        ChildMessage::Busy => ("B", child_accepts || by_messages),
+        ChildMessage::Missed => ("M", child_accepts && !by_messages),
         // Only a handoff child that holds the listeners takes the next
-        // connection itself.
+        // connection itself (and a `G` child, as it holds several).
         ChildMessage::Next => ("N", takes_next),
         ChildMessage::ReadyOnBoard { .. } => ("K", kernel),
-        ChildMessage::ReadyByMessages { .. } => ("G", kernel),
+        ChildMessage::ReadyByMessages { .. } => ("G", kernel || child_accepts),
         _ => ("", true),
     };
     if allowed {
@@ -108,15 +109,23 @@ mod tests {
         }
         assert!(mode_allows(k, false, true, &ChildMessage::Missed).is_err());
         let g = ChildMessage::ReadyByMessages { pid: 7 };
-        assert!(mode_allows(k, false, false, &g).is_ok());
         for mode in [
-            DispatchMode::Handoff,
+            DispatchMode::Kernel,
             DispatchMode::Order,
             DispatchMode::Shared,
         ] {
-            let why = mode_allows(mode, false, false, &g).unwrap_err();
-            assert!(why.contains('G'), "{why}");
+            assert!(mode_allows(mode, false, false, &g).is_ok(), "{mode:?}");
+            // It accepts by itself, several at once: `B`, `N`, `I`.
+            for msg in [ChildMessage::Busy, ChildMessage::Next, ChildMessage::Idle] {
+                assert!(
+                    mode_allows(mode, false, true, &msg).is_ok(),
+                    "{mode:?} {msg:?}"
+                );
+            }
+            assert!(mode_allows(mode, false, true, &ChildMessage::Missed).is_err());
         }
+        let why = mode_allows(DispatchMode::Handoff, false, false, &g).unwrap_err();
+        assert!(why.contains('G'), "{why}");
     }
 
     #[test]

@@ -374,7 +374,15 @@ impl Supervisor {
     /// thousands of times a second while the pool was saturated.
     pub(crate) fn has_room_for_overflow(&self) -> bool {
         let Some(kernel) = &self.kernel else {
-            return self.core.board().has_room();
+            // A child that accepts by itself (`G`) has no room for one.
+            return if self.core.hosts_sessions() {
+                self.core.board().has_room()
+            } else {
+                self.core
+                    .board()
+                    .idle_slots()
+                    .any(|slot| self.core.takes_handed(slot))
+            };
         };
         let board = kernel.board();
         let now_ns = board::kernel_clock_ns();
