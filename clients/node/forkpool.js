@@ -200,17 +200,36 @@ function reportConnections(server, channel, open) {
       channel.send(idle);
     }
   };
+  const closing = new WeakSet();
+  // `now`: the connection is about to close (its last response is
+  // written): say so at once, before its client can see the close and
+  // connect again, so that its next connection finds this worker idle, as
+  // a `K` worker's idle store before the close does.
+  const ended = (socket, now) => {
+    if (closing.has(socket)) {
+      return;
+    }
+    closing.add(socket);
+    const said = open.end();
+    if (said) {
+      channel.send(said);
+    } else if (now) {
+      flush();
+    } else {
+      setImmediate(flush);
+    }
+  };
   server.on('connection', (socket) => {
     const opened = open.start();
     if (opened) {
       channel.send(opened);
     }
-    socket.once('close', () => {
-      const said = open.end();
-      if (said) {
-        channel.send(said);
-      } else {
-        setImmediate(flush);
+    socket.once('close', () => ended(socket, false));
+  });
+  server.on('request', (req, res) => {
+    res.once('finish', () => {
+      if (!res.shouldKeepAlive) {
+        ended(req.socket, true);
       }
     });
   });
