@@ -373,22 +373,23 @@ impl Supervisor {
     /// watched the overflow, woke, found no child, and stopped watching it,
     /// thousands of times a second while the pool was saturated.
     pub(crate) fn has_room_for_overflow(&self) -> bool {
+        if self.core.hosts_sessions() {
+            return self.core.board().has_room();
+        }
+        // A child that accepts by itself (`G`) has no room for one.
+        let mut takers = self
+            .core
+            .board()
+            .idle_slots()
+            .filter(|&slot| self.core.takes_handed(slot));
         let Some(kernel) = &self.kernel else {
-            // A child that accepts by itself (`G`) has no room for one.
-            return if self.core.hosts_sessions() {
-                self.core.board().has_room()
-            } else {
-                self.core
-                    .board()
-                    .idle_slots()
-                    .any(|slot| self.core.takes_handed(slot))
-            };
+            return takers.next().is_some();
         };
         let board = kernel.board();
         let now_ns = board::kernel_clock_ns();
-        self.core.board().idle_slots().any(|slot| {
-            self.core.takes_handed(slot) && !self.core.keeps_board(slot)
-                || (self.core.keeps_board(slot) && slot < board.slots() && {
+        takers.any(|slot| {
+            !self.core.keeps_board(slot)
+                || (slot < board.slots() && {
                     let word = board.state(slot);
                     word == SlotWord::Idle || word.dead_at(now_ns)
                 })
