@@ -541,19 +541,11 @@ impl Supervisor {
     }
 
     fn register_channel(&self, slot: usize, channel: &Channel) -> io::Result<()> {
-        self.wake.poll.registry().register(
-            &mut SourceFd(&channel.as_raw_fd()),
-            Event::Child(slot).token(),
-            Interest::READABLE,
-        )
+        self.wake.watch(channel.as_raw_fd(), Event::Child(slot))
     }
 
     fn deregister_channel(&self, channel: &Channel) {
-        let _ = self
-            .wake
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&channel.as_raw_fd()));
+        self.wake.forget(channel.as_raw_fd());
     }
 
     /// Starts watching listeners the supervisor accepts or orders for.
@@ -574,11 +566,8 @@ impl Supervisor {
             return Ok(());
         }
         l.resume_at = None;
-        self.wake.poll.registry().register(
-            &mut SourceFd(&l.listener.as_raw_fd()),
-            Event::Listener(i).token(),
-            Interest::READABLE,
-        )?;
+        self.wake
+            .watch(l.listener.as_raw_fd(), Event::Listener(i))?;
         l.watched = true;
         Ok(())
     }
@@ -587,11 +576,7 @@ impl Supervisor {
     pub(crate) fn unwatch_listener(&mut self, i: usize) {
         let l = &mut self.listeners[i];
         if l.watched {
-            let _ = self
-                .wake
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&l.listener.as_raw_fd()));
+            self.wake.forget(l.listener.as_raw_fd());
             l.watched = false;
         }
     }

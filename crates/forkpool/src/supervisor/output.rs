@@ -16,8 +16,6 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::Interest;
 use tracing::{info, warn};
 
 use super::event::Event;
@@ -143,6 +141,11 @@ impl ChildOutput {
 }
 
 impl ChildOutput {
+    /// The pipe's descriptor, to watch.
+    pub(super) fn fd(&self) -> std::os::fd::RawFd {
+        self.pipe.as_raw_fd()
+    }
+
     /// After a turn of [`ChildOutput::read_lines`]: the lines the gate
     /// dropped, for the core to count, and why the writer must end when it
     /// has flooded its stderr for too long.
@@ -156,24 +159,12 @@ impl ChildOutput {
         });
         (dropped, flood)
     }
-
-    /// Watches the pipe again under `token`: the poll is edge-triggered,
-    /// so what a turn left ([`Left::More`]) is read in the next one, after
-    /// every other source had its turn.
-    pub(super) fn rearm(&self, registry: &mio::Registry, token: mio::Token) -> io::Result<()> {
-        let fd = self.pipe.as_raw_fd();
-        registry.reregister(&mut SourceFd(&fd), token, Interest::READABLE)
-    }
 }
 
 impl Supervisor {
     /// Starts watching a new worker's output pipe.
     pub(super) fn register_output(&self, slot: usize, output: &ChildOutput) -> io::Result<()> {
-        self.wake.poll.registry().register(
-            &mut SourceFd(&output.pipe.as_raw_fd()),
-            Event::Output(slot).token(),
-            Interest::READABLE,
-        )
+        self.wake.watch(output.fd(), Event::Output(slot))
     }
 
     /// The worker in `slot` wrote to its stderr.
@@ -200,8 +191,7 @@ impl Supervisor {
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
-                if let Err(e) = output.rearm(self.wake.poll.registry(), Event::Output(slot).token())
-                {
+                if let Err(e) = self.wake.rewatch(output.fd(), Event::Output(slot)) {
                     warn!(slot, pid, "cannot watch the worker's stderr any more: {e}");
                 }
             }
@@ -238,11 +228,7 @@ impl Supervisor {
     }
 
     pub(super) fn forget_output(&self, output: &ChildOutput) {
-        let _ = self
-            .wake
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&output.pipe.as_raw_fd()));
+        self.wake.forget(output.fd());
     }
 }
 

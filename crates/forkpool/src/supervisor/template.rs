@@ -31,8 +31,6 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{info, warn};
 
@@ -173,20 +171,14 @@ impl Supervisor {
         output: Option<ChildOutput>,
     ) -> io::Result<()> {
         if let Some(output) = &output {
-            let registered = self.wake.poll.registry().register(
-                &mut SourceFd(&output.pipe.as_raw_fd()),
-                Event::TemplateOutput(generation as usize).token(),
-                Interest::READABLE,
-            );
-            if let Err(e) = registered {
+            let event = Event::TemplateOutput(generation as usize);
+            if let Err(e) = self.wake.watch(output.fd(), event) {
                 warn!(pid, "cannot watch the template's stderr: {e}");
             }
         }
-        let registered = self.wake.poll.registry().register(
-            &mut SourceFd(&channel.as_raw_fd()),
-            Event::Template(generation as usize).token(),
-            Interest::READABLE,
-        );
+        let registered = self
+            .wake
+            .watch(channel.as_raw_fd(), Event::Template(generation as usize));
         self.templates.ends.insert(
             generation,
             TemplateEnds {
@@ -363,8 +355,7 @@ impl Supervisor {
                 }
                 Incoming::WouldBlock => return,
                 Incoming::Closed => {
-                    let fd = ends.channel.as_raw_fd();
-                    let _ = self.wake.poll.registry().deregister(&mut SourceFd(&fd));
+                    self.wake.forget(ends.channel.as_raw_fd());
                     self.core.on(Input::TemplateClosed { generation }, now);
                     self.carry_out(now);
                     return;
@@ -381,13 +372,8 @@ impl Supervisor {
         }
         // More may be waiting: the poll is edge-triggered, so re-arm it.
         if let Some(ends) = self.templates.ends.get(&generation) {
-            let fd = ends.channel.as_raw_fd();
-            let token = Event::Template(generation as usize).token();
-            let _ =
-                self.wake
-                    .poll
-                    .registry()
-                    .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
+            let event = Event::Template(generation as usize);
+            let _ = self.wake.rewatch(ends.channel.as_raw_fd(), event);
         }
     }
 
@@ -460,8 +446,8 @@ impl Supervisor {
         match left {
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
-                let token = Event::TemplateOutput(generation as usize).token();
-                if let Err(e) = output.rearm(self.wake.poll.registry(), token) {
+                let event = Event::TemplateOutput(generation as usize);
+                if let Err(e) = self.wake.rewatch(output.fd(), event) {
                     warn!(
                         generation,
                         pid, "cannot watch the template's stderr any more: {e}"
@@ -550,11 +536,7 @@ impl Supervisor {
             output.save_tail(&mut ends.stderr_tail);
             self.forget_output(&output);
         }
-        let _ = self
-            .wake
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&ends.channel.as_raw_fd()));
+        self.wake.forget(ends.channel.as_raw_fd());
         ends.stderr_tail
     }
 

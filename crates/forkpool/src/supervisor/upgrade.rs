@@ -24,8 +24,6 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{error, info, warn};
 
@@ -105,11 +103,7 @@ impl Supervisor {
         match self.spawn_successor(&command) {
             Ok((pid, ready)) => {
                 info!(pid, program = %command.program.display(), "upgrade: started a new supervisor");
-                if let Err(e) = self.wake.poll.registry().register(
-                    &mut SourceFd(&ready.as_raw_fd()),
-                    Event::Upgrade.token(),
-                    Interest::READABLE,
-                ) {
+                if let Err(e) = self.wake.watch(ready.as_raw_fd(), Event::Upgrade) {
                     error!("upgrade: cannot watch the new supervisor: {e}");
                 }
                 self.core.successor_started(pid, now);
@@ -262,11 +256,7 @@ impl Supervisor {
             // A successor that became ready has moved its socket into
             // place already; one that failed may have left it beside ours.
             self.endpoints.remove_successor_control(pid);
-            let _ = self
-                .wake
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&upgrade.ready.as_raw_fd()));
+            self.wake.forget(upgrade.ready.as_raw_fd());
         }
     }
 
