@@ -34,7 +34,7 @@ pub(crate) use counted::Counted;
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
 pub(crate) use pool::slot_limit;
-pub(crate) use slow::CaptureOf;
+pub(crate) use slow::{CaptureOf, HeldKill};
 pub(crate) use timers::Timer;
 pub(crate) use view::CoreView;
 
@@ -123,8 +123,9 @@ pub(crate) struct Core<L> {
     timers: timers::Timers,
     /// Draws each child's recycling limits (`recycle.rs`).
     jitter: fastrand::Rng,
-    /// The rate of slow-request captures (`slow.rs`).
-    slow: crate::observe::CaptureLimiter,
+    /// Slow-request captures: their rate, and those gathering a stack
+    /// (`slow.rs`).
+    slow: slow::Captures,
     /// A binary upgrade's new supervisor, while it starts (`upgrade.rs`).
     successor: Option<upgrade::Successor>,
     /// What the shell must carry out, in order.
@@ -161,7 +162,7 @@ impl<L: HasChild> Core<L> {
             watches: cpu::Watches::default(),
             timers: timers::Timers::default(),
             jitter: fastrand::Rng::new(),
-            slow: slow::capture_limiter(),
+            slow: slow::Captures::default(),
             successor: None,
             effects: Vec::new(),
             spare: Vec::new(),
@@ -320,6 +321,7 @@ impl<L: HasChild> Core<L> {
             self.cpu_deadline(now),
             self.successor().map(|s| s.deadline),
             self.next_slow(),
+            self.captures_deadline(),
             self.timers_deadline(),
             // With no child to take it, a connection in the backlog is
             // looked at again now and then (`policy::dispatch`).

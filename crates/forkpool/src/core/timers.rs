@@ -2,9 +2,9 @@
 //! is the loop's only answer to "how long may I sleep": the accept pause
 //! after running out of descriptors, the status line's rate, the
 //! endpoints' rounds and client deadlines, the drain's deadline,
-//! systemd's watchdog, the `/proc` samples, a slow-request capture
-//! waiting for its stack and the backlog's last serving on stop. (The
-//! upgrade's deadline and the next slow request are the core's own.) Each is decided by
+//! systemd's watchdog, the `/proc` samples and the backlog's last serving
+//! on stop. (The upgrade's deadline, the next slow request and a capture
+//! waiting for its stack are the core's own.) Each is decided by
 //! the mechanism it belongs to; the shell arms them all at the end of
 //! each turn. A timer armed at a moment already passed is reported as it
 //! is: the mechanism has work now (a round of samples taken a few
@@ -29,8 +29,6 @@ pub(crate) enum Timer {
     Watchdog,
     /// The next `/proc` sample of the children (status, recycling).
     Samples,
-    /// A slow request's capture.
-    SlowCapture,
     /// The drain delay's end.
     Drain,
     /// The last serving of the backlog on stop.
@@ -38,7 +36,7 @@ pub(crate) enum Timer {
 }
 
 impl Timer {
-    const COUNT: usize = 8;
+    const COUNT: usize = 7;
 
     fn index(self) -> usize {
         self as usize

@@ -141,8 +141,6 @@ pub(crate) struct Supervisor {
     pub(crate) handover: upgrade::Handover,
     /// Children's CPU, memory and peers, listeners' queues.
     pub(crate) resources: resources::Resources,
-    /// Slow-request captures.
-    slow: slow::SlowWatch,
     /// Templates the workers are forked from (`--preload`).
     pub(crate) templates: template::Templates,
     /// Where connections go: parked ones and the dispatch latency.
@@ -201,7 +199,6 @@ impl Supervisor {
                 ..Default::default()
             },
             resources: resources::Resources::default(),
-            slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
             dispatcher: Dispatcher::default(),
             kernel: None,
@@ -283,6 +280,9 @@ impl Supervisor {
         if self.has_room_for_overflow() {
             self.rewatch_listeners(now);
         }
+        // Before the deadlines: a capture completed gives its child's busy
+        // deadline back to them.
+        self.watch_slow(now);
         self.check_liveness(now);
         self.notify_ready_once();
         self.endpoints.expire_clients(now);
@@ -293,7 +293,6 @@ impl Supervisor {
         self.log_scoreboard(now);
         self.keep_watchdog(now);
         self.sample_resources(now);
-        self.watch_slow(now);
     }
 
     /// One event, one verb.
@@ -477,7 +476,6 @@ impl Supervisor {
             (Timer::Endpoints, self.endpoints.deadline()),
             (Timer::Watchdog, self.notify.watchdog.map(|w| w.due())),
             (Timer::Samples, self.resources.due()),
-            (Timer::SlowCapture, self.slow.deadline()),
             (Timer::Drain, self.drain_deadline()),
             (
                 Timer::Finishing,

@@ -170,6 +170,8 @@ impl Supervisor {
     /// The worker in `slot` wrote to its stderr.
     pub(super) fn read_output(&mut self, slot: usize) {
         let pid = self.core.board().get(slot).map_or(0, |s| s.pid);
+        // A capture gathering this worker's stack takes its lines too.
+        let mut stack = self.core.capture_gathering(slot).then(Vec::new);
         let Some(link) = self.core.link_mut(slot) else {
             return;
         };
@@ -177,18 +179,15 @@ impl Supervisor {
             return;
         };
         let now = Instant::now();
-        let slow = &mut self.slow;
         let left = output.read_lines(BYTES_PER_TURN, now, |line| {
             log_line(slot, pid, line);
-            slow.line(slot, pid, line, now);
+            if let Some(stack) = stack.as_mut() {
+                stack.push(line.to_string());
+            }
         });
         let (dropped, flood) = output.flooded(now);
-        if let Some(why) = flood {
-            self.core.count(dropped);
-            self.kill(slot, KillReason::Misbehaved, why, now);
-            return;
-        }
         match left {
+            _ if flood.is_some() => {}
             Ok(Left::Empty) => {}
             Ok(Left::More) => {
                 if let Err(e) = self.wake.rewatch(output.fd(), Event::Output(slot)) {
@@ -202,7 +201,13 @@ impl Supervisor {
                 }
             }
         }
+        for line in stack.into_iter().flatten() {
+            self.core.capture_line(slot, pid, &line, now);
+        }
         self.core.count(dropped);
+        if let Some(why) = flood {
+            self.kill(slot, KillReason::Misbehaved, why, now);
+        }
     }
 
     /// At reap: log what the worker wrote before it died, then close.

@@ -37,6 +37,9 @@ impl Sim {
         if self.core.board.width().is_some() && self.core.shutdown.is_none() {
             consider(nanos(LOOK_INTERVAL), "the dispatch width's look");
         }
+        if let Some(due) = self.captures_due_in() {
+            consider(due, "a slow-request capture's completion");
+        }
         self.last_turn = Some((self.world.now, longest.0, longest.1));
     }
 
