@@ -22,6 +22,7 @@ pub(crate) mod sampled;
 #[cfg(test)]
 mod sim;
 mod slow;
+pub(crate) mod stderr;
 mod stop;
 pub(crate) mod template;
 mod templates;

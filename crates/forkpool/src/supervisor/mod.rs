@@ -33,7 +33,8 @@
 //! - `upgrade.rs`: USR2, a new binary taking the listeners over;
 //! - `stop_backlog.rs`: a graceful stop serves what was queued first;
 //! - `signals.rs`: signal flags and the self-pipe that wakes the loop;
-//! - `output.rs`: exec'd workers' stderr, logged with the slot;
+//! - `output.rs`: exec'd workers' and templates' stderr pipes read, the
+//!   lines (cut and paced by `core/stderr.rs`) logged with the slot;
 //! - `containment.rs`: what a worker starts goes when it goes;
 //! - `published.rs`, `balancer.rs`, `endpoints/`: the pool as of a turn's
 //!   end, its capacity for a load balancer, and the status, metrics and

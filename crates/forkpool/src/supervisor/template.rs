@@ -35,7 +35,7 @@ use nix::sys::signal::Signal;
 use tracing::{info, warn};
 
 use super::event::Event;
-use super::output::{ChildOutput, Left, BYTES_PER_TURN};
+use super::output::{finish, read_turn, ChildOutput};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
 use crate::core::{Input, TemplateFailure};
@@ -431,35 +431,15 @@ impl Supervisor {
         let Some(ends) = self.templates.ends.get_mut(&generation) else {
             return;
         };
-        let pid = ends.pid;
-        let Some(output) = ends.output.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-        let (dropped, flood) = output.flooded(now);
+        let (pid, now) = (ends.pid, Instant::now());
+        let event = Event::TemplateOutput(generation as usize);
+        let (output, tail) = (&mut ends.output, &mut ends.stderr_tail);
+        let (dropped, flood) = read_turn(&self.wake, output, tail, event, now, |line| {
+            log_line(generation, pid, line)
+        });
         self.core.count(dropped);
         if let Some(why) = flood {
             self.template_broken(generation, why, now);
-            return;
-        }
-        match left {
-            Ok(Left::Empty) => {}
-            Ok(Left::More) => {
-                let event = Event::TemplateOutput(generation as usize);
-                if let Err(e) = self.wake.rewatch(output.fd(), event) {
-                    warn!(
-                        generation,
-                        pid, "cannot watch the template's stderr any more: {e}"
-                    );
-                }
-            }
-            Ok(Left::Closed) | Err(_) => {
-                if let Some(mut output) = ends.output.take() {
-                    output.save_tail(&mut ends.stderr_tail);
-                    self.forget_output(&output);
-                }
-            }
         }
     }
 
@@ -530,11 +510,12 @@ impl Supervisor {
         now: Instant,
     ) -> Vec<String> {
         let pid = ends.pid;
-        if let Some(mut output) = ends.output.take() {
-            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-            output.flush_partial(now, &mut |line| log_line(generation, pid, line));
-            output.save_tail(&mut ends.stderr_tail);
-            self.forget_output(&output);
+        let (output, tail) = (&mut ends.output, &mut ends.stderr_tail);
+        let dropped = finish(&self.wake, output, tail, now, |line| {
+            log_line(generation, pid, line)
+        });
+        if let Some(dropped) = dropped {
+            self.core.count(dropped);
         }
         self.wake.forget(ends.channel.as_raw_fd());
         ends.stderr_tail
