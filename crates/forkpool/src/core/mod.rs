@@ -19,6 +19,7 @@ mod recycle;
 mod reports;
 mod rollout;
 pub(crate) mod sampled;
+mod samples;
 #[cfg(test)]
 mod sim;
 mod slow;
@@ -127,6 +128,8 @@ pub(crate) struct Core<L> {
     /// Slow-request captures: their rate, and those gathering a stack
     /// (`slow.rs`).
     slow: slow::Captures,
+    /// The `/proc` sampling round (`samples.rs`).
+    samples: samples::SampleRound,
     /// A binary upgrade's new supervisor, while it starts (`upgrade.rs`).
     successor: Option<upgrade::Successor>,
     /// What the shell must carry out, in order.
@@ -164,6 +167,7 @@ impl<L: HasChild> Core<L> {
             timers: timers::Timers::default(),
             jitter: fastrand::Rng::new(),
             slow: slow::Captures::default(),
+            samples: samples::SampleRound::default(),
             successor: None,
             effects: Vec::new(),
             spare: Vec::new(),
@@ -323,6 +327,7 @@ impl<L: HasChild> Core<L> {
             self.successor().map(|s| s.deadline),
             self.next_slow(),
             self.captures_deadline(),
+            self.samples_deadline(),
             self.timers_deadline(),
             // With no child to take it, a connection in the backlog is
             // looked at again now and then (`policy::dispatch`).

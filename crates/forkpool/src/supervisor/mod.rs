@@ -476,7 +476,6 @@ impl Supervisor {
             (Timer::StatusLine, self.scoreboard_log_due()),
             (Timer::Endpoints, self.endpoints.deadline()),
             (Timer::Watchdog, self.notify.watchdog.map(|w| w.due())),
-            (Timer::Samples, self.resources.due()),
             (Timer::Drain, self.drain_deadline()),
             (
                 Timer::Finishing,

@@ -170,6 +170,9 @@ struct Sim {
     successors: Vec<i32>,
     /// Slow-request captures under way (`captures.rs`).
     captures: Vec<captures::Started>,
+    /// The `/proc` sampling round: when the last one began, and whether
+    /// it is still under way (`timers.rs`).
+    samples: Option<(u64, bool)>,
 }
 
 impl Sim {
@@ -238,6 +241,7 @@ impl Sim {
             serve_for: Vec::new(),
             successors: Vec::new(),
             captures: Vec::new(),
+            samples: None,
         }
     }
 
@@ -274,6 +278,7 @@ impl Sim {
             self.carry_out()?;
             self.maintain()?;
             self.dispatch()?;
+            self.sample()?;
             if self.scenario.kernel {
                 self.tell_waiting();
             }
