@@ -14,6 +14,7 @@ mod input;
 mod lifecycle;
 mod liveness;
 mod moves;
+mod paced;
 mod pool;
 mod recycle;
 mod reports;
@@ -35,6 +36,7 @@ mod vouch;
 pub(crate) use counted::Counted;
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
+pub(crate) use paced::Warning;
 pub(crate) use pool::slot_limit;
 pub(crate) use slow::{CaptureOf, HeldKill};
 pub(crate) use timers::Timer;
@@ -130,6 +132,8 @@ pub(crate) struct Core<L> {
     slow: slow::Captures,
     /// The `/proc` sampling round (`samples.rs`).
     samples: samples::SampleRound,
+    /// When the lines logged now and then were last logged (`paced.rs`).
+    paced: paced::Paced,
     /// A binary upgrade's new supervisor, while it starts (`upgrade.rs`).
     successor: Option<upgrade::Successor>,
     /// What the shell must carry out, in order.
@@ -168,6 +172,7 @@ impl<L: HasChild> Core<L> {
             jitter: fastrand::Rng::new(),
             slow: slow::Captures::default(),
             samples: samples::SampleRound::default(),
+            paced: paced::Paced::default(),
             successor: None,
             effects: Vec::new(),
             spare: Vec::new(),
@@ -328,6 +333,7 @@ impl<L: HasChild> Core<L> {
             self.next_slow(),
             self.captures_deadline(),
             self.samples_deadline(),
+            self.status_line_deadline(),
             self.timers_deadline(),
             // With no child to take it, a connection in the backlog is
             // looked at again now and then (`policy::dispatch`).

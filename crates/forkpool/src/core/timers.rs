@@ -1,10 +1,10 @@
 //! The shell's own timers, held by the core so that its `next_deadline`
 //! is the loop's only answer to "how long may I sleep": the accept pause
-//! after running out of descriptors, the status line's rate, the
-//! endpoints' rounds and client deadlines, the drain's deadline,
+//! after running out of descriptors, the endpoints' rounds and client deadlines, the drain's deadline,
 //! systemd's watchdog and the backlog's last serving on stop. (The
 //! upgrade's deadline, the next slow request, a capture waiting for its
-//! stack and the `/proc` samples are the core's own.) Each is decided by
+//! stack, the `/proc` samples and the status line's pace are the core's
+//! own.) Each is decided by
 //! the mechanism it belongs to; the shell arms them all at the end of
 //! each turn. A timer armed at a moment already passed is reported as it
 //! is: the mechanism has work now (an endpoint with more to read), and
@@ -21,8 +21,6 @@ use super::Core;
 pub(crate) enum Timer {
     /// A listener paused after an accept failed (descriptors, memory).
     AcceptPause,
-    /// The "child states" line, at most once per interval.
-    StatusLine,
     /// The status, metrics and agent endpoints: their next round.
     Endpoints,
     /// systemd's watchdog.
@@ -34,7 +32,7 @@ pub(crate) enum Timer {
 }
 
 impl Timer {
-    const COUNT: usize = 6;
+    const COUNT: usize = 5;
 
     fn index(self) -> usize {
         self as usize

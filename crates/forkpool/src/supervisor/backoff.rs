@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::{log_due, Supervisor};
+use super::Supervisor;
+use crate::core::Warning;
 use crate::worker::ChildStart;
 
 impl Supervisor {
@@ -52,7 +53,7 @@ impl Supervisor {
         let Some(until) = self.spawns_held_until(now) else {
             return;
         };
-        if !log_due(&mut self.log_pace.replacements_held, now) {
+        if !self.core.warning_due(Warning::ReplacementsHeld, now) {
             return;
         }
         warn!(

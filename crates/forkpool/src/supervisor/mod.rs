@@ -9,7 +9,6 @@
 //!   signals and unread channels that wake it;
 //! - `options.rs`: what the pool was built with (output capture, reload
 //!   source, credentials, listeners that outlive it);
-//! - `log_pace.rs`: when the lines logged now and then were last logged;
 //! - `effects.rs`: each effect of the core, carried out;
 //! - `link.rs`: the supervisor's side of one child (channel, stderr,
 //!   pidfd), kept in the child's scoreboard slot;
@@ -57,7 +56,6 @@ mod event;
 mod kernel;
 mod link;
 mod load;
-mod log_pace;
 mod notify;
 mod options;
 mod output;
@@ -98,16 +96,12 @@ use crate::scaling::Decision;
 use crate::status::Totals;
 use crate::worker::ChildStart;
 
-use crate::core::{Core, Input as CoreInput, Timer};
+use crate::core::{Core, Input as CoreInput, Timer, Warning};
 use event::Event;
 pub(crate) use link::ChildLink;
 use output::ChildOutput;
 use signals::Signals;
 
-/// How often, at most, the "child states" line and the max-children warning
-/// are logged.
-const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
-const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How the loop ended.
 pub(crate) enum Exit {
     /// The pool shut down; these are its totals.
@@ -127,8 +121,6 @@ pub(crate) struct Supervisor {
     /// What the pool was built with: output capture, next-connection
     /// taking, the reload source, listeners outliving it, credentials.
     pub(crate) options: options::ShellOptions,
-    /// When the lines logged at most now and then were last logged.
-    log_pace: log_pace::LogPace,
     /// systemd: told ready yet, and its watchdog.
     notify: notify::Notify,
     pub listeners: Vec<WatchedListener>,
@@ -186,7 +178,6 @@ impl Supervisor {
                 orphaned_sockets: Vec::new(),
             },
             options: options::ShellOptions::default(),
-            log_pace: log_pace::LogPace::default(),
             notify: notify::Notify {
                 told_ready: false,
                 watchdog: watchdog::Watchdog::from_env(Instant::now()),
@@ -425,7 +416,7 @@ impl Supervisor {
             }
             Decision::Retire(_) => self.carry_out(now),
             Decision::CpuBound => {
-                if pool.cpu_holds() && log_due(&mut self.log_pace.cpu_bound, now) {
+                if pool.cpu_holds() && self.core.warning_due(Warning::CpuBound, now) {
                     info!(
                         children = pool.live(),
                         "the busy children wait for the CPUs, so the pool holds and \
@@ -435,7 +426,7 @@ impl Supervisor {
                 }
             }
             Decision::Saturated => {
-                if log_due(&mut self.log_pace.saturated, now) {
+                if self.core.warning_due(Warning::Saturated, now) {
                     warn!(
                         "reached max-children={}; connections are queuing in the backlog \
                          (raise --max-children if the machine has room)",
@@ -473,7 +464,6 @@ impl Supervisor {
             .min();
         let armed = [
             (Timer::AcceptPause, pause),
-            (Timer::StatusLine, self.scoreboard_log_due()),
             (Timer::Endpoints, self.endpoints.deadline()),
             (Timer::Watchdog, self.notify.watchdog.map(|w| w.due())),
             (Timer::Drain, self.drain_deadline()),
@@ -487,27 +477,11 @@ impl Supervisor {
         }
     }
 
-    /// Logs the "child states" line when it changed, at most once per
-    /// interval; a change held back is logged when the interval ends.
+    /// Logs the "child states" line when the core says it is due.
     fn log_scoreboard(&mut self, now: Instant) {
-        let changes = self.core.board().changes();
-        if changes == self.log_pace.scoreboard.1
-            || self.scoreboard_log_due().is_some_and(|t| now < t)
-        {
-            return;
-        }
-        let line = self.core.board().line();
-        info!("child states: {line}");
-        notify::status(&line);
-        self.log_pace.scoreboard = (Some(now), changes);
-    }
-
-    fn scoreboard_log_due(&self) -> Option<Instant> {
-        match self.log_pace.scoreboard {
-            (Some(at), changes) if changes != self.core.board().changes() => {
-                Some(at + SCOREBOARD_LOG_INTERVAL)
-            }
-            _ => None,
+        if let Some(line) = self.core.status_line_due(now) {
+            info!("child states: {line}");
+            notify::status(&line);
         }
     }
 
@@ -599,14 +573,4 @@ impl Supervisor {
             }
         }
     }
-}
-
-/// Whether a line logged at most once per [`SATURATED_LOG_INTERVAL`] is
-/// due now; if so, notes that it is logged.
-fn log_due(last: &mut Option<Instant>, now: Instant) -> bool {
-    let due = last.is_none_or(|t| now.duration_since(t) >= SATURATED_LOG_INTERVAL);
-    if due {
-        *last = Some(now);
-    }
-    due
 }

@@ -173,6 +173,9 @@ struct Sim {
     /// The `/proc` sampling round: when the last one began, and whether
     /// it is still under way (`timers.rs`).
     samples: Option<(u64, bool)>,
+    /// The "child states" line: when it was last logged, and the board's
+    /// change count it showed (`timers.rs`).
+    status_line: (Option<u64>, u64),
 }
 
 impl Sim {
@@ -242,6 +245,7 @@ impl Sim {
             successors: Vec::new(),
             captures: Vec::new(),
             samples: None,
+            status_line: (None, 0),
         }
     }
 
@@ -279,6 +283,7 @@ impl Sim {
             self.maintain()?;
             self.dispatch()?;
             self.sample()?;
+            self.status_line();
             if self.scenario.kernel {
                 self.tell_waiting();
             }

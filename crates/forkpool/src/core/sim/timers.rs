@@ -3,13 +3,15 @@
 //! 100 ms in kernel dispatch, every 12 ms while a connection may wait
 //! behind another; while the dispatch width leaves children out, its look
 //! comes every 20 ms; a round of `/proc` samples begins every second, its
-//! next group 10 ms after the last), and fails a seed whose loop slept
-//! longer. The loop
+//! next group 10 ms after the last; a change of the board is in the
+//! "child states" line within a second), and fails a seed whose loop
+//! slept longer. The loop
 //! sleeps until the core's `next_deadline` or the world's next happening,
 //! so a timer the core leaves out of `next_deadline` shows here.
 
 use super::world::MS;
 use super::Sim;
+use crate::core::paced::STATUS_LINE_INTERVAL;
 use crate::core::samples::{BETWEEN_CHUNKS, CHILDREN_PER_TURN, SAMPLE_INTERVAL};
 use crate::policy::cpu_wait::LOOK_INTERVAL;
 use crate::policy::reservations::{BEHIND_READ_INTERVAL, READ_INTERVAL};
@@ -50,6 +52,12 @@ impl Sim {
             ),
             None => {}
         }
+        if let (Some(at), shown) = self.status_line {
+            if shown != self.core.board.changes() {
+                let due = (at + nanos(STATUS_LINE_INTERVAL)).saturating_sub(now_ns);
+                consider(due, "the status line's change held back");
+            }
+        }
         if let Some(due) = self.captures_due_in() {
             consider(due, "a slow-request capture's completion");
         }
@@ -81,6 +89,14 @@ impl Sim {
         };
         self.samples = Some((began, !turn.round_done));
         Ok(())
+    }
+
+    /// Once per turn, as the shell does: the "child states" line, when
+    /// the core says it is due.
+    pub(super) fn status_line(&mut self) {
+        if self.core.status_line_due(self.now()).is_some() {
+            self.status_line = (Some(self.world.now), self.core.board.changes());
+        }
     }
 
     /// At the start of a turn: the loop did not sleep past a timer.
