@@ -185,18 +185,6 @@ impl<L: HasChild> Core<L> {
         self.gave_up.take()
     }
 
-    /// Words why the pool stopped itself with what only the shell knows
-    /// (the command, the last stderr lines); false when it did not.
-    pub fn word_gave_up(&mut self, word: impl FnOnce(&str) -> String) -> bool {
-        match self.gave_up.as_mut() {
-            Some(why) => {
-                *why = word(why);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// The pool's settings in force (a reload replaces them).
     pub fn config(&self) -> &PoolConfig {
         &self.config

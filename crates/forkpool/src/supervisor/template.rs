@@ -459,46 +459,21 @@ impl Supervisor {
             None => Vec::new(),
         };
         self.sweep_template_group(pid, generation);
-        let Some(TemplateFailure {
-            how,
-            was_ready,
-            reload_failed,
-            retry_in,
-        }) = failure
-        else {
+        let Some(failure) = failure else {
             return;
         };
-        if let Some(failed) = reload_failed {
+        if let Some(failed) = &failure.reload_failed {
             // The reload's new code does not start: the old one serves.
-            self.log_reload_failed(&failed, &tail);
+            self.log_reload_failed(failed, &tail);
             return;
         }
-        let said = if tail.is_empty() {
-            String::from("nothing on stderr")
-        } else {
-            format!("stderr: {}", tail.join(" | "))
-        };
-        let command = &self.templates.command;
-        let worded = retry_in.is_none()
-            && self
-                .core
-                .word_gave_up(|why| format!("`{command}`: {why} (the last one left {said})"));
-        if worded {
-            // The one error that says what is wrong and the fix: the
-            // supervisor exits with it once the stop is over.
-            return;
+        let (command, of) = (&self.templates.command, (generation, pid));
+        if let Some(line) = self
+            .core
+            .template_failure_words(&failure, of, command, &tail)
+        {
+            tracing::error!("{line}");
         }
-        let stage = if was_ready {
-            "; the workers it forked keep serving"
-        } else {
-            " before it was ready"
-        };
-        tracing::error!(
-            "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
-             a new template will be started in {:?}",
-            self.templates.command,
-            retry_in.unwrap_or_default()
-        );
     }
 
     /// Stops watching a reaped template, logging the last of its stderr;
