@@ -5,10 +5,11 @@
 //! reads a child's memory when the core asks for it, and retires the
 //! child the core names.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::child::HasChild;
 use super::{Core, Counted};
+use crate::config::{DispatchMode, SelfLimits};
 use crate::policy::recycle::{self, due, requests_exhausted, ChildLimits, ChildState, Recycle};
 use crate::protocol::TEMPLATE_VERSION;
 use crate::scoreboard::SlotState;
@@ -111,6 +112,20 @@ impl<L: HasChild> Core<L> {
         }
     }
 
+    /// The limits a child checks itself, with `lifetime` its own (drawn):
+    /// in `kernel` dispatch, where the supervisor does not see each
+    /// connection end, `max_child_memory` and the lifetime; in other modes
+    /// none (the supervisor looks after each connection).
+    pub fn self_limits(&self, lifetime: Duration) -> SelfLimits {
+        if self.config.dispatch != DispatchMode::Kernel {
+            return SelfLimits::default();
+        }
+        SelfLimits {
+            max_memory: self.config.max_child_memory,
+            lifetime,
+        }
+    }
+
     /// The limits a `kernel` dispatch child was told and checks itself:
     /// its own drawn ones, except that a worker forked by a template
     /// inherited the template's lifetime (the jitter-free one).
@@ -167,7 +182,7 @@ impl<L: HasChild> Core<L> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use crate::config::PoolConfig;
+    use crate::config::{DispatchMode, PoolConfig};
     use crate::core::child::Child;
     use crate::core::Core;
     use crate::policy::recycle::Recycle;
@@ -307,5 +322,21 @@ mod tests {
         unlimited.adopt(0, 40, 1, Child::new(t0, true, 1), t0);
         unlimited.report(0, ChildMessage::Ready { pid: 40 }, t0);
         assert_eq!(unlimited.recycles_due(t0, fat), []);
+    }
+
+    #[test]
+    fn a_child_checks_its_own_limits_only_in_kernel_dispatch() {
+        let limited = |dispatch| -> Core<Child> {
+            Core::new(PoolConfig {
+                dispatch,
+                max_child_memory: 64 << 20,
+                ..PoolConfig::default()
+            })
+        };
+        let lifetime = Duration::from_secs(60);
+        let own = limited(DispatchMode::Kernel).self_limits(lifetime);
+        assert_eq!((own.max_memory, own.lifetime), (64 << 20, lifetime));
+        let none = limited(DispatchMode::Handoff).self_limits(lifetime);
+        assert_eq!((none.max_memory, none.lifetime), (0, Duration::ZERO));
     }
 }

@@ -10,7 +10,6 @@ use tracing::{debug, info, warn};
 use super::endpoints::FD_RESERVE;
 use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
-use crate::config::SelfLimits;
 use crate::core::RESOURCE_BACKOFF;
 use crate::core::{Gone, Input};
 use crate::status::KillReason;
@@ -73,7 +72,7 @@ impl Supervisor {
                 drop(ends.output_read);
                 let mut start = self.child_start(slot, ends.theirs, ends.output_write);
                 start.max_requests = limits.max_requests;
-                start.limits = self.self_limits(limits.lifetime);
+                start.limits = self.core.self_limits(limits.lifetime);
                 Ok(Some(start))
             }
             Ok(Forked::Parent(pid)) => {
@@ -134,24 +133,9 @@ impl Supervisor {
             board_map: None,
             overflow: Vec::new(),
             max_requests: self.core.config().max_requests_per_child,
-            limits: SelfLimits::default(),
+            limits: Default::default(),
             stderr,
             backlog: self.core.config().backlog,
-        }
-    }
-
-    /// The limits a child checks itself, with `lifetime` its own (drawn):
-    /// in `kernel` dispatch, where the supervisor does not see each
-    /// connection end, `max_child_memory` and the lifetime; in other modes
-    /// none (the supervisor looks after each connection).
-    pub(super) fn self_limits(&self, lifetime: std::time::Duration) -> SelfLimits {
-        let config = &self.core.config();
-        if config.dispatch != crate::config::DispatchMode::Kernel {
-            return SelfLimits::default();
-        }
-        SelfLimits {
-            max_memory: config.max_child_memory,
-            lifetime,
         }
     }
 
@@ -256,15 +240,8 @@ impl Supervisor {
         if let Some(slot) = slot.filter(|&s| !self.unverified(s)) {
             self.read_reports(slot, now);
         }
-        if let Some(link) = slot.and_then(|slot| self.core.link_mut(slot)) {
-            let slot = slot.expect("found above");
-            let mut taken = std::mem::take(&mut link.output);
-            let mut tail = std::mem::take(&mut link.stderr_tail);
-            self.drain_output(slot, pid, &mut taken, &mut tail);
-            if let Some(link) = self.core.link_mut(slot) {
-                link.output = taken;
-                link.stderr_tail = tail;
-            }
+        if let Some(slot) = slot {
+            self.drain_output(slot, pid);
         }
         self.core.on(Input::Reaped { pid, status }, now);
         self.carry_out(now);

@@ -124,14 +124,13 @@ impl Supervisor {
         }
     }
 
-    /// At reap: log what the worker wrote before it died, then close.
-    pub(super) fn drain_output(
-        &mut self,
-        slot: usize,
-        pid: i32,
-        output: &mut Option<ChildOutput>,
-        tail: &mut Vec<String>,
-    ) {
+    /// At reap: log what the worker in `slot`, `pid`, wrote before it
+    /// died, then close the pipe.
+    pub(super) fn drain_output(&mut self, slot: usize, pid: i32) {
+        let Some(link) = self.core.link_mut(slot) else {
+            return;
+        };
+        let (output, tail) = (&mut link.output, &mut link.stderr_tail);
         let now = Instant::now();
         if let Some(dropped) = finish(&self.wake, output, tail, now, |line| {
             log_line(slot, pid, line)

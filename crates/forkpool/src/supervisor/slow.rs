@@ -38,20 +38,25 @@ impl Supervisor {
         }
     }
 
-    /// A child is about to be killed for `busy_timeout`: capture it first.
-    /// Returns the kill to do now; otherwise the kill follows when the
-    /// capture completes.
-    pub(super) fn capture_before_kill(
+    /// Carries out [`crate::core::Effect::BusyTooLong`]: where the child
+    /// is stuck is captured first, and the kill follows the capture (at
+    /// once when nothing is to be waited for).
+    pub(super) fn busy_too_long(
         &mut self,
         slot: usize,
         why: KillReason,
         detail: String,
         now: Instant,
-    ) -> Option<HeldKill> {
-        let kill = self.core.hold_kill(slot, (why, detail))?;
-        match self.core.capture_before_kill(slot, now) {
+    ) {
+        let Some(kill) = self.core.hold_kill(slot, (why, detail)) else {
+            return;
+        };
+        let kill = match self.core.capture_before_kill(slot, now) {
             Some(of) => self.start_capture(of, Some(kill), now),
             None => Some(kill),
+        };
+        if let Some((why, detail)) = kill {
+            self.core.kill(slot, why, detail, now);
         }
     }
 

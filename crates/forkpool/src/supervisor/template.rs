@@ -248,7 +248,7 @@ impl Supervisor {
             supervisor_pid: process::parent_pid() as u32,
             // Its workers inherit them: one lifetime for all, without the
             // per-child jitter the supervisor draws for each.
-            limits: self.self_limits(self.core.config().max_child_lifetime),
+            limits: self.core.self_limits(self.core.config().max_child_lifetime),
             backlog: self.core.config().backlog,
         }
     }
