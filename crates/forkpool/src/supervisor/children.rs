@@ -17,17 +17,47 @@ use crate::sys::fds;
 use crate::sys::process::{self, Forked};
 use crate::worker::ChildStart;
 
-/// The ends a new child is given, both sides: the back-channel pair and,
-/// when the pool captures output, a stderr pipe.
-struct ChildEnds {
+/// The ends a new child (or template) is given, both sides: the
+/// back-channel pair and, when the pool captures output, a stderr pipe.
+pub(super) struct ChildEnds {
     /// The supervisor's end of the back-channel.
-    ours: Channel,
+    pub ours: Channel,
     /// The child's end of the back-channel.
-    theirs: Channel,
+    pub theirs: Channel,
     /// The end of the stderr pipe the supervisor reads.
-    output_read: Option<OwnedFd>,
+    pub output_read: Option<OwnedFd>,
     /// The end of the stderr pipe the child writes.
-    output_write: Option<OwnedFd>,
+    pub output_write: Option<OwnedFd>,
+}
+
+impl ChildEnds {
+    /// Opens the back-channel pair and, `with_output`, a stderr pipe; or
+    /// says which could not be opened.
+    pub fn open(with_output: bool) -> Result<ChildEnds, String> {
+        let (ours, theirs, output_read, output_write) = match with_output {
+            true => open_piped().map(|(o, t, r, w)| (o, t, Some(r), Some(w)))?,
+            false => channel_pair().map(|(o, t)| (o, t, None, None))?,
+        };
+        Ok(ChildEnds {
+            ours,
+            theirs,
+            output_read,
+            output_write,
+        })
+    }
+}
+
+/// A back-channel pair (ours, theirs), or why not.
+fn channel_pair() -> Result<(Channel, Channel), String> {
+    Channel::pair().map_err(|e| format!("cannot create a back-channel: {e}"))
+}
+
+/// A back-channel pair and a stderr pipe (read, write), as a template and
+/// the workers it forks always get; or why not.
+pub(super) fn open_piped() -> Result<(Channel, Channel, OwnedFd, OwnedFd), String> {
+    let (ours, theirs) = channel_pair()?;
+    let (read, write) = fds::pipe().map_err(|e| format!("cannot create a stderr pipe: {e}"))?;
+    Ok((ours, theirs, read, write))
 }
 
 /// A child just forked, in the parent: where, who, and the limits it was
@@ -57,8 +87,13 @@ impl Supervisor {
             self.fork_from_template(now)?;
             return Ok(None);
         }
-        let Some(ends) = self.open_child_ends(now) else {
-            return Ok(None);
+        let ends = match ChildEnds::open(self.options.capture_output) {
+            Ok(ends) => ends,
+            // Spawning backs off (see [`Self::resource_backoff`]).
+            Err(why) => {
+                self.resource_backoff(now, why);
+                return Ok(None);
+            }
         };
         let slot = self.core.board().lowest_free();
         if let Err(e) = self.seat_child(slot) {
@@ -88,36 +123,6 @@ impl Supervisor {
                 Ok(None)
             }
         }
-    }
-
-    /// Opens the ends a new child is given: the back-channel pair and, when
-    /// the pool captures output, a stderr pipe. `None` when one cannot be
-    /// opened; spawning then backs off (see [`Self::resource_backoff`]).
-    fn open_child_ends(&mut self, now: Instant) -> Option<ChildEnds> {
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
-                return None;
-            }
-        };
-        let (output_read, output_write) = if self.options.capture_output {
-            match fds::pipe() {
-                Ok((r, w)) => (Some(r), Some(w)),
-                Err(e) => {
-                    self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
-                    return None;
-                }
-            }
-        } else {
-            (None, None)
-        };
-        Some(ChildEnds {
-            ours,
-            theirs,
-            output_read,
-            output_write,
-        })
     }
 
     /// What the child just forked into `slot` needs to become a worker.

@@ -34,6 +34,7 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use tracing::{info, warn};
 
+use super::children::open_piped;
 use super::event::Event;
 use super::output::{finish, read_turn, ChildOutput};
 use super::{ChildLink, Supervisor};
@@ -41,7 +42,6 @@ use crate::channel::{Channel, Incoming};
 use crate::core::{Input, TemplateFailure};
 use crate::exec::TemplateStart;
 use crate::protocol::{TemplateRequest, TEMPLATE_VERSION};
-use crate::sys::fds;
 use crate::sys::process::{self, Forked};
 
 /// Replies read from one template per loop turn before the rest wait for
@@ -105,8 +105,13 @@ impl Supervisor {
             process::become_subreaper()?;
             self.templates.subreaper = true;
         }
-        let Some((ours, theirs, output_read, output_write)) = self.open_template_ends(now) else {
-            return Ok(None);
+        let (ours, theirs, output_read, output_write) = match open_piped() {
+            Ok(ends) => ends,
+            Err(why) => {
+                // Template starts are held back.
+                self.core.template_start_failed(now, &why);
+                return Ok(None);
+            }
         };
         match self.fork_child()? {
             Ok(Forked::Child) => {
@@ -212,30 +217,6 @@ impl Supervisor {
         }
     }
 
-    /// Opens a new template's channel pair (ours, theirs) and stderr pipe
-    /// (read, write). `None` when one cannot be opened; template starts
-    /// are then held back.
-    fn open_template_ends(&mut self, now: Instant) -> Option<(Channel, Channel, OwnedFd, OwnedFd)> {
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.core
-                    .template_start_failed(now, &format!("cannot create a template channel: {e}"));
-                return None;
-            }
-        };
-        match fds::pipe() {
-            Ok((output_read, output_write)) => Some((ours, theirs, output_read, output_write)),
-            Err(e) => {
-                self.core.template_start_failed(
-                    now,
-                    &format!("cannot create the template's stderr pipe: {e}"),
-                );
-                None
-            }
-        }
-    }
-
     /// What the process just forked as the template of `generation` needs
     /// to exec.
     fn template_start(&self, generation: u32, channel: Channel, stderr: OwnedFd) -> TemplateStart {
@@ -261,17 +242,10 @@ impl Supervisor {
         if !self.core.may_order(generation) {
             return Ok(());
         }
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
-                return Ok(());
-            }
-        };
-        let (output_read, output_write) = match fds::pipe() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
+        let (ours, theirs, output_read, output_write) = match open_piped() {
+            Ok(ends) => ends,
+            Err(why) => {
+                self.resource_backoff(now, why);
                 return Ok(());
             }
         };
