@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::child::HasChild;
 use super::Core;
+use crate::scaling::{Decision, PoolCounts};
 
 /// How often, at most, the "child states" line is logged.
 pub(crate) const STATUS_LINE_INTERVAL: Duration = Duration::from_secs(1);
@@ -48,6 +49,38 @@ impl<L: HasChild> Core<L> {
         due
     }
 
+    /// What the scaling rule's `decision` on `pool` has the supervisor
+    /// say, paced: a pool that holds its growth while its busy children
+    /// wait for the CPUs (`Ok`, news), or one held at `max_children`
+    /// (`Err`, a warning).
+    pub fn scaling_said(
+        &mut self,
+        decision: Decision,
+        pool: &PoolCounts,
+        now: Instant,
+    ) -> Option<Result<String, String>> {
+        match decision {
+            Decision::CpuBound if pool.cpu_holds() => {
+                self.warning_due(Warning::CpuBound, now).then(|| {
+                    Ok(format!(
+                        "the busy children wait for the CPUs, so the pool of {} children \
+                         holds and connections wait in the backlog for the next child to \
+                         finish (--no-hold-when-cpu-bound grows it anyway)",
+                        pool.live()
+                    ))
+                })
+            }
+            Decision::Saturated => self.warning_due(Warning::Saturated, now).then(|| {
+                Err(format!(
+                    "reached max-children={}; connections are queuing in the backlog \
+                     (raise --max-children if the machine has room)",
+                    self.config.max_children
+                ))
+            }),
+            _ => None,
+        }
+    }
+
     /// The "child states" line, if it is due at `now`; it counts as
     /// logged.
     pub fn status_line_due(&mut self, now: Instant) -> Option<String> {
@@ -78,6 +111,7 @@ mod tests {
     use crate::config::PoolConfig;
     use crate::core::child::Child;
     use crate::protocol::ChildMessage;
+    use crate::scaling::CpuUse;
 
     #[test]
     fn a_warning_is_logged_once_per_interval_each() {
@@ -109,5 +143,37 @@ mod tests {
         assert!(core.status_line_due(end).is_some());
         assert_eq!(core.status_line_deadline(), None);
         assert_eq!(core.status_line_due(end + STATUS_LINE_INTERVAL), None);
+    }
+
+    #[test]
+    fn the_scaling_rule_is_said_at_its_pace() {
+        let t0 = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            max_children: 7,
+            ..PoolConfig::default()
+        });
+        let held = PoolCounts {
+            busy: 4,
+            cpu: CpuUse::Measuring,
+            starting: 1,
+            ..PoolCounts::default()
+        };
+        assert!(held.cpu_holds());
+        let said = core.scaling_said(Decision::CpuBound, &held, t0);
+        assert!(said.is_some_and(|s| s.is_ok_and(|news| news.contains("pool of 5 children"))));
+        assert_eq!(core.scaling_said(Decision::CpuBound, &held, t0), None);
+        // Not looked at: nothing held, nothing said.
+        let unlooked = PoolCounts {
+            cpu: CpuUse::NotLooked,
+            ..held
+        };
+        let later = t0 + WARNING_INTERVAL;
+        assert_eq!(
+            core.scaling_said(Decision::CpuBound, &unlooked, later),
+            None
+        );
+        let said = core.scaling_said(Decision::Saturated, &held, t0);
+        assert!(said.is_some_and(|s| s.is_err_and(|w| w.contains("max-children=7"))));
+        assert_eq!(core.scaling_said(Decision::Hold, &held, later), None);
     }
 }

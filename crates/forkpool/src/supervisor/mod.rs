@@ -96,7 +96,7 @@ use crate::scaling::Decision;
 use crate::status::Totals;
 use crate::worker::ChildStart;
 
-use crate::core::{Core, Input as CoreInput, Timer, Warning};
+use crate::core::{Core, Input as CoreInput, Timer};
 use event::Event;
 pub(crate) use link::ChildLink;
 use output::ChildOutput;
@@ -406,7 +406,6 @@ impl Supervisor {
         }
         let decision = self.core.decide(pool, now);
         match decision {
-            Decision::Hold => {}
             Decision::Spawn(n) => {
                 if self.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
                     return Ok(None);
@@ -415,25 +414,11 @@ impl Supervisor {
                 return self.spawn_gated(n, now);
             }
             Decision::Retire(_) => self.carry_out(now),
-            Decision::CpuBound => {
-                if pool.cpu_holds() && self.core.warning_due(Warning::CpuBound, now) {
-                    info!(
-                        children = pool.live(),
-                        "the busy children wait for the CPUs, so the pool holds and \
-                         connections wait in the backlog for the next child to finish \
-                         (--no-hold-when-cpu-bound grows it anyway)"
-                    );
-                }
-            }
-            Decision::Saturated => {
-                if self.core.warning_due(Warning::Saturated, now) {
-                    warn!(
-                        "reached max-children={}; connections are queuing in the backlog \
-                         (raise --max-children if the machine has room)",
-                        self.core.config().max_children
-                    );
-                }
-            }
+            _ => match self.core.scaling_said(decision, &pool, now) {
+                Some(Ok(news)) => info!("{news}"),
+                Some(Err(warning)) => warn!("{warning}"),
+                None => {}
+            },
         }
         Ok(None)
     }
