@@ -26,12 +26,6 @@ impl Supervisor {
         u32::try_from(self.core.busy_watch().cpus()).unwrap_or(u32::MAX)
     }
 
-    /// A child was started: the last look no longer says how the pool
-    /// uses the CPUs, and a fresh measurement decides.
-    pub(super) fn cpu_changed(&mut self) {
-        self.core.busy_changed();
-    }
-
     /// Every serving child's turns on the CPUs, looked at when the core
     /// says a look is due (kernel dispatch's width); returns the last
     /// measure.
@@ -56,4 +50,18 @@ fn turns_of(pid: i32) -> Option<Turns> {
         sched: procfs::sched_stat(pid)?,
         runnable: procfs::stat_of(pid).is_some_and(|s| s.state == 'R'),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turns_are_read_for_each_child_that_can_be_read() {
+        let me = std::process::id() as i32;
+        // The highest pid the kernel can give is below this.
+        let gone = 1 << 23;
+        let turns = turns_of_all(&[me, gone]);
+        assert_eq!(turns.keys().copied().collect::<Vec<_>>(), [me]);
+    }
 }

@@ -407,10 +407,10 @@ impl Supervisor {
         let decision = self.core.decide(pool, now);
         match decision {
             Decision::Spawn(n) => {
-                if self.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
+                if self.core.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
                     return Ok(None);
                 }
-                self.cpu_changed();
+                self.core.busy_changed();
                 return self.spawn_gated(n, now);
             }
             Decision::Retire(_) => self.carry_out(now),

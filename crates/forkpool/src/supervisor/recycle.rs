@@ -24,9 +24,13 @@ pub const JITTER_SEED_ENV: &str = "FORKPOOL_JITTER_SEED";
 
 /// The jitter's seed from [`JITTER_SEED_ENV`], if it is set and a number.
 pub(super) fn jitter_seed() -> Option<u64> {
-    std::env::var(JITTER_SEED_ENV)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
+    seed_of(std::env::var(JITTER_SEED_ENV).ok().as_deref())
+}
+
+/// The seed a value of [`JITTER_SEED_ENV`] names: a number, with blanks
+/// around it allowed; anything else names none.
+fn seed_of(value: Option<&str>) -> Option<u64> {
+    value?.trim().parse().ok()
 }
 
 impl Supervisor {
@@ -118,5 +122,19 @@ impl Supervisor {
         for (slot, why) in self.core.recycles_due(now, |link| link.figures.uss()) {
             self.recycle(slot, why, now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seed_of;
+
+    #[test]
+    fn the_jitter_seed_is_a_number_or_nothing() {
+        assert_eq!(seed_of(Some("42")), Some(42));
+        assert_eq!(seed_of(Some(" 7\n")), Some(7));
+        assert_eq!(seed_of(Some("seven")), None);
+        assert_eq!(seed_of(Some("-1")), None);
+        assert_eq!(seed_of(None), None);
     }
 }

@@ -188,8 +188,9 @@ impl Supervisor {
         };
         let pid = successor.pid;
         let mut buf = [0u8; 16];
-        match upgrade.ready.read(&mut buf) {
-            Ok(n) if n > 0 && buf[..n].starts_with(b"ready") => {
+        let read = upgrade.ready.read(&mut buf);
+        match said(read.map(|n| &buf[..n])) {
+            Said::Ready => {
                 self.core.successor_ready();
                 self.end_upgrade(pid);
                 info!(
@@ -198,7 +199,7 @@ impl Supervisor {
                 );
                 self.successor_ready(now);
             }
-            Ok(_) => {
+            Said::Ended => {
                 self.upgrade_failed();
                 error!(
                     pid,
@@ -206,8 +207,8 @@ impl Supervisor {
                      this supervisor keeps serving (see its messages above)"
                 );
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
+            Said::Nothing => {}
+            Said::Failed(e) => {
                 self.upgrade_failed();
                 error!("upgrade failed: {e}; this supervisor keeps serving");
             }
@@ -273,5 +274,46 @@ impl Supervisor {
                 Err(e) => warn!("cannot tell the previous supervisor we are ready: {e}"),
             }
         }
+    }
+}
+
+/// What a read of the new supervisor's readiness pipe says.
+#[derive(Debug)]
+enum Said {
+    /// It wrote `ready`: it serves, this one drains.
+    Ready,
+    /// It closed the pipe, or wrote anything else: it ended, or will,
+    /// before it was ready.
+    Ended,
+    /// Nothing yet.
+    Nothing,
+    /// The pipe cannot be read.
+    Failed(io::Error),
+}
+
+/// What `read` (the bytes read from the pipe, or the error) says.
+fn said(read: io::Result<&[u8]>) -> Said {
+    match read {
+        Ok(bytes) if bytes.starts_with(b"ready") => Said::Ready,
+        Ok(_) => Said::Ended,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Said::Nothing,
+        Err(e) => Said::Failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ready_on_the_pipe_hands_over() {
+        assert!(matches!(said(Ok(b"ready\n")), Said::Ready));
+        assert!(matches!(said(Ok(b"")), Said::Ended));
+        assert!(matches!(said(Ok(b"read")), Said::Ended));
+        assert!(matches!(said(Ok(b"error")), Said::Ended));
+        let blocked = io::Error::from(io::ErrorKind::WouldBlock);
+        assert!(matches!(said(Err(blocked)), Said::Nothing));
+        let broken = io::Error::from(io::ErrorKind::BrokenPipe);
+        assert!(matches!(said(Err(broken)), Said::Failed(_)));
     }
 }
