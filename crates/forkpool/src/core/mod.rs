@@ -227,11 +227,6 @@ impl<L: HasChild> Core<L> {
         &self.spawn_gate
     }
 
-    /// The templates (`--preload`).
-    pub fn templates(&self) -> &[Template] {
-        &self.templates
-    }
-
     /// Takes `input` at `now`; what the shell must do comes out of
     /// [`Core::take_effects`].
     pub fn on(&mut self, input: Input, now: Instant) {

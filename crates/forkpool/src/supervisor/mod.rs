@@ -356,17 +356,10 @@ impl Supervisor {
         if !self.core.finished(now) {
             return false;
         }
-        if self.core.board().occupied() > 0 || !self.core.templates().is_empty() {
-            let children: Vec<(usize, i32)> = self
-                .core
-                .board()
-                .iter()
-                .map(|(slot, s)| (slot, s.pid))
-                .collect();
-            let templates: Vec<i32> = self.core.templates().iter().map(|t| t.role.pid).collect();
+        if let Some(left) = self.core.left_unreaped() {
             tracing::error!(
-                ?children,
-                ?templates,
+                children = ?left.children,
+                templates = ?left.templates,
                 "stop deadline passed with processes not yet reaped (slot, pid); \
                  exiting anyway: they were sent SIGKILL and get SIGTERM from the \
                  parent-death signal"

@@ -29,7 +29,7 @@ use tracing::{error, info, warn};
 
 use super::event::Event;
 use super::Supervisor;
-use crate::core::upgrade::{Successor, UpgradeRefused, SUCCESSOR_START};
+use crate::core::upgrade::{Successor, SUCCESSOR_START};
 use crate::sys::process::{self, ExitStatus, Forked};
 
 /// The variable naming the pipe a new supervisor reports readiness on.
@@ -85,15 +85,7 @@ impl Supervisor {
     pub(super) fn begin_upgrade(&mut self, now: Instant) {
         let command = self.handover.command.clone();
         if let Err(why) = self.core.may_upgrade(command.is_some()) {
-            match why {
-                UpgradeRefused::NotEnabled => {
-                    warn!("SIGUSR2 ignored: this pool was not built with binary upgrades enabled")
-                }
-                UpgradeRefused::UnderWay(pid) => {
-                    warn!(pid, "SIGUSR2 ignored: an upgrade is already under way")
-                }
-                UpgradeRefused::Stopping => warn!("SIGUSR2 ignored: the pool is stopping"),
-            }
+            warn!("SIGUSR2 ignored: {why}");
             return;
         }
         let Some(command) = command else {
