@@ -20,12 +20,14 @@
 //! - `kernel.rs`: kernel dispatch: set up or fall back, a socket per slot,
 //!   the scoreboard and its reservations read into the core;
 //! - `backoff.rs`: holding spawns back while workers fail at start-up;
-//! - `cpu.rs`: the run-queue looks at the children, handed to the core's
-//!   watches (the scaling hold, the dispatch width);
+//! - `cpu.rs`: the run-queue looks at the children the core's watches
+//!   name when a look is due (the scaling hold, the dispatch width);
 //! - `load.rs`: how children that serve many connections count;
-//! - `recycle.rs`, `resources.rs`: recycling by count, memory and age, on
-//!   the `/proc` samples the status shows too;
-//! - `slow.rs`: slow requests captured where they wait;
+//! - `recycle.rs`, `resources.rs`: the children the core names recycled
+//!   (by count, memory and age), on the `/proc` samples of the children
+//!   each turn of the core's sampling round names, which status shows too;
+//! - `slow.rs`: slow requests captured where they wait: `/proc` read and
+//!   the stack asked for, the capture the core completes logged;
 //! - `template.rs`, `verify.rs`, `refork.rs`: `--preload` templates, a
 //!   forked worker's pid checked against the kernel, reforks;
 //! - `reload.rs`: HUP and TTIN/TTOU; a reload's failure logged;
@@ -42,7 +44,9 @@
 //!
 //! How a connection reaches a child is in [`crate::dispatch`]; the rules
 //! the supervisor follows (how many children, which child, which deadline)
-//! are pure functions in `crate::policy`.
+//! are pure functions in `crate::policy`, and every decision with memory
+//! (when to sample, capture, recycle, look at the CPUs, log a paced line)
+//! is the core's (`crate::core`): a verb here does the I/O it asks for.
 
 mod backoff;
 mod balancer;
