@@ -438,12 +438,7 @@ impl Supervisor {
     /// Arms in the core each timer a mechanism of the shell keeps
     /// (`core/timers.rs`).
     fn arm_timers(&mut self, now: Instant) {
-        let pause = self
-            .listeners
-            .iter()
-            .filter_map(|l| l.resume_at)
-            .filter(|t| *t > now)
-            .min();
+        let pause = accept_pause(self.listeners.iter().map(|l| l.resume_at), now);
         let armed = [
             (Timer::AcceptPause, pause),
             (Timer::Endpoints, self.endpoints.deadline()),
@@ -554,5 +549,26 @@ impl Supervisor {
                 }
             }
         }
+    }
+}
+
+/// When the first listener paused after a failed accept resumes, of the
+/// listeners' `resumes`: only a moment ahead of `now` (one passed is
+/// resumed this turn; waking for it would spin).
+fn accept_pause(resumes: impl Iterator<Item = Option<Instant>>, now: Instant) -> Option<Instant> {
+    resumes.flatten().filter(|t| *t > now).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_pause_is_the_first_resume_ahead() {
+        let now = Instant::now();
+        let ms = |n| now + Duration::from_millis(n);
+        let resumes = [None, Some(ms(30)), Some(now), Some(ms(10))];
+        assert_eq!(accept_pause(resumes.into_iter(), now), Some(ms(10)));
+        assert_eq!(accept_pause([Some(now), None].into_iter(), now), None);
     }
 }
