@@ -1,8 +1,9 @@
 //! How the pool uses the CPUs, as the core keeps it: two watches of the
 //! run-queue looks (`policy::cpu_wait`), one over the busy children (the
 //! scaling hold) and one over every serving child (the dispatch width),
-//! and the moments the loop must wake for their next looks. The shell
-//! reads `/proc` when a look is due and hands the core what it found.
+//! and the moments the loop must wake for their next looks, and which
+//! children a look due now reads. The shell reads `/proc` for those and
+//! hands the core what it found.
 
 use std::time::Instant;
 
@@ -10,6 +11,8 @@ use super::child::HasChild;
 use super::Core;
 use crate::policy::cpu_wait::{CpuWatch, Turns, LOOK_INTERVAL};
 use crate::policy::width::Turnover;
+use crate::scaling::CpuUse;
+use crate::scoreboard::SlotState;
 use std::collections::HashMap;
 
 /// The core's two watches, and what the pool's looks found of the
@@ -44,6 +47,52 @@ impl<L: HasChild> Core<L> {
     /// Every serving child's watch (the dispatch width).
     pub fn pool_watch(&self) -> &CpuWatch {
         &self.watches.pool
+    }
+
+    /// Whether the busy watch counts: the pool holds its growth while
+    /// CPU-bound, and its busy children are enough to fill the CPUs.
+    fn busy_watched(&self) -> bool {
+        self.config.hold_when_cpu_bound
+            && (self.watches.busy).can_fill(self.board.counts().busy as usize)
+    }
+
+    /// The busy children's pids (one a connection or more), when the busy
+    /// watch looks at `now`: the shell reads their turns on the CPUs.
+    pub fn busy_look_due(&self, now: Instant) -> Option<Vec<i32>> {
+        let due = self.watches.busy.next_look().is_none_or(|due| now >= due);
+        (self.busy_watched() && due)
+            .then(|| self.pids_where(|state| matches!(state, SlotState::Busy | SlotState::Partial)))
+    }
+
+    /// How the busy children use the CPUs at `now`, for the scaling rule.
+    pub fn cpu_use(&self, now: Instant) -> CpuUse {
+        match self.busy_watched() {
+            true => self.watches.busy.use_at(now),
+            false => CpuUse::NotLooked,
+        }
+    }
+
+    /// Every serving child's pid, busy or idle, when the pool watch looks
+    /// at `now` (kernel dispatch's width): a child the kernel woke for a
+    /// connection waits for a CPU before it accepts and marks itself
+    /// busy, so on CPUs the clients share most of a pool's waiting is
+    /// there, out of the busy children's measure. Only while connections
+    /// end or the width leaves children out: an idle pool is not looked
+    /// at.
+    pub fn pool_look_due(&self, now: Instant) -> Option<Vec<i32>> {
+        let watch = &self.watches.pool;
+        let due = watch.next_look().is_none_or(|due| now >= due);
+        let serving = watch.serving_at(now) || self.board.width().is_some();
+        (due && serving).then(|| self.pids_where(SlotState::serves))
+    }
+
+    fn pids_where(&self, state: impl Fn(SlotState) -> bool) -> Vec<i32> {
+        let mut children = self.board.iter();
+        let pids = children
+            .by_ref()
+            .filter(|(_, s)| state(s.state))
+            .map(|(_, s)| s.pid);
+        pids.collect()
     }
 
     /// A look at the busy children's turns on the CPUs, at `now`.
@@ -137,8 +186,10 @@ mod tests {
     use crate::core::child::Child;
     use crate::core::sampled::Sample;
     use crate::core::Core;
+    use crate::policy::cpu_wait::LOOK_INTERVAL;
     use crate::policy::width::LONG_CONNECTION;
     use crate::protocol::ChildMessage;
+    use crate::scaling::CpuUse;
 
     /// A kernel-dispatch core with one child, busy with its first
     /// connection.
@@ -180,5 +231,46 @@ mod tests {
         core.totals.accepted += 10_000;
         core.pool_looked(Default::default(), look(3));
         assert!(!core.turnover().long);
+    }
+
+    #[test]
+    fn the_busy_children_are_looked_at_once_they_can_fill_the_cpus() {
+        let now = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            dispatch: DispatchMode::Handoff,
+            max_children: 1024,
+            ..PoolConfig::default()
+        });
+        let cpus = core.busy_watch().cpus();
+        for slot in 0..cpus {
+            let pid = 100 + slot as i32;
+            core.adopt(slot, pid, 1, Child::new(now, true, 1), now);
+            core.report(slot, ChildMessage::Ready { pid: pid as u32 }, now);
+            if slot > 0 {
+                core.handed(slot, now);
+            }
+        }
+        // One short of the CPUs: nothing to look at, nothing said.
+        assert_eq!(core.busy_look_due(now), None);
+        assert_eq!(core.cpu_use(now), CpuUse::NotLooked);
+        core.handed(0, now);
+        let pids = core.busy_look_due(now).expect("a first look is due");
+        assert_eq!(pids.len(), cpus);
+        core.busy_looked(Default::default(), now);
+        assert_eq!(core.busy_look_due(now), None);
+        assert!(core.busy_look_due(now + LOOK_INTERVAL).is_some());
+        // Without the hold the busy children are never looked at.
+        core.config.hold_when_cpu_bound = false;
+        assert_eq!(core.busy_look_due(now + LOOK_INTERVAL), None);
+        assert_eq!(core.cpu_use(now + LOOK_INTERVAL), CpuUse::NotLooked);
+        // The pool's watch looks at every serving child, once connections
+        // end.
+        assert_eq!(core.pool_look_due(now), None);
+        core.report(0, ChildMessage::Idle, now);
+        core.connection_ended_at(now);
+        let pids = core.pool_look_due(now).expect("the pool served lately");
+        assert_eq!(pids.len(), cpus);
+        core.pool_looked(Default::default(), now);
+        assert_eq!(core.pool_look_due(now), None);
     }
 }

@@ -15,14 +15,17 @@ mod input;
 mod lifecycle;
 mod liveness;
 mod moves;
+mod paced;
 mod pool;
 mod recycle;
 mod reports;
 mod rollout;
 pub(crate) mod sampled;
+mod samples;
 #[cfg(test)]
 mod sim;
 mod slow;
+pub(crate) mod stderr;
 mod stop;
 pub(crate) mod template;
 mod templates;
@@ -34,8 +37,9 @@ mod vouch;
 pub(crate) use counted::Counted;
 pub(crate) use effect::{Effect, Gone, ReloadFailed, TemplateFailure};
 pub(crate) use input::Input;
+pub(crate) use paced::Warning;
 pub(crate) use pool::slot_limit;
-pub(crate) use slow::CaptureOf;
+pub(crate) use slow::{CaptureOf, HeldKill};
 pub(crate) use timers::Timer;
 pub(crate) use view::CoreView;
 
@@ -124,8 +128,13 @@ pub(crate) struct Core<L> {
     timers: timers::Timers,
     /// Draws each child's recycling limits (`recycle.rs`).
     jitter: fastrand::Rng,
-    /// The rate of slow-request captures (`slow.rs`).
-    slow: crate::observe::CaptureLimiter,
+    /// Slow-request captures: their rate, and those gathering a stack
+    /// (`slow.rs`).
+    slow: slow::Captures,
+    /// The `/proc` sampling round (`samples.rs`).
+    samples: samples::SampleRound,
+    /// When the lines logged now and then were last logged (`paced.rs`).
+    paced: paced::Paced,
     /// A binary upgrade's new supervisor, while it starts (`upgrade.rs`).
     successor: Option<upgrade::Successor>,
     /// Empty slots whose sockets hold connections no child can be handed
@@ -166,7 +175,9 @@ impl<L: HasChild> Core<L> {
             watches: cpu::Watches::default(),
             timers: timers::Timers::default(),
             jitter: fastrand::Rng::new(),
-            slow: slow::capture_limiter(),
+            slow: slow::Captures::default(),
+            samples: samples::SampleRound::default(),
+            paced: paced::Paced::default(),
             successor: None,
             refill: std::collections::BTreeSet::new(),
             effects: Vec::new(),
@@ -178,18 +189,6 @@ impl<L: HasChild> Core<L> {
     /// supervisor then exits with this error instead of its totals).
     pub fn take_gave_up(&mut self) -> Option<String> {
         self.gave_up.take()
-    }
-
-    /// Words why the pool stopped itself with what only the shell knows
-    /// (the command, the last stderr lines); false when it did not.
-    pub fn word_gave_up(&mut self, word: impl FnOnce(&str) -> String) -> bool {
-        match self.gave_up.as_mut() {
-            Some(why) => {
-                *why = word(why);
-                true
-            }
-            None => false,
-        }
     }
 
     /// The pool's settings in force (a reload replaces them).
@@ -232,11 +231,6 @@ impl<L: HasChild> Core<L> {
     /// What holds spawns back (`policy/backoff.rs`).
     pub fn spawn_gate(&self) -> &SpawnGate {
         &self.spawn_gate
-    }
-
-    /// The templates (`--preload`).
-    pub fn templates(&self) -> &[Template] {
-        &self.templates
     }
 
     /// Takes `input` at `now`; what the shell must do comes out of
@@ -326,6 +320,9 @@ impl<L: HasChild> Core<L> {
             self.cpu_deadline(now),
             self.successor().map(|s| s.deadline),
             self.next_slow(),
+            self.captures_deadline(),
+            self.samples_deadline(),
+            self.status_line_deadline(),
             self.timers_deadline(),
             // With no child to take it, a connection in the backlog is
             // looked at again now and then (`policy::dispatch`).

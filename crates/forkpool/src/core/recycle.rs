@@ -1,14 +1,18 @@
 //! Recycling, as the core decides it: each child's own limits, drawn once
-//! (with the pool's jitter) and kept in its record, and whether a child is
-//! past one (`policy::recycle`). The shell reads a child's memory when the
-//! core asks for it, and retires the child the core names.
+//! (with the pool's jitter) and kept in its record, whether a child is
+//! past one (`policy::recycle`), which serving children a round of
+//! samples recycles, and a recycle counted and put in words. The shell
+//! reads a child's memory when the core asks for it, and retires the
+//! child the core names.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::child::HasChild;
-use super::Core;
+use super::{Core, Counted};
+use crate::config::{DispatchMode, SelfLimits};
 use crate::policy::recycle::{self, due, requests_exhausted, ChildLimits, ChildState, Recycle};
 use crate::protocol::TEMPLATE_VERSION;
+use crate::scoreboard::SlotState;
 
 impl<L: HasChild> Core<L> {
     /// Fixes the jitter's random seed (`FORKPOOL_JITTER_SEED`), so a test
@@ -63,6 +67,63 @@ impl<L: HasChild> Core<L> {
             uss,
         };
         due(&self.limits(slot), self.config.max_child_memory, state)
+    }
+
+    /// At the end of a round of samples: the serving children past their
+    /// memory or lifetime limit, their memory as the shell last read it
+    /// (`uss` of each child's link). A share of connections is judged as
+    /// each connection ends, not here.
+    pub fn recycles_due(
+        &self,
+        now: Instant,
+        uss: impl Fn(&L) -> Option<u64>,
+    ) -> Vec<(usize, Recycle)> {
+        if self.config.max_child_memory == 0 && self.config.max_child_lifetime.is_zero() {
+            return Vec::new();
+        }
+        (self.board.iter())
+            .filter(|(_, s)| matches!(s.state, SlotState::Idle | SlotState::Busy))
+            .filter_map(|(slot, s)| Some((slot, self.recycle_due(slot, uss(&s.link), now)?)))
+            .filter(|(_, why)| !matches!(why, Recycle::Requests(_)))
+            .collect()
+    }
+
+    /// A child recycled for `why`: counted (a share of connections is no
+    /// news and not counted), and put in words for the log.
+    pub fn recycled(&mut self, why: Recycle) -> String {
+        match why {
+            Recycle::Requests(n) => format!("served {n} connections (max_requests_per_child)"),
+            Recycle::Memory(uss) => {
+                self.count(Counted::RecycledMemory);
+                format!(
+                    "unshared memory (USS) {} MiB is above max_child_memory {} MiB",
+                    uss >> 20,
+                    self.config.max_child_memory >> 20
+                )
+            }
+            Recycle::Lifetime(age) => {
+                self.count(Counted::RecycledLifetime);
+                format!(
+                    "{}s old (max_child_lifetime {:?})",
+                    age.as_secs(),
+                    self.config.max_child_lifetime
+                )
+            }
+        }
+    }
+
+    /// The limits a child checks itself, with `lifetime` its own (drawn):
+    /// in `kernel` dispatch, where the supervisor does not see each
+    /// connection end, `max_child_memory` and the lifetime; in other modes
+    /// none (the supervisor looks after each connection).
+    pub fn self_limits(&self, lifetime: Duration) -> SelfLimits {
+        if self.config.dispatch != DispatchMode::Kernel {
+            return SelfLimits::default();
+        }
+        SelfLimits {
+            max_memory: self.config.max_child_memory,
+            lifetime,
+        }
     }
 
     /// The limits a `kernel` dispatch child was told and checks itself:
@@ -121,10 +182,11 @@ impl<L: HasChild> Core<L> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use crate::config::PoolConfig;
+    use crate::config::{DispatchMode, PoolConfig};
     use crate::core::child::Child;
     use crate::core::Core;
     use crate::policy::recycle::Recycle;
+    use crate::protocol::ChildMessage;
 
     fn core(max_requests: u64, jitter: u64, lifetime: Duration, seed: u64) -> Core<Child> {
         let mut core: Core<Child> = Core::new(PoolConfig {
@@ -135,6 +197,15 @@ mod tests {
         });
         core.seed_jitter(seed);
         core
+    }
+
+    /// A pool that recycles at 64 MiB of USS and after `max_requests`.
+    fn memory_limited(max_requests: u64) -> Core<Child> {
+        Core::new(PoolConfig {
+            max_requests_per_child: max_requests,
+            max_child_memory: 64 << 20,
+            ..PoolConfig::default()
+        })
     }
 
     /// Adopts eight children and returns each one's drawn share.
@@ -203,11 +274,7 @@ mod tests {
     #[test]
     fn memory_is_read_to_judge_a_leaving_child_only_when_its_share_does_not_explain_it() {
         let t0 = Instant::now();
-        let mut core: Core<Child> = Core::new(PoolConfig {
-            max_requests_per_child: 10,
-            max_child_memory: 64 << 20,
-            ..PoolConfig::default()
-        });
+        let mut core = memory_limited(10);
         core.adopt(0, 40, 1, Child::new(t0, true, 1), t0);
         assert!(core.leaving_needs_memory(0, 3));
         assert!(!core.leaving_needs_memory(0, 10));
@@ -217,5 +284,59 @@ mod tests {
         );
         // Its share of connections is no news.
         assert_eq!(core.judge_leaving(0, 10, Some(65 << 20), t0), None);
+    }
+
+    #[test]
+    fn a_round_of_samples_recycles_serving_children_past_their_memory() {
+        let t0 = Instant::now();
+        let mut core = memory_limited(1);
+        for slot in 0..2 {
+            let pid = 40 + slot as i32;
+            core.adopt(slot, pid, 1, Child::new(t0, true, 1), t0);
+            core.report(slot, ChildMessage::Ready { pid: pid as u32 }, t0);
+        }
+        // Slot 2 is still starting: not serving, not judged.
+        core.adopt(2, 42, 1, Child::new(t0, true, 1), t0);
+        let fat = |_: &Child| Some(65 << 20);
+        let due = core.recycles_due(t0, fat);
+        assert_eq!(
+            due,
+            [
+                (0, Recycle::Memory(65 << 20)),
+                (1, Recycle::Memory(65 << 20))
+            ]
+        );
+        // A share of connections served is judged as each one ends.
+        core.handed(0, t0);
+        core.report(0, ChildMessage::Idle, t0);
+        assert_eq!(core.recycle_due(0, None, t0), Some(Recycle::Requests(1)));
+        assert_eq!(core.recycles_due(t0, |_| Some(1 << 20)), []);
+        // Counted and worded once recycled; a share is no news.
+        assert!(core
+            .recycled(due[0].1)
+            .contains("65 MiB is above max_child_memory 64 MiB"));
+        assert!(core.recycled(Recycle::Requests(1)).contains("served 1"));
+        assert_eq!(core.totals.recycled_memory, 1);
+        // Without memory or lifetime limits, a round recycles nobody.
+        let mut unlimited: Core<Child> = Core::new(PoolConfig::default());
+        unlimited.adopt(0, 40, 1, Child::new(t0, true, 1), t0);
+        unlimited.report(0, ChildMessage::Ready { pid: 40 }, t0);
+        assert_eq!(unlimited.recycles_due(t0, fat), []);
+    }
+
+    #[test]
+    fn a_child_checks_its_own_limits_only_in_kernel_dispatch() {
+        let limited = |dispatch| -> Core<Child> {
+            Core::new(PoolConfig {
+                dispatch,
+                max_child_memory: 64 << 20,
+                ..PoolConfig::default()
+            })
+        };
+        let lifetime = Duration::from_secs(60);
+        let own = limited(DispatchMode::Kernel).self_limits(lifetime);
+        assert_eq!((own.max_memory, own.lifetime), (64 << 20, lifetime));
+        let none = limited(DispatchMode::Handoff).self_limits(lifetime);
+        assert_eq!((none.max_memory, none.lifetime), (0, Duration::ZERO));
     }
 }

@@ -17,6 +17,15 @@ use crate::status::KillReason;
 /// than let the stop hang.
 pub(crate) const STOP_OVERRUN: Duration = Duration::from_secs(1);
 
+/// Processes a stop left unreaped.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Unreaped {
+    /// Children, as (slot, pid).
+    pub children: Vec<(usize, i32)>,
+    /// Templates' pids.
+    pub templates: Vec<i32>,
+}
+
 impl<L: HasChild> Core<L> {
     /// Graceful stop: no new connections, idle children quit now, busy ones
     /// after their connection, SIGKILL for stragglers at the deadline.
@@ -72,6 +81,17 @@ impl<L: HasChild> Core<L> {
         (self.board.occupied() == 0 && self.templates.is_empty()) || now >= shutdown.exit_by
     }
 
+    /// What is left unreaped when a stop ends, or `None` when nothing is.
+    pub fn left_unreaped(&self) -> Option<Unreaped> {
+        if self.board.occupied() == 0 && self.templates.is_empty() {
+            return None;
+        }
+        Some(Unreaped {
+            children: self.board.iter().map(|(slot, s)| (slot, s.pid)).collect(),
+            templates: self.templates.iter().map(|t| t.role.pid).collect(),
+        })
+    }
+
     /// The stop's deadlines still ahead, for the loop's timer (a passed
     /// deadline has been acted on; waking for it again would spin).
     pub fn stop_deadline(&self, now: Instant) -> Option<Instant> {
@@ -82,5 +102,33 @@ impl<L: HasChild> Core<L> {
         } else {
             s.exit_by
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use crate::config::PoolConfig;
+    use crate::core::child::Child;
+    use crate::core::{Core, Input};
+    use crate::policy::shutdown::Stop;
+
+    #[test]
+    fn a_stop_past_its_last_moment_names_what_is_left() {
+        let t0 = Instant::now();
+        let mut core: Core<Child> = Core::new(PoolConfig {
+            preload: true,
+            ..PoolConfig::default()
+        });
+        assert_eq!(core.left_unreaped(), None);
+        core.adopt(2, 42, 1, Child::new(t0, true, 1), t0);
+        core.template_started(1, 77, t0);
+        let left = core.left_unreaped().expect("a child and a template");
+        assert_eq!((left.children, left.templates), (vec![(2, 42)], vec![77]));
+        core.on(Input::Stop(Stop::Now), t0);
+        let exit_by = core.shutdown.map(|s| s.exit_by).expect("stopping");
+        assert!(!core.finished(t0));
+        assert!(core.finished(exit_by));
     }
 }

@@ -459,6 +459,39 @@ impl<L: HasChild> Core<L> {
         });
         true
     }
+
+    /// What the log says of the template `pid` of `generation` that ended
+    /// unasked (`failure`; a reload it failed is logged as that), with its
+    /// `command` and last stderr lines (`tail`) quoted. Nothing when the
+    /// pool gave up on templates: the reason the supervisor exits with
+    /// names them instead. Otherwise one line, saying when the next
+    /// template starts.
+    pub fn template_failure_words(
+        &mut self,
+        failure: &TemplateFailure,
+        (generation, pid): (u32, i32),
+        command: &str,
+        tail: &[String],
+    ) -> Option<String> {
+        let said = match tail {
+            [] => String::from("nothing on stderr"),
+            lines => format!("stderr: {}", lines.join(" | ")),
+        };
+        if let Some(why) = self.gave_up.as_mut().filter(|_| failure.retry_in.is_none()) {
+            *why = format!("`{command}`: {why} (the last one left {said})");
+            return None;
+        }
+        let stage = match failure.was_ready {
+            true => "; the workers it forked keep serving",
+            false => " before it was ready",
+        };
+        Some(format!(
+            "template `{command}` (pid {pid}, generation {generation}) {}{stage}; {said}; \
+             a new template will be started in {:?}",
+            failure.how,
+            failure.retry_in.unwrap_or_default()
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -470,8 +503,13 @@ mod tests {
     use nix::sys::signal::Signal;
 
     /// A template started at `at` (saying `R` at once if `ready`) and
-    /// SIGKILLed from outside 100 ms later: how long until the next.
-    fn killed_soon_after(core: &mut Core<Child>, pid: i32, ready: bool, at: Instant) -> Duration {
+    /// SIGKILLed from outside 100 ms later: how it failed.
+    fn ended_soon_after(
+        core: &mut Core<Child>,
+        pid: i32,
+        ready: bool,
+        at: Instant,
+    ) -> TemplateFailure {
         let generation = core.generation;
         core.template_started(generation, pid, at);
         if ready {
@@ -486,12 +524,16 @@ mod tests {
         core.take_effects()
             .into_iter()
             .find_map(|e| match e {
-                Effect::TemplateGone {
-                    failure: Some(f), ..
-                } => f.retry_in,
+                Effect::TemplateGone { failure, .. } => failure,
                 _ => None,
             })
-            .expect("an unasked end is retried")
+            .expect("an unasked end is a failure")
+    }
+
+    /// The same: how long until the next.
+    fn killed_soon_after(core: &mut Core<Child>, pid: i32, ready: bool, at: Instant) -> Duration {
+        let failure = ended_soon_after(core, pid, ready, at);
+        failure.retry_in.expect("an unasked end is retried")
     }
 
     fn preloaded() -> Core<Child> {
@@ -523,5 +565,33 @@ mod tests {
         let first = killed_soon_after(&mut core, 100, false, at);
         let second = killed_soon_after(&mut core, 101, false, at + Duration::from_secs(1));
         assert_eq!(second, first * 2);
+    }
+
+    #[test]
+    fn an_unasked_end_is_worded_or_named_in_the_reason_the_pool_gives_up() {
+        let at = Instant::now();
+        let mut core = preloaded();
+        let tail = [String::from("ImportError: no module named x")];
+        let ready = ended_soon_after(&mut core, 100, true, at);
+        let line = core.template_failure_words(&ready, (1, 100), "app.py", &tail);
+        let line = line.expect("a template that ends is logged");
+        assert!(line.starts_with("template `app.py` (pid 100, generation 1) exited unexpectedly"));
+        assert!(line.contains("the workers it forked keep serving; stderr: ImportError"));
+        // Templates that never become one, until the pool gives up: the
+        // reason it exits with names the command and what the last said.
+        let mut core = preloaded();
+        let mut gave_up = None;
+        for pid in 200..220 {
+            let failure = ended_soon_after(&mut core, pid, false, at);
+            if failure.retry_in.is_none() {
+                gave_up = core.template_failure_words(&failure, (1, pid), "app.py", &[]);
+                assert_eq!(gave_up, None);
+                gave_up = core.take_gave_up();
+                break;
+            }
+        }
+        let why = gave_up.expect("the pool gives up");
+        assert!(why.starts_with("`app.py`: the --preload program never became a template"));
+        assert!(why.ends_with("(the last one left nothing on stderr)"));
     }
 }

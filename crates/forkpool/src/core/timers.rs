@@ -1,15 +1,15 @@
 //! The shell's own timers, held by the core so that its `next_deadline`
 //! is the loop's only answer to "how long may I sleep": the accept pause
-//! after running out of descriptors, the status line's rate, the
-//! endpoints' rounds and client deadlines, the drain's deadline,
-//! systemd's watchdog, the `/proc` samples, a slow-request capture
-//! waiting for its stack and the backlog's last serving on stop. (The
-//! upgrade's deadline and the next slow request are the core's own.) Each is decided by
+//! after running out of descriptors, the endpoints' rounds and client deadlines, the drain's deadline,
+//! systemd's watchdog and the backlog's last serving on stop. (The
+//! upgrade's deadline, the next slow request, a capture waiting for its
+//! stack, the `/proc` samples and the status line's pace are the core's
+//! own.) Each is decided by
 //! the mechanism it belongs to; the shell arms them all at the end of
 //! each turn. A timer armed at a moment already passed is reported as it
-//! is: the mechanism has work now (a round of samples taken a few
-//! children a turn, an endpoint with more to read), and the loop turns
-//! again at once, as it did when the shell kept these timers itself.
+//! is: the mechanism has work now (an endpoint with more to read), and
+//! the loop turns again at once, as it did when the shell kept these
+//! timers itself.
 
 use std::time::Instant;
 
@@ -21,16 +21,10 @@ use super::Core;
 pub(crate) enum Timer {
     /// A listener paused after an accept failed (descriptors, memory).
     AcceptPause,
-    /// The "child states" line, at most once per interval.
-    StatusLine,
     /// The status, metrics and agent endpoints: their next round.
     Endpoints,
     /// systemd's watchdog.
     Watchdog,
-    /// The next `/proc` sample of the children (status, recycling).
-    Samples,
-    /// A slow request's capture.
-    SlowCapture,
     /// The drain delay's end.
     Drain,
     /// The last serving of the backlog on stop.
@@ -38,7 +32,7 @@ pub(crate) enum Timer {
 }
 
 impl Timer {
-    const COUNT: usize = 8;
+    const COUNT: usize = 5;
 
     fn index(self) -> usize {
         self as usize
@@ -75,16 +69,16 @@ mod tests {
         let now = Instant::now();
         let mut core: Core<Child> = Core::new(PoolConfig::default());
         assert_eq!(core.timers_deadline(), None);
-        core.arm(Timer::Samples, Some(now + Duration::from_secs(1)));
+        core.arm(Timer::Watchdog, Some(now + Duration::from_secs(1)));
         core.arm(Timer::Endpoints, Some(now + Duration::from_millis(5)));
         assert_eq!(core.timers_deadline(), Some(now + Duration::from_millis(5)));
         core.arm(Timer::Endpoints, None);
         assert_eq!(core.timers_deadline(), Some(now + Duration::from_secs(1)));
         // And the core's next_deadline answers it.
         assert_eq!(core.next_deadline(now), Some(now + Duration::from_secs(1)));
-        // Work due now (a round of samples under way) wakes the loop at
-        // once, as the shell's own timer did.
-        core.arm(Timer::Samples, Some(now));
+        // Work due now (an endpoint with more to read) wakes the loop at
+        // once.
+        core.arm(Timer::Endpoints, Some(now));
         assert_eq!(core.next_deadline(now), Some(now));
     }
 }

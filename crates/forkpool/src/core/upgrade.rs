@@ -46,6 +46,20 @@ pub(crate) enum UpgradeRefused {
     Stopping,
 }
 
+impl std::fmt::Display for UpgradeRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpgradeRefused::NotEnabled => {
+                f.write_str("this pool was not built with binary upgrades enabled")
+            }
+            UpgradeRefused::UnderWay(pid) => {
+                write!(f, "an upgrade is already under way (pid {pid})")
+            }
+            UpgradeRefused::Stopping => f.write_str("the pool is stopping"),
+        }
+    }
+}
+
 impl<L: HasChild> Core<L> {
     /// SIGUSR2: whether an upgrade may begin now.
     pub fn may_upgrade(&self, enabled: bool) -> Result<(), UpgradeRefused> {
@@ -128,6 +142,8 @@ mod tests {
         assert_eq!(core.may_upgrade(true), Ok(()));
         core.successor_started(77, t0);
         assert_eq!(core.may_upgrade(true), Err(UpgradeRefused::UnderWay(77)));
+        let said = UpgradeRefused::UnderWay(77).to_string();
+        assert_eq!(said, "an upgrade is already under way (pid 77)");
         assert_eq!(core.successor_ready().map(|s| s.pid), Some(77));
         assert_eq!(core.may_upgrade(true), Ok(()));
         assert_eq!(core.totals.upgrade_failures, 0);

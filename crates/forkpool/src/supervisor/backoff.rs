@@ -9,20 +9,11 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::{log_due, Supervisor};
+use super::Supervisor;
+use crate::core::Warning;
 use crate::worker::ChildStart;
 
 impl Supervisor {
-    /// Whether spawns wait at `now` (`Core::spawns_held`).
-    pub(super) fn spawns_held(&mut self, now: Instant) -> bool {
-        self.core.spawns_held(now)
-    }
-
-    /// Until when spawns wait, if they do, for the loop's timer.
-    pub(super) fn spawns_held_until(&self, now: Instant) -> Option<Instant> {
-        self.core.spawns_held_until(now)
-    }
-
     /// Spawns up to `n` children, one at a time while spawns are not held.
     /// In a child, returns what it needs to become a worker.
     pub(super) fn spawn_gated(&mut self, n: u32, now: Instant) -> io::Result<Option<ChildStart>> {
@@ -35,7 +26,7 @@ impl Supervisor {
             if start.is_some() {
                 return Ok(start);
             }
-            if self.core.totals().spawned == spawned && self.spawns_held(now) {
+            if self.core.totals().spawned == spawned && self.core.spawns_held(now) {
                 break;
             }
         }
@@ -49,10 +40,10 @@ impl Supervisor {
         if self.core.spawn_gate().failures_hold(now) {
             return;
         }
-        let Some(until) = self.spawns_held_until(now) else {
+        let Some(until) = self.core.spawns_held_until(now) else {
             return;
         };
-        if !log_due(&mut self.log_pace.replacements_held, now) {
+        if !self.core.warning_due(Warning::ReplacementsHeld, now) {
             return;
         }
         warn!(

@@ -25,15 +25,11 @@ pub(crate) struct Balancer {
 impl Supervisor {
     /// Where the pool is in its life, as a balancer should see it.
     pub(super) fn phase(&self) -> Phase {
-        if self.core.shutdown().is_some() || self.balancer.finishing.is_some() {
-            Phase::Stopping
-        } else if self.balancer.drain.as_ref().is_some_and(Drain::is_draining) {
-            Phase::Draining
-        } else if !self.notify.told_ready {
-            Phase::Starting
-        } else {
-            Phase::Serving
-        }
+        phase_of(
+            self.core.shutdown().is_some() || self.balancer.finishing.is_some(),
+            self.balancer.drain.as_ref().is_some_and(Drain::is_draining),
+            self.notify.told_ready,
+        )
     }
 
     fn drain_machine(&mut self) -> &mut Drain {
@@ -87,5 +83,31 @@ impl Supervisor {
             // The successor accepts on the same listeners: it takes the backlog.
             Step::Proceed(After::HandOver) => self.begin_shutdown(now),
         }
+    }
+}
+
+/// The phase of a pool `stopping` (or serving its backlog's last before
+/// it stops), `draining` (the balancer told to send nothing new), and
+/// `ready` (systemd told so): the first that holds, in that order.
+fn phase_of(stopping: bool, draining: bool, ready: bool) -> Phase {
+    match (stopping, draining, ready) {
+        (true, _, _) => Phase::Stopping,
+        (_, true, _) => Phase::Draining,
+        (_, _, false) => Phase::Starting,
+        _ => Phase::Serving,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_outranks_a_drain_which_outranks_a_start() {
+        assert_eq!(phase_of(true, true, false), Phase::Stopping);
+        assert_eq!(phase_of(false, true, false), Phase::Draining);
+        assert_eq!(phase_of(false, true, true), Phase::Draining);
+        assert_eq!(phase_of(false, false, false), Phase::Starting);
+        assert_eq!(phase_of(false, false, true), Phase::Serving);
     }
 }

@@ -10,7 +10,6 @@ use tracing::{debug, info, warn};
 use super::endpoints::FD_RESERVE;
 use super::{ChildLink, ChildOutput, Supervisor};
 use crate::channel::Channel;
-use crate::config::SelfLimits;
 use crate::core::RESOURCE_BACKOFF;
 use crate::core::{Gone, Input};
 use crate::status::KillReason;
@@ -18,17 +17,47 @@ use crate::sys::fds;
 use crate::sys::process::{self, Forked};
 use crate::worker::ChildStart;
 
-/// The ends a new child is given, both sides: the back-channel pair and,
-/// when the pool captures output, a stderr pipe.
-struct ChildEnds {
+/// The ends a new child (or template) is given, both sides: the
+/// back-channel pair and, when the pool captures output, a stderr pipe.
+pub(super) struct ChildEnds {
     /// The supervisor's end of the back-channel.
-    ours: Channel,
+    pub ours: Channel,
     /// The child's end of the back-channel.
-    theirs: Channel,
+    pub theirs: Channel,
     /// The end of the stderr pipe the supervisor reads.
-    output_read: Option<OwnedFd>,
+    pub output_read: Option<OwnedFd>,
     /// The end of the stderr pipe the child writes.
-    output_write: Option<OwnedFd>,
+    pub output_write: Option<OwnedFd>,
+}
+
+impl ChildEnds {
+    /// Opens the back-channel pair and, `with_output`, a stderr pipe; or
+    /// says which could not be opened.
+    pub fn open(with_output: bool) -> Result<ChildEnds, String> {
+        let (ours, theirs, output_read, output_write) = match with_output {
+            true => open_piped().map(|(o, t, r, w)| (o, t, Some(r), Some(w)))?,
+            false => channel_pair().map(|(o, t)| (o, t, None, None))?,
+        };
+        Ok(ChildEnds {
+            ours,
+            theirs,
+            output_read,
+            output_write,
+        })
+    }
+}
+
+/// A back-channel pair (ours, theirs), or why not.
+fn channel_pair() -> Result<(Channel, Channel), String> {
+    Channel::pair().map_err(|e| format!("cannot create a back-channel: {e}"))
+}
+
+/// A back-channel pair and a stderr pipe (read, write), as a template and
+/// the workers it forks always get; or why not.
+pub(super) fn open_piped() -> Result<(Channel, Channel, OwnedFd, OwnedFd), String> {
+    let (ours, theirs) = channel_pair()?;
+    let (read, write) = fds::pipe().map_err(|e| format!("cannot create a stderr pipe: {e}"))?;
+    Ok((ours, theirs, read, write))
 }
 
 /// A child just forked, in the parent: where, who, and the limits it was
@@ -58,8 +87,13 @@ impl Supervisor {
             self.fork_from_template(now)?;
             return Ok(None);
         }
-        let Some(ends) = self.open_child_ends(now) else {
-            return Ok(None);
+        let ends = match ChildEnds::open(self.options.capture_output) {
+            Ok(ends) => ends,
+            // Spawning backs off (see [`Self::resource_backoff`]).
+            Err(why) => {
+                self.resource_backoff(now, why);
+                return Ok(None);
+            }
         };
         let slot = self.core.spawn_slot();
         if let Err(e) = self.seat_child(slot) {
@@ -73,7 +107,7 @@ impl Supervisor {
                 drop(ends.output_read);
                 let mut start = self.child_start(slot, ends.theirs, ends.output_write);
                 start.max_requests = limits.max_requests;
-                start.limits = self.self_limits(limits.lifetime);
+                start.limits = self.core.self_limits(limits.lifetime);
                 Ok(Some(start))
             }
             Ok(Forked::Parent(pid)) => {
@@ -91,36 +125,6 @@ impl Supervisor {
         }
     }
 
-    /// Opens the ends a new child is given: the back-channel pair and, when
-    /// the pool captures output, a stderr pipe. `None` when one cannot be
-    /// opened; spawning then backs off (see [`Self::resource_backoff`]).
-    fn open_child_ends(&mut self, now: Instant) -> Option<ChildEnds> {
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
-                return None;
-            }
-        };
-        let (output_read, output_write) = if self.options.capture_output {
-            match fds::pipe() {
-                Ok((r, w)) => (Some(r), Some(w)),
-                Err(e) => {
-                    self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
-                    return None;
-                }
-            }
-        } else {
-            (None, None)
-        };
-        Some(ChildEnds {
-            ours,
-            theirs,
-            output_read,
-            output_write,
-        })
-    }
-
     /// What the child just forked into `slot` needs to become a worker.
     fn child_start(&self, slot: usize, channel: Channel, stderr: Option<OwnedFd>) -> ChildStart {
         ChildStart {
@@ -134,24 +138,9 @@ impl Supervisor {
             board_map: None,
             overflow: Vec::new(),
             max_requests: self.core.config().max_requests_per_child,
-            limits: SelfLimits::default(),
+            limits: Default::default(),
             stderr,
             backlog: self.core.config().backlog,
-        }
-    }
-
-    /// The limits a child checks itself, with `lifetime` its own (drawn):
-    /// in `kernel` dispatch, where the supervisor does not see each
-    /// connection end, `max_child_memory` and the lifetime; in other modes
-    /// none (the supervisor looks after each connection).
-    pub(super) fn self_limits(&self, lifetime: std::time::Duration) -> SelfLimits {
-        let config = &self.core.config();
-        if config.dispatch != crate::config::DispatchMode::Kernel {
-            return SelfLimits::default();
-        }
-        SelfLimits {
-            max_memory: config.max_child_memory,
-            lifetime,
         }
     }
 
@@ -256,15 +245,8 @@ impl Supervisor {
         if let Some(slot) = slot.filter(|&s| !self.unverified(s)) {
             self.read_reports(slot, now);
         }
-        if let Some(link) = slot.and_then(|slot| self.core.link_mut(slot)) {
-            let slot = slot.expect("found above");
-            let mut taken = std::mem::take(&mut link.output);
-            let mut tail = std::mem::take(&mut link.stderr_tail);
-            self.drain_output(slot, pid, &mut taken, &mut tail);
-            if let Some(link) = self.core.link_mut(slot) {
-                link.output = taken;
-                link.stderr_tail = tail;
-            }
+        if let Some(slot) = slot {
+            self.drain_output(slot, pid);
         }
         self.core.on(Input::Reaped { pid, status }, now);
         self.carry_out(now);

@@ -11,7 +11,6 @@ use super::{notify, Supervisor};
 use crate::core::{Effect, Input};
 use crate::dispatch::order;
 use crate::protocol::ParentMessage;
-use crate::status::KillReason;
 use crate::sys::process::ExitStatus;
 
 impl Supervisor {
@@ -157,14 +156,6 @@ impl Supervisor {
         if let Some(took) = took {
             self.resources.service_time.observe(took.as_secs_f64());
             self.handed_peer(slot, pid, None);
-        }
-    }
-
-    /// A child busy past its deadline: where it is stuck is captured first
-    /// (see slow.rs), and the kill follows the capture.
-    fn busy_too_long(&mut self, slot: usize, reason: KillReason, detail: String, now: Instant) {
-        if let Some((why, detail)) = self.capture_before_kill(slot, reason, detail, now) {
-            self.core.kill(slot, why, detail, now);
         }
     }
 

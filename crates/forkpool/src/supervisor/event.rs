@@ -8,7 +8,11 @@
 //! of the token space, and decoding checks each range's two ends, so the
 //! order of the arms does not matter.
 
-use mio::Token;
+use std::io;
+use std::os::fd::RawFd;
+
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
 
 /// One reason for the loop to wake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +122,31 @@ pub(super) struct Wake {
     pub unread: Vec<usize>,
     /// Kernel dispatch: empty slots' sockets watched, as (slot, listener).
     pub orphaned_sockets: Vec<(usize, usize)>,
+}
+
+impl Wake {
+    /// Watches `fd` for reading; the poll reports it as `event`.
+    pub fn watch(&self, fd: RawFd, event: Event) -> io::Result<()> {
+        let token = event.token();
+        self.poll
+            .registry()
+            .register(&mut SourceFd(&fd), token, Interest::READABLE)
+    }
+
+    /// Watches `fd` again: the poll is edge-triggered, so what a turn left
+    /// unread is reported in the next one, after every other source.
+    pub fn rewatch(&self, fd: RawFd, event: Event) -> io::Result<()> {
+        let token = event.token();
+        self.poll
+            .registry()
+            .reregister(&mut SourceFd(&fd), token, Interest::READABLE)
+    }
+
+    /// Stops watching `fd` (one not watched is no error: there is nothing
+    /// to undo).
+    pub fn forget(&self, fd: RawFd) {
+        let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+    }
 }
 
 #[cfg(test)]

@@ -95,3 +95,49 @@ impl ChildLink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::VERSION;
+
+    fn link(version: u8) -> (ChildLink, Channel) {
+        let (ours, theirs) = Channel::pair().unwrap();
+        let link = ChildLink::new(ours, None, Instant::now(), true, version);
+        (link, theirs)
+    }
+
+    #[test]
+    fn a_worker_of_the_first_version_is_spoken_to_in_it() {
+        let (link, child) = link(VERSION);
+        link.send(ParentMessage::Ping { seq: 3 }, None).unwrap();
+        let got = child.recv_from_parent().unwrap();
+        assert!(matches!(
+            got,
+            Incoming::Message(ParentMessage::Ping { seq: 3 }, None)
+        ));
+        child.send_to_parent(ChildMessage::Idle).unwrap();
+        let got = link.receive().unwrap();
+        assert!(matches!(
+            got,
+            (Incoming::Message(ChildMessage::Idle, _), None)
+        ));
+    }
+
+    #[test]
+    fn a_worker_forked_by_a_template_is_spoken_to_in_version_2_with_its_sender() {
+        let (link, child) = link(TEMPLATE_VERSION);
+        link.channel.pass_credentials().unwrap();
+        link.send(ParentMessage::Ping { seq: 3 }, None).unwrap();
+        let got = child.recv_order().unwrap();
+        let ping = WorkerOrder::Parent(ParentMessage::Ping { seq: 3 });
+        assert!(matches!(got, Incoming::Message(order, _) if order == ping));
+        child.send_to_parent_v2(ChildMessage::Idle).unwrap();
+        let (got, sender) = link.receive().unwrap();
+        assert!(matches!(got, Incoming::Message(ChildMessage::Idle, _)));
+        assert_eq!(sender, Some(std::process::id() as i32));
+        // A message of the first version is not one of its own.
+        child.send_to_parent(ChildMessage::Idle).unwrap();
+        assert!(matches!(link.receive().unwrap().0, Incoming::Malformed(_)));
+    }
+}

@@ -7,11 +7,6 @@ use crate::config::{ConfigError, PoolConfig};
 use crate::scaling::PoolCounts;
 
 impl Supervisor {
-    /// Whether this pool's children serve many connections at once.
-    pub(super) fn hosts_sessions(&self) -> bool {
-        self.core.hosts_sessions()
-    }
-
     /// The pool as the scaling policy sees it. The backlog only matters
     /// when no child has room: otherwise every waiting connection is about
     /// to be dispatched. (A many-connection child with free places that
@@ -24,7 +19,7 @@ impl Supervisor {
     /// A configuration read on reload must suit the children this pool
     /// runs: many-connection children get their connections by handoff.
     pub(super) fn check_reloaded_config(&self, config: &PoolConfig) -> Result<(), ConfigError> {
-        if self.hosts_sessions() {
+        if self.core.hosts_sessions() {
             config.validate_for_sessions()?;
         }
         if config.preload && !self.options.capture_output {

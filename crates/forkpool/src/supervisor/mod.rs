@@ -9,7 +9,6 @@
 //!   signals and unread channels that wake it;
 //! - `options.rs`: what the pool was built with (output capture, reload
 //!   source, credentials, listeners that outlive it);
-//! - `log_pace.rs`: when the lines logged now and then were last logged;
 //! - `effects.rs`: each effect of the core, carried out;
 //! - `link.rs`: the supervisor's side of one child (channel, stderr,
 //!   pidfd), kept in the child's scoreboard slot;
@@ -21,19 +20,22 @@
 //! - `kernel.rs`: kernel dispatch: set up or fall back, a socket per slot,
 //!   the scoreboard and its reservations read into the core;
 //! - `backoff.rs`: holding spawns back while workers fail at start-up;
-//! - `cpu.rs`: the run-queue looks at the children, handed to the core's
-//!   watches (the scaling hold, the dispatch width);
+//! - `cpu.rs`: the run-queue looks at the children the core's watches
+//!   name when a look is due (the scaling hold, the dispatch width);
 //! - `load.rs`: how children that serve many connections count;
-//! - `recycle.rs`, `resources.rs`: recycling by count, memory and age, on
-//!   the `/proc` samples the status shows too;
-//! - `slow.rs`: slow requests captured where they wait;
+//! - `recycle.rs`, `resources.rs`: the children the core names recycled
+//!   (by count, memory and age), on the `/proc` samples of the children
+//!   each turn of the core's sampling round names, which status shows too;
+//! - `slow.rs`: slow requests captured where they wait: `/proc` read and
+//!   the stack asked for, the capture the core completes logged;
 //! - `template.rs`, `verify.rs`, `refork.rs`: `--preload` templates, a
 //!   forked worker's pid checked against the kernel, reforks;
 //! - `reload.rs`: HUP and TTIN/TTOU; a reload's failure logged;
 //! - `upgrade.rs`: USR2, a new binary taking the listeners over;
 //! - `stop_backlog.rs`: a graceful stop serves what was queued first;
 //! - `signals.rs`: signal flags and the self-pipe that wakes the loop;
-//! - `output.rs`: exec'd workers' stderr, logged with the slot;
+//! - `output.rs`: exec'd workers' and templates' stderr pipes read, the
+//!   lines (cut and paced by `core/stderr.rs`) logged with the slot;
 //! - `containment.rs`: what a worker starts goes when it goes;
 //! - `published.rs`, `balancer.rs`, `endpoints/`: the pool as of a turn's
 //!   end, its capacity for a load balancer, and the status, metrics and
@@ -42,7 +44,9 @@
 //!
 //! How a connection reaches a child is in [`crate::dispatch`]; the rules
 //! the supervisor follows (how many children, which child, which deadline)
-//! are pure functions in `crate::policy`.
+//! are pure functions in `crate::policy`, and every decision with memory
+//! (when to sample, capture, recycle, look at the CPUs, log a paced line)
+//! is the core's (`crate::core`): a verb here does the I/O it asks for.
 
 mod backoff;
 mod balancer;
@@ -56,7 +60,6 @@ mod event;
 mod kernel;
 mod link;
 mod load;
-mod log_pace;
 mod notify;
 mod options;
 mod output;
@@ -103,10 +106,6 @@ pub(crate) use link::ChildLink;
 use output::ChildOutput;
 use signals::Signals;
 
-/// How often, at most, the "child states" line and the max-children warning
-/// are logged.
-const SCOREBOARD_LOG_INTERVAL: Duration = Duration::from_secs(1);
-const SATURATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How the loop ended.
 pub(crate) enum Exit {
     /// The pool shut down; these are its totals.
@@ -126,8 +125,6 @@ pub(crate) struct Supervisor {
     /// What the pool was built with: output capture, next-connection
     /// taking, the reload source, listeners outliving it, credentials.
     pub(crate) options: options::ShellOptions,
-    /// When the lines logged at most now and then were last logged.
-    log_pace: log_pace::LogPace,
     /// systemd: told ready yet, and its watchdog.
     notify: notify::Notify,
     pub listeners: Vec<WatchedListener>,
@@ -141,8 +138,6 @@ pub(crate) struct Supervisor {
     pub(crate) handover: upgrade::Handover,
     /// Children's CPU, memory and peers, listeners' queues.
     pub(crate) resources: resources::Resources,
-    /// Slow-request captures.
-    slow: slow::SlowWatch,
     /// Templates the workers are forked from (`--preload`).
     pub(crate) templates: template::Templates,
     /// Where connections go: parked ones and the dispatch latency.
@@ -187,7 +182,6 @@ impl Supervisor {
                 orphaned_sockets: Vec::new(),
             },
             options: options::ShellOptions::default(),
-            log_pace: log_pace::LogPace::default(),
             notify: notify::Notify {
                 told_ready: false,
                 watchdog: watchdog::Watchdog::from_env(Instant::now()),
@@ -201,7 +195,6 @@ impl Supervisor {
                 ..Default::default()
             },
             resources: resources::Resources::default(),
-            slow: slow::SlowWatch::default(),
             templates: template::Templates::default(),
             dispatcher: Dispatcher::default(),
             kernel: None,
@@ -283,6 +276,9 @@ impl Supervisor {
         if self.has_room_for_overflow() {
             self.rewatch_listeners(now);
         }
+        // Before the deadlines: a capture completed gives its child's busy
+        // deadline back to them.
+        self.watch_slow(now);
         self.check_liveness(now);
         self.notify_ready_once();
         self.endpoints.expire_clients(now);
@@ -293,7 +289,6 @@ impl Supervisor {
         self.log_scoreboard(now);
         self.keep_watchdog(now);
         self.sample_resources(now);
-        self.watch_slow(now);
     }
 
     /// One event, one verb.
@@ -365,17 +360,10 @@ impl Supervisor {
         if !self.core.finished(now) {
             return false;
         }
-        if self.core.board().occupied() > 0 || !self.core.templates().is_empty() {
-            let children: Vec<(usize, i32)> = self
-                .core
-                .board()
-                .iter()
-                .map(|(slot, s)| (slot, s.pid))
-                .collect();
-            let templates: Vec<i32> = self.core.templates().iter().map(|t| t.role.pid).collect();
+        if let Some(left) = self.core.left_unreaped() {
             tracing::error!(
-                ?children,
-                ?templates,
+                children = ?left.children,
+                templates = ?left.templates,
                 "stop deadline passed with processes not yet reaped (slot, pid); \
                  exiting anyway: they were sent SIGKILL and get SIGTERM from the \
                  parent-death signal"
@@ -415,34 +403,19 @@ impl Supervisor {
         }
         let decision = self.core.decide(pool, now);
         match decision {
-            Decision::Hold => {}
             Decision::Spawn(n) => {
-                if self.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
+                if self.core.spawns_held(now) || self.core.replacement_waits_until(now).is_some() {
                     return Ok(None);
                 }
-                self.cpu_changed();
+                self.core.busy_changed();
                 return self.spawn_gated(n, now);
             }
             Decision::Retire(_) => self.carry_out(now),
-            Decision::CpuBound => {
-                if pool.cpu_holds() && log_due(&mut self.log_pace.cpu_bound, now) {
-                    info!(
-                        children = pool.live(),
-                        "the busy children wait for the CPUs, so the pool holds and \
-                         connections wait in the backlog for the next child to finish \
-                         (--no-hold-when-cpu-bound grows it anyway)"
-                    );
-                }
-            }
-            Decision::Saturated => {
-                if log_due(&mut self.log_pace.saturated, now) {
-                    warn!(
-                        "reached max-children={}; connections are queuing in the backlog \
-                         (raise --max-children if the machine has room)",
-                        self.core.config().max_children
-                    );
-                }
-            }
+            _ => match self.core.scaling_said(decision, &pool, now) {
+                Some(Ok(news)) => info!("{news}"),
+                Some(Err(warning)) => warn!("{warning}"),
+                None => {}
+            },
         }
         Ok(None)
     }
@@ -465,19 +438,11 @@ impl Supervisor {
     /// Arms in the core each timer a mechanism of the shell keeps
     /// (`core/timers.rs`).
     fn arm_timers(&mut self, now: Instant) {
-        let pause = self
-            .listeners
-            .iter()
-            .filter_map(|l| l.resume_at)
-            .filter(|t| *t > now)
-            .min();
+        let pause = accept_pause(self.listeners.iter().map(|l| l.resume_at), now);
         let armed = [
             (Timer::AcceptPause, pause),
-            (Timer::StatusLine, self.scoreboard_log_due()),
             (Timer::Endpoints, self.endpoints.deadline()),
             (Timer::Watchdog, self.notify.watchdog.map(|w| w.due())),
-            (Timer::Samples, self.resources.due()),
-            (Timer::SlowCapture, self.slow.deadline()),
             (Timer::Drain, self.drain_deadline()),
             (
                 Timer::Finishing,
@@ -489,27 +454,11 @@ impl Supervisor {
         }
     }
 
-    /// Logs the "child states" line when it changed, at most once per
-    /// interval; a change held back is logged when the interval ends.
+    /// Logs the "child states" line when the core says it is due.
     fn log_scoreboard(&mut self, now: Instant) {
-        let changes = self.core.board().changes();
-        if changes == self.log_pace.scoreboard.1
-            || self.scoreboard_log_due().is_some_and(|t| now < t)
-        {
-            return;
-        }
-        let line = self.core.board().line();
-        info!("child states: {line}");
-        notify::status(&line);
-        self.log_pace.scoreboard = (Some(now), changes);
-    }
-
-    fn scoreboard_log_due(&self) -> Option<Instant> {
-        match self.log_pace.scoreboard {
-            (Some(at), changes) if changes != self.core.board().changes() => {
-                Some(at + SCOREBOARD_LOG_INTERVAL)
-            }
-            _ => None,
+        if let Some(line) = self.core.status_line_due(now) {
+            info!("child states: {line}");
+            notify::status(&line);
         }
     }
 
@@ -541,19 +490,11 @@ impl Supervisor {
     }
 
     fn register_channel(&self, slot: usize, channel: &Channel) -> io::Result<()> {
-        self.wake.poll.registry().register(
-            &mut SourceFd(&channel.as_raw_fd()),
-            Event::Child(slot).token(),
-            Interest::READABLE,
-        )
+        self.wake.watch(channel.as_raw_fd(), Event::Child(slot))
     }
 
     fn deregister_channel(&self, channel: &Channel) {
-        let _ = self
-            .wake
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&channel.as_raw_fd()));
+        self.wake.forget(channel.as_raw_fd());
     }
 
     /// Starts watching listeners the supervisor accepts or orders for.
@@ -574,11 +515,8 @@ impl Supervisor {
             return Ok(());
         }
         l.resume_at = None;
-        self.wake.poll.registry().register(
-            &mut SourceFd(&l.listener.as_raw_fd()),
-            Event::Listener(i).token(),
-            Interest::READABLE,
-        )?;
+        self.wake
+            .watch(l.listener.as_raw_fd(), Event::Listener(i))?;
         l.watched = true;
         Ok(())
     }
@@ -587,11 +525,7 @@ impl Supervisor {
     pub(crate) fn unwatch_listener(&mut self, i: usize) {
         let l = &mut self.listeners[i];
         if l.watched {
-            let _ = self
-                .wake
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&l.listener.as_raw_fd()));
+            self.wake.forget(l.listener.as_raw_fd());
             l.watched = false;
         }
     }
@@ -618,12 +552,23 @@ impl Supervisor {
     }
 }
 
-/// Whether a line logged at most once per [`SATURATED_LOG_INTERVAL`] is
-/// due now; if so, notes that it is logged.
-fn log_due(last: &mut Option<Instant>, now: Instant) -> bool {
-    let due = last.is_none_or(|t| now.duration_since(t) >= SATURATED_LOG_INTERVAL);
-    if due {
-        *last = Some(now);
+/// When the first listener paused after a failed accept resumes, of the
+/// listeners' `resumes`: only a moment ahead of `now` (one passed is
+/// resumed this turn; waking for it would spin).
+fn accept_pause(resumes: impl Iterator<Item = Option<Instant>>, now: Instant) -> Option<Instant> {
+    resumes.flatten().filter(|t| *t > now).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_pause_is_the_first_resume_ahead() {
+        let now = Instant::now();
+        let ms = |n| now + Duration::from_millis(n);
+        let resumes = [None, Some(ms(30)), Some(now), Some(ms(10))];
+        assert_eq!(accept_pause(resumes.into_iter(), now), Some(ms(10)));
+        assert_eq!(accept_pause([Some(now), None].into_iter(), now), None);
     }
-    due
 }

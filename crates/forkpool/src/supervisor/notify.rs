@@ -58,8 +58,7 @@ impl Supervisor {
             return;
         }
         let counts = self.core.board().counts();
-        let wanted = self.core.config().min_children.max(1);
-        if counts.idle + counts.busy >= wanted {
+        if ready_at(counts.idle + counts.busy, self.core.config().min_children) {
             self.notify.told_ready = true;
             ready();
             self.tell_predecessor_ready();
@@ -74,4 +73,23 @@ pub(super) struct Notify {
     pub told_ready: bool,
     /// systemd's watchdog, when the unit asks for one.
     pub watchdog: Option<super::watchdog::Watchdog>,
+}
+
+/// Whether a pool of `min_children` with `serving` children ready is
+/// ready: all of them, or one for a pool that may start empty.
+fn ready_at(serving: u32, min_children: u32) -> bool {
+    serving >= min_children.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ready_at;
+
+    #[test]
+    fn a_pool_is_ready_with_its_minimum_or_one_child() {
+        assert!(!ready_at(2, 3));
+        assert!(ready_at(3, 3));
+        assert!(!ready_at(0, 0));
+        assert!(ready_at(1, 0));
+    }
 }

@@ -16,38 +16,25 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::Interest;
 use tracing::{info, warn};
 
-use super::event::Event;
+use super::event::{Event, Wake};
 use super::Supervisor;
+use crate::core::stderr::StderrLines;
 use crate::core::Counted;
-use crate::policy::budget::{Admit, OutputGate, STDERR_FLOOD_LIMIT, STDERR_LINES_PER_SECOND};
 use crate::status::KillReason;
 use crate::sys;
 
-/// Longer lines are logged in pieces of this size.
-const MAX_LINE: usize = 8 * 1024;
 /// Bytes read from one pipe per loop turn, so a worker that writes
 /// without pause cannot starve the loop.
 pub(super) const BYTES_PER_TURN: usize = 64 * 1024;
-/// Lines kept from the end of a worker's stderr, to quote when a reload
-/// fails because the worker could not start.
-const TAIL_LINES: usize = 5;
-/// Characters kept of each of those lines.
-const TAIL_LINE_CHARS: usize = 300;
 
-/// The supervisor's end of one worker's stderr pipe.
+/// The supervisor's end of one worker's stderr pipe, and what the core
+/// makes of the bytes read (`core/stderr.rs`).
 #[derive(Debug)]
 pub(crate) struct ChildOutput {
-    pub(super) pipe: File,
-    /// The start of a line whose end has not arrived yet.
-    partial: Vec<u8>,
-    /// The last few lines, shortened.
-    tail: std::collections::VecDeque<String>,
-    /// The stderr budget: lines over it are counted, not logged.
-    pub(super) gate: OutputGate,
+    pipe: File,
+    pub(super) lines: StderrLines,
 }
 
 /// Where a read left the pipe.
@@ -67,9 +54,7 @@ impl ChildOutput {
         sys::socket::set_nonblocking(read.as_fd(), true)?;
         Ok(ChildOutput {
             pipe: File::from(read),
-            partial: Vec::new(),
-            tail: Default::default(),
-            gate: OutputGate::default(),
+            lines: StderrLines::default(),
         })
     }
 
@@ -84,166 +69,135 @@ impl ChildOutput {
         let mut buf = [0u8; 4096];
         let mut taken = 0;
         while taken < budget {
-            let n = match self.pipe.read(&mut buf) {
+            match self.pipe.read(&mut buf) {
                 Ok(0) => {
-                    self.flush_partial(now, &mut line);
+                    self.lines.flush(now, &mut line);
                     return Ok(Left::Closed);
                 }
-                Ok(n) => n,
+                Ok(n) => {
+                    taken += n;
+                    self.lines.feed(&buf[..n], now, &mut line);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Left::Empty),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
-            };
-            taken += n;
-            for mut piece in buf[..n].split_inclusive(|b| *b == b'\n') {
-                while !piece.is_empty() {
-                    let room = MAX_LINE - self.partial.len();
-                    let (head, rest) = piece.split_at(piece.len().min(room));
-                    self.partial.extend_from_slice(head);
-                    piece = rest;
-                    if self.partial.ends_with(b"\n") || self.partial.len() >= MAX_LINE {
-                        self.flush_partial(now, &mut line);
-                    }
-                }
             }
         }
         Ok(Left::More)
     }
 
-    pub(super) fn flush_partial(&mut self, now: Instant, line: &mut impl FnMut(&str)) {
-        if self.partial.is_empty() {
-            return;
-        }
-        let text = String::from_utf8_lossy(&self.partial);
-        let text = text.trim_end_matches(['\n', '\r']);
-        match self.gate.admit(now, text.len()) {
-            Admit::Log => line(text),
-            Admit::Drop { first: true } => line(&format!(
-                "(over {STDERR_LINES_PER_SECOND} lines a second: further output is dropped \
-                 until the worker slows down, and the worker is killed if it keeps on \
-                 for {STDERR_FLOOD_LIMIT:?})"
-            )),
-            Admit::Drop { first: false } => {}
-        }
-        if self.tail.len() == TAIL_LINES {
-            self.tail.pop_front();
-        }
-        self.tail
-            .push_back(text.chars().take(TAIL_LINE_CHARS).collect());
-        self.partial.clear();
-    }
-
-    /// Moves the last lines read to the end of `into`, keeping at most
-    /// `TAIL_LINES` there.
-    pub(super) fn save_tail(&mut self, into: &mut Vec<String>) {
-        into.extend(self.tail.drain(..));
-        let extra = into.len().saturating_sub(TAIL_LINES);
-        into.drain(..extra);
-    }
-}
-
-impl ChildOutput {
-    /// After a turn of [`ChildOutput::read_lines`]: the lines the gate
-    /// dropped, for the core to count, and why the writer must end when it
-    /// has flooded its stderr for too long.
-    pub(super) fn flooded(&mut self, now: Instant) -> (Counted, Option<String>) {
-        let dropped = Counted::StderrLinesDropped(std::mem::take(&mut self.gate.dropped));
-        let flood = self.gate.flooding_too_long(now).then(|| {
-            format!(
-                "wrote more than {STDERR_LINES_PER_SECOND} lines a second to stderr \
-                 for {STDERR_FLOOD_LIMIT:?}"
-            )
-        });
-        (dropped, flood)
-    }
-
-    /// Watches the pipe again under `token`: the poll is edge-triggered,
-    /// so what a turn left ([`Left::More`]) is read in the next one, after
-    /// every other source had its turn.
-    pub(super) fn rearm(&self, registry: &mio::Registry, token: mio::Token) -> io::Result<()> {
-        let fd = self.pipe.as_raw_fd();
-        registry.reregister(&mut SourceFd(&fd), token, Interest::READABLE)
+    /// The pipe's descriptor, to watch.
+    pub(super) fn fd(&self) -> std::os::fd::RawFd {
+        self.pipe.as_raw_fd()
     }
 }
 
 impl Supervisor {
     /// Starts watching a new worker's output pipe.
     pub(super) fn register_output(&self, slot: usize, output: &ChildOutput) -> io::Result<()> {
-        self.wake.poll.registry().register(
-            &mut SourceFd(&output.pipe.as_raw_fd()),
-            Event::Output(slot).token(),
-            Interest::READABLE,
-        )
+        self.wake.watch(output.fd(), Event::Output(slot))
     }
 
     /// The worker in `slot` wrote to its stderr.
     pub(super) fn read_output(&mut self, slot: usize) {
         let pid = self.core.board().get(slot).map_or(0, |s| s.pid);
+        // A capture gathering this worker's stack takes its lines too.
+        let mut stack = self.core.capture_gathering(slot).then(Vec::new);
         let Some(link) = self.core.link_mut(slot) else {
             return;
         };
-        let Some(output) = link.output.as_mut() else {
-            return;
-        };
         let now = Instant::now();
-        let slow = &mut self.slow;
-        let left = output.read_lines(BYTES_PER_TURN, now, |line| {
-            log_line(slot, pid, line);
-            slow.line(slot, pid, line, now);
-        });
-        let (dropped, flood) = output.flooded(now);
-        if let Some(why) = flood {
-            self.core.count(dropped);
-            self.kill(slot, KillReason::Misbehaved, why, now);
-            return;
-        }
-        match left {
-            Ok(Left::Empty) => {}
-            Ok(Left::More) => {
-                if let Err(e) = output.rearm(self.wake.poll.registry(), Event::Output(slot).token())
-                {
-                    warn!(slot, pid, "cannot watch the worker's stderr any more: {e}");
+        let (output, tail) = (&mut link.output, &mut link.stderr_tail);
+        let (dropped, flood) =
+            read_turn(&self.wake, output, tail, Event::Output(slot), now, |line| {
+                log_line(slot, pid, line);
+                if let Some(stack) = stack.as_mut() {
+                    stack.push(line.to_string());
                 }
-            }
-            Ok(Left::Closed) | Err(_) => {
-                if let Some(mut output) = link.output.take() {
-                    output.save_tail(&mut link.stderr_tail);
-                    self.forget_output(&output);
-                }
-            }
+            });
+        for line in stack.into_iter().flatten() {
+            self.core.capture_line(slot, pid, &line, now);
         }
         self.core.count(dropped);
+        if let Some(why) = flood {
+            self.kill(slot, KillReason::Misbehaved, why, now);
+        }
     }
 
-    /// At reap: log what the worker wrote before it died, then close.
-    pub(super) fn drain_output(
-        &mut self,
-        slot: usize,
-        pid: i32,
-        output: &mut Option<ChildOutput>,
-        tail: &mut Vec<String>,
-    ) {
-        if let Some(mut output) = output.take() {
-            // The writer is dead, so this ends at once unless it left a
-            // background process holding the pipe, which the budget bounds.
-            let now = Instant::now();
-            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(slot, pid, line));
-            output.flush_partial(now, &mut |line| log_line(slot, pid, line));
-            self.core.count(Counted::StderrLinesDropped(std::mem::take(
-                &mut output.gate.dropped,
-            )));
-            output.save_tail(tail);
-            self.forget_output(&output);
+    /// At reap: log what the worker in `slot`, `pid`, wrote before it
+    /// died, then close the pipe.
+    pub(super) fn drain_output(&mut self, slot: usize, pid: i32) {
+        let Some(link) = self.core.link_mut(slot) else {
+            return;
+        };
+        let (output, tail) = (&mut link.output, &mut link.stderr_tail);
+        let now = Instant::now();
+        if let Some(dropped) = finish(&self.wake, output, tail, now, |line| {
+            log_line(slot, pid, line)
+        }) {
+            self.core.count(dropped);
         }
     }
 
     pub(super) fn forget_output(&self, output: &ChildOutput) {
-        let _ = self
-            .wake
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&output.pipe.as_raw_fd()));
+        self.wake.forget(output.fd());
     }
+}
+
+/// One turn of reading `output`, watched as `event`: each line goes to
+/// `line`; a pipe with more to read is watched again, and a closed one is
+/// dropped, its last lines saved in `tail`. Returns the lines the budget
+/// dropped, to count, and why the writer must end if it has flooded for
+/// too long (its pipe is then left as it is).
+pub(super) fn read_turn(
+    wake: &Wake,
+    output: &mut Option<ChildOutput>,
+    tail: &mut Vec<String>,
+    event: Event,
+    now: Instant,
+    line: impl FnMut(&str),
+) -> (Counted, Option<String>) {
+    let Some(pipe) = output.as_mut() else {
+        return (Counted::StderrLinesDropped(0), None);
+    };
+    let left = pipe.read_lines(BYTES_PER_TURN, now, line);
+    let (dropped, flood) = (pipe.lines.dropped(), pipe.lines.flood(now));
+    match left {
+        _ if flood.is_some() => {}
+        Ok(Left::Empty) => {}
+        Ok(Left::More) => {
+            if let Err(e) = wake.rewatch(pipe.fd(), event) {
+                warn!(?event, "cannot watch a stderr pipe any more: {e}");
+            }
+        }
+        Ok(Left::Closed) | Err(_) => {
+            if let Some(mut pipe) = output.take() {
+                pipe.lines.save_tail(tail);
+                wake.forget(pipe.fd());
+            }
+        }
+    }
+    (dropped, flood)
+}
+
+/// Once its writer is gone: reads what is left of `output` (the writer is
+/// dead, so this ends at once unless a background process it left holds
+/// the pipe, which the budget bounds), ends the line begun, saves the last
+/// lines in `tail` and closes the pipe. Returns the lines the budget
+/// dropped, to count; `None` when the pipe was closed already.
+pub(super) fn finish(
+    wake: &Wake,
+    output: &mut Option<ChildOutput>,
+    tail: &mut Vec<String>,
+    now: Instant,
+    mut line: impl FnMut(&str),
+) -> Option<Counted> {
+    let mut pipe = output.take()?;
+    let _ = pipe.read_lines(BYTES_PER_TURN, now, &mut line);
+    pipe.lines.flush(now, &mut line);
+    pipe.lines.save_tail(tail);
+    wake.forget(pipe.fd());
+    Some(pipe.lines.dropped())
 }
 
 fn log_line(slot: usize, pid: i32, line: &str) {
@@ -264,34 +218,21 @@ mod tests {
     }
 
     #[test]
-    fn lines_are_split_joined_and_flushed_at_the_end() {
+    fn a_turn_reads_within_its_budget_and_the_end_flushes() {
         let (r, w) = sys::fds::pipe().unwrap();
         let mut output = ChildOutput::new(r).unwrap();
         let mut w = File::from(w);
-        w.write_all(b"first\nsecond\r\nthi").unwrap();
-        let (got, left) = lines_of(&mut output, 1 << 20);
-        assert_eq!(got, ["first", "second"]);
-        assert_eq!(left, Left::Empty);
-        w.write_all(b"rd\nunfinished").unwrap();
-        drop(w);
-        let (got, left) = lines_of(&mut output, 1 << 20);
-        assert_eq!(got, ["third", "unfinished"]);
-        assert_eq!(left, Left::Closed);
-    }
-
-    #[test]
-    fn long_lines_come_in_pieces_and_the_budget_holds() {
-        let (r, w) = sys::fds::pipe().unwrap();
-        let mut output = ChildOutput::new(r).unwrap();
-        let mut w = File::from(w);
-        w.write_all(&vec![b'x'; MAX_LINE + 10]).unwrap();
-        w.write_all(b"\n").unwrap();
+        w.write_all(&vec![b'x'; 3 * 4096]).unwrap();
+        w.write_all(b"\nlast").unwrap();
         let (got, left) = lines_of(&mut output, 4096);
         assert!(got.is_empty());
         assert_eq!(left, Left::More);
-        let (got, _) = lines_of(&mut output, 1 << 20);
+        let (got, left) = lines_of(&mut output, 1 << 20);
         assert_eq!(got.len(), 2);
-        assert_eq!(got[0].len(), MAX_LINE);
-        assert_eq!(got[1].len(), 10);
+        assert_eq!(left, Left::Empty);
+        drop(w);
+        let (got, left) = lines_of(&mut output, 1 << 20);
+        assert_eq!(got, ["last"]);
+        assert_eq!(left, Left::Closed);
     }
 }

@@ -71,13 +71,7 @@ impl Supervisor {
         let counts = self.core.pool_counts(|| 0, self.cpu_count());
         // Connections that wait for a child (none is idle): what the
         // supervisor holds and what the backlogs hold.
-        let waiting = if counts.idle == 0 {
-            u32::try_from(self.dispatcher.parked())
-                .unwrap_or(u32::MAX)
-                .saturating_add(self.queued())
-        } else {
-            0
-        };
+        let waiting = waiting(counts.idle, self.dispatcher.parked(), || self.queued());
         let capacity = Capacity {
             idle: counts.idle,
             busy: counts.busy,
@@ -101,5 +95,29 @@ impl Supervisor {
                 None => *figures = None,
             }
         }
+    }
+}
+
+/// Connections waiting for a child, as a load balancer is told: those
+/// parked with the supervisor and those `queued` in the backlogs, read
+/// only when no child is idle (an idle child takes them at once, so none
+/// wait).
+fn waiting(idle: u32, parked: usize, queued: impl FnOnce() -> u32) -> u32 {
+    if idle > 0 {
+        return 0;
+    }
+    let parked = u32::try_from(parked).unwrap_or(u32::MAX);
+    parked.saturating_add(queued())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiting;
+
+    #[test]
+    fn connections_wait_only_while_no_child_is_idle() {
+        assert_eq!(waiting(0, 2, || 5), 7);
+        assert_eq!(waiting(1, 2, || panic!("the backlog is not read")), 0);
+        assert_eq!(waiting(0, usize::MAX, || 5), u32::MAX);
     }
 }

@@ -16,9 +16,7 @@ use std::time::Instant;
 use tracing::{debug, info};
 
 use super::Supervisor;
-use crate::core::Counted;
 use crate::policy::recycle::Recycle;
-use crate::scoreboard::SlotState;
 
 /// The environment variable that fixes the jitter's random seed, so a test
 /// (or an operator reproducing a pattern) gets the same limits every run.
@@ -26,9 +24,13 @@ pub const JITTER_SEED_ENV: &str = "FORKPOOL_JITTER_SEED";
 
 /// The jitter's seed from [`JITTER_SEED_ENV`], if it is set and a number.
 pub(super) fn jitter_seed() -> Option<u64> {
-    std::env::var(JITTER_SEED_ENV)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
+    seed_of(std::env::var(JITTER_SEED_ENV).ok().as_deref())
+}
+
+/// The seed a value of [`JITTER_SEED_ENV`] names: a number, with blanks
+/// around it allowed; anything else names none.
+fn seed_of(value: Option<&str>) -> Option<u64> {
+    value?.trim().parse().ok()
 }
 
 impl Supervisor {
@@ -51,25 +53,7 @@ impl Supervisor {
     /// (none for a share of connections, which is no news), `how` added;
     /// returns the reason in words.
     fn count_recycle(&mut self, slot: usize, why: Recycle, how: &str) -> String {
-        let reason = match why {
-            Recycle::Requests(n) => format!("served {n} connections (max_requests_per_child)"),
-            Recycle::Memory(uss) => {
-                self.core.count(Counted::RecycledMemory);
-                format!(
-                    "unshared memory (USS) {} MiB is above max_child_memory {} MiB",
-                    uss >> 20,
-                    self.core.config().max_child_memory >> 20
-                )
-            }
-            Recycle::Lifetime(age) => {
-                self.core.count(Counted::RecycledLifetime);
-                format!(
-                    "{}s old (max_child_lifetime {:?})",
-                    age.as_secs(),
-                    self.core.config().max_child_lifetime
-                )
-            }
-        };
+        let reason = self.core.recycled(why);
         if !matches!(why, Recycle::Requests(_)) {
             let pid = self.core.board().get(slot).map_or(0, |s| s.pid);
             info!(slot, pid, "recycling child: {reason}{how}");
@@ -135,24 +119,22 @@ impl Supervisor {
     /// On the sampling tick: children past the memory or lifetime limit
     /// are told to finish their connection and go.
     pub(super) fn check_memory_and_lifetime(&mut self, now: Instant) {
-        if self.core.config().max_child_memory == 0
-            && self.core.config().max_child_lifetime.is_zero()
-        {
-            return;
+        for (slot, why) in self.core.recycles_due(now, |link| link.figures.uss()) {
+            self.recycle(slot, why, now);
         }
-        let serving: Vec<usize> = self
-            .core
-            .board()
-            .iter()
-            .filter(|(_, s)| matches!(s.state, SlotState::Idle | SlotState::Busy))
-            .map(|(slot, _)| slot)
-            .collect();
-        for slot in serving {
-            if let Some(why) = self.recycle_due(slot, false, now) {
-                if !matches!(why, Recycle::Requests(_)) {
-                    self.recycle(slot, why, now);
-                }
-            }
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seed_of;
+
+    #[test]
+    fn the_jitter_seed_is_a_number_or_nothing() {
+        assert_eq!(seed_of(Some("42")), Some(42));
+        assert_eq!(seed_of(Some(" 7\n")), Some(7));
+        assert_eq!(seed_of(Some("seven")), None);
+        assert_eq!(seed_of(Some("-1")), None);
+        assert_eq!(seed_of(None), None);
     }
 }

@@ -46,19 +46,7 @@ impl Supervisor {
         };
         let mut config = config;
         config.dispatch = self.settled_mode(config.dispatch);
-        let kernel = |c: &PoolConfig| c.dispatch == crate::config::DispatchMode::Kernel;
-        if kernel(&config) != kernel(self.core.config()) {
-            // Each slot's socket and the program are set up at start.
-            return Err("switching dispatch to or from 'kernel' needs a restart".into());
-        }
-        if kernel(&config) && slot_limit(config.max_children, true) > self.kernel_slots() {
-            return Err(format!(
-                "kernel dispatch was set up for {} slots; raising max_children past {} needs \
-                 a restart",
-                self.kernel_slots(),
-                self.kernel_slots() / 2
-            ));
-        }
+        kernel_refuses(self.core.config(), &config, self.kernel_slots())?;
         self.core.reloadable(&config)?;
         self.check_reloaded_config(&config)
             .map_err(|e| e.to_string())?;
@@ -114,5 +102,58 @@ impl Supervisor {
             "reload failed: generation {} did not start; generation {} keeps serving",
             failed.failed, failed.serving
         ));
+    }
+}
+
+/// Why kernel dispatch, set up for `slots` slots under `serving`, cannot
+/// take `config` without a restart: a switch to or from it (each slot's
+/// socket and the program are set up at start), or more slots than its
+/// scoreboard has (a rollout takes twice `max_children`).
+fn kernel_refuses(serving: &PoolConfig, config: &PoolConfig, slots: usize) -> Result<(), String> {
+    let kernel = |c: &PoolConfig| c.dispatch == crate::config::DispatchMode::Kernel;
+    if kernel(config) != kernel(serving) {
+        return Err("switching dispatch to or from 'kernel' needs a restart".into());
+    }
+    if kernel(config) && slot_limit(config.max_children, true) > slots {
+        return Err(format!(
+            "kernel dispatch was set up for {slots} slots; raising max_children past {} needs \
+             a restart",
+            slots / 2
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DispatchMode;
+
+    fn config(dispatch: DispatchMode, max_children: u32) -> PoolConfig {
+        PoolConfig {
+            dispatch,
+            max_children,
+            ..PoolConfig::default()
+        }
+    }
+
+    #[test]
+    fn kernel_dispatch_takes_a_reload_within_its_slots_only() {
+        let kernel = config(DispatchMode::Kernel, 8);
+        assert_eq!(
+            kernel_refuses(&kernel, &config(DispatchMode::Kernel, 8), 16),
+            Ok(())
+        );
+        let more = kernel_refuses(&kernel, &config(DispatchMode::Kernel, 9), 16);
+        assert!(more.is_err_and(|why| why.contains("past 8")));
+        let switch = kernel_refuses(&kernel, &config(DispatchMode::Handoff, 8), 16);
+        assert!(switch.is_err_and(|why| why.contains("needs a restart")));
+        let handoff = config(DispatchMode::Handoff, 8);
+        assert!(kernel_refuses(&handoff, &config(DispatchMode::Kernel, 8), 0).is_err());
+        // Without kernel dispatch, slots are not its to count.
+        assert_eq!(
+            kernel_refuses(&handoff, &config(DispatchMode::Handoff, 500), 0),
+            Ok(())
+        );
     }
 }

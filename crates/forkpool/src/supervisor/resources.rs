@@ -5,8 +5,9 @@
 //!
 //! One sampling round reads `/proc/PID/stat` and `/proc/PID/smaps_rollup`
 //! of each child (reads of kernel text that never wait on the child, a
-//! tenth to a quarter of a millisecond each), a few children per turn of
-//! the loop, then does one `sock_diag` dump per listener.
+//! tenth to a quarter of a millisecond each), the few children per turn
+//! of the loop the core names (`core/samples.rs`), then does one
+//! `sock_diag` dump per listener.
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
@@ -17,18 +18,7 @@ use tracing::debug;
 use super::Supervisor;
 use crate::observe::procfs::sample_process;
 use crate::observe::{listen_queue, ProcessSample};
-use crate::scoreboard::SlotState;
 use crate::status::{QueueStatus, SlotStatus};
-
-/// How often children and listeners are sampled.
-pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Children sampled in one turn of the loop: one sample costs about a
-/// tenth to a quarter of a millisecond (more for a child with a large
-/// address space), so a large pool is sampled a few children at a time.
-const CHILDREN_PER_TURN: usize = 8;
-/// The pause between two groups of children in one sampling round.
-const BETWEEN_CHUNKS: Duration = Duration::from_millis(10);
 
 /// The last figures of one child, kept in its link (`link.rs`): born
 /// with the child, gone with it, so a successor in the slot never shows
@@ -96,16 +86,10 @@ fn cpu_percent(last: Option<(Instant, f64)>, now: Instant, cpu_seconds: f64) -> 
     Some((cpu_seconds - cpu_then) / wall.as_secs_f64() * 100.0)
 }
 
-/// The listeners' sampled queues, the sampling round, and the
-/// service-time histogram.
+/// The listeners' sampled queues and the service-time histogram.
 #[derive(Debug)]
 pub(crate) struct Resources {
     queues: Vec<Option<QueueStatus>>,
-    next_sample: Option<Instant>,
-    /// The next slot to sample in the current round (0: a new round).
-    cursor: usize,
-    /// When the current round began.
-    round_started: Instant,
     /// Seconds each connection kept its child busy (busy to idle).
     pub service_time: Histogram,
     /// A dispatch pass's connections handed off, with their clients,
@@ -118,9 +102,6 @@ impl Default for Resources {
     fn default() -> Self {
         Resources {
             queues: Vec::new(),
-            next_sample: None,
-            cursor: 0,
-            round_started: Instant::now(),
             service_time: service_time_histogram(),
             peers_handed: Vec::new(),
         }
@@ -133,11 +114,6 @@ fn service_time_histogram() -> Histogram {
 }
 
 impl Resources {
-    /// When the next sampling tick is due.
-    pub fn due(&self) -> Option<Instant> {
-        self.next_sample
-    }
-
     /// Records a listener's queue at this sample, keeping the maximum.
     fn record_queue(&mut self, i: usize, listener: String, waiting: u32, backlog: u32) {
         if self.queues.len() <= i {
@@ -191,51 +167,22 @@ impl Supervisor {
         }
     }
 
-    /// Samples every child and listener once per [`SAMPLE_INTERVAL`];
-    /// called once per turn of the loop.
+    /// Samples the children and listeners the core names; called once
+    /// per turn of the loop.
     pub(super) fn sample_resources(&mut self, now: Instant) {
-        if self.resources.due().is_some_and(|t| now < t) {
+        let Some(turn) = self.core.samples_due(now) else {
             return;
-        }
-        let r = &mut self.resources;
-        if r.cursor == 0 {
-            r.round_started = now;
-        }
-        let children: Vec<(usize, i32)> = self
-            .core
-            .board()
-            .iter()
-            // A slot whose template has not said the pid yet has pid 0.
-            .filter(|(_, s)| s.state != SlotState::Killed && s.pid > 0)
-            .map(|(slot, s)| (slot, s.pid))
-            .collect();
-        let from = self.resources.cursor;
-        let chunk: Vec<(usize, i32)> = children
-            .iter()
-            .copied()
-            .filter(|&(slot, _)| slot >= from)
-            .take(CHILDREN_PER_TURN)
-            .collect();
-        for &(slot, _) in &chunk {
+        };
+        for slot in turn.children {
             self.sample_child(slot, now);
         }
-        let rest = children
-            .iter()
-            .any(|&(slot, _)| chunk.last().is_some_and(|&(last, _)| slot > last));
-        if rest {
-            // The next few children in a moment, so the loop is never held
-            // for more than a handful of reads.
-            self.resources.cursor = chunk.last().map_or(0, |&(last, _)| last + 1);
-            self.resources.next_sample = Some(now + BETWEEN_CHUNKS);
+        if !turn.round_done {
             return;
         }
-        self.resources.cursor = 0;
-        self.resources.next_sample = Some(self.resources.round_started + SAMPLE_INTERVAL);
-        for i in 0..self.listeners.len() {
-            let l = &self.listeners[i].listener;
-            match listen_queue(l.as_fd()) {
+        for (i, l) in self.listeners.iter().enumerate() {
+            match listen_queue(l.listener.as_fd()) {
                 Ok(q) => {
-                    let name = l.local_addr().to_string();
+                    let name = l.listener.local_addr().to_string();
                     self.resources.record_queue(i, name, q.waiting, q.backlog);
                 }
                 Err(e) => debug!(listener = i, "cannot read the accept queue: {e}"),

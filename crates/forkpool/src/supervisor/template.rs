@@ -31,19 +31,17 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{info, warn};
 
+use super::children::open_piped;
 use super::event::Event;
-use super::output::{ChildOutput, Left, BYTES_PER_TURN};
+use super::output::{finish, read_turn, ChildOutput};
 use super::{ChildLink, Supervisor};
 use crate::channel::{Channel, Incoming};
 use crate::core::{Input, TemplateFailure};
 use crate::exec::TemplateStart;
 use crate::protocol::{TemplateRequest, TEMPLATE_VERSION};
-use crate::sys::fds;
 use crate::sys::process::{self, Forked};
 
 /// Replies read from one template per loop turn before the rest wait for
@@ -107,8 +105,13 @@ impl Supervisor {
             process::become_subreaper()?;
             self.templates.subreaper = true;
         }
-        let Some((ours, theirs, output_read, output_write)) = self.open_template_ends(now) else {
-            return Ok(None);
+        let (ours, theirs, output_read, output_write) = match open_piped() {
+            Ok(ends) => ends,
+            Err(why) => {
+                // Template starts are held back.
+                self.core.template_start_failed(now, &why);
+                return Ok(None);
+            }
         };
         match self.fork_child()? {
             Ok(Forked::Child) => {
@@ -173,20 +176,14 @@ impl Supervisor {
         output: Option<ChildOutput>,
     ) -> io::Result<()> {
         if let Some(output) = &output {
-            let registered = self.wake.poll.registry().register(
-                &mut SourceFd(&output.pipe.as_raw_fd()),
-                Event::TemplateOutput(generation as usize).token(),
-                Interest::READABLE,
-            );
-            if let Err(e) = registered {
+            let event = Event::TemplateOutput(generation as usize);
+            if let Err(e) = self.wake.watch(output.fd(), event) {
                 warn!(pid, "cannot watch the template's stderr: {e}");
             }
         }
-        let registered = self.wake.poll.registry().register(
-            &mut SourceFd(&channel.as_raw_fd()),
-            Event::Template(generation as usize).token(),
-            Interest::READABLE,
-        );
+        let registered = self
+            .wake
+            .watch(channel.as_raw_fd(), Event::Template(generation as usize));
         self.templates.ends.insert(
             generation,
             TemplateEnds {
@@ -220,30 +217,6 @@ impl Supervisor {
         }
     }
 
-    /// Opens a new template's channel pair (ours, theirs) and stderr pipe
-    /// (read, write). `None` when one cannot be opened; template starts
-    /// are then held back.
-    fn open_template_ends(&mut self, now: Instant) -> Option<(Channel, Channel, OwnedFd, OwnedFd)> {
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.core
-                    .template_start_failed(now, &format!("cannot create a template channel: {e}"));
-                return None;
-            }
-        };
-        match fds::pipe() {
-            Ok((output_read, output_write)) => Some((ours, theirs, output_read, output_write)),
-            Err(e) => {
-                self.core.template_start_failed(
-                    now,
-                    &format!("cannot create the template's stderr pipe: {e}"),
-                );
-                None
-            }
-        }
-    }
-
     /// What the process just forked as the template of `generation` needs
     /// to exec.
     fn template_start(&self, generation: u32, channel: Channel, stderr: OwnedFd) -> TemplateStart {
@@ -256,7 +229,7 @@ impl Supervisor {
             supervisor_pid: process::parent_pid() as u32,
             // Its workers inherit them: one lifetime for all, without the
             // per-child jitter the supervisor draws for each.
-            limits: self.self_limits(self.core.config().max_child_lifetime),
+            limits: self.core.self_limits(self.core.config().max_child_lifetime),
             backlog: self.core.config().backlog,
         }
     }
@@ -269,17 +242,10 @@ impl Supervisor {
         if !self.core.may_order(generation) {
             return Ok(());
         }
-        let (ours, theirs) = match Channel::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.resource_backoff(now, format!("cannot create a back-channel: {e}"));
-                return Ok(());
-            }
-        };
-        let (output_read, output_write) = match fds::pipe() {
-            Ok(pair) => pair,
-            Err(e) => {
-                self.resource_backoff(now, format!("cannot create a stderr pipe: {e}"));
+        let (ours, theirs, output_read, output_write) = match open_piped() {
+            Ok(ends) => ends,
+            Err(why) => {
+                self.resource_backoff(now, why);
                 return Ok(());
             }
         };
@@ -363,8 +329,7 @@ impl Supervisor {
                 }
                 Incoming::WouldBlock => return,
                 Incoming::Closed => {
-                    let fd = ends.channel.as_raw_fd();
-                    let _ = self.wake.poll.registry().deregister(&mut SourceFd(&fd));
+                    self.wake.forget(ends.channel.as_raw_fd());
                     self.core.on(Input::TemplateClosed { generation }, now);
                     self.carry_out(now);
                     return;
@@ -381,13 +346,8 @@ impl Supervisor {
         }
         // More may be waiting: the poll is edge-triggered, so re-arm it.
         if let Some(ends) = self.templates.ends.get(&generation) {
-            let fd = ends.channel.as_raw_fd();
-            let token = Event::Template(generation as usize).token();
-            let _ =
-                self.wake
-                    .poll
-                    .registry()
-                    .reregister(&mut SourceFd(&fd), token, Interest::READABLE);
+            let event = Event::Template(generation as usize);
+            let _ = self.wake.rewatch(ends.channel.as_raw_fd(), event);
         }
     }
 
@@ -445,35 +405,15 @@ impl Supervisor {
         let Some(ends) = self.templates.ends.get_mut(&generation) else {
             return;
         };
-        let pid = ends.pid;
-        let Some(output) = ends.output.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        let left = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-        let (dropped, flood) = output.flooded(now);
+        let (pid, now) = (ends.pid, Instant::now());
+        let event = Event::TemplateOutput(generation as usize);
+        let (output, tail) = (&mut ends.output, &mut ends.stderr_tail);
+        let (dropped, flood) = read_turn(&self.wake, output, tail, event, now, |line| {
+            log_line(generation, pid, line)
+        });
         self.core.count(dropped);
         if let Some(why) = flood {
             self.template_broken(generation, why, now);
-            return;
-        }
-        match left {
-            Ok(Left::Empty) => {}
-            Ok(Left::More) => {
-                let token = Event::TemplateOutput(generation as usize).token();
-                if let Err(e) = output.rearm(self.wake.poll.registry(), token) {
-                    warn!(
-                        generation,
-                        pid, "cannot watch the template's stderr any more: {e}"
-                    );
-                }
-            }
-            Ok(Left::Closed) | Err(_) => {
-                if let Some(mut output) = ends.output.take() {
-                    output.save_tail(&mut ends.stderr_tail);
-                    self.forget_output(&output);
-                }
-            }
         }
     }
 
@@ -493,46 +433,21 @@ impl Supervisor {
             None => Vec::new(),
         };
         self.sweep_template_group(pid, generation);
-        let Some(TemplateFailure {
-            how,
-            was_ready,
-            reload_failed,
-            retry_in,
-        }) = failure
-        else {
+        let Some(failure) = failure else {
             return;
         };
-        if let Some(failed) = reload_failed {
+        if let Some(failed) = &failure.reload_failed {
             // The reload's new code does not start: the old one serves.
-            self.log_reload_failed(&failed, &tail);
+            self.log_reload_failed(failed, &tail);
             return;
         }
-        let said = if tail.is_empty() {
-            String::from("nothing on stderr")
-        } else {
-            format!("stderr: {}", tail.join(" | "))
-        };
-        let command = &self.templates.command;
-        let worded = retry_in.is_none()
-            && self
-                .core
-                .word_gave_up(|why| format!("`{command}`: {why} (the last one left {said})"));
-        if worded {
-            // The one error that says what is wrong and the fix: the
-            // supervisor exits with it once the stop is over.
-            return;
+        let (command, of) = (&self.templates.command, (generation, pid));
+        if let Some(line) = self
+            .core
+            .template_failure_words(&failure, of, command, &tail)
+        {
+            tracing::error!("{line}");
         }
-        let stage = if was_ready {
-            "; the workers it forked keep serving"
-        } else {
-            " before it was ready"
-        };
-        tracing::error!(
-            "template `{}` (pid {pid}, generation {generation}) {how}{stage}; {said}; \
-             a new template will be started in {:?}",
-            self.templates.command,
-            retry_in.unwrap_or_default()
-        );
     }
 
     /// Stops watching a reaped template, logging the last of its stderr;
@@ -544,17 +459,14 @@ impl Supervisor {
         now: Instant,
     ) -> Vec<String> {
         let pid = ends.pid;
-        if let Some(mut output) = ends.output.take() {
-            let _ = output.read_lines(BYTES_PER_TURN, now, |line| log_line(generation, pid, line));
-            output.flush_partial(now, &mut |line| log_line(generation, pid, line));
-            output.save_tail(&mut ends.stderr_tail);
-            self.forget_output(&output);
+        let (output, tail) = (&mut ends.output, &mut ends.stderr_tail);
+        let dropped = finish(&self.wake, output, tail, now, |line| {
+            log_line(generation, pid, line)
+        });
+        if let Some(dropped) = dropped {
+            self.core.count(dropped);
         }
-        let _ = self
-            .wake
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&ends.channel.as_raw_fd()));
+        self.wake.forget(ends.channel.as_raw_fd());
         ends.stderr_tail
     }
 

@@ -24,14 +24,12 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::Interest;
 use nix::sys::signal::Signal;
 use tracing::{error, info, warn};
 
 use super::event::Event;
 use super::Supervisor;
-use crate::core::upgrade::{Successor, UpgradeRefused, SUCCESSOR_START};
+use crate::core::upgrade::{Successor, SUCCESSOR_START};
 use crate::sys::process::{self, ExitStatus, Forked};
 
 /// The variable naming the pipe a new supervisor reports readiness on.
@@ -87,15 +85,7 @@ impl Supervisor {
     pub(super) fn begin_upgrade(&mut self, now: Instant) {
         let command = self.handover.command.clone();
         if let Err(why) = self.core.may_upgrade(command.is_some()) {
-            match why {
-                UpgradeRefused::NotEnabled => {
-                    warn!("SIGUSR2 ignored: this pool was not built with binary upgrades enabled")
-                }
-                UpgradeRefused::UnderWay(pid) => {
-                    warn!(pid, "SIGUSR2 ignored: an upgrade is already under way")
-                }
-                UpgradeRefused::Stopping => warn!("SIGUSR2 ignored: the pool is stopping"),
-            }
+            warn!("SIGUSR2 ignored: {why}");
             return;
         }
         let Some(command) = command else {
@@ -105,11 +95,7 @@ impl Supervisor {
         match self.spawn_successor(&command) {
             Ok((pid, ready)) => {
                 info!(pid, program = %command.program.display(), "upgrade: started a new supervisor");
-                if let Err(e) = self.wake.poll.registry().register(
-                    &mut SourceFd(&ready.as_raw_fd()),
-                    Event::Upgrade.token(),
-                    Interest::READABLE,
-                ) {
+                if let Err(e) = self.wake.watch(ready.as_raw_fd(), Event::Upgrade) {
                     error!("upgrade: cannot watch the new supervisor: {e}");
                 }
                 self.core.successor_started(pid, now);
@@ -194,8 +180,9 @@ impl Supervisor {
         };
         let pid = successor.pid;
         let mut buf = [0u8; 16];
-        match upgrade.ready.read(&mut buf) {
-            Ok(n) if n > 0 && buf[..n].starts_with(b"ready") => {
+        let read = upgrade.ready.read(&mut buf);
+        match said(read.map(|n| &buf[..n])) {
+            Said::Ready => {
                 self.core.successor_ready();
                 self.end_upgrade(pid);
                 info!(
@@ -204,7 +191,7 @@ impl Supervisor {
                 );
                 self.successor_ready(now);
             }
-            Ok(_) => {
+            Said::Ended => {
                 self.upgrade_failed();
                 error!(
                     pid,
@@ -212,8 +199,8 @@ impl Supervisor {
                      this supervisor keeps serving (see its messages above)"
                 );
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
+            Said::Nothing => {}
+            Said::Failed(e) => {
                 self.upgrade_failed();
                 error!("upgrade failed: {e}; this supervisor keeps serving");
             }
@@ -262,11 +249,7 @@ impl Supervisor {
             // A successor that became ready has moved its socket into
             // place already; one that failed may have left it beside ours.
             self.endpoints.remove_successor_control(pid);
-            let _ = self
-                .wake
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&upgrade.ready.as_raw_fd()));
+            self.wake.forget(upgrade.ready.as_raw_fd());
         }
     }
 
@@ -283,5 +266,46 @@ impl Supervisor {
                 Err(e) => warn!("cannot tell the previous supervisor we are ready: {e}"),
             }
         }
+    }
+}
+
+/// What a read of the new supervisor's readiness pipe says.
+#[derive(Debug)]
+enum Said {
+    /// It wrote `ready`: it serves, this one drains.
+    Ready,
+    /// It closed the pipe, or wrote anything else: it ended, or will,
+    /// before it was ready.
+    Ended,
+    /// Nothing yet.
+    Nothing,
+    /// The pipe cannot be read.
+    Failed(io::Error),
+}
+
+/// What `read` (the bytes read from the pipe, or the error) says.
+fn said(read: io::Result<&[u8]>) -> Said {
+    match read {
+        Ok(bytes) if bytes.starts_with(b"ready") => Said::Ready,
+        Ok(_) => Said::Ended,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Said::Nothing,
+        Err(e) => Said::Failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ready_on_the_pipe_hands_over() {
+        assert!(matches!(said(Ok(b"ready\n")), Said::Ready));
+        assert!(matches!(said(Ok(b"")), Said::Ended));
+        assert!(matches!(said(Ok(b"read")), Said::Ended));
+        assert!(matches!(said(Ok(b"error")), Said::Ended));
+        let blocked = io::Error::from(io::ErrorKind::WouldBlock);
+        assert!(matches!(said(Err(blocked)), Said::Nothing));
+        let broken = io::Error::from(io::ErrorKind::BrokenPipe);
+        assert!(matches!(said(Err(broken)), Said::Failed(_)));
     }
 }

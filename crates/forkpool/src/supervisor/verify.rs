@@ -33,7 +33,7 @@
 use std::time::Instant;
 
 use super::Supervisor;
-use crate::observe::procfs::{parent_of, stat_of};
+use crate::observe::procfs::{parent_of, stat_of, Stat};
 
 impl Supervisor {
     /// Whether the slot holds a worker ordered from a template whose pid
@@ -86,10 +86,7 @@ impl Supervisor {
             .get(slot)
             .and_then(|s| self.core.template(s.generation))
             .map(|t| t.role.pid);
-        let from_template = match (record, ordered_at, template_group) {
-            (Some(r), Some(order), Some(template)) => r.start_ticks >= order && r.pgrp == template,
-            _ => false,
-        };
+        let from_template = forked_by_template(record, ordered_at, template_group);
         let pid = self
             .core
             .verify(slot, sender, sender_is_child, from_template)?;
@@ -147,5 +144,46 @@ impl Supervisor {
         }
         self.release_order(link);
         self.deregister_channel(&link.channel);
+    }
+}
+
+/// Whether the process of `record` is one its template forked, as far as
+/// the kernel's records tell: started no earlier than the order (the boot
+/// clock's ticks `ordered_at`), and still in the process group of the
+/// template (`template`, its pid). Without any of the three, it is not.
+fn forked_by_template(
+    record: Option<Stat>,
+    ordered_at: Option<u64>,
+    template: Option<i32>,
+) -> bool {
+    match (record, ordered_at, template) {
+        (Some(r), Some(order), Some(template)) => r.start_ticks >= order && r.pgrp == template,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_is_the_templates_if_it_started_after_the_order_in_its_group() {
+        let worker = Stat {
+            state: 'S',
+            ppid: 1,
+            pgrp: 500,
+            utime_ticks: 0,
+            stime_ticks: 0,
+            start_ticks: 1000,
+        };
+        assert!(forked_by_template(Some(worker), Some(1000), Some(500)));
+        // Older than the order: a process that was there before.
+        assert!(!forked_by_template(Some(worker), Some(1001), Some(500)));
+        // In another group: not the template's.
+        assert!(!forked_by_template(Some(worker), Some(900), Some(501)));
+        // Nothing to compare with: not vouched for.
+        assert!(!forked_by_template(None, Some(900), Some(500)));
+        assert!(!forked_by_template(Some(worker), None, Some(500)));
+        assert!(!forked_by_template(Some(worker), Some(900), None));
     }
 }

@@ -35,6 +35,7 @@
 //!   the loop between the world's happenings, so a deadline it leaves
 //!   out shows as a connection that waits.
 
+mod captures;
 mod kernel;
 mod network;
 mod reloads;
@@ -136,6 +137,10 @@ struct Outcome {
     /// Binary upgrades begun, and those whose successor took over.
     upgrades: u64,
     handed_over: u64,
+    /// Slow-request captures taken, and `busy_timeout` kills done once
+    /// the capture they waited for was complete.
+    captures: u64,
+    capture_kills: u64,
     /// The core's totals at the end.
     totals: crate::status::Totals,
 }
@@ -170,12 +175,23 @@ struct Sim {
     /// Binary upgrades' successors started (`upgrades.rs`): processes
     /// the core may reap as strangers once the upgrade failed.
     successors: Vec<i32>,
+    /// Slow-request captures under way (`captures.rs`).
+    captures: Vec<captures::Started>,
+    /// The `/proc` sampling round: when the last one began, and whether
+    /// it is still under way (`timers.rs`).
+    samples: Option<(u64, bool)>,
+    /// The "child states" line: when it was last logged, and the board's
+    /// change count it showed (`timers.rs`).
+    status_line: (Option<u64>, u64),
 }
 
 impl Sim {
     fn new(seed: u64, scenario: Scenario) -> Sim {
         let mut world = World::new(seed);
+        let (slow_threshold, busy_timeout) = captures::thresholds(seed);
         let config = PoolConfig {
+            slow_threshold,
+            busy_timeout,
             min_children: 2 + world.rng.below(4) as u32,
             max_children: 8 + world.rng.below(9) as u32,
             min_spare: 1 + world.rng.below(2) as u32,
@@ -234,6 +250,9 @@ impl Sim {
             last_turn: None,
             serve_for: Vec::new(),
             successors: Vec::new(),
+            captures: Vec::new(),
+            samples: None,
+            status_line: (None, 0),
         }
     }
 
@@ -263,10 +282,15 @@ impl Sim {
                 self.read_board();
                 self.carry_out()?;
             }
+            // Captures first, as the shell does: a completed one hands its
+            // child's busy deadline back to the tick.
+            self.watch_slow()?;
             self.core.on(Input::Tick, now);
             self.carry_out()?;
             self.maintain()?;
             self.dispatch()?;
+            self.sample()?;
+            self.status_line();
             if self.scenario.kernel {
                 self.tell_waiting();
             }
@@ -627,7 +651,7 @@ impl Sim {
                 slot,
                 reason,
                 detail,
-            } => self.core.kill(slot, reason, detail, now),
+            } => self.busy_too_long(slot, reason, detail),
             Effect::Gone(gone) => {
                 if self.world.procs.get(&gone.pid).is_none_or(|p| !p.exited) {
                     return Err(format!(
@@ -1007,6 +1031,7 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     let mut network = [0u64; 3];
     let mut upgrades = [0u64; 2];
     let mut by_messages = [0u64; 2];
+    let mut captures = [0u64; 2];
     while steps < 1_000_000 {
         let outcome = run_seed(seed, scenario_of(seed));
         steps += outcome.steps;
@@ -1020,6 +1045,8 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
         seen.abandoned += outcome.totals.abandoned;
         upgrades[0] += outcome.upgrades;
         upgrades[1] += outcome.handed_over;
+        captures[0] += outcome.captures;
+        captures[1] += outcome.capture_kills;
         seen.upgrade_failures += outcome.totals.upgrade_failures;
         rolls[0] += outcome.rollouts;
         rolls[1] += outcome.rolled;
@@ -1074,6 +1101,8 @@ fn a_million_steps_of_random_schedules_keep_every_invariant() {
     // The network's faults happen, the core counts the connections that
     // never came, and connections are taken from behind busy children.
     assert!(network[0] > 0 && seen.abandoned > 0 && network[1] > 0);
+    // Slow requests are captured, and busy_timeout kills wait for one.
+    assert!(captures[0] > 0 && captures[1] > 0, "captures {captures:?}");
     // The width moves both ways.
     assert!(seen.width_narrowed > 0 && seen.width_widened > 0);
     // Binary upgrades begin, hand over and fail.

@@ -49,9 +49,7 @@ impl Sim {
             // pace: it finds no turns here (the world plays the CPUs
             // above), but the core measures at it what the connections
             // begun since were like, which opens the width to long ones.
-            let watch = self.core.pool_watch();
-            let due = watch.next_look().is_none_or(|due| now >= due);
-            if due && (watch.serving_at(now) || self.core.board.width().is_some()) {
+            if self.core.pool_look_due(now).is_some() {
                 self.core.pool_looked(Default::default(), now);
             }
             let backlog = self.world.backlog.len() as u32;
