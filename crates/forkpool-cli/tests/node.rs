@@ -275,26 +275,25 @@ fn a_kept_alive_connection_holds_its_node_worker_and_the_next_client_goes_to_ano
     assert!(counted.is_some(), "{}", pool.status());
 }
 
-/// At most 1000 requests per kept-alive connection: the 1000th answer
-/// says `Connection: close`, and the connection ends.
+/// No cap on a kept-alive connection's requests: a Node worker serves its
+/// connections concurrently, so a long one keeps nobody waiting, and a cap
+/// only forced reconnections that could land on a busy worker. 1,500
+/// requests on one connection, none answered with `Connection: close`.
 #[test]
-fn a_kept_alive_connection_ends_after_1000_requests() {
+fn a_kept_alive_connection_is_not_cut_after_a_number_of_requests() {
     let Some(pool) = start_kernel(1, &[]) else {
         return;
     };
     let mut conn = keep_alive(&pool);
-    for i in 1..=1000 {
+    for i in 1..=1500 {
         let r = ask(&mut conn).unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(r.status, 200, "request {i}");
         let closes = r
             .headers
             .iter()
             .any(|(n, v)| n == "connection" && v.eq_ignore_ascii_case("close"));
-        assert_eq!(closes, i == 1000, "request {i}");
+        assert!(!closes, "request {i} closed the connection");
     }
-    let mut rest = Vec::new();
-    conn.read_to_end(&mut rest).expect("the worker closes");
-    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
 }
 
 /// Idle workers answer pings (every 200 ms, 300 ms to answer) while they
