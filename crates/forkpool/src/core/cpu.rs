@@ -32,8 +32,8 @@ pub(crate) struct Watches {
 struct TurnoverLooks {
     /// At the last look: when, and the connections begun before it.
     last: Option<(Instant, u64)>,
-    /// Whether the last look alone read as long connections.
-    long_look: bool,
+    /// What the last look alone read.
+    last_look: Turnover,
     /// What the width is told: long only when two looks in a row said so.
     told: Turnover,
 }
@@ -102,31 +102,40 @@ impl<L: HasChild> Core<L> {
 
     /// A look at every serving child's turns on the CPUs, at `now`.
     pub fn pool_looked(&mut self, turns: HashMap<i32, Turns>, now: Instant) {
+        let busy = self.pids_where(|state| matches!(state, SlotState::Busy | SlotState::Partial));
+        let wanted = (self.watches.pool).wanted_share(&turns, |pid| busy.contains(&pid), now);
         self.watches.pool.look(turns, now);
-        self.measure_turnover(now);
+        self.measure_turnover(now, wanted);
     }
 
     /// What the connections begun since the pool's last look were like
     /// (`policy::width::Turnover`): how long they last, by Little's law
-    /// (the busy children over the connections begun a second). Long only
-    /// when two looks in a row say so: the busy children are counted at
-    /// the look, and the last look of a load's tail finds a child or two
-    /// still busy and hardly a connection begun, which read alone as long
-    /// connections and opened the width as the load ended.
-    pub(crate) fn measure_turnover(&mut self, now: Instant) {
+    /// (the busy children over the connections begun a second), and
+    /// whether their children computed all along (`wanted`: the share of
+    /// their time the busy children used or wanted a CPU since the last
+    /// look; `None`, not measured, leaves what the last look read). Each only when two looks in a row say so: the busy children
+    /// are counted at the look, and the last look of a load's tail finds
+    /// a child or two still busy and hardly a connection begun, which read
+    /// alone as long connections and opened the width as the load ended.
+    pub(crate) fn measure_turnover(&mut self, now: Instant, wanted: Option<u32>) {
         let begun = self.totals.accepted;
         let busy = self.board.counts().busy;
         let looks = &mut self.watches.turnover;
         if let Some((at, begun_then)) = looks.last {
-            let look = Turnover::of(
+            let mut look = Turnover::of(
                 busy,
                 now.saturating_duration_since(at),
                 begun.saturating_sub(begun_then),
+                wanted,
             );
-            looks.told = Turnover {
-                long: look.long && looks.long_look,
-            };
-            looks.long_look = look.long;
+            // A look that could not measure (the first after the width
+            // moved) says nothing new of how the children compute.
+            if wanted.is_none() {
+                look.working = looks.last_look.working;
+                look.wanted = looks.last_look.wanted;
+            }
+            looks.told = look.and(looks.last_look);
+            looks.last_look = look;
         }
         looks.last = Some((now, begun));
     }
@@ -184,8 +193,12 @@ mod tests {
 
     use crate::config::{DispatchMode, PoolConfig};
     use crate::core::child::Child;
+    use std::collections::HashMap;
+
     use crate::core::sampled::Sample;
     use crate::core::Core;
+    use crate::observe::procfs::SchedStat;
+    use crate::policy::cpu_wait::Turns;
     use crate::policy::cpu_wait::LOOK_INTERVAL;
     use crate::policy::width::LONG_CONNECTION;
     use crate::protocol::ChildMessage;
@@ -231,6 +244,63 @@ mod tests {
         core.totals.accepted += 10_000;
         core.pool_looked(Default::default(), look(3));
         assert!(!core.turnover().long);
+    }
+
+    #[test]
+    fn long_connections_read_working_while_their_children_compute_all_along() {
+        let start = Instant::now();
+        let mut core = busy_core(start);
+        let look = |k: u32| start + LONG_CONNECTION * 2 * k;
+        // The busy child (pid 42) as the kernel reports it: runnable at
+        // each look with no new turn on a CPU (it waited all along), or
+        // asleep with a millisecond of CPU time since the look before.
+        let turns = |k: u64, runnable: bool| {
+            let sched = SchedStat {
+                ran_ns: k * 1_000_000,
+                waited_ns: 0,
+                timeslices: if runnable { 1 } else { k },
+            };
+            HashMap::from([(42, Turns { sched, runnable })])
+        };
+        core.pool_looked(turns(0, true), look(0));
+        core.pool_looked(turns(0, true), look(1));
+        assert!(!core.turnover().working, "one look alone");
+        core.pool_looked(turns(0, true), look(2));
+        assert!(core.turnover().long && core.turnover().working);
+        assert!(core.turnover().works() && !core.turnover().holds_children());
+        // A look that cannot measure (the width moved) keeps the reading.
+        core.pool_looked(HashMap::new(), look(3));
+        core.pool_looked(HashMap::new(), look(4));
+        assert!(core.turnover().working);
+        // The child sleeps between its client's requests: 1 ms of its
+        // 20, a kept-alive client holding it.
+        core.pool_looked(turns(1, false), look(5));
+        core.pool_looked(turns(2, false), look(6));
+        core.pool_looked(turns(3, false), look(7));
+        assert!(core.turnover().holds_children());
+        // Idle children are not counted: a second child, idle and
+        // asleep, beside the busy one computing.
+        core.adopt(1, 43, 1, Child::new(start, true, 1), start);
+        core.report(1, ChildMessage::ReadyOnBoard { pid: 43 }, start);
+        let with_idle = |k: u64| {
+            let mut t = turns(0, true);
+            let sched = SchedStat {
+                ran_ns: k,
+                ..Default::default()
+            };
+            t.insert(
+                43,
+                Turns {
+                    sched,
+                    runnable: false,
+                },
+            );
+            t
+        };
+        for k in 8..11 {
+            core.pool_looked(with_idle(u64::from(k)), look(k));
+        }
+        assert!(core.turnover().works(), "{:?}", core.turnover());
     }
 
     #[test]

@@ -143,7 +143,7 @@ impl<L: HasChild> Core<L> {
                     cpu,
                     last_look,
                     cpus,
-                    long_connections: self.turnover().long,
+                    turnover: self.turnover(),
                 },
                 now,
             )

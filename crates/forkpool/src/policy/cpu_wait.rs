@@ -335,6 +335,32 @@ impl CpuWatch {
         self.last = Some((now, turns));
     }
 
+    /// How much of the time since the last look the children `of` picks
+    /// used or wanted a CPU, as a look at `now` with `turns` would count
+    /// it (see [`Turns`]), in thousandths of their time together; `None`
+    /// without a look before that was recent, or with none of them seen at
+    /// both looks. Read before [`CpuWatch::look`] takes the same turns.
+    pub fn wanted_share(
+        &self,
+        turns: &HashMap<i32, Turns>,
+        of: impl Fn(i32) -> bool,
+        now: Instant,
+    ) -> Option<u32> {
+        let (at, before) = self.last.as_ref()?;
+        let elapsed = now.saturating_duration_since(*at);
+        if elapsed >= LOOK_STALE {
+            return None;
+        }
+        let elapsed = elapsed.as_nanos().max(1);
+        let (children, wanted) = turns
+            .iter()
+            .filter(|(pid, _)| of(**pid))
+            .filter_map(|(pid, t)| before.get(pid).map(|b| t.wanted_since(b, elapsed)))
+            .fold((0u128, 0u128), |(n, wanted), w| (n + 1, wanted + w));
+        (children > 0)
+            .then(|| u32::try_from(wanted * 1000 / (children * elapsed)).unwrap_or(u32::MAX))
+    }
+
     /// Whether the last look found the busy children asleep and lets the
     /// pool grow at its usual pace (not while it remembers the CPUs taken).
     fn found_asleep(&self) -> bool {
@@ -389,6 +415,28 @@ mod tests {
             },
             runnable,
         }
+    }
+
+    #[test]
+    fn the_share_a_look_would_read_counts_only_the_children_asked_for() {
+        let t0 = Instant::now();
+        let mut w = watch();
+        let none = HashMap::new();
+        assert_eq!(w.wanted_share(&none, |_| true, t0), None, "no look before");
+        // Runnable all along with no new turn, and asleep with no CPU time.
+        let both = HashMap::from([(1, turns(100, 3, true)), (2, turns(100, 3, false))]);
+        w.look(both.clone(), t0);
+        let t1 = t0 + LOOK_INTERVAL;
+        assert_eq!(w.wanted_share(&both, |_| true, t1), Some(500));
+        assert_eq!(w.wanted_share(&both, |pid| pid == 1, t1), Some(1000));
+        assert_eq!(w.wanted_share(&both, |pid| pid == 2, t1), Some(0));
+        assert_eq!(
+            w.wanted_share(&both, |pid| pid == 3, t1),
+            None,
+            "not seen before"
+        );
+        let later = t0 + LOOK_STALE;
+        assert_eq!(w.wanted_share(&both, |_| true, later), None, "stale");
     }
 
     #[test]

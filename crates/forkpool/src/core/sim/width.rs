@@ -14,10 +14,14 @@ use std::time::Instant;
 
 use super::world::MS;
 use super::Sim;
+use crate::policy::cpu_wait::Turns;
 use crate::scaling::{CpuUse, HOLD_TURNOVER};
 
 /// The simulated machine's CPUs.
 pub(super) const CPUS: u32 = 2;
+
+/// Every this many connections, one sleeps (wants no CPU).
+const SLEEPS_EVERY: u64 = 3;
 
 /// How long connections may wait with an idle child beyond the width
 /// while the CPUs have room: a turn or two of the loop.
@@ -46,14 +50,33 @@ impl Sim {
         };
         if self.scenario.kernel {
             // The shell's look at every serving child, on the core's
-            // pace: it finds no turns here (the world plays the CPUs
-            // above), but the core measures at it what the connections
-            // begun since were like, which opens the width to long ones.
-            if self.core.pool_look_due(now).is_some() {
-                self.core.pool_looked(Default::default(), now);
+            // pace: each worker serving a connection that computes is
+            // runnable and got no new turn (it wanted a CPU all along),
+            // every other asleep with no CPU time (the world plays the
+            // waiting above). The core measures at it what the
+            // connections begun since were like, which opens the width to
+            // long ones that sleep, and keeps it for long ones that work.
+            if let Some(pids) = self.core.pool_look_due(now) {
+                let turns = pids
+                    .into_iter()
+                    .map(|pid| (pid, self.turns_of(pid)))
+                    .collect();
+                self.core.pool_looked(turns, now);
             }
             let backlog = self.world.backlog.len() as u32;
             self.core.steer_width(cpu, look, || backlog, CPUS, now);
+        }
+    }
+
+    /// A worker's turns on the CPUs, as the shell would read them.
+    fn turns_of(&self, pid: i32) -> Turns {
+        let runnable =
+            self.world.procs.get(&pid).is_some_and(|p| {
+                !p.exited && p.serving.is_some_and(|conn| conn % SLEEPS_EVERY != 0)
+            });
+        Turns {
+            runnable,
+            ..Turns::default()
         }
     }
 
@@ -62,7 +85,7 @@ impl Sim {
         self.world
             .procs
             .values()
-            .filter(|p| !p.exited && p.serving.is_some_and(|conn| conn % 3 != 0))
+            .filter(|p| !p.exited && p.serving.is_some_and(|conn| conn % SLEEPS_EVERY != 0))
             .count() as u32
     }
 
