@@ -14,6 +14,8 @@
                                        Private_Dirty) of ROOT's children;
                                        the median, so that a template or a
                                        master among them does not count
+    treestat.py uss-pool ROOT_PID      the USS (KiB) of ROOT's children:
+                                       median, mean, sum, and how many
 
 CPU is utime+stime of every live process in the tree, plus the cutime+
 cstime the root has collected from children that exited (workers recycled
@@ -126,6 +128,21 @@ def pss(root):
 
 
 def uss(root):
+    values = uss_values(root)
+    if not values:
+        return "- 0"
+    return f"{values[len(values) // 2]} {len(values)}"
+
+
+def uss_pool(root):
+    values = uss_values(root)
+    if not values:
+        return "- - - 0"
+    return f"{values[len(values) // 2]} {sum(values) // len(values)} {sum(values)} {len(values)}"
+
+
+def uss_values(root):
+    """The USS (KiB) of each of ROOT's children, sorted."""
     values = []
     for pid in children_map().get(root, []):
         try:
@@ -138,10 +155,8 @@ def uss(root):
             values.append(private)
         except OSError:
             continue
-    if not values:
-        return "- 0"
     values.sort()
-    return f"{values[len(values) // 2]} {len(values)}"
+    return values
 
 
 def main(argv):
@@ -153,6 +168,8 @@ def main(argv):
         print(pss(int(argv[1])))
     elif len(argv) == 2 and argv[0] == "uss":
         print(uss(int(argv[1])))
+    elif len(argv) == 2 and argv[0] == "uss-pool":
+        print(uss_pool(int(argv[1])))
     else:
         sys.exit(__doc__)
 

@@ -38,7 +38,8 @@ ok(!eval { $parse->('--no-such-option'); 1 }, 'an unknown option is refused');
 my @args = Forkpool::Spamd::Command::pool_options(
     $parse->('-m', 4, '--min-children', 2, '--max-conn-per-child', 50,
         '-i', '127.0.0.1:7830', '-i', '[::1]:7831', '--socketpath', '/run/spamd.sock',
-        '--socketmode', '0660', '--dispatch', 'order', '--refork-after', '100'));
+        '--socketmode', '0660', '--dispatch', 'order', '--refork-after', '100',
+        '--merge-pages'));
 my $line = join ' ', @args;
 like($line, qr/^--preload /, 'the template preloads SpamAssassin');
 like($line, qr/--listen 127\.0\.0\.1:7830 --listen \[::1\]:7831 --listen unix:\/run\/spamd\.sock/,
@@ -48,6 +49,9 @@ like($line, qr/--max-requests-per-child 50/, '--max-conn-per-child');
 like($line, qr/--unix-mode 0660/, '--socketmode');
 like($line, qr/--dispatch order/, "forkpool's own options pass through");
 like($line, qr/--refork-after 100/, '--refork-after too');
+like($line, qr/--merge-pages/, 'and its switches');
+unlike(join(' ', Forkpool::Spamd::Command::pool_options($parse->('-m', 2))), qr/--merge-pages/,
+    'a switch not given is not passed');
 
 my $fixed = join ' ', Forkpool::Spamd::Command::pool_options($parse->('--round-robin', '-m', 3, '-p', 7832));
 like($fixed, qr/--min-children 3 --max-children 3 --min-spare 0 --max-spare 3/,

@@ -101,6 +101,10 @@ pub struct PoolArgs {
     /// the connections already queued on them.
     #[arg(long)]
     pub no_serve_backlog_on_stop: bool,
+    /// Let the kernel merge the children's identical pages (KSM): needs
+    /// Linux 6.7+ and /sys/kernel/mm/ksm/run = 1.
+    #[arg(long)]
+    pub merge_pages: bool,
     /// `forkpool run`: start CMD once as a template and fork every worker
     /// from it, so what it loads before serving is shared copy-on-write.
     #[arg(long)]
@@ -155,6 +159,9 @@ impl PoolArgs {
         }
         if self.no_serve_backlog_on_stop {
             config.serve_backlog_on_stop = false;
+        }
+        if self.merge_pages {
+            config.merge_pages = true;
         }
         if self.preload {
             config.preload = true;

@@ -253,6 +253,15 @@ pub struct PoolConfig {
     /// (refork). Increasing thresholds, one refork each. Default empty
     /// (never).
     pub refork_after: Vec<u64>,
+    /// Let the kernel merge the children's identical private pages (its
+    /// same-page merging, KSM): the supervisor marks itself with
+    /// `prctl(PR_SET_MEMORY_MERGE)`, which every child it starts inherits.
+    /// For interpreters whose reference counts write, copy-on-write, to
+    /// most of what a template shared, and put most of it back as it was
+    /// (docs/operations.md, *Merging the children's pages*). Needs Linux
+    /// 6.7 or later, and `ksmd` running (`/sys/kernel/mm/ksm/run` = 1).
+    /// Default false.
+    pub merge_pages: bool,
 }
 
 impl Default for PoolConfig {
@@ -284,6 +293,7 @@ impl Default for PoolConfig {
             serve_backlog_on_stop: true,
             preload: false,
             refork_after: Vec::new(),
+            merge_pages: false,
         }
     }
 }

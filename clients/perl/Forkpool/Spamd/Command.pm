@@ -111,6 +111,9 @@ sub pool_options {
     for my $name (@Forkpool::Spamd::Options::POOL_OPTIONS) {
         push @args, "--$name", $opt->{"pool-$name"} if defined $opt->{"pool-$name"};
     }
+    for my $name (@Forkpool::Spamd::Options::POOL_SWITCHES) {
+        push @args, "--$name" if $opt->{"pool-$name"};
+    }
     return @args;
 }
 

@@ -40,8 +40,10 @@ my @REFUSED_VALUE = qw(ssl-port ssl-ca-file ssl-ca-path server-cert server-key
 my @REFUSED_FLAG = qw(ssl ssl-verify timing paranoid vpopmail sql-config ldap-config
     setuid-with-sql setuid-with-ldap);
 
-# forkpool's own options, passed to `forkpool run` as they are.
+# forkpool's own options, passed to `forkpool run` as they are: with a
+# value, and switches.
 our @POOL_OPTIONS = qw(dispatch control metrics agent refork-after max-child-memory);
+our @POOL_SWITCHES = qw(merge-pages);
 
 # The options, parsed from @args, with spamd's defaults filled in. Dies
 # with a message naming the option on a refused or malformed one.
@@ -108,6 +110,7 @@ sub parse {
         'P' => sub { $refuse->('-P (--paranoid)') },
         # forkpool's own.
         (map { ("$_=s" => \$opt{"pool-$_"}) } @POOL_OPTIONS),
+        (map { ($_ => \$opt{"pool-$_"}) } @POOL_SWITCHES),
         # The workers' side of the command line (set by forkpool-spamd itself).
         'forkpool-worker' => \$opt{'forkpool-worker'},
         # Not a server: tells the running one to reload (HUP).

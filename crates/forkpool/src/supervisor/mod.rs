@@ -60,6 +60,7 @@ mod event;
 mod kernel;
 mod link;
 mod load;
+mod merge_pages;
 mod notify;
 mod options;
 mod output;
@@ -160,6 +161,7 @@ impl Supervisor {
         for listener in &listeners {
             listener.set_defer_accept(config.defer_accept)?;
         }
+        merge_pages::apply(config.merge_pages).map_err(io::Error::other)?;
         let poll = Poll::new()?;
         let signals = Signals::register()?;
         let signal_pipe = signals.pipe()?;

@@ -62,6 +62,9 @@ impl Supervisor {
                 .and_then(|()| self.follow_defer_accept())
                 .map_err(|e| format!("cannot set defer_accept on the listeners: {e}"))?;
         }
+        if config.merge_pages != self.core.config().merge_pages {
+            super::merge_pages::apply(config.merge_pages)?;
+        }
         Ok(config)
     }
 

@@ -3,6 +3,7 @@
 
 pub mod bpf;
 pub mod fds;
+pub mod memory_merge;
 pub mod process;
 pub mod signal;
 pub mod socket;
