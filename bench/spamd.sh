@@ -26,7 +26,9 @@
 #
 # Environment: ROUNDS (3), MESSAGES (messages per cell, 200), CONCURRENCY
 # ("2 8 16"), CHILDREN (16: -m, and the children kept), REFORK_AFTER (16),
-# KSM_PAGES (1000), FORKPOOL_BIN (default: this tree's
+# KSM_PAGES (1000), MEMORY_ROUNDS (ROUNDS), MEMORY_MODES (all five:
+# forkpool-spamd forkpool-spamd-refork forkpool-spamd-merge spamd
+# spamd-merge; empty: none), FORKPOOL_BIN (default: this tree's
 # target/release/forkpool, built if missing).
 # Needs root (spamd refuses to check mail as root: both run with -u
 # debian-spamd) and .ci/deps/spamassassin.sh.
@@ -42,6 +44,8 @@ CONCURRENCY=${CONCURRENCY:-2 8 16}
 CHILDREN=${CHILDREN:-16}
 REFORK_AFTER=${REFORK_AFTER:-16}
 KSM_PAGES=${KSM_PAGES:-1000}
+MEMORY_ROUNDS=${MEMORY_ROUNDS:-$ROUNDS}
+MEMORY_MODES=${MEMORY_MODES-forkpool-spamd forkpool-spamd-refork forkpool-spamd-merge spamd spamd-merge}
 port=18783
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/forkpool-spamd-bench.XXXXXX")
 server_pid=""
@@ -183,8 +187,8 @@ memory() { # MODE
   [ -z "$merging" ] || ksm_restore
 }
 
-for r in $(seq 1 "$ROUNDS"); do
-  for mode in forkpool-spamd forkpool-spamd-refork forkpool-spamd-merge spamd spamd-merge; do
+for r in $(seq 1 "$MEMORY_ROUNDS"); do
+  for mode in $MEMORY_MODES; do
     memory "$mode"
   done
 done | tee -a "$scratch/rounds"

@@ -155,6 +155,15 @@ impl<L: HasChild> Core<L> {
             WidthMove::Widened => self.totals.width_widened += 1,
             WidthMove::Stayed => {}
         }
+        if moved != WidthMove::Stayed {
+            tracing::debug!(
+                ?moved,
+                width = ?self.width.children(),
+                ?cpu,
+                turnover = ?self.turnover(),
+                "dispatch width moved"
+            );
+        }
         if self.board.width() != self.width.children() {
             self.board.set_width(self.width.children());
         }
