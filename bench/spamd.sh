@@ -17,7 +17,8 @@
 # nothing since are clean), and the USS of its children at rest after the
 # second (median and mean per child, and the pool's sum), with messages a
 # second and CPU per message under it:
-# forkpool-spamd plain, with --refork-after and with --merge-pages; spamd
+# forkpool-spamd plain (--refork-after 0), with --refork-after and with
+# --merge-pages; spamd
 # plain, and with its memory marked mergeable as systemd's MemoryKSM=yes
 # marks it (bench/lib/ksm_exec.py). The merging rows run the kernel's
 # same-page merging at KSM_PAGES pages a 20 ms wake-up, count ksmd's CPU
@@ -150,6 +151,7 @@ memory() { # MODE
     spamd*) server=spamd ;;
   esac
   case $mode in
+    forkpool-spamd) extra=(--refork-after 0) ;;
     *refork) extra=(--refork-after "$REFORK_AFTER") ;;
     forkpool-spamd-merge) extra=(--merge-pages) merging=1 ;;
     spamd-merge) wrap="python3 $root/bench/lib/ksm_exec.py" merging=1 ;;

@@ -50,6 +50,11 @@ like($line, qr/--unix-mode 0660/, '--socketmode');
 like($line, qr/--dispatch order/, "forkpool's own options pass through");
 like($line, qr/--refork-after 100/, '--refork-after too');
 like($line, qr/--merge-pages/, 'and its switches');
+like(join(' ', Forkpool::Spamd::Command::pool_options($parse->('-m', 2))),
+    qr/--refork-after $Forkpool::Spamd::Options::DEFAULT_REFORK_AFTER\b/,
+    'a refork by default');
+unlike(join(' ', Forkpool::Spamd::Command::pool_options($parse->('--refork-after', 0))),
+    qr/--refork-after/, '--refork-after 0: none');
 unlike(join(' ', Forkpool::Spamd::Command::pool_options($parse->('-m', 2))), qr/--merge-pages/,
     'a switch not given is not passed');
 

@@ -109,7 +109,9 @@ sub pool_options {
         die "forkpool-spamd: -g needs -u (as spamd's does)\n";
     }
     for my $name (@Forkpool::Spamd::Options::POOL_OPTIONS) {
-        push @args, "--$name", $opt->{"pool-$name"} if defined $opt->{"pool-$name"};
+        my $value = $opt->{"pool-$name"};
+        next if !defined $value || ($name eq 'refork-after' && $value eq '0');
+        push @args, "--$name", $value;
     }
     for my $name (@Forkpool::Spamd::Options::POOL_SWITCHES) {
         push @args, "--$name" if $opt->{"pool-$name"};

@@ -45,6 +45,13 @@ my @REFUSED_FLAG = qw(ssl ssl-verify timing paranoid vpopmail sql-config ldap-co
 our @POOL_OPTIONS = qw(dispatch control metrics agent refork-after max-child-memory);
 our @POOL_SWITCHES = qw(merge-pages);
 
+# Unless told otherwise, the lowest child becomes the template once it has
+# checked this many messages, and the pool rolls onto children forked from
+# it: what checking messages builds (SpamAssassin's lazily compiled
+# parts, Perl's arenas) is then shared, and each child owns about 6% less
+# (docs/spamd.md, *Benchmark*). `--refork-after 0` turns it off.
+our $DEFAULT_REFORK_AFTER = 100;
+
 # The options, parsed from @args, with spamd's defaults filled in. Dies
 # with a message naming the option on a refused or malformed one.
 sub parse {
@@ -124,6 +131,7 @@ sub parse {
             . "remove it, or run Debian's spamd for it\n";
     }
     @args and die "forkpool-spamd: unexpected arguments: @args\n";
+    $opt{'pool-refork-after'} //= $DEFAULT_REFORK_AFTER;
     check(\%opt);
     return \%opt;
 }
