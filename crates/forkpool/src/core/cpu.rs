@@ -13,7 +13,7 @@ use crate::policy::cpu_wait::{CpuWatch, Turns, LOOK_INTERVAL};
 use crate::policy::width::Turnover;
 use crate::scaling::CpuUse;
 use crate::scoreboard::SlotState;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// The core's two watches, and what the pool's looks found of the
 /// connections begun between them.
@@ -102,7 +102,10 @@ impl<L: HasChild> Core<L> {
 
     /// A look at every serving child's turns on the CPUs, at `now`.
     pub fn pool_looked(&mut self, turns: HashMap<i32, Turns>, now: Instant) {
-        let busy = self.pids_where(|state| matches!(state, SlotState::Busy | SlotState::Partial));
+        let busy: HashSet<i32> = self
+            .pids_where(|state| matches!(state, SlotState::Busy | SlotState::Partial))
+            .into_iter()
+            .collect();
         let wanted = (self.watches.pool).wanted_share(&turns, |pid| busy.contains(&pid), now);
         self.watches.pool.look(turns, now);
         self.measure_turnover(now, wanted);

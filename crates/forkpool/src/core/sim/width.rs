@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use super::world::MS;
+use super::world::{Proc, MS};
 use super::Sim;
 use crate::policy::cpu_wait::Turns;
 use crate::scaling::{CpuUse, HOLD_TURNOVER};
@@ -70,23 +70,15 @@ impl Sim {
 
     /// A worker's turns on the CPUs, as the shell would read them.
     fn turns_of(&self, pid: i32) -> Turns {
-        let runnable =
-            self.world.procs.get(&pid).is_some_and(|p| {
-                !p.exited && p.serving.is_some_and(|conn| conn % SLEEPS_EVERY != 0)
-            });
         Turns {
-            runnable,
+            runnable: self.world.procs.get(&pid).is_some_and(computes),
             ..Turns::default()
         }
     }
 
     /// Workers serving a connection that computes: each wants a CPU.
     fn running(&self) -> u32 {
-        self.world
-            .procs
-            .values()
-            .filter(|p| !p.exited && p.serving.is_some_and(|conn| conn % SLEEPS_EVERY != 0))
-            .count() as u32
+        self.world.procs.values().filter(|p| computes(p)).count() as u32
     }
 
     /// The width's bound sits just past its last serving child, and no
@@ -139,4 +131,9 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// Whether a worker serves a connection that computes (wants a CPU).
+fn computes(p: &Proc) -> bool {
+    !p.exited && p.serving.is_some_and(|conn| conn % SLEEPS_EVERY != 0)
 }
